@@ -1,0 +1,115 @@
+"""`invoke lab.*`: the local lab of systemd-nspawn hosts (see pdfleet.lab)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from invoke import Context, task
+from invoke.exceptions import Exit
+from rich.console import Console
+from rich.table import Table
+
+from pdfleet.cli._common import REPO_ROOT, user_errors
+from pdfleet.errors import PdfleetError
+from pdfleet.lab.control import Lab, down, find_host, status, up
+from pdfleet.lab.paths import LOGIN_USER, LabPaths
+
+LAB_INVENTORY = "inventory/lab.yml"
+
+
+def _lab() -> Lab:
+    """The lab of this clone: fixed state root, the lab inventory (never the invoke.yaml default)."""
+    return Lab(LabPaths(), REPO_ROOT, REPO_ROOT / LAB_INVENTORY)
+
+
+def _progress(console: Console):
+    """Progress lines on stderr, so stdout stays clean for eval-able output."""
+    return lambda message: console.print(f"[dim]lab:[/dim] {message}", highlight=False)
+
+
+@task(name="up")
+@user_errors
+def up_task(c: Context) -> None:
+    """Bring the lab up: image, mirrors, bridge, hosts; waits until every host answers SSH."""
+    console = Console(stderr=True)
+    result = up(_lab(), _progress(console))
+    console.print(f"lab up in {result.seconds:.0f} s: {', '.join(h.name for h in result.hosts)}; "
+                  f"pdfleet wheel {result.pdfleet_version}")
+    if result.apt_unavailable:
+        console.print(f"apt mirror: not in Debian, not served: {', '.join(result.apt_unavailable)}")
+
+
+@task(name="down", help={"purge": "also delete the cached image, mirrors and the lab's SSH key"})
+@user_errors
+def down_task(c: Context, purge: bool = False) -> None:
+    """Remove the lab's containers, mounts, mirror servers and bridge (safe to run twice)."""
+    console = Console(stderr=True)
+    down(_lab(), purge=purge, progress=_progress(console))
+    console.print("lab down")
+
+
+@task(name="status")
+@user_errors
+def status_task(c: Context) -> None:
+    """Show each lab host (running, address, SSH) and the mirrors; exits 1 unless all are healthy."""
+    report = status(_lab())
+    console = Console()
+    table = Table(title=f"pdfleet lab (bridge {'up' if report.bridge else 'absent'})")
+    for column in ("host", "address", "groups", "running", "ssh"):
+        table.add_column(column)
+    for h in report.hosts:
+        table.add_row(h.host.name, h.host.address, ",".join(h.host.groups), _yes(h.running), _yes(h.ssh))
+    console.print(table)
+    mirrors = Table()
+    for column in ("mirror", "url", "running", "answering"):
+        mirrors.add_column(column)
+    for m in report.mirrors:
+        mirrors.add_row(m.kind, m.url, _yes(m.running), _yes(m.answering))
+    console.print(mirrors)
+    if not report.healthy:
+        raise Exit(code=1)
+
+
+def _yes(value: bool) -> str:
+    return "[green]yes[/green]" if value else "[red]no[/red]"
+
+
+@task(name="ssh", help={"host": "lab host name, e.g. lab-gw",
+                        "command": "run this command instead of a shell"})
+@user_errors
+def ssh_task(c: Context, host: str, command: str = "") -> None:
+    """Log in to a lab host as the lab user, with strict host-key checking."""
+    lab = _lab()
+    target = find_host(lab, host)
+    if shutil.which("ssh") is None:
+        raise PdfleetError("ssh is not installed; `apt-get install -y openssh-client`.")
+    if not lab.paths.known_hosts.exists():
+        raise PdfleetError("the lab is not up (no known_hosts yet); run `invoke lab.up` first.")
+    argv = ["ssh", "-i", str(lab.paths.key_file), "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={lab.paths.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "GlobalKnownHostsFile=/dev/null", f"{LOGIN_USER}@{target.address}"]
+    if command:
+        argv.append(command)
+    sys.stdout.flush()
+    os.execvp("ssh", argv)
+
+
+@task(name="env")
+@user_errors
+def env_task(c: Context) -> None:
+    """Print `export` lines wiring an OpenAI client to the lab gateway: eval "$(invoke lab.env)"."""
+    lab = _lab()
+    gateway = next((h for h in lab.hosts() if "gateway" in h.groups), None)
+    if gateway is None:
+        raise PdfleetError(f"{lab.inventory} has no host in group gateway.")
+    key_file: Path = lab.paths.gateway_client_key
+    if not key_file.exists():
+        raise PdfleetError(f"the lab gateway is not provisioned yet ({key_file} is missing); run "
+                           "`invoke lab.up` and provision a lab profile, e.g. "
+                           "`invoke provision --profile lab-colocated`.")
+    key = key_file.read_text().strip()
+    print(f"export OPENAI_BASE_URL=http://{gateway.address}:8080/v1")
+    print(f"export OPENAI_API_KEY={key}")

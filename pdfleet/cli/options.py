@@ -1,0 +1,35 @@
+"""Option parsing shared by tasks that take --profile/--inventory: one place for defaults and help."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke import Context
+
+from pdfleet.cli._common import repo_path, setting
+from pdfleet.provision import Deployment, load_deployment
+
+HELP = {
+    "profile": "Profile name from profiles/ (see `invoke profiles`) or a path to a profile YAML file.",
+    "inventory": "Ansible-format YAML inventory (default: pdfleet.inventory in invoke.yaml, the lab).",
+    "limit": "Only these hosts or groups, comma-separated (e.g. p1,decode).",
+    "roles": "Only these roles, comma-separated, in their normal order (e.g. base,services).",
+}
+
+
+def deployment_from_options(
+    ctx: Context, profile: str, inventory: str | None, roles: str | None = None
+) -> Deployment:
+    """Load profile + inventory from task options and invoke.yaml defaults."""
+    inv = inventory or setting(ctx, "inventory", "inventory/lab.yml")
+    return load_deployment(
+        profile,
+        repo_path(inv),
+        profiles_dir=repo_path(setting(ctx, "profiles_dir", "profiles")),
+        templates_dir=repo_path(setting(ctx, "templates_dir", "templates")),
+        roles=roles,
+    )
+
+
+def output_dir(ctx: Context, out: str | None) -> Path:
+    return repo_path(out or setting(ctx, "output_dir", "out"))

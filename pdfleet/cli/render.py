@@ -1,0 +1,31 @@
+"""`invoke render`: write exactly what provision would install, for review, without touching a host."""
+
+from __future__ import annotations
+
+from invoke import Context, task
+
+from pdfleet.cli._common import user_errors
+from pdfleet.cli.options import HELP, deployment_from_options, output_dir
+from pdfleet.provision import render_fleet
+from pdfleet.render import write_tree
+
+
+@task(
+    help={
+        "profile": HELP["profile"],
+        "inventory": HELP["inventory"],
+        "out": "Output directory; files land at OUT/<host>/<absolute path> (default: out/render).",
+        "limit": HELP["limit"],
+    }
+)
+@user_errors
+def render(ctx: Context, profile: str, inventory: str | None = None, out: str | None = None,
+           limit: str | None = None) -> None:
+    """Render units, env files and configs per host into a directory to review or diff."""
+    deployment = deployment_from_options(ctx, profile, inventory)
+    hosts = list(deployment.inventory.limit(limit).hosts.values())
+    dest = output_dir(ctx, out) if out else output_dir(ctx, None) / "render"
+    written = write_tree(render_fleet(deployment, hosts), dest)
+    for path in written:
+        print(path.relative_to(dest))
+    print(f"{len(written)} files for {len(hosts)} hosts under {dest}")

@@ -1,0 +1,120 @@
+"""Client API keys: the keys file (SHA-256 hashes only, mode 0600) and the Authorization header check.
+
+Keys are never stored, logged or echoed; only their SHA-256 hex digests are kept, and a request's
+key is hashed and looked up. Error messages say what is wrong without repeating the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
+
+from pdfleet.errors import ValidationError
+from pdfleet.gateway.validation import format_pydantic_errors
+
+_HEX64 = r"^[0-9a-f]{64}$"
+
+
+class KeyEntry(BaseModel):
+    """One client key: a name for logs and metrics, its SHA-256 hex digest, admin rights."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    sha256: str = Field(pattern=_HEX64)
+    admin: bool = False
+
+
+class KeysFile(BaseModel):
+    """The keys file: `keys:` list of entries."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keys: list[KeyEntry] = Field(min_length=1)
+
+
+def hash_key(key: str) -> str:
+    """SHA-256 hex digest of a key, the only form in which keys are stored."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_key_file_mode(path: Path) -> None:
+    """Refuse a keys file that group or others can read or write (it must be 0600 or stricter)."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ValidationError(f"{path}: cannot read the keys file: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValidationError(f"{path}: the keys file is not a regular file")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        raise ValidationError(
+            f"{path}: the keys file is group/world-accessible (mode {mode:04o}); it must be readable by "
+            f"its owner only: run `chmod 600 {path}`. Refusing to use it."
+        )
+
+
+def load_keys(path: Path) -> dict[str, KeyEntry]:
+    """Keys by SHA-256 digest from a 0600 YAML keys file; errors name the file and key path."""
+    check_key_file_mode(path)
+    try:
+        with open(path, encoding="utf-8", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ValidationError(f"{path}: cannot read the keys file: {exc.strerror}") from None
+    except yaml.YAMLError:
+        # the parser's message can quote file content, and this file holds secrets' hashes: keep it short
+        raise ValidationError(f"{path}: the keys file is not valid YAML") from None
+    try:
+        parsed = KeysFile.model_validate(data)
+    except PydanticValidationError as exc:
+        raise ValidationError(format_pydantic_errors(path, exc)) from None
+    keys: dict[str, KeyEntry] = {}
+    names: set[str] = set()
+    for i, entry in enumerate(parsed.keys):
+        if entry.sha256 in keys:
+            raise ValidationError(f"{path}: keys[{i}].sha256: the same key hash appears twice")
+        if entry.name in names:
+            raise ValidationError(f"{path}: keys[{i}].name: {entry.name!r} is used twice")
+        keys[entry.sha256] = entry
+        names.add(entry.name)
+    return keys
+
+
+@dataclass(frozen=True)
+class AuthResult:
+    """Either the matching key entry (and its digest) or a message saying what is wrong."""
+
+    entry: KeyEntry | None
+    digest: str | None
+    error: str | None
+
+
+def authenticate(header: str | None, keys: Mapping[str, KeyEntry]) -> AuthResult:
+    """Check an Authorization header against the keys; the message never contains the key."""
+    if header is None:
+        return AuthResult(None, None, "missing Authorization header; send 'Authorization: Bearer <key>'")
+    scheme, sep, key = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return AuthResult(
+            None, None, "the Authorization header must use the Bearer scheme: 'Authorization: Bearer <key>'"
+        )
+    if not sep or not key.strip():
+        return AuthResult(None, None, "the Authorization header has the Bearer scheme but no key after it")
+    if key != key.strip():
+        return AuthResult(
+            None, None, "the API key has leading or trailing whitespace; send exactly 'Bearer <key>'"
+        )
+    digest = hash_key(key)
+    entry = keys.get(digest)
+    if entry is None:
+        return AuthResult(None, None, "the API key is not valid for this gateway")
+    return AuthResult(entry, digest, None)

@@ -1,0 +1,105 @@
+"""Prometheus metrics of the gateway, all named `pdfleet_gateway_*`, in a registry per gateway instance."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+# TTFT spans sub-ms (short prompts on an idle simulator) to tens of seconds (long prefills queued)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
+# inter-chunk gaps: one decode step is ~5-50 ms; the "typewriter stopped" region is 0.5 s and up
+GAP_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
+PROMPT_TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class GatewayMetrics:
+    """Every metric the gateway exports; one instance per gateway (no global registry)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "pdfleet_gateway_requests",
+            "Requests answered, by model alias, pool, prompt length class and HTTP status",
+            ["model", "pool", "length_class", "status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "pdfleet_gateway_ttft_seconds",
+            "Time from request received to first streamed chunk from upstream",
+            ["pool", "length_class"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.chunk_gap = Histogram(
+            "pdfleet_gateway_chunk_gap_seconds",
+            "Gap between consecutive streamed chunks from upstream",
+            ["pool", "length_class"],
+            buckets=GAP_BUCKETS,
+            registry=r,
+        )
+        self.stalls = Counter(
+            "pdfleet_gateway_stream_stalls",
+            "Streamed gaps longer than the policy's stall_threshold_ms (the typewriter stopped)",
+            ["pool", "length_class"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "pdfleet_gateway_fallbacks",
+            "Requests retried on the colocated pool: the disaggregated pool failed before the first byte",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "pdfleet_gateway_routing_decisions",
+            "Routing decisions by stage, length class, chosen pool and reason (weight, header, no_disagg)",
+            ["stage", "length_class", "pool", "reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Histogram(
+            "pdfleet_gateway_prompt_tokens",
+            "Estimated prompt tokens per routed request",
+            ["model"],
+            buckets=PROMPT_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "pdfleet_gateway_request_duration_seconds",
+            "Whole request time through the gateway, by pool and length class",
+            ["pool", "length_class"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.stream_errors = Counter(
+            "pdfleet_gateway_stream_errors",
+            "Responses cut after the first byte (upstream error or timeout); ended with an error event",
+            ["pool", "reason"],
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "pdfleet_gateway_client_disconnects",
+            "Requests whose client went away before the response ended (upstream closed at once)",
+            ["pool"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "pdfleet_gateway_in_flight_requests", "Requests being proxied now", ["pool"], registry=r
+        )
+        self.reloads = Counter(
+            "pdfleet_gateway_policy_reloads",
+            "Policy reload attempts by result (ok, rejected)",
+            ["result"],
+            registry=r,
+        )
+        self.policy = Info(
+            "pdfleet_gateway_policy", "The active policy's version, stage and file hash", registry=r
+        )
+
+    def set_policy(self, version: int, stage: str, sha256: str) -> None:
+        """Publish the active policy as the info metric."""
+        self.policy.info({"version": str(version), "stage": stage, "sha256": sha256})
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,303 @@
+"""The gateway's policy file: schema, validation, and the pure routing decision built from it.
+
+A policy file is YAML validated by pydantic (unknown keys are errors; every error names the file and
+the key path). Loading yields an immutable `ActivePolicy`; a reload builds a new one and swaps the
+reference, so a request keeps the policy it started with until it ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
+from yarl import URL
+
+from pdfleet.errors import ValidationError
+from pdfleet.gateway.keys import KeyEntry, load_keys
+from pdfleet.gateway.validation import format_pydantic_errors
+from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN, TextCounter, make_counter
+
+POOLS: tuple[str, ...] = ("colocated", "disagg")
+LENGTH_CLASSES: tuple[str, ...] = ("short", "long")
+BUCKETS = 100
+
+Pool = Literal["colocated", "disagg"]
+LengthClass = Literal["short", "long"]
+
+
+def _base_url(value: str) -> str:
+    """A server root URL (http/https, host, no path), normalised without a trailing slash."""
+    url = URL(value)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"{value!r} is not an http(s) URL with a host (e.g. http://10.0.0.11:8000)")
+    if url.path not in ("", "/") or url.query_string or url.fragment:
+        raise ValueError(
+            f"{value!r} has a path; give the server root (e.g. http://10.0.0.11:8000), "
+            "the gateway appends /v1/..."
+        )
+    return str(url.with_path("")).rstrip("/")
+
+
+BaseUrl = Annotated[str, AfterValidator(_base_url)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenSpec(_Strict):
+    """Where the gateway listens; admin endpoints move to `admin_port` when it is set."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)  # 0: any free port (tests)
+    admin_port: int | None = Field(None, ge=0, le=65535)
+
+
+class EstimatorSpec(_Strict):
+    """Prompt-token estimator: the model's tokenizer.json when given, else characters per token."""
+
+    tokenizer: str | None = None
+    chars_per_token: float = Field(DEFAULT_CHARS_PER_TOKEN, gt=0, le=64)
+
+
+class TimeoutSpec(_Strict):
+    """Upstream timeouts in seconds; `first_byte_s` covers connect, headers and the first chunk."""
+
+    connect_s: float = Field(5.0, gt=0)
+    first_byte_s: float = Field(300.0, gt=0)
+    idle_s: float = Field(300.0, gt=0)
+
+
+class StickySpec(_Strict):
+    """Where the sticky routing key comes from: session header, then the body's `user`, then the API key."""
+
+    session_header: str = Field("X-Session-Id", min_length=1)
+    use_user_field: bool = True
+
+
+class ModelRoute(_Strict):
+    """One model alias: its colocated base URLs, its disaggregated (vllm-router) URL, its upstream name."""
+
+    colocated: list[BaseUrl] = Field(min_length=1)
+    disagg: BaseUrl | None = None
+    upstream_model: str | None = Field(None, min_length=1)
+
+
+class StageSpec(_Strict):
+    """Per length class, the percentage of sticky buckets sent to the disaggregated pool."""
+
+    short: int = Field(ge=0, le=100)
+    long: int = Field(ge=0, le=100)
+
+
+class PolicySpec(_Strict):
+    """The whole policy file."""
+
+    version: int = Field(ge=1)
+    listen: ListenSpec = ListenSpec()
+    keys_file: str = Field(min_length=1)
+    models: dict[str, ModelRoute] = Field(min_length=1)
+    estimator: EstimatorSpec = EstimatorSpec()
+    long_prompt_tokens: int = Field(8192, ge=1)
+    stage: str = Field(min_length=1)
+    stages: dict[str, StageSpec] = Field(min_length=1)
+    sticky: StickySpec = StickySpec()
+    override_header: str | None = Field("X-Pdfleet-Pool", min_length=1)
+    stall_threshold_ms: float = Field(500.0, gt=0)
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    timeouts: TimeoutSpec = TimeoutSpec()
+    log_requests: bool = True
+
+
+@dataclass(frozen=True)
+class Route:
+    """A compiled model alias: pools as URL tuples plus a round-robin over the colocated ones."""
+
+    alias: str
+    colocated: tuple[str, ...]
+    disagg: str | None
+    upstream_model: str | None
+    _rr: Iterator[int] = field(compare=False, repr=False)
+
+    def next_colocated(self) -> tuple[str, str | None]:
+        """The next colocated URL and, when there is another one, the one to retry on."""
+        i = next(self._rr)
+        n = len(self.colocated)
+        return self.colocated[i % n], (self.colocated[(i + 1) % n] if n > 1 else None)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Which pool a request goes to and why (weight, header, no-disagg)."""
+
+    pool: Pool
+    reason: str
+    bucket: int
+
+
+@dataclass
+class PolicyCounts:
+    """Counts since this policy became active (shown by /admin/policy)."""
+
+    requests: int = 0
+    in_flight: int = 0
+    decisions: dict[str, dict[str, int]] = field(
+        default_factory=lambda: {c: {p: 0 for p in POOLS} for c in LENGTH_CLASSES}
+    )
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ActivePolicy:
+    """A loaded, validated policy: everything a request needs, never mutated except its counts."""
+
+    spec: PolicySpec
+    source: Path
+    sha256: str
+    keys: Mapping[str, KeyEntry]
+    routes: Mapping[str, Route]
+    counter: TextCounter
+    loaded_at: float
+    counts: PolicyCounts
+
+    @property
+    def stage(self) -> StageSpec:
+        """The active stage's percentages."""
+        return self.spec.stages[self.spec.stage]
+
+    def summary(self) -> dict[str, Any]:
+        """What /admin/policy shows: version, stage, pools per alias and counts (never key hashes)."""
+        return {
+            "version": self.spec.version,
+            "source": str(self.source),
+            "sha256": self.sha256,
+            "loaded_at": self.loaded_at,
+            "stage": self.spec.stage,
+            "stage_percent_disagg": self.stage.model_dump(),
+            "stages": {k: v.model_dump() for k, v in self.spec.stages.items()},
+            "long_prompt_tokens": self.spec.long_prompt_tokens,
+            "estimator": "tokenizer" if self.spec.estimator.tokenizer else "chars_per_token",
+            "models": {
+                a: {"colocated": list(r.colocated), "disagg": r.disagg, "upstream_model": r.upstream_model}
+                for a, r in self.routes.items()
+            },
+            "keys": len(self.keys),
+            "counts": {
+                "requests": self.counts.requests,
+                "in_flight": self.counts.in_flight,
+                "decisions": self.counts.decisions,
+                "fallbacks": self.counts.fallbacks,
+            },
+        }
+
+
+def bucket_of(sticky_key: str) -> int:
+    """Stable bucket 0..99 of a sticky key, so one conversation always lands in the same bucket."""
+    digest = hashlib.sha256(sticky_key.encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") % BUCKETS
+
+
+def length_class(prompt_tokens: int, long_prompt_tokens: int) -> LengthClass:
+    """`long` when the prompt has at least the threshold's tokens."""
+    return "long" if prompt_tokens >= long_prompt_tokens else "short"
+
+
+def decide(
+    stage: StageSpec, cls: LengthClass, sticky_key: str, has_disagg: bool, forced: Pool | None = None
+) -> Decision:
+    """The pool for one request: forced by header, else bucket < stage percentage → disagg.
+
+    Raising a class's percentage only ever moves buckets from colocated to disagg, so a ramp never
+    moves a conversation back and forth.
+    """
+    bucket = bucket_of(sticky_key)
+    if forced is not None:
+        return Decision(forced, "header", bucket)
+    if bucket < getattr(stage, cls):
+        if has_disagg:
+            return Decision("disagg", "weight", bucket)
+        return Decision("colocated", "no_disagg", bucket)
+    return Decision("colocated", "weight", bucket)
+
+
+def parse_policy(source: Path, text: str) -> PolicySpec:
+    """Validate policy YAML text into a PolicySpec; ValidationError naming file + key path otherwise."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValidationError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValidationError(f"{source}: must be a YAML mapping with keys version, keys_file, models, ...")
+    try:
+        spec = PolicySpec.model_validate(data)
+    except PydanticValidationError as exc:
+        raise ValidationError(format_pydantic_errors(source, exc)) from None
+    problems = []
+    if spec.stage not in spec.stages:
+        known = ", ".join(spec.stages)
+        problems.append(f"{source}: stage: {spec.stage!r} is not a stage; stages are: {known}")
+    if spec.listen.admin_port is not None and spec.listen.admin_port == spec.listen.port != 0:
+        problems.append(f"{source}: listen.admin_port: must differ from listen.port ({spec.listen.port})")
+    for alias in spec.models:
+        if not alias.strip() or alias != alias.strip():
+            problems.append(f"{source}: models.{alias!r}: an alias must be non-empty, without outer spaces")
+    if problems:
+        raise ValidationError("\n".join(problems))
+    return spec
+
+
+def load_policy(path: str | Path) -> ActivePolicy:
+    """Read, validate and compile a policy file plus the keys file it names (blocking I/O)."""
+    source = Path(path)
+    try:
+        raw = source.read_bytes()
+    except OSError as exc:
+        raise ValidationError(f"{source}: cannot read the policy file: {exc.strerror}") from None
+    spec = parse_policy(source, raw.decode("utf-8", "replace"))
+    keys_path = Path(spec.keys_file)
+    if not keys_path.is_absolute():
+        keys_path = source.parent / keys_path
+    keys = load_keys(keys_path)
+    tok = spec.estimator.tokenizer
+    if tok is not None:
+        tok_path = Path(tok) if Path(tok).is_absolute() else source.parent / tok
+        if not tok_path.is_file():
+            raise ValidationError(f"{source}: estimator.tokenizer: {tok_path} is not a file (tokenizer.json)")
+        try:
+            counter = make_counter(tok_path, spec.estimator.chars_per_token)
+        except Exception as exc:  # the tokenizers library raises its own exception types
+            raise ValidationError(f"{source}: estimator.tokenizer: cannot load {tok_path}: {exc}") from None
+    else:
+        counter = make_counter(None, spec.estimator.chars_per_token)
+    routes = {
+        alias: Route(alias, tuple(r.colocated), r.disagg, r.upstream_model, itertools.count())
+        for alias, r in spec.models.items()
+    }
+    return ActivePolicy(
+        spec=spec,
+        source=source,
+        sha256=hashlib.sha256(raw).hexdigest(),
+        keys=keys,
+        routes=routes,
+        counter=counter,
+        loaded_at=time.time(),
+        counts=PolicyCounts(),
+    )
+
+
+def restart_only_changes(old: PolicySpec, new: PolicySpec) -> list[str]:
+    """Settings a reload cannot apply (the listening sockets); non-empty means reject the reload."""
+    out = []
+    for key in ("host", "port", "admin_port"):
+        a, b = getattr(old.listen, key), getattr(new.listen, key)
+        if a != b:
+            out.append(f"listen.{key} changed from {a} to {b}; that needs a restart, not a reload")
+    return out

@@ -1,0 +1,16 @@
+"""Hardware facts (GPU, driver, kernel, Secure Boot, RDMA, QoS) and the pure decisions built on them.
+
+`facts` holds the commands and parsers; `gpu`, `rdma` and `kv` turn parsed facts plus the profile
+into what a role should do, or why it skips, without touching a host, so every decision is
+unit-tested against fixtures taken from documented output formats.
+"""
+
+from pdfleet.errors import PdfleetError
+
+# `Skip.what` of the marker a role yields when the host needs a reboot to finish (the runner acts
+# on it with --reboot; without it the reboot is reported).
+REBOOT_REQUIRED = "reboot required"
+
+
+class HardwareError(PdfleetError):
+    """The host's hardware contradicts the inventory or profile, or a change would be unsafe."""

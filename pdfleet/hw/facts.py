@@ -1,0 +1,674 @@
+"""Hardware facts: one command per fact, one pure parser per output format.
+
+Commands never fail on a host without the hardware (or without the tool): they print what they
+found, and the parsers turn "nothing" into an empty value, so roles can skip with a reason.
+Parsers are module-level functions so the tests can feed them fixture text directly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from pdfleet.ops.base import Fact
+
+NVIDIA_VENDOR = "10de"
+OPEN_LICENSE = "Dual MIT/GPL"  # `modinfo -F license nvidia` of the open kernel modules
+
+
+def _sections(stdout: str) -> dict[str, list[str]]:
+    """Split output printed as `== name` headers followed by lines, so one command gives several facts."""
+    out: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in stdout.splitlines():
+        if line.startswith("== "):
+            current = out.setdefault(line[3:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return out
+
+
+# ---------------------------------------------------------------- PCI: GPUs and NVSwitches
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """One PCI function: address, class code (4 hex digits), ids and the lspci name when known."""
+
+    bdf: str
+    class_code: str
+    vendor: str
+    device: str
+    name: str = ""
+
+    @property
+    def is_gpu(self) -> bool:
+        # 0300 VGA, 0302 3D controller: datacenter GPUs are 3D controllers, some PCIe cards VGA.
+        return self.class_code.startswith("03")
+
+    @property
+    def is_bridge_other(self) -> bool:
+        return self.class_code == "0680"
+
+
+@dataclass(frozen=True)
+class NvidiaPci:
+    """NVIDIA functions on the PCI bus, split into GPUs and NVSwitches."""
+
+    gpus: tuple[PciDevice, ...] = ()
+    nvswitches: tuple[PciDevice, ...] = ()
+    nvswitch_proc_devices: int = 0  # entries in /proc/driver/nvidia-nvswitch/devices (driver loaded)
+
+    @property
+    def has_nvswitch(self) -> bool:
+        return bool(self.nvswitches) or self.nvswitch_proc_devices > 0
+
+
+_LSPCI_NN = re.compile(
+    r"^(?P<bdf>\S+) (?P<cls>.+?) \[(?P<code>[0-9a-f]{4})\]: (?P<name>.*) "
+    r"\[(?P<vendor>[0-9a-f]{4}):(?P<device>[0-9a-f]{4})\](?: \(rev [0-9a-f]+\))?(?: \(prog-if .*\))?$"
+)
+
+
+def parse_lspci_nn(text: str) -> list[PciDevice]:
+    """Lines of `lspci -Dnn` (pciutils: `BDF class [cccc]: name [vvvv:dddd] (rev rr)`)."""
+    devices = []
+    for line in text.splitlines():
+        m = _LSPCI_NN.match(line.strip())
+        if m:
+            devices.append(
+                PciDevice(m["bdf"], m["code"], m["vendor"], m["device"], m["name"].strip())
+            )
+    return devices
+
+
+def parse_sysfs_pci(text: str) -> list[PciDevice]:
+    """Lines `BDF 0xVVVV 0xDDDD 0xCCCCPP` read from /sys/bus/pci/devices/*/{vendor,device,class}."""
+    devices = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 4:
+            continue
+        bdf, vendor, device, cls = parts
+        devices.append(PciDevice(bdf, cls[2:6].lower(), vendor[2:].lower(), device[2:].lower()))
+    return devices
+
+
+def parse_nvidia_pci(stdout: str) -> NvidiaPci:
+    """The NvidiaPciFact output: lspci (or sysfs when pciutils is absent) plus the nvswitch proc dir."""
+    sec = _sections(stdout)
+    devices = parse_lspci_nn("\n".join(sec.get("lspci", [])))
+    if not devices:
+        devices = parse_sysfs_pci("\n".join(sec.get("sysfs", [])))
+    nvidia = [d for d in devices if d.vendor == NVIDIA_VENDOR]
+    gpus = tuple(d for d in nvidia if d.is_gpu)
+    switches = tuple(d for d in nvidia if d.is_bridge_other)
+    proc = [line for line in sec.get("nvswitch", []) if line.strip()]
+    return NvidiaPci(gpus, switches, len(proc))
+
+
+@dataclass(frozen=True)
+class NvidiaPciFact(Fact[NvidiaPci]):
+    """NVIDIA GPUs and NVSwitches on the PCI bus (DeepOps counts GPUs the same way, from lspci)."""
+
+    def command(self) -> str:
+        return (
+            "echo '== lspci'; command -v lspci >/dev/null 2>&1 && lspci -Dnn -d 10de: 2>/dev/null; "
+            "echo '== sysfs'; for d in /sys/bus/pci/devices/*; do [ -r \"$d/vendor\" ] || continue; "
+            "[ \"$(cat \"$d/vendor\")\" = 0x10de ] && echo \"${d##*/} $(cat \"$d/vendor\") "
+            "$(cat \"$d/device\") $(cat \"$d/class\")\"; done; "
+            "echo '== nvswitch'; ls -1 /proc/driver/nvidia-nvswitch/devices 2>/dev/null; true"
+        )
+
+    def parse(self, stdout: str, rc: int) -> NvidiaPci:
+        return parse_nvidia_pci(stdout)
+
+
+# ---------------------------------------------------------------- driver, kernel, Secure Boot, nouveau
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """The loaded NVIDIA kernel module (from /proc) and the installed one (from modinfo)."""
+
+    loaded_version: str | None = None
+    loaded_open: bool | None = None
+    installed_version: str | None = None
+    installed_license: str | None = None
+    peermem_loaded: bool = False
+
+    @property
+    def installed_open(self) -> bool | None:
+        if self.installed_license is None:
+            return None
+        return self.installed_license.strip() == OPEN_LICENSE
+
+    @property
+    def reboot_pending(self) -> bool:
+        """Installed module differs from the loaded one: only a reboot (or module reload) fixes it."""
+        return (
+            self.loaded_version is not None
+            and self.installed_version is not None
+            and self.loaded_version != self.installed_version
+        )
+
+
+_NVRM = re.compile(r"^NVRM version: (?P<desc>.*?)\s+(?P<ver>\d+\.\d+(?:\.\d+)?)\s")
+
+
+def parse_proc_nvidia_version(text: str) -> tuple[str | None, bool | None]:
+    """/proc/driver/nvidia/version's NVRM line: the loaded version, and whether it is the open module."""
+    for line in text.splitlines():
+        m = _NVRM.match(line.strip() + " ")
+        if m:
+            return m["ver"], "Open Kernel Module" in m["desc"]
+    return None, None
+
+
+def parse_driver(stdout: str) -> DriverInfo:
+    """The DriverFact output sections: proc, modinfo version, modinfo license, peermem in /proc/modules."""
+    sec = _sections(stdout)
+    loaded, loaded_open = parse_proc_nvidia_version("\n".join(sec.get("proc", [])))
+    version = next((s.strip() for s in sec.get("version", []) if s.strip()), None)
+    license_ = next((s.strip() for s in sec.get("license", []) if s.strip()), None)
+    peermem = any(s.strip() == "yes" for s in sec.get("peermem", []))
+    return DriverInfo(loaded, loaded_open, version, license_, peermem)
+
+
+@dataclass(frozen=True)
+class DriverFact(Fact[DriverInfo]):
+    """Loaded and installed NVIDIA driver versions and flavour (open or proprietary), nvidia_peermem."""
+
+    def command(self) -> str:
+        return (
+            "echo '== proc'; cat /proc/driver/nvidia/version 2>/dev/null; "
+            "echo '== version'; /sbin/modinfo -F version nvidia 2>/dev/null || modinfo -F version nvidia "
+            "2>/dev/null; echo '== license'; /sbin/modinfo -F license nvidia 2>/dev/null || "
+            "modinfo -F license nvidia 2>/dev/null; echo '== peermem'; "
+            "grep -q '^nvidia_peermem ' /proc/modules 2>/dev/null && echo yes; true"
+        )
+
+    def parse(self, stdout: str, rc: int) -> DriverInfo:
+        return parse_driver(stdout)
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """The running kernel release and whether its headers (the DKMS build tree) are installed."""
+
+    release: str
+    headers_installed: bool
+
+    @property
+    def version(self) -> tuple[int, int]:
+        m = re.match(r"(\d+)\.(\d+)", self.release)
+        return (int(m[1]), int(m[2])) if m else (0, 0)
+
+    @property
+    def headers_package(self) -> str:
+        # Debian and Ubuntu name the header package after `uname -r` (e.g. linux-headers-6.1.0-18-amd64).
+        return f"linux-headers-{self.release}"
+
+
+def parse_kernel(stdout: str) -> KernelInfo:
+    """`uname -r` then `headers=yes|no` (whether /lib/modules/$(uname -r)/build exists)."""
+    lines = [s.strip() for s in stdout.splitlines() if s.strip()]
+    release = lines[0] if lines else ""
+    return KernelInfo(release, "headers=yes" in lines[1:])
+
+
+@dataclass(frozen=True)
+class KernelFact(Fact[KernelInfo]):
+    """Running kernel and its headers: DKMS builds the driver against /lib/modules/$(uname -r)/build."""
+
+    def command(self) -> str:
+        return 'uname -r; [ -d "/lib/modules/$(uname -r)/build" ] && echo headers=yes || echo headers=no'
+
+    def parse(self, stdout: str, rc: int) -> KernelInfo:
+        return parse_kernel(stdout)
+
+
+SB_ENABLED = "enabled"
+SB_DISABLED = "disabled"
+SB_UNSUPPORTED = "unsupported"  # legacy BIOS boot or no EFI variables: no signature enforcement
+SB_UNKNOWN = "unknown"
+
+
+def parse_secure_boot(stdout: str) -> str:
+    """`mokutil --sb-state` (mokutil(1): "SecureBoot enabled|disabled"), or the efivar fallback."""
+    text = stdout.strip()
+    low = text.lower()
+    if "secureboot enabled" in low:
+        return SB_ENABLED
+    if "secureboot disabled" in low:
+        return SB_DISABLED
+    if "not supported" in low or "doesn't support" in low or "no-efi" in low:
+        return SB_UNSUPPORTED
+    m = re.search(r"efivar (\d+)", low)
+    if m:
+        return SB_ENABLED if m[1] == "1" else SB_DISABLED
+    return SB_UNKNOWN
+
+
+@dataclass(frozen=True)
+class SecureBootFact(Fact[str]):
+    """Secure Boot state: with it on, unsigned DKMS modules (nvidia, peermem) refuse to load."""
+
+    def command(self) -> str:
+        var = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+        return (
+            "if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state 2>&1; "
+            f"elif [ -r {var} ]; then echo \"efivar $(od -An -t u1 {var} | awk '{{print $NF}}')\"; "
+            "elif [ -d /sys/firmware/efi ]; then echo unknown; else echo no-efi; fi; true"
+        )
+
+    def parse(self, stdout: str, rc: int) -> str:
+        return parse_secure_boot(stdout)
+
+
+def parse_mok_test_key(stdout: str) -> bool:
+    """`mokutil --test-key CERT` prints "CERT is already enrolled" once the key is enrolled."""
+    return "is already enrolled" in stdout
+
+
+@dataclass(frozen=True)
+class MokEnrolledFact(Fact[bool]):
+    """Whether the DKMS signing certificate is enrolled as a MOK (DKMS then signs what it builds)."""
+
+    cert: str = "/var/lib/dkms/mok.pub"
+
+    def command(self) -> str:
+        c = shlex.quote(self.cert)
+        return f"[ -r {c} ] && command -v mokutil >/dev/null 2>&1 && mokutil --test-key {c} 2>&1; true"
+
+    def parse(self, stdout: str, rc: int) -> bool:
+        return parse_mok_test_key(stdout)
+
+
+@dataclass(frozen=True)
+class NouveauInfo:
+    loaded: bool
+    blacklisted: bool
+
+
+def parse_nouveau(stdout: str) -> NouveauInfo:
+    lines = {s.strip() for s in stdout.splitlines()}
+    return NouveauInfo("loaded" in lines, "blacklisted" in lines)
+
+
+@dataclass(frozen=True)
+class NouveauFact(Fact[NouveauInfo]):
+    """nouveau loaded (/proc/modules) and blacklisted in a modprobe.d file."""
+
+    def command(self) -> str:
+        return (
+            "grep -q '^nouveau ' /proc/modules 2>/dev/null && echo loaded; "
+            "grep -rhsqE '^[[:space:]]*blacklist[[:space:]]+nouveau([[:space:]]|$)' "
+            "/etc/modprobe.d /usr/lib/modprobe.d /lib/modprobe.d && echo blacklisted; true"
+        )
+
+    def parse(self, stdout: str, rc: int) -> NouveauInfo:
+        return parse_nouveau(stdout)
+
+
+@dataclass(frozen=True)
+class SmiGpu:
+    index: int
+    bus_id: str
+    name: str
+    driver_version: str
+    persistence_mode: str  # "Enabled" / "Disabled"
+
+
+def parse_nvidia_smi_csv(stdout: str) -> tuple[SmiGpu, ...]:
+    """`nvidia-smi --query-gpu=index,pci.bus_id,name,driver_version,persistence_mode
+    --format=csv,noheader` rows (comma+space separated, as nvidia-smi(1) documents)."""
+    rows = []
+    for line in stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 5 or not parts[0].isdigit():
+            continue
+        rows.append(SmiGpu(int(parts[0]), parts[1], parts[2], parts[3], parts[4]))
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
+class NvidiaSmiFact(Fact["tuple[SmiGpu, ...] | None"]):
+    """Per-GPU rows from nvidia-smi; None when nvidia-smi is missing or cannot talk to the driver."""
+
+    QUERY = "index,pci.bus_id,name,driver_version,persistence_mode"
+
+    def command(self) -> str:
+        return f"nvidia-smi --query-gpu={self.QUERY} --format=csv,noheader 2>/dev/null"
+
+    def parse(self, stdout: str, rc: int) -> tuple[SmiGpu, ...] | None:
+        return parse_nvidia_smi_csv(stdout) if rc == 0 else None
+
+
+# ---------------------------------------------------------------- RDMA (sysfs, ibv_devinfo)
+
+
+@dataclass(frozen=True)
+class Gid:
+    index: int
+    gid: str
+    type: str  # "IB/RoCE v1" or "RoCE v2"
+    ndev: str | None
+
+    @property
+    def ipv4(self) -> str | None:
+        """The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), else None."""
+        groups = self.gid.split(":")
+        if len(groups) != 8 or any(int(g, 16) for g in groups[:5]) or groups[5].lower() != "ffff":
+            return None
+        hi, lo = int(groups[6], 16), int(groups[7], 16)
+        return f"{hi >> 8}.{hi & 0xFF}.{lo >> 8}.{lo & 0xFF}"
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    number: int
+    state: str = ""  # e.g. "ACTIVE" (sysfs "4: ACTIVE")
+    phys_state: str = ""
+    link_layer: str = ""  # "Ethernet" (RoCE) or "InfiniBand"
+    gids: tuple[Gid, ...] = ()
+    default_roce_mode: str | None = None  # configfs rdma_cm, when the directory exists
+
+
+@dataclass(frozen=True)
+class RdmaDevice:
+    name: str
+    netdevs: tuple[str, ...] = ()
+    ports: tuple[RdmaPort, ...] = ()
+
+    def port(self, number: int) -> RdmaPort | None:
+        return next((p for p in self.ports if p.number == number), None)
+
+
+_SYSFS_LINE = re.compile(r"^(?P<dev>[^/]+)/ports/(?P<port>\d+)/(?P<rest>[^:]+):(?P<value>.*)$")
+_ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def parse_rdma_sysfs(stdout: str) -> dict[str, RdmaDevice]:
+    """`grep -H .` over /sys/class/infiniband/*/ports/*/... (kernel ABI sysfs-class-infiniband),
+    run from /sys/class/infiniband so lines read `mlx5_0/ports/1/gids/3:0000:...`."""
+    sec = _sections(stdout)
+    ports: dict[tuple[str, int], dict[str, object]] = {}
+    gids: dict[tuple[str, int], dict[int, dict[str, str]]] = {}
+    for line in sec.get("ports", []):
+        m = _SYSFS_LINE.match(line.strip())
+        if not m:
+            continue
+        key = (m["dev"], int(m["port"]))
+        rec = ports.setdefault(key, {})
+        rest, value = m["rest"], m["value"].strip()
+        if rest in ("state", "phys_state"):
+            rec[rest] = value.split(":", 1)[-1].strip()
+        elif rest == "link_layer":
+            rec[rest] = value
+        else:
+            parts = rest.split("/")
+            if parts[0] == "gids" and len(parts) == 2 and value != _ZERO_GID:
+                gids.setdefault(key, {}).setdefault(int(parts[1]), {})["gid"] = value
+            elif parts[:1] == ["gid_attrs"] and len(parts) == 3 and parts[1] in ("types", "ndevs"):
+                gids.setdefault(key, {}).setdefault(int(parts[2]), {})[parts[1]] = value
+    for line in sec.get("roce_mode", []):
+        m = _SYSFS_LINE.match(line.strip().removeprefix("/sys/kernel/config/rdma_cm/"))
+        if m and m["rest"] == "default_roce_mode":
+            ports.setdefault((m["dev"], int(m["port"])), {})["roce_mode"] = m["value"].strip()
+    netdevs: dict[str, tuple[str, ...]] = {}
+    for line in sec.get("netdevs", []):
+        parts = line.split()
+        if parts:
+            netdevs[parts[0]] = tuple(parts[1:])
+    devices: dict[str, dict[int, RdmaPort]] = {}
+    for (dev, num), rec in sorted(ports.items()):
+        entries = tuple(
+            Gid(i, g["gid"], g.get("types", ""), g.get("ndevs"))
+            for i, g in sorted(gids.get((dev, num), {}).items())
+            if "gid" in g
+        )
+        devices.setdefault(dev, {})[num] = RdmaPort(
+            num,
+            str(rec.get("state", "")),
+            str(rec.get("phys_state", "")),
+            str(rec.get("link_layer", "")),
+            entries,
+            rec.get("roce_mode"),  # type: ignore[arg-type]
+        )
+    names = sorted(set(devices) | set(netdevs))
+    return {
+        n: RdmaDevice(n, netdevs.get(n, ()), tuple(devices.get(n, {}).values())) for n in names
+    }
+
+
+@dataclass(frozen=True)
+class RdmaSysfsFact(Fact["dict[str, RdmaDevice]"]):
+    """Every RDMA device with its ports, port state, link layer, GID table and netdevs, from sysfs."""
+
+    def command(self) -> str:
+        p = "*/ports/*"
+        return (
+            "cd /sys/class/infiniband 2>/dev/null || exit 0; echo '== ports'; "
+            f"grep -Hs . {p}/state {p}/phys_state {p}/link_layer {p}/gids/* "
+            f"{p}/gid_attrs/types/* {p}/gid_attrs/ndevs/* 2>/dev/null; "
+            "echo '== netdevs'; for d in *; do "
+            "echo \"$d $(ls \"$d/device/net\" 2>/dev/null | tr '\\n' ' ')\"; done; echo '== roce_mode'; "
+            "grep -Hs . /sys/kernel/config/rdma_cm/*/ports/*/default_roce_mode 2>/dev/null; true"
+        )
+
+    def parse(self, stdout: str, rc: int) -> dict[str, RdmaDevice]:
+        return parse_rdma_sysfs(stdout)
+
+
+@dataclass(frozen=True)
+class IbvPort:
+    number: int
+    state: str  # e.g. "PORT_ACTIVE"
+    active_mtu: int | None
+    link_layer: str
+
+
+def parse_ibv_devinfo(stdout: str) -> dict[str, tuple[IbvPort, ...]]:
+    """`ibv_devinfo` (rdma-core libibverbs/examples/devinfo.c): `hca_id:` blocks with `port:` sub-blocks."""
+    result: dict[str, list[IbvPort]] = {}
+    dev: str | None = None
+    cur: dict[str, str] | None = None
+
+    def flush() -> None:
+        if dev is not None and cur is not None:
+            mtu = re.match(r"(\d+)", cur.get("active_mtu", ""))
+            result[dev].append(
+                IbvPort(
+                    int(cur["port"]),
+                    cur.get("state", "").split(" ")[0],
+                    int(mtu[1]) if mtu else None,
+                    cur.get("link_layer", ""),
+                )
+            )
+
+    for raw in stdout.splitlines():
+        line = raw.strip()
+        if line.startswith("hca_id:"):
+            flush()
+            cur = None
+            dev = line.split(":", 1)[1].strip()
+            result[dev] = []
+        elif line.startswith("port:") and dev is not None:
+            flush()
+            cur = {"port": line.split(":", 1)[1].strip()}
+        elif cur is not None and ":" in line:
+            key, value = line.split(":", 1)
+            cur.setdefault(key.strip(), value.strip())
+    flush()
+    return {k: tuple(v) for k, v in result.items()}
+
+
+@dataclass(frozen=True)
+class IbvDevinfoFact(Fact["dict[str, tuple[IbvPort, ...]] | None"]):
+    """Port state and active MTU as verbs sees them; None when ibverbs-utils is not installed."""
+
+    def command(self) -> str:
+        return "command -v ibv_devinfo >/dev/null 2>&1 || exit 3; ibv_devinfo 2>/dev/null; true"
+
+    def parse(self, stdout: str, rc: int) -> dict[str, tuple[IbvPort, ...]] | None:
+        return None if rc == 3 else parse_ibv_devinfo(stdout)
+
+
+# ---------------------------------------------------------------- netdev, QoS
+
+
+@dataclass(frozen=True)
+class NetdevInfo:
+    name: str
+    exists: bool
+    mtu: int | None = None
+    operstate: str = ""
+    ipv4: tuple[str, ...] = ()
+    ecn_np: dict[int, bool] = field(default_factory=dict)  # priority -> roce_np enabled (mlx5 sysfs)
+    ecn_rp: dict[int, bool] = field(default_factory=dict)
+
+    def __hash__(self) -> int:  # dict fields: hash by identity of the name is enough for caching
+        return hash((self.name, self.exists, self.mtu))
+
+
+def parse_netdev(name: str, stdout: str) -> NetdevInfo:
+    """Sections: mtu, operstate (sysfs), `ip -j -4 addr show dev X` JSON, ECN enable files."""
+    sec = _sections(stdout)
+    mtu_lines = [s.strip() for s in sec.get("mtu", []) if s.strip()]
+    if not mtu_lines or not mtu_lines[0].isdigit():
+        return NetdevInfo(name, False)
+    addrs: list[str] = []
+    try:
+        data = json.loads("\n".join(sec.get("addr", [])) or "[]")
+        for link in data:
+            addrs += [a["local"] for a in link.get("addr_info", []) if a.get("family") == "inet"]
+    except (ValueError, TypeError, KeyError):
+        addrs = []
+    ecn: dict[str, dict[int, bool]] = {"roce_np": {}, "roce_rp": {}}
+    for line in sec.get("ecn", []):
+        m = re.match(r"^.*/ecn/(roce_np|roce_rp)/enable/(\d+):(\d)$", line.strip())
+        if m:
+            ecn[m[1]][int(m[2])] = m[3] == "1"
+    state = next((s.strip() for s in sec.get("operstate", []) if s.strip()), "")
+    return NetdevInfo(name, True, int(mtu_lines[0]), state, tuple(addrs), ecn["roce_np"], ecn["roce_rp"])
+
+
+@dataclass(frozen=True)
+class NetdevFact(Fact[NetdevInfo]):
+    """MTU, state, IPv4 addresses and mlx5 ECN switches of one network interface."""
+
+    name: str
+
+    def command(self) -> str:
+        n = shlex.quote(self.name)
+        return (
+            f"echo '== mtu'; cat /sys/class/net/{n}/mtu 2>/dev/null; "
+            f"echo '== operstate'; cat /sys/class/net/{n}/operstate 2>/dev/null; "
+            f"echo '== addr'; ip -j -4 addr show dev {n} 2>/dev/null; "
+            f"echo '== ecn'; grep -Hs . /sys/class/net/{n}/ecn/roce_np/enable/* "
+            f"/sys/class/net/{n}/ecn/roce_rp/enable/* 2>/dev/null; true"
+        )
+
+    def parse(self, stdout: str, rc: int) -> NetdevInfo:
+        return parse_netdev(self.name, stdout)
+
+
+@dataclass(frozen=True)
+class QosTools:
+    mlnx_qos: bool
+    dcb: bool
+
+
+@dataclass(frozen=True)
+class QosToolsFact(Fact[QosTools]):
+    """Which QoS tool the host has: mlnx_qos (MLNX/DOCA-OFED mlnx-tools) or iproute2's dcb."""
+
+    def command(self) -> str:
+        return (
+            "command -v mlnx_qos >/dev/null 2>&1 && echo mlnx_qos; "
+            "command -v dcb >/dev/null 2>&1 && echo dcb; true"
+        )
+
+    def parse(self, stdout: str, rc: int) -> QosTools:
+        words = set(stdout.split())
+        return QosTools("mlnx_qos" in words, "dcb" in words)
+
+
+@dataclass(frozen=True)
+class QosState:
+    """What the NIC reports: trust mode, PFC per priority, DSCP→priority map (None = not readable)."""
+
+    trust: str | None
+    pfc: tuple[bool, ...] | None  # index = priority 0..7
+    dscp2prio: dict[int, int] = field(default_factory=dict)
+
+    def __hash__(self) -> int:
+        return hash((self.trust, self.pfc))
+
+    def pfc_only(self, priority: int) -> bool:
+        """PFC enabled on exactly this priority."""
+        return self.pfc is not None and all(on == (i == priority) for i, on in enumerate(self.pfc))
+
+
+def parse_mlnx_qos(stdout: str) -> QosState:
+    """`mlnx_qos -i IF` (mlnx-tools; format as in NVIDIA's mlnx_qos doc): trust line, PFC table."""
+    trust = None
+    pfc = None
+    dscp: dict[int, int] = {}
+    lines = stdout.splitlines()
+    for i, raw in enumerate(lines):
+        line = raw.strip()
+        m = re.match(r"^Priority trust state:\s*(\w+)", line, re.I)
+        if m:
+            trust = m[1].lower()
+        m = re.match(r"^prio:(\d)\s+dscp:([\d,]+)", line)
+        if m:
+            for v in m[2].split(","):
+                if v.strip():
+                    dscp[int(v)] = int(m[1])
+        if line.startswith("enabled") and i > 0 and lines[i - 1].strip().startswith("priority"):
+            vals = line.split()[1:]
+            if len(vals) == 8:
+                pfc = tuple(v == "1" for v in vals)
+    return QosState(trust, pfc, dscp)
+
+
+def parse_dcb(stdout: str) -> QosState:
+    """`dcb pfc show dev IF` and `dcb -N app show dev IF dscp-prio` (iproute2 dcb-pfc(8), dcb-app(8)).
+    mlx5 switches to DSCP trust when the APP table holds a DSCP rule, so trust is inferred from it."""
+    pfc = None
+    dscp: dict[int, int] = {}
+    for raw in stdout.splitlines():
+        line = raw.strip()
+        if line.startswith("prio-pfc"):
+            vals = dict(tok.split(":") for tok in line.split()[1:] if ":" in tok)
+            if all(str(i) in vals for i in range(8)):
+                pfc = tuple(vals[str(i)] == "on" for i in range(8))
+        elif line.startswith("dscp-prio"):
+            for tok in line.split()[1:]:
+                k, _, v = tok.partition(":")
+                if k.isdigit() and v.isdigit():
+                    dscp[int(k)] = int(v)
+    return QosState("dscp" if dscp else None, pfc, dscp)
+
+
+@dataclass(frozen=True)
+class QosFact(Fact[QosState]):
+    """Current QoS of a netdev, read with the given tool ("mlnx_qos" or "dcb")."""
+
+    netdev: str
+    tool: str
+
+    sudo = True
+
+    def command(self) -> str:
+        n = shlex.quote(self.netdev)
+        if self.tool == "mlnx_qos":
+            return f"mlnx_qos -i {n} 2>/dev/null; true"
+        return f"dcb pfc show dev {n} 2>/dev/null; dcb -N app show dev {n} dscp-prio 2>/dev/null; true"
+
+    def parse(self, stdout: str, rc: int) -> QosState:
+        return parse_mlnx_qos(stdout) if self.tool == "mlnx_qos" else parse_dcb(stdout)

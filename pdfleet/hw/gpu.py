@@ -1,0 +1,223 @@
+"""GPU driver decisions: from parsed facts and the profile's `gpu:` section to a plan or a skip reason.
+
+Pure functions, no host access: the gpu_driver role turns a GpuPlan into operations, and the tests
+check every branch against fixture facts (H100 HGX, L40S PCIe, Secure Boot on, driver drift).
+Package names follow NVIDIA's CUDA apt repository as used by the NVIDIA driver role and NIXL's
+GPU host recipe (reference/provisioning.md §1.1, §1.2, §1.4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pdfleet.hw.facts import (
+    SB_ENABLED,
+    DriverFact,
+    DriverInfo,
+    KernelFact,
+    KernelInfo,
+    MokEnrolledFact,
+    NouveauFact,
+    NouveauInfo,
+    NvidiaPci,
+    NvidiaPciFact,
+    SecureBootFact,
+)
+from pdfleet.ops.base import FactSource
+
+# DMA-BUF import of GPU memory by RDMA drivers (ib_umem_dmabuf) landed in Linux 5.12; NVIDIA exports
+# DMA-BUF only from the open kernel modules (reference/provisioning.md §1.4, §2.6).
+DMABUF_MIN_KERNEL = (5, 12)
+# CUDA 13 needs an R580+ driver; older branches get the CUDA 12 builds of NIXL/Mooncake.
+CUDA13_MIN_BRANCH = 580
+DKMS_MOK_CERT = "/var/lib/dkms/mok.pub"
+
+GpuDirectMode = Literal["dmabuf", "peermem", "none"]
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """Every fact the GPU decisions read, gathered once."""
+
+    pci: NvidiaPci
+    driver: DriverInfo
+    kernel: KernelInfo
+    secure_boot: str
+    nouveau: NouveauInfo
+    mok_enrolled: bool = False
+
+
+def gather_gpu_facts(facts: FactSource) -> GpuFacts:
+    """The GPU-related facts of one host."""
+    return GpuFacts(
+        facts.get(NvidiaPciFact()),
+        facts.get(DriverFact()),
+        facts.get(KernelFact()),
+        facts.get(SecureBootFact()),
+        facts.get(NouveauFact()),
+        facts.get(MokEnrolledFact(DKMS_MOK_CERT)) if facts.get(SecureBootFact()) == SB_ENABLED else False,
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Do it or not, and why (the reason is shown as a skip or in the plan)."""
+
+    do: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class GpuDirect:
+    mode: GpuDirectMode
+    reason: str
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """What the gpu_driver role does on one host."""
+
+    skip: str | None = None  # the whole role skips (no NVIDIA GPU)
+    error: str | None = None  # refuse to change anything (Secure Boot with unsigned modules)
+    branch: str = ""
+    version_glob: str | None = None  # apt version glob for every driver package, e.g. "570.133.20-*"
+    packages: tuple[str, ...] = ()
+    headers_package: str | None = None  # installed when the running kernel's headers are missing
+    fabric_manager: Decision = Decision(False, "")
+    fabric_manager_package: str = ""
+    gpudirect: GpuDirect = GpuDirect("none", "")
+    persistence: Decision = Decision(False, "")
+    reboot_reasons: tuple[str, ...] = ()
+    driver_ready: bool = False  # the pinned driver is loaded now: services can start, modules load
+
+
+def driver_branch(spec: Any) -> str:
+    """The branch to install: the profile's, or the major of its pinned version."""
+    if spec.driver_version:
+        return str(spec.driver_version).split(".")[0]
+    return str(spec.driver_branch)
+
+
+def cuda_major(spec: Any) -> int:
+    """The CUDA major the pinned driver serves best: 13 from R580 on, else 12."""
+    branch = driver_branch(spec)
+    return 13 if branch.isdigit() and int(branch) >= CUDA13_MIN_BRANCH else 12
+
+
+def driver_packages(spec: Any) -> tuple[str, ...]:
+    """apt packages of the pinned branch: `cuda-drivers-B`, plus `nvidia-kernel-open-B` for open modules."""
+    branch = driver_branch(spec)
+    packages = [f"cuda-drivers-{branch}"]
+    if spec.open_modules:
+        packages.append(f"nvidia-kernel-open-{branch}")
+    return tuple(packages)
+
+
+def dmabuf_support(open_modules: bool, kernel: KernelInfo) -> Decision:
+    """Whether GPUDirect RDMA can use DMA-BUF: open kernel modules on Linux >= 5.12."""
+    if not open_modules:
+        return Decision(False, "DMA-BUF needs the open NVIDIA kernel modules (gpu.open_modules: false)")
+    if kernel.version < DMABUF_MIN_KERNEL:
+        want = ".".join(map(str, DMABUF_MIN_KERNEL))
+        return Decision(False, f"DMA-BUF needs Linux >= {want}; running {kernel.release}")
+    return Decision(True, f"open kernel modules on Linux {kernel.release}")
+
+
+def resolve_gpudirect(spec: Any, kernel: KernelInfo, has_rdma: bool) -> GpuDirect:
+    """The GPUDirect RDMA path for `gpu.gpudirect`: DMA-BUF where supported, else nvidia-peermem.
+
+    Raises ValueError when the profile demands DMA-BUF the host cannot do.
+    """
+    mode = spec.gpudirect
+    if mode == "none":
+        return GpuDirect("none", "gpu.gpudirect: none")
+    if not has_rdma:
+        return GpuDirect("none", "no RDMA devices on this host: GPUDirect RDMA has nothing to pair with")
+    dmabuf = dmabuf_support(spec.open_modules, kernel)
+    if mode == "dmabuf" and not dmabuf.do:
+        raise ValueError(f"gpu.gpudirect: dmabuf is not possible here: {dmabuf.reason}")
+    if mode == "peermem":
+        return GpuDirect("peermem", "gpu.gpudirect: peermem")
+    if dmabuf.do:
+        return GpuDirect("dmabuf", f"DMA-BUF supported ({dmabuf.reason})")
+    return GpuDirect("peermem", f"nvidia-peermem, since {dmabuf.reason}")
+
+
+def decide_fabric_manager(spec: Any, pci: NvidiaPci) -> Decision:
+    """Fabric Manager only where NVSwitches exist (without it CUDA fails with error 802 there)."""
+    want = spec.fabric_manager
+    n = len(pci.nvswitches) or pci.nvswitch_proc_devices
+    if want is False:
+        if pci.has_nvswitch:
+            return Decision(False, f"gpu.fabric_manager: false, but {n} NVSwitch(es) present: CUDA will "
+                            "fail with error 802 until nvidia-fabricmanager runs")
+        return Decision(False, "gpu.fabric_manager: false")
+    if not pci.has_nvswitch:
+        return Decision(False, "no NVSwitch on the PCI bus: Fabric Manager only runs on NVSwitch systems")
+    return Decision(True, f"{n} NVSwitch(es) on the PCI bus")
+
+
+def secure_boot_error(host: str, facts: GpuFacts, pinned_loaded: bool) -> str | None:
+    """A refusal when Secure Boot would block the DKMS modules pdfleet is about to build."""
+    if facts.secure_boot != SB_ENABLED or pinned_loaded or facts.mok_enrolled:
+        return None
+    return (
+        f"{host}: Secure Boot is enabled, so the NVIDIA kernel modules that DKMS would build are refused "
+        "by the kernel unless they are signed with an enrolled key; nothing was installed. Either "
+        "disable Secure Boot in the firmware setup, or enroll the DKMS signing key first: "
+        f"`sudo mokutil --import {DKMS_MOK_CERT}` (set a one-time password), reboot and confirm the "
+        "enrollment at the MOK manager console, then rerun provision."
+    )
+
+
+def pinned_loaded(spec: Any, driver: DriverInfo) -> bool:
+    """The loaded driver is the pinned one (exact version, else the branch) in the chosen flavour."""
+    if driver.loaded_version is None:
+        return False
+    if spec.driver_version:
+        same = driver.loaded_version == spec.driver_version
+    else:
+        same = driver.loaded_version.split(".")[0] == driver_branch(spec)
+    return same and (driver.loaded_open is None or driver.loaded_open == bool(spec.open_modules))
+
+
+def plan_gpu(host: str, spec: Any, facts: GpuFacts, has_rdma: bool) -> GpuPlan:
+    """The gpu_driver plan for one host: skip without GPUs, refuse under Secure Boot, else what to do."""
+    if not facts.pci.gpus:
+        return GpuPlan(skip="no NVIDIA GPU on the PCI bus")
+    loaded_ok = pinned_loaded(spec, facts.driver)
+    error = secure_boot_error(host, facts, loaded_ok)
+    if error:
+        return GpuPlan(error=error)
+    try:
+        gpudirect = resolve_gpudirect(spec, facts.kernel, has_rdma)
+    except ValueError as exc:
+        return GpuPlan(error=f"{host}: {exc}")
+    branch = driver_branch(spec)
+    reboots = []
+    if not loaded_ok:
+        have = facts.driver.loaded_version or "none"
+        flavour = "open" if spec.open_modules else "proprietary"
+        want = spec.driver_version or f"branch {branch}"
+        reboots.append(f"NVIDIA driver loaded: {have}; pinned: {want} ({flavour} modules)")
+    elif facts.driver.reboot_pending:
+        reboots.append(
+            f"installed NVIDIA module {facts.driver.installed_version} differs from the loaded "
+            f"{facts.driver.loaded_version}"
+        )
+    if facts.nouveau.loaded:
+        reboots.append("nouveau is loaded; it is blacklisted and leaves at the next boot")
+    persistence = Decision(bool(spec.persistence), "gpu.persistence: " + str(spec.persistence).lower())
+    return GpuPlan(
+        branch=branch,
+        version_glob=f"{spec.driver_version}-*" if spec.driver_version else None,
+        packages=driver_packages(spec),
+        headers_package=None if facts.kernel.headers_installed else facts.kernel.headers_package,
+        fabric_manager=decide_fabric_manager(spec, facts.pci),
+        fabric_manager_package=f"nvidia-fabricmanager-{branch}",
+        gpudirect=gpudirect,
+        persistence=persistence,
+        reboot_reasons=tuple(reboots),
+        driver_ready=loaded_ok and not facts.driver.reboot_pending,
+    )

@@ -1,0 +1,82 @@
+"""KV-transfer decisions: which wheel goes into the vLLM venv, the host-wide env file, Mooncake's config.
+
+Names come from reference/vllm-pd.md: NIXL (`nixl[cu12]`/`nixl[cu13]`, §2.6), Mooncake
+(`mooncake-transfer-engine`, `-cuda13`; `VLLM_MOONCAKE_BOOTSTRAP_PORT` on prefillers;
+`kv_connector_extra_config` keys `mooncake_protocol`, `device_name`; `WITH_NVIDIA_PEERMEM`, §1.3),
+UCX (`UCX_TLS`, `UCX_NET_DEVICES`, `UCX_IB_GID_INDEX`) and Mooncake's `MC_GID_INDEX` (provisioning.md §2.2).
+Per-instance `VLLM_NIXL_SIDE_CHANNEL_HOST/PORT` are written by the services role, not here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdfleet.hw.gpu import cuda_major
+from pdfleet.hw.rdma import ucx_net_devices
+
+NIXL = "NixlConnector"
+MOONCAKE = "MooncakeConnector"
+
+
+def uses_rdma(profile: Any, host: Any) -> bool:
+    """KV moves over RDMA: cross-host, RDMA enabled in the profile, devices declared for the host.
+
+    Same-host profiles move KV over PCIe/NVLink (UCX cuda_ipc), colocated ones do not move it.
+    """
+    return (
+        profile.topology == "cross-host" and bool(profile.rdma.enabled) and bool(host.rdma_devices)
+    )
+
+
+def kv_requirement(profile: Any) -> str | None:
+    """The pip requirement of the connector's transfer library, CUDA build matching the driver pin."""
+    connector = profile.kv_transfer.connector
+    cuda = cuda_major(profile.gpu)
+    if connector == NIXL:
+        return f"nixl[cu{cuda}]"
+    if connector == MOONCAKE:
+        return "mooncake-transfer-engine-cuda13" if cuda == 13 else "mooncake-transfer-engine"
+    return None
+
+
+def kv_import_name(profile: Any) -> str | None:
+    """The Python module that proves the library is importable in the venv (checked by verify)."""
+    return {NIXL: "nixl", MOONCAKE: "mooncake"}.get(profile.kv_transfer.connector)
+
+
+def kv_connector_extra_config(profile: Any, host: Any) -> dict[str, Any]:
+    """Mooncake's protocol and RDMA device whitelist for --kv-transfer-config; {} for other connectors."""
+    kv = profile.kv_transfer
+    if kv.connector != MOONCAKE:
+        return {}
+    extra: dict[str, Any] = {"mooncake_protocol": kv.mooncake_protocol}
+    if kv.mooncake_protocol == "rdma" and host.rdma_devices:
+        extra["device_name"] = ",".join(host.rdma_devices)
+    return extra
+
+
+def kv_env(
+    profile: Any, host: Any, gid_index: int | None, gpudirect: str, is_prefill: bool
+) -> dict[str, str]:
+    """The host-wide /etc/pdfleet/kv-transfer.env, in a stable order."""
+    kv = profile.kv_transfer
+    env: dict[str, str] = {}
+    rdma = uses_rdma(profile, host)
+    env["UCX_TLS"] = kv.ucx_tls or "all"
+    if rdma:
+        env["UCX_NET_DEVICES"] = ucx_net_devices(tuple(host.rdma_devices))
+    if rdma and gid_index is not None:
+        env["UCX_IB_GID_INDEX"] = str(gid_index)
+        env["MC_GID_INDEX"] = str(gid_index)
+    if kv.connector == MOONCAKE:
+        if is_prefill:
+            env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(kv.mooncake_bootstrap_port)
+        # Mooncake registers GPU memory with DMA-BUF unless told to use nvidia-peermem.
+        env["WITH_NVIDIA_PEERMEM"] = "1" if gpudirect == "peermem" else "0"
+    return env
+
+
+def render_env(env: dict[str, str]) -> str:
+    """systemd EnvironmentFile text (KEY=value lines; values here never need quoting)."""
+    header = "# Written by pdfleet (kv_transfer role); loaded by every vLLM unit on this host.\n"
+    return header + "".join(f"{k}={v}\n" for k, v in env.items())

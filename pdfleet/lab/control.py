@@ -1,0 +1,245 @@
+"""lab up / down / status: bring the whole lab to a state, and say what state it is in."""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdfleet.errors import ValidationError
+from pdfleet.inventory import load_inventory
+from pdfleet.lab import hosts as labhosts
+from pdfleet.lab import mirrors
+from pdfleet.lab.hosts import LabHost
+from pdfleet.lab.image import default_recipe, ensure_image, prune_images
+from pdfleet.lab.network import ensure_bridge, link_exists, remove_link
+from pdfleet.lab.paths import BRIDGE, BRIDGE_ADDRESS, NETWORK, LabPaths, apt_mirror_url, pypi_mirror_url
+from pdfleet.lab.sshkeys import ensure_client_key, known_hosts_lines
+from pdfleet.lab.state import HostRecord, LabState
+from pdfleet.lab.system import LabError, Progress, atomic_write, preflight, quiet_progress
+
+SSH_TIMEOUT = 90.0
+MAX_NAME = 12  # "vb-" + name must fit a 15-character interface name
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One lab: where its state lives, the clone it serves, and the inventory naming its hosts."""
+
+    paths: LabPaths
+    repo_root: Path
+    inventory: Path
+
+    def hosts(self) -> list[LabHost]:
+        """The lab hosts from the inventory, checked to be on the lab network and nameable."""
+        inv = load_inventory(self.inventory)
+        found: list[LabHost] = []
+        seen: dict[str, str] = {}
+        for host in inv.hosts.values():
+            where = f"{self.inventory}: host {host.name}"
+            try:
+                addr = ipaddress.IPv4Address(host.address)
+            except ValueError:
+                raise ValidationError(
+                    f"{where}: ansible_host {host.address!r} is not an IPv4 address") from None
+            if addr not in NETWORK or str(addr) in (BRIDGE_ADDRESS, str(NETWORK.network_address),
+                                                     str(NETWORK.broadcast_address)):
+                raise ValidationError(f"{where}: ansible_host {addr} must be a host address in {NETWORK} "
+                                      f"other than the bridge's {BRIDGE_ADDRESS}")
+            if str(addr) in seen:
+                raise ValidationError(f"{where}: address {addr} is also {seen[str(addr)]}'s")
+            if len(host.name) > MAX_NAME:
+                raise ValidationError(f"{where}: lab host names are at most {MAX_NAME} characters")
+            seen[str(addr)] = host.name
+            found.append(LabHost(host.name, str(addr), tuple(sorted(host.groups))))
+        if not found:
+            raise ValidationError(f"{self.inventory}: declares no hosts")
+        return found
+
+
+@dataclass(frozen=True)
+class UpResult:
+    hosts: tuple[LabHost, ...]
+    pdfleet_version: str
+    apt_unavailable: tuple[str, ...]
+    seconds: float
+
+
+def up(lab: Lab, progress: Progress = quiet_progress) -> UpResult:
+    """Build or reuse the image and mirrors, then boot every host and wait until each answers SSH."""
+    started = time.monotonic()
+    preflight()
+    hosts = lab.hosts()
+    paths = lab.paths
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.root.chmod(0o755)
+    state = LabState.load(paths.state_file)
+    recipe = default_recipe()
+    # The wheel download needs nothing from the image, so it runs while debootstrap does.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        deps_future = pool.submit(mirrors.build_pypi_deps, paths, lab.repo_root, progress)
+        image = ensure_image(paths.image_dir, recipe, progress)
+        wanted = sorted({p for pkgs in mirrors.role_apt_packages(lab.repo_root).values() for p in pkgs})
+        apt = mirrors.build_apt_mirror(paths, recipe, image, wanted, progress)
+        deps = deps_future.result()
+    mirrors.populate_pypi(paths, deps)
+    progress("pypi mirror: building the pdfleet wheel from this clone")
+    version = mirrors.refresh_pdfleet_wheel(paths, lab.repo_root)
+    client_pub = ensure_client_key(paths.key_file)
+
+    state.bridge = True  # recorded before creating, so a kill right after still gets it removed
+    state.save()
+    ensure_bridge()
+    for kind in mirrors.SERVERS:
+        state.servers[kind] = mirrors.start_server(paths, kind, state.servers.get(kind))
+        state.save()
+
+    for host in hosts:
+        _bring_up_host(lab, state, host, recipe.key, image, hosts, client_pub, progress)
+    _write_known_hosts(paths, hosts)
+    _wait_for_ssh(paths, hosts, progress)
+    prune_images(paths.image_dir, keep=recipe.key)
+    return UpResult(tuple(hosts), version, apt.unavailable, time.monotonic() - started)
+
+
+def _bring_up_host(lab: Lab, state: LabState, host: LabHost, image_key: str, image: Path,
+                   all_hosts: Sequence[LabHost], client_pub: str, progress: Progress) -> None:
+    """Keep a healthy host running; otherwise clear its leftovers and boot it (on a fresh image: afresh)."""
+    hd = labhosts.dirs(lab.paths, host.name)
+    rec = state.hosts.get(host.name)
+    recorded_key = hd.image_key_file.read_text().strip() if hd.image_key_file.exists() else None
+    if recorded_key != image_key:
+        if hd.base.exists():
+            progress(f"{host.name}: image changed, recreating the host")
+        labhosts.stop_host(rec, host.name)
+        labhosts.wipe_host(hd)
+        rec = None
+    if labhosts.host_running(rec):
+        labhosts.write_host_files(hd, host, all_hosts, client_pub)
+        progress(f"{host.name}: already running")
+        return
+    if rec is not None:
+        progress(f"{host.name}: clearing a dead or half-running container")
+        labhosts.stop_host(rec, host.name)
+    hd.base.mkdir(parents=True, exist_ok=True)
+    atomic_write(hd.image_key_file, image_key + "\n")
+    labhosts.mount_overlay(hd, image)
+    labhosts.write_host_files(hd, host, all_hosts, client_pub)
+    progress(f"{host.name}: booting at {host.address}")
+    state.hosts[host.name] = labhosts.start_host(hd, host)
+    state.save()
+
+
+def _write_known_hosts(paths: LabPaths, hosts: Sequence[LabHost]) -> None:
+    """known_hosts from the keys in each host's overlay: nothing is trusted on first use."""
+    entries = [((h.address, h.name), labhosts.host_public_keys(labhosts.dirs(paths, h.name))) for h in hosts]
+    atomic_write(paths.known_hosts, known_hosts_lines(entries), 0o644)
+
+
+def _wait_for_ssh(paths: LabPaths, hosts: Sequence[LabHost], progress: Progress) -> None:
+    """Wait until every host accepts the lab login with its verified host key."""
+    deadline = time.monotonic() + SSH_TIMEOUT
+    pending = list(hosts)
+    progress(f"waiting for sshd on {', '.join(h.name for h in pending)}")
+    while pending and time.monotonic() < deadline:
+        pending = [h for h in pending
+                   if not (labhosts.tcp_open(h.address, 22, 0.5)
+                           and labhosts.ssh_ok(h.address, paths.key_file, paths.known_hosts))]
+        if pending:
+            time.sleep(0.3)
+    if pending:
+        logs = ", ".join(str(labhosts.dirs(paths, h.name).console_log) for h in pending)
+        raise LabError(f"{', '.join(h.name for h in pending)} did not answer SSH within {SSH_TIMEOUT:.0f} s; "
+                       f"see {logs}.")
+
+
+def down(lab: Lab, purge: bool = False, progress: Progress = quiet_progress) -> None:
+    """Remove what up created (containers, overlays, mounts, servers, bridge); safe to run twice.
+
+    Caches (image, mirrors, the lab's SSH key) stay for a fast next up unless purge is set.
+    """
+    preflight(("ip", "mount"))
+    paths = lab.paths
+    state = LabState.load(paths.state_file)
+    names = set(state.hosts)
+    if paths.hosts_dir.exists():
+        names |= {p.name for p in paths.hosts_dir.iterdir() if p.is_dir()}
+    for name in sorted(names):
+        progress(f"{name}: stopping")
+        labhosts.stop_host(state.hosts.get(name), name)
+        labhosts.wipe_host(labhosts.dirs(paths, name))
+        state.hosts.pop(name, None)
+        state.save()
+    for kind, ref in list(state.servers.items()):
+        ref.stop(5.0)
+        state.servers.pop(kind)
+    for ref in mirrors.leftover_servers(paths):
+        ref.stop(5.0)
+    remove_link(BRIDGE)
+    for path in (paths.known_hosts, paths.gateway_client_key):
+        path.unlink(missing_ok=True)  # both describe hosts that no longer exist
+    shutil.rmtree(paths.run_dir, ignore_errors=True)
+    state.remove()
+    if purge and paths.root.exists():
+        progress(f"purging caches under {paths.root}")
+        shutil.rmtree(paths.root)
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    host: LabHost
+    running: bool
+    ssh: bool
+
+
+@dataclass(frozen=True)
+class MirrorStatus:
+    kind: str
+    url: str
+    running: bool
+    answering: bool
+
+
+@dataclass(frozen=True)
+class LabStatus:
+    bridge: bool
+    hosts: tuple[HostStatus, ...]
+    mirrors: tuple[MirrorStatus, ...]
+
+    @property
+    def healthy(self) -> bool:
+        return self.bridge and all(h.running and h.ssh for h in self.hosts) and all(
+            m.running and m.answering for m in self.mirrors)
+
+
+def status(lab: Lab) -> LabStatus:
+    """Each host: running, address, SSH login works; each mirror: process alive and answering."""
+    paths = lab.paths
+    state = LabState.load(paths.state_file)
+    hosts = []
+    for host in lab.hosts():
+        running = labhosts.host_running(state.hosts.get(host.name, HostRecord()))
+        ssh = running and paths.known_hosts.exists() and labhosts.ssh_ok(
+            host.address, paths.key_file, paths.known_hosts)
+        hosts.append(HostStatus(host, running, ssh))
+    found = []
+    for kind, port in mirrors.SERVERS.items():
+        ref = state.servers.get(kind)
+        url = apt_mirror_url() if kind == "apt" else pypi_mirror_url()
+        alive = bool(ref and ref.alive())
+        found.append(MirrorStatus(kind, url, alive, alive and labhosts.tcp_open(BRIDGE_ADDRESS, port)))
+    return LabStatus(link_exists(BRIDGE), tuple(hosts), tuple(found))
+
+
+def find_host(lab: Lab, name: str) -> LabHost:
+    """A lab host by name; an unknown name lists the known ones."""
+    hosts = lab.hosts()
+    for host in hosts:
+        if host.name == name:
+            return host
+    known = ", ".join(h.name for h in hosts)
+    raise ValidationError(f"no lab host {name!r} in {lab.inventory}; lab hosts: {known}")

@@ -1,0 +1,394 @@
+"""The mirrors the control machine serves the lab hosts: a flat apt repository and a PEP 503 index.
+
+Provisioning in the lab runs air-gapped like a secured site: hosts reach only these two servers,
+bound to the bridge address. Both repositories are built on the control machine and cached by a
+key over what they must contain, so a warm lab.up rebuilds nothing.
+
+The pdfleet wheel is built from this clone and relabelled `<release>+g<source hash>` (see
+`pdfleet.version.wheel_version`): pip builds it with pyproject.toml's static version, then
+`retag_wheel` rewrites the dist-info name, METADATA and RECORD. pyproject.toml never changes.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import importlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+
+from pdfleet.lab.hosts import tcp_open, wait_tcp
+from pdfleet.lab.image import ImageRecipe
+from pdfleet.lab.paths import APT_PORT, BRIDGE_ADDRESS, PYPI_PORT, LabPaths
+from pdfleet.lab.system import (
+    LabError,
+    ProcessRef,
+    Progress,
+    atomic_write,
+    run,
+    run_streaming,
+    start_detached,
+)
+from pdfleet.version import wheel_version
+
+# Hosts run bookworm's CPython 3.11 on x86_64; wheels are chosen for that, whatever runs lab.up.
+HOST_PYTHON = "3.11"
+HOST_ABI = "cp311"
+HOST_PLATFORMS: tuple[str, ...] = (
+    "manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64",
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(5, 37)),
+)
+# Served beside the runtime requirements so a host venv can upgrade its packaging tools offline.
+PACKAGING_TOOLS: tuple[str, ...] = ("pip", "setuptools", "wheel")
+ROUTER_PACKAGE = "vllm-router"
+
+
+# ---------------------------------------------------------------- apt
+
+
+def role_apt_packages(repo_root: Path) -> dict[str, tuple[str, ...]]:
+    """APT_PACKAGES of every role under roles/ (base always), by role name."""
+    if str(repo_root) not in sys.path:
+        sys.path.insert(0, str(repo_root))  # roles/ is a top-level package of the clone, not installed
+    names = sorted({p.parent.name for p in (repo_root / "roles").glob("*/__init__.py")} | {"base"})
+    found: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        try:
+            module = importlib.import_module(f"roles.{name}")
+        except ImportError as exc:
+            raise LabError(f"cannot import roles.{name} to learn its APT_PACKAGES: {exc}") from exc
+        found[name] = tuple(getattr(module, "APT_PACKAGES", ()))
+    return found
+
+
+@dataclass(frozen=True)
+class AptMirrorResult:
+    """What the apt mirror serves and which requested packages Debian does not have."""
+
+    directory: Path
+    packages: tuple[str, ...]
+    unavailable: tuple[str, ...]
+
+
+def _apt_options(work: Path, image_root: Path, archives: Path) -> list[str]:
+    """apt-get options for resolving against the image's installed set with private lists and cache."""
+    empty = work / "empty.d"
+    empty.mkdir(parents=True, exist_ok=True)
+    opts = {
+        "Dir::Etc::SourceList": work / "sources.list",
+        "Dir::Etc::SourceParts": empty,
+        "Dir::Etc::Preferences": work / "preferences",
+        "Dir::Etc::PreferencesParts": empty,
+        "Dir::State": work / "state",
+        "Dir::State::Lists": work / "lists",
+        "Dir::State::status": image_root / "var/lib/dpkg/status",
+        "Dir::Cache": work / "cache",
+        "Dir::Cache::archives": archives,
+        "Debug::NoLocking": "1",
+        "APT::Install-Recommends": "0",
+    }
+    for key in ("Dir::State::Lists", "Dir::Cache::archives"):
+        Path(opts[key], "partial").mkdir(parents=True, exist_ok=True)
+    (work / "state").mkdir(parents=True, exist_ok=True)
+    (work / "cache").mkdir(parents=True, exist_ok=True)
+    out: list[str] = []
+    for key, value in opts.items():
+        out += ["-o", f"{key}={value}"]
+    return out
+
+
+_MISSING = (
+    re.compile(r"Unable to locate package (\S+)"),
+    re.compile(r"Package '?([^' ]+)'? has no installation candidate"),
+    re.compile(r"Version '[^']*' for '([^']+)' was not found"),
+)
+
+
+def build_apt_mirror(paths: LabPaths, recipe: ImageRecipe, image_root: Path, wanted: Iterable[str],
+                     progress: Progress) -> AptMirrorResult:
+    """A flat repository of `wanted` and their dependencies not already in the image (cached by key)."""
+    wanted = tuple(sorted(set(wanted)))
+    key = hashlib.sha256(json.dumps([recipe.key, wanted]).encode()).hexdigest()[:16]
+    repos = paths.mirrors_dir / "apt-repos"
+    final = repos / key
+    marker = final / "pdfleet-lab.json"
+    if marker.exists():
+        meta = json.loads(marker.read_text())
+        progress(f"apt mirror {key}: cached")
+        _point(paths.apt_served, final)
+        return AptMirrorResult(final, tuple(meta["packages"]), tuple(meta["unavailable"]))
+    partial = repos / f"{key}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    work = paths.mirrors_dir / "apt-work"
+    keyring = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+    signed = f" [signed-by={keyring}]" if keyring.exists() else ""
+    work.mkdir(parents=True, exist_ok=True)
+    atomic_write(work / "sources.list", f"deb{signed} {recipe.mirror} {recipe.suite} main\n")
+    atomic_write(work / "preferences", "")
+    opts = _apt_options(work, image_root, partial)
+    progress(f"apt mirror {key}: resolving {len(wanted)} packages against the image")
+    run_streaming(["apt-get", *opts, "update"], "apt-get update", progress, work / "update.log")
+    remaining, unavailable = list(wanted), []
+    while remaining:
+        proc = run(["apt-get", *opts, "install", "--download-only", "--yes", *remaining], check=False)
+        if proc.returncode == 0:
+            break
+        missing = {m.group(1) for rx in _MISSING for m in rx.finditer(proc.stderr)}
+        missing = {name.split("=")[0] for name in missing} & set(remaining)
+        if not missing:
+            raise LabError("apt-get could not resolve the roles' packages for the lab mirror:\n"
+                           + "\n".join(proc.stderr.strip().splitlines()[-15:]))
+        unavailable += sorted(missing)
+        remaining = [name for name in remaining if name not in missing]
+    if unavailable:
+        progress(f"apt mirror: not in Debian {recipe.suite}, skipped: {', '.join(unavailable)}")
+    shutil.rmtree(partial / "partial", ignore_errors=True)
+    _index_apt(partial)
+    debs = sorted(p.name for p in partial.glob("*.deb"))
+    atomic_write(partial / "pdfleet-lab.json", json.dumps({"packages": wanted, "unavailable": unavailable,
+                                                           "debs": debs}, indent=1) + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
+    _point(paths.apt_served, final)
+    progress(f"apt mirror {key}: {len(debs)} .deb files")
+    return AptMirrorResult(final, wanted, tuple(unavailable))
+
+
+def _index_apt(repo: Path) -> None:
+    """Packages, Packages.gz and a Release file for a flat repository (`deb URI ./`)."""
+    packages = run(["dpkg-scanpackages", "--multiversion", ".", "/dev/null"], cwd=repo).stdout
+    atomic_write(repo / "Packages", packages)
+    atomic_write(repo / "Packages.gz", gzip.compress(packages.encode(), mtime=0))
+    lines = ["Origin: pdfleet-lab", "Label: pdfleet-lab", "Suite: lab", "Codename: lab",
+             f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}", "SHA256:"]
+    for name in ("Packages", "Packages.gz"):
+        data = (repo / name).read_bytes()
+        lines.append(f" {hashlib.sha256(data).hexdigest()} {len(data)} {name}")
+    atomic_write(repo / "Release", "\n".join(lines) + "\n")
+
+
+def _point(link: Path, target: Path) -> None:
+    """Atomically make `link` a symlink to `target` (the server follows it per request)."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.new")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
+
+
+# ---------------------------------------------------------------- PyPI
+
+
+def pypi_requirements(repo_root: Path) -> list[str]:
+    """What hosts pip-install: pdfleet's runtime and tokenizer requirements, vllm-router, packaging tools."""
+    project = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]
+    reqs = list(project.get("dependencies", []))
+    extras = project.get("optional-dependencies", {})
+    reqs += extras.get("tokenizer", [])
+    router = [r for r in extras.get("test", []) if re.match(rf"{ROUTER_PACKAGE}\b", r)]
+    reqs += router or [ROUTER_PACKAGE]
+    reqs += list(PACKAGING_TOOLS)
+    return reqs
+
+
+def build_pypi_deps(paths: LabPaths, repo_root: Path, progress: Progress) -> Path:
+    """Wheels of every third-party requirement for the hosts' Python (cached by key)."""
+    reqs = pypi_requirements(repo_root)
+    key = hashlib.sha256(json.dumps([reqs, HOST_ABI, HOST_PLATFORMS]).encode()).hexdigest()[:16]
+    final = paths.mirrors_dir / "pypi-deps" / key
+    if (final / "COMPLETE").exists():
+        progress(f"pypi deps {key}: cached")
+        return final
+    partial = final.with_name(f"{key}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    atomic_write(partial / "requirements.txt", "\n".join(reqs) + "\n")
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(partial),
+           "--only-binary=:all:", "--python-version", HOST_PYTHON, "--implementation", "cp",
+           "--abi", HOST_ABI, "--abi", "abi3", "--abi", "none",
+           *(arg for plat in HOST_PLATFORMS for arg in ("--platform", plat)),
+           "--requirement", str(partial / "requirements.txt")]
+    progress(f"pypi deps {key}: downloading wheels for {len(reqs)} requirements (cold: about a minute)")
+    run_streaming(cmd, "pip download", progress, partial / "pip.log")
+    atomic_write(partial / "COMPLETE", "")
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
+    return final
+
+
+def build_pdfleet_wheel(repo_root: Path, out_dir: Path) -> Path:
+    """pdfleet's wheel from this clone's sources, built in a scratch copy, relabelled with the source hash."""
+    version = wheel_version(repo_root / "pdfleet")
+    with tempfile.TemporaryDirectory(prefix="pdfleet-wheel-") as tmp:
+        src = Path(tmp, "src")
+        shutil.copytree(repo_root / "pdfleet", src / "pdfleet",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        shutil.copy2(repo_root / "pyproject.toml", src / "pyproject.toml")
+        readme = repo_root / "README.md"
+        # pyproject names a readme; a clone without one still builds.
+        (src / "README.md").write_text(readme.read_text() if readme.exists() else "pdfleet\n")
+        built = Path(tmp, "out")
+        run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+             "--disable-pip-version-check", "--wheel-dir", str(built), str(src)])
+        wheels = list(built.glob("pdfleet-*.whl"))
+        if len(wheels) != 1:
+            raise LabError(f"building the pdfleet wheel produced {[w.name for w in wheels]}, expected one.")
+        return retag_wheel(wheels[0], version, out_dir)
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def retag_wheel(wheel: Path, version: str, out_dir: Path) -> Path:
+    """Copy a wheel under a new version: dist-info renamed, METADATA's Version and RECORD rewritten."""
+    name, old_version = wheel.name.split("-")[:2]
+    old_info, new_info = f"{name}-{old_version}.dist-info/", f"{name}-{version}.dist-info/"
+    target = out_dir / wheel.name.replace(f"{name}-{old_version}-", f"{name}-{version}-", 1)
+    records: list[str] = []
+    tmp = target.with_name(f".{target.name}.tmp")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            arcname = info.filename
+            if arcname.startswith(old_info):
+                arcname = new_info + arcname[len(old_info):]
+            if arcname == new_info + "RECORD":
+                continue
+            data = src.read(info)
+            if arcname == new_info + "METADATA":
+                data = re.sub(rb"^Version: .*$", f"Version: {version}".encode(), data, count=1, flags=re.M)
+            dst.writestr(zipfile.ZipInfo(arcname, date_time=info.date_time), data,
+                         compress_type=zipfile.ZIP_DEFLATED)
+            records.append(f"{arcname},{_record_hash(data)},{len(data)}")
+        records.append(f"{new_info}RECORD,,")
+        dst.writestr(new_info + "RECORD", "\n".join(records) + "\n", compress_type=zipfile.ZIP_DEFLATED)
+    os.replace(tmp, target)
+    return target
+
+
+def refresh_pdfleet_wheel(paths: LabPaths | None = None, repo_root: Path | None = None) -> str:
+    """Serve a pdfleet wheel of the clone's current sources; returns its version (a no-op when current)."""
+    paths = paths or LabPaths()
+    repo_root = repo_root or Path(__file__).resolve().parents[2]
+    version = wheel_version(repo_root / "pdfleet")
+    packages = paths.pypi_dir / "packages"
+    packages.mkdir(parents=True, exist_ok=True)
+    current = [p for p in packages.glob("pdfleet-*.whl") if p.name.split("-")[1] == version]
+    if not current:
+        build_pdfleet_wheel(repo_root, packages)
+    # Only one pdfleet: local version labels do not order by age, so an old one could win.
+    for old in packages.glob("pdfleet-*.whl"):
+        if old.name.split("-")[1] != version:
+            old.unlink()
+    write_simple_index(paths.pypi_dir)
+    return version
+
+
+def populate_pypi(paths: LabPaths, deps: Path) -> None:
+    """Put the dependency wheels into the served tree (hard links; the cache stays the source)."""
+    packages = paths.pypi_dir / "packages"
+    packages.mkdir(parents=True, exist_ok=True)
+    wanted = {p.name for p in deps.glob("*.whl")}
+    for old in packages.glob("*.whl"):
+        if not old.name.startswith("pdfleet-") and old.name not in wanted:
+            old.unlink()
+    for whl in deps.glob("*.whl"):
+        dest = packages / whl.name
+        if not dest.exists():
+            try:
+                os.link(whl, dest)
+            except OSError:
+                shutil.copy2(whl, dest)
+
+
+def normalize(name: str) -> str:
+    """PEP 503 project name normalisation."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def write_simple_index(root: Path) -> None:
+    """PEP 503 pages under root/simple/ for every wheel in root/packages/ (sha256 fragments included)."""
+    by_project: dict[str, list[Path]] = {}
+    for whl in sorted((root / "packages").glob("*.whl")):
+        by_project.setdefault(normalize(whl.name.split("-")[0]), []).append(whl)
+    simple = root / "simple"
+    fresh = simple.with_name(".simple.new")
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir(parents=True)
+    page = ('<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.0"></head>'
+            "<body>\n{}</body></html>\n")
+    top = "".join(f'<a href="{p}/">{p}</a><br>\n' for p in sorted(by_project))
+    (fresh / "index.html").write_text(page.format(top))
+    for project, files in by_project.items():
+        links = "".join(
+            f'<a href="../../packages/{escape(f.name)}#sha256={hashlib.sha256(f.read_bytes()).hexdigest()}">'
+            f"{escape(f.name)}</a><br>\n" for f in files)
+        (fresh / project).mkdir()
+        (fresh / project / "index.html").write_text(page.format(links))
+    old = simple.with_name(".simple.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if simple.exists():
+        simple.rename(old)
+    fresh.rename(simple)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- servers
+
+SERVERS: dict[str, int] = {"apt": APT_PORT, "pypi": PYPI_PORT}
+
+
+def served_directory(paths: LabPaths, kind: str) -> Path:
+    return paths.apt_served if kind == "apt" else paths.pypi_dir
+
+
+def server_command(paths: LabPaths, kind: str) -> list[str]:
+    """A static HTTP server bound to the bridge address only."""
+    return [sys.executable, "-m", "http.server", "--bind", BRIDGE_ADDRESS,
+            "--directory", str(served_directory(paths, kind)), str(SERVERS[kind])]
+
+
+def start_server(paths: LabPaths, kind: str, existing: ProcessRef | None) -> ProcessRef:
+    """Start (or keep) the mirror server of this kind; refuses a port held by something else."""
+    if existing and existing.alive():
+        return existing
+    port = SERVERS[kind]
+    if tcp_open(BRIDGE_ADDRESS, port, 0.5):
+        raise LabError(f"port {BRIDGE_ADDRESS}:{port} is taken by a process lab.up did not start; "
+                       f"stop it (see `ss -ltnp 'sport = :{port}'`) and run lab.up again.")
+    proc = start_detached(server_command(paths, kind), paths.run_dir / f"{kind}-mirror.log")
+    ref = ProcessRef.of(proc.pid)
+    if ref is None or not wait_tcp(BRIDGE_ADDRESS, port, 10.0):
+        raise LabError(f"the {kind} mirror server did not start; see {paths.run_dir / f'{kind}-mirror.log'}.")
+    return ref
+
+
+def leftover_servers(paths: LabPaths) -> list[ProcessRef]:
+    """Mirror servers of this lab whose record was lost (a killed lab.up): matched by exact command line."""
+    wanted = {tuple(server_command(paths, kind)[1:]) for kind in SERVERS}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+        except OSError:
+            continue
+        if tuple(argv[1:]) in wanted and "python" in Path(argv[0]).name:
+            ref = ProcessRef.of(int(entry.name))
+            if ref:
+                found.append(ref)
+    return found

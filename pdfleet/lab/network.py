@@ -1,0 +1,41 @@
+"""The lab bridge pdlab0: the only network the lab hosts have (no default route, no NAT)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pdfleet.lab.paths import BRIDGE, BRIDGE_ADDRESS, NETWORK
+from pdfleet.lab.system import run
+
+
+def link_exists(name: str) -> bool:
+    """Whether a network interface with this name exists on the control machine."""
+    return Path(f"/sys/class/net/{name}").exists()
+
+
+def ensure_bridge(name: str = BRIDGE, address: str = BRIDGE_ADDRESS) -> bool:
+    """Create (or repair) the bridge with its address; True when it was created now."""
+    created = not link_exists(name)
+    if created:
+        run(["ip", "link", "add", name, "type", "bridge"])
+    # No IPv6 on the lab segment: the hosts get IPv4 statics only, nothing autoconfigures.
+    ipv6 = Path(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6")
+    if ipv6.exists():
+        ipv6.write_text("1\n")
+    cidr = f"{address}/{NETWORK.prefixlen}"
+    current = run(["ip", "-o", "-4", "addr", "show", "dev", name]).stdout
+    if f" {cidr} " not in current:
+        run(["ip", "addr", "replace", cidr, "dev", name])
+    run(["ip", "link", "set", name, "up"])
+    return created
+
+
+def remove_link(name: str) -> None:
+    """Delete an interface if it exists (safe to call twice)."""
+    if link_exists(name):
+        run(["ip", "link", "del", name], check=False)
+
+
+def host_veth(machine: str) -> str:
+    """The host-side veth name systemd-nspawn gives a machine on --network-bridge (IFNAMSIZ-limited)."""
+    return f"vb-{machine}"[:15]

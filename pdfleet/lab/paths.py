@@ -1,0 +1,79 @@
+"""Where the lab keeps things on the control machine, and the fixed network facts of the lab."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_ROOT = Path("/var/lib/pdfleet-lab")
+BRIDGE = "pdlab0"
+NETWORK = ipaddress.IPv4Network("198.18.0.0/24")
+BRIDGE_ADDRESS = "198.18.0.1"
+APT_PORT = 8081
+PYPI_PORT = 8082
+LOGIN_USER = "ops"
+
+
+@dataclass(frozen=True)
+class LabPaths:
+    """Every path the lab reads or writes, derived from one state root (see pdfleet.lab's docstring)."""
+
+    root: Path = DEFAULT_ROOT
+
+    @property
+    def ssh_dir(self) -> Path:
+        return self.root / "ssh"
+
+    @property
+    def key_file(self) -> Path:
+        return self.ssh_dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.ssh_dir / "known_hosts"
+
+    @property
+    def image_dir(self) -> Path:
+        return self.root / "image"
+
+    @property
+    def hosts_dir(self) -> Path:
+        return self.root / "hosts"
+
+    def host_dir(self, name: str) -> Path:
+        return self.hosts_dir / name
+
+    @property
+    def mirrors_dir(self) -> Path:
+        return self.root / "mirrors"
+
+    @property
+    def apt_served(self) -> Path:
+        """A symlink to the apt repository being served; swapped atomically when it is rebuilt."""
+        return self.mirrors_dir / "apt"
+
+    @property
+    def pypi_dir(self) -> Path:
+        return self.mirrors_dir / "pypi"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def gateway_client_key(self) -> Path:
+        """The gateway client key the lab's provisioning leaves for `lab.env` (mode 0600)."""
+        return self.root / "gateway-client.key"
+
+
+def apt_mirror_url() -> str:
+    return f"http://{BRIDGE_ADDRESS}:{APT_PORT}/"
+
+
+def pypi_mirror_url() -> str:
+    return f"http://{BRIDGE_ADDRESS}:{PYPI_PORT}/simple/"

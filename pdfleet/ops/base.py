@@ -1,0 +1,116 @@
+"""The ops engine's vocabulary, pyinfra's model on Fabric.
+
+A *fact* is a command plus a parser. An *operation* states a desired state and, given facts,
+plans the *changes* (commands and uploads, each with a human diff) that reach it: none when the
+host is converged. Changes may notify *handlers* (daemon-reload, restart of one unit), which the
+runner runs once per host after the host's changes, daemon-reload first.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Run:
+    """A shell command on the host; `on_fail` is a diagnostic command whose output joins the error."""
+
+    cmd: str
+    sudo: bool = True
+    on_fail: str | None = None
+
+
+@dataclass(frozen=True)
+class Upload:
+    """Content put at `dest` atomically: upload to a temp path, then `install -m -o -g` into place."""
+
+    content: bytes = field(repr=False)
+    dest: str
+    mode: str = "0644"
+    owner: str = "root"
+    group: str = "root"
+
+
+Command = Run | Upload
+
+
+@dataclass(frozen=True)
+class Handler:
+    """Commands run at most once per host after its changes, e.g. a unit restart."""
+
+    name: str
+    commands: tuple[Command, ...]
+    unit: str | None = None  # the unit it restarts, so a unit started in this run is not restarted again
+
+
+DAEMON_RELOAD = Handler("daemon-reload", (Run("systemctl daemon-reload"),))
+
+
+@dataclass(frozen=True)
+class Change:
+    """One step towards the desired state: what, a human diff (secrets redacted), and how."""
+
+    op: str
+    diff: str
+    commands: tuple[Command, ...]
+    notify: tuple[Handler, ...] = ()
+    starts_unit: str | None = None  # set when this change starts a stopped unit
+    # handlers that must run first if already pending, e.g. daemon-reload before starting a new unit
+    flush: tuple[Handler, ...] = ()
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A step a role decided not to take on this host, with the reason (e.g. no GPU on the PCI bus)."""
+
+    what: str
+    reason: str
+
+
+class Fact(ABC, Generic[T]):
+    """A command plus a parser. Subclasses are frozen dataclasses whose fields are the arguments,
+    so a fact instance is its own cache key."""
+
+    sudo: ClassVar[bool] = False
+
+    @abstractmethod
+    def command(self) -> str:
+        """The shell command whose output `parse` reads."""
+
+    @abstractmethod
+    def parse(self, stdout: str, rc: int) -> T:
+        """The fact's value from the command's stdout and exit code."""
+
+
+class FactSource(Protocol):
+    """Where operations read facts: a host's cached gatherer, or FakeFacts in tests."""
+
+    def get(self, fact: Fact[T]) -> T: ...
+
+
+class FakeFacts:
+    """Facts from a table, for operation tests (pyinfra's style): no SSH, no host."""
+
+    def __init__(self, table: dict[Fact[Any], Any] | None = None) -> None:
+        self._table: dict[Fact[Any], Any] = dict(table or {})
+
+    def get(self, fact: Fact[T]) -> T:
+        if fact not in self._table:
+            raise KeyError(f"fake facts have no value for {fact!r}")
+        return self._table[fact]  # type: ignore[no-any-return]
+
+
+class Operation(ABC):
+    """A desired state; `plan` returns the changes that reach it, [] when converged."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line naming the operation, e.g. `file /etc/pdfleet/vllm-prefill.env`."""
+
+    @abstractmethod
+    def plan(self, facts: FactSource) -> list[Change]:
+        """The changes needed given the host's facts."""

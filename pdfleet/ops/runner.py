@@ -1,0 +1,312 @@
+"""The fleet runner: plan every host, then apply in parallel (in waves with `serial`).
+
+Per host: connect, run the planner against lazily gathered facts, plan every operation, and
+(unless `check`) apply the changes in order, then the notified handlers once (daemon-reload
+first; a restart of a unit this run started is skipped). A host's failure is recorded with its
+reason and never stops another host. The caller decides the exit code from the report's totals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from pdfleet.errors import PdfleetError
+from pdfleet.ops.base import DAEMON_RELOAD, Change, Command, FactSource, Handler, Operation, Run, Skip, Upload
+from pdfleet.ops.facts import HostFacts
+from pdfleet.ops.ssh import Transport, open_connection
+
+if TYPE_CHECKING:
+    from pdfleet.inventory import Host
+
+Planner = Callable[["Host", FactSource], Iterable[Operation | Skip]]
+Progress = Callable[[str, str], None]  # (host name, message)
+Connector = Callable[["Host", "RunOptions"], Transport]
+
+ERROR_TAIL_LINES = 20
+
+
+@dataclass
+class RunOptions:
+    """How a fleet run behaves (CLI options and invoke.yaml settings)."""
+
+    check: bool = False
+    serial: int | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    connect_timeout: float = 10.0
+    json_path: Path | None = None
+    command_timeout: float | None = 3600.0  # per command; health waits carry their own limit
+    max_parallel: int = 32
+
+
+class CommandError(PdfleetError):
+    """A command on a host exited non-zero."""
+
+
+@dataclass
+class HostReport:
+    """What happened on one host."""
+
+    name: str
+    ok: int = 0
+    changed: int = 0
+    skipped: int = 0
+    failed: int = 0
+    changes: list[dict[str, str]] = field(default_factory=list)
+    error: str | None = None
+    skips: list[Skip] = field(default_factory=list)
+
+    def fail(self, reason: str) -> None:
+        """Mark the host failed with its reason."""
+        self.failed = 1
+        self.error = reason
+
+    def to_json(self) -> dict[str, Any]:
+        """The host's entry in the JSON report."""
+        return {
+            "ok": self.ok,
+            "changed": self.changed,
+            "skipped": self.skipped,
+            "failed": self.failed,
+            "changes": list(self.changes),
+            "error": self.error,
+        }
+
+
+@dataclass
+class Report:
+    """The outcome of a fleet run, per host in inventory order."""
+
+    hosts: dict[str, HostReport]
+    check: bool = False
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """Sums of ok/changed/skipped/failed over hosts."""
+        keys = ("ok", "changed", "skipped", "failed")
+        return {k: sum(getattr(h, k) for h in self.hosts.values()) for k in keys}
+
+    def to_json(self) -> dict[str, Any]:
+        """`{"hosts": {HOST: {...}}, "totals": {...}}`."""
+        return {"hosts": {n: h.to_json() for n, h in self.hosts.items()}, "totals": self.totals}
+
+    def write_json(self, path: Path) -> None:
+        """Write the JSON report (parents created)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+
+
+@dataclass
+class _HostRun:
+    """One host's state between planning and applying."""
+
+    host: Host
+    report: HostReport
+    transport: Transport | None = None
+    plan: list[tuple[Operation, list[Change]]] = field(default_factory=list)
+
+
+def _tail(text: str, lines: int = ERROR_TAIL_LINES) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def describe_command(cmd: Command) -> str:
+    """A command as shown in errors (uploads never show content)."""
+    if isinstance(cmd, Run):
+        return cmd.cmd
+    return f"upload {cmd.dest} (mode {cmd.mode}, {cmd.owner}:{cmd.group})"
+
+
+def install_command(tmp: str, upload: Upload) -> str:
+    """Move a staged upload into place atomically with its mode and owner, then remove the temp file.
+
+    `install` writes a sibling temp file (same filesystem), `mv -T` renames it over the target,
+    so readers see the old or the new file, never a partial one.
+    """
+    dest = PurePosixPath(upload.dest)
+    staged = str(dest.parent / f".{dest.name}.pdfleet-tmp")
+    q = shlex.quote
+    return (
+        f"install -D -m {upload.mode} -o {q(upload.owner)} -g {q(upload.group)} {q(tmp)} {q(staged)} "
+        f"&& mv -fT {q(staged)} {q(upload.dest)}; rc=$?; rm -f {q(tmp)}; exit $rc"
+    )
+
+
+def execute(transport: Transport, cmd: Command, timeout: float | None) -> None:
+    """Run one command on the host; a non-zero exit raises CommandError with stderr (and diagnostics)."""
+    if isinstance(cmd, Upload):
+        tmp = transport.put(cmd.content)
+        out = transport.run(install_command(tmp, cmd), sudo=True, timeout=timeout)
+        on_fail = None
+    else:
+        out = transport.run(cmd.cmd, sudo=cmd.sudo, timeout=timeout)
+        on_fail = cmd.on_fail
+    if out.rc == 0:
+        return
+    message = f"`{describe_command(cmd)}` exited {out.rc}"
+    detail = _tail(out.stderr) or _tail(out.stdout)
+    if detail:
+        message += f": {detail}"
+    if on_fail:
+        diag = transport.run(on_fail, sudo=True, timeout=60)
+        message += f"\n--- {on_fail} ---\n{_tail(diag.stdout + diag.stderr, 30)}"
+    raise CommandError(message)
+
+
+def _connect(host: Host, options: RunOptions) -> Transport:
+    return open_connection(host, options.known_hosts, options.connect_timeout)
+
+
+def _plan_host(run: _HostRun, planner: Planner, options: RunOptions, connect: Connector) -> None:
+    """Connect and plan every operation for one host; failures land in its report."""
+    report = run.report
+    try:
+        run.transport = connect(run.host, options)
+    except PdfleetError as exc:
+        report.fail(str(exc))
+        return
+    except Exception as exc:  # any connect failure is this host's failure only
+        report.fail(f"cannot connect to {run.host.name}: {exc}")
+        return
+    facts = HostFacts(run.transport, timeout=options.command_timeout)
+    current = "planner"
+    try:
+        for item in planner(run.host, facts):
+            if isinstance(item, Skip):
+                report.skipped += 1
+                report.skips.append(item)
+                continue
+            current = item.describe()
+            changes = item.plan(facts)
+            if changes:
+                run.plan.append((item, changes))
+                if options.check:
+                    report.changed += 1
+                    report.changes += [{"op": c.op, "diff": c.diff} for c in changes]
+            else:
+                report.ok += 1
+            current = "planner"
+    except Exception as exc:  # a bad op or fact fails this host, not the run
+        report.fail(f"{current}: {exc}")
+
+
+def _apply_host(run: _HostRun, options: RunOptions, progress: Progress | None) -> None:
+    """Apply a planned host's changes in order, then its handlers."""
+    report = run.report
+    transport = run.transport
+    assert transport is not None
+    pending: list[Handler] = []
+    started: set[str] = set()
+    current = ""
+    try:
+        for op, changes in run.plan:
+            current = op.describe()
+            if progress:
+                progress(run.host.name, f"applying {current}")
+            for change in changes:
+                for handler in change.flush:
+                    if _pop_handler(pending, handler):
+                        _run_handler(transport, handler, options)
+                for cmd in change.commands:
+                    execute(transport, cmd, options.command_timeout)
+                if change.starts_unit:
+                    started.add(change.starts_unit)
+                for handler in change.notify:
+                    if all(h.name != handler.name for h in pending):
+                        pending.append(handler)
+                report.changes.append({"op": change.op, "diff": change.diff})
+            report.changed += 1
+        for handler in _handler_order(pending):
+            current = f"handler {handler.name}"
+            if handler.unit and handler.unit in started:
+                if progress:
+                    progress(run.host.name, f"skip {handler.name}: started in this run")
+                continue
+            if progress:
+                progress(run.host.name, f"running {current}")
+            _run_handler(transport, handler, options)
+    except Exception as exc:  # recorded per host; other hosts carry on
+        report.fail(f"{current}: {exc}")
+
+
+def _pop_handler(pending: list[Handler], handler: Handler) -> bool:
+    """Remove a pending handler by name; whether it was pending."""
+    for i, h in enumerate(pending):
+        if h.name == handler.name:
+            del pending[i]
+            return True
+    return False
+
+
+def _handler_order(pending: list[Handler]) -> list[Handler]:
+    """daemon-reload first (restarts need the new unit files), then in notification order."""
+    return sorted(pending, key=lambda h: h.name != DAEMON_RELOAD.name)
+
+
+def _run_handler(transport: Transport, handler: Handler, options: RunOptions) -> None:
+    for cmd in handler.commands:
+        execute(transport, cmd, options.command_timeout)
+
+
+def _summary(report: HostReport, check: bool) -> str:
+    if report.error:
+        return f"FAILED: {report.error.splitlines()[0]}"
+    verb = "would change" if check else "changed"
+    return f"ok={report.ok} {verb}={report.changed} skipped={report.skipped}"
+
+
+def _waves(runs: list[_HostRun], serial: int | None) -> list[list[_HostRun]]:
+    """Hosts in waves of `serial` (all at once when unset)."""
+    if not serial or serial <= 0:
+        return [runs] if runs else []
+    return [runs[i : i + serial] for i in range(0, len(runs), serial)]
+
+
+def run_fleet(
+    hosts: Sequence[Host],
+    planner: Planner,
+    options: RunOptions,
+    progress: Progress | None = None,
+    connect: Connector | None = None,
+) -> Report:
+    """Plan every host (parallel), then apply unless `check` (parallel, in waves of `serial`)."""
+    connector = connect or _connect
+    runs = [_HostRun(h, HostReport(h.name)) for h in hosts]
+    workers = max(1, min(options.max_parallel, len(runs)))
+    try:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdfleet-plan") as pool:
+
+            def plan_one(run: _HostRun) -> None:
+                _plan_host(run, planner, options, connector)
+                if progress:
+                    changes = sum(1 for _ in run.plan)
+                    msg = _summary(run.report, True) if run.report.error or options.check else None
+                    progress(run.host.name, msg or f"planned: {changes} operation(s) to change")
+
+            list(pool.map(plan_one, runs))
+            if not options.check:
+                ready = [r for r in runs if r.report.error is None]
+                for wave in _waves(ready, options.serial):
+
+                    def apply_one(run: _HostRun) -> None:
+                        _apply_host(run, options, progress)
+                        if progress:
+                            progress(run.host.name, _summary(run.report, False))
+
+                    list(pool.map(apply_one, wave))
+    finally:
+        for run in runs:
+            if run.transport is not None:
+                # closing a dead connection must not mask the results
+                with contextlib.suppress(Exception):
+                    run.transport.close()
+    report = Report({r.host.name: r.report for r in runs}, check=options.check)
+    if options.json_path:
+        report.write_json(options.json_path)
+    return report

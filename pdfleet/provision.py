@@ -1,0 +1,52 @@
+"""Provisioning: the per-host plan (roles → operations) that the runner applies, and its offline render."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from pdfleet.inventory import Host, Inventory, load_inventory
+from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.profile import Profile, check_against_inventory, load_profile
+from pdfleet.render import RenderedFile, Renderer
+from pdfleet.roles_api import load_roles, make_context, role_files
+from pdfleet.version import wheel_version
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One validated profile and inventory, built once per command and passed down."""
+
+    profile: Profile
+    inventory: Inventory
+    roles: list[ModuleType]
+    renderer: Renderer
+    pdfleet_version: str
+
+    def context(self, host: Host):  # noqa: ANN201 - RoleContext, imported lazily by callers
+        return make_context(host, self.inventory, self.profile, self.renderer, self.pdfleet_version)
+
+
+def load_deployment(
+    profile: str, inventory: str | Path, profiles_dir: Path, templates_dir: Path, roles: str | None = None
+) -> Deployment:
+    """Load and cross-check profile and inventory; raise ValidationError before anything is touched."""
+    prof = load_profile(profile, profiles_dir)
+    inv = load_inventory(inventory)
+    check_against_inventory(prof, inv)
+    return Deployment(prof, inv, load_roles(roles), Renderer(templates_dir), wheel_version())
+
+
+def plan_host(deployment: Deployment, host: Host, facts: FactSource) -> Iterator[Operation | Skip]:
+    """The ordered operations of every role that applies to this host."""
+    ctx = deployment.context(host)
+    for role in deployment.roles:
+        if role.applies(ctx):
+            yield from role.operations(ctx, facts)
+
+
+def render_fleet(deployment: Deployment, hosts: Iterable[Host]) -> dict[str, list[RenderedFile]]:
+    """Every fact-independent file provision would install, per host."""
+    return {host.name: role_files(deployment.roles, deployment.context(host)) for host in hosts}

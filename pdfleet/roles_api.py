@@ -1,0 +1,94 @@
+"""What a role sees (RoleContext) and how pdfleet finds roles under roles/.
+
+A role is a module `roles/<name>/__init__.py` exporting NAME, APT_PACKAGES, applies(ctx),
+operations(ctx, facts) and optionally files(ctx): the fact-independent files it installs, which
+`invoke render` writes for review and `operations` installs, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+from pdfleet.errors import ValidationError
+from pdfleet.inventory import Host, Inventory
+from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.pools import PoolInstance, host_instances
+from pdfleet.profile import Profile
+from pdfleet.render import RenderedFile, Renderer
+
+# Dependency order: drivers and NICs before the KV libraries, the venv before the units using it.
+ROLE_ORDER = ("base", "gpu_driver", "rdma", "kv_transfer", "vllm", "services", "gateway", "monitoring")
+
+SERVICE_USER = "pdfleet"
+STATE_DIR = "/var/lib/pdfleet"
+CONFIG_DIR = "/etc/pdfleet"
+KV_ENV_FILE = "/etc/pdfleet/kv-transfer.env"
+
+
+@dataclass(frozen=True)
+class RoleContext:
+    """Everything a role may read about the host it plans for; roles read no files themselves."""
+
+    host: Host
+    inventory: Inventory
+    profile: Profile
+    renderer: Renderer
+    instances: list[PoolInstance] = field(default_factory=list)
+    pdfleet_version: str = ""  # the wheel version hosts install for `engine: sim` (pdfleet.version)
+
+    def render(self, template: str, **variables: Any) -> str:
+        return self.renderer.render(template, **variables)
+
+
+class Role(Protocol):
+    NAME: str
+    APT_PACKAGES: tuple[str, ...]
+
+    def applies(self, ctx: RoleContext) -> bool: ...
+
+    def operations(self, ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]: ...
+
+
+def make_context(
+    host: Host, inventory: Inventory, profile: Profile, renderer: Renderer, pdfleet_version: str
+) -> RoleContext:
+    """The context for one host, with its vLLM instances computed once."""
+    return RoleContext(host, inventory, profile, renderer, host_instances(profile, host), pdfleet_version)
+
+
+def available_roles() -> list[str]:
+    """Role names, in dependency order, for which a roles/<name> package exists."""
+    return [name for name in ROLE_ORDER if importlib.util.find_spec(f"roles.{name}") is not None]
+
+
+def load_roles(selected: str | None = None) -> list[ModuleType]:
+    """The role modules to run: all available, or the comma-separated selection (validated)."""
+    names = available_roles()
+    if selected:
+        wanted = [s.strip() for s in selected.split(",") if s.strip()]
+        unknown = [w for w in wanted if w not in names]
+        if unknown:
+            raise ValidationError(
+                f"--roles: unknown role(s) {', '.join(unknown)}; available: {', '.join(names)}"
+            )
+        names = [n for n in names if n in wanted]
+    return [importlib.import_module(f"roles.{n}") for n in names]
+
+
+def role_files(roles: Iterable[ModuleType], ctx: RoleContext) -> list[RenderedFile]:
+    """Every fact-independent file the applicable roles install on this host."""
+    files: list[RenderedFile] = []
+    for role in roles:
+        if hasattr(role, "files") and role.applies(ctx):
+            files.extend(role.files(ctx))
+    return files
+
+
+def templates_dir(repo_root: Path) -> Path:
+    return repo_root / "templates"

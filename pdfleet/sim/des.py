@@ -1,0 +1,189 @@
+"""Discrete-event driver: runs engines (and P/D pairs) on a purely simulated clock, no sleeping.
+
+Used by the calibration/interference tests and by anyone who wants "what would the GPU do" answers
+in milliseconds of CPU time. The same `Engine` is driven in real time by `pdfleet.sim.server`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdfleet.sim.catalog import LinkSpec
+from pdfleet.sim.engine import Batch, Engine, SimRequest
+
+Callback = Callable[[SimRequest], None]
+
+
+class Simulation:
+    """An event queue over simulated seconds."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+
+    def at(self, when: float, fn: Callable[..., None], *args: Any) -> None:
+        """Run fn(*args) at simulated time `when` (never before now)."""
+        heapq.heappush(self._heap, (max(when, self.now), next(self._seq), fn, args))
+
+    def run(self, until: float = float("inf")) -> None:
+        """Process events in time order until none are left or the next is after `until`."""
+        while self._heap and self._heap[0][0] <= until:
+            when, _, fn, args = heapq.heappop(self._heap)
+            self.now = when
+            fn(*args)
+
+
+@dataclass
+class Record:
+    """What a client saw for one request: arrival and the time of every token."""
+
+    request: SimRequest
+    arrival: float
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float:
+        return self.token_times[0] - self.arrival
+
+    @property
+    def tpot(self) -> float:
+        """vLLM bench's per-request TPOT: (last − first token) / (n − 1)."""
+        n = len(self.token_times)
+        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else 0.0
+
+    @property
+    def gaps(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+
+class EngineNode:
+    """One engine stepping back-to-back on the simulation's clock while it has work."""
+
+    def __init__(self, sim: Simulation, engine: Engine,
+                 on_kv_load: Callable[[SimRequest], None] | None = None) -> None:
+        self.sim = sim
+        self.engine = engine
+        self.on_kv_load = on_kv_load
+        self.records: dict[str, Record] = {}
+        self._callbacks: dict[str, tuple[Callback | None, Callback | None]] = {}
+        self._busy = False
+        self._ids = itertools.count()
+        self.steps: list[Batch] = []
+
+    def submit(self, req: SimRequest, on_token: Callback | None = None, on_finish: Callback | None = None) -> Record:
+        """Add a request now; returns the record its tokens will be written to."""
+        rec = Record(req, self.sim.now)
+        self.records[req.request_id] = rec
+        self._callbacks[req.request_id] = (on_token, on_finish)
+        self.engine.add(req, self.sim.now)
+        self.kick()
+        return rec
+
+    def new_request(self, prompt: int, max_tokens: int, **kw: Any) -> SimRequest:
+        """A request with a fresh id."""
+        return SimRequest(f"req-{next(self._ids)}", prompt, max_tokens, **kw)
+
+    def kick(self) -> None:
+        """Start a step now if the engine is idle."""
+        if not self._busy:
+            self._busy = True
+            self.sim.at(self.sim.now, self._step)
+
+    def _step(self) -> None:
+        batch = self.engine.schedule(self.sim.now)
+        for req in batch.kv_loads:
+            if self.on_kv_load is None:
+                raise RuntimeError("a remote-prefill request reached an engine without a KV source")
+            self.on_kv_load(req)
+        if not batch.entries:
+            self._busy = False
+            return
+        self.steps.append(batch)
+        self.sim.at(self.sim.now + batch.duration, self._complete, batch)
+
+    def _complete(self, batch: Batch) -> None:
+        now = self.sim.now
+        result = self.engine.complete(batch, now)
+        for req in result.emitted:
+            self.records[req.request_id].token_times.append(now)
+            cb = self._callbacks[req.request_id][0]
+            if cb:
+                cb(req)
+        for req in result.finished:
+            cb = self._callbacks[req.request_id][1]
+            if cb:
+                cb(req)
+        self._step()
+
+
+class PDPair:
+    """A producer and a consumer engine joined by a link: prefill on one, KV transfer, decode on the other."""
+
+    def __init__(self, sim: Simulation, producer: Engine, consumer: Engine, link: LinkSpec,
+                 kv_bytes_per_token: int) -> None:
+        self.sim = sim
+        self.link = link
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.producer = EngineNode(sim, producer)
+        self.consumer = EngineNode(sim, consumer, on_kv_load=self._start_transfer)
+        self._link_free = 0.0
+        self.transfers: list[tuple[float, int]] = []  # (seconds, bytes)
+
+    def submit(self, prompt: int, max_tokens: int, on_finish: Callback | None = None) -> Record:
+        """Send a request through the pair; the returned record is the client's view (decode side)."""
+        arrival = self.sim.now
+        client = Record(SimRequest("pending", prompt, max_tokens), arrival)
+        p_req = self.producer.new_request(prompt, 1, remote_decode=True)
+
+        def prefilled(req: SimRequest) -> None:
+            params = {"remote_request_id": req.request_id, "remote_block_ids": list(req.block_ids)}
+            d_req = self.consumer.new_request(prompt, max_tokens, remote_prefill=params)
+            rec = self.consumer.submit(d_req, on_finish=on_finish)
+            rec.arrival = arrival
+            client.request = d_req
+            rec.token_times = client.token_times  # one list: the client sees the decode side's tokens
+
+        self.producer.submit(p_req, on_finish=prefilled)
+        return client
+
+    def _start_transfer(self, req: SimRequest) -> None:
+        """FIFO on the link: each transfer waits for the previous one, then takes setup + bytes/(η·BW)."""
+        nbytes = req.prompt_tokens * self.kv_bytes_per_token
+        start = max(self.sim.now, self._link_free)
+        end = start + self.link.transfer_time(nbytes)
+        self._link_free = end
+        self.transfers.append((end - self.sim.now, nbytes))
+        params = req.remote_prefill or {}
+        self.sim.at(end, self._transfer_done, req.request_id, params.get("remote_request_id"))
+
+    def _transfer_done(self, request_id: str, remote_id: str | None) -> None:
+        if remote_id is not None:
+            self.producer.engine.release_held(remote_id)
+        self.consumer.engine.kv_loaded(request_id, self.sim.now, ok=True)
+        self.consumer.kick()
+
+
+def closed_loop(node: EngineNode, concurrency: int, prompt: int, output: int, requests_per_client: int,
+                stagger: float = 0.0) -> list[Record]:
+    """vLLM-bench-style clients: each sends its next request when the previous finishes.
+
+    Client i starts at i × stagger, so a steady state with evenly phased streams can be studied
+    (a deterministic model never desynchronises streams that start together).
+    """
+    records: list[Record] = []
+
+    def start(left: int) -> None:
+        if left == 0:
+            return
+        req = node.new_request(prompt, output)
+        records.append(node.submit(req, on_finish=lambda _r: start(left - 1)))
+
+    for i in range(concurrency):
+        node.sim.at(node.sim.now + i * stagger, start, requests_per_client)
+    return records

@@ -1,0 +1,382 @@
+"""The simulated engine: vLLM V1-style scheduling on an injected clock, no I/O, no real time.
+
+The caller owns time. `schedule(now)` picks the next step's batch like vLLM's scheduler (running
+requests first, one token per decode, prefill chunks within `max_num_batched_tokens`, new requests
+while `max_num_seqs` and free KV blocks allow, recompute preemption from the tail of the running list
+when blocks run out) and returns the step's duration from the `PerfModel`. The caller waits that long
+(really, scaled, or in a discrete-event loop) and calls `complete(batch, end)`, which advances every
+scheduled request and returns the requests that produced a token and those that finished.
+
+P/D: a request with `remote_decode` (producer side) is prefilled only; its blocks are then *held* until
+`release_held` (the consumer pulled them) or until they expire. A request with `remote_prefill`
+(consumer side) is admitted with blocks for its whole prompt and listed in `Batch.kv_loads`; the caller
+moves the bytes and calls `kv_loaded`, after which the request computes its last prompt token (as
+vLLM's NixlConnector does) and decodes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from pdfleet.sim.perf import PerfModel
+
+
+class State(Enum):
+    WAITING = "waiting"
+    LOADING_KV = "loading_kv"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False, slots=True)
+class SimRequest:
+    """One request inside the engine: its size, P/D role, progress and timestamps (simulated seconds)."""
+
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    remote_decode: bool = False
+    remote_prefill: dict[str, Any] | None = None
+    sink: Any = None  # the driver's handle (e.g. the HTTP stream); the engine never touches it
+    computed: int = 0
+    generated: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    state: State = State.WAITING
+    arrival: float = 0.0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    prev_token: float | None = None  # time of the token before the latest one (for inter-token gaps)
+    last_token: float | None = None
+    finished_at: float | None = None
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    kv_load_failed: bool = False
+
+
+@dataclass(slots=True)
+class Batch:
+    """One scheduled step: (request, new tokens) pairs, KV loads to start, and the step's duration."""
+
+    start: float
+    entries: list[tuple[SimRequest, int]]
+    kv_loads: list[SimRequest]
+    duration: float
+    tokens: int
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What a completed step produced: requests with a new token, and requests that finished."""
+
+    emitted: list[SimRequest]
+    finished: list[SimRequest]
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """The scheduler's knobs, as vLLM's `vllm serve` options set them."""
+
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    hold_timeout_s: float = 480.0  # producer: how long blocks wait for the consumer (simulated seconds)
+    recompute_on_load_failure: bool = False
+
+
+class Engine:
+    """Continuous-batching scheduler and KV block manager over simulated time."""
+
+    def __init__(self, perf: PerfModel, limits: EngineLimits) -> None:
+        self.perf = perf
+        self.limits = limits
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.loading: dict[str, SimRequest] = {}
+        self.held: dict[str, tuple[SimRequest, float]] = {}
+        self._held_order: deque[str] = deque()
+        self._free: list[int] = list(range(limits.num_blocks - 1, -1, -1))
+        self.num_preemptions = 0
+        self.prompt_tokens_computed = 0
+        self.generation_tokens = 0
+
+    # ---- state the driver reads -------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks in use (held producer blocks included), like vllm:kv_cache_usage_perc."""
+        total = self.limits.num_blocks
+        return (total - len(self._free)) / total if total else 0.0
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Waiting requests, including those waiting for their remote KV (vLLM counts them as waiting)."""
+        return len(self.waiting) + len(self.loading)
+
+    def has_work(self) -> bool:
+        """True when a step could run now (something running, or waiting that may be admitted)."""
+        return bool(self.running or self.waiting)
+
+    # ---- requests in and out ---------------------------------------------------------------
+    def add(self, req: SimRequest, now: float) -> None:
+        """Queue a new request (arrival at `now`)."""
+        req.arrival = now
+        req.state = State.WAITING
+        self.waiting.append(req)
+
+    def abort(self, request_id: str) -> SimRequest | None:
+        """Drop a request wherever it is (client went away) and free its blocks."""
+        for req in self.waiting:
+            if req.request_id == request_id:
+                self.waiting.remove(req)
+                return self._drop(req)
+        for req in self.running:
+            if req.request_id == request_id:
+                self.running.remove(req)
+                return self._drop(req)
+        req = self.loading.pop(request_id, None)
+        return self._drop(req) if req is not None else None
+
+    def _drop(self, req: SimRequest) -> SimRequest:
+        self._free_blocks(req)
+        req.state = State.FINISHED
+        req.finish_reason = "abort"
+        return req
+
+    # ---- blocks ------------------------------------------------------------------------------
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.limits.block_size)
+
+    def _allocate(self, req: SimRequest, tokens: int) -> bool:
+        """Grow req's blocks to cover `tokens` KV entries; False (nothing taken) if not enough are free."""
+        need = self._blocks_for(tokens) - len(req.block_ids)
+        if need <= 0:
+            return True
+        if need > len(self._free):
+            return False
+        req.block_ids.extend(self._free[-need:])
+        del self._free[-need:]
+        return True
+
+    def _free_blocks(self, req: SimRequest) -> None:
+        self._free.extend(req.block_ids)
+        req.block_ids = []
+
+    def _preempt(self, req: SimRequest) -> None:
+        """Recompute preemption: drop the KV, put the request back at the head of the queue."""
+        self._free_blocks(req)
+        req.computed = 0
+        req.state = State.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ---- scheduling --------------------------------------------------------------------------
+    def _chunk(self, req: SimRequest, budget: int) -> int:
+        """Tokens to compute for req this step within the budget (0 = cannot be scheduled now)."""
+        remaining = req.prompt_tokens + req.generated - req.computed
+        n = min(remaining, budget)
+        thr = self.limits.long_prefill_token_threshold
+        if thr > 0 and remaining > 1:
+            n = min(n, thr)
+        if n < remaining and not self.limits.enable_chunked_prefill:
+            return 0
+        return n
+
+    def schedule(self, now: float) -> Batch:
+        """Choose the next step's batch at time `now` (may be empty: nothing runnable)."""
+        budget = self.limits.max_num_batched_tokens
+        entries: list[tuple[SimRequest, int]] = []
+        kv_loads: list[SimRequest] = []
+        preempted = False
+        i = 0
+        running = self.running
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = self._chunk(req, budget)
+            if n == 0:
+                i += 1
+                continue
+            while not self._allocate(req, req.computed + n):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if req.state is not State.RUNNING:
+                break
+            entries.append((req, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            budget = self._admit(now, budget, entries, kv_loads)
+        return self._batch(now, entries, kv_loads)
+
+    def _admit(self, now: float, budget: int, entries: list[tuple[SimRequest, int]],
+               kv_loads: list[SimRequest]) -> int:
+        """Move waiting requests into the batch (or into KV loading) while limits allow."""
+        waiting = self.waiting
+        while waiting and len(self.running) + len(self.loading) < self.limits.max_num_seqs:
+            req = waiting[0]
+            if req.remote_prefill is not None:
+                if not self._allocate(req, req.prompt_tokens):
+                    break
+                waiting.popleft()
+                req.state = State.LOADING_KV
+                if req.first_scheduled is None:
+                    req.first_scheduled = now
+                self.loading[req.request_id] = req
+                kv_loads.append(req)
+                continue
+            if budget <= 0:
+                break
+            n = self._chunk(req, budget)
+            if n == 0 or not self._allocate(req, req.computed + n):
+                break
+            waiting.popleft()
+            req.state = State.RUNNING
+            if req.first_scheduled is None:
+                req.first_scheduled = now
+            self.running.append(req)
+            entries.append((req, n))
+            budget -= n
+        return budget
+
+    def _batch(self, now: float, entries: list[tuple[SimRequest, int]], kv_loads: list[SimRequest]) -> Batch:
+        tokens = 0
+        attn = 0.0
+        kv = 0
+        sampled = 0
+        for req, n in entries:
+            ctx = req.computed
+            tokens += n
+            attn += n * ctx + n * n * 0.5
+            kv += ctx + n
+            if ctx + n == req.prompt_tokens + req.generated:
+                sampled += 1
+        duration = self.perf.step_time(tokens, attn, kv, sampled) if entries else 0.0
+        return Batch(now, entries, kv_loads, duration, tokens)
+
+    def complete(self, batch: Batch, end: float) -> StepResult:
+        """Apply a finished step at time `end`: advance requests, emit tokens, finish and free."""
+        emitted: list[SimRequest] = []
+        finished: list[SimRequest] = []
+        prompt_done = 0
+        for req, n in batch.entries:
+            if req.state is not State.RUNNING:
+                continue  # aborted while the step ran
+            before = req.computed
+            req.computed = before + n
+            total = req.prompt_tokens + req.generated
+            if before < req.prompt_tokens:
+                prompt_done += min(req.computed, req.prompt_tokens) - before
+            if req.computed == total:
+                req.generated += 1
+                if req.first_token is None:
+                    req.first_token = end
+                req.prev_token = req.last_token
+                req.last_token = end
+                emitted.append(req)
+                if req.generated >= req.max_tokens:
+                    finished.append(req)
+        self.prompt_tokens_computed += prompt_done
+        self.generation_tokens += len(emitted)
+        if finished:
+            for req in finished:
+                self._finish(req, end, "length")
+            self.running = [r for r in self.running if r.state is State.RUNNING]
+        return StepResult(emitted, finished)
+
+    def _finish(self, req: SimRequest, end: float, reason: str) -> None:
+        req.state = State.FINISHED
+        req.finished_at = end
+        req.finish_reason = reason
+        if req.remote_decode:
+            self.held[req.request_id] = (req, end + self.limits.hold_timeout_s)
+            self._held_order.append(req.request_id)
+        else:
+            self._free_blocks(req)
+
+    # ---- P/D -----------------------------------------------------------------------------------
+    def kv_loaded(self, request_id: str, now: float, ok: bool) -> SimRequest | None:
+        """The remote KV for a loading request arrived (ok) or could not be read.
+
+        Returns the request if it failed for good (policy "fail"): the caller reports the error.
+        """
+        req = self.loading.pop(request_id, None)
+        if req is None:
+            return None
+        req.remote_prefill = None  # the remote copy is consumed; a later preemption recomputes locally
+        if ok:
+            req.computed = req.prompt_tokens - 1
+        elif self.limits.recompute_on_load_failure:
+            req.kv_load_failed = True
+            req.computed = 0
+        else:
+            req.kv_load_failed = True
+            self._free_blocks(req)
+            req.state = State.FINISHED
+            req.finished_at = now
+            req.finish_reason = "error"
+            return req
+        req.state = State.RUNNING
+        self.running.append(req)
+        return None
+
+    def held_request(self, request_id: str) -> SimRequest | None:
+        """The finished producer request whose blocks are still held, if any."""
+        entry = self.held.get(request_id)
+        return entry[0] if entry else None
+
+    def release_held(self, request_id: str) -> SimRequest | None:
+        """The consumer has read the blocks: free them."""
+        entry = self.held.pop(request_id, None)
+        if entry is None:
+            return None
+        self._free_blocks(entry[0])
+        return entry[0]
+
+    def expire_held(self, now: float) -> list[SimRequest]:
+        """Free held blocks whose lease ran out (nobody pulled them); returns those requests."""
+        expired = []
+        order = self._held_order
+        while order:
+            rid = order[0]
+            entry = self.held.get(rid)
+            if entry is None:
+                order.popleft()
+                continue
+            if entry[1] > now:
+                break
+            order.popleft()
+            del self.held[rid]
+            self._free_blocks(entry[0])
+            expired.append(entry[0])
+        return expired
+
+    def next_expiry(self) -> float | None:
+        """When the oldest held lease runs out (for the driver's timer)."""
+        for rid in self._held_order:
+            entry = self.held.get(rid)
+            if entry is not None:
+                return entry[1]
+        return None
+
+    def iter_active(self) -> Iterable[SimRequest]:
+        """Every request the engine still tracks (for shutdown)."""
+        yield from self.waiting
+        yield from self.running
+        yield from self.loading.values()

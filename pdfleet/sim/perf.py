@@ -1,0 +1,57 @@
+"""Step-time model: how long one engine step (a batch of prefill chunks and decodes) takes on a GPU.
+
+T_step = t0 + max(compute, memory) + TP all-reduce time, per [PERF §2.6]:
+- compute = (tokens · 2·P_linear + sampled · 2·P_lm_head + attention) / (tp · peak · MFU), where a request
+  adding n tokens after ctx cached ones costs 4·L·d·(n·ctx + n²/2) attention FLOPs;
+- memory  = (weights read per step + KV read of every scheduled request's context) / tp / (HBM BW · η).
+All times are simulated seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdfleet.sim.catalog import TP_ALLREDUCE_S, GpuSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class PerfModel:
+    """Precomputed per-token constants so a step costs a handful of float operations."""
+
+    gpu: GpuSpec
+    model: ModelSpec
+    tp: int
+    kv_bytes_per_token: int  # whole model (all TP ranks)
+
+    @property
+    def _flops_rate(self) -> float:
+        return self.tp * self.gpu.peak_flops * self.gpu.mfu
+
+    @property
+    def _bytes_rate(self) -> float:
+        return self.tp * self.gpu.hbm_bandwidth * self.gpu.mem_efficiency
+
+    def step_time(self, tokens: int, attn_units: float, kv_tokens: int, sampled: int) -> float:
+        """Seconds for a step computing `tokens` new tokens.
+
+        attn_units = Σ n·ctx + n²/2 over scheduled requests; kv_tokens = Σ (ctx + n) KV entries read;
+        sampled = requests that produce an output token this step (each runs lm_head once).
+        """
+        m = self.model
+        flops = (
+            tokens * 2.0 * m.linear_params
+            + sampled * 2.0 * m.embedding_params
+            + attn_units * 4.0 * m.layers * m.heads * m.head_dim
+        )
+        compute = flops / self._flops_rate
+        memory = (m.step_read_bytes + kv_tokens * self.kv_bytes_per_token) / self._bytes_rate
+        comm = 2 * m.layers * TP_ALLREDUCE_S if self.tp > 1 else 0.0
+        return self.gpu.step_overhead_s + max(compute, memory) + comm
+
+    def prefill_only_time(self, n: int, ctx: int = 0) -> float:
+        """One step that prefills n tokens of a single request after ctx cached ones (and samples)."""
+        return self.step_time(n, n * ctx + n * n / 2.0, ctx + n, 1)
+
+    def decode_time(self, batch: int, ctx: int) -> float:
+        """One decode-only step of `batch` requests, each with `ctx` tokens of context."""
+        return self.step_time(batch, batch * ctx + batch / 2.0, batch * (ctx + 1), batch)

@@ -1,0 +1,100 @@
+"""Prompt-token counting shared by the simulator and the gateway, so both count the same way.
+
+With a `tokenizer.json` (HF `tokenizers`, optional extra) the count is the model's own. Without one
+the count is a deterministic estimate: ceil(characters / chars_per_token), at least 1. Chat
+messages are counted over the text the chat template would see: for each message its role and its
+content joined by newlines (text parts of multi-part content only), plus a fixed 3 tokens per
+message for the template's role markers, which is what Llama-3 templates add.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+DEFAULT_CHARS_PER_TOKEN = 4.0
+TOKENS_PER_CHAT_MESSAGE = 3
+
+
+class TextCounter(Protocol):
+    def count(self, text: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class CharEstimate:
+    """Deterministic estimate: ceil(len(text) / chars_per_token), never below 1 for non-empty text."""
+
+    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        return max(1, math.ceil(len(text) / self.chars_per_token))
+
+
+class HFTokenizer:
+    """The model's own tokenizer from a tokenizer.json file (needs the `tokenizers` package)."""
+
+    def __init__(self, path: str | Path) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as exc:  # pragma: no cover - depends on the optional extra
+            raise RuntimeError(
+                f"tokenizer file {path} is configured but the 'tokenizers' package is not installed; "
+                "install pdfleet[tokenizer] or remove the tokenizer setting"
+            ) from exc
+        self._tok = Tokenizer.from_file(str(path))
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+
+def make_counter(tokenizer_path: str | Path | None, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> TextCounter:
+    """The tokenizer when a path is given, else the character estimate."""
+    if tokenizer_path:
+        return HFTokenizer(tokenizer_path)
+    return CharEstimate(chars_per_token)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return "\n".join(str(p) for p in parts)
+    return ""
+
+
+def count_chat_tokens(messages: list[Any], counter: TextCounter) -> int:
+    """Tokens of a chat request's messages (see the module docstring for the rule)."""
+    total = 0
+    for msg in messages:
+        if not isinstance(msg, dict):
+            continue
+        total += TOKENS_PER_CHAT_MESSAGE + counter.count(str(msg.get("role", ""))) + counter.count(
+            _content_text(msg.get("content"))
+        )
+    return total
+
+
+def count_completion_tokens(prompt: Any, counter: TextCounter) -> int:
+    """Tokens of a completions request's `prompt`: a string, a list of strings, or token id lists."""
+    if isinstance(prompt, str):
+        return counter.count(prompt)
+    if isinstance(prompt, list):
+        if all(isinstance(t, int) for t in prompt):
+            return len(prompt)
+        return sum(count_completion_tokens(p, counter) for p in prompt)
+    return 0
+
+
+def count_request_tokens(body: dict[str, Any], counter: TextCounter) -> int:
+    """Prompt tokens of an OpenAI chat or completions request body."""
+    if "messages" in body:
+        msgs = body["messages"]
+        return count_chat_tokens(msgs if isinstance(msgs, list) else [], counter)
+    return count_completion_tokens(body.get("prompt"), counter)

@@ -1,0 +1,69 @@
+"""The `vllm serve` (or `pdfleet-sim serve`) command line for one pool instance, from the profile."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pdfleet.inventory import Host
+from pdfleet.pools import PoolInstance, serve_address
+from pdfleet.profile import Profile
+
+
+def kv_transfer_config(profile: Profile, host: Host, inst: PoolInstance) -> dict[str, Any] | None:
+    """The --kv-transfer-config object for a P/D instance; None for the colocated pool."""
+    if inst.kv_role is None:
+        return None
+    kv = profile.kv_transfer
+    config: dict[str, Any] = {
+        "kv_connector": kv.connector,
+        "kv_role": inst.kv_role,
+        "kv_buffer_device": kv.buffer_device,
+    }
+    if kv.load_failure_policy is not None:
+        config["kv_load_failure_policy"] = kv.load_failure_policy
+    extra = dict(kv.extra_config)
+    extra.update(_hardware_extra_config(profile, host))
+    if extra:
+        config["kv_connector_extra_config"] = extra
+    return config
+
+
+def _hardware_extra_config(profile: Profile, host: Host) -> dict[str, Any]:
+    """Connector settings that depend on the host's NICs (Mooncake's protocol and device list)."""
+    from pdfleet.hw.kv import kv_connector_extra_config
+
+    return kv_connector_extra_config(profile, host)
+
+
+def serve_argv(profile: Profile, host: Host, inst: PoolInstance) -> list[str]:
+    """argv for the pool's server: the pinned vLLM, or the simulator with the same options."""
+    spec = inst.spec
+    venv = profile.vllm.venv.rstrip("/")
+    model = profile.model
+    if profile.vllm.engine == "sim":
+        argv = [f"{venv}/bin/pdfleet-sim", "serve", model.path or model.id]
+    else:
+        argv = [f"{venv}/bin/vllm", "serve", model.path or model.id]
+    argv += [
+        "--host", serve_address(host),
+        "--port", str(spec.port),
+        "--served-model-name", model.served_model_name or model.id,
+        "--tensor-parallel-size", str(spec.tensor_parallel_size),
+        "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
+        "--gpu-memory-utilization", str(spec.gpu_memory_utilization),
+        "--max-num-seqs", str(spec.max_num_seqs),
+        "--kv-cache-dtype", spec.kv_cache_dtype,
+        "--enable-chunked-prefill" if spec.enable_chunked_prefill else "--no-enable-chunked-prefill",
+    ]
+    max_len = spec.max_model_len or model.max_model_len
+    if max_len:
+        argv += ["--max-model-len", str(max_len)]
+    kv_config = kv_transfer_config(profile, host, inst)
+    if kv_config is not None:
+        argv += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
+    if profile.vllm.engine == "sim":
+        sim = profile.vllm.sim
+        argv += ["--sim-gpu", sim.gpu, "--sim-link", sim.link, "--sim-time-scale", str(sim.time_scale)]
+    argv += list(spec.extra_args)
+    return argv

@@ -1,0 +1,109 @@
+"""gpu_driver: NVIDIA's CUDA apt repo, the pinned and held driver branch, nouveau off, headers for the
+running kernel, Fabric Manager on NVSwitch systems, persistence daemon, GPUDirect (DMA-BUF or peermem).
+
+Hardware first: a host without an NVIDIA GPU on the PCI bus skips with that reason; Secure Boot
+with modules DKMS cannot sign refuses before anything is installed. A change that only takes effect
+after a reboot yields a `reboot required` marker (pdfleet.hw.REBOOT_REQUIRED) with the reasons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pdfleet.hw import REBOOT_REQUIRED, HardwareError
+from pdfleet.hw.gpu import GpuPlan, gather_gpu_facts, plan_gpu
+from pdfleet.hw.kv import uses_rdma
+from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
+from pdfleet.ops.operations import AptPackage, AptRepo, File, KernelModule, Service
+from pdfleet.roles_api import RoleContext
+
+NAME = "gpu_driver"
+# Branch-specific packages (cuda-drivers-B, nvidia-kernel-open-B, nvidia-fabricmanager-B) come from
+# NVIDIA's CUDA repository (or its mirror), not the site's Debian mirror.
+APT_PACKAGES: tuple[str, ...] = ("dkms",)
+
+CUDA_KEY = "3bf863cc.pub"  # the CUDA repositories' signing key (rotated in 2022)
+NOUVEAU_CONF = "/etc/modprobe.d/blacklist-nouveau.conf"
+APT_PIN = "/etc/apt/preferences.d/pdfleet-nvidia"
+UNATTENDED_BLACKLIST = "/etc/apt/apt.conf.d/51pdfleet-nvidia-no-unattended"
+PEERMEM_LOAD = "/etc/modules-load.d/nvidia-peermem.conf"
+UPDATE_INITRAMFS = Handler("update-initramfs", (Run("update-initramfs -u"),))
+
+
+def applies(ctx: RoleContext) -> bool:
+    """Every host running a vLLM pool; the hardware check decides what actually happens."""
+    return bool(ctx.instances)
+
+
+def apt_pin(version_glob: str) -> str:
+    """apt_preferences(5) pin holding every NVIDIA driver package at the pinned version.
+
+    Pinning `cuda-drivers-B` alone does not pin its sub-packages, hence the globs."""
+    return (
+        "# Written by pdfleet (gpu_driver): the profile's gpu.driver_version.\n"
+        "Package: nvidia-* libnvidia-* cuda-drivers* libcuda* libxnvctrl*\n"
+        f"Pin: version {version_glob}\n"
+        "Pin-Priority: 1001\n"
+    )
+
+
+def unattended_blacklist() -> str:
+    """Keep unattended-upgrades away from the driver (its upgrades cause NVML version mismatches)."""
+    return (
+        "// Written by pdfleet (gpu_driver): driver upgrades only through provision.\n"
+        'Unattended-Upgrade::Package-Blacklist { "nvidia-"; "libnvidia-"; "cuda-"; "libcuda"; };\n'
+    )
+
+
+def cuda_repo(ctx: RoleContext) -> AptRepo:
+    """NVIDIA's CUDA apt repository (a flat repo) or the profile's mirror of it."""
+    mirrors = ctx.profile.mirrors
+    uri = mirrors.cuda_repo if mirrors.cuda_repo.endswith("/") else mirrors.cuda_repo + "/"
+    if mirrors.apt_trusted:
+        return AptRepo("cuda", uri, "/", (), trusted=True)
+    return AptRepo("cuda", uri, "/", (), key_url=uri + CUDA_KEY)
+
+
+def plan_operations(ctx: RoleContext, plan: GpuPlan, driver_loaded: bool) -> Iterable[Operation | Skip]:
+    """The operations for a GPU host that passed the checks."""
+    yield cuda_repo(ctx)
+    if plan.headers_package:
+        yield AptPackage(plan.headers_package)
+    yield AptPackage("dkms")
+    yield File(NOUVEAU_CONF, "blacklist nouveau\noptions nouveau modeset=0\n", notify=(UPDATE_INITRAMFS,))
+    if plan.version_glob:
+        yield File(APT_PIN, apt_pin(plan.version_glob))
+    yield File(UNATTENDED_BLACKLIST, unattended_blacklist())
+    for package in plan.packages:
+        yield AptPackage(package, version=plan.version_glob, hold=True)
+    if plan.fabric_manager.do:
+        yield AptPackage(plan.fabric_manager_package, version=plan.version_glob, hold=True)
+        # Started only once the pinned driver is loaded; before the reboot it cannot talk to it.
+        yield Service("nvidia-fabricmanager.service", enabled=True, running=True if driver_loaded else None)
+    else:
+        yield Skip("nvidia-fabricmanager", plan.fabric_manager.reason)
+    if plan.persistence.do:
+        yield Service("nvidia-persistenced.service", enabled=True, running=True if driver_loaded else None)
+    else:
+        yield Skip("nvidia-persistenced", plan.persistence.reason)
+    if plan.gpudirect.mode == "peermem":
+        if driver_loaded:
+            yield KernelModule("nvidia-peermem", present=True, persist=True)
+        else:
+            yield File(PEERMEM_LOAD, "nvidia-peermem\n")
+    else:
+        yield Skip("nvidia-peermem", f"GPUDirect {plan.gpudirect.mode}: {plan.gpudirect.reason}")
+    if plan.reboot_reasons:
+        yield Skip(REBOOT_REQUIRED, "; ".join(plan.reboot_reasons))
+
+
+def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
+    """Detect the GPUs, then install and pin the driver stack (or skip / refuse with the reason)."""
+    gpu_facts = gather_gpu_facts(facts)
+    plan = plan_gpu(ctx.host.name, ctx.profile.gpu, gpu_facts, uses_rdma(ctx.profile, ctx.host))
+    if plan.skip:
+        yield Skip("NVIDIA driver", plan.skip)
+        return
+    if plan.error:
+        raise HardwareError(plan.error)
+    yield from plan_operations(ctx, plan, driver_loaded=plan.driver_ready)

@@ -1,0 +1,83 @@
+"""kv_transfer: NIXL or Mooncake in the vLLM venv, and the host-wide /etc/pdfleet/kv-transfer.env.
+
+The env file (mode 0600) carries UCX_TLS, UCX_NET_DEVICES, the computed RoCE v2 GID index
+(UCX_IB_GID_INDEX, MC_GID_INDEX), VLLM_MOONCAKE_BOOTSTRAP_PORT on prefill hosts and
+WITH_NVIDIA_PEERMEM for Mooncake; every vLLM unit loads it, so a change restarts each of them.
+Per-instance side-channel settings belong to the services role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pdfleet.hw.facts import KernelFact, NetdevFact, NvidiaPciFact, RdmaSysfsFact
+from pdfleet.hw.gpu import resolve_gpudirect
+from pdfleet.hw.kv import kv_env, kv_requirement, render_env, uses_rdma
+from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index
+from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.ops.operations import File, PipRequirements
+from pdfleet.roles_api import KV_ENV_FILE, RoleContext
+
+NAME = "kv_transfer"
+APT_PACKAGES: tuple[str, ...] = ()
+
+
+def applies(ctx: RoleContext) -> bool:
+    """Hosts running a prefill or decode instance (colocated pools move no KV)."""
+    return any(inst.kv_role for inst in ctx.instances)
+
+
+def gid_index(ctx: RoleContext, facts: FactSource) -> tuple[int | None, str]:
+    """The RoCE v2 GID index for the env file, or None with the reason it is not set."""
+    if not uses_rdma(ctx.profile, ctx.host):
+        return None, "KV does not move over RDMA on this host"
+    found = facts.get(RdmaSysfsFact())
+    declared = tuple(ctx.host.rdma_devices)
+    problems = check_devices(declared, found)
+    if problems:
+        return None, "; ".join(problems)
+    netdevs = {}
+    for dev in declared:
+        for nd in found[dev].netdevs[:1]:
+            netdevs[nd] = facts.get(NetdevFact(nd))
+    try:
+        return compute_gid_index(found, declared, netdevs, ctx.profile.rdma.gid_index), ""
+    except RdmaError as exc:
+        return None, str(exc)
+
+
+def gpudirect_mode(ctx: RoleContext, facts: FactSource) -> str:
+    """The GPUDirect path the gpu_driver role sets up here ("none" without GPUs or RDMA)."""
+    if not facts.get(NvidiaPciFact()).gpus:
+        return "none"
+    try:
+        kernel = facts.get(KernelFact())
+        return resolve_gpudirect(ctx.profile.gpu, kernel, uses_rdma(ctx.profile, ctx.host)).mode
+    except ValueError:
+        return "none"  # the gpu_driver role reports it as an error
+
+
+def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
+    """The transfer library in the venv (not for the simulator) and the env file for every vLLM unit."""
+    profile = ctx.profile
+    requirement = kv_requirement(profile)
+    if profile.vllm.engine == "sim":
+        reason = "engine: sim: the simulator models the transfer, there is no NIXL/Mooncake wheel"
+        yield Skip("KV transfer library", reason)
+    elif requirement is None:
+        yield Skip("KV transfer library", f"no transfer library known for {profile.kv_transfer.connector}")
+    else:
+        mirrors = profile.mirrors
+        yield PipRequirements(
+            profile.vllm.venv.rstrip("/"),
+            (requirement,),
+            index_url=mirrors.pypi,
+            trusted_host=mirrors.pypi_trusted_host,
+        )
+    index, why = gid_index(ctx, facts)
+    if index is None and uses_rdma(profile, ctx.host):
+        yield Skip("UCX_IB_GID_INDEX/MC_GID_INDEX", why)
+    is_prefill = any(inst.pool == "prefill" for inst in ctx.instances)
+    env = kv_env(profile, ctx.host, index, gpudirect_mode(ctx, facts), is_prefill)
+    restarts = tuple(inst.restart for inst in ctx.instances)
+    yield File(KV_ENV_FILE, render_env(env), mode="0600", owner="root", group="root", notify=restarts)

@@ -1,0 +1,67 @@
+"""services: env files (0600) and systemd units for every vLLM pool the host serves; enabled, started,
+and only reported started once /health answers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.ops.operations import File, Service, SystemdUnit
+from pdfleet.pools import HEALTH_TIMEOUT_S, PoolInstance
+from pdfleet.render import RenderedFile
+from pdfleet.roles_api import KV_ENV_FILE, SERVICE_USER, STATE_DIR, RoleContext
+from pdfleet.vllm_args import serve_argv
+
+NAME = "services"
+APT_PACKAGES: tuple[str, ...] = ()
+START_TIMEOUT_S = HEALTH_TIMEOUT_S
+
+
+def applies(ctx: RoleContext) -> bool:
+    return bool(ctx.instances)
+
+
+def _env_file(ctx: RoleContext, inst: PoolInstance) -> RenderedFile:
+    content = ctx.render(
+        "vllm.env.j2",
+        profile_name=ctx.profile.name,
+        unit=inst.unit,
+        gpus=inst.gpus,
+        side_channel_host=inst.side_channel_host,
+        side_channel_port=inst.side_channel_port,
+        extra_env={"HF_HOME": f"{STATE_DIR}/hf"},
+    )
+    return RenderedFile(inst.env_file, content, mode="0600", secret=True)
+
+
+def _unit_file(ctx: RoleContext, inst: PoolInstance) -> RenderedFile:
+    content = ctx.render(
+        "vllm.service.j2",
+        profile_name=ctx.profile.name,
+        pool=inst.pool,
+        model_id=ctx.profile.model.id,
+        service_user=SERVICE_USER,
+        state_dir=STATE_DIR,
+        env_file=inst.env_file,
+        kv_env_file=KV_ENV_FILE,
+        argv=serve_argv(ctx.profile, ctx.host, inst),
+        start_timeout=START_TIMEOUT_S,
+    )
+    return RenderedFile(inst.unit_path, content, mode="0644")
+
+
+def files(ctx: RoleContext) -> list[RenderedFile]:
+    out: list[RenderedFile] = []
+    for inst in ctx.instances:
+        out += [_env_file(ctx, inst), _unit_file(ctx, inst)]
+    return out
+
+
+def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
+    for inst in ctx.instances:
+        env = _env_file(ctx, inst)
+        unit = _unit_file(ctx, inst)
+        yield File(env.path, env.content.encode(), mode=env.mode, secret=True, notify=(inst.restart,))
+        yield SystemdUnit(inst.unit, unit.content.encode(), restart=inst.restart)
+        yield Service(inst.unit, enabled=True, running=True, health_url=inst.health_url,
+                      health_timeout=HEALTH_TIMEOUT_S)

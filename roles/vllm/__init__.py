@@ -1,0 +1,38 @@
+"""vllm: a venv holding the pinned vLLM, or for `engine: sim` the pdfleet wheel (the simulator)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.ops.operations import Directory, PipRequirements
+from pdfleet.roles_api import RoleContext
+
+NAME = "vllm"
+APT_PACKAGES: tuple[str, ...] = ()
+
+
+def applies(ctx: RoleContext) -> bool:
+    return bool(ctx.instances)
+
+
+def requirements(ctx: RoleContext) -> tuple[str, ...]:
+    """The pinned server package for this profile's engine."""
+    vllm = ctx.profile.vllm
+    if vllm.engine == "sim":
+        return (f"pdfleet=={ctx.pdfleet_version}",)
+    return (f"vllm=={vllm.version}",)
+
+
+def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
+    venv = ctx.profile.vllm.venv.rstrip("/")
+    parent = venv.rsplit("/", 1)[0] or "/"
+    mirrors = ctx.profile.mirrors
+    yield Directory(parent, mode="0755", owner="root", group="root")
+    yield PipRequirements(
+        venv,
+        requirements(ctx),
+        index_url=mirrors.pypi,
+        trusted_host=mirrors.pypi_trusted_host,
+        notify=tuple(inst.restart for inst in ctx.instances),
+    )

@@ -1,0 +1,230 @@
+"""Policy file validation, keys file rules, authentication messages and the routing decision."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from gw_fakes import ADMIN_KEY, USER_KEY, policy_dict, write_keys, write_policy
+
+from pdfleet.errors import ValidationError
+from pdfleet.gateway.keys import authenticate, hash_key, load_keys
+from pdfleet.gateway.policy import (
+    StageSpec,
+    bucket_of,
+    decide,
+    length_class,
+    load_policy,
+    restart_only_changes,
+)
+from pdfleet.tokens import HFTokenizer
+
+COLO = ["http://127.0.0.1:8001"]
+DIS = "http://127.0.0.1:8090"
+
+
+def _load(tmp_path: Path, **over: object):
+    return load_policy(write_policy(tmp_path, policy_dict(COLO, DIS, **over)))
+
+
+def _error(tmp_path: Path, pol: dict) -> str:
+    path = write_policy(tmp_path, pol)
+    with pytest.raises(ValidationError) as exc:
+        load_policy(path)
+    return str(exc.value)
+
+
+def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
+    p = _load(tmp_path)
+    assert p.spec.version == 1
+    assert p.stage == StageSpec(short=0, long=100)
+    assert p.routes["llama"].colocated == ("http://127.0.0.1:8001",)
+    assert p.spec.stall_threshold_ms == 500
+    assert len(p.keys) == 2
+    assert len(p.sha256) == 64
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda p: p["models"]["llama"].update(colocatd=["x"]), "models.llama.colocatd: unknown key"),
+        (lambda p: p.update(tagline="x"), "tagline: unknown key"),
+        (lambda p: p.pop("version"), "version: required key is missing"),
+        (
+            lambda p: p["stages"]["half"].update(long=101),
+            "stages.half.long: Input should be less than or equal to 100",
+        ),
+        (lambda p: p.update(stage="nope"), "stage: 'nope' is not a stage; stages are: off, long-all, half"),
+        (
+            lambda p: p["models"]["llama"].update(colocated=["http://h:1/v1"]),
+            "models.llama.colocated[0]: Value error",
+        ),
+        (lambda p: p["models"]["llama"].update(disagg="ftp://h"), "models.llama.disagg: Value error"),
+        (
+            lambda p: p["models"]["llama"].update(colocated=[]),
+            "models.llama.colocated: List should have at least 1",
+        ),
+        (
+            lambda p: p.update(long_prompt_tokens=0),
+            "long_prompt_tokens: Input should be greater than or equal to 1",
+        ),
+        (lambda p: p.update(listen={"port": 8080, "admin_port": 8080}), "listen.admin_port: must differ"),
+        (
+            lambda p: (
+                p["estimator"].update(tokenizer="missing.json")
+                if "estimator" in p
+                else p.update(estimator={"tokenizer": "missing.json"})
+            ),
+            "estimator.tokenizer: ",
+        ),
+    ],
+)
+def test_policy_errors_name_file_and_key_path(tmp_path: Path, change, expected: str) -> None:
+    pol = policy_dict(COLO, DIS)
+    change(pol)
+    msg = _error(tmp_path, pol)
+    assert str(tmp_path / "policy.yaml") in msg
+    assert expected in msg
+
+
+def test_policy_not_yaml_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("- just\n- a list\n")
+    with pytest.raises(ValidationError, match="must be a YAML mapping"):
+        load_policy(path)
+    path.write_text("version: [1\n")
+    with pytest.raises(ValidationError, match="not valid YAML"):
+        load_policy(path)
+
+
+def test_base_url_path_rejected_with_hint(tmp_path: Path) -> None:
+    pol = policy_dict(["http://10.0.0.1:8000/v1"], DIS)
+    assert "give the server root" in _error(tmp_path, pol)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_keys_file_readable_by_others_refused(tmp_path: Path, mode: int) -> None:
+    write_keys(tmp_path / "keys.yaml", mode)
+    msg = _error(tmp_path, policy_dict(COLO, DIS))
+    assert "group/world-accessible" in msg
+    assert f"chmod 600 {tmp_path / 'keys.yaml'}" in msg
+
+
+def test_keys_file_0400_accepted(tmp_path: Path) -> None:
+    write_keys(tmp_path / "keys.yaml", 0o400)
+    assert len(_load(tmp_path).keys) == 2
+
+
+def test_keys_file_schema_errors(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text(yaml.safe_dump({"keys": [{"name": "a", "sha256": "not-hex", "root": True}]}))
+    os.chmod(path, 0o600)
+    with pytest.raises(ValidationError) as exc:
+        load_keys(path)
+    msg = str(exc.value)
+    assert f"{path}: keys[0].sha256: String should match pattern" in msg
+    assert f"{path}: keys[0].root: unknown key" in msg
+    h = hash_key("k")
+    path.write_text(yaml.safe_dump({"keys": [{"name": "a", "sha256": h}, {"name": "b", "sha256": h}]}))
+    with pytest.raises(ValidationError, match=r"keys\[1\].sha256: the same key hash appears twice"):
+        load_keys(path)
+
+
+def test_keys_yaml_error_does_not_quote_content(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys: [ {name: secretish-value\n")
+    os.chmod(path, 0o600)
+    with pytest.raises(ValidationError) as exc:
+        load_keys(path)
+    assert "secretish" not in str(exc.value)
+
+
+def test_authenticate_messages_never_echo_the_key(tmp_path: Path) -> None:
+    keys = _load(tmp_path).keys
+    cases = {
+        None: "missing Authorization header",
+        f"Basic {USER_KEY}": "must use the Bearer scheme",
+        f"Token {USER_KEY}": "must use the Bearer scheme",
+        "Bearer": "no key after it",
+        "Bearer ": "no key after it",
+        f"Bearer  {USER_KEY}": "leading or trailing whitespace",
+        f"Bearer {USER_KEY}\t": "leading or trailing whitespace",
+        "Bearer sk-wrong-key-123": "not valid for this gateway",
+    }
+    for header, expected in cases.items():
+        result = authenticate(header, keys)
+        assert result.entry is None and result.error is not None
+        assert expected in result.error
+        assert USER_KEY not in result.error and "sk-wrong" not in result.error
+    ok = authenticate(f"Bearer {USER_KEY}", keys)
+    assert ok.entry is not None and ok.entry.name == "user" and not ok.entry.admin
+    assert authenticate(f"bearer {ADMIN_KEY}", keys).entry.admin  # type: ignore[union-attr]
+
+
+def test_length_class_threshold() -> None:
+    assert length_class(999, 1000) == "short"
+    assert length_class(1000, 1000) == "long"
+
+
+def test_long_100_short_0_routes_by_class_only() -> None:
+    stage = StageSpec(short=0, long=100)
+    for i in range(2000):
+        key = f"s:{uuid.UUID(int=i)}"
+        assert decide(stage, "long", key, True).pool == "disagg"
+        assert decide(stage, "short", key, True).pool == "colocated"
+
+
+def test_half_split_is_50_pm_5_and_sessions_stay_put() -> None:
+    stage = StageSpec(short=50, long=50)
+    n = 4000
+    sessions = [f"s:session-{i}" for i in range(n)]
+    first = {s: decide(stage, "long", s, True).pool for s in sessions}
+    share = sum(p == "disagg" for p in first.values()) / n
+    assert 0.45 <= share <= 0.55
+    for _ in range(3):  # every later turn of a conversation lands where its first one did
+        for s in sessions:
+            assert decide(stage, "long", s, True).pool == first[s]
+
+
+def test_ramp_only_moves_buckets_towards_disagg() -> None:
+    keys = [f"u:user{i}" for i in range(500)]
+    for lo, hi in [(0, 5), (5, 25), (25, 50), (50, 100)]:
+        for k in keys:
+            if decide(StageSpec(short=0, long=lo), "long", k, True).pool == "disagg":
+                assert decide(StageSpec(short=0, long=hi), "long", k, True).pool == "disagg"
+
+
+def test_bucket_is_stable_and_in_range() -> None:
+    assert bucket_of("s:abc") == bucket_of("s:abc")
+    assert {bucket_of(f"k{i}") for i in range(5000)} == set(range(100))
+
+
+def test_no_disagg_pool_and_forced_header() -> None:
+    stage = StageSpec(short=100, long=100)
+    d = decide(stage, "long", "k", has_disagg=False)
+    assert (d.pool, d.reason) == ("colocated", "no_disagg")
+    d = decide(StageSpec(short=0, long=0), "short", "k", True, forced="disagg")
+    assert (d.pool, d.reason) == ("disagg", "header")
+
+
+def test_restart_only_changes(tmp_path: Path) -> None:
+    a = _load(tmp_path).spec
+    b = a.model_copy(update={"listen": a.listen.model_copy(update={"port": 9999})})
+    assert restart_only_changes(a, a) == []
+    assert "listen.port changed from 0 to 9999" in restart_only_changes(a, b)[0]
+
+
+def test_tokenizer_estimator_counts_with_the_model_tokenizer(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    p = _load(tmp_path, estimator={"tokenizer": "tokenizer.json"})
+    assert isinstance(p.counter, HFTokenizer)
+    # 4 words -> 4 tokens by the tokenizer; the chars estimate would say ceil(23/4) = 6
+    assert p.counter.count("hello world hello world") == 4

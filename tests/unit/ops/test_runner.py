@@ -1,0 +1,189 @@
+"""The runner's behaviour on real shells (this machine through LocalTransport): plan, apply,
+idempotence, check mode, handlers, waves, failure isolation, the JSON report."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pdfleet.errors import ConnectError
+from pdfleet.inventory import Host
+from pdfleet.ops.base import Change, FactSource, Handler, Operation, Run, Skip
+from pdfleet.ops.operations import CommandOp, Directory, File, LineInFile
+from pdfleet.ops.runner import RunOptions, run_fleet
+from pdfleet.ops.ssh import LocalTransport
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uploads install files owned by root: needs root")
+
+
+def host(name: str) -> Host:
+    return Host(name=name, groups=frozenset(), vars={}, address="127.0.0.1")
+
+
+def local(h: Host, options: RunOptions) -> LocalTransport:
+    return LocalTransport(h.name)
+
+
+def tree_planner(root: Path):
+    """File/Directory/LineInFile/CommandOp under `root/<host>`."""
+
+    def planner(h: Host, facts: FactSource) -> Iterable[Operation | Skip]:
+        base = root / h.name
+        yield Directory(str(base), mode="0750")
+        yield File(str(base / "app.conf"), "port=8100\n", mode="0640")
+        yield File(str(base / "keys.env"), "API_KEY=sk-very-secret\n", mode="0600", secret=True)
+        yield LineInFile(str(base / "limits.conf"), "* soft memlock unlimited", regexp=r"^\* soft memlock")
+        yield CommandOp(f"echo built > {base}/built", creates=str(base / "built"))
+        yield Skip("gpu driver", "no NVIDIA GPU on PCI bus")
+
+    return planner
+
+
+def test_apply_then_converged(tmp_path: Path) -> None:
+    events: list[tuple[str, str]] = []
+    hosts = [host("h1"), host("h2")]
+    json_path = tmp_path / "out" / "report.json"
+    first = run_fleet(
+        hosts,
+        tree_planner(tmp_path),
+        RunOptions(json_path=json_path),
+        progress=lambda h, m: events.append((h, m)),
+        connect=local,
+    )
+    assert first.totals == {"ok": 0, "changed": 10, "skipped": 2, "failed": 0}
+    conf = tmp_path / "h1" / "app.conf"
+    assert conf.read_text() == "port=8100\n" and oct(conf.stat().st_mode & 0o777) == "0o640"
+    assert oct((tmp_path / "h1").stat().st_mode & 0o777) == "0o750"
+    assert (tmp_path / "h2" / "limits.conf").read_text() == "* soft memlock unlimited\n"
+    assert (tmp_path / "h2" / "built").read_text() == "built\n"
+    assert not list(tmp_path.glob("h1/.*pdfleet-tmp"))  # staged files renamed into place
+    data = json.loads(json_path.read_text())
+    assert set(data) == {"hosts", "totals"}
+    assert set(data["hosts"]["h1"]) == {"ok", "changed", "skipped", "failed", "changes", "error"}
+    assert "sk-very-secret" not in json_path.read_text()
+    assert {c["op"] for c in data["hosts"]["h1"]["changes"]} >= {f"file {conf}"}
+    assert any(h == "h1" and "changed=5" in m for h, m in events)
+
+    second = run_fleet(hosts, tree_planner(tmp_path), RunOptions(), connect=local)
+    assert second.totals == {"ok": 10, "changed": 0, "skipped": 2, "failed": 0}
+    assert all(h.changes == [] for h in second.hosts.values())
+
+    # drift: mode-only change is repaired with chmod, nothing else changes
+    conf.chmod(0o644)
+    third = run_fleet([host("h1")], tree_planner(tmp_path), RunOptions(), connect=local)
+    assert third.totals["changed"] == 1
+    assert third.hosts["h1"].changes == [{"op": f"file {conf}", "diff": "mode 0644 → 0640"}]
+    assert oct(conf.stat().st_mode & 0o777) == "0o640"
+
+
+def test_check_mode_changes_nothing_and_reports_diffs(tmp_path: Path) -> None:
+    report = run_fleet([host("h1")], tree_planner(tmp_path), RunOptions(check=True), connect=local)
+    assert not (tmp_path / "h1").exists()
+    assert report.check and report.totals["changed"] == 5 and report.totals["failed"] == 0
+    diffs = {c["op"]: c["diff"] for c in report.hosts["h1"].changes}
+    assert "+port=8100" in diffs[f"file {tmp_path}/h1/app.conf"]
+    assert "sk-very-secret" not in json.dumps(report.to_json())
+
+
+@dataclass(frozen=True)
+class Step(Operation):
+    """A test operation: always one change running `cmd`, with notify/starts_unit/flush."""
+
+    label: str
+    cmd: str
+    notify: tuple[Handler, ...] = ()
+    starts_unit: str | None = None
+    flush: tuple[Handler, ...] = ()
+
+    def describe(self) -> str:
+        return f"step {self.label}"
+
+    def plan(self, facts: FactSource) -> list[Change]:
+        return [
+            Change(self.describe(), self.label, (Run(self.cmd),), self.notify, self.starts_unit, self.flush)
+        ]
+
+
+def test_handlers_run_once_reload_first_and_skip_restart_of_started_unit(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    reload = Handler("daemon-reload", (Run(f"echo reload >> {log}"),))
+    restart_a = Handler("restart a", (Run(f"echo restart-a >> {log}"),), unit="a.service")
+    restart_b = Handler("restart b", (Run(f"echo restart-b >> {log}"),), unit="b.service")
+
+    def planner(h: Host, facts: FactSource) -> Iterable[Operation]:
+        yield Step("unit a", f"echo write-a >> {log}", notify=(reload, restart_a))
+        yield Step("env a", f"echo env-a >> {log}", notify=(restart_a,))
+        yield Step("unit b", f"echo write-b >> {log}", notify=(reload, restart_b))
+        # b is started in this run: it needs the pending reload first, and no restart afterwards
+        yield Step("start b", f"echo start-b >> {log}", starts_unit="b.service", flush=(reload,))
+
+    report = run_fleet([host("h1")], planner, RunOptions(), connect=local)
+    assert report.totals == {"ok": 0, "changed": 4, "skipped": 0, "failed": 0}
+    assert log.read_text().split() == ["write-a", "env-a", "write-b", "reload", "start-b", "restart-a"]
+
+
+def test_one_host_failure_never_stops_another(tmp_path: Path) -> None:
+    def connect(h: Host, options: RunOptions) -> LocalTransport:
+        if h.name == "down":
+            raise ConnectError("cannot connect to down (127.0.0.1:1): Connection refused")
+        return LocalTransport(h.name)
+
+    def planner(h: Host, facts: FactSource) -> Iterable[Operation]:
+        yield Step("first", f"echo {h.name} >> {tmp_path}/first")
+        if h.name == "broken":
+            yield CommandOp("echo boom >&2; exit 7", name="explode", creates=None)
+        yield Step("last", f"echo {h.name} >> {tmp_path}/last")
+
+    hosts = [host("down"), host("broken"), host("good")]
+    report = run_fleet(hosts, planner, RunOptions(), connect=connect)
+    assert report.hosts["down"].failed == 1 and "Connection refused" in (report.hosts["down"].error or "")
+    broken = report.hosts["broken"]
+    assert broken.failed == 1 and broken.changed == 1
+    assert broken.error is not None and "command explode" in broken.error and "exited 7: boom" in broken.error
+    assert report.hosts["good"].failed == 0 and report.hosts["good"].changed == 2
+    assert (tmp_path / "last").read_text() == "good\n"  # broken stopped at its failure
+    assert report.totals["failed"] == 2
+
+
+def test_failure_message_includes_diagnostics(tmp_path: Path) -> None:
+    class Diag(Step):
+        def plan(self, facts: FactSource) -> list[Change]:
+            return [
+                Change(
+                    "start x", "start", (Run("exit 3", on_fail="echo journal line 1; echo journal line 2"),)
+                )
+            ]
+
+    report = run_fleet([host("h1")], lambda h, f: [Diag("x", "")], RunOptions(), connect=local)
+    error = report.hosts["h1"].error or ""
+    assert "exited 3" in error and "journal line 1\njournal line 2" in error
+
+
+def test_planner_error_fails_only_that_host(tmp_path: Path) -> None:
+    def planner(h: Host, facts: FactSource) -> Iterable[Operation]:
+        if h.name == "bad":
+            yield Directory(str(tmp_path / "f"))  # a file exists there
+        yield File(str(tmp_path / f"{h.name}.txt"), "x")
+
+    (tmp_path / "f").write_text("not a dir")
+    report = run_fleet([host("bad"), host("ok")], planner, RunOptions(), connect=local)
+    assert report.hosts["bad"].failed == 1 and "expected a directory" in (report.hosts["bad"].error or "")
+    assert not (tmp_path / "bad.txt").exists()  # nothing applied on a host whose plan failed
+    assert (tmp_path / "ok.txt").read_text() == "x"
+
+
+def test_serial_waves_apply_one_host_at_a_time(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+
+    def planner(h: Host, facts: FactSource) -> Iterable[Operation]:
+        yield Step("work", f"echo start-{h.name} >> {log}; sleep 0.2; echo end-{h.name} >> {log}")
+
+    hosts = [host("a"), host("b"), host("c")]
+    report = run_fleet(hosts, planner, RunOptions(serial=1), connect=local)
+    assert report.totals["changed"] == 3
+    assert log.read_text().split() == ["start-a", "end-a", "start-b", "end-b", "start-c", "end-c"]

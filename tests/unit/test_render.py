@@ -1,0 +1,151 @@
+"""Rendered units and env files: golden files per example profile and host, systemd's own verifier,
+and the invariants operators rely on (quoting, modes, no secrets on command lines)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pdfleet.provision import Deployment, load_deployment, render_fleet
+from pdfleet.render import RenderedFile, systemd_arg, write_tree
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden"
+EXAMPLES = {
+    "colocated": "inventory/examples/colocated.yml",
+    "same-host-pcie": "inventory/examples/same-host-pcie.yml",
+    "cross-rdma": "inventory/examples/cross-rdma.yml",
+}
+
+
+def _deployment(profile: str) -> Deployment:
+    return load_deployment(profile, REPO / EXAMPLES[profile], REPO / "profiles", REPO / "templates")
+
+
+def _render(profile: str) -> dict[str, list[RenderedFile]]:
+    deployment = _deployment(profile)
+    return render_fleet(deployment, deployment.inventory.hosts.values())
+
+
+def _env(text: str) -> dict[str, str]:
+    return dict(ln.split("=", 1) for ln in text.splitlines() if "=" in ln and not ln.startswith("#"))
+
+
+@pytest.mark.parametrize("profile", sorted(EXAMPLES))
+def test_render_matches_golden_files(profile: str, tmp_path: Path) -> None:
+    """Any change to what provision installs shows up as a reviewed golden-file diff.
+
+    Regenerate after an intended change with: PDFLEET_UPDATE_GOLDEN=1 pytest tests/unit/test_render.py
+    """
+    rendered = _render(profile)
+    golden = GOLDEN / profile
+    if os.environ.get("PDFLEET_UPDATE_GOLDEN"):
+        shutil.rmtree(golden, ignore_errors=True)
+        write_tree(rendered, golden)
+    write_tree(rendered, tmp_path)
+    got = {p.relative_to(tmp_path): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
+    want = {p.relative_to(golden): p.read_text() for p in golden.rglob("*") if p.is_file()}
+    assert sorted(got) == sorted(want)
+    for rel, text in got.items():
+        assert text == want[rel], f"{rel} differs from tests/golden/{profile}/{rel}"
+
+
+def test_every_host_of_a_pool_group_gets_its_units() -> None:
+    rendered = _render("cross-rdma")
+    deployment = _deployment("cross-rdma")
+    for host in deployment.inventory.hosts.values():
+        paths = {f.path for f in rendered[host.name]}
+        for pool in ("prefill", "decode"):
+            assert (f"/etc/systemd/system/vllm-{pool}.service" in paths) == host.in_group(pool)
+
+
+def _exec_start_argv(unit_text: str) -> list[str]:
+    line = next(ln for ln in unit_text.splitlines() if ln.startswith("ExecStart="))
+    # systemd's quoting for our output is a subset of POSIX shell's (no escapes inside single quotes)
+    return shlex.split(line.removeprefix("ExecStart=").replace("%%", "%").replace("$$", "$"))
+
+
+@pytest.mark.parametrize("profile", sorted(EXAMPLES))
+def test_exec_start_carries_pool_options_and_kv_config(profile: str) -> None:
+    import json
+
+    deployment = _deployment(profile)
+    for host, files in _render(profile).items():
+        for f in files:
+            if not f.path.endswith(".service"):
+                continue
+            argv = _exec_start_argv(f.content)
+            pool = f.path.rsplit("vllm-", 1)[1].removesuffix(".service")
+            spec = getattr(deployment.profile.pools, pool)
+            assert argv[argv.index("--port") + 1] == str(spec.port)
+            assert argv[argv.index("--max-num-batched-tokens") + 1] == str(spec.max_num_batched_tokens)
+            assert argv[argv.index("--gpu-memory-utilization") + 1] == str(spec.gpu_memory_utilization)
+            if pool == "colocated":
+                assert "--kv-transfer-config" not in argv
+            else:
+                kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+                assert kv["kv_role"] == {"prefill": "kv_producer", "decode": "kv_consumer"}[pool]
+                assert kv["kv_connector"] == deployment.profile.kv_transfer.connector
+            assert "--api-key" not in argv, f"{host}: keys never go on command lines"
+
+
+@pytest.mark.parametrize("profile", sorted(EXAMPLES))
+def test_env_files_are_private_and_units_have_the_limits(profile: str) -> None:
+    for files in _render(profile).values():
+        for f in files:
+            if f.path.endswith(".env"):
+                assert f.mode == "0600"
+            if f.path.endswith(".service"):
+                assert "LimitMEMLOCK=infinity" in f.content
+                assert "Restart=on-failure" in f.content
+                assert "User=pdfleet" in f.content
+
+
+def test_same_host_instances_get_distinct_side_channel_ports_and_gpus() -> None:
+    rendered = _render("same-host-pcie")
+    for files in rendered.values():
+        envs = {f.path: _env(f.content) for f in files if f.path.endswith(".env")}
+        if len(envs) < 2:
+            continue
+        ports = {e["VLLM_NIXL_SIDE_CHANNEL_PORT"] for e in envs.values()}
+        gpus = [e["CUDA_VISIBLE_DEVICES"] for e in envs.values()]
+        assert len(ports) == len(envs)
+        assert len(set(gpus)) == len(gpus)
+
+
+@pytest.mark.parametrize(
+    ("word", "quoted"),
+    [
+        ("plain/path-1.0", "plain/path-1.0"),
+        ('{"kv_role":"kv_producer"}', '\'{"kv_role":"kv_producer"}\''),
+        ("50%", "50%%"),
+        ("$HOME", "'$$HOME'"),
+        ("it's", '"it\'s"'),
+        ('a\\"b', '"a\\\\\\"b"'),
+    ],
+)
+def test_systemd_arg_quoting(word: str, quoted: str) -> None:
+    assert systemd_arg(word) == quoted
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_analyze_verify_accepts_rendered_units(tmp_path: Path) -> None:
+    """systemd's own verifier finds nothing wrong but the vllm binary missing on this machine."""
+    write_tree(_render("cross-rdma"), tmp_path)
+    units = sorted(tmp_path.rglob("*.service"))
+    assert units
+    for unit in units:
+        proc = subprocess.run(
+            ["systemd-analyze", "verify", "--man=no", unit.name],
+            cwd=unit.parent, capture_output=True, text=True, check=False,
+        )
+        problems = [
+            ln for ln in (proc.stdout + proc.stderr).splitlines()
+            if ln.strip() and "is not executable: No such file or directory" not in ln
+        ]
+        assert not problems, f"{unit}: {problems}"
