@@ -126,13 +126,13 @@ def suggest(name: str) -> str | None:
 
 
 def registered(version: Version) -> frozenset[str] | None:
-    """Connector names registered in that vLLM version, or None when pdfleet has no data for it."""
-    known = [names for first, names in _ERAS if first <= version]
-    if not known:
+    """Connector names registered in that vLLM release where verified (0.10.x, 0.11.x), else None.
+
+    Newer registries are only partly verified, so for them pdfleet relies on SUPPORTED alone.
+    """
+    if version < MIN_VLLM or version >= (0, 12, 0):
         return None
-    if version >= (0, 12, 0):
-        return None  # newer registries are only partly verified; SUPPORTED carries what we rely on
-    return known[-1]
+    return [names for first, names in _ERAS if first <= version][-1]
 
 
 def check_connector(name: str, version: Version) -> ConnectorProblem | None:

@@ -63,7 +63,7 @@ def read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise ValidationError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - _StrictLoader is a SafeLoader
+        return yaml.load(text, Loader=_StrictLoader)  # _StrictLoader is a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

@@ -38,10 +38,8 @@ class PoolInstance:
 
 
 def pool_groups(profile: Profile) -> dict[str, str]:
-    """Pool name → inventory group that runs it, for the pools this profile's topology uses."""
-    if profile.topology == "colocated":
-        return {"colocated": "colocated"}
-    return {"prefill": "prefill", "decode": "decode"}
+    """Pool name → inventory group that runs it, for every pool the profile sets (same names)."""
+    return {pool: pool for pool, _spec in profile.pools.items()}
 
 
 def host_instances(profile: Profile, host: Host) -> list[PoolInstance]:

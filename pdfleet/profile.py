@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from pdfleet.errors import ValidationError
@@ -233,12 +233,18 @@ class Profile(_Model):
     model: ModelSpec
     vllm: VllmSpec
     kv_transfer: KVTransferSpec = Field(default_factory=KVTransferSpec)
-    pools: Pools
+    pools: Pools = Field(default_factory=Pools)
     gpu: GpuSpec
     rdma: RdmaSpec
     mirrors: Mirrors = Field(default_factory=Mirrors)
     gateway: GatewaySpec
     slo: SloSpec
+    # key path -> file that set it (this file or a base), so later errors point at the file to edit
+    _origins: dict[tuple[str, ...], Path] = PrivateAttr(default_factory=dict)
+
+    def origin_of(self, dotted: str) -> Path:
+        """The profile file (itself or an `extends:` base) that set a key path, e.g. `pools.decode.gpus`."""
+        return _origin(dotted, self.source, self._origins)
 
     @property
     def disaggregated(self) -> bool:
@@ -372,9 +378,10 @@ def load_profile(name_or_path: str, profiles_dir: Path) -> Profile:
         )
     except PydanticValidationError as exc:
         raise ProfileError(_format_pydantic(exc, path, origins)) from None
+    profile._origins = origins
     problems = profile_problems(profile)
     if problems:
-        raise ProfileError([f"{_origin(p.path, path, origins)}: {p.path}: {p.message}" for p in problems])
+        raise ProfileError([f"{profile.origin_of(p.path)}: {p.path}: {p.message}" for p in problems])
     return profile
 
 
@@ -392,7 +399,7 @@ def check_against_inventory(profile: Profile, inventory: Inventory) -> None:
 
     problems = inventory_problems(profile, inventory)
     if problems:
-        raise ProfileError([f"{profile.source}: {p.path}: {p.message}" for p in problems])
+        raise ProfileError([f"{profile.origin_of(p.path)}: {p.path}: {p.message}" for p in problems])
 
 
 def _extends(path: Path) -> str | None:
@@ -406,7 +413,8 @@ def _extends(path: Path) -> str | None:
 
 def _origin(dotted: str, default: Path, origins: Origins) -> Path:
     """The file that set the longest prefix of a key path (the profile itself if none did)."""
-    parts = tuple(part for part in dotted.replace("[", ".").replace("]", "").split(".") if part)
+    # "kv_transfer.side_channel_port+1" is reported against kv_transfer.side_channel_port
+    parts = tuple(p.split("+")[0] for p in dotted.replace("[", ".").replace("]", "").split(".") if p)
     for end in range(len(parts), 0, -1):
         if parts[:end] in origins:
             return origins[parts[:end]]

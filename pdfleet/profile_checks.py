@@ -15,17 +15,17 @@ from pdfleet.profile import DEFAULT_KV_ROLES, POOL_NAMES, PoolSpec, Profile
 # vllm serve flags pdfleet renders from pool keys; extra_args must not set them a second time.
 MANAGED_FLAGS: dict[str, str] = {
     "--host": "the host's inventory address",
-    "--port": "port",
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "-tp": "tensor_parallel_size",
-    "--max-num-batched-tokens": "max_num_batched_tokens",
-    "--gpu-memory-utilization": "gpu_memory_utilization",
-    "--max-num-seqs": "max_num_seqs",
-    "--kv-cache-dtype": "kv_cache_dtype",
-    "--enable-chunked-prefill": "enable_chunked_prefill",
-    "--no-enable-chunked-prefill": "enable_chunked_prefill",
-    "--max-model-len": "max_model_len",
-    "--kv-transfer-config": "kv_transfer",
+    "--port": "{pool}.port",
+    "--tensor-parallel-size": "{pool}.tensor_parallel_size",
+    "-tp": "{pool}.tensor_parallel_size",
+    "--max-num-batched-tokens": "{pool}.max_num_batched_tokens",
+    "--gpu-memory-utilization": "{pool}.gpu_memory_utilization",
+    "--max-num-seqs": "{pool}.max_num_seqs",
+    "--kv-cache-dtype": "{pool}.kv_cache_dtype",
+    "--enable-chunked-prefill": "{pool}.enable_chunked_prefill",
+    "--no-enable-chunked-prefill": "{pool}.enable_chunked_prefill",
+    "--max-model-len": "{pool}.max_model_len or model.max_model_len",
+    "--kv-transfer-config": "kv_transfer and {pool}.kv_role",
     "--served-model-name": "model.served_model_name",
 }
 
@@ -50,6 +50,8 @@ def profile_problems(profile: Profile) -> list[Problem]:
     for pool, spec in profile.pools.items():
         problems += _pool_problems(profile, pool, spec)
     problems += _gateway_problems(profile)
+    problems += _driver_problems(profile)
+    problems += _mirror_problems(profile)
     if profile.topology == "same-host":
         problems += _shared_host_problems(profile, ["prefill", "decode"], gateway=False, where=None)
     problems += _shared_host_problems(profile, [], gateway=True, where=None)
@@ -104,7 +106,8 @@ def _version_problems(profile: Profile, version: connectors.Version | None) -> I
 
 
 def _topology_problems(profile: Profile) -> Iterable[Problem]:
-    """Which pools a topology runs: colocated alone, or prefill and decode together."""
+    """Which pools a topology runs: colocated alone, or prefill and decode (plus an optional colocated
+    baseline pool beside them)."""
     pools = profile.pools
     if profile.topology == "colocated":
         if pools.colocated is None:
@@ -125,12 +128,8 @@ def _topology_problems(profile: Profile) -> Iterable[Problem]:
                 f"pools.{pool}",
                 f"required key is missing: topology {profile.topology} runs prefill and decode",
             )
-    if pools.colocated is not None:
-        yield Problem(
-            "pools.colocated",
-            f"a {profile.topology} profile runs only the prefill and decode pools; "
-            "the colocated baseline is its own profile (topology: colocated)",
-        )
+    # pools.colocated beside prefill/decode is the baseline pool the gateway routes between and falls
+    # back to during a staged rollout; it runs on the inventory's colocated group.
 
 
 def _kv_role_problems(profile: Profile) -> Iterable[Problem]:
@@ -232,15 +231,45 @@ def _pool_problems(profile: Profile, pool: str, spec: PoolSpec) -> Iterable[Prob
         if base in MANAGED_FLAGS:
             yield Problem(
                 f"{where}.extra_args[{index}]",
-                f"{flag} is rendered by pdfleet from {MANAGED_FLAGS[base]}; set that key instead",
+                f"{flag} is rendered by pdfleet from {MANAGED_FLAGS[base].format(pool=where)}; "
+                "set that key instead",
             )
 
 
 def _gateway_problems(profile: Profile) -> Iterable[Problem]:
-    """The active stage must be one of the defined stages."""
+    """The active stage must be defined, and the long-prompt threshold reachable by some prompt."""
     problem = stage_problem(profile, profile.gateway.stage)
     if problem is not None:
         yield Problem("gateway.stage", problem)
+    max_len = profile.model.max_model_len
+    if max_len is not None and profile.gateway.long_prompt_tokens >= max_len:
+        yield Problem(
+            "gateway.long_prompt_tokens",
+            f"must be < model.max_model_len ({max_len}), or no prompt is ever long "
+            f"(got {profile.gateway.long_prompt_tokens})",
+        )
+
+
+def _driver_problems(profile: Profile) -> Iterable[Problem]:
+    """A pinned driver version must belong to the pinned branch (570.x for branch 570)."""
+    gpu = profile.gpu
+    if gpu.driver_version is not None and gpu.driver_version.split(".", 1)[0] != gpu.driver_branch:
+        yield Problem(
+            "gpu.driver_version",
+            f"{gpu.driver_version} is not in driver_branch {gpu.driver_branch}; "
+            f"use a {gpu.driver_branch}.x version or change driver_branch",
+        )
+
+
+def _mirror_problems(profile: Profile) -> Iterable[Problem]:
+    """Mirrors are http(s) URLs; a trusted PyPI host only makes sense with a PyPI mirror."""
+    mirrors = profile.mirrors
+    for key in ("apt", "pypi", "cuda_repo"):
+        value = getattr(mirrors, key)
+        if value is not None and not value.startswith(("http://", "https://")):
+            yield Problem(f"mirrors.{key}", f"must be an http:// or https:// URL (got {value!r})")
+    if mirrors.pypi_trusted_host is not None and mirrors.pypi is None:
+        yield Problem("mirrors.pypi_trusted_host", "is set but mirrors.pypi is not; set both or neither")
 
 
 # --------------------------------------------------------------------------- per-host checks
@@ -308,6 +337,11 @@ def _group_problems(profile: Profile, inventory: Inventory) -> Iterable[Problem]
         if not inventory.group("colocated"):
             yield Problem("topology", f"colocated needs hosts in group colocated; {src} has groups: {groups}")
         return
+    if profile.pools.colocated is not None and not inventory.group("colocated"):
+        yield Problem(
+            "pools.colocated",
+            f"the colocated baseline pool needs hosts in group colocated; {src} has groups: {groups}",
+        )
     prefill = [h.name for h in inventory.group("prefill")]
     decode = [h.name for h in inventory.group("decode")]
     for pool, members in (("prefill", prefill), ("decode", decode)):

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from rich.console import Console
+
 from pdfleet.inventory import Host, Inventory, load_inventory
 from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.ops.report import console_progress
+from pdfleet.ops.runner import Report, RunOptions, run_fleet
 from pdfleet.profile import Profile, check_against_inventory, load_profile
 from pdfleet.render import RenderedFile, Renderer
 from pdfleet.roles_api import load_roles, make_context, role_files
@@ -50,3 +55,9 @@ def plan_host(deployment: Deployment, host: Host, facts: FactSource) -> Iterator
 def render_fleet(deployment: Deployment, hosts: Iterable[Host]) -> dict[str, list[RenderedFile]]:
     """Every fact-independent file provision would install, per host."""
     return {host.name: role_files(deployment.roles, deployment.context(host)) for host in hosts}
+
+
+def provision(deployment: Deployment, hosts: Sequence[Host], options: RunOptions, console: Console) -> Report:
+    """Plan and (unless options.check) apply every host, showing per-host progress on `console`."""
+    planner = functools.partial(plan_host, deployment)
+    return run_fleet(hosts, planner, options, progress=console_progress(console))

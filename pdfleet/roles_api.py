@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -90,5 +89,18 @@ def role_files(roles: Iterable[ModuleType], ctx: RoleContext) -> list[RenderedFi
     return files
 
 
-def templates_dir(repo_root: Path) -> Path:
-    return repo_root / "templates"
+@dataclass(frozen=True)
+class ManagedUnit:
+    """A long-running unit a role keeps active, and the URL that says it is healthy."""
+
+    unit: str
+    health_url: str | None
+
+
+def role_units(roles: Iterable[ModuleType], ctx: RoleContext) -> list[ManagedUnit]:
+    """Every unit the applicable roles keep running on this host (roles exporting units(ctx))."""
+    units: list[ManagedUnit] = []
+    for role in roles:
+        if hasattr(role, "units") and role.applies(ctx):
+            units.extend(role.units(ctx))
+    return units

@@ -12,6 +12,8 @@ TASK_MODULES: tuple[tuple[str, str | None], ...] = (
     ("render", None),
     ("provision", None),
     ("lab", "lab"),
+    ("demo", None),
+    ("verify", None),
 )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from pdfleet.cli._common import REPO_ROOT, user_errors
 from pdfleet.errors import PdfleetError
 from pdfleet.lab.control import Lab, down, find_host, status, up
 from pdfleet.lab.paths import LOGIN_USER, LabPaths
+from pdfleet.lab.system import preflight
 
 LAB_INVENTORY = "inventory/lab.yml"
 
@@ -27,7 +27,7 @@ def _lab() -> Lab:
 
 def _progress(console: Console):
     """Progress lines on stderr, so stdout stays clean for eval-able output."""
-    return lambda message: console.print(f"[dim]lab:[/dim] {message}", highlight=False)
+    return lambda message: console.print(f"[dim]lab:[/dim] {message}", highlight=False, soft_wrap=True)
 
 
 @task(name="up")
@@ -84,8 +84,7 @@ def ssh_task(c: Context, host: str, command: str = "") -> None:
     """Log in to a lab host as the lab user, with strict host-key checking."""
     lab = _lab()
     target = find_host(lab, host)
-    if shutil.which("ssh") is None:
-        raise PdfleetError("ssh is not installed; `apt-get install -y openssh-client`.")
+    preflight(("ssh",))
     if not lab.paths.known_hosts.exists():
         raise PdfleetError("the lab is not up (no known_hosts yet); run `invoke lab.up` first.")
     argv = ["ssh", "-i", str(lab.paths.key_file), "-o", "IdentitiesOnly=yes",
@@ -110,6 +109,9 @@ def env_task(c: Context) -> None:
         raise PdfleetError(f"the lab gateway is not provisioned yet ({key_file} is missing); run "
                            "`invoke lab.up` and provision a lab profile, e.g. "
                            "`invoke provision --profile lab-colocated`.")
-    key = key_file.read_text().strip()
+    try:
+        key = key_file.read_text().strip()
+    except PermissionError:
+        raise PdfleetError(f"{key_file} is readable by root only; run `sudo invoke lab.env`.") from None
     print(f"export OPENAI_BASE_URL=http://{gateway.address}:8080/v1")
     print(f"export OPENAI_API_KEY={key}")

@@ -7,6 +7,7 @@ from pathlib import Path
 from invoke import Context
 
 from pdfleet.cli._common import repo_path, setting
+from pdfleet.ops.runner import RunOptions
 from pdfleet.provision import Deployment, load_deployment
 
 HELP = {
@@ -33,3 +34,19 @@ def deployment_from_options(
 
 def output_dir(ctx: Context, out: str | None) -> Path:
     return repo_path(out or setting(ctx, "output_dir", "out"))
+
+
+def known_hosts(ctx: Context) -> str:
+    """The fallback known_hosts file for hosts without pdfleet_known_hosts_file."""
+    return str(Path(setting(ctx, "known_hosts", "~/.ssh/known_hosts")).expanduser())
+
+
+def run_options(ctx: Context, check: bool = False, serial: int = 0, json: str | None = None) -> RunOptions:
+    """Runner options from task flags and invoke.yaml."""
+    return RunOptions(
+        check=check,
+        serial=serial or None,
+        known_hosts=known_hosts(ctx),
+        connect_timeout=float(setting(ctx, "connect_timeout", 10)),
+        json_path=repo_path(json) if json else None,
+    )

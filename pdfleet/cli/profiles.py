@@ -8,6 +8,7 @@ from invoke import Context, task
 from invoke.exceptions import Exit
 
 from pdfleet.cli._common import repo_path, setting, user_errors
+from pdfleet.errors import ValidationError
 from pdfleet.inventory import load_inventory
 from pdfleet.profile_checks import survey_profiles
 
@@ -26,6 +27,8 @@ def profiles(
 ) -> None:
     """List profiles with topology/engine/connector and whether each validates; non-zero exit if any fails."""
     directory = _shown(repo_path(profiles_dir or setting(ctx, "profiles_dir", "profiles")))
+    if not directory.is_dir():
+        raise ValidationError(f"{directory}: no such profiles directory")
     inv = None
     if inventory:
         inv = load_inventory(_shown(repo_path(inventory)), known_hosts_default=setting(ctx, "known_hosts"))

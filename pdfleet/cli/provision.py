@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from invoke import Context, task
 from invoke.exceptions import Exit
+from rich.console import Console
 
-from pdfleet.cli._common import repo_path, setting, user_errors
-from pdfleet.cli.options import HELP, deployment_from_options
+from pdfleet.cli._common import user_errors
+from pdfleet.cli.options import HELP, deployment_from_options, run_options
 from pdfleet.errors import ValidationError
 from pdfleet.ops.report import print_report
-from pdfleet.ops.runner import RunOptions, run_fleet
-from pdfleet.provision import plan_host
+from pdfleet.provision import provision as run_provision
 
 
 @task(
@@ -35,14 +33,8 @@ def provision(ctx: Context, profile: str, inventory: str | None = None, check: b
         raise ValidationError(f"--serial must be 0 (all at once) or a positive wave size, not {serial}")
     deployment = deployment_from_options(ctx, profile, inventory, roles)
     hosts = list(deployment.inventory.limit(limit).hosts.values())
-    options = RunOptions(
-        check=check,
-        serial=serial or None,
-        known_hosts=str(Path(setting(ctx, "known_hosts", "~/.ssh/known_hosts")).expanduser()),
-        connect_timeout=float(setting(ctx, "connect_timeout", 10)),
-        json_path=repo_path(json) if json else None,
-    )
-    report = run_fleet(hosts, lambda host, facts: plan_host(deployment, host, facts), options)
+    options = run_options(ctx, check=check, serial=serial, json=json)
+    report = run_provision(deployment, hosts, options, Console(stderr=True))
     print_report(report, check=check)
     if report.totals["failed"]:
         raise Exit(code=1)

@@ -195,7 +195,7 @@ class Gateway:
                 msg = f"policy reload rejected, version {old.spec.version} stays active: {exc}"
                 self.metrics.reloads.labels("rejected").inc()
                 self.last_reload = {"ok": False, "at": time.time(), "error": str(exc)}
-                log.error("%s", msg)
+                log.error("%s", msg.replace("\n", "; "))  # one journal line per reload
                 return False, msg
             self.policy = new
             self.metrics.reloads.labels("ok").inc()

@@ -106,12 +106,13 @@ def cuda_major(spec: Any) -> int:
 
 
 def driver_packages(spec: Any) -> tuple[str, ...]:
-    """apt packages of the pinned branch: `cuda-drivers-B`, plus `nvidia-kernel-open-B` for open modules."""
+    """apt packages of the pinned branch: `nvidia-kernel-open-B` (open modules) then `cuda-drivers-B`.
+
+    The open kernel package goes first so the driver's kernel-module dependency is already met by
+    it and apt never builds the proprietary module only to replace it."""
     branch = driver_branch(spec)
-    packages = [f"cuda-drivers-{branch}"]
-    if spec.open_modules:
-        packages.append(f"nvidia-kernel-open-{branch}")
-    return tuple(packages)
+    packages = [f"nvidia-kernel-open-{branch}"] if spec.open_modules else []
+    return (*packages, f"cuda-drivers-{branch}")
 
 
 def dmabuf_support(open_modules: bool, kernel: KernelInfo) -> Decision:
@@ -163,11 +164,11 @@ def secure_boot_error(host: str, facts: GpuFacts, pinned_loaded: bool) -> str | 
     if facts.secure_boot != SB_ENABLED or pinned_loaded or facts.mok_enrolled:
         return None
     return (
-        f"{host}: Secure Boot is enabled, so the NVIDIA kernel modules that DKMS would build are refused "
-        "by the kernel unless they are signed with an enrolled key; nothing was installed. Either "
-        "disable Secure Boot in the firmware setup, or enroll the DKMS signing key first: "
-        f"`sudo mokutil --import {DKMS_MOK_CERT}` (set a one-time password), reboot and confirm the "
-        "enrollment at the MOK manager console, then rerun provision."
+        f"{host}: Secure Boot is enabled, so the kernel refuses the NVIDIA modules DKMS would build unless "
+        "they are signed with an enrolled Machine Owner Key; nothing was installed. Either disable Secure "
+        "Boot in the firmware setup, or enroll the key DKMS signs with (created by dkms at "
+        f"{DKMS_MOK_CERT}): `sudo mokutil --import {DKMS_MOK_CERT}`, set a one-time password, reboot, "
+        "confirm the enrollment in the MOK manager on the console, then rerun provision."
     )
 
 

@@ -20,7 +20,7 @@ from pdfleet.lab.network import ensure_bridge, link_exists, remove_link
 from pdfleet.lab.paths import BRIDGE, BRIDGE_ADDRESS, NETWORK, LabPaths, apt_mirror_url, pypi_mirror_url
 from pdfleet.lab.sshkeys import ensure_client_key, known_hosts_lines
 from pdfleet.lab.state import HostRecord, LabState
-from pdfleet.lab.system import LabError, Progress, atomic_write, preflight, quiet_progress
+from pdfleet.lab.system import LabError, Progress, atomic_write, exclusive, preflight, quiet_progress
 
 SSH_TIMEOUT = 90.0
 MAX_NAME = 12  # "vb-" + name must fit a 15-character interface name
@@ -74,6 +74,12 @@ def up(lab: Lab, progress: Progress = quiet_progress) -> UpResult:
     started = time.monotonic()
     preflight()
     hosts = lab.hosts()
+    with exclusive():
+        return _up(lab, hosts, started, progress)
+
+
+def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> UpResult:
+    """up, under the lab lock."""
     paths = lab.paths
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.root.chmod(0o755)
@@ -163,6 +169,12 @@ def down(lab: Lab, purge: bool = False, progress: Progress = quiet_progress) -> 
     Caches (image, mirrors, the lab's SSH key) stay for a fast next up unless purge is set.
     """
     preflight(("ip", "mount"))
+    with exclusive():
+        _down(lab, purge, progress)
+
+
+def _down(lab: Lab, purge: bool, progress: Progress) -> None:
+    """down, under the lab lock."""
     paths = lab.paths
     state = LabState.load(paths.state_file)
     names = set(state.hosts)
@@ -218,6 +230,7 @@ class LabStatus:
 
 def status(lab: Lab) -> LabStatus:
     """Each host: running, address, SSH login works; each mirror: process alive and answering."""
+    preflight(())
     paths = lab.paths
     state = LabState.load(paths.state_file)
     hosts = []

@@ -226,11 +226,18 @@ def build_pypi_deps(paths: LabPaths, repo_root: Path, progress: Progress) -> Pat
     atomic_write(partial / "COMPLETE", "")
     shutil.rmtree(final, ignore_errors=True)
     partial.rename(final)
+    for old in final.parent.iterdir():  # superseded requirement sets
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def build_pdfleet_wheel(repo_root: Path, out_dir: Path) -> Path:
-    """pdfleet's wheel from this clone's sources, built in a scratch copy, relabelled with the source hash."""
+def build_pdfleet_wheel(repo_root: Path, out_dir: Path, build_tools: Path) -> Path:
+    """pdfleet's wheel from this clone's sources, built in a scratch copy, relabelled with the source hash.
+
+    The isolated build env gets setuptools and wheel from `build_tools` (the mirror's own wheels),
+    so the build needs no index and no build tools in the running venv.
+    """
     version = wheel_version(repo_root / "pdfleet")
     with tempfile.TemporaryDirectory(prefix="pdfleet-wheel-") as tmp:
         src = Path(tmp, "src")
@@ -241,7 +248,8 @@ def build_pdfleet_wheel(repo_root: Path, out_dir: Path) -> Path:
         # pyproject names a readme; a clone without one still builds.
         (src / "README.md").write_text(readme.read_text() if readme.exists() else "pdfleet\n")
         built = Path(tmp, "out")
-        run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+        run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index",
+             "--find-links", str(build_tools),
              "--disable-pip-version-check", "--wheel-dir", str(built), str(src)])
         wheels = list(built.glob("pdfleet-*.whl"))
         if len(wheels) != 1:
@@ -288,7 +296,7 @@ def refresh_pdfleet_wheel(paths: LabPaths | None = None, repo_root: Path | None 
     packages.mkdir(parents=True, exist_ok=True)
     current = [p for p in packages.glob("pdfleet-*.whl") if p.name.split("-")[1] == version]
     if not current:
-        build_pdfleet_wheel(repo_root, packages)
+        build_pdfleet_wheel(repo_root, packages, build_tools=packages)
     # Only one pdfleet: local version labels do not order by age, so an old one could win.
     for old in packages.glob("pdfleet-*.whl"):
         if old.name.split("-")[1] != version:

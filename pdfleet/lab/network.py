@@ -22,6 +22,9 @@ def ensure_bridge(name: str = BRIDGE, address: str = BRIDGE_ADDRESS) -> bool:
     ipv6 = Path(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6")
     if ipv6.exists():
         ipv6.write_text("1\n")
+    # Never route lab traffic onwards, even if a host added a route of its own and the machine
+    # forwards: IPv4 forwarding is decided per ingress interface.
+    Path(f"/proc/sys/net/ipv4/conf/{name}/forwarding").write_text("0\n")
     cidr = f"{address}/{NETWORK.prefixlen}"
     current = run(["ip", "-o", "-4", "addr", "show", "dev", name]).stdout
     if f" {cidr} " not in current:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,25 @@ def preflight(tools: Sequence[str] = tuple(REQUIRED_TOOLS)) -> None:
         raise LabError(f"missing tools for the lab; install them with `{fix}`.")
     if "overlay" not in Path("/proc/filesystems").read_text():
         raise LabError("the kernel has no overlay filesystem; load it with `modprobe overlay`.")
+
+
+LOCK_FILE = Path("/run/pdfleet-lab.lock")
+
+
+@contextlib.contextmanager
+def exclusive(lock_file: Path = LOCK_FILE) -> Iterator[None]:
+    """Hold the lab lock: one lab.up/lab.down at a time on this machine."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LabError(f"another lab.up or lab.down is running (it holds {lock_file}); "
+                           "wait for it to finish.") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def run(cmd: Sequence[str], *, check: bool = True, input_text: str | None = None,

@@ -303,14 +303,18 @@ class FileState(Fact[PathInfo | None]):
 
 @dataclass(frozen=True)
 class DirectoryState(Fact[PathInfo | None]):
-    """A path's kind, mode, owner and group, without hashing; None when absent."""
+    """A path's kind, mode, owner and group, without hashing; None when absent.
+
+    Symlinks are followed (a directory may be a link to another disk); a dangling link is a "link".
+    """
 
     path: str
     sudo: ClassVar[bool] = True
 
     def command(self) -> str:
         p = shlex.quote(self.path)
-        return f"if [ -e {p} ] || [ -L {p} ]; then {_STAT.format(p=p)}; fi"
+        stat_l = _STAT.replace("stat ", "stat -L ", 1)
+        return f"if [ -e {p} ]; then {stat_l.format(p=p)}; elif [ -L {p} ]; then {_STAT.format(p=p)}; fi"
 
     def parse(self, stdout: str, rc: int) -> PathInfo | None:
         if rc != 0:
@@ -409,10 +413,11 @@ class SysctlValue(Fact[str | None]):
 
 @dataclass(frozen=True)
 class LoadedModules(Fact[frozenset[str]]):
-    """Names of loaded kernel modules (underscore spelling)."""
+    """Names of loaded kernel modules (underscore spelling); empty on a kernel without module support."""
 
     def command(self) -> str:
-        return "cat /proc/modules"
+        # containers and monolithic kernels have no /proc/modules: nothing is loaded as a module
+        return "[ -e /proc/modules ] || exit 0; cat /proc/modules"
 
     def parse(self, stdout: str, rc: int) -> frozenset[str]:
         if rc != 0:

@@ -165,7 +165,8 @@ class File(Operation):
         """The human diff: unified when both sides are readable text and not secret."""
         attrs = f"mode {self.mode}, {self.owner}:{self.group}"
         if state is None or state.kind != "file":
-            head = f"create {self.path} ({len(data)} bytes, {attrs})"
+            verb = "create" if state is None else f"replace {state.kind} with file"
+            head = f"{verb} {self.path} ({len(data)} bytes, {attrs})"
             if self.secret:
                 return f"{head}; content is secret, not shown"
             new_text = _text(data, self.diff_limit)

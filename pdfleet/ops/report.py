@@ -34,7 +34,12 @@ def summary_table(report: Report) -> Table:
     table.add_column("failed", justify="right", style="red")
     table.add_column("error / skip reasons", overflow="fold")
     for name, host in report.hosts.items():
-        notes = host.error or "; ".join(f"{s.what}: {s.reason}" for s in host.skips)
+        # the table keeps one line per error; print_report shows multi-line errors in full below it
+        notes = (
+            host.error.splitlines()[0]
+            if host.error
+            else "; ".join(f"{s.what}: {s.reason}" for s in host.skips)
+        )
         table.add_row(
             name,
             str(host.ok),
@@ -68,3 +73,7 @@ def print_report(report: Report, console: Console | None = None, check: bool | N
     if report.check if check is None else check:
         print_diffs(console, report)
     console.print(summary_table(report))
+    for name, host in report.hosts.items():
+        if host.error and "\n" in host.error:
+            console.rule(f"{name}: error", style="red")
+            console.print(Text(host.error), highlight=False, soft_wrap=True)

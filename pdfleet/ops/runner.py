@@ -9,17 +9,29 @@ reason and never stops another host. The caller decides the exit code from the r
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import shlex
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pdfleet.errors import PdfleetError
-from pdfleet.ops.base import DAEMON_RELOAD, Change, Command, FactSource, Handler, Operation, Run, Skip, Upload
-from pdfleet.ops.facts import HostFacts
+from pdfleet.ops.base import (
+    DAEMON_RELOAD,
+    Change,
+    Command,
+    Fact,
+    FactSource,
+    Handler,
+    Operation,
+    Run,
+    Skip,
+    Upload,
+)
+from pdfleet.ops.facts import DirectoryState, FileContent, FileState, HostFacts, PathInfo
 from pdfleet.ops.ssh import Transport, open_connection
 
 if TYPE_CHECKING:
@@ -30,6 +42,7 @@ Progress = Callable[[str, str], None]  # (host name, message)
 Connector = Callable[["Host", "RunOptions"], Transport]
 
 ERROR_TAIL_LINES = 20
+T = TypeVar("T")
 
 
 @dataclass
@@ -163,6 +176,39 @@ def _connect(host: Host, options: RunOptions) -> Transport:
     return open_connection(host, options.known_hosts, options.connect_timeout)
 
 
+class PlannedFacts:
+    """Facts as they will be once the changes planned so far are applied (for uploaded files).
+
+    Plans are made before anything is applied; this overlay lets an op that reads a file an
+    earlier op in the same run writes (a line in a just-templated file) plan against that content.
+    """
+
+    def __init__(self, base: FactSource) -> None:
+        self._base = base
+        self._overrides: dict[Fact[Any], Any] = {}
+
+    def get(self, fact: Fact[T]) -> T:
+        """The planned value when an earlier change decided it, else the host's fact."""
+        if fact in self._overrides:
+            return self._overrides[fact]  # type: ignore[no-any-return]
+        return self._base.get(fact)
+
+    def record(self, changes: Iterable[Change]) -> None:
+        """Remember the state the changes' uploads leave behind."""
+        for change in changes:
+            for cmd in change.commands:
+                if isinstance(cmd, Upload):
+                    digest = hashlib.sha256(cmd.content).hexdigest()
+                    info = PathInfo("file", cmd.mode, cmd.owner, cmd.group, len(cmd.content), digest)
+                    self._overrides[FileState(cmd.dest)] = info
+                    self._overrides[DirectoryState(cmd.dest)] = replace(info, sha256=None)
+                    try:
+                        text: str | None = cmd.content.decode("utf-8")
+                    except UnicodeDecodeError:
+                        text = None
+                    self._overrides[FileContent(cmd.dest)] = text
+
+
 def _plan_host(run: _HostRun, planner: Planner, options: RunOptions, connect: Connector) -> None:
     """Connect and plan every operation for one host; failures land in its report."""
     report = run.report
@@ -174,7 +220,7 @@ def _plan_host(run: _HostRun, planner: Planner, options: RunOptions, connect: Co
     except Exception as exc:  # any connect failure is this host's failure only
         report.fail(f"cannot connect to {run.host.name}: {exc}")
         return
-    facts = HostFacts(run.transport, timeout=options.command_timeout)
+    facts = PlannedFacts(HostFacts(run.transport, timeout=options.command_timeout))
     current = "planner"
     try:
         for item in planner(run.host, facts):
@@ -184,6 +230,7 @@ def _plan_host(run: _HostRun, planner: Planner, options: RunOptions, connect: Co
                 continue
             current = item.describe()
             changes = item.plan(facts)
+            facts.record(changes)
             if changes:
                 run.plan.append((item, changes))
                 if options.check:

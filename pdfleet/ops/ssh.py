@@ -11,6 +11,7 @@ import os
 import shlex
 import subprocess
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,16 @@ class Transport(Protocol):
         ...
 
 
+# A login user's PATH often lacks the sbin directories (sysctl, modprobe live there); sudo has
+# secure_path, so only commands run as the login user need this.
+SBIN_PATH = 'PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"; export PATH; '
+
+
+def remote_command(cmd: str, user: str, sudo: bool) -> str:
+    """The command line to send: through sudo when root is needed, else with sbin on PATH."""
+    return sudo_wrap(cmd, user) if sudo else SBIN_PATH + cmd
+
+
 def sudo_wrap(cmd: str, user: str) -> str:
     """The command run as root: unchanged for root, else through non-interactive sudo."""
     if user == "root":
@@ -99,7 +110,7 @@ class SshTransport:
 
     def run(self, cmd: str, sudo: bool = False, timeout: float | None = None) -> Output:
         """Run through the SSH session; a timeout becomes exit code 124 like coreutils `timeout`."""
-        full = sudo_wrap(cmd, self.user) if sudo else cmd
+        full = remote_command(cmd, self.user, sudo)
         try:
             result = self._conn.run(full, hide=True, warn=True, in_stream=False, pty=False, timeout=timeout)
         except CommandTimedOut as exc:
@@ -128,7 +139,7 @@ class LocalTransport:
 
     def run(self, cmd: str, sudo: bool = False, timeout: float | None = None) -> Output:
         """Run through `sh -c`."""
-        full = sudo_wrap(cmd, self.user) if sudo else cmd
+        full = remote_command(cmd, self.user, sudo)
         try:
             proc = subprocess.run(
                 ["sh", "-c", full], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
@@ -162,16 +173,49 @@ def _load_host_keys(keys: paramiko.HostKeys, path: Path) -> None:
             raise ConnectError(f"cannot read known_hosts file {path}: {exc}") from None
 
 
+class _TransientConnectError(ConnectError):
+    """A failure worth one more try (refused while booting, banner not sent yet, reset)."""
+
+
+CONNECT_ATTEMPTS = 3
+CONNECT_RETRY_PAUSE = 1.0
+
+
 def open_connection(host: HostLike, known_hosts: str, connect_timeout: float) -> SshTransport:
-    """Connect and authenticate to `host`, verifying its key against the known_hosts file."""
+    """Connect and authenticate to `host`, verifying its key against the known_hosts file.
+
+    Refused/reset connections and late banners are retried briefly (a host that is still
+    booting); key and login problems and timeouts are not.
+    """
     known = Path(host.known_hosts_file or known_hosts).expanduser()
-    where = f"{host.name} ({host.address}:{host.port})"
     connect_kwargs: dict[str, Any] = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
     if host.key_file:
         key_file = str(Path(host.key_file).expanduser())
         if not Path(key_file).is_file():
             raise ConnectError(f"SSH key file {key_file} for {host.name} does not exist")
         connect_kwargs.update(key_filename=key_file, look_for_keys=False, allow_agent=False)
+    for attempt in range(1, CONNECT_ATTEMPTS + 1):
+        try:
+            conn = _open(host, known, connect_timeout, connect_kwargs)
+            break
+        except _TransientConnectError:
+            if attempt == CONNECT_ATTEMPTS:
+                raise
+            time.sleep(CONNECT_RETRY_PAUSE)
+    transport = SshTransport(host, conn)
+    if transport.user != "root":
+        check = transport.run("sudo -n true", timeout=connect_timeout)
+        if check.rc != 0:
+            transport.close()
+            raise ConnectError(
+                f"{host.user}@{host.name} cannot run sudo without a password: {check.stderr.strip()}"
+            )
+    return transport
+
+
+def _open(host: HostLike, known: Path, connect_timeout: float, connect_kwargs: dict[str, Any]) -> Connection:
+    """One connection attempt; every failure becomes a ConnectError saying what to do."""
+    where = f"{host.name} ({host.address}:{host.port})"
     # our inventory is the only source of addresses, ports and users: ignore ~/.ssh/config
     config = Config(overrides={"load_ssh_configs": False})
     conn = Connection(
@@ -180,7 +224,7 @@ def open_connection(host: HostLike, known_hosts: str, connect_timeout: float) ->
         port=host.port,
         config=config,
         connect_timeout=max(1, int(connect_timeout)),
-        connect_kwargs=connect_kwargs,
+        connect_kwargs=dict(connect_kwargs),
     )
     conn.client.set_missing_host_key_policy(_RejectUnknown())
     _load_host_keys(conn.client.get_host_keys(), known)
@@ -207,15 +251,7 @@ def open_connection(host: HostLike, known_hosts: str, connect_timeout: float) ->
         raise ConnectError(f"cannot connect to {where}: timed out after {connect_timeout:g}s") from None
     except NoValidConnectionsError as exc:
         reasons = "; ".join(sorted({e.strerror or str(e) for e in exc.errors.values()}))
-        raise ConnectError(f"cannot connect to {where}: {reasons}") from None
+        raise _TransientConnectError(f"cannot connect to {where}: {reasons}") from None
     except (OSError, paramiko.SSHException, EOFError) as exc:
-        raise ConnectError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
-    transport = SshTransport(host, conn)
-    if transport.user != "root":
-        check = transport.run("sudo -n true", timeout=connect_timeout)
-        if check.rc != 0:
-            transport.close()
-            raise ConnectError(
-                f"{host.user}@{where} cannot run sudo without a password: {check.stderr.strip()}"
-            )
-    return transport
+        raise _TransientConnectError(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+    return conn

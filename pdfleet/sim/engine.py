@@ -204,8 +204,16 @@ class Engine:
         preempted = False
         i = 0
         running = self.running
+        bs = self.limits.block_size
         while i < len(running) and budget > 0:
             req = running[i]
+            ctx = req.computed
+            if req.prompt_tokens + req.generated - ctx == 1 and len(req.block_ids) * bs > ctx:
+                # decode fast path: one token, its KV slot already allocated
+                entries.append((req, 1))
+                budget -= 1
+                i += 1
+                continue
             n = self._chunk(req, budget)
             if n == 0:
                 i += 1

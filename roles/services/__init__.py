@@ -9,7 +9,7 @@ from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.operations import File, Service, SystemdUnit
 from pdfleet.pools import HEALTH_TIMEOUT_S, PoolInstance
 from pdfleet.render import RenderedFile
-from pdfleet.roles_api import KV_ENV_FILE, SERVICE_USER, STATE_DIR, RoleContext
+from pdfleet.roles_api import KV_ENV_FILE, SERVICE_USER, STATE_DIR, ManagedUnit, RoleContext
 from pdfleet.vllm_args import serve_argv
 
 NAME = "services"
@@ -48,6 +48,10 @@ def _unit_file(ctx: RoleContext, inst: PoolInstance) -> RenderedFile:
         start_timeout=START_TIMEOUT_S,
     )
     return RenderedFile(inst.unit_path, content, mode="0644")
+
+
+def units(ctx: RoleContext) -> list[ManagedUnit]:
+    return [ManagedUnit(inst.unit, inst.health_url) for inst in ctx.instances]
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:

@@ -15,7 +15,9 @@ import pytest
 from pdfleet.inventory import IMPLICIT_GROUPS, load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
-REPO_INVENTORIES = sorted(p for p in (REPO / "inventory").glob("**/*.yml") if p.is_file())
+REPO_INVENTORIES = sorted(
+    p for pattern in ("**/*.yml", "**/*.yaml") for p in (REPO / "inventory").glob(pattern) if p.is_file()
+)
 
 
 def _ansible_inventory_bin() -> str:

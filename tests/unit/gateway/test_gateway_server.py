@@ -39,10 +39,20 @@ def test_long_goes_disagg_short_goes_colocated_streaming(tmp_path: Path) -> None
             st, h, raw = await env.post("/v1/completions", {"model": "llama", "prompt": "hi", "stream": True})
             assert st == 200 and h["X-Pdfleet-Pool"] == "colocated"
             assert json.loads(sse_events(raw)[0])["served_by"] == "colo"
-            assert await env.metric("pdfleet_gateway_routing_decisions_total", stage="long-all",
-                                    length_class="long", pool="disagg") == 1
+            assert (
+                await env.metric(
+                    "pdfleet_gateway_routing_decisions_total",
+                    stage="long-all",
+                    length_class="long",
+                    pool="disagg",
+                )
+                == 1
+            )
             assert await env.metric("pdfleet_gateway_requests_total", pool="colocated", status="200") == 1
-            assert await env.metric("pdfleet_gateway_ttft_seconds_count", pool="disagg", length_class="long") == 1
+            assert (
+                await env.metric("pdfleet_gateway_ttft_seconds_count", pool="disagg", length_class="long")
+                == 1
+            )
             assert await env.metric("pdfleet_gateway_prompt_tokens_count") == 2
 
     run(scenario())
@@ -51,7 +61,9 @@ def test_long_goes_disagg_short_goes_colocated_streaming(tmp_path: Path) -> None
 def test_body_forwarded_byte_for_byte_and_request_id_propagated(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with Env(tmp_path) as env:
-            raw = b'{"model": "llama",   "messages": [{"role":"user","content":"caf\\u00e9"}], "max_tokens": 2}'
+            raw = (
+                b'{"model": "llama",   "messages": [{"role":"user","content":"caf\\u00e9"}], "max_tokens": 2}'
+            )
             st, h, _ = await env.post("/v1/chat/completions", None, {"X-Request-Id": "req-abc.1"}, raw=raw)
             assert st == 200 and h["X-Request-Id"] == "req-abc.1"
             seen = env.colo.seen[-1]
@@ -106,40 +118,140 @@ GOOD = json.dumps(chat()).encode()
 MALFORMED: list[tuple[str, str, str, dict[str, str] | None, bytes | None, int, str]] = [
     # (case, method, path, headers (None: user key), body, status, message fragment)
     ("no auth header", "POST", "/v1/chat/completions", {}, GOOD, 401, "missing Authorization"),
-    ("basic scheme", "POST", "/v1/chat/completions", {"Authorization": f"Basic {USER_KEY}"}, GOOD, 401, "Bearer"),
-    ("lead whitespace", "POST", "/v1/chat/completions", {"Authorization": f"Bearer  {USER_KEY}"}, GOOD, 401,
-     "whitespace"),
-    ("unknown key", "POST", "/v1/chat/completions", {"Authorization": "Bearer sk-nope"}, GOOD, 401, "not valid"),
+    (
+        "basic scheme",
+        "POST",
+        "/v1/chat/completions",
+        {"Authorization": f"Basic {USER_KEY}"},
+        GOOD,
+        401,
+        "Bearer",
+    ),
+    (
+        "lead whitespace",
+        "POST",
+        "/v1/chat/completions",
+        {"Authorization": f"Bearer  {USER_KEY}"},
+        GOOD,
+        401,
+        "whitespace",
+    ),
+    (
+        "unknown key",
+        "POST",
+        "/v1/chat/completions",
+        {"Authorization": "Bearer sk-nope"},
+        GOOD,
+        401,
+        "not valid",
+    ),
     ("bearer no key", "POST", "/v1/completions", {"Authorization": "Bearer"}, GOOD, 401, "no key"),
     ("empty body", "POST", "/v1/chat/completions", None, b"", 400, "empty"),
     ("bad json", "POST", "/v1/chat/completions", None, b'{"model": ', 400, "not valid JSON"),
     ("not utf8", "POST", "/v1/chat/completions", None, b'{"model": "\xff\xfe"}', 400, "not valid JSON"),
     ("json array", "POST", "/v1/chat/completions", None, b"[1,2]", 400, "JSON object"),
     ("json string", "POST", "/v1/completions", None, b'"hi"', 400, "JSON object"),
-    ("no model", "POST", "/v1/chat/completions", None, b'{"messages": [{"role":"user","content":"x"}]}', 400,
-     "'model'"),
-    ("model not str", "POST", "/v1/chat/completions", None, b'{"model": 3, "messages": []}', 400,
-     "must be a string"),
-    ("unknown model", "POST", "/v1/chat/completions", None, b'{"model": "gpt-9", "messages": []}', 404,
-     "available models: llama"),
+    (
+        "no model",
+        "POST",
+        "/v1/chat/completions",
+        None,
+        b'{"messages": [{"role":"user","content":"x"}]}',
+        400,
+        "'model'",
+    ),
+    (
+        "model not str",
+        "POST",
+        "/v1/chat/completions",
+        None,
+        b'{"model": 3, "messages": []}',
+        400,
+        "must be a string",
+    ),
+    (
+        "unknown model",
+        "POST",
+        "/v1/chat/completions",
+        None,
+        b'{"model": "gpt-9", "messages": []}',
+        404,
+        "available models: llama",
+    ),
     ("no messages", "POST", "/v1/chat/completions", None, b'{"model": "llama"}', 400, "'messages'"),
-    ("messages not list", "POST", "/v1/chat/completions", None, b'{"model": "llama", "messages": "hi"}', 400,
-     "'messages'"),
-    ("messages empty", "POST", "/v1/chat/completions", None, b'{"model": "llama", "messages": []}', 400,
-     "non-empty"),
-    ("message not object", "POST", "/v1/chat/completions", None, b'{"model": "llama", "messages": [1]}', 400,
-     "message objects"),
+    (
+        "messages not list",
+        "POST",
+        "/v1/chat/completions",
+        None,
+        b'{"model": "llama", "messages": "hi"}',
+        400,
+        "'messages'",
+    ),
+    (
+        "messages empty",
+        "POST",
+        "/v1/chat/completions",
+        None,
+        b'{"model": "llama", "messages": []}',
+        400,
+        "non-empty",
+    ),
+    (
+        "message not object",
+        "POST",
+        "/v1/chat/completions",
+        None,
+        b'{"model": "llama", "messages": [1]}',
+        400,
+        "message objects",
+    ),
     ("no prompt", "POST", "/v1/completions", None, b'{"model": "llama"}', 400, "'prompt'"),
-    ("prompt object", "POST", "/v1/completions", None, b'{"model": "llama", "prompt": {"a": 1}}', 400,
-     "'prompt' must be"),
-    ("prompt nested deep", "POST", "/v1/completions", None,
-     b'{"model": "llama", "prompt": ' + b"[" * 500 + b"]" * 500 + b"}", 400, "'prompt' must be"),
-    ("stream not bool", "POST", "/v1/chat/completions", None,
-     b'{"model": "llama", "messages": [{"role":"user"}], "stream": "yes"}', 400, "'stream'"),
-    ("bad override", "POST", "/v1/chat/completions", {"Authorization": f"Bearer {USER_KEY}",
-                                                       "X-Pdfleet-Pool": "gpu7"}, GOOD, 400, "X-Pdfleet-Pool"),
-    ("too large", "POST", "/v1/chat/completions", None, b'{"model": "llama", "pad": "' + b"x" * 70000 + b'"}',
-     413, "larger than"),
+    (
+        "prompt object",
+        "POST",
+        "/v1/completions",
+        None,
+        b'{"model": "llama", "prompt": {"a": 1}}',
+        400,
+        "'prompt' must be",
+    ),
+    (
+        "prompt nested deep",
+        "POST",
+        "/v1/completions",
+        None,
+        b'{"model": "llama", "prompt": ' + b"[" * 500 + b"]" * 500 + b"}",
+        400,
+        "'prompt' must be",
+    ),
+    (
+        "stream not bool",
+        "POST",
+        "/v1/chat/completions",
+        None,
+        b'{"model": "llama", "messages": [{"role":"user"}], "stream": "yes"}',
+        400,
+        "'stream'",
+    ),
+    (
+        "bad override",
+        "POST",
+        "/v1/chat/completions",
+        {"Authorization": f"Bearer {USER_KEY}", "X-Pdfleet-Pool": "gpu7"},
+        GOOD,
+        400,
+        "X-Pdfleet-Pool",
+    ),
+    (
+        "too large",
+        "POST",
+        "/v1/chat/completions",
+        None,
+        b'{"model": "llama", "pad": "' + b"x" * 70000 + b'"}',
+        413,
+        "larger than",
+    ),
     ("unknown path", "POST", "/v1/embeddings", None, GOOD, 404, "no such endpoint"),
     ("wrong method", "GET", "/v1/chat/completions", None, None, 405, "not allowed"),
     ("models no key", "GET", "/v1/models", {}, None, 401, "missing Authorization"),
@@ -259,7 +371,9 @@ def test_stream_broken_after_first_byte_ends_with_error_event(tmp_path: Path) ->
 
 def test_idle_timeout_mid_stream_ends_with_error_event(tmp_path: Path) -> None:
     async def scenario() -> None:
-        async with Env(tmp_path, delay=0.0, timeouts={"connect_s": 1, "first_byte_s": 5, "idle_s": 0.3}) as env:
+        async with Env(
+            tmp_path, delay=0.0, timeouts={"connect_s": 1, "first_byte_s": 5, "idle_s": 0.3}
+        ) as env:
             env.colo.delay = 1.0  # first chunk arrives after 1 s (< first_byte_s), then gaps of 1 s > idle_s
             st, _, raw = await env.post("/v1/chat/completions", chat(stream=True, max_tokens=3))
             events = sse_events(raw)
@@ -271,8 +385,9 @@ def test_idle_timeout_mid_stream_ends_with_error_event(tmp_path: Path) -> None:
 def test_client_gone_closes_upstream_at_once(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with Env(tmp_path, delay=0.05) as env:
-            async with env.session.post(env.base + "/v1/chat/completions", headers=auth(),
-                                        json=chat(stream=True, max_tokens=2000)) as r:
+            async with env.session.post(
+                env.base + "/v1/chat/completions", headers=auth(), json=chat(stream=True, max_tokens=2000)
+            ) as r:
                 assert r.status == 200
                 await r.content.readany()
                 r.close()  # drop the connection mid-stream
@@ -307,8 +422,9 @@ def test_reload_under_200_streams_changes_nothing_in_flight(tmp_path: Path) -> N
 
     async def one(env: Env, i: int) -> tuple[str, str, list[str]]:
         body = chat(LONG if i % 2 else "short", stream=True, max_tokens=tokens)
-        async with env.session.post(env.base + "/v1/chat/completions", json=body,
-                                    headers={**auth(), "X-Session-Id": f"s{i}"}) as r:
+        async with env.session.post(
+            env.base + "/v1/chat/completions", json=body, headers={**auth(), "X-Session-Id": f"s{i}"}
+        ) as r:
             assert r.status == 200
             raw = await r.read()
             return r.headers["X-Pdfleet-Pool"], r.headers["X-Pdfleet-Policy-Version"], sse_events(raw)

@@ -59,7 +59,9 @@ class HostFacts(FakeFacts):
             return {}
         if isinstance(fact, generic.AptHolds | generic.LoadedModules | generic.PersistedModules):
             return frozenset()
-        if isinstance(fact, generic.FileState | generic.DirectoryState | generic.FileContent | generic.PipFreeze):
+        if isinstance(
+            fact, generic.FileState | generic.DirectoryState | generic.FileContent | generic.PipFreeze
+        ):
             return None
         if isinstance(fact, generic.SystemdUnitState):
             return generic.UnitState("not-found", "inactive", "dead", "")
@@ -79,9 +81,10 @@ def profile(name: str = "cross-rdma", **sections: dict[str, Any]) -> Profile:
     return base.model_copy(update=update)
 
 
-def pinned(name: str = "cross-rdma", **gpu: Any) -> Profile:
-    """The profile with the driver pinned to the fixtures' 570.133.20, open modules."""
-    return profile(name, gpu={"driver_branch": "570", "driver_version": PIN, **gpu})
+def pinned(name: str = "cross-rdma", kv_transfer: dict[str, Any] | None = None, **gpu: Any) -> Profile:
+    """The profile with the driver pinned to the fixtures' 570.133.20 (gpu fields overridable)."""
+    extra = {"kv_transfer": kv_transfer} if kv_transfer else {}
+    return profile(name, gpu={"driver_branch": "570", "driver_version": PIN, **gpu}, **extra)
 
 
 def host(
@@ -92,7 +95,13 @@ def host(
     rdma_netdev: str | None = "ens1np0",
 ) -> Host:
     return Host(
-        name, frozenset(groups), {}, "10.20.1.11", gpus=gpus, rdma_devices=rdma_devices, rdma_netdev=rdma_netdev
+        name,
+        frozenset(groups),
+        {},
+        "10.20.1.11",
+        gpus=gpus,
+        rdma_devices=rdma_devices,
+        rdma_netdev=rdma_netdev,
     )
 
 

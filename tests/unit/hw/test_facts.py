@@ -19,7 +19,9 @@ def test_every_fixture_fact_names_its_format_source_and_parses(name: str) -> Non
 def test_h100_hgx_has_eight_gpus_and_four_nvswitches() -> None:
     pci = load_fixture("h100-sxm-8x-nvswitch-cx7")[hw.NvidiaPciFact()]
     assert len(pci.gpus) == 8 and len(pci.nvswitches) == 4 and pci.has_nvswitch
-    assert pci.gpus[0] == hw.PciDevice("0000:18:00.0", "0302", "10de", "2330", "NVIDIA Corporation GH100[H100 SXM5 80GB]")
+    assert pci.gpus[0] == hw.PciDevice(
+        "0000:18:00.0", "0302", "10de", "2330", "NVIDIA Corporation GH100[H100 SXM5 80GB]"
+    )
 
 
 def test_l40s_has_two_gpus_and_no_nvswitch() -> None:
@@ -28,7 +30,10 @@ def test_l40s_has_two_gpus_and_no_nvswitch() -> None:
 
 
 def test_sysfs_fallback_when_lspci_is_missing() -> None:
-    out = "== lspci\n== sysfs\n0000:41:00.0 0x10de 0x26b9 0x030200\n0000:42:00.1 0x10de 0x22ba 0x040300\n== nvswitch\n"
+    out = (
+        "== lspci\n== sysfs\n0000:41:00.0 0x10de 0x26b9 0x030200\n"
+        "0000:42:00.1 0x10de 0x22ba 0x040300\n== nvswitch\n"
+    )
     pci = hw.parse_nvidia_pci(out)
     assert [g.bdf for g in pci.gpus] == ["0000:41:00.0"]  # the audio function is not a GPU
 
@@ -40,7 +45,12 @@ def test_nvswitch_seen_through_proc_when_lspci_has_no_bridge() -> None:
 
 def test_driver_open_loaded_matches_installed() -> None:
     drv = load_fixture("h100-sxm-8x-nvswitch-cx7")[hw.DriverFact()]
-    assert (drv.loaded_version, drv.loaded_open, drv.installed_open, drv.reboot_pending) == (PIN, True, True, False)
+    assert (drv.loaded_version, drv.loaded_open, drv.installed_open, drv.reboot_pending) == (
+        PIN,
+        True,
+        True,
+        False,
+    )
 
 
 def test_driver_proprietary_banner() -> None:
@@ -81,18 +91,29 @@ def test_secure_boot_states(text: str, state: str) -> None:
 
 def test_kernel_and_headers() -> None:
     k = load_fixture("l40s-pcie-2x")[hw.KernelFact()]
-    assert k.version == (6, 1) and not k.headers_installed and k.headers_package == "linux-headers-6.1.0-31-amd64"
+    assert (
+        k.version == (6, 1)
+        and not k.headers_installed
+        and k.headers_package == "linux-headers-6.1.0-31-amd64"
+    )
 
 
 def test_rdma_sysfs_ports_gids_and_netdevs() -> None:
     devs = load_fixture("h100-sxm-8x-nvswitch-cx7")[hw.RdmaSysfsFact()]
     assert sorted(devs) == [f"mlx5_{i}" for i in range(8)]
     port = devs["mlx5_3"].port(1)
-    assert port is not None and (port.state, port.phys_state, port.link_layer) == ("ACTIVE", "LinkUp", "Ethernet")
+    assert port is not None and (port.state, port.phys_state, port.link_layer) == (
+        "ACTIVE",
+        "LinkUp",
+        "Ethernet",
+    )
     assert devs["mlx5_3"].netdevs == ("ens4np0",)
     # zero GIDs (unpopulated table entries) are dropped; v1 and v2 entries per address
     assert [(g.index, g.type) for g in port.gids] == [
-        (0, "IB/RoCE v1"), (1, "RoCE v2"), (2, "IB/RoCE v1"), (3, "RoCE v2")
+        (0, "IB/RoCE v1"),
+        (1, "RoCE v2"),
+        (2, "IB/RoCE v1"),
+        (3, "RoCE v2"),
     ]
     assert port.gids[3].ipv4 == "10.10.3.11" and port.gids[1].ipv4 is None
 
@@ -103,8 +124,10 @@ def test_rdma_port_down() -> None:
 
 
 def test_rdma_roce_mode_from_configfs() -> None:
-    out = "== ports\nmlx5_0/ports/1/state:4: ACTIVE\n== netdevs\nmlx5_0 ens1np0 \n== roce_mode\n" \
+    out = (
+        "== ports\nmlx5_0/ports/1/state:4: ACTIVE\n== netdevs\nmlx5_0 ens1np0 \n== roce_mode\n"
         "/sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_mode:RoCE v2\n"
+    )
     assert hw.parse_rdma_sysfs(out)["mlx5_0"].port(1).default_roce_mode == "RoCE v2"  # type: ignore[union-attr]
 
 
@@ -140,8 +163,10 @@ def test_mlnx_qos_parse() -> None:
 
 
 def test_dcb_parse() -> None:
-    st = hw.parse_dcb("pfc-cap 8 macsec-bypass off delay 0\nprio-pfc 0:off 1:off 2:off 3:on 4:off 5:off 6:off 7:off\n"
-                      "dscp-prio 26:3\n")
+    st = hw.parse_dcb(
+        "pfc-cap 8 macsec-bypass off delay 0\nprio-pfc 0:off 1:off 2:off 3:on 4:off 5:off 6:off 7:off\n"
+        "dscp-prio 26:3\n"
+    )
     assert st.trust == "dscp" and st.pfc_only(3) and st.dscp2prio == {26: 3}
     off = load_fixture("driver-mismatch")[hw.QosFact("ens1np0", "dcb")]
     assert off.trust is None and off.pfc == (False,) * 8

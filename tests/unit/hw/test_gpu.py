@@ -24,7 +24,7 @@ def plan_for(fixture: str, prof=None, h=None):  # type: ignore[no-untyped-def]
 def test_h100_converged_driver_fabric_manager_dmabuf_no_reboot() -> None:
     plan = plan_for(H100)
     assert plan.skip is None and plan.error is None
-    assert plan.packages == ("cuda-drivers-570", "nvidia-kernel-open-570")
+    assert plan.packages == ("nvidia-kernel-open-570", "cuda-drivers-570")
     assert plan.version_glob == f"{PIN}-*"
     assert plan.fabric_manager.do and "4 NVSwitch" in plan.fabric_manager.reason
     assert plan.fabric_manager_package == "nvidia-fabricmanager-570"
@@ -92,8 +92,11 @@ def test_h100_fresh_os_plans_repo_pin_blacklist_fm_persistenced() -> None:
 
 
 def test_cuda_repo_follows_the_mirror() -> None:
-    prof = profile("cross-rdma", gpu={"driver_branch": "570"},
-                   mirrors={"cuda_repo": "http://198.18.0.1:8081/cuda", "apt_trusted": True})
+    prof = profile(
+        "cross-rdma",
+        gpu={"driver_branch": "570"},
+        mirrors={"cuda_repo": "http://198.18.0.1:8081/cuda", "apt_trusted": True},
+    )
     repo = role.cuda_repo(context(prof, host()))
     assert repo.source_line() == "deb [trusted=yes] http://198.18.0.1:8081/cuda/ /\n"
     public = role.cuda_repo(context(pinned(), host()))
@@ -103,7 +106,9 @@ def test_cuda_repo_follows_the_mirror() -> None:
 def test_lab_host_skips_with_reason() -> None:
     ctx = context(pinned("cross-rdma"), host(rdma_devices=(), rdma_netdev=None))
     ops, skips, changes = run_role(role, ctx, fixture_facts("lab-container"))
-    assert ops == [] and [(s.what, s.reason) for s in skips] == [("NVIDIA driver", "no NVIDIA GPU on the PCI bus")]
+    assert ops == [] and [(s.what, s.reason) for s in skips] == [
+        ("NVIDIA driver", "no NVIDIA GPU on the PCI bus")
+    ]
 
 
 def test_proprietary_flavour_and_peermem_fallback() -> None:

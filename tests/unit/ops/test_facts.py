@@ -8,6 +8,7 @@ from pdfleet.ops.facts import (
     AptHolds,
     AptPackages,
     CommandRc,
+    DirectoryState,
     FactError,
     FileContent,
     FileState,
@@ -235,3 +236,16 @@ def test_os_release() -> None:
         "ID": "debian",
         "VERSION_CODENAME": "bookworm",
     }
+
+
+def test_directory_state_follows_links(tmp_path) -> None:
+    real = tmp_path / "data"
+    real.mkdir(mode=0o750)
+    (tmp_path / "opt").symlink_to(real)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    facts = HostFacts(LocalTransport())
+    linked = facts.get(DirectoryState(str(tmp_path / "opt")))
+    assert linked is not None and linked.kind == "directory" and linked.mode == "0750"
+    assert facts.get(DirectoryState(str(tmp_path / "dangling"))).kind == "link"  # type: ignore[union-attr]
+    assert facts.get(DirectoryState(str(tmp_path / "absent"))) is None
+    assert facts.get(FileState(str(tmp_path / "opt"))).kind == "link"  # type: ignore[union-attr]

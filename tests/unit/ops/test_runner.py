@@ -187,3 +187,20 @@ def test_serial_waves_apply_one_host_at_a_time(tmp_path: Path) -> None:
     report = run_fleet(hosts, planner, RunOptions(serial=1), connect=local)
     assert report.totals["changed"] == 3
     assert log.read_text().split() == ["start-a", "end-a", "start-b", "end-b", "start-c", "end-c"]
+
+
+def test_op_reading_a_file_written_earlier_in_the_run_plans_against_the_planned_content(
+    tmp_path: Path,
+) -> None:
+    conf = tmp_path / "limits.conf"
+
+    def planner(h: Host, facts: FactSource) -> Iterable[Operation]:
+        yield File(str(conf), "a=1\nb=2\n", mode="0640")
+        yield LineInFile(str(conf), "b=2")  # already in the templated content: nothing to do
+        yield LineInFile(str(conf), "c=3", regexp="^c=")
+
+    check = run_fleet([host("h1")], planner, RunOptions(check=True), connect=local)
+    assert check.totals == {"ok": 1, "changed": 2, "skipped": 0, "failed": 0}
+    first = run_fleet([host("h1")], planner, RunOptions(), connect=local)
+    assert first.totals["changed"] == 2
+    assert conf.read_text() == "a=1\nb=2\nc=3\n" and oct(conf.stat().st_mode & 0o777) == "0o640"

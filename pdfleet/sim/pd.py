@@ -1,0 +1,143 @@
+"""The KV side channel between a producer and a consumer simulator (stands in for NIXL's handshake + READ).
+
+Protocol: newline-delimited JSON over TCP, one connection per transfer, at the producer's
+VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT (the `remote_host`/`remote_port` its
+kv_transfer_params advertise):
+
+  consumer → {"op": "read", "remote_request_id", "remote_engine_id", "remote_block_ids", "compat_hash"}
+  producer → {"ok": true, "num_tokens", "num_blocks", "bytes"} | {"ok": false, "error"}
+  (consumer waits the link's transfer time for `bytes`: setup + bytes / (η · bandwidth), scaled)
+  consumer → {"op": "done", "remote_request_id"}      (NIXL's notification; the producer frees the blocks)
+  producer → {"ok": true}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("pdfleet.sim.nixl")
+
+HANDSHAKE_TIMEOUT_S = 5.0  # NIXL's handshake receive timeout [VLLM-PD §2.4]; wall seconds (a socket timeout)
+MAX_LINE = 1 << 20
+
+
+def compat_hash(model: str, kv_cache_dtype: str, block_size: int) -> str:
+    """What must match between P and D for the KV layout to be readable (NIXL's compatibility hash)."""
+    return hashlib.sha256(f"pdfleet-sim/1|{model}|{kv_cache_dtype}|{block_size}".encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ReadGrant:
+    """The producer's answer to a read: how much KV the consumer has to move."""
+
+    num_tokens: int
+    num_blocks: int
+    nbytes: int
+
+
+class SideChannelServer:
+    """Producer side: answers reads for held requests and frees their blocks on `done`."""
+
+    def __init__(self, engine_id: str, compat: str, grant: Callable[[str], ReadGrant | None],
+                 release: Callable[[str], None]) -> None:
+        self.engine_id = engine_id
+        self.compat = compat
+        self._grant = grant
+        self._release = release
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                msg = json.loads(line)
+                reply = self._answer(msg)
+                writer.write(json.dumps(reply).encode() + b"\n")
+                await writer.drain()
+        except (ConnectionError, json.JSONDecodeError, asyncio.IncompleteReadError, ValueError) as exc:
+            log.warning("KV side channel: dropped a connection: %s", exc)
+        finally:
+            writer.close()
+
+    def _answer(self, msg: dict[str, Any]) -> dict[str, Any]:
+        op = msg.get("op")
+        rid = str(msg.get("remote_request_id"))
+        if op == "read":
+            if msg.get("compat_hash") != self.compat:
+                return {"ok": False, "error": "NIXL compatibility hash mismatch", "compat_hash": self.compat}
+            if msg.get("remote_engine_id") not in (None, self.engine_id):
+                return {"ok": False, "error": f"remote engine id {msg.get('remote_engine_id')} is not this engine"}
+            grant = self._grant(rid)
+            if grant is None:
+                return {"ok": False, "error": f"Potentially invalid KV blocks for unrecognized request {rid}. "
+                        "They may have expired."}
+            return {"ok": True, "num_tokens": grant.num_tokens, "num_blocks": grant.num_blocks,
+                    "bytes": grant.nbytes, "compat_hash": self.compat}
+        if op == "done":
+            self._release(rid)
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+
+class PullError(Exception):
+    """The KV could not be read from the producer (handshake, expired blocks, connection)."""
+
+    def __init__(self, message: str, handshake: bool) -> None:
+        super().__init__(message)
+        self.handshake = handshake
+
+
+async def pull(params: dict[str, Any], compat: str,
+               wait_transfer: Callable[[ReadGrant], Awaitable[None]]) -> ReadGrant:
+    """Consumer side: read the blocks named in kv_transfer_params, wait the transfer, notify the producer."""
+    host = params.get("remote_host")
+    port = params.get("remote_port")
+    if not host or not port:
+        raise PullError("kv_transfer_params has no remote_host/remote_port", handshake=True)
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), limit=MAX_LINE),
+                                                HANDSHAKE_TIMEOUT_S)
+    except (OSError, asyncio.TimeoutError, ValueError) as exc:
+        raise PullError(f"cannot reach the KV side channel at {host}:{port}: {exc}", handshake=True) from exc
+    try:
+        reply = await _ask(reader, writer, {
+            "op": "read", "remote_request_id": params.get("remote_request_id"),
+            "remote_engine_id": params.get("remote_engine_id"),
+            "remote_block_ids": params.get("remote_block_ids"), "compat_hash": compat,
+        })
+        if not reply.get("ok"):
+            raise PullError(str(reply.get("error")), handshake="compatibility" in str(reply.get("error")))
+        grant = ReadGrant(int(reply["num_tokens"]), int(reply["num_blocks"]), int(reply["bytes"]))
+        await wait_transfer(grant)
+        await _ask(reader, writer, {"op": "done", "remote_request_id": params.get("remote_request_id")})
+        return grant
+    except (OSError, asyncio.TimeoutError, json.JSONDecodeError, KeyError) as exc:
+        raise PullError(f"KV side channel {host}:{port} failed: {exc}", handshake=False) from exc
+    finally:
+        writer.close()
+
+
+async def _ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, msg: dict[str, Any]) -> dict[str, Any]:
+    writer.write(json.dumps(msg).encode() + b"\n")
+    await writer.drain()
+    line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)
+    if not line:
+        raise ConnectionError("side channel closed")
+    result: dict[str, Any] = json.loads(line)
+    return result

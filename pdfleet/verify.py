@@ -1,0 +1,355 @@
+"""`invoke verify`: testinfra checks of every host over SSH, as a host × check table and JUnit XML.
+
+The checks live in tests/hosts/ (one module per concern) and are run programmatically with pytest.
+A VerifyPlugin hands them the validated profile and inventory, parametrises them over the selected
+hosts, connects testinfra's `ssh://` backend through an ssh_config generated from the inventory
+(strict host-key checking against the inventory's known_hosts) and records every outcome. A
+check that does not apply to a host skips with the reason; the run fails on any failed check.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from pdfleet.errors import ValidationError
+from pdfleet.inventory import Host, Inventory
+from pdfleet.ops.base import Fact
+from pdfleet.pools import host_instances
+from pdfleet.profile import Profile
+
+HOST_CHECKS_DIR = Path(__file__).resolve().parents[1] / "tests" / "hosts"
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What the operator asked for on the command line."""
+
+    junit: Path | None = None
+    rdma_bandwidth: bool = False
+    checks: str | None = None  # pytest -k expression, to run a subset
+    connect_timeout: int = 10
+    default_known_hosts: str = "~/.ssh/known_hosts"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    host: str
+    check: str
+    outcome: str  # pass / fail / skip
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A systemd unit a host should run, its TCP port and its health URL (None: not HTTP)."""
+
+    name: str
+    port: int | None
+    health_url: str | None
+
+
+def ssh_config(hosts: Sequence[Host], default_known_hosts: str, control_dir: Path, timeout: int) -> str:
+    """An ssh_config with one block per inventory host: its address, user, port, key, known_hosts.
+
+    StrictHostKeyChecking yes: an unknown or changed host key is a failure, never trusted on use.
+    """
+    blocks = []
+    for host in hosts:
+        known = Path(host.known_hosts_file or default_known_hosts).expanduser()
+        lines = [
+            f"Host {host.name}",
+            f"  HostName {host.address}",
+            f"  User {host.user}",
+            f"  Port {host.port}",
+            f"  UserKnownHostsFile {known}",
+            "  StrictHostKeyChecking yes",
+            "  BatchMode yes",
+            f"  ConnectTimeout {timeout}",
+            "  ControlMaster auto",
+            f"  ControlPath {control_dir}/%C",
+            "  ControlPersist 120",
+        ]
+        if host.key_file:
+            lines += [f"  IdentityFile {Path(host.key_file).expanduser()}", "  IdentitiesOnly yes"]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def gateway_units(profile: Profile, host: Host) -> list[Unit]:
+    """The gateway host's units: pdfleet-gateway, plus vllm-router-pd for disaggregated profiles."""
+    if not host.in_group("gateway"):
+        return []
+    gw = profile.gateway
+    units = [Unit("pdfleet-gateway.service", gw.port, f"http://{host.address}:{gw.port}/health")]
+    if profile.disaggregated:
+        units.append(Unit("vllm-router-pd.service", gw.router_port, None))
+    return units
+
+
+def host_units(profile: Profile, host: Host) -> list[Unit]:
+    """Every pdfleet-managed unit this host runs under the profile (vLLM pools, gateway, router)."""
+    units = [Unit(i.unit, i.port, i.health_url) for i in host_instances(profile, host)]
+    return units + gateway_units(profile, host)
+
+
+def pd_pairs(hosts: Sequence[Host]) -> list[tuple[Host, Host]]:
+    """(prefill, decode) host pairs on different hosts, for the RDMA bandwidth check."""
+    prefill = [h for h in hosts if h.in_group("prefill")]
+    decode = [h for h in hosts if h.in_group("decode")]
+    return [(p, d) for p in prefill for d in decode if p.name != d.name]
+
+
+_IB_BW_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
+
+
+def parse_ib_write_bw(stdout: str) -> float | None:
+    """BW average [Gb/sec] from `ib_write_bw --report_gbits` (perftest: #bytes #iterations BW peak
+    BW average MsgRate), the last data row; None when the run printed no result."""
+    value = None
+    for line in stdout.splitlines():
+        m = _IB_BW_ROW.match(line)
+        if m:
+            value = float(m[4])
+    return value
+
+
+def secret_values(env_text: str) -> list[str]:
+    """Values of KEY/TOKEN/SECRET/PASSWORD variables in an env file (the things that must not leak)."""
+    values = []
+    for line in env_text.splitlines():
+        name, sep, value = line.partition("=")
+        if not sep or name.strip().startswith("#"):
+            continue
+        if re.search(r"KEY|TOKEN|SECRET|PASSW", name.upper()) and len(value.strip().strip("\"'")) >= 8:
+            values.append(value.strip().strip("\"'"))
+    return values
+
+
+def _host_and_check(nodeid: str) -> tuple[str, str]:
+    """`tests/hosts/test_gpu.py::test_persistence_on[lab-p1]` → ("lab-p1", "gpu/persistence_on")."""
+    path, _, rest = nodeid.partition("::")
+    func, _, param = rest.partition("[")
+    module = Path(path).stem.removeprefix("test_")
+    host = param.rstrip("]")
+    return host if host and host != "NOTSET" else "-", f"{module}/{func.removeprefix('test_')}"
+
+
+def _detail(report: pytest.TestReport | pytest.CollectReport) -> str:
+    """One line saying why: the skip reason, or the failed assertion's own message."""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("assert "):  # pytest's rewritten-assert explanation follows the message
+            break
+        lines.append(line)
+    message = " ".join(" ".join(lines).split()).removeprefix("AssertionError: ").removeprefix("Failed: ")
+    return message[:400]
+
+
+def _ssh_error(target: Any) -> str:
+    """ "" when the host answers over SSH, else ssh's own last error line (refused, host key, ...)."""
+    try:
+        target.run("true")
+    except RuntimeError as exc:  # testinfra's ssh backend raises when ssh itself exits 255
+        result = exc.args[0] if exc.args else None
+        lines = (getattr(result, "stderr", "") or str(exc)).strip().splitlines()
+        return lines[-1] if lines else "ssh failed"
+    return ""
+
+
+@dataclass(eq=False)  # pluggy keeps plugins in sets: hash by identity
+class VerifyPlugin:
+    """pytest plugin giving tests/hosts the profile, the inventory and an SSH target per host."""
+
+    profile: Profile
+    inventory: Inventory
+    hosts: list[Host]
+    options: VerifyOptions
+    ssh_config_path: Path
+    results: list[CheckResult] = field(default_factory=list)
+    _targets: dict[str, Any] = field(default_factory=dict)
+    _reachable: dict[str, str] = field(default_factory=dict)  # host → "" or the SSH error
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "pd_host" in metafunc.fixturenames:
+            metafunc.parametrize("pd_host", self.hosts, ids=[h.name for h in self.hosts])
+        if "pd_pair" in metafunc.fixturenames:
+            pairs = pd_pairs(self.hosts)
+            metafunc.parametrize("pd_pair", pairs, ids=[f"{p.name}->{d.name}" for p, d in pairs])
+
+    def target_for(self, host: Host) -> Any:
+        """The testinfra host for an inventory host (ssh:// backend, sudo unless root), cached."""
+        if host.name not in self._targets:
+            import testinfra
+
+            self._targets[host.name] = testinfra.get_host(
+                f"ssh://{host.name}",
+                ssh_config=str(self.ssh_config_path),
+                sudo=host.user != "root",
+                timeout=self.options.connect_timeout,
+            )
+        return self._targets[host.name]
+
+    @pytest.fixture
+    def verify(self) -> VerifyPlugin:
+        return self
+
+    @pytest.fixture
+    def target(self, pd_host: Host) -> Any:
+        target = self.target_for(pd_host)
+        if pd_host.name not in self._reachable:
+            self._reachable[pd_host.name] = _ssh_error(target)
+        error = self._reachable[pd_host.name]
+        if error:
+            pytest.fail(
+                f"cannot reach {pd_host.name} ({pd_host.address}:{pd_host.port}) over SSH: {error}", False
+            )
+        return target
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            host, check = _host_and_check(report.nodeid)
+            outcome = PASS if report.passed else SKIP if report.skipped else FAIL
+            self.results.append(CheckResult(host, check, outcome, "" if report.passed else _detail(report)))
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.results.append(CheckResult("-", f"collect {report.nodeid}", FAIL, _detail(report)))
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """Leave out the bandwidth check unless --rdma-bandwidth was given."""
+        if self.options.rdma_bandwidth:
+            return
+        dropped = [i for i in items if "pd_pair" in getattr(i, "fixturenames", ())]
+        if dropped:
+            items[:] = [i for i in items if i not in dropped]
+            config.hook.pytest_deselected(items=dropped)
+
+
+@dataclass(frozen=True)
+class VerifyRun:
+    results: list[CheckResult]
+    exit_code: int
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [r for r in self.results if r.outcome == FAIL]
+
+
+def _close_masters(config: Path, hosts: Sequence[Host]) -> None:
+    """Stop the ControlMaster connections the run opened (ControlPersist would keep them a while)."""
+    for host in hosts:
+        subprocess.run(
+            ["ssh", "-F", str(config), "-O", "exit", host.name], capture_output=True, timeout=10, check=False
+        )
+
+
+def run_verify(
+    profile: Profile, inventory: Inventory, hosts: Sequence[Host], options: VerifyOptions
+) -> VerifyRun:
+    """Run tests/hosts against the hosts; every outcome is returned, JUnit XML written if asked."""
+    if not hosts:
+        raise ValidationError("verify: no hosts selected (check --limit)")
+    with tempfile.TemporaryDirectory(prefix="pdfleet-verify-") as tmp:
+        work = Path(tmp)
+        (work / "cm").mkdir(mode=0o700)
+        config = work / "ssh_config"
+        config.write_text(
+            ssh_config(hosts, options.default_known_hosts, work / "cm", options.connect_timeout)
+        )
+        plugin = VerifyPlugin(profile, inventory, list(hosts), options, config)
+        args = [
+            str(HOST_CHECKS_DIR),
+            "-qq",
+            "--tb=no",
+            "-p",
+            "no:cacheprovider",
+            "--no-header",
+            "-rN",
+            f"--rootdir={HOST_CHECKS_DIR.parents[1]}",
+        ]
+        if options.junit:
+            args.append(f"--junitxml={options.junit}")
+        if options.checks:
+            args += ["-k", options.checks]
+        try:
+            code = pytest.main(args, plugins=[plugin])
+        finally:
+            _close_masters(config, hosts)
+    return VerifyRun(plugin.results, int(code))
+
+
+def table_rows(
+    results: Sequence[CheckResult],
+) -> tuple[list[str], list[str], dict[tuple[str, str], CheckResult]]:
+    """(checks in run order, hosts in run order, (check, host) → result) for the summary table."""
+    checks: list[str] = []
+    hosts: list[str] = []
+    cells: dict[tuple[str, str], CheckResult] = {}
+    for r in results:
+        if r.check not in checks:
+            checks.append(r.check)
+        if r.host not in hosts:
+            hosts.append(r.host)
+        cells[(r.check, r.host)] = r
+    return checks, hosts, cells
+
+
+def print_results(run: VerifyRun) -> None:
+    """The host × check table, then each skip reason and failure, one line each."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    checks, hosts, cells = table_rows(run.results)
+    table = Table(title="verify", show_lines=False)
+    table.add_column("check")
+    for h in hosts:
+        table.add_column(h, justify="center")
+    style = {PASS: "[green]pass[/]", FAIL: "[bold red]FAIL[/]", SKIP: "[yellow]skip[/]"}
+    for check in checks:
+        table.add_row(
+            check, *(style[cells[(check, h)].outcome] if (check, h) in cells else "" for h in hosts)
+        )
+    console.print(table)
+    for r in run.results:
+        if r.outcome == SKIP:
+            console.print(f"[yellow]skip[/] {r.host} {r.check}: {r.detail}", highlight=False)
+    for r in run.results:
+        if r.outcome == FAIL:
+            console.print(f"[bold red]FAIL[/] {r.host} {r.check}: {r.detail}", highlight=False)
+    totals = {k: sum(1 for r in run.results if r.outcome == k) for k in (PASS, FAIL, SKIP)}
+    console.print(f"{totals[PASS]} passed, {totals[FAIL]} failed, {totals[SKIP]} skipped", highlight=False)
+
+
+def remote_fact(target: Any, fact: Fact[T]) -> T:
+    """A pdfleet fact gathered on a testinfra host (same command and parser as provision uses)."""
+    result = target.run(fact.command())
+    return fact.parse(result.stdout, result.rc)
+
+
+def read_env(target: Any, path: str) -> dict[str, str] | None:
+    """KEY=value pairs of a systemd EnvironmentFile on the host; None when it does not exist."""
+    result = target.run(f"cat {shlex.quote(path)}")
+    if result.rc != 0:
+        return None
+    env = {}
+    for line in result.stdout.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not name.strip().startswith("#"):
+            env[name.strip()] = value.strip()
+    return env

@@ -1,0 +1,46 @@
+"""RDMA bandwidth per prefill/decode host pair (`--rdma-bandwidth`): ib_write_bw >= the profile minimum."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+import pytest
+
+from pdfleet.hw import facts as hw
+from pdfleet.hw.kv import uses_rdma
+from pdfleet.inventory import Host
+from pdfleet.roles_api import KV_ENV_FILE
+from pdfleet.verify import VerifyPlugin, parse_ib_write_bw, read_env, remote_fact
+
+PORT = 18515  # perftest's default TCP port for the out-of-band exchange
+SECONDS = 5
+
+
+def test_ib_write_bw(verify: VerifyPlugin, pd_pair: tuple[Host, Host]) -> None:
+    prefill, decode = pd_pair
+    if not verify.options.rdma_bandwidth:
+        pytest.skip("--rdma-bandwidth not given")
+    if not (uses_rdma(verify.profile, prefill) and uses_rdma(verify.profile, decode)):
+        pytest.skip("KV does not move over RDMA between these hosts")
+    minimum = verify.profile.rdma.min_bandwidth_gbps
+    if minimum is None:
+        pytest.skip("rdma.min_bandwidth_gbps is not set")
+    server, client = verify.target_for(decode), verify.target_for(prefill)
+    gid = (read_env(server, KV_ENV_FILE) or {}).get("UCX_IB_GID_INDEX")
+    assert gid is not None, f"{decode.name}: {KV_ENV_FILE} has no UCX_IB_GID_INDEX"
+    sdev, cdev = decode.rdma_devices[0], prefill.rdma_devices[0]
+    found = remote_fact(server, hw.RdmaSysfsFact())
+    nd = found[sdev].netdevs[0] if sdev in found and found[sdev].netdevs else None
+    addrs = remote_fact(server, hw.NetdevFact(nd)).ipv4 if nd else ()
+    assert addrs, f"{decode.name}: {sdev} has no netdev with an IPv4 address"
+    common = f"-d {{dev}} -x {int(gid)} -p {PORT} --report_gbits -D {SECONDS} -F"
+    server.run(
+        f"nohup timeout {SECONDS * 6} ib_write_bw {common.format(dev=shlex.quote(sdev))} "
+        "> /tmp/pdfleet-ib_write_bw.log 2>&1 &"
+    )
+    time.sleep(1)
+    out = client.run(f"timeout {SECONDS * 5} ib_write_bw {common.format(dev=shlex.quote(cdev))} {addrs[0]}")
+    bw = parse_ib_write_bw(out.stdout)
+    assert bw is not None, f"ib_write_bw printed no result: {(out.stdout + out.stderr).strip()[-300:]}"
+    assert bw >= minimum, f"{prefill.name}->{decode.name}: {bw} Gb/s < rdma.min_bandwidth_gbps {minimum}"

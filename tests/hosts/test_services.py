@@ -1,0 +1,97 @@
+"""Service checks: every unit installed, enabled, active; ports listening; /health; env files 0600;
+no key in any unit file or command line."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+import pytest
+
+from pdfleet.inventory import Host
+from pdfleet.verify import Unit, VerifyPlugin, host_units, secret_values
+
+ENV_DIR = "/etc/pdfleet"
+
+
+def units(verify: VerifyPlugin, pd_host: Host) -> list[Unit]:
+    found = host_units(verify.profile, pd_host)
+    if not found:
+        pytest.skip("runs no pdfleet unit under this profile")
+    return found
+
+
+def test_units_installed_enabled_active(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
+    bad = []
+    for unit in units(verify, pd_host):
+        svc = target.service(unit.name)
+        state = target.run(
+            f"systemctl show -p LoadState,UnitFileState,ActiveState --value {shlex.quote(unit.name)}"
+        )
+        load, file_state, active = (state.stdout.split() + ["?", "?", "?"])[:3]
+        if load != "loaded":
+            bad.append(f"{unit.name} not installed ({load})")
+        elif not svc.is_enabled or not svc.is_running:
+            bad.append(f"{unit.name} {file_state}/{active}")
+    assert not bad, "; ".join(bad)
+
+
+def test_ports_listening(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
+    closed = [
+        f"{u.name}:{u.port}"
+        for u in units(verify, pd_host)
+        if u.port and not target.socket(f"tcp://{u.port}").is_listening
+    ]
+    assert not closed, f"not listening: {', '.join(closed)}"
+
+
+def test_health_answers(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
+    checked = [u for u in units(verify, pd_host) if u.health_url]
+    if not checked:
+        pytest.skip("no unit with a /health endpoint on this host")
+    bad = []
+    for unit in checked:
+        url = unit.health_url or ""
+        fetch = (
+            "import sys, urllib.request as u\n"
+            f"try: u.urlopen({url!r}, timeout=10)\n"
+            "except Exception as e: print(e); sys.exit(1)"
+        )
+        probe = (
+            f"if command -v python3 >/dev/null; then python3 -c {shlex.quote(fetch)}; "
+            f"else curl -fsS -o /dev/null -m 10 {shlex.quote(url)}; fi"
+        )
+        result = target.run(probe)
+        if result.rc != 0:
+            bad.append(f"{unit.health_url} ({(result.stdout + result.stderr).strip()[-120:]})")
+    assert not bad, f"/health does not answer: {'; '.join(bad)}"
+
+
+def test_env_files_mode_0600(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
+    units(verify, pd_host)
+    listing = target.run(f"find {ENV_DIR} -name '*.env' -printf '%m %u %p\\n' 2>/dev/null")
+    files = [line.split(" ", 2) for line in listing.stdout.splitlines() if line.strip()]
+    if not files:
+        pytest.skip(f"no env files under {ENV_DIR}")
+    bad = [f"{path} {mode} {owner}" for mode, owner, path in files if mode != "600" or owner != "root"]
+    assert not bad, f"env files must be 0600 root: {'; '.join(bad)}"
+
+
+def test_no_key_in_units_or_cmdline(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
+    found = units(verify, pd_host)
+    envs = target.run(f"cat {ENV_DIR}/*.env {ENV_DIR}/*/*.env 2>/dev/null")
+    secrets = secret_values(envs.stdout)
+    leaks = []
+    for unit in found:
+        name = shlex.quote(unit.name)
+        text = target.run(f"systemctl cat {name} 2>/dev/null").stdout
+        pid = target.run(f"systemctl show -p MainPID --value {name}").stdout.strip()
+        cmdline = ""
+        if pid.isdigit() and pid != "0":
+            cmdline = target.run(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+        for where, content in (("unit file", text), ("command line", cmdline)):
+            if "--api-key" in content:
+                leaks.append(f"{unit.name} {where} has --api-key")
+            if any(s in content for s in secrets):
+                leaks.append(f"{unit.name} {where} contains a key from an env file")
+    assert not leaks, "; ".join(leaks)

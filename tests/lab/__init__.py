@@ -1,0 +1,1 @@
+"""Lab tests: real systemd-nspawn hosts on the pdlab0 bridge (root, Linux)."""

@@ -1,0 +1,106 @@
+"""kv_transfer decisions and role: wheel per connector/driver, env file, Mooncake extra config."""
+
+from __future__ import annotations
+
+import roles.kv_transfer as role
+from pdfleet.hw import facts as hw
+from pdfleet.hw.kv import kv_connector_extra_config, kv_env, kv_requirement
+from pdfleet.ops.operations import File, PipRequirements
+from pdfleet.roles_api import KV_ENV_FILE
+from tests.unit.hw.helpers import H100_DEVICES, context, fixture_facts, host, pinned, profile, run_role
+
+H100 = "h100-sxm-8x-nvswitch-cx7"
+MOONCAKE = {"connector": "MooncakeConnector"}
+
+
+def env_of(ops):  # type: ignore[no-untyped-def]
+    [f] = [op for op in ops if isinstance(op, File) and op.path == KV_ENV_FILE]
+    text = f.content.decode() if isinstance(f.content, bytes) else f.content
+    return f, dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def test_requirement_matches_driver_cuda() -> None:
+    assert kv_requirement(pinned()) == "nixl[cu12]"  # R570 → CUDA 12
+    assert kv_requirement(profile("cross-rdma")) == "nixl[cu13]"  # R580 → CUDA 13
+    assert kv_requirement(pinned(kv_transfer=MOONCAKE)) == "mooncake-transfer-engine"
+    assert kv_requirement(profile("cross-rdma", kv_transfer=MOONCAKE)) == "mooncake-transfer-engine-cuda13"
+
+
+def test_h100_nixl_env_has_ucx_devices_and_computed_gid() -> None:
+    ctx = context(pinned(), host(groups=("prefill",)))
+    ops, skips, _ = run_role(role, ctx, fixture_facts(H100))
+    f, env = env_of(ops)
+    assert f.mode == "0600"
+    assert env == {
+        "UCX_TLS": "all",
+        "UCX_NET_DEVICES": ",".join(f"{d}:1" for d in H100_DEVICES),
+        "UCX_IB_GID_INDEX": "3",
+        "MC_GID_INDEX": "3",
+    }
+    assert [h.unit for h in f.notify] == ["vllm-prefill.service"]
+    [pip] = [op for op in ops if isinstance(op, PipRequirements)]
+    assert pip.requirements == ("nixl[cu12]",) and pip.venv == "/opt/pdfleet/venv"
+
+
+def test_mooncake_prefill_gets_bootstrap_port_and_dmabuf_peermem_flag() -> None:
+    prof = pinned(kv_transfer={**MOONCAKE, "ucx_tls": "rc,ud,sm,self"})
+    ops, _, _ = run_role(role, context(prof, host(groups=("prefill",))), fixture_facts(H100))
+    _, env = env_of(ops)
+    assert env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998" and env["WITH_NVIDIA_PEERMEM"] == "0"
+    assert env["UCX_TLS"] == "rc,ud,sm,self"
+    ops, _, _ = run_role(role, context(prof, host(groups=("decode",))), fixture_facts(H100))
+    _, env = env_of(ops)
+    assert "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in env and env["MC_GID_INDEX"] == "3"
+
+
+def test_mooncake_with_peermem_when_proprietary_modules() -> None:
+    prof = pinned(open_modules=False, kv_transfer=MOONCAKE)
+    assert kv_env(prof, host(), 3, "peermem", False)["WITH_NVIDIA_PEERMEM"] == "1"
+    ops, _, _ = run_role(role, context(prof, host()), fixture_facts(H100))
+    assert env_of(ops)[1]["WITH_NVIDIA_PEERMEM"] == "1"
+
+
+def test_same_host_uses_no_rdma() -> None:
+    prof = pinned("same-host-pcie")
+    h = host(groups=("prefill", "decode"), gpus=(0, 1), rdma_devices=(), rdma_netdev=None)
+    ops, skips, _ = run_role(role, context(prof, h), fixture_facts("l40s-pcie-2x"))
+    f, env = env_of(ops)
+    assert env == {"UCX_TLS": "all"} and skips == []
+    assert sorted(hd.unit for hd in f.notify) == ["vllm-decode.service", "vllm-prefill.service"]
+
+
+def test_sim_engine_skips_the_wheel_with_reason_but_writes_env() -> None:
+    prof = profile("cross-rdma", vllm={"engine": "sim"}, rdma={"enabled": False})
+    ops, skips, changes = run_role(role, context(prof, host(rdma_devices=())), fixture_facts("lab-container"))
+    assert [s.what for s in skips] == ["KV transfer library"] and "engine: sim" in skips[0].reason
+    assert not any(isinstance(op, PipRequirements) for op in ops)
+    assert env_of(ops)[1] == {"UCX_TLS": "all"}
+    assert any(c.commands for c in changes)
+
+
+def test_gid_problem_is_a_skip_not_a_guess() -> None:
+    ctx = context(pinned(), host(rdma_devices=("mlx5_7",)))
+    ops, skips, _ = run_role(role, ctx, fixture_facts("driver-mismatch"))
+    assert any("mlx5_7 port 1 is DOWN" in s.reason for s in skips)
+    assert "UCX_IB_GID_INDEX" not in env_of(ops)[1]
+
+
+def test_kv_connector_extra_config() -> None:
+    h = host(rdma_devices=("mlx5_0", "mlx5_1"))
+    assert kv_connector_extra_config(pinned(), h) == {}
+    assert kv_connector_extra_config(pinned(kv_transfer=MOONCAKE), h) == {
+        "mooncake_protocol": "rdma",
+        "device_name": "mlx5_0,mlx5_1",
+    }
+    tcp = pinned(kv_transfer={**MOONCAKE, "mooncake_protocol": "tcp"})
+    assert kv_connector_extra_config(tcp, h) == {"mooncake_protocol": "tcp"}
+
+
+def test_applies_only_to_pd_hosts() -> None:
+    assert role.applies(context(pinned(), host(groups=("decode",))))
+    assert not role.applies(context(pinned("colocated"), host(groups=("colocated",))))
+    assert not role.applies(context(pinned(), host(groups=("gateway",))))
+
+
+def test_unused_fixture_fact_is_still_parsed() -> None:
+    assert fixture_facts(H100).get(hw.KernelFact()).release == "6.1.0-31-amd64"

@@ -1,0 +1,155 @@
+"""`invoke verify`: ssh_config, unit lists, parsers, and a real run over SSH against a loopback sshd."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pdfleet.inventory import load_inventory
+from pdfleet.verify import (
+    FAIL,
+    PASS,
+    SKIP,
+    CheckResult,
+    VerifyOptions,
+    _host_and_check,
+    host_units,
+    parse_ib_write_bw,
+    pd_pairs,
+    run_verify,
+    secret_values,
+    ssh_config,
+    table_rows,
+)
+from tests.unit.hw.helpers import REPO, host, pinned, profile
+
+
+def test_ssh_config_from_inventory_is_strict(tmp_path: Path) -> None:
+    inv = load_inventory(REPO / "inventory" / "lab.yml")
+    text = ssh_config(list(inv.hosts.values()), "~/.ssh/known_hosts", tmp_path, 7)
+    block = text.split("\n\n")[[h for h in inv.hosts].index("lab-p1")]
+    assert block.splitlines() == [
+        "Host lab-p1",
+        "  HostName 198.18.0.21",
+        "  User ops",
+        "  Port 22",
+        "  UserKnownHostsFile /var/lib/pdfleet-lab/ssh/known_hosts",
+        "  StrictHostKeyChecking yes",
+        "  BatchMode yes",
+        "  ConnectTimeout 7",
+        "  ControlMaster auto",
+        f"  ControlPath {tmp_path}/%C",
+        "  ControlPersist 120",
+        "  IdentityFile /var/lib/pdfleet-lab/ssh/id_ed25519",
+        "  IdentitiesOnly yes",
+    ]
+
+
+def test_host_units_per_group() -> None:
+    prof = pinned()
+    assert [u.name for u in host_units(prof, host(groups=("prefill",)))] == ["vllm-prefill.service"]
+    gw = host_units(prof, host(groups=("gateway",)))
+    assert [(u.name, u.port) for u in gw] == [
+        ("pdfleet-gateway.service", 8080),
+        ("vllm-router-pd.service", 8090),
+    ]
+    colo = host_units(profile("colocated"), host(groups=("colocated",)))
+    assert [u.name for u in colo] == ["vllm-colocated.service"] and colo[0].health_url.endswith("/health")
+
+
+def test_pd_pairs_skip_same_host() -> None:
+    p, d, both = host("p", ("prefill",)), host("d", ("decode",)), host("b", ("prefill", "decode"))
+    assert [(a.name, b.name) for a, b in pd_pairs([p, d, both])] == [("p", "d"), ("p", "b"), ("b", "d")]
+
+
+def test_parse_ib_write_bw_report() -> None:
+    # perftest's --report_gbits result block (perftest README / ib_write_bw output)
+    text = (
+        "---------------------------------------------------------------------------------------\n"
+        " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+        " 65536      1832760          0.00               384.39             0.733173\n"
+        "---------------------------------------------------------------------------------------\n"
+    )
+    assert parse_ib_write_bw(text) == 384.39
+    assert parse_ib_write_bw("Couldn't connect to 10.0.0.1:18515\n") is None
+
+
+def test_secret_values_only_key_like_variables() -> None:
+    env = "UCX_TLS=all\nPDFLEET_GATEWAY_KEY=sk-abcdefgh12345\n# API_KEY=commented-out-value\nTOKEN=short\n"
+    assert secret_values(env) == ["sk-abcdefgh12345"]
+
+
+def test_nodeid_to_host_and_check() -> None:
+    assert _host_and_check("tests/hosts/test_gpu.py::test_persistence_on[lab-p1]") == (
+        "lab-p1",
+        "gpu/persistence_on",
+    )
+    assert _host_and_check("test_bandwidth.py::test_ib_write_bw[p->d]") == ("p->d", "bandwidth/ib_write_bw")
+
+
+def test_table_rows_keep_run_order() -> None:
+    rs = [CheckResult("a", "x", PASS), CheckResult("b", "x", FAIL, "why"), CheckResult("a", "y", SKIP, "n/a")]
+    checks, hosts, cells = table_rows(rs)
+    assert checks == ["x", "y"] and hosts == ["a", "b"] and cells[("x", "b")].detail == "why"
+
+
+def _loopback_inventory(tmp_path: Path, sshd) -> Path:  # type: ignore[no-untyped-def]
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  children:\n    prefill:\n      hosts:\n        loop:\n"
+        f"          ansible_host: 127.0.0.1\n          ansible_port: {sshd.port}\n"
+        f"          ansible_user: root\n          ansible_ssh_private_key_file: {sshd.key_file}\n"
+        f"          pdfleet_known_hosts_file: {sshd.known_hosts}\n          gpus: [0, 1]\n"
+        "    decode:\n      hosts:\n        loop: {}\n"
+    )
+    return inv
+
+
+@pytest.mark.sshd
+def test_verify_over_ssh_skips_hardware_and_fails_naming_host_and_check(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
+    inv = load_inventory(_loopback_inventory(tmp_path, sshd))
+    prof = profile("same-host-pcie")
+    junit = tmp_path / "verify.xml"
+    run = run_verify(prof, inv, list(inv.hosts.values()), VerifyOptions(junit=junit, connect_timeout=5))
+    by_check = {r.check: r for r in run.results}
+    # this machine has no NVIDIA GPU and the profile moves KV over PCIe: skipped with the reason
+    assert by_check["gpu/driver_version_matches_pin"].outcome == SKIP
+    assert by_check["gpu/driver_version_matches_pin"].detail == "no NVIDIA GPU on the PCI bus"
+    assert by_check["rdma/mtu"].detail == "topology same-host: KV does not cross hosts"
+    # no vLLM units or NIXL venv here: failures name the host and the check
+    units = by_check["services/units_installed_enabled_active"]
+    assert units.outcome == FAIL and units.host == "loop" and "vllm-prefill.service" in units.detail
+    assert (
+        by_check["kv/kv_library_importable"].outcome == FAIL
+        and "import nixl" in by_check["kv/kv_library_importable"].detail
+    )
+    assert run.exit_code != 0
+    cases = ET.parse(junit).getroot().iter("testcase")
+    assert any(c.get("name") == "test_units_installed_enabled_active[loop]" for c in cases)
+
+
+@pytest.mark.sshd
+def test_verify_passes_when_only_skipping_checks_run(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
+    inv = load_inventory(_loopback_inventory(tmp_path, sshd))
+    run = run_verify(
+        profile("same-host-pcie"), inv, list(inv.hosts.values()), VerifyOptions(checks="gpu or rdma")
+    )
+    assert (
+        run.results and {r.outcome for r in run.results} == {SKIP} and not run.failed and run.exit_code == 0
+    )
+
+
+@pytest.mark.sshd
+def test_verify_refuses_an_unknown_host_key(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
+    inv_file = _loopback_inventory(tmp_path, sshd)
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    inv_file.write_text(inv_file.read_text().replace(str(sshd.known_hosts), str(empty)))
+    inv = load_inventory(inv_file)
+    run = run_verify(profile("same-host-pcie"), inv, list(inv.hosts.values()), VerifyOptions(checks="kv_env"))
+    [result] = run.results
+    assert result.outcome == FAIL and result.host == "loop"
+    assert result.detail.startswith(f"cannot reach loop (127.0.0.1:{sshd.port}) over SSH: ")
+    assert "Host key verification failed" in result.detail

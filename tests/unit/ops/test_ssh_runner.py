@@ -1,0 +1,110 @@
+"""The runner over real SSH (OpenSSH sshd on loopback, Fabric/paramiko client, strict host keys)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from pdfleet.errors import ConnectError
+from pdfleet.inventory import Host
+from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.ops.operations import CommandOp, Directory, File, LineInFile
+from pdfleet.ops.runner import RunOptions, run_fleet
+from pdfleet.ops.ssh import open_connection
+
+from .conftest import Sshd
+
+pytestmark = [pytest.mark.sshd, pytest.mark.timeout(60)]
+
+
+def ssh_host(sshd: Sshd, name: str = "loop", port: int | None = None, known: Path | None = None) -> Host:
+    return Host(
+        name=name,
+        groups=frozenset(),
+        vars={},
+        address="127.0.0.1",
+        port=port or sshd.port,
+        user="root",
+        key_file=str(sshd.key_file),
+        known_hosts_file=str(known or sshd.known_hosts),
+    )
+
+
+def planner_under(root: Path):
+    def planner(h: Host, facts: FactSource) -> Iterable[Operation | Skip]:
+        base = root / h.name
+        yield Directory(str(base), mode="0750")
+        yield File(str(base / "app.conf"), "port=8100\nmodel=llama\n", mode="0640")
+        yield File(str(base / "keys.env"), "API_KEY=sk-over-ssh-secret\n", mode="0600", secret=True)
+        yield LineInFile(str(base / "limits.conf"), "* hard memlock unlimited", regexp=r"^\* hard memlock")
+        yield CommandOp(f"date > {base}/stamp", creates=str(base / "stamp"))
+
+    return planner
+
+
+OPTIONS = RunOptions(connect_timeout=5)
+
+
+def test_apply_twice_second_run_changes_nothing(sshd: Sshd, tmp_path: Path) -> None:
+    h = ssh_host(sshd)
+    first = run_fleet([h], planner_under(tmp_path), OPTIONS)
+    assert first.hosts["loop"].error is None
+    assert first.totals == {"ok": 0, "changed": 5, "skipped": 0, "failed": 0}
+    assert (tmp_path / "loop" / "app.conf").read_text() == "port=8100\nmodel=llama\n"
+    assert oct((tmp_path / "loop" / "keys.env").stat().st_mode & 0o777) == "0o600"
+    second = run_fleet([h], planner_under(tmp_path), OPTIONS)
+    assert second.totals["changed"] == 0 and second.totals["ok"] == 5 and second.totals["failed"] == 0
+
+
+def test_check_changes_nothing_and_reports_diffs(sshd: Sshd, tmp_path: Path) -> None:
+    h = ssh_host(sshd)
+    run_fleet([h], planner_under(tmp_path), OPTIONS)
+    (tmp_path / "loop" / "app.conf").write_text("port=9999\nmodel=llama\n")
+    report = run_fleet([h], planner_under(tmp_path), RunOptions(check=True, connect_timeout=5))
+    assert report.totals["changed"] == 1
+    [change] = report.hosts["loop"].changes
+    assert "-port=9999" in change["diff"] and "+port=8100" in change["diff"]
+    assert (tmp_path / "loop" / "app.conf").read_text() == "port=9999\nmodel=llama\n"  # untouched
+
+
+def test_unknown_host_key_is_a_clear_error(sshd: Sshd, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(ConnectError) as err:
+        open_connection(ssh_host(sshd, known=empty), "~/.ssh/known_hosts", 5)
+    message = str(err.value)
+    assert f"is not in {empty}" in message
+    assert f"ssh-keyscan -p {sshd.port} 127.0.0.1 >> {empty}" in message
+    assert empty.read_text() == ""  # never added silently
+    # and the runner reports it as that host's failure
+    report = run_fleet([ssh_host(sshd, known=empty)], planner_under(tmp_path), OPTIONS)
+    assert report.hosts["loop"].failed == 1 and "ssh-keyscan" in (report.hosts["loop"].error or "")
+    assert not (tmp_path / "loop").exists()
+
+
+def test_changed_host_key_says_how_to_replace_it(sshd: Sshd, tmp_path: Path) -> None:
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    keytype, blob = other.with_suffix(".pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {keytype} {blob}\n")
+    with pytest.raises(ConnectError) as err:
+        open_connection(ssh_host(sshd, known=known), "~/.ssh/known_hosts", 5)
+    message = str(err.value)
+    assert "CHANGED" in message and f"ssh-keygen -R '[127.0.0.1]:{sshd.port}' -f {known}" in message
+
+
+def test_failing_host_alongside_a_good_one(sshd: Sshd, tmp_path: Path) -> None:
+    with __import__("socket").socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead_port = sock.getsockname()[1]
+    hosts = [ssh_host(sshd, name="dead", port=dead_port), ssh_host(sshd, name="good")]
+    report = run_fleet(hosts, planner_under(tmp_path), OPTIONS)
+    assert report.hosts["good"].failed == 0 and report.hosts["good"].changed == 5
+    dead = report.hosts["dead"]
+    assert dead.failed == 1 and f"127.0.0.1:{dead_port}" in (dead.error or "")
+    assert "refused" in (dead.error or "").lower()
+    assert report.totals["failed"] == 1

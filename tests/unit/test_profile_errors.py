@@ -1,0 +1,344 @@
+"""Bad profiles, table-driven: small YAML files in tmp_path; messages name file, key path, what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdfleet.errors import ValidationError
+from pdfleet.profile import ProfileError, load_profile
+
+# A complete, valid cross-host profile; most cases `extends: _good` and change one thing.
+GOOD = """
+topology: cross-host
+model: {id: meta-llama/Llama-3.1-8B-Instruct, max_model_len: 32768}
+vllm:
+  version: "0.11.0"
+  engine: vllm
+  sim: {gpu: H100-SXM, link: roce-400g}
+kv_transfer: {connector: NixlConnector, side_channel_port: 5600}
+pools:
+  prefill: {port: 8100, gpus: [0], max_num_batched_tokens: 8192, gpu_memory_utilization: 0.85}
+  decode: {port: 8200, gpus: [0], max_num_batched_tokens: 2048, gpu_memory_utilization: 0.90}
+gpu: {driver_branch: "580"}
+rdma: {enabled: true}
+gateway:
+  stage: colocated
+  stages:
+    colocated: {short: 0, long: 0}
+    long-prompts: {short: 0, long: 100}
+slo: {ttft_p99_ms: 3000, tpot_p99_ms: 60, itl_p99_ms: 200, kv_transfer_p99_ms: 500}
+"""
+
+SAME_HOST = "extends: _good\ntopology: same-host\npools: {decode: {gpus: [1]}}\n"
+
+# (id, YAML of the case file, key path, expected message text). `{file}` is the case file.
+CASES: list[tuple[str, str, str, str]] = [
+    (
+        "gpu_memory_utilization_too_high",
+        "extends: _good\npools: {decode: {gpu_memory_utilization: 0.99}}\n",
+        "pools.decode.gpu_memory_utilization",
+        "must be <= 0.98 (got 0.99)",
+    ),
+    (
+        "unknown_top_level_key",
+        "extends: _good\nrouter: {port: 1}\n",
+        "router",
+        "unknown key; allowed: extends, description, topology, model, vllm, kv_transfer, pools, gpu, rdma,",
+    ),
+    (
+        "unknown_pool_key",
+        "extends: _good\npools: {prefill: {max_batched_tokens: 4096}}\n",
+        "pools.prefill.max_batched_tokens",
+        "unknown key; allowed: port, gpus, tensor_parallel_size, max_num_batched_tokens,",
+    ),
+    (
+        "mooncake_transfer_engine",
+        "extends: _good\nkv_transfer: {connector: MooncakeTransferEngine}\n",
+        "kv_transfer.connector",
+        "'MooncakeTransferEngine' is not a vLLM connector; did you mean MooncakeConnector?",
+    ),
+    (
+        "misspelt_connector",
+        "extends: _good\nkv_transfer: {connector: NixlConector}\n",
+        "kv_transfer.connector",
+        "'NixlConector' is not a vLLM connector; did you mean NixlConnector?",
+    ),
+    (
+        "mooncake_predates_pinned_vllm",
+        "extends: _good\nkv_transfer: {connector: MooncakeConnector}\n",
+        "kv_transfer.connector",
+        "MooncakeConnector is not in vLLM 0.11.0 (pdfleet knows it from vLLM 0.15.0); "
+        "pin vllm.version >= 0.15.0 or use NixlConnector",
+    ),
+    (
+        "real_connector_pdfleet_does_not_render",
+        "extends: _good\nkv_transfer: {connector: OffloadingConnector}\n",
+        "kv_transfer.connector",
+        "OffloadingConnector is a vLLM connector but not one pdfleet renders P/D units for",
+    ),
+    (
+        "kv_both_on_prefill",
+        "extends: _good\npools: {prefill: {kv_role: kv_both}}\n",
+        "pools.prefill.kv_role",
+        "kv_both is not used: prefill is kv_producer and decode kv_consumer; use kv_producer",
+    ),
+    (
+        "consumer_on_prefill",
+        "extends: _good\npools: {prefill: {kv_role: kv_consumer}}\n",
+        "pools.prefill.kv_role",
+        "must be kv_producer for the prefill pool (got kv_consumer)",
+    ),
+    (
+        "kv_role_on_colocated",
+        "extends: _good\ntopology: colocated\npools:\n  prefill: null\n  decode: null\n"
+        "  colocated: {port: 8000, gpus: [0], max_num_batched_tokens: 8192, gpu_memory_utilization: 0.9,"
+        " kv_role: kv_both}\n",
+        "pools.colocated.kv_role",
+        "the colocated pool runs without a KV connector; remove kv_role",
+    ),
+    (
+        "side_channel_localhost_cross_host",
+        "extends: _good\nkv_transfer: {side_channel_host: localhost}\n",
+        "kv_transfer.side_channel_host",
+        "'localhost' is not reachable from other hosts in a cross-host topology; use auto",
+    ),
+    (
+        "bad_topology",
+        "extends: _good\ntopology: split\n",
+        "topology",
+        "must be one of 'same-host', 'cross-host' or 'colocated' (got 'split')",
+    ),
+    (
+        "same_host_same_gpu",
+        "extends: _good\ntopology: same-host\npools: {decode: {gpus: [0]}}\n",
+        "pools.decode.gpus",
+        "GPU 0 is given to both pools.prefill and pools.decode on a same-host host",
+    ),
+    (
+        "same_host_port_clash_with_side_channel",
+        SAME_HOST + "kv_transfer: {side_channel_port: 8199}\n",
+        "kv_transfer.side_channel_port+1",
+        "port 8200 is used twice on a same-host host: by pools.decode.port and "
+        "kv_transfer.side_channel_port+1 (decode side channel)",
+    ),
+    (
+        "gateway_port_equals_router_port",
+        "extends: _good\ngateway: {router_port: 8080}\n",
+        "gateway.router_port",
+        "port 8080 is used twice: by gateway.port and gateway.router_port",
+    ),
+    (
+        "stage_not_defined",
+        "extends: _good\ngateway: {stage: everything}\n",
+        "gateway.stage",
+        "'everything' is not a stage in gateway.stages; stages: colocated, long-prompts",
+    ),
+    (
+        "tp_does_not_match_gpus",
+        "extends: _good\npools: {prefill: {gpus: [0, 1]}}\n",
+        "pools.prefill.gpus",
+        "lists 2 GPU(s) but tensor_parallel_size is 1",
+    ),
+    (
+        "extra_args_sets_managed_flag",
+        "extends: _good\npools: {decode: {extra_args: ['--enforce-eager', '--port=9000']}}\n",
+        "pools.decode.extra_args[1]",
+        "--port is rendered by pdfleet from pools.decode.port; set that key instead",
+    ),
+    (
+        "unpinned_vllm",
+        "extends: _good\nvllm: {version: latest}\n",
+        "vllm.version",
+        "must be an exact vLLM release like 0.11.0 (got 'latest')",
+    ),
+    (
+        "vllm_older_than_supported",
+        "extends: _good\nvllm: {version: 0.9.2}\n",
+        "vllm.version",
+        "vLLM 0.9.2 is older than pdfleet supports (>= 0.10.0)",
+    ),
+    (
+        "load_failure_policy_before_it_existed",
+        "extends: _good\nkv_transfer: {load_failure_policy: fail}\n",
+        "kv_transfer.load_failure_policy",
+        "vLLM 0.11.0 has no kv_load_failure_policy",
+    ),
+    (
+        "colocated_topology_with_prefill_pool",
+        "extends: _good\ntopology: colocated\n"
+        "pools:\n  prefill: {port: 8100}\n"
+        "  colocated: {port: 8000, gpus: [0], max_num_batched_tokens: 8192, gpu_memory_utilization: 0.9}\n",
+        "pools.prefill",
+        "a colocated profile runs only pools.colocated",
+    ),
+    (
+        "disagg_missing_decode",
+        "extends: _good\npools: {decode: null}\n",
+        "pools.decode",
+        "required key is missing: topology cross-host runs prefill and decode",
+    ),
+    (
+        "sim_engine_with_mooncake",
+        "extends: _good\nvllm: {version: '0.15.0', engine: sim}\n"
+        "kv_transfer: {connector: MooncakeConnector}\n",
+        "kv_transfer.connector",
+        "the simulator (vllm.engine: sim) speaks NixlConnector's protocol only",
+    ),
+    (
+        "fabric_manager_not_bool",
+        "extends: _good\ngpu: {fabric_manager: maybe}\n",
+        "gpu.fabric_manager",
+        "must be 'auto' or true or false (got 'maybe')",
+    ),
+    (
+        "port_as_string",
+        "extends: _good\npools: {prefill: {port: '8100'}}\n",
+        "pools.prefill.port",
+        "must be an integer (got '8100')",
+    ),
+    (
+        "unknown_sim_link",
+        "extends: _good\nvllm: {sim: {link: infiniband}}\n",
+        "vllm.sim.link",
+        "must be one of 'pcie-gen4', 'pcie-gen5', 'nvlink', 'roce-100g', 'roce-200g', 'roce-400g' or 'tcp'",
+    ),
+    (
+        "name_key_is_reserved",
+        "extends: _good\nname: other\n",
+        "name",
+        "set by pdfleet from the file name; remove this key",
+    ),
+    (
+        "missing_required_section",
+        GOOD.replace(
+            "slo: {ttft_p99_ms: 3000, tpot_p99_ms: 60, itl_p99_ms: 200, kv_transfer_p99_ms: 500}\n", ""
+        ),
+        "slo",
+        "required key is missing",
+    ),
+    (
+        "extends_missing_base",
+        "extends: _nosuch\n",
+        "extends",
+        "no profile '_nosuch' in",
+    ),
+    (
+        "long_threshold_above_context",
+        "extends: _good\ngateway: {long_prompt_tokens: 40000}\n",
+        "gateway.long_prompt_tokens",
+        "must be < model.max_model_len (32768), or no prompt is ever long (got 40000)",
+    ),
+    (
+        "driver_version_outside_branch",
+        "extends: _good\ngpu: {driver_version: 575.51.03}\n",
+        "gpu.driver_version",
+        "575.51.03 is not in driver_branch 580",
+    ),
+    (
+        "mirror_not_a_url",
+        "extends: _good\nmirrors: {pypi: 198.18.0.1:8082/simple}\n",
+        "mirrors.pypi",
+        "must be an http:// or https:// URL (got '198.18.0.1:8082/simple')",
+    ),
+    (
+        "mooncake_rdma_without_rdma",
+        "extends: _good\nvllm: {version: '0.15.0'}\nrdma: {enabled: false}\n"
+        "kv_transfer: {connector: MooncakeConnector}\n",
+        "kv_transfer.mooncake_protocol",
+        "rdma needs rdma.enabled: true; enable RDMA or use mooncake_protocol: tcp",
+    ),
+]
+
+
+def _write_good(directory: Path) -> None:
+    (directory / "_good.yml").write_text(GOOD)
+
+
+@pytest.mark.parametrize(("case", "text", "key_path", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_bad_profile_message(tmp_path: Path, case: str, text: str, key_path: str, expected: str) -> None:
+    _write_good(tmp_path)
+    path = tmp_path / f"{case}.yml"
+    path.write_text(text)
+    with pytest.raises(ValidationError) as err:
+        load_profile(case, tmp_path)
+    lines = str(err.value).splitlines()
+    prefix = f"{path}: {key_path}: "
+    matching = [line for line in lines if line.startswith(prefix)]
+    assert matching, f"no line starting {prefix!r} in:\n" + "\n".join(lines)
+    assert any(expected in line for line in matching), "\n".join(lines)
+
+
+def test_table_has_enough_distinct_cases() -> None:
+    assert len({c[0] for c in CASES}) == len(CASES) >= 15
+
+
+def test_good_base_is_valid(tmp_path: Path) -> None:
+    """The table's base validates, so each case fails for its own reason only."""
+    _write_good(tmp_path)
+    (tmp_path / "ok.yml").write_text("extends: _good\n")
+    (tmp_path / "same.yml").write_text(SAME_HOST)
+    assert load_profile("ok", tmp_path).topology == "cross-host"
+    assert load_profile("same", tmp_path).topology == "same-host"
+    mooncake = "extends: _good\nvllm: {version: '0.15.0'}\nkv_transfer: {connector: MooncakeConnector}\n"
+    (tmp_path / "mooncake.yml").write_text(mooncake)
+    profile = load_profile("mooncake", tmp_path)
+    assert profile.kv_transfer.bootstrap_port_for("prefill") == 8998
+    assert profile.kv_transfer.side_channel_port_for("prefill") is None
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    _write_good(tmp_path)
+    (tmp_path / "many.yml").write_text(
+        "extends: _good\npools: {decode: {gpu_memory_utilization: 2, port: 0}}\ngpu: {driver_branch: r580}\n"
+    )
+    with pytest.raises(ProfileError) as err:
+        load_profile("many", tmp_path)
+    paths = {line.split(": ")[1] for line in err.value.problems}
+    assert paths == {"pools.decode.gpu_memory_utilization", "pools.decode.port", "gpu.driver_branch"}
+
+
+def test_error_in_base_is_reported_against_the_base(tmp_path: Path) -> None:
+    (tmp_path / "_good.yml").write_text(
+        GOOD.replace("gpu_memory_utilization: 0.90", "gpu_memory_utilization: 1.5")
+    )
+    (tmp_path / "child.yml").write_text("extends: _good\ndescription: inherits a bad value\n")
+    with pytest.raises(ValidationError) as err:
+        load_profile("child", tmp_path)
+    assert f"{tmp_path / '_good.yml'}: pools.decode.gpu_memory_utilization: must be <= 0.98" in str(err.value)
+
+
+def test_unknown_profile_lists_available(tmp_path: Path) -> None:
+    _write_good(tmp_path)
+    for name in ("alpha", "beta"):
+        (tmp_path / f"{name}.yml").write_text("extends: _good\n")
+    with pytest.raises(ValidationError) as err:
+        load_profile("gamma", tmp_path)
+    assert str(err.value) == f"unknown profile 'gamma' in {tmp_path}; available: alpha, beta"
+
+
+def test_extends_cycle(tmp_path: Path) -> None:
+    (tmp_path / "a.yml").write_text("extends: b\n")
+    (tmp_path / "b.yml").write_text("extends: c\n")
+    (tmp_path / "c.yml").write_text("extends: a\n")
+    with pytest.raises(ValidationError) as err:
+        load_profile("a", tmp_path)
+    assert f"{tmp_path / 'c.yml'}: extends: cycle a -> b -> c -> a" in str(err.value)
+
+
+def test_yaml_syntax_error_has_line_number(tmp_path: Path) -> None:
+    (tmp_path / "broken.yml").write_text(
+        "topology: cross-host\npools:\n  prefill: {port: 8100\n  decode: x\n"
+    )
+    with pytest.raises(ValidationError) as err:
+        load_profile("broken", tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / 'broken.yml'}:4:")
+    assert "invalid YAML" in str(err.value)
+
+
+def test_duplicate_key_is_an_error(tmp_path: Path) -> None:
+    _write_good(tmp_path)
+    (tmp_path / "dup.yml").write_text("extends: _good\ntopology: cross-host\ntopology: same-host\n")
+    with pytest.raises(ValidationError, match=r"dup.yml:3:1: invalid YAML: .*duplicate key 'topology'"):
+        load_profile("dup", tmp_path)
