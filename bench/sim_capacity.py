@@ -86,17 +86,34 @@ class StreamClient(asyncio.Protocol):
             self.closed.set_result(None)
 
 
-async def drive(url: str, streams: int, prompt_tokens: int, output: int, warmup: float, duration: float,
-                sim_pid: int, spread: float) -> dict[str, float]:
+async def drive(
+    url: str,
+    streams: int,
+    prompt_tokens: int,
+    output: int,
+    warmup: float,
+    duration: float,
+    sim_pid: int,
+    spread: float,
+) -> dict[str, float]:
     """Run the clients; measure over [warmup, warmup + duration]."""
     counts = [0, 0]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    body = json.dumps({"model": MODEL, "prompt": "x" * (4 * prompt_tokens), "max_tokens": output,
-                       "ignore_eos": True, "stream": True}).encode()
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "prompt": "x" * (4 * prompt_tokens),
+            "max_tokens": output,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    ).encode()
     host, port = url.removeprefix("http://").split(":")
-    request = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     clients: list[StreamClient] = []
     for _ in range(streams):
         _, proto = await loop.create_connection(lambda: StreamClient(request, counts, stop), host, int(port))
@@ -111,8 +128,12 @@ async def drive(url: str, streams: int, prompt_tokens: int, output: int, warmup:
     for client in clients:
         assert client.transport is not None
         client.transport.close()
-    lost = (m1["pdfleet_sim_lag_seconds"] - m0["pdfleet_sim_lag_seconds"]
-            + m1["pdfleet_sim_resync_lost_wall_seconds"] - m0["pdfleet_sim_resync_lost_wall_seconds"])
+    lost = (
+        m1["pdfleet_sim_lag_seconds"]
+        - m0["pdfleet_sim_lag_seconds"]
+        + m1["pdfleet_sim_resync_lost_wall_seconds"]
+        - m0["pdfleet_sim_resync_lost_wall_seconds"]
+    )
     busy_sim = m1["pdfleet_sim_busy_simulated_seconds"] - m0["pdfleet_sim_busy_simulated_seconds"]
     busy_wall = m1["pdfleet_sim_busy_wall_seconds"] - m0["pdfleet_sim_busy_wall_seconds"]
     steps = m1["pdfleet_sim_steps"] - m0["pdfleet_sim_steps"]
@@ -141,9 +162,13 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=8.0, help="wall seconds before measuring")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=256)
-    ap.add_argument("--spread", type=float, default=None,
-                    help="wall seconds over which stream starts are spread (default: one request's duration "
-                         "estimated from the step model)")
+    ap.add_argument(
+        "--spread",
+        type=float,
+        default=None,
+        help="wall seconds over which stream starts are spread (default: one request's duration "
+        "estimated from the step model)",
+    )
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--gpu", default="H100-SXM")
     ap.add_argument("--json", type=Path, help="also write the result here")
@@ -151,8 +176,15 @@ def main() -> int:
     cpus = sorted(os.sched_getaffinity(0))
     sim_cpu, client_cpu = cpus[0], cpus[-1]
     os.sched_setaffinity(0, {client_cpu})
-    sim_args = [MODEL, "--sim-gpu", args.gpu, "--sim-time-scale", str(args.time_scale),
-                "--max-num-seqs", str(max(args.streams, 256)), ]
+    sim_args = [
+        MODEL,
+        "--sim-gpu",
+        args.gpu,
+        "--sim-time-scale",
+        str(args.time_scale),
+        "--max-num-seqs",
+        str(max(args.streams, 256)),
+    ]
     spread = args.spread
     if spread is None:
         from pdfleet.sim.config import parse_serve_args
@@ -170,16 +202,36 @@ def main() -> int:
             uvloop.install()
         except ImportError:
             pass
-        result = asyncio.run(drive(sim.url, args.streams, args.prompt_tokens, args.output_tokens, args.warmup,
-                                   args.duration, sim.proc.pid, spread))
+        result = asyncio.run(
+            drive(
+                sim.url,
+                args.streams,
+                args.prompt_tokens,
+                args.output_tokens,
+                args.warmup,
+                args.duration,
+                sim.proc.pid,
+                spread,
+            )
+        )
     drift = result["drift"]
-    result.update({"streams": args.streams, "time_scale": args.time_scale, "spread_s": spread,
-                   "on_schedule": drift < 0.05,
-                   "sim_cpu": sim_cpu, "client_cpu": client_cpu})
+    result.update(
+        {
+            "streams": args.streams,
+            "time_scale": args.time_scale,
+            "spread_s": spread,
+            "on_schedule": drift < 0.05,
+            "sim_cpu": sim_cpu,
+            "client_cpu": client_cpu,
+        }
+    )
     print(json.dumps(result, indent=2))
-    print(f"\n{args.streams} streams: drift {100 * drift:.2f}% (simulated vs wall), "
-          f"{result['tokens_per_s_received']:.0f} tok/s delivered, sim process at "
-          f"{100 * result['sim_cpu_util']:.0f}% of one core -> {'ON' if result['on_schedule'] else 'OFF'} schedule")
+    print(
+        f"\n{args.streams} streams: drift {100 * drift:.2f}% (simulated vs wall), "
+        f"{result['tokens_per_s_received']:.0f} tok/s delivered, sim process at "
+        f"{100 * result['sim_cpu_util']:.0f}% of one core -> "
+        f"{'ON' if result['on_schedule'] else 'OFF'} schedule"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0 if result["on_schedule"] else 1

@@ -53,7 +53,9 @@ class HFTokenizer:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
 
-def make_counter(tokenizer_path: str | Path | None, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> TextCounter:
+def make_counter(
+    tokenizer_path: str | Path | None, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
+) -> TextCounter:
     """The tokenizer when a path is given, else the character estimate."""
     if tokenizer_path:
         return HFTokenizer(tokenizer_path)

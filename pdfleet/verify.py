@@ -13,10 +13,11 @@ import re
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -86,21 +87,15 @@ def ssh_config(hosts: Sequence[Host], default_known_hosts: str, control_dir: Pat
     return "\n\n".join(blocks) + "\n"
 
 
-def gateway_units(profile: Profile, host: Host) -> list[Unit]:
-    """The gateway host's units: pdfleet-gateway, plus vllm-router-pd for disaggregated profiles."""
-    if not host.in_group("gateway"):
-        return []
-    gw = profile.gateway
-    units = [Unit("pdfleet-gateway.service", gw.port, f"http://{host.address}:{gw.port}/health")]
-    if profile.disaggregated:
-        units.append(Unit("vllm-router-pd.service", gw.router_port, None))
-    return units
-
-
 def host_units(profile: Profile, host: Host) -> list[Unit]:
-    """Every pdfleet-managed unit this host runs under the profile (vLLM pools, gateway, router)."""
-    units = [Unit(i.unit, i.port, i.health_url) for i in host_instances(profile, host)]
-    return units + gateway_units(profile, host)
+    """The vLLM pool units this host runs under the profile (used when no role list is at hand)."""
+    return [Unit(i.unit, i.port, i.health_url) for i in host_instances(profile, host)]
+
+
+def managed_unit(unit: str, health_url: str | None) -> Unit:
+    """A Unit from a role's ManagedUnit: its port is the one its health URL names."""
+    port = urlsplit(health_url).port if health_url else None
+    return Unit(unit, port, health_url)
 
 
 def pd_pairs(hosts: Sequence[Host]) -> list[tuple[Host, Host]]:
@@ -180,6 +175,7 @@ class VerifyPlugin:
     hosts: list[Host]
     options: VerifyOptions
     ssh_config_path: Path
+    units_for: Callable[[Host], list[Unit]] | None = None
     results: list[CheckResult] = field(default_factory=list)
     _targets: dict[str, Any] = field(default_factory=dict)
     _reachable: dict[str, str] = field(default_factory=dict)  # host → "" or the SSH error
@@ -207,6 +203,10 @@ class VerifyPlugin:
     @pytest.fixture
     def verify(self) -> VerifyPlugin:
         return self
+
+    def units(self, host: Host) -> list[Unit]:
+        """The units the host should run: from the roles when given, else its vLLM pools."""
+        return self.units_for(host) if self.units_for else host_units(self.profile, host)
 
     @pytest.fixture
     def target(self, pd_host: Host) -> Any:
@@ -259,7 +259,11 @@ def _close_masters(config: Path, hosts: Sequence[Host]) -> None:
 
 
 def run_verify(
-    profile: Profile, inventory: Inventory, hosts: Sequence[Host], options: VerifyOptions
+    profile: Profile,
+    inventory: Inventory,
+    hosts: Sequence[Host],
+    options: VerifyOptions,
+    units_for: Callable[[Host], list[Unit]] | None = None,
 ) -> VerifyRun:
     """Run tests/hosts against the hosts; every outcome is returned, JUnit XML written if asked."""
     if not hosts:
@@ -271,7 +275,7 @@ def run_verify(
         config.write_text(
             ssh_config(hosts, options.default_known_hosts, work / "cm", options.connect_timeout)
         )
-        plugin = VerifyPlugin(profile, inventory, list(hosts), options, config)
+        plugin = VerifyPlugin(profile, inventory, list(hosts), options, config, units_for)
         args = [
             str(HOST_CHECKS_DIR),
             "-qq",

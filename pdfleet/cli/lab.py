@@ -14,6 +14,7 @@ from rich.table import Table
 from pdfleet.cli._common import REPO_ROOT, user_errors
 from pdfleet.errors import PdfleetError
 from pdfleet.lab.control import Lab, down, find_host, status, up
+from pdfleet.lab.mirrors import refresh_pdfleet_wheel
 from pdfleet.lab.paths import LOGIN_USER, LabPaths
 from pdfleet.lab.system import preflight
 
@@ -94,6 +95,14 @@ def ssh_task(c: Context, host: str, command: str = "") -> None:
         argv.append(command)
     sys.stdout.flush()
     os.execvp("ssh", argv)
+
+
+@task(name="wheel")
+@user_errors
+def wheel_task(c: Context) -> None:
+    """Serve a pdfleet wheel of this clone's current code on the lab's PyPI mirror (after a change)."""
+    preflight(())
+    print(refresh_pdfleet_wheel(LabPaths(), REPO_ROOT))
 
 
 @task(name="env")

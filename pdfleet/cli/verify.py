@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from invoke import Context, task
 from invoke.exceptions import Exit
 
 from pdfleet.cli._common import repo_path, setting, user_errors
 from pdfleet.cli.options import HELP, deployment_from_options
 from pdfleet.errors import PdfleetError
+from pdfleet.inventory import Host
+from pdfleet.roles_api import role_units
+
+if TYPE_CHECKING:
+    from pdfleet.verify import Unit
 
 
 @task(
@@ -33,7 +40,7 @@ def verify(
 ) -> None:
     """Check hosts against the profile over SSH: driver, RDMA, KV library, units, ports, /health, secrets."""
     try:  # pytest and testinfra are operator-side tools (the `test` extra), not host dependencies
-        from pdfleet.verify import VerifyOptions, print_results, run_verify
+        from pdfleet.verify import VerifyOptions, managed_unit, print_results, run_verify
     except ImportError as exc:
         raise PdfleetError(
             f"invoke verify needs pytest and pytest-testinfra ({exc}); install them with "
@@ -48,7 +55,13 @@ def verify(
         connect_timeout=int(setting(ctx, "connect_timeout", 10)),
         default_known_hosts=str(setting(ctx, "known_hosts", "~/.ssh/known_hosts")),
     )
-    run = run_verify(deployment.profile, deployment.inventory, hosts, options)
+
+    def units_for(host: Host) -> list[Unit]:
+        """Every unit the profile's roles keep running on the host (vLLM pools, gateway, router)."""
+        managed = role_units(deployment.roles, deployment.context(host))
+        return [managed_unit(m.unit, m.health_url) for m in managed]
+
+    run = run_verify(deployment.profile, deployment.inventory, hosts, options, units_for)
     print_results(run)
     if run.failed or run.exit_code not in (0, 5):
         raise Exit(code=1)

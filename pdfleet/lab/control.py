@@ -74,7 +74,7 @@ def up(lab: Lab, progress: Progress = quiet_progress) -> UpResult:
     started = time.monotonic()
     preflight()
     hosts = lab.hosts()
-    with exclusive():
+    with exclusive(progress):
         return _up(lab, hosts, started, progress)
 
 
@@ -100,6 +100,10 @@ def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> U
     state.bridge = True  # recorded before creating, so a kill right after still gets it removed
     state.save()
     ensure_bridge()
+    recorded = set(state.servers.values())
+    for ref in mirrors.leftover_servers(paths):
+        if ref not in recorded:  # started by a lab.up killed before it could record them
+            ref.stop(5.0)
     for kind in mirrors.SERVERS:
         state.servers[kind] = mirrors.start_server(paths, kind, state.servers.get(kind))
         state.save()
@@ -116,7 +120,7 @@ def _bring_up_host(lab: Lab, state: LabState, host: LabHost, image_key: str, ima
                    all_hosts: Sequence[LabHost], client_pub: str, progress: Progress) -> None:
     """Keep a healthy host running; otherwise clear its leftovers and boot it (on a fresh image: afresh)."""
     hd = labhosts.dirs(lab.paths, host.name)
-    rec = state.hosts.get(host.name)
+    rec = state.hosts.get(host.name) or labhosts.unrecorded_container(hd)
     recorded_key = hd.image_key_file.read_text().strip() if hd.image_key_file.exists() else None
     if recorded_key != image_key:
         if hd.base.exists():
@@ -125,6 +129,9 @@ def _bring_up_host(lab: Lab, state: LabState, host: LabHost, image_key: str, ima
         labhosts.wipe_host(hd)
         rec = None
     if labhosts.host_running(rec):
+        assert rec is not None
+        state.hosts[host.name] = rec
+        state.save()
         labhosts.write_host_files(hd, host, all_hosts, client_pub)
         progress(f"{host.name}: already running")
         return
@@ -149,18 +156,24 @@ def _write_known_hosts(paths: LabPaths, hosts: Sequence[LabHost]) -> None:
 def _wait_for_ssh(paths: LabPaths, hosts: Sequence[LabHost], progress: Progress) -> None:
     """Wait until every host accepts the lab login with its verified host key."""
     deadline = time.monotonic() + SSH_TIMEOUT
-    pending = list(hosts)
-    progress(f"waiting for sshd on {', '.join(h.name for h in pending)}")
-    while pending and time.monotonic() < deadline:
-        pending = [h for h in pending
-                   if not (labhosts.tcp_open(h.address, 22, 0.5)
-                           and labhosts.ssh_ok(h.address, paths.key_file, paths.known_hosts))]
-        if pending:
+    problems = {h.name: "not tried yet" for h in hosts}
+    progress(f"waiting for sshd on {', '.join(problems)}")
+    while problems and time.monotonic() < deadline:
+        for host in [h for h in hosts if h.name in problems]:
+            if not labhosts.tcp_open(host.address, 22, 0.5):
+                problems[host.name] = "port 22 closed"
+                continue
+            problem = labhosts.ssh_problem(host.address, paths.key_file, paths.known_hosts)
+            if problem is None:
+                del problems[host.name]
+            else:
+                problems[host.name] = problem
+        if problems:
             time.sleep(0.3)
-    if pending:
-        logs = ", ".join(str(labhosts.dirs(paths, h.name).console_log) for h in pending)
-        raise LabError(f"{', '.join(h.name for h in pending)} did not answer SSH within {SSH_TIMEOUT:.0f} s; "
-                       f"see {logs}.")
+    if problems:
+        detail = "; ".join(f"{name}: {why} (console: {labhosts.dirs(paths, name).console_log})"
+                           for name, why in problems.items())
+        raise LabError(f"lab hosts did not answer SSH within {SSH_TIMEOUT:.0f} s: {detail}")
 
 
 def down(lab: Lab, purge: bool = False, progress: Progress = quiet_progress) -> None:
@@ -169,7 +182,7 @@ def down(lab: Lab, purge: bool = False, progress: Progress = quiet_progress) -> 
     Caches (image, mirrors, the lab's SSH key) stay for a fast next up unless purge is set.
     """
     preflight(("ip", "mount"))
-    with exclusive():
+    with exclusive(progress):
         _down(lab, purge, progress)
 
 
@@ -182,8 +195,10 @@ def _down(lab: Lab, purge: bool, progress: Progress) -> None:
         names |= {p.name for p in paths.hosts_dir.iterdir() if p.is_dir()}
     for name in sorted(names):
         progress(f"{name}: stopping")
+        hd = labhosts.dirs(paths, name)
         labhosts.stop_host(state.hosts.get(name), name)
-        labhosts.wipe_host(labhosts.dirs(paths, name))
+        labhosts.stop_host(labhosts.unrecorded_container(hd), name)
+        labhosts.wipe_host(hd)
         state.hosts.pop(name, None)
         state.save()
     for kind, ref in list(state.servers.items()):

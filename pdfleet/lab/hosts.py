@@ -166,6 +166,23 @@ def start_host(hd: HostDirs, host: LabHost) -> HostRecord:
     raise LabError(f"the container for {host.name} did not start its init within 15 s; see {hd.console_log}.")
 
 
+def unrecorded_container(hd: HostDirs) -> HostRecord | None:
+    """A container on this host's root that state.json does not know (lab.up killed before saving it)."""
+    want = f"--directory={hd.root}"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"systemd-nspawn") and want.encode() in argv:
+            pid = int(entry.name)
+            inits = [c for c in children(pid) if namespace_pid(c) == 1]
+            return HostRecord(nspawn=ProcessRef.of(pid), init=ProcessRef.of(inits[0]) if inits else None)
+    return None
+
+
 def host_running(rec: HostRecord | None) -> bool:
     """Whether both the nspawn supervisor and the container's init are alive."""
     return bool(rec and rec.nspawn and rec.init and rec.nspawn.alive() and rec.init.alive())
@@ -235,9 +252,15 @@ def ssh_run(address: str, key_file: Path, known_hosts: Path, command: str,
         client.close()
 
 
-def ssh_ok(address: str, key_file: Path, known_hosts: Path, timeout: float = 5.0) -> bool:
-    """Whether the host accepts the lab login with a verified host key."""
+def ssh_problem(address: str, key_file: Path, known_hosts: Path, timeout: float = 15.0) -> str | None:
+    """None when the host accepts the lab login with a verified host key, else what went wrong."""
     try:
-        return ssh_run(address, key_file, known_hosts, "true", timeout)[0] == 0
-    except (OSError, paramiko.SSHException, EOFError):
-        return False
+        rc = ssh_run(address, key_file, known_hosts, "true", timeout)[0]
+    except (OSError, paramiko.SSHException, EOFError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None if rc == 0 else f"`true` exited {rc}"
+
+
+def ssh_ok(address: str, key_file: Path, known_hosts: Path, timeout: float = 15.0) -> bool:
+    """Whether the host accepts the lab login with a verified host key."""
+    return ssh_problem(address, key_file, known_hosts, timeout) is None

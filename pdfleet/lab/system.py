@@ -43,8 +43,8 @@ def preflight(tools: Sequence[str] = tuple(REQUIRED_TOOLS)) -> None:
     if not sys.platform.startswith("linux"):
         raise LabError(f"the lab needs Linux (systemd-nspawn containers); this is {sys.platform}.")
     if os.geteuid() != 0:
-        raise LabError("the lab needs root (it creates a bridge, overlay mounts and containers); "
-                       "run it as root, e.g. `sudo invoke lab.up`.")
+        raise LabError("the lab needs root (it creates a bridge, overlay mounts and containers, and its "
+                       "state under /var/lib/pdfleet-lab is root's); run the task as root, e.g. with sudo.")
     missing = sorted({REQUIRED_TOOLS.get(t, t) for t in tools if shutil.which(t) is None})
     if missing:
         fix = f"apt-get install -y {' '.join(missing)}"
@@ -57,15 +57,24 @@ LOCK_FILE = Path("/run/pdfleet-lab.lock")
 
 
 @contextlib.contextmanager
-def exclusive(lock_file: Path = LOCK_FILE) -> Iterator[None]:
-    """Hold the lab lock: one lab.up/lab.down at a time on this machine."""
+def exclusive(progress: Progress, lock_file: Path = LOCK_FILE, timeout: float = 900.0) -> Iterator[None]:
+    """Hold the lab lock: one lab.up/lab.down at a time on this machine (others wait their turn)."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     with lock_file.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LabError(f"another lab.up or lab.down is running (it holds {lock_file}); "
-                           "wait for it to finish.") from None
+        deadline = time.monotonic() + timeout
+        told = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LabError(f"another lab.up or lab.down has held {lock_file} for {timeout:.0f} s; "
+                                   "wait for it to finish.") from None
+                if not told:
+                    progress("waiting for another lab.up or lab.down to finish")
+                    told = True
+                time.sleep(0.5)
         try:
             yield
         finally:

@@ -2,12 +2,16 @@
 
 Source keys (full citations in /work/shared/reference/perf-and-simulation.md, "§" = section there):
 - [PERF §2.6]   the reference's analytic model and calibration anchors (t0, η, MFU ranges, step tables).
-- [KLOCKWOOD]   glennklockwood.com A100/H100 pages, quoted in [PERF §2.6] (peak FLOPS, HBM bandwidth, links).
-- [BLIS]        inference-sim hardware_config.json, quoted in [PERF §2.3] (L40S 362 TFLOPS, 0.864 TB/s, MFU 0.32).
-- [NV-H200]     NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s, same Hopper tensor cores as H100 SXM (989 TF BF16).
+- [KLOCKWOOD]   glennklockwood.com A100/H100 pages, quoted in [PERF §2.6] (peak FLOPS, HBM bandwidth,
+                links).
+- [BLIS]        inference-sim hardware_config.json, quoted in [PERF §2.3] (L40S 362 TFLOPS, 0.864 TB/s,
+                MFU 0.32).
+- [NV-H200]     NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s, same Hopper tensor cores as H100 SXM
+                (989 TF BF16).
 - [NV-L40S]     NVIDIA L40S datasheet: 48 GB GDDR6.
 - [HF-LLAMA]    meta-llama/Llama-3.1-{8B,70B} config.json (layers, hidden size, KV heads, FFN, vocab),
-                cross-checked against [PERF §2.6]: 8B has 8.03 B params and 128 KiB KV/token, 70B ~320 KiB/token.
+                cross-checked against [PERF §2.6]: 8B has 8.03 B params and 128 KiB KV/token,
+                70B ~320 KiB/token.
 - [MOONCAKE]    Mooncake vLLM P/D measurements, quoted in [PERF §1.3]: t_xfer ≈ 0.5 ms + bytes/(0.71·nominal).
 - [LLMD-SETUP]  llm-d-inference-sim latency-profiles.md, quoted in [PERF §2.6]: per-transfer setup NVLink/shm
                 0.1–0.5 ms, RDMA 0.5–2 ms, TCP 2–10 ms.
@@ -114,55 +118,148 @@ _MFU = 0.5
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in (
-        GpuSpec("H100-SXM", 989e12, 3.35e12, 80 * GIB, _MFU, _ETA, _T0,
-                "[KLOCKWOOD] 989 TF BF16, 3.35 TB/s, 80 GB; MFU/η/t0 [PERF §2.6]"),
-        GpuSpec("H200", 989e12, 4.8e12, 141 * 10**9, _MFU, _ETA, _T0,
-                "[NV-H200] 989 TF BF16, 4.8 TB/s, 141 GB; MFU/η/t0 as H100 [PERF §2.6]"),
-        GpuSpec("A100-80GB", 312e12, 2.039e12, 80 * GIB, _MFU, _ETA, _T0,
-                "[KLOCKWOOD] 312 TF BF16, 2.039 TB/s, 80 GB; MFU/η/t0 [PERF §2.6] (A100 b=1 10.4 ms)"),
-        GpuSpec("L40S", 362e12, 0.864e12, 48 * 10**9, 0.32, _ETA, _T0,
-                "[BLIS] 362 TF, 0.864 TB/s, calibrated MFU 0.32; [NV-L40S] 48 GB; η/t0 [PERF §2.6]"),
+        GpuSpec(
+            "H100-SXM",
+            989e12,
+            3.35e12,
+            80 * GIB,
+            _MFU,
+            _ETA,
+            _T0,
+            "[KLOCKWOOD] 989 TF BF16, 3.35 TB/s, 80 GB; MFU/η/t0 [PERF §2.6]",
+        ),
+        GpuSpec(
+            "H200",
+            989e12,
+            4.8e12,
+            141 * 10**9,
+            _MFU,
+            _ETA,
+            _T0,
+            "[NV-H200] 989 TF BF16, 4.8 TB/s, 141 GB; MFU/η/t0 as H100 [PERF §2.6]",
+        ),
+        GpuSpec(
+            "A100-80GB",
+            312e12,
+            2.039e12,
+            80 * GIB,
+            _MFU,
+            _ETA,
+            _T0,
+            "[KLOCKWOOD] 312 TF BF16, 2.039 TB/s, 80 GB; MFU/η/t0 [PERF §2.6] (A100 b=1 10.4 ms)",
+        ),
+        GpuSpec(
+            "L40S",
+            362e12,
+            0.864e12,
+            48 * 10**9,
+            0.32,
+            _ETA,
+            _T0,
+            "[BLIS] 362 TF, 0.864 TB/s, calibrated MFU 0.32; [NV-L40S] 48 GB; η/t0 [PERF §2.6]",
+        ),
     )
 }
 
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
-        ModelSpec("Llama-3.1-8B",
-                  ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B",
-                   "meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B"),
-                  layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256,
-                  max_model_len=131072, dtype_bytes=2,
-                  sources="[HF-LLAMA] config.json; [PERF §2.6] 8.03 B params, 128 KiB KV/token"),
-        ModelSpec("Llama-3.1-70B",
-                  ("meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-70B",
-                   "meta-llama/Meta-Llama-3.1-70B-Instruct", "meta-llama/Meta-Llama-3.1-70B"),
-                  layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672, vocab=128256,
-                  max_model_len=131072, dtype_bytes=2,
-                  sources="[HF-LLAMA] config.json; [PERF §2.6] ~320 KiB KV/token"),
+        ModelSpec(
+            "Llama-3.1-8B",
+            (
+                "meta-llama/Llama-3.1-8B-Instruct",
+                "meta-llama/Llama-3.1-8B",
+                "meta-llama/Meta-Llama-3.1-8B-Instruct",
+                "meta-llama/Meta-Llama-3.1-8B",
+            ),
+            layers=32,
+            hidden=4096,
+            heads=32,
+            kv_heads=8,
+            head_dim=128,
+            ffn=14336,
+            vocab=128256,
+            max_model_len=131072,
+            dtype_bytes=2,
+            sources="[HF-LLAMA] config.json; [PERF §2.6] 8.03 B params, 128 KiB KV/token",
+        ),
+        ModelSpec(
+            "Llama-3.1-70B",
+            (
+                "meta-llama/Llama-3.1-70B-Instruct",
+                "meta-llama/Llama-3.1-70B",
+                "meta-llama/Meta-Llama-3.1-70B-Instruct",
+                "meta-llama/Meta-Llama-3.1-70B",
+            ),
+            layers=80,
+            hidden=8192,
+            heads=64,
+            kv_heads=8,
+            head_dim=128,
+            ffn=28672,
+            vocab=128256,
+            max_model_len=131072,
+            dtype_bytes=2,
+            sources="[HF-LLAMA] config.json; [PERF §2.6] ~320 KiB KV/token",
+        ),
     )
 }
 
 LINKS: dict[str, LinkSpec] = {
     lk.name: lk
     for lk in (
-        LinkSpec("pcie-gen4", 32e9, 0.78, 0.3e-3,
-                 "[KLOCKWOOD] 32 GB/s/dir; η 0.78 gives the reference's ~25 GB/s column [PERF §2.6]; "
-                 "setup [LLMD-SETUP] shm 0.1–0.5 ms"),
-        LinkSpec("pcie-gen5", 64e9, 0.78, 0.3e-3,
-                 "[KLOCKWOOD] 128 GB/s bidirectional; η 0.78 gives ~50 GB/s [PERF §2.6]; setup [LLMD-SETUP]"),
-        LinkSpec("nvlink", 450e9, 0.82, 0.3e-3,
-                 "[KLOCKWOOD] H100 NVLink4 900 GB/s bidirectional; η 0.82 gives ~370 GB/s/dir [PERF §2.6]; "
-                 "setup [LLMD-SETUP] NVLink 0.1–0.5 ms"),
-        LinkSpec("roce-100g", 12.5e9, 0.71, 0.5e-3,
-                 "[KLOCKWOOD] 100 Gb/s = 12.5 GB/s; η 0.71 and 0.5 ms setup [MOONCAKE]"),
-        LinkSpec("roce-200g", 25e9, 0.71, 0.5e-3,
-                 "[KLOCKWOOD] 200 Gb/s = 25 GB/s; η 0.71 and 0.5 ms setup [MOONCAKE]"),
-        LinkSpec("roce-400g", 50e9, 0.71, 0.5e-3,
-                 "[KLOCKWOOD] 400 Gb/s = 50 GB/s; η 0.71 and 0.5 ms setup [MOONCAKE]"),
-        LinkSpec("tcp", 12.5e9, 0.35, 5e-3,
-                 "UCX over TCP on a 100 GbE NIC [KLOCKWOOD 12.5 GB/s]; setup 5 ms, middle of [LLMD-SETUP] "
-                 "TCP 2–10 ms; η 0.35 [unverified: no published NIXL-over-TCP throughput; half of RDMA's 0.71]"),
+        LinkSpec(
+            "pcie-gen4",
+            32e9,
+            0.78,
+            0.3e-3,
+            "[KLOCKWOOD] 32 GB/s/dir; η 0.78 gives the reference's ~25 GB/s column [PERF §2.6]; "
+            "setup [LLMD-SETUP] shm 0.1–0.5 ms",
+        ),
+        LinkSpec(
+            "pcie-gen5",
+            64e9,
+            0.78,
+            0.3e-3,
+            "[KLOCKWOOD] 128 GB/s bidirectional; η 0.78 gives ~50 GB/s [PERF §2.6]; setup [LLMD-SETUP]",
+        ),
+        LinkSpec(
+            "nvlink",
+            450e9,
+            0.82,
+            0.3e-3,
+            "[KLOCKWOOD] H100 NVLink4 900 GB/s bidirectional; η 0.82 gives ~370 GB/s/dir [PERF §2.6]; "
+            "setup [LLMD-SETUP] NVLink 0.1–0.5 ms",
+        ),
+        LinkSpec(
+            "roce-100g",
+            12.5e9,
+            0.71,
+            0.5e-3,
+            "[KLOCKWOOD] 100 Gb/s = 12.5 GB/s; η 0.71 and 0.5 ms setup [MOONCAKE]",
+        ),
+        LinkSpec(
+            "roce-200g",
+            25e9,
+            0.71,
+            0.5e-3,
+            "[KLOCKWOOD] 200 Gb/s = 25 GB/s; η 0.71 and 0.5 ms setup [MOONCAKE]",
+        ),
+        LinkSpec(
+            "roce-400g",
+            50e9,
+            0.71,
+            0.5e-3,
+            "[KLOCKWOOD] 400 Gb/s = 50 GB/s; η 0.71 and 0.5 ms setup [MOONCAKE]",
+        ),
+        LinkSpec(
+            "tcp",
+            12.5e9,
+            0.35,
+            5e-3,
+            "UCX over TCP on a 100 GbE NIC [KLOCKWOOD 12.5 GB/s]; setup 5 ms, middle of [LLMD-SETUP] "
+            "TCP 2–10 ms; η 0.35 [unverified: no published NIXL-over-TCP throughput; half of RDMA's 0.71]",
+        ),
     )
 }
 
@@ -179,7 +276,13 @@ DEFAULT_BLOCK_SIZE = 16
 
 # --kv-cache-dtype values vLLM accepts, and their element size in bytes ("auto" = the model dtype).
 KV_CACHE_DTYPES: dict[str, int | None] = {
-    "auto": None, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1,
+    "auto": None,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "fp8_inc": 1,
+    "fp8_ds_mla": 1,
 }
 
 

@@ -26,9 +26,12 @@ USAGE = (
 
 def _setup_logging() -> None:
     """vLLM-like log lines: 'INFO 11-29 20:30:00 [server.py:123] message'."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
-                        format="%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s",
-                        datefmt="%m-%d %H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stdout,
+        format="%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s",
+        datefmt="%m-%d %H:%M:%S",
+    )
 
 
 async def serve(cfg: SimConfig) -> None:

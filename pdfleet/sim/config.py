@@ -28,55 +28,175 @@ TIME_SCALE_HELP = (
     "GPU would show; only the pacing of responses is scaled."
 )
 
-# Registered V1 connector names across vLLM versions ([VLLM-PD §1.1]); anything else fails like vLLM's factory.
-KNOWN_CONNECTORS = frozenset({
-    "SharedStorageConnector", "ExampleConnector", "P2pNcclConnector", "LMCacheConnectorV1", "LMCacheMPConnector",
-    "NixlConnector", "NixlPullConnector", "NixlPushConnector", "MultiConnector", "MoRIIOConnector",
-    "OffloadingConnector", "DecodeBenchConnector", "MooncakeConnector", "MooncakeStoreConnector",
-    "FlexKVConnectorV1", "SimpleCPUOffloadConnector", "HF3FSKVConnector",
-})
+# Registered V1 connector names across vLLM versions ([VLLM-PD §1.1]); anything else fails as in
+# vLLM's factory.
+KNOWN_CONNECTORS = frozenset(
+    {
+        "SharedStorageConnector",
+        "ExampleConnector",
+        "P2pNcclConnector",
+        "LMCacheConnectorV1",
+        "LMCacheMPConnector",
+        "NixlConnector",
+        "NixlPullConnector",
+        "NixlPushConnector",
+        "MultiConnector",
+        "MoRIIOConnector",
+        "OffloadingConnector",
+        "DecodeBenchConnector",
+        "MooncakeConnector",
+        "MooncakeStoreConnector",
+        "FlexKVConnectorV1",
+        "SimpleCPUOffloadConnector",
+        "HF3FSKVConnector",
+    }
+)
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
-KV_TRANSFER_FIELDS = frozenset({
-    "kv_connector", "engine_id", "kv_buffer_device", "kv_buffer_size", "kv_role", "kv_rank",
-    "kv_parallel_size", "kv_ip", "kv_port", "kv_connector_extra_config", "kv_connector_module_path",
-    "enable_permute_local_kv", "kv_load_failure_policy",
-})
+KV_TRANSFER_FIELDS = frozenset(
+    {
+        "kv_connector",
+        "engine_id",
+        "kv_buffer_device",
+        "kv_buffer_size",
+        "kv_role",
+        "kv_rank",
+        "kv_parallel_size",
+        "kv_ip",
+        "kv_port",
+        "kv_connector_extra_config",
+        "kv_connector_module_path",
+        "enable_permute_local_kv",
+        "kv_load_failure_policy",
+    }
+)
 
 # vLLM serve options the simulator accepts and ignores (no effect on timing or API), by argument shape.
 _IGNORED_VALUE = (
-    "--tokenizer-mode", "--revision", "--code-revision", "--tokenizer-revision", "--dtype", "--seed",
-    "--download-dir", "--load-format", "--config-format", "--quantization", "--pipeline-parallel-size",
-    "-pp", "--data-parallel-size", "-dp", "--data-parallel-size-local", "--data-parallel-address",
-    "--data-parallel-rpc-port", "--data-parallel-start-rank", "--data-parallel-backend", "--swap-space",
-    "--cpu-offload-gb", "--max-logprobs", "--chat-template", "--chat-template-content-format",
-    "--response-role", "--root-path", "--uvicorn-log-level", "--ssl-keyfile", "--ssl-certfile",
-    "--ssl-ca-certs", "--ssl-cert-reqs", "--max-num-partial-prefills", "--max-long-partial-prefills",
-    "--scheduling-policy", "--distributed-executor-backend", "--compilation-config", "-O",
-    "--generation-config", "--override-generation-config", "--hf-overrides", "--max-lora-rank",
-    "--max-loras", "--max-cpu-loras", "--tool-call-parser", "--tool-parser-plugin", "--reasoning-parser",
-    "--guided-decoding-backend", "--structured-outputs-config", "--speculative-config",
-    "--kv-events-config", "--otlp-traces-endpoint", "--collect-detailed-traces",
-    "--show-hidden-metrics-for-version", "--prefix-caching-hash-algo", "--max-seq-len-to-capture",
-    "--max-parallel-loading-workers", "--logits-processor-pattern", "--limit-mm-per-prompt",
-    "--mm-processor-kwargs", "--api-server-count", "-asc", "--worker-cls", "--worker-extension-cls",
-    "--model-impl", "--cuda-graph-sizes", "--max-cudagraph-capture-size", "--kv-cache-memory-bytes",
-    "--log-config-file", "--uds", "--tokenizer-pool-size", "--max-log-len", "--middleware",
-    "--lora-dtype", "--override-pooler-config", "--pooler-config", "--task", "--runner", "--convert",
-    "--served-model-name-alias", "--stream-interval", "--mamba-ssm-cache-dtype", "--ray-workers-use-nsight",
-    "--quantization-param-path", "--allowed-local-media-path", "--allowed-media-domains",
+    "--tokenizer-mode",
+    "--revision",
+    "--code-revision",
+    "--tokenizer-revision",
+    "--dtype",
+    "--seed",
+    "--download-dir",
+    "--load-format",
+    "--config-format",
+    "--quantization",
+    "--pipeline-parallel-size",
+    "-pp",
+    "--data-parallel-size",
+    "-dp",
+    "--data-parallel-size-local",
+    "--data-parallel-address",
+    "--data-parallel-rpc-port",
+    "--data-parallel-start-rank",
+    "--data-parallel-backend",
+    "--swap-space",
+    "--cpu-offload-gb",
+    "--max-logprobs",
+    "--chat-template",
+    "--chat-template-content-format",
+    "--response-role",
+    "--root-path",
+    "--uvicorn-log-level",
+    "--ssl-keyfile",
+    "--ssl-certfile",
+    "--ssl-ca-certs",
+    "--ssl-cert-reqs",
+    "--max-num-partial-prefills",
+    "--max-long-partial-prefills",
+    "--scheduling-policy",
+    "--distributed-executor-backend",
+    "--compilation-config",
+    "-O",
+    "--generation-config",
+    "--override-generation-config",
+    "--hf-overrides",
+    "--max-lora-rank",
+    "--max-loras",
+    "--max-cpu-loras",
+    "--tool-call-parser",
+    "--tool-parser-plugin",
+    "--reasoning-parser",
+    "--guided-decoding-backend",
+    "--structured-outputs-config",
+    "--speculative-config",
+    "--kv-events-config",
+    "--otlp-traces-endpoint",
+    "--collect-detailed-traces",
+    "--show-hidden-metrics-for-version",
+    "--prefix-caching-hash-algo",
+    "--max-seq-len-to-capture",
+    "--max-parallel-loading-workers",
+    "--logits-processor-pattern",
+    "--limit-mm-per-prompt",
+    "--mm-processor-kwargs",
+    "--api-server-count",
+    "-asc",
+    "--worker-cls",
+    "--worker-extension-cls",
+    "--model-impl",
+    "--cuda-graph-sizes",
+    "--max-cudagraph-capture-size",
+    "--kv-cache-memory-bytes",
+    "--log-config-file",
+    "--uds",
+    "--tokenizer-pool-size",
+    "--max-log-len",
+    "--middleware",
+    "--lora-dtype",
+    "--override-pooler-config",
+    "--pooler-config",
+    "--task",
+    "--runner",
+    "--convert",
+    "--served-model-name-alias",
+    "--stream-interval",
+    "--mamba-ssm-cache-dtype",
+    "--ray-workers-use-nsight",
+    "--quantization-param-path",
+    "--allowed-local-media-path",
+    "--allowed-media-domains",
 )
-_IGNORED_LIST = ("--lora-modules", "--prompt-adapters", "--allowed-origins", "--allowed-methods",
-                 "--allowed-headers", "--cuda-graph-capture-sizes")
+_IGNORED_LIST = (
+    "--lora-modules",
+    "--prompt-adapters",
+    "--allowed-origins",
+    "--allowed-methods",
+    "--allowed-headers",
+    "--cuda-graph-capture-sizes",
+)
 _IGNORED_BOOL = (
-    "--trust-remote-code", "--enforce-eager", "--disable-log-requests", "--enable-log-requests",
-    "--disable-custom-all-reduce", "--enable-prefix-caching", "--calculate-kv-scales",
-    "--disable-frontend-multiprocessing", "--enable-auto-tool-choice", "--return-tokens-as-token-ids",
-    "--disable-fastapi-docs", "--enable-prompt-tokens-details", "--enable-force-include-usage",
-    "--enable-server-load-tracking", "--enable-request-id-headers", "--enable-expert-parallel",
-    "--headless", "--disable-sliding-window", "--skip-tokenizer-init", "--enable-sleep-mode",
-    "--disable-mm-preprocessor-cache", "--async-scheduling", "--enable-lora", "--allow-credentials",
-    "--disable-uvicorn-access-log", "--enable-log-outputs", "--fully-sharded-loras",
-    "--disable-cascade-attn", "--enable-tokenizer-info-endpoint", "--enable-dbo",
+    "--trust-remote-code",
+    "--enforce-eager",
+    "--disable-log-requests",
+    "--enable-log-requests",
+    "--disable-custom-all-reduce",
+    "--enable-prefix-caching",
+    "--calculate-kv-scales",
+    "--disable-frontend-multiprocessing",
+    "--enable-auto-tool-choice",
+    "--return-tokens-as-token-ids",
+    "--disable-fastapi-docs",
+    "--enable-prompt-tokens-details",
+    "--enable-force-include-usage",
+    "--enable-server-load-tracking",
+    "--enable-request-id-headers",
+    "--enable-expert-parallel",
+    "--headless",
+    "--disable-sliding-window",
+    "--skip-tokenizer-init",
+    "--enable-sleep-mode",
+    "--disable-mm-preprocessor-cache",
+    "--async-scheduling",
+    "--enable-lora",
+    "--allow-credentials",
+    "--disable-uvicorn-access-log",
+    "--enable-log-outputs",
+    "--fully-sharded-loras",
+    "--disable-cascade-attn",
+    "--enable-tokenizer-info-endpoint",
+    "--enable-dbo",
 )
 
 
@@ -169,8 +289,11 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The `serve` option parser: vLLM's options (honoured or ignored) and the simulator's own."""
-    p = _Parser(prog="pdfleet-sim serve", allow_abbrev=False,
-                description="Serve a simulated vLLM OpenAI-compatible API. " + TIME_SCALE_HELP)
+    p = _Parser(
+        prog="pdfleet-sim serve",
+        allow_abbrev=False,
+        description="Serve a simulated vLLM OpenAI-compatible API. " + TIME_SCALE_HELP,
+    )
     p.add_argument("model_tag", nargs="?", help="model id or path (as `vllm serve MODEL`)")
     p.add_argument("--model", dest="model_opt", help="model id or path (alternative to the positional)")
     p.add_argument("--host", default=None, help="bind address (default: all interfaces, as vLLM)")
@@ -185,7 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--kv-cache-dtype", default="auto", choices=sorted(catalog.KV_CACHE_DTYPES))
-    p.add_argument("--block-size", type=int, default=catalog.DEFAULT_BLOCK_SIZE, choices=[1, 8, 16, 32, 64, 128])
+    p.add_argument(
+        "--block-size", type=int, default=catalog.DEFAULT_BLOCK_SIZE, choices=[1, 8, 16, 32, 64, 128]
+    )
     p.add_argument("--num-gpu-blocks-override", type=int, default=None)
     p.add_argument("--long-prefill-token-threshold", type=int, default=0)
     p.add_argument("--kv-transfer-config", default=None, help="JSON, as vLLM's KVTransferConfig")
@@ -195,17 +320,33 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in _IGNORED_LIST:
         p.add_argument(flag, dest=_ignored_dest(flag), nargs="*", default=None, help=argparse.SUPPRESS)
     for flag in _IGNORED_BOOL:
-        p.add_argument(flag, dest=_ignored_dest(flag), action=argparse.BooleanOptionalAction,
-                       default=None, help=argparse.SUPPRESS)
+        p.add_argument(
+            flag,
+            dest=_ignored_dest(flag),
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=argparse.SUPPRESS,
+        )
     sim = p.add_argument_group("simulator")
     sim.add_argument("--sim-gpu", default="H100-SXM", help=f"GPU to simulate: {', '.join(catalog.GPUS)}")
-    sim.add_argument("--sim-link", default="tcp",
-                     help=f"link KV blocks travel over (consumer side): {', '.join(catalog.LINKS)}")
+    sim.add_argument(
+        "--sim-link",
+        default="tcp",
+        help=f"link KV blocks travel over (consumer side): {', '.join(catalog.LINKS)}",
+    )
     sim.add_argument("--sim-time-scale", type=float, default=1.0, help=TIME_SCALE_HELP)
-    sim.add_argument("--sim-chars-per-token", type=float, default=4.0,
-                     help="prompt-token estimate without a tokenizer (pdfleet.tokens; the gateway's default)")
-    sim.add_argument("--sim-log-interval", type=float, default=10.0,
-                     help="simulated seconds between periodic stats/KV-transfer log lines")
+    sim.add_argument(
+        "--sim-chars-per-token",
+        type=float,
+        default=4.0,
+        help="prompt-token estimate without a tokenizer (pdfleet.tokens; the gateway's default)",
+    )
+    sim.add_argument(
+        "--sim-log-interval",
+        type=float,
+        default=10.0,
+        help="simulated seconds between periodic stats/KV-transfer log lines",
+    )
     return p
 
 
@@ -339,21 +480,32 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
         raise ValidationError(f"environment variable {name}={raw!r}: not an integer") from exc
 
 
-def _num_blocks(ns: argparse.Namespace, spec: ModelSpec, gpu: GpuSpec, tp: int,
-                kv_dtype_bytes: int | None, max_model_len: int) -> int:
+def _num_blocks(
+    ns: argparse.Namespace,
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    tp: int,
+    kv_dtype_bytes: int | None,
+    max_model_len: int,
+) -> int:
     """KV blocks per GPU: (utilisation × memory − weights/tp − reserve) / (block bytes per GPU)."""
     block_bytes = ns.block_size * spec.kv_bytes_per_token(kv_dtype_bytes) / tp
     if ns.num_gpu_blocks_override:
         blocks = ns.num_gpu_blocks_override
     else:
-        free = ns.gpu_memory_utilization * gpu.memory_bytes - spec.weight_bytes / tp - catalog.NON_KV_RESERVE_BYTES
+        free = (
+            ns.gpu_memory_utilization * gpu.memory_bytes
+            - spec.weight_bytes / tp
+            - catalog.NON_KV_RESERVE_BYTES
+        )
         if free <= 0:
             need = (spec.weight_bytes / tp + catalog.NON_KV_RESERVE_BYTES) / catalog.GIB
             raise ValidationError(
                 f"No available memory for the cache blocks: {spec.name} needs {need:.1f} GiB per GPU at "
                 f"tensor_parallel_size={tp}, but {gpu.name} × gpu_memory_utilization "
-                f"{ns.gpu_memory_utilization} gives {ns.gpu_memory_utilization * gpu.memory_bytes / catalog.GIB:.1f}"
-                " GiB. Try increasing gpu_memory_utilization or tensor_parallel_size."
+                f"{ns.gpu_memory_utilization} gives "
+                f"{ns.gpu_memory_utilization * gpu.memory_bytes / catalog.GIB:.1f} GiB. Try increasing "
+                "gpu_memory_utilization or tensor_parallel_size."
             )
         blocks = int(free // block_bytes)
     capacity = blocks * ns.block_size
@@ -378,7 +530,9 @@ def _kv_transfer(raw: str | None) -> KVTransfer | None:
         raise ValidationError("--kv-transfer-config: must be a JSON object")
     unknown = sorted(set(data) - KV_TRANSFER_FIELDS)
     if unknown:
-        raise ValidationError(f"--kv-transfer-config: unknown field(s) {', '.join(unknown)} for KVTransferConfig")
+        raise ValidationError(
+            f"--kv-transfer-config: unknown field(s) {', '.join(unknown)} for KVTransferConfig"
+        )
     connector = data.get("kv_connector")
     role = data.get("kv_role")
     if connector is None:
@@ -394,7 +548,9 @@ def _kv_transfer(raw: str | None) -> KVTransfer | None:
         raise ValidationError(f"--kv-transfer-config: Unsupported connector type: {connector}")
     policy = data.get("kv_load_failure_policy", "fail")
     if policy not in ("recompute", "fail"):
-        raise ValidationError(f"--kv-transfer-config: kv_load_failure_policy {policy!r}: must be recompute or fail")
+        raise ValidationError(
+            f"--kv-transfer-config: kv_load_failure_policy {policy!r}: must be recompute or fail"
+        )
     device = data.get("kv_buffer_device", "cuda")
     if device not in ("cuda", "cpu", "xpu"):
         raise ValidationError(f"--kv-transfer-config: kv_buffer_device {device!r}: must be cuda or cpu")
@@ -405,7 +561,7 @@ def _kv_transfer(raw: str | None) -> KVTransfer | None:
 
 
 def _abort_timeout(env: Mapping[str, str], kv: KVTransfer | None) -> float:
-    """How long a producer holds blocks for its consumer: kv_lease_duration, else the abort timeout env var."""
+    """How long a producer holds blocks for its consumer: kv_lease_duration, else the abort-timeout env."""
     if kv is not None and "kv_lease_duration" in kv.extra_config:
         return float(kv.extra_config["kv_lease_duration"])
     raw = env.get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT")

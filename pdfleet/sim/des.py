@@ -65,8 +65,9 @@ class Record:
 class EngineNode:
     """One engine stepping back-to-back on the simulation's clock while it has work."""
 
-    def __init__(self, sim: Simulation, engine: Engine,
-                 on_kv_load: Callable[[SimRequest], None] | None = None) -> None:
+    def __init__(
+        self, sim: Simulation, engine: Engine, on_kv_load: Callable[[SimRequest], None] | None = None
+    ) -> None:
         self.sim = sim
         self.engine = engine
         self.on_kv_load = on_kv_load
@@ -76,7 +77,9 @@ class EngineNode:
         self._ids = itertools.count()
         self.steps: list[Batch] = []
 
-    def submit(self, req: SimRequest, on_token: Callback | None = None, on_finish: Callback | None = None) -> Record:
+    def submit(
+        self, req: SimRequest, on_token: Callback | None = None, on_finish: Callback | None = None
+    ) -> Record:
         """Add a request now; returns the record its tokens will be written to."""
         rec = Record(req, self.sim.now)
         self.records[req.request_id] = rec
@@ -125,8 +128,9 @@ class EngineNode:
 class PDPair:
     """A producer and a consumer engine joined by a link: prefill on one, KV transfer, decode on the other."""
 
-    def __init__(self, sim: Simulation, producer: Engine, consumer: Engine, link: LinkSpec,
-                 kv_bytes_per_token: int) -> None:
+    def __init__(
+        self, sim: Simulation, producer: Engine, consumer: Engine, link: LinkSpec, kv_bytes_per_token: int
+    ) -> None:
         self.sim = sim
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -165,12 +169,19 @@ class PDPair:
     def _transfer_done(self, request_id: str, remote_id: str | None) -> None:
         if remote_id is not None:
             self.producer.engine.release_held(remote_id)
+            self.producer.kick()  # freed blocks may admit a waiting prefill
         self.consumer.engine.kv_loaded(request_id, self.sim.now, ok=True)
         self.consumer.kick()
 
 
-def closed_loop(node: EngineNode, concurrency: int, prompt: int, output: int, requests_per_client: int,
-                stagger: float = 0.0) -> list[Record]:
+def closed_loop(
+    node: EngineNode,
+    concurrency: int,
+    prompt: int,
+    output: int,
+    requests_per_client: int,
+    stagger: float = 0.0,
+) -> list[Record]:
     """vLLM-bench-style clients: each sends its next request when the previous finishes.
 
     Client i starts at i × stagger, so a steady state with evenly phased streams can be studied

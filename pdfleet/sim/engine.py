@@ -233,8 +233,9 @@ class Engine:
             budget = self._admit(now, budget, entries, kv_loads)
         return self._batch(now, entries, kv_loads)
 
-    def _admit(self, now: float, budget: int, entries: list[tuple[SimRequest, int]],
-               kv_loads: list[SimRequest]) -> int:
+    def _admit(
+        self, now: float, budget: int, entries: list[tuple[SimRequest, int]], kv_loads: list[SimRequest]
+    ) -> int:
         """Move waiting requests into the batch (or into KV loading) while limits allow."""
         waiting = self.waiting
         while waiting and len(self.running) + len(self.loading) < self.limits.max_num_seqs:

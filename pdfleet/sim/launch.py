@@ -1,7 +1,7 @@
 """Start `pdfleet-sim serve` (and `vllm-router`) as real subprocesses on loopback, for tests and benches.
 
-    with SimProcess(["meta-llama/Llama-3.1-8B-Instruct", "--sim-time-scale", "0.1"]) as sim:
-        httpx.get(sim.url + "/health")
+with SimProcess(["meta-llama/Llama-3.1-8B-Instruct", "--sim-time-scale", "0.1"]) as sim:
+    httpx.get(sim.url + "/health")
 """
 
 from __future__ import annotations
@@ -26,13 +26,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None) -> None:
+def wait_http(
+    url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None
+) -> None:
     """Poll url until it answers 200; fail early (with the log) if proc exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             text = log.read_text() if log else ""
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered:\n{text[-3000:]}")
+            raise RuntimeError(
+                f"process exited with {proc.returncode} before {url} answered:\n{text[-3000:]}"
+            )
         try:
             with urllib.request.urlopen(url, timeout=1) as resp:
                 if resp.status == 200:
@@ -47,22 +51,30 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = N
 class _Proc:
     """A subprocess with its output in a temp file, stopped (SIGTERM, then SIGKILL) on exit."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None, health_url: str, timeout: float,
-                 cpu: int | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        health_url: str,
+        timeout: float,
+        cpu: int | None = None,
+    ) -> None:
         self.argv = list(argv)
         self.env = {**os.environ, **(env or {})}
         self.health_url = health_url
         self.timeout = timeout
         self.cpu = cpu
-        self._logfile = tempfile.NamedTemporaryFile(prefix="pdfleet-sim-", suffix=".log", delete=False,
-                                                     dir=os.environ.get("PDFLEET_SIM_LOG_DIR"))
+        self._logfile = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the child's lifetime
+            prefix="pdfleet-sim-", suffix=".log", delete=False, dir=os.environ.get("PDFLEET_SIM_LOG_DIR")
+        )
         self.log_path = Path(self._logfile.name)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> _Proc:
         preexec = (lambda: os.sched_setaffinity(0, {self.cpu})) if self.cpu is not None else None
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self._logfile, stderr=subprocess.STDOUT,
-                                     preexec_fn=preexec)
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=self._logfile, stderr=subprocess.STDOUT, preexec_fn=preexec
+        )
         try:
             wait_http(self.health_url, self.timeout, self.proc, self.log_path)
         except BaseException:
@@ -70,7 +82,9 @@ class _Proc:
             raise
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def stop(self) -> None:
@@ -90,20 +104,41 @@ class _Proc:
 class SimProcess(_Proc):
     """`pdfleet-sim serve ARGS --host 127.0.0.1 --port P` from this interpreter's environment."""
 
-    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None, port: int | None = None,
-                 timeout: float = 30.0, cpu: int | None = None) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+        timeout: float = 30.0,
+        cpu: int | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "pdfleet.sim.cli", "serve", *args, "--host", "127.0.0.1",
-                "--port", str(self.port)]
+        argv = [
+            sys.executable,
+            "-m",
+            "pdfleet.sim.cli",
+            "serve",
+            *args,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         super().__init__(argv, env, self.url + "/health", timeout, cpu)
 
 
 class RouterProcess(_Proc):
     """The real `vllm-router` in P/D mode over the given prefill and decode URLs, on loopback."""
 
-    def __init__(self, prefill: Sequence[str], decode: Sequence[str], port: int | None = None,
-                 timeout: float = 60.0, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        prefill: Sequence[str],
+        decode: Sequence[str],
+        port: int | None = None,
+        timeout: float = 60.0,
+        extra: Sequence[str] = (),
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         exe = Path(sys.executable).with_name("vllm-router")
@@ -112,6 +147,17 @@ class RouterProcess(_Proc):
             argv += ["--prefill", url]
         for url in decode:
             argv += ["--decode", url]
-        argv += ["--kv-connector", "nixl", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *extra]
+        argv += [
+            "--kv-connector",
+            "nixl",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(free_port()),
+            *extra,
+        ]
         super().__init__(argv, None, self.url + "/health", timeout)

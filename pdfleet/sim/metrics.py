@@ -13,15 +13,82 @@ import bisect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 XFER_BUCKETS = (0.001, 0.005, 0.0125, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 BYTES_BUCKETS = tuple(float(2**n) for n in range(20, 36))
 DESCRIPTOR_BUCKETS = (1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0)
@@ -104,7 +171,9 @@ class SimMetrics:
 class SimCollector(Collector):
     """Exports SimMetrics plus the engine's live gauges in Prometheus text format."""
 
-    def __init__(self, metrics: SimMetrics, server: object, model_name: str, cache_info: dict[str, str]) -> None:
+    def __init__(
+        self, metrics: SimMetrics, server: object, model_name: str, cache_info: dict[str, str]
+    ) -> None:
         self.m = metrics
         self.server = server
         self.labels = {"model_name": model_name, "engine": "0"}
@@ -128,75 +197,148 @@ class SimCollector(Collector):
     def collect(self) -> Iterator[object]:
         m = self.m
         engine = self.server.engine  # type: ignore[attr-defined]
-        yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                          engine.num_running)
-        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                          engine.num_waiting)
-        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", engine.kv_usage)
-        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                                 labels=list(self.cache_info))
+        yield self._gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", engine.num_running
+        )
+        yield self._gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", engine.num_waiting
+        )
+        yield self._gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", engine.kv_usage
+        )
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(self.cache_info)
+        )
         info.add_metric(list(self.cache_info.values()), 1.0)
         yield info
-        yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                            engine.num_preemptions)
+        yield self._counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", engine.num_preemptions
+        )
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens)
-        yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                            engine.generation_tokens)
-        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
-                                      labels=[*self.labels, "finished_reason"])
+        yield self._counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", engine.generation_tokens
+        )
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*self.labels, "finished_reason"],
+        )
         for reason, count in m.success.items():
             success.add_metric([*self.labels.values(), reason], count)
         yield success
-        yield self._hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                         m.ttft)
-        yield self._hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", m.itl)
-        yield self._hist("vllm:request_time_per_output_token_seconds",
-                         "Histogram of time_per_output_token_seconds per request.", m.tpot)
-        yield self._hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", m.e2e)
-        yield self._hist("vllm:request_queue_time_seconds",
-                         "Histogram of time spent in WAITING phase for request.", m.queue)
-        yield self._hist("vllm:request_prefill_time_seconds",
-                         "Histogram of time spent in PREFILL phase for request.", m.prefill)
-        yield self._hist("vllm:request_decode_time_seconds",
-                         "Histogram of time spent in DECODE phase for request.", m.decode)
-        yield self._hist("vllm:request_inference_time_seconds",
-                         "Histogram of time spent in RUNNING phase for request.", m.inference)
-        yield self._hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens_hist)
-        yield self._hist("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                         m.generation_tokens_hist)
-        yield self._hist("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-                         m.max_tokens_hist)
+        yield self._hist(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", m.ttft
+        )
+        yield self._hist(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", m.itl
+        )
+        yield self._hist(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            m.tpot,
+        )
+        yield self._hist(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", m.e2e
+        )
+        yield self._hist(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            m.queue,
+        )
+        yield self._hist(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            m.prefill,
+        )
+        yield self._hist(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            m.decode,
+        )
+        yield self._hist(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            m.inference,
+        )
+        yield self._hist(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens_hist
+        )
+        yield self._hist(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            m.generation_tokens_hist,
+        )
+        yield self._hist(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            m.max_tokens_hist,
+        )
         if m.pd:
-            yield self._hist("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache "
-                             "transfers.", m.nixl_xfer)
-            yield self._hist("vllm:nixl_post_time_seconds", "Histogram of transfer post time for NIXL KV Cache "
-                             "transfers.", m.nixl_post)
-            yield self._hist("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache "
-                             "transfers.", m.nixl_bytes)
-            yield self._hist("vllm:nixl_num_descriptors", "Histogram of number of descriptors per NIXL KV Cache "
-                             "transfers.", m.nixl_descriptors)
-            yield self._counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.",
-                                m.nixl_failed_transfers)
-            yield self._counter("vllm:nixl_num_failed_notifications",
-                                "Number of failed NIXL KV Cache notifications.", m.nixl_failed_notifications)
-            yield self._counter("vllm:nixl_num_kv_expired_reqs",
-                                "Number of requests that had their KV expire.", m.nixl_expired)
+            yield self._hist(
+                "vllm:nixl_xfer_time_seconds",
+                "Histogram of transfer duration for NIXL KV Cache transfers.",
+                m.nixl_xfer,
+            )
+            yield self._hist(
+                "vllm:nixl_post_time_seconds",
+                "Histogram of transfer post time for NIXL KV Cache transfers.",
+                m.nixl_post,
+            )
+            yield self._hist(
+                "vllm:nixl_bytes_transferred",
+                "Histogram of bytes transferred per NIXL KV Cache transfers.",
+                m.nixl_bytes,
+            )
+            yield self._hist(
+                "vllm:nixl_num_descriptors",
+                "Histogram of number of descriptors per NIXL KV Cache transfers.",
+                m.nixl_descriptors,
+            )
+            yield self._counter(
+                "vllm:nixl_num_failed_transfers",
+                "Number of failed NIXL KV Cache transfers.",
+                m.nixl_failed_transfers,
+            )
+            yield self._counter(
+                "vllm:nixl_num_failed_notifications",
+                "Number of failed NIXL KV Cache notifications.",
+                m.nixl_failed_notifications,
+            )
+            yield self._counter(
+                "vllm:nixl_num_kv_expired_reqs",
+                "Number of requests that had their KV expire.",
+                m.nixl_expired,
+            )
         # not vLLM metrics: the simulator's own schedule-keeping, in wall seconds vs simulated seconds
         yield GaugeMetricFamily("pdfleet_sim_steps", "Engine steps run.", value=m.steps)
-        yield GaugeMetricFamily("pdfleet_sim_busy_simulated_seconds", "Simulated seconds spent in steps.",
-                                value=m.busy_sim_s)
-        yield GaugeMetricFamily("pdfleet_sim_busy_wall_seconds",
-                                "Wall seconds the step loop took for those steps.", value=m.busy_wall_s)
-        yield GaugeMetricFamily("pdfleet_sim_max_lag_seconds",
-                                "Worst lateness of a step's token emission behind its scheduled wall time.",
-                                value=m.max_lag_s)
-        yield GaugeMetricFamily("pdfleet_sim_resyncs", "Times the simulated clock fell too far behind and jumped.",
-                                value=m.resyncs)
-        yield GaugeMetricFamily("pdfleet_sim_resync_lost_wall_seconds",
-                                "Wall seconds of schedule given up by those jumps.", value=m.resync_lost_s)
-        yield GaugeMetricFamily("pdfleet_sim_lag_seconds",
-                                "Lateness of the latest step's token emission behind its scheduled wall time.",
-                                value=m.lag_s)
+        yield GaugeMetricFamily(
+            "pdfleet_sim_busy_simulated_seconds", "Simulated seconds spent in steps.", value=m.busy_sim_s
+        )
+        yield GaugeMetricFamily(
+            "pdfleet_sim_busy_wall_seconds",
+            "Wall seconds the step loop took for those steps.",
+            value=m.busy_wall_s,
+        )
+        yield GaugeMetricFamily(
+            "pdfleet_sim_max_lag_seconds",
+            "Worst lateness of a step's token emission behind its scheduled wall time.",
+            value=m.max_lag_s,
+        )
+        yield GaugeMetricFamily(
+            "pdfleet_sim_resyncs",
+            "Times the simulated clock fell too far behind and jumped.",
+            value=m.resyncs,
+        )
+        yield GaugeMetricFamily(
+            "pdfleet_sim_resync_lost_wall_seconds",
+            "Wall seconds of schedule given up by those jumps.",
+            value=m.resync_lost_s,
+        )
+        yield GaugeMetricFamily(
+            "pdfleet_sim_lag_seconds",
+            "Lateness of the latest step's token emission behind its scheduled wall time.",
+            value=m.lag_s,
+        )
 
 
 def make_registry(collector: SimCollector) -> CollectorRegistry:

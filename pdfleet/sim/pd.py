@@ -44,8 +44,13 @@ class ReadGrant:
 class SideChannelServer:
     """Producer side: answers reads for held requests and frees their blocks on `done`."""
 
-    def __init__(self, engine_id: str, compat: str, grant: Callable[[str], ReadGrant | None],
-                 release: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        engine_id: str,
+        compat: str,
+        grant: Callable[[str], ReadGrant | None],
+        release: Callable[[str], None],
+    ) -> None:
         self.engine_id = engine_id
         self.compat = compat
         self._grant = grant
@@ -82,13 +87,24 @@ class SideChannelServer:
             if msg.get("compat_hash") != self.compat:
                 return {"ok": False, "error": "NIXL compatibility hash mismatch", "compat_hash": self.compat}
             if msg.get("remote_engine_id") not in (None, self.engine_id):
-                return {"ok": False, "error": f"remote engine id {msg.get('remote_engine_id')} is not this engine"}
+                return {
+                    "ok": False,
+                    "error": f"remote engine id {msg.get('remote_engine_id')} is not this engine",
+                }
             grant = self._grant(rid)
             if grant is None:
-                return {"ok": False, "error": f"Potentially invalid KV blocks for unrecognized request {rid}. "
-                        "They may have expired."}
-            return {"ok": True, "num_tokens": grant.num_tokens, "num_blocks": grant.num_blocks,
-                    "bytes": grant.nbytes, "compat_hash": self.compat}
+                return {
+                    "ok": False,
+                    "error": f"Potentially invalid KV blocks for unrecognized request {rid}. "
+                    "They may have expired.",
+                }
+            return {
+                "ok": True,
+                "num_tokens": grant.num_tokens,
+                "num_blocks": grant.num_blocks,
+                "bytes": grant.nbytes,
+                "compat_hash": self.compat,
+            }
         if op == "done":
             self._release(rid)
             return {"ok": True}
@@ -103,37 +119,47 @@ class PullError(Exception):
         self.handshake = handshake
 
 
-async def pull(params: dict[str, Any], compat: str,
-               wait_transfer: Callable[[ReadGrant], Awaitable[None]]) -> ReadGrant:
+async def pull(
+    params: dict[str, Any], compat: str, wait_transfer: Callable[[ReadGrant], Awaitable[None]]
+) -> ReadGrant:
     """Consumer side: read the blocks named in kv_transfer_params, wait the transfer, notify the producer."""
     host = params.get("remote_host")
     port = params.get("remote_port")
     if not host or not port:
         raise PullError("kv_transfer_params has no remote_host/remote_port", handshake=True)
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), limit=MAX_LINE),
-                                                HANDSHAKE_TIMEOUT_S)
-    except (OSError, asyncio.TimeoutError, ValueError) as exc:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, int(port), limit=MAX_LINE), HANDSHAKE_TIMEOUT_S
+        )
+    except (TimeoutError, OSError, ValueError) as exc:
         raise PullError(f"cannot reach the KV side channel at {host}:{port}: {exc}", handshake=True) from exc
     try:
-        reply = await _ask(reader, writer, {
-            "op": "read", "remote_request_id": params.get("remote_request_id"),
-            "remote_engine_id": params.get("remote_engine_id"),
-            "remote_block_ids": params.get("remote_block_ids"), "compat_hash": compat,
-        })
+        reply = await _ask(
+            reader,
+            writer,
+            {
+                "op": "read",
+                "remote_request_id": params.get("remote_request_id"),
+                "remote_engine_id": params.get("remote_engine_id"),
+                "remote_block_ids": params.get("remote_block_ids"),
+                "compat_hash": compat,
+            },
+        )
         if not reply.get("ok"):
             raise PullError(str(reply.get("error")), handshake="compatibility" in str(reply.get("error")))
         grant = ReadGrant(int(reply["num_tokens"]), int(reply["num_blocks"]), int(reply["bytes"]))
         await wait_transfer(grant)
         await _ask(reader, writer, {"op": "done", "remote_request_id": params.get("remote_request_id")})
         return grant
-    except (OSError, asyncio.TimeoutError, json.JSONDecodeError, KeyError) as exc:
+    except (TimeoutError, OSError, json.JSONDecodeError, KeyError) as exc:
         raise PullError(f"KV side channel {host}:{port} failed: {exc}", handshake=False) from exc
     finally:
         writer.close()
 
 
-async def _ask(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, msg: dict[str, Any]) -> dict[str, Any]:
+async def _ask(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, msg: dict[str, Any]
+) -> dict[str, Any]:
     writer.write(json.dumps(msg).encode() + b"\n")
     await writer.drain()
     line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)

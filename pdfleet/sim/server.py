@@ -44,9 +44,32 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # late steps run back to back without sleeping until the schedule is met again (bursts of HTTP work).
 RESYNC_AFTER_S = 1.0
 FILLER = tuple(
-    f" {w}" for w in (
-        "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "tokens", "stream",
-        "at", "the", "pace", "of", "a", "simulated", "GPU", "and", "nothing", "here", "is", "real",
+    f" {w}"
+    for w in (
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "a",
+        "lazy",
+        "dog",
+        "while",
+        "tokens",
+        "stream",
+        "at",
+        "the",
+        "pace",
+        "of",
+        "a",
+        "simulated",
+        "GPU",
+        "and",
+        "nothing",
+        "here",
+        "is",
+        "real",
     )
 )
 FILLER_BYTES = tuple(t.encode() for t in FILLER)
@@ -65,16 +88,18 @@ def error_body(message: str, err_type: str, code: int, param: str | None = None)
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
-def error_response(message: str, err_type: str = "BadRequestError", code: int = 400,
-                   param: str | None = None) -> web.Response:
+def error_response(
+    message: str, err_type: str = "BadRequestError", code: int = 400, param: str | None = None
+) -> web.Response:
     return json_response(error_body(message, err_type, code, param), status=code)
 
 
 class RequestError(Exception):
     """A client error detected while reading a request (becomes a 4xx ErrorResponse)."""
 
-    def __init__(self, message: str, err_type: str = "BadRequestError", code: int = 400,
-                 param: str | None = None) -> None:
+    def __init__(
+        self, message: str, err_type: str = "BadRequestError", code: int = 400, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.response = error_response(message, err_type, code, param)
 
@@ -82,11 +107,31 @@ class RequestError(Exception):
 class Sink:
     """Where a request's output goes: a streamed SSE body or a future for a JSON response."""
 
-    __slots__ = ("kind", "stream", "transport", "prefix", "mid", "created", "rid", "model",
-                 "include_usage", "done", "finish_reason", "error", "role_sent")
+    __slots__ = (
+        "kind",
+        "stream",
+        "transport",
+        "prefix",
+        "mid",
+        "created",
+        "rid",
+        "model",
+        "include_usage",
+        "done",
+        "finish_reason",
+        "error",
+        "role_sent",
+    )
 
-    def __init__(self, kind: str, rid: str, model: str, stream: bool, include_usage: bool,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        kind: str,
+        rid: str,
+        model: str,
+        stream: bool,
+        include_usage: bool,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.kind = kind
         self.rid = rid
         self.model = model
@@ -98,8 +143,12 @@ class Sink:
         self.finish_reason = "length"
         self.error: str | None = None
         self.role_sent = False  # the first write (chat: role event + first token) is framed separately
-        head = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-                "created": self.created, "model": model}
+        head = {
+            "id": rid,
+            "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": model,
+        }
         opening = json.dumps(head, separators=(",", ":"))[:-1]
         if kind == "chat":
             self.prefix = ("data: " + opening + ',"choices":[{"index":0,"delta":{"content":"').encode()
@@ -110,15 +159,29 @@ class Sink:
 
     def role_event(self) -> bytes:
         """The chat stream's first event (role only); vLLM sends it with the first engine output."""
-        head = {"id": self.rid, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}]}
+        head = {
+            "id": self.rid,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ],
+        }
         return b"data: " + json.dumps(head, separators=(",", ":")).encode() + b"\n\n"
 
     def last_suffix(self) -> bytes:
         if self.kind == "chat":
-            return ('"},"logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n' % self.finish_reason).encode()
-        return ('","logprobs":null,"finish_reason":"%s","stop_reason":null}]}\n\n' % self.finish_reason).encode()
+            end = f'"}},"logprobs":null,"finish_reason":"{self.finish_reason}","stop_reason":null}}]}}\n\n'
+            return end.encode()
+        return (
+            f'","logprobs":null,"finish_reason":"{self.finish_reason}","stop_reason":null}}]}}\n\n'.encode()
+        )
 
 
 def _chunk_frame(data: bytes) -> bytes:
@@ -141,9 +204,13 @@ class SimServer:
         self.counter = counter or make_counter(_tokenizer_file(cfg.tokenizer), cfg.chars_per_token)
         kv = cfg.kv_transfer
         self.metrics = SimMetrics(cfg.max_model_len, pd=kv is not None)
-        cache_info = {"block_size": str(cfg.block_size), "cache_dtype": cfg.kv_cache_dtype,
-                      "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
-                      "num_gpu_blocks": str(cfg.num_blocks), "enable_prefix_caching": "False"}
+        cache_info = {
+            "block_size": str(cfg.block_size),
+            "cache_dtype": cfg.kv_cache_dtype,
+            "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
+            "num_gpu_blocks": str(cfg.num_blocks),
+            "enable_prefix_caching": "False",
+        }
         self.registry = make_registry(SimCollector(self.metrics, self, self.model_name, cache_info))
         self.compat = compat_hash(cfg.model_spec.name, cfg.kv_cache_dtype, cfg.block_size)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -223,11 +290,18 @@ class SimServer:
         return self.cfg.port
 
     async def stop(self) -> None:
+        """Stop stepping, fail whatever is in flight, close the ports."""
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for req in list(self.engine.iter_active()):
+            self.engine.abort(req.request_id)
+            sink: Sink = req.sink
+            sink.error = "the server is shutting down"
+            if not sink.done.done():
+                sink.done.set_result(None)
         if self._side is not None:
             await self._side.close()
         if self._runner is not None:
@@ -265,7 +339,9 @@ class SimServer:
                 last_end = None
                 self._wake.clear()
                 expiry = engine.next_expiry()
-                timeout = None if expiry is None else max(0.0, (expiry - self.sim_now()) * self.cfg.time_scale)
+                timeout = (
+                    None if expiry is None else max(0.0, (expiry - self.sim_now()) * self.cfg.time_scale)
+                )
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
@@ -313,10 +389,7 @@ class SimServer:
                 self._client_gone(req)
                 continue
             token = FILLER_BYTES[(req.generated - 1) % nfill]
-            if req.state is finished_state:
-                tail = token + sink.last_suffix()
-            else:
-                tail = token + sink.mid
+            tail = token + (sink.last_suffix() if req.state is finished_state else sink.mid)
             if sink.role_sent:
                 transport.write(b"%x\r\n%s%s\r\n" % (len(sink.prefix) + len(tail), sink.prefix, tail))
             else:
@@ -332,8 +405,6 @@ class SimServer:
         """Request-level metrics, then wake the handler."""
         m = self.metrics
         sink: Sink = req.sink
-        if sink.transport is not None and sink.transport.is_closing():
-            pass  # still a finished request: the engine did the work
         m.success[sink.finish_reason if req.finish_reason == "length" else (req.finish_reason or "stop")] += 1
         m.e2e.observe(now - req.arrival)
         if req.first_scheduled is not None:
@@ -362,8 +433,13 @@ class SimServer:
     def _expire(self, now: float) -> None:
         for req in self.engine.expire_held(now):
             self.metrics.nixl_expired += 1
-            log.warning("Releasing expired KV blocks for request %s which were retrieved by %d decode worker(s) "
-                        "within %d seconds.", req.request_id, 0, int(self.cfg.abort_timeout_s))
+            log.warning(
+                "Releasing expired KV blocks for request %s which were retrieved by %d decode worker(s) "
+                "within %d seconds.",
+                req.request_id,
+                0,
+                int(self.cfg.abort_timeout_s),
+            )
 
     def wake(self) -> None:
         """Tell an idle step loop there is work."""
@@ -374,7 +450,9 @@ class SimServer:
         req = self.engine.held_request(rid)
         if req is None:
             return None
-        return ReadGrant(req.prompt_tokens, len(req.block_ids), req.prompt_tokens * self.cfg.kv_bytes_per_token)
+        return ReadGrant(
+            req.prompt_tokens, len(req.block_ids), req.prompt_tokens * self.cfg.kv_bytes_per_token
+        )
 
     def _release(self, rid: str) -> None:
         if self.engine.release_held(rid) is not None:
@@ -409,10 +487,15 @@ class SimServer:
             ok = False
             self.metrics.nixl_failed_transfers += 1
             if exc.handshake:
-                log.error("Handshake failed for request %s, marking blocks as invalid (%s)", req.request_id, exc)
+                log.error(
+                    "Handshake failed for request %s, marking blocks as invalid (%s)", req.request_id, exc
+                )
             else:
-                log.error("NIXL transfer failed for request %s with state %s. Marking blocks as invalid.",
-                          req.request_id, exc)
+                log.error(
+                    "NIXL transfer failed for request %s with state %s. Marking blocks as invalid.",
+                    req.request_id,
+                    exc,
+                )
         failed = self.engine.kv_loaded(req.request_id, self.sim_now(), ok)
         if failed is not None:
             sink: Sink = failed.sink
@@ -437,10 +520,17 @@ class SimServer:
             self._window_tokens = (prompt, gen)
             engine = self.engine
             if d_prompt or d_gen or engine.num_running or engine.num_waiting:
-                log.info("Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f "
-                         "tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache "
-                         "hit rate: %.1f%%", d_prompt / span, d_gen / span, engine.num_running, engine.num_waiting,
-                         engine.kv_usage * 100, 0.0)
+                log.info(
+                    "Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f "
+                    "tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache "
+                    "hit rate: %.1f%%",
+                    d_prompt / span,
+                    d_gen / span,
+                    engine.num_running,
+                    engine.num_waiting,
+                    engine.kv_usage * 100,
+                    0.0,
+                )
             if self._xfer_window:
                 self._log_transfers()
 
@@ -450,16 +540,25 @@ class SimServer:
         posts = sorted(w[1] for w in window)
         total_bytes = sum(w[2] for w in window)
         n = len(window)
-        log.info("KV Transfer metrics: Num successful transfers=%d, Avg xfer time (ms)=%.3f, P90 xfer time "
-                 "(ms)=%.3f, Avg post time (ms)=%.3f, P90 post time (ms)=%.3f, Avg MB per transfer=%.3f, "
-                 "Throughput (MB/s)=%.3f, Avg number of descriptors=%.1f", n, 1e3 * sum(xfers) / n,
-                 1e3 * xfers[min(n - 1, int(0.9 * n))], 1e3 * sum(posts) / n, 1e3 * posts[min(n - 1, int(0.9 * n))],
-                 total_bytes / n / 1e6, total_bytes / 1e6 / max(sum(xfers), 1e-9), sum(w[3] for w in window) / n)
+        log.info(
+            "KV Transfer metrics: Num successful transfers=%d, Avg xfer time (ms)=%.3f, P90 xfer time "
+            "(ms)=%.3f, Avg post time (ms)=%.3f, P90 post time (ms)=%.3f, Avg MB per transfer=%.3f, "
+            "Throughput (MB/s)=%.3f, Avg number of descriptors=%.1f",
+            n,
+            1e3 * sum(xfers) / n,
+            1e3 * xfers[min(n - 1, int(0.9 * n))],
+            1e3 * sum(posts) / n,
+            1e3 * posts[min(n - 1, int(0.9 * n))],
+            total_bytes / n / 1e6,
+            total_bytes / 1e6 / max(sum(xfers), 1e-9),
+            sum(w[3] for w in window) / n,
+        )
 
     # ---- HTTP: auth and small endpoints ------------------------------------------------------------------
     @web.middleware
-    async def _auth_middleware(self, request: web.Request,
-                               handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    async def _auth_middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         """--api-key guards /v1/* as vLLM's AuthenticationMiddleware does (health and metrics stay open)."""
         if self.cfg.api_keys and request.path.startswith("/v1") and request.method != "OPTIONS":
             auth = request.headers.get("Authorization", "")
@@ -480,14 +579,34 @@ class SimServer:
 
     async def models(self, request: web.Request) -> web.Response:
         created = int(time.time())
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": self.cfg.model,
-                 "parent": None, "max_model_len": self.cfg.max_model_len,
-                 "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
-                                 "created": created, "allow_create_engine": False, "allow_sampling": True,
-                                 "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                                 "allow_fine_tuning": False, "organization": "*", "group": None,
-                                 "is_blocking": False}]}
-                for name in self.cfg.served_model_names]
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": self.cfg.model,
+                "parent": None,
+                "max_model_len": self.cfg.max_model_len,
+                "permission": [
+                    {
+                        "id": f"modelperm-{uuid.uuid4().hex}",
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+            for name in self.cfg.served_model_names
+        ]
         return json_response({"object": "list", "data": data})
 
     async def tokenize(self, request: web.Request) -> web.Response:
@@ -497,8 +616,14 @@ class SimServer:
         except RequestError as exc:
             return exc.response
         n = count_request_tokens(body, self.counter)
-        return json_response({"count": n, "max_model_len": self.cfg.max_model_len,
-                                  "tokens": [1000 + i % 30000 for i in range(n)], "token_strs": None})
+        return json_response(
+            {
+                "count": n,
+                "max_model_len": self.cfg.max_model_len,
+                "tokens": [1000 + i % 30000 for i in range(n)],
+                "token_strs": None,
+            }
+        )
 
     async def detokenize(self, request: web.Request) -> web.Response:
         try:
@@ -544,24 +669,37 @@ class SimServer:
             prompt = body.get("prompt")
             if prompt is None or prompt == "" or prompt == []:
                 raise RequestError("prompt: Field required", param="prompt")
-            if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt) and len(prompt) > 1:
-                raise RequestError("pdfleet-sim serves one prompt per request (batched prompts are not supported)",
-                                   param="prompt")
+            if (
+                isinstance(prompt, list)
+                and prompt
+                and not all(isinstance(t, int) for t in prompt)
+                and len(prompt) > 1
+            ):
+                raise RequestError(
+                    "pdfleet-sim serves one prompt per request (batched prompts are not supported)",
+                    param="prompt",
+                )
         n = body.get("n", 1)
         if n not in (1, None):
             raise RequestError("pdfleet-sim supports n=1 only", param="n")
         prompt_tokens = max(1, count_request_tokens(body, self.counter))
         limit = self.cfg.max_model_len
         if prompt_tokens >= limit:
-            raise RequestError(f"This model's maximum context length is {limit} tokens. However, your request has "
-                               f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
-                               param="messages" if kind == "chat" else "prompt")
+            raise RequestError(
+                f"This model's maximum context length is {limit} tokens. However, your request has "
+                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
+                param="messages" if kind == "chat" else "prompt",
+            )
         max_tokens = body.get("max_completion_tokens") if kind == "chat" else None
         if max_tokens is None:
             max_tokens = body.get("max_tokens")
         for key, val in (("max_tokens", max_tokens), ("min_tokens", body.get("min_tokens"))):
-            if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < (1 if key == "max_tokens" else 0)):
-                raise RequestError(f"{key} must be at least {1 if key == 'max_tokens' else 0}, got {val}.", param=key)
+            if val is not None and (
+                not isinstance(val, int) or isinstance(val, bool) or val < (1 if key == "max_tokens" else 0)
+            ):
+                raise RequestError(
+                    f"{key} must be at least {1 if key == 'max_tokens' else 0}, got {val}.", param=key
+                )
         room = limit - prompt_tokens
         finish = "length"
         if max_tokens is None:
@@ -573,14 +711,18 @@ class SimServer:
                 max_tokens = min(room, max(NATURAL_OUTPUT_TOKENS, body.get("min_tokens") or 0))
                 finish = "stop" if max_tokens < room else "length"
         if max_tokens > room:
-            raise RequestError(f"This model's maximum context length is {limit} tokens. However, you requested "
-                               f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
-                               "in the completion). Please reduce the length of the messages or completion.",
-                               param="max_tokens")
+            raise RequestError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
+                "in the completion). Please reduce the length of the messages or completion.",
+                param="max_tokens",
+            )
         stream = bool(body.get("stream", False))
         opts = body.get("stream_options") or {}
         if opts and not stream:
-            raise RequestError("Stream options can only be defined when `stream=True`.", param="stream_options")
+            raise RequestError(
+                "Stream options can only be defined when `stream=True`.", param="stream_options"
+            )
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
         return model, prompt_tokens, int(max_tokens), finish, stream, include_usage
 
@@ -608,13 +750,20 @@ class SimServer:
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{base}"
         sink = Sink(kind, rid, model, stream, include_usage, asyncio.get_running_loop())
         sink.finish_reason = finish
-        req = SimRequest(f"{rid}-{self._seq}", prompt_tokens, max_tokens, remote_decode=remote_decode,
-                         remote_prefill=remote_prefill, sink=sink)
+        req = SimRequest(
+            f"{rid}-{self._seq}",
+            prompt_tokens,
+            max_tokens,
+            remote_decode=remote_decode,
+            remote_prefill=remote_prefill,
+            sink=sink,
+        )
         self.metrics.max_tokens_hist.observe(max_tokens)
         resp: web.StreamResponse | None = None
         if stream:
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                               "Cache-Control": "no-cache"})
+            resp = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+            )
             resp.enable_chunked_encoding()
             await resp.prepare(request)
             request.writer.send_headers()  # type: ignore[attr-defined]
@@ -642,11 +791,18 @@ class SimServer:
             return resp
         tail = b""
         if sink.error:
-            tail += b"data: " + json.dumps(error_body(sink.error, "InternalServerError", 500)).encode() + b"\n\n"
+            tail += (
+                b"data: " + _compact(error_body(sink.error, "InternalServerError", 500)).encode() + b"\n\n"
+            )
         elif sink.include_usage:
-            usage = {"id": sink.rid, "object": "chat.completion.chunk" if sink.kind == "chat" else "text_completion",
-                     "created": sink.created, "model": sink.model, "choices": [],
-                     "usage": self._usage(req)}
+            usage = {
+                "id": sink.rid,
+                "object": "chat.completion.chunk" if sink.kind == "chat" else "text_completion",
+                "created": sink.created,
+                "model": sink.model,
+                "choices": [],
+                "usage": self._usage(req),
+            }
             tail += b"data: " + json.dumps(usage, separators=(",", ":")).encode() + b"\n\n"
         tail += b"data: [DONE]\n\n"
         with contextlib.suppress(ConnectionError, RuntimeError):
@@ -656,33 +812,66 @@ class SimServer:
 
     @staticmethod
     def _usage(req: SimRequest) -> dict[str, Any]:
-        return {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.generated,
-                "completion_tokens": req.generated, "prompt_tokens_details": None}
+        return {
+            "prompt_tokens": req.prompt_tokens,
+            "total_tokens": req.prompt_tokens + req.generated,
+            "completion_tokens": req.generated,
+            "prompt_tokens_details": None,
+        }
 
     def _kv_params_out(self, req: SimRequest) -> dict[str, Any] | None:
         """What a producer returns for the decode side (vLLM NixlConnector request_finished)."""
         if not req.remote_decode or self.cfg.kv_transfer is None:
             return None
-        return {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": list(req.block_ids),
-                "remote_engine_id": self.cfg.kv_transfer.engine_id, "remote_request_id": req.request_id,
-                "remote_host": self.cfg.side_channel_host, "remote_port": self.cfg.side_channel_port,
-                "tp_size": self.cfg.tensor_parallel_size}
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": list(req.block_ids),
+            "remote_engine_id": self.cfg.kv_transfer.engine_id,
+            "remote_request_id": req.request_id,
+            "remote_host": self.cfg.side_channel_host,
+            "remote_port": self.cfg.side_channel_port,
+            "tp_size": self.cfg.tensor_parallel_size,
+        }
 
     def _full_body(self, req: SimRequest, sink: Sink, kind: str) -> dict[str, Any]:
         text = filler_text(req.generated)
         if kind == "chat":
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None,
-                            "audio": None, "function_call": None, "tool_calls": [], "reasoning_content": None},
-                "logprobs": None, "finish_reason": sink.finish_reason, "stop_reason": None}
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "tool_calls": [],
+                    "reasoning_content": None,
+                },
+                "logprobs": None,
+                "finish_reason": sink.finish_reason,
+                "stop_reason": None,
+            }
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": sink.finish_reason,
-                      "stop_reason": None, "prompt_logprobs": None}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": sink.finish_reason,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
             obj = "text_completion"
-        body: dict[str, Any] = {"id": sink.rid, "object": obj, "created": sink.created, "model": sink.model,
-                                "choices": [choice], "usage": self._usage(req)}
+        body: dict[str, Any] = {
+            "id": sink.rid,
+            "object": obj,
+            "created": sink.created,
+            "model": sink.model,
+            "choices": [choice],
+            "usage": self._usage(req),
+        }
         if kind == "chat":
             body.update({"service_tier": None, "system_fingerprint": None})
         body.update({"prompt_logprobs": None, "kv_transfer_params": self._kv_params_out(req)})

@@ -149,3 +149,51 @@ def test_systemd_analyze_verify_accepts_rendered_units(tmp_path: Path) -> None:
             if ln.strip() and "is not executable: No such file or directory" not in ln
         ]
         assert not problems, f"{unit}: {problems}"
+
+
+def _profile_inventory_pairs() -> list[tuple[str, Path]]:
+    """Every (profile, inventory) in the repo that validates together: what an operator could render."""
+    from pdfleet.errors import ValidationError
+    from pdfleet.inventory import load_inventory
+    from pdfleet.profile import check_against_inventory, list_profiles, load_profile
+
+    inventories = sorted((REPO / "inventory").rglob("*.yml"))
+    pairs = []
+    for name in list_profiles(REPO / "profiles"):
+        profile = load_profile(name, REPO / "profiles")
+        for inv_path in inventories:
+            try:
+                check_against_inventory(profile, load_inventory(inv_path))
+            except ValidationError:
+                continue
+            pairs.append((name, inv_path))
+    return pairs
+
+
+def test_every_profile_renders_for_some_inventory() -> None:
+    from pdfleet.profile import list_profiles
+
+    rendered = {name for name, _ in _profile_inventory_pairs()}
+    assert rendered == set(list_profiles(REPO / "profiles"))
+
+
+@pytest.mark.parametrize(("profile", "inventory"), _profile_inventory_pairs(),
+                         ids=lambda v: v if isinstance(v, str) else v.name)
+def test_every_rendered_serve_command_parses_under_the_simulator(profile: str, inventory: Path) -> None:
+    """A typo in any rendered `vllm serve` line fails here (the sim rejects unknown options as vLLM does)."""
+    from pdfleet.sim.config import parse_serve_args
+
+    deployment = load_deployment(profile, inventory, REPO / "profiles", REPO / "templates")
+    for host, files in render_fleet(deployment, deployment.inventory.hosts.values()).items():
+        by_path = {f.path: f for f in files}
+        for f in files:
+            if not f.path.endswith(".service"):
+                continue
+            env_path = f.path.replace("/etc/systemd/system/", "/etc/pdfleet/").replace(".service", ".env")
+            env = _env(by_path[env_path].content)
+            argv = _exec_start_argv(f.content)
+            assert argv[1] == "serve", f"{host}: {argv[:2]}"
+            config = parse_serve_args(argv[1:], env=env)
+            assert config.port == int(argv[argv.index("--port") + 1])
+            if "VLLM_NIXL_SIDE_CHANNEL_PORT" in env:
+                assert config.side_channel_port == int(env["VLLM_NIXL_SIDE_CHANNEL_PORT"])

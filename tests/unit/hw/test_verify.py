@@ -13,9 +13,11 @@ from pdfleet.verify import (
     PASS,
     SKIP,
     CheckResult,
+    Unit,
     VerifyOptions,
     _host_and_check,
     host_units,
+    managed_unit,
     parse_ib_write_bw,
     pd_pairs,
     run_verify,
@@ -47,14 +49,14 @@ def test_ssh_config_from_inventory_is_strict(tmp_path: Path) -> None:
     ]
 
 
-def test_host_units_per_group() -> None:
+def test_host_units_per_pool() -> None:
     prof = pinned()
     assert [u.name for u in host_units(prof, host(groups=("prefill",)))] == ["vllm-prefill.service"]
-    gw = host_units(prof, host(groups=("gateway",)))
-    assert [(u.name, u.port) for u in gw] == [
-        ("pdfleet-gateway.service", 8080),
-        ("vllm-router-pd.service", 8090),
-    ]
+    assert host_units(prof, host(groups=("gateway",))) == []
+    assert managed_unit("pdfleet-gateway.service", "http://198.18.0.10:8080/health") == Unit(
+        "pdfleet-gateway.service", 8080, "http://198.18.0.10:8080/health"
+    )
+    assert managed_unit("vllm-router-pd.service", None).port is None
     colo = host_units(profile("colocated"), host(groups=("colocated",)))
     assert [u.name for u in colo] == ["vllm-colocated.service"] and colo[0].health_url.endswith("/health")
 
@@ -153,3 +155,26 @@ def test_verify_refuses_an_unknown_host_key(tmp_path: Path, sshd) -> None:  # ty
     assert result.outcome == FAIL and result.host == "loop"
     assert result.detail.startswith(f"cannot reach loop (127.0.0.1:{sshd.port}) over SSH: ")
     assert "Host key verification failed" in result.detail
+
+
+@pytest.mark.sshd
+def test_invoke_verify_cli_table_and_exit_codes(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    inv = _loopback_inventory(tmp_path, sshd)
+    base = [sys.executable, "-m", "invoke", "verify", "--profile", "same-host-pcie", "--inventory", str(inv)]
+    ok = subprocess.run([*base, "--checks", "gpu"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    text = " ".join(ok.stdout.split())
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "skip loop gpu/persistence_on: no NVIDIA GPU on the PCI bus" in text and "0 failed" in text
+    bad = subprocess.run(
+        [*base, "--checks", "services"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    text = " ".join(bad.stdout.split())
+    assert bad.returncode == 1
+    assert "FAIL loop services/units_installed_enabled_active: vllm-prefill.service not installed" in text
+    limit = subprocess.run(
+        [*base, "--limit", "nosuch"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert limit.returncode != 0 and "nosuch" in limit.stderr and "Traceback" not in limit.stderr

@@ -15,18 +15,52 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 # What pdfleet.vllm_args.serve_argv renders for a lab decode instance with engine "sim".
 RENDERED = [
-    "/opt/pdfleet/venv/bin/pdfleet-sim", "serve", MODEL,
-    "--host", "198.18.0.31", "--port", "8200", "--served-model-name", MODEL,
-    "--tensor-parallel-size", "1", "--max-num-batched-tokens", "2048", "--gpu-memory-utilization", "0.9",
-    "--max-num-seqs", "256", "--kv-cache-dtype", "auto", "--enable-chunked-prefill", "--max-model-len", "32768",
-    "--kv-transfer-config", json.dumps({"kv_buffer_device": "cuda", "kv_connector": "NixlConnector",
-                                        "kv_connector_extra_config": {"backends": ["UCX"]},
-                                        "kv_load_failure_policy": "fail", "kv_role": "kv_consumer"},
-                                       separators=(",", ":"), sort_keys=True),
-    "--sim-gpu", "H100-SXM", "--sim-link", "roce-400g", "--sim-time-scale", "1.0",
+    "/opt/pdfleet/venv/bin/pdfleet-sim",
+    "serve",
+    MODEL,
+    "--host",
+    "198.18.0.31",
+    "--port",
+    "8200",
+    "--served-model-name",
+    MODEL,
+    "--tensor-parallel-size",
+    "1",
+    "--max-num-batched-tokens",
+    "2048",
+    "--gpu-memory-utilization",
+    "0.9",
+    "--max-num-seqs",
+    "256",
+    "--kv-cache-dtype",
+    "auto",
+    "--enable-chunked-prefill",
+    "--max-model-len",
+    "32768",
+    "--kv-transfer-config",
+    json.dumps(
+        {
+            "kv_buffer_device": "cuda",
+            "kv_connector": "NixlConnector",
+            "kv_connector_extra_config": {"backends": ["UCX"]},
+            "kv_load_failure_policy": "fail",
+            "kv_role": "kv_consumer",
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    ),
+    "--sim-gpu",
+    "H100-SXM",
+    "--sim-link",
+    "roce-400g",
+    "--sim-time-scale",
+    "1.0",
 ]
-ENV = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "198.18.0.31", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5601",
-       "CUDA_VISIBLE_DEVICES": "0"}
+ENV = {
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "198.18.0.31",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT": "5601",
+    "CUDA_VISIBLE_DEVICES": "0",
+}
 
 
 def test_rendered_command_parses() -> None:
@@ -45,12 +79,34 @@ def test_rendered_command_parses() -> None:
 
 
 def test_vllm_spellings_are_accepted() -> None:
-    cfg = parse_serve_args([
-        "serve", "--model", "/models/Llama-3.1-70B-Instruct", "-tp", "4", "--max_num_seqs=64",
-        "--no-enable-chunked-prefill", "--max-model-len", "16k", "--trust-remote-code", "--enforce-eager",
-        "--dtype", "bfloat16", "--disable-log-requests", "--enable-prefix-caching", "--api-key", "k1",
-        "--kv-cache-dtype", "fp8", "--seed", "0", "--uvicorn-log-level", "warning",
-    ], env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    cfg = parse_serve_args(
+        [
+            "serve",
+            "--model",
+            "/models/Llama-3.1-70B-Instruct",
+            "-tp",
+            "4",
+            "--max_num_seqs=64",
+            "--no-enable-chunked-prefill",
+            "--max-model-len",
+            "16k",
+            "--trust-remote-code",
+            "--enforce-eager",
+            "--dtype",
+            "bfloat16",
+            "--disable-log-requests",
+            "--enable-prefix-caching",
+            "--api-key",
+            "k1",
+            "--kv-cache-dtype",
+            "fp8",
+            "--seed",
+            "0",
+            "--uvicorn-log-level",
+            "warning",
+        ],
+        env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+    )
     assert cfg.model_spec.name == "Llama-3.1-70B" and cfg.tensor_parallel_size == 4
     assert cfg.max_num_seqs == 64 and cfg.max_model_len == 16000
     assert cfg.enable_chunked_prefill is False
@@ -66,26 +122,47 @@ def test_defaults_follow_vllm_batch_defaults() -> None:
     assert (a100.max_num_batched_tokens, a100.max_num_seqs) == (2048, 256)
 
 
-@pytest.mark.parametrize(("argv", "env", "message"), [
-    ([MODEL, "--max-num-batched-tokenz", "2048"], {}, "unrecognized arguments: --max-num-batched-tokenz"),
-    ([MODEL, "--max-num"], {}, "unrecognized arguments: --max-num"),  # no abbreviations
-    ([MODEL, "--kv-transfer-config", '{"kv_connector":"NixlConnector"}'], {}, "Please specify kv_role"),
-    ([MODEL, "--kv-transfer-config", '{"kv_connector":"MooncakeTransferEngine","kv_role":"kv_producer"}'], {},
-     "Unsupported connector type: MooncakeTransferEngine"),
-    ([MODEL, "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_producer","kv_rol":1}'], {},
-     "unknown field(s) kv_rol"),
-    ([MODEL, "--kv-transfer-config", "{nope"], {}, "not valid JSON"),
-    ([MODEL, "--sim-gpu", "H100"], {}, "--sim-gpu 'H100': unknown GPU; known: H100-SXM"),
-    ([MODEL, "--sim-link", "rdma"], {}, "unknown link; known: pcie-gen4"),
-    (["mistralai/Mistral-7B"], {}, "not in the simulator's catalog"),
-    ([MODEL, "-tp", "2"], {"CUDA_VISIBLE_DEVICES": "3"}, "tensor_parallel_size (2) is larger"),
-    (["meta-llama/Llama-3.1-70B-Instruct"], {}, "No available memory for the cache blocks"),
-    ([MODEL, "--gpu-memory-utilization", "0.25"], {}, "larger than the maximum number of tokens"),
-    ([MODEL, "--max-model-len", "200000"], {}, "greater than the derived max_model_len"),
-    ([MODEL, "--max-num-batched-tokens", "128", "--max-num-seqs", "256"], {}, "must be greater than or equal"),
-    ([MODEL], {"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, "VLLM_NIXL_SIDE_CHANNEL_PORT='x': not an integer"),
-    ([], {}, "the following arguments are required: model_tag"),
-])
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([MODEL, "--max-num-batched-tokenz", "2048"], {}, "unrecognized arguments: --max-num-batched-tokenz"),
+        ([MODEL, "--max-num"], {}, "unrecognized arguments: --max-num"),  # no abbreviations
+        ([MODEL, "--kv-transfer-config", '{"kv_connector":"NixlConnector"}'], {}, "Please specify kv_role"),
+        (
+            [
+                MODEL,
+                "--kv-transfer-config",
+                '{"kv_connector":"MooncakeTransferEngine","kv_role":"kv_producer"}',
+            ],
+            {},
+            "Unsupported connector type: MooncakeTransferEngine",
+        ),
+        (
+            [
+                MODEL,
+                "--kv-transfer-config",
+                '{"kv_connector":"NixlConnector","kv_role":"kv_producer","kv_rol":1}',
+            ],
+            {},
+            "unknown field(s) kv_rol",
+        ),
+        ([MODEL, "--kv-transfer-config", "{nope"], {}, "not valid JSON"),
+        ([MODEL, "--sim-gpu", "H100"], {}, "--sim-gpu 'H100': unknown GPU; known: H100-SXM"),
+        ([MODEL, "--sim-link", "rdma"], {}, "unknown link; known: pcie-gen4"),
+        (["mistralai/Mistral-7B"], {}, "not in the simulator's catalog"),
+        ([MODEL, "-tp", "2"], {"CUDA_VISIBLE_DEVICES": "3"}, "tensor_parallel_size (2) is larger"),
+        (["meta-llama/Llama-3.1-70B-Instruct"], {}, "No available memory for the cache blocks"),
+        ([MODEL, "--gpu-memory-utilization", "0.25"], {}, "larger than the maximum number of tokens"),
+        ([MODEL, "--max-model-len", "200000"], {}, "greater than the derived max_model_len"),
+        (
+            [MODEL, "--max-num-batched-tokens", "128", "--max-num-seqs", "256"],
+            {},
+            "must be greater than or equal",
+        ),
+        ([MODEL], {"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, "VLLM_NIXL_SIDE_CHANNEL_PORT='x': not an integer"),
+        ([], {}, "the following arguments are required: model_tag"),
+    ],
+)
 def test_bad_options_fail_clearly(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ValidationError) as exc:
         parse_serve_args(argv, env=env)
@@ -93,10 +170,18 @@ def test_bad_options_fail_clearly(argv: list[str], env: dict[str, str], message:
 
 
 def test_cli_exits_2_on_unknown_option_without_traceback() -> None:
-    proc = subprocess.run([sys.executable, "-m", "pdfleet.sim.cli", "serve", MODEL, "--bogus"],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdfleet.sim.cli", "serve", MODEL, "--bogus"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2
     assert "unrecognized arguments: --bogus" in proc.stderr and "Traceback" not in proc.stderr
-    help_out = subprocess.run([sys.executable, "-m", "pdfleet.sim.cli", "serve", "--help"],
-                              capture_output=True, text=True, timeout=30)
+    help_out = subprocess.run(
+        [sys.executable, "-m", "pdfleet.sim.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert help_out.returncode == 0 and "SIMULATED seconds" in help_out.stdout

@@ -25,6 +25,7 @@ def _node(*args: str) -> tuple[Simulation, EngineNode]:
 
 # ---- calibration against [PERF §2.6] ---------------------------------------------------------------
 
+
 def _steady_tpot(concurrency: int) -> float:
     """Mean TPOT of 1024-in/128-out requests after warm-up, streams evenly phased (steady state)."""
     cfg = parse_serve_args([MODEL_8B, "--sim-gpu", "H100-SXM"], env={})
@@ -32,8 +33,9 @@ def _steady_tpot(concurrency: int) -> float:
     request_s = perf.prefill_only_time(1024) + 127 * perf.decode_time(concurrency, 1088)
     sim = Simulation()
     node = EngineNode(sim, cfg.engine())
-    records = closed_loop(node, concurrency, 1024, 128, requests_per_client=6,
-                          stagger=request_s / concurrency)
+    records = closed_loop(
+        node, concurrency, 1024, 128, requests_per_client=6, stagger=request_s / concurrency
+    )
     sim.run()
     warm = max(r.arrival for r in records[:concurrency])
     steady = [r for r in records if r.arrival > warm]
@@ -69,7 +71,9 @@ def test_a100_is_slower_than_h100_and_memory_bound_decode_tracks_bandwidth() -> 
 
 
 def test_70b_tp4_h100_step_matches_vllm_disagg_itl() -> None:
-    perf = parse_serve_args(["meta-llama/Llama-3.1-70B-Instruct", "--tensor-parallel-size", "4"], env={}).perf()
+    perf = parse_serve_args(
+        ["meta-llama/Llama-3.1-70B-Instruct", "--tensor-parallel-size", "4"], env={}
+    ).perf()
     assert perf.decode_time(1, 2048) == pytest.approx(21.3e-3, rel=0.1)
 
 
@@ -105,10 +109,19 @@ def _colocated(burst: bool) -> tuple[float, float]:
 
 
 def _disaggregated(burst: bool) -> float:
-    p_cfg = parse_serve_args([MODEL_8B, "--kv-transfer-config",
-                              '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'], env={})
-    d_cfg = parse_serve_args([MODEL_8B, "--sim-link", "roce-400g", "--kv-transfer-config",
-                              '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}'], env={})
+    p_cfg = parse_serve_args(
+        [MODEL_8B, "--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'], env={}
+    )
+    d_cfg = parse_serve_args(
+        [
+            MODEL_8B,
+            "--sim-link",
+            "roce-400g",
+            "--kv-transfer-config",
+            '{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}',
+        ],
+        env={},
+    )
     sim = Simulation()
     pair = PDPair(sim, p_cfg.engine(), d_cfg.engine(), d_cfg.link, d_cfg.kv_bytes_per_token)
     streams = [pair.submit(1024, 5000) for _ in range(32)]
@@ -135,6 +148,7 @@ def test_long_prefill_does_not_stall_disaggregated_decode_streams() -> None:
 
 
 # ---- scheduler mechanics --------------------------------------------------------------------------
+
 
 def _engine(num_blocks: int, **kw: object) -> Engine:
     cfg = parse_serve_args([MODEL_8B], env={})
