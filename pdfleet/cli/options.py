@@ -7,6 +7,7 @@ from pathlib import Path
 from invoke import Context
 
 from pdfleet.cli._common import repo_path, setting
+from pdfleet.lab.mirrors import refresh_if_served_here
 from pdfleet.ops.runner import RunOptions
 from pdfleet.provision import Deployment, load_deployment
 
@@ -30,6 +31,13 @@ def deployment_from_options(
         templates_dir=repo_path(setting(ctx, "templates_dir", "templates")),
         roles=roles,
     )
+
+
+def serve_clone_wheel(deployment: Deployment) -> None:
+    """Hosts of an `engine: sim` profile install this clone's pdfleet; when their PyPI mirror is the one
+    this machine serves (the lab's), put the current wheel on it before provisioning."""
+    if deployment.profile.vllm.engine == "sim":
+        refresh_if_served_here(deployment.profile.mirrors.pypi)
 
 
 def output_dir(ctx: Context, out: str | None) -> Path:

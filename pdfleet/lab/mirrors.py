@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pdfleet.lab.hosts import tcp_open, wait_tcp
 from pdfleet.lab.image import ImageRecipe
-from pdfleet.lab.paths import APT_PORT, BRIDGE_ADDRESS, PYPI_PORT, LabPaths
+from pdfleet.lab.paths import APT_PORT, BRIDGE_ADDRESS, PYPI_PORT, LabPaths, pypi_mirror_url
 from pdfleet.lab.system import (
     LabError,
     ProcessRef,
@@ -400,3 +400,14 @@ def leftover_servers(paths: LabPaths) -> list[ProcessRef]:
             if ref:
                 found.append(ref)
     return found
+
+
+def refresh_if_served_here(pypi_url: str | None, paths: LabPaths | None = None) -> str | None:
+    """When a profile's PyPI mirror is the lab's own and it is running, serve this clone's wheel on it,
+    so the version provision pins is there; returns that version, or None when not the lab's mirror."""
+    paths = paths or LabPaths()
+    if pypi_url is None or pypi_url.rstrip("/") != pypi_mirror_url().rstrip("/"):
+        return None
+    if not paths.pypi_dir.is_dir():
+        return None
+    return refresh_pdfleet_wheel(paths)

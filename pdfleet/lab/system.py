@@ -103,7 +103,7 @@ def run_streaming(cmd: Sequence[str], label: str, progress: Progress, log_path: 
         for line in proc.stdout:
             log.write(line)
             now = time.monotonic()
-            if line.strip() and now - last >= every:
+            if line.strip() and not line.startswith("WARNING:") and now - last >= every:
                 last = now
                 progress(f"{label} [{now - start:4.0f}s] {line.strip()[:100]}")
         rc = proc.wait()

@@ -75,9 +75,15 @@ def health_wait(unit: str, url: str, timeout: float) -> Run:
     return Run(cmd, on_fail=journal_cmd(unit))
 
 
+def start_cmd(verb: str, unit: str) -> str:
+    """`systemctl start|restart` after clearing a failed state: a deliberate (re)start by provision must
+    not be refused by StartLimitBurst, which is there to stop crash loops, not operators."""
+    return f"systemctl reset-failed {q(unit)} 2>/dev/null; systemctl {verb} {q(unit)}"
+
+
 def restart_handler(unit: str, health_url: str | None = None, timeout: float = 300) -> Handler:
     """A handler restarting one unit (and waiting for its health URL), run once after the host's changes."""
-    commands: list[Command] = [Run(f"systemctl restart {q(unit)}", on_fail=journal_cmd(unit))]
+    commands: list[Command] = [Run(start_cmd("restart", unit), on_fail=journal_cmd(unit))]
     if health_url:
         commands.append(health_wait(unit, health_url, timeout))
     return Handler(f"restart {unit}", tuple(commands), unit=unit)
@@ -525,7 +531,7 @@ class Service(Operation):
         elif self.enabled is False and state.unit_file_state == "enabled":
             changes.append(Change(self.describe(), f"disable {self.unit}", (Run(f"systemctl disable {u}"),)))
         if self.running is True and not state.running:
-            commands: list[Command] = [Run(f"systemctl start {u}", on_fail=journal_cmd(self.unit))]
+            commands: list[Command] = [Run(start_cmd("start", self.unit), on_fail=journal_cmd(self.unit))]
             if self.health_url:
                 commands.append(health_wait(self.unit, self.health_url, self.health_timeout))
             diff = f"start {self.unit} (was {state.active_state})"

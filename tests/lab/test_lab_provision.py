@@ -1,8 +1,11 @@
-"""`invoke provision` against the lab: converges, then a second run changes nothing; pools really serve."""
+"""`invoke provision` against the lab: converges, then a second run changes nothing; pools really serve;
+drift is repaired touching only what drifted; a dead host or a changed host key fails only that host."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,7 @@ import pytest
 
 from pdfleet.inventory import load_inventory
 from pdfleet.lab.mirrors import refresh_pdfleet_wheel
+from pdfleet.lab.state import LabState
 from pdfleet.pools import host_instances
 from pdfleet.profile import load_profile
 
@@ -19,13 +23,19 @@ from .conftest import REPO_ROOT, LabHandle
 INVOKE = [sys.executable, "-m", "invoke"]
 
 
-def _provision(profile: str, inventory: Path, report: Path) -> dict:
-    """Run the real CLI (as an operator would) and return its JSON report."""
+def _run_provision(profile: str, inventory: Path, report: Path, *extra: str) -> tuple[int, str, dict]:
+    """Run the real CLI (as an operator would): exit code, output, JSON report."""
     proc = subprocess.run([*INVOKE, "provision", "--profile", profile, "--inventory", str(inventory),
-                           "--json", str(report)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+                           "--json", str(report), *extra], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=600)
     assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads(report.read_text())
-    assert proc.returncode == 0, json.dumps({h: v.get("error") for h, v in data["hosts"].items()}, indent=1)
+    return proc.returncode, proc.stdout + proc.stderr, json.loads(report.read_text())
+
+
+def _provision(profile: str, inventory: Path, report: Path, *extra: str) -> dict:
+    """Provision and insist it succeeded on every host."""
+    rc, _, data = _run_provision(profile, inventory, report, *extra)
+    assert rc == 0, json.dumps({h: v.get("error") for h, v in data["hosts"].items()}, indent=1)
     return data
 
 
@@ -53,3 +63,110 @@ def test_provision_twice_second_run_changes_nothing(lab: LabHandle, tmp_path: Pa
             assert out.strip().endswith("200")
             served += 1
     assert served >= 2, "lab-cross runs a prefill and a decode pool"
+
+
+# The scenarios below share one converged lab-cross fleet and run in file order.
+PROFILE = "lab-cross"
+
+
+def _host(lab: LabHandle, name: str):  # noqa: ANN202 - LabHost
+    return next(h for h in lab.hosts if h.name == name)
+
+
+def _main_pid(lab: LabHandle, host: str, unit: str) -> str:
+    rc, out, err = lab.ssh(_host(lab, host), f"systemctl show -p MainPID --value {unit}")
+    assert rc == 0, err
+    return out.strip()
+
+
+@pytest.fixture(scope="module")
+def converged(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> LabHandle:
+    """lab-cross provisioned and converged (idempotent: cheap when the first test already did it)."""
+    out = tmp_path_factory.mktemp("converged")
+    _provision(PROFILE, lab.lab.inventory, out / "a.json")
+    assert _provision(PROFILE, lab.lab.inventory, out / "b.json")["totals"]["changed"] == 0
+    return lab
+
+
+def test_check_on_a_converged_lab_changes_nothing(converged: LabHandle, tmp_path: Path) -> None:
+    lab = converged
+    stamp = "stat -c %Y /etc/pdfleet/vllm-prefill.env /etc/systemd/system/vllm-prefill.service"
+    _, before, _ = lab.ssh(_host(lab, "lab-p1"), stamp)
+    data = _provision(PROFILE, lab.lab.inventory, tmp_path / "check.json", "--check")
+    assert data["totals"]["changed"] == 0 and data["totals"]["failed"] == 0
+    _, after, _ = lab.ssh(_host(lab, "lab-p1"), stamp)
+    assert before == after
+
+
+def test_hand_edit_is_restored_and_only_that_unit_restarts(converged: LabHandle, tmp_path: Path) -> None:
+    lab = converged
+    units = {"lab-p1": "vllm-prefill.service", "lab-d1": "vllm-decode.service",
+             "lab-colo1": "vllm-colocated.service"}
+    pids = {h: _main_pid(lab, h, u) for h, u in units.items()}
+    rc, original, _ = lab.ssh(_host(lab, "lab-p1"), "sudo -n cat /etc/pdfleet/vllm-prefill.env")
+    assert rc == 0
+    edit = "echo VLLM_NIXL_SIDE_CHANNEL_PORT=9999 | sudo -n tee -a /etc/pdfleet/vllm-prefill.env"
+    rc, _, err = lab.ssh(_host(lab, "lab-p1"), edit)
+    assert rc == 0, err
+
+    data = _provision(PROFILE, lab.lab.inventory, tmp_path / "repair.json")
+    assert {h: v["changed"] for h, v in data["hosts"].items() if v["changed"]} == {"lab-p1": 1}
+    _, restored, _ = lab.ssh(_host(lab, "lab-p1"), "sudo -n cat /etc/pdfleet/vllm-prefill.env")
+    assert restored == original
+    assert _main_pid(lab, "lab-p1", units["lab-p1"]) != pids["lab-p1"], "the edited unit restarted"
+    for host in ("lab-d1", "lab-colo1"):
+        assert _main_pid(lab, host, units[host]) == pids[host], f"{units[host]} on {host} was left alone"
+
+
+def test_a_stopped_unit_is_started_again(converged: LabHandle, tmp_path: Path) -> None:
+    lab = converged
+    d1 = _host(lab, "lab-d1")
+    rc, _, err = lab.ssh(d1, "sudo -n systemctl stop vllm-decode.service")
+    assert rc == 0, err
+    data = _provision(PROFILE, lab.lab.inventory, tmp_path / "start.json")
+    assert data["hosts"]["lab-d1"]["changed"] >= 1
+    rc, out, _ = lab.ssh(d1, "systemctl is-active vllm-decode.service && "
+                             "curl -fsS -o /dev/null -w '%{http_code}' http://198.18.0.31:8200/health")
+    assert rc == 0 and out.strip().endswith("200"), out
+
+
+def test_changed_host_key_is_refused_with_the_fix(converged: LabHandle, tmp_path: Path) -> None:
+    """A host whose key no longer matches known_hosts is refused, saying how to fix it; others go on."""
+    lab = converged
+    key = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    lines = lab.paths.known_hosts.read_text().splitlines()
+    forged = [ln for ln in lines if "198.18.0.10" not in ln.split(" ", 1)[0].split(",")]
+    forged.append("198.18.0.10 " + " ".join(key.with_suffix(".pub").read_text().split()[:2]))
+    known = tmp_path / "known_hosts"
+    known.write_text("\n".join(forged) + "\n")
+    inventory = tmp_path / "lab.yml"
+    inventory.write_text(lab.lab.inventory.read_text().replace(str(lab.paths.known_hosts), str(known)))
+
+    rc, output, data = _run_provision(PROFILE, inventory, tmp_path / "key.json")
+    assert rc != 0
+    error = data["hosts"]["lab-gw"]["error"] or ""
+    assert "changed" in error.lower() and "ssh-keygen -R" in error, error
+    assert data["hosts"]["lab-gw"]["failed"] == 1
+    assert all(v["failed"] == 0 for h, v in data["hosts"].items() if h != "lab-gw")
+
+
+def test_a_host_powered_off_mid_fleet_fails_alone_then_rejoins(converged: LabHandle, tmp_path: Path) -> None:
+    lab = converged
+    rec = LabState.load(lab.paths.state_file).hosts["lab-d1"]
+    assert rec.nspawn is not None
+    os.kill(rec.nspawn.pid, signal.SIGKILL)  # the power cord, not a clean shutdown
+    rec.nspawn.wait_gone(10)
+
+    rc, _, data = _run_provision(PROFILE, lab.lab.inventory, tmp_path / "off.json")
+    assert rc != 0
+    assert data["hosts"]["lab-d1"]["failed"] == 1 and data["hosts"]["lab-d1"]["error"]
+    for host, result in data["hosts"].items():
+        if host != "lab-d1":
+            assert result["failed"] == 0 and result["changed"] == 0, (host, result)
+
+    lab.up()  # power back on: same disk, units enabled
+    data = _provision(PROFILE, lab.lab.inventory, tmp_path / "back.json")
+    assert data["totals"]["failed"] == 0
+    again = _provision(PROFILE, lab.lab.inventory, tmp_path / "again.json")
+    assert again["totals"]["changed"] == 0

@@ -338,7 +338,7 @@ def test_systemd_unit_notifies_reload_and_restart() -> None:
     assert restart.unit == "vllm-decode.service"
     assert [c.cmd for c in restart.commands if isinstance(c, Run)][
         0
-    ] == "systemctl restart vllm-decode.service"
+    ] == "systemctl reset-failed vllm-decode.service 2>/dev/null; systemctl restart vllm-decode.service"
     wait = restart.commands[1]
     assert isinstance(wait, Run) and "curl -fsS" in wait.cmd and "http://127.0.0.1:8200/health" in wait.cmd
     assert wait.on_fail == "journalctl -u vllm-decode.service -n 30 --no-pager"
@@ -351,7 +351,9 @@ def test_service_converged_and_start_with_health() -> None:
     changes = op.plan(FakeFacts({SystemdUnitState("vllm-prefill.service"): MISSING}))
     cmds = commands(changes)
     assert cmds[0] == "systemctl enable vllm-prefill.service"
-    assert cmds[1] == "systemctl start vllm-prefill.service"
+    assert cmds[1] == (
+        "systemctl reset-failed vllm-prefill.service 2>/dev/null; systemctl start vllm-prefill.service"
+    )
     assert "curl -fsS" in str(cmds[2]) and "900" in str(cmds[2])
     assert changes[1].starts_unit == "vllm-prefill.service"
     assert all(c.flush == (DAEMON_RELOAD,) for c in changes)
