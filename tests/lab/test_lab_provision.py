@@ -154,9 +154,12 @@ def test_changed_host_key_is_refused_with_the_fix(converged: LabHandle, tmp_path
 def test_a_host_powered_off_mid_fleet_fails_alone_then_rejoins(converged: LabHandle, tmp_path: Path) -> None:
     lab = converged
     rec = LabState.load(lab.paths.state_file).hosts["lab-d1"]
-    assert rec.nspawn is not None
-    os.kill(rec.nspawn.pid, signal.SIGKILL)  # the power cord, not a clean shutdown
-    rec.nspawn.wait_gone(10)
+    # The power cord, not a clean shutdown: the container's init and its nspawn die at once.
+    for ref in (rec.init, rec.nspawn):
+        assert ref is not None
+        os.kill(ref.pid, signal.SIGKILL)
+    for ref in (rec.init, rec.nspawn):
+        ref.wait_gone(10)
 
     rc, _, data = _run_provision(PROFILE, lab.lab.inventory, tmp_path / "off.json")
     assert rc != 0
