@@ -62,10 +62,14 @@ class UpstreamProtocol(asyncio.Protocol):
             return
         head = self.buf[:end].decode("latin-1")
         length = 0
+        self.close_after = False
         for line in head.split("\r\n")[1:]:
             name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
+            name = name.strip().lower()
+            if name == "content-length":
                 length = int(value)
+            elif name == "connection" and value.strip().lower() == "close":
+                self.close_after = True
         if len(self.buf) < end + 4 + length:
             return
         body = self.buf[end + 4 : end + 4 + length]
@@ -87,6 +91,9 @@ class UpstreamProtocol(asyncio.Protocol):
             return
         if left == 0:
             self.transport.write(_DONE)
+            if self.close_after:
+                self.transport.close()
+                return
             self.busy = False
             self.timer = None
             self._next()
@@ -131,7 +138,7 @@ class ClientProtocol(asyncio.Protocol):
             self.in_body = True
         if not data:
             return
-        n = (self.tail + data).count(b"\n\n")
+        n = (self.tail[-1:] + data).count(b"\n\n")  # one byte of overlap: a split "\n\n" counts once
         if n and not self.first:
             self.first = True
             if self.record:

@@ -49,7 +49,9 @@ def known_hosts(ctx: Context) -> str:
     return str(Path(setting(ctx, "known_hosts", "~/.ssh/known_hosts")).expanduser())
 
 
-def run_options(ctx: Context, check: bool = False, serial: int = 0, json: str | None = None) -> RunOptions:
+def run_options(
+    ctx: Context, check: bool = False, serial: int = 0, json: str | None = None, reboot: bool = False
+) -> RunOptions:
     """Runner options from task flags and invoke.yaml."""
     return RunOptions(
         check=check,
@@ -57,4 +59,5 @@ def run_options(ctx: Context, check: bool = False, serial: int = 0, json: str | 
         known_hosts=known_hosts(ctx),
         connect_timeout=float(setting(ctx, "connect_timeout", 10)),
         json_path=repo_path(json) if json else None,
+        reboot=reboot,
     )

@@ -22,19 +22,21 @@ from pdfleet.provision import provision as run_provision
         "serial": "Apply in waves of N hosts (0: all hosts at once).",
         "roles": HELP["roles"],
         "json": "Also write the JSON report (hosts, changes, totals) to this path.",
+        "reboot": "Reboot hosts whose roles report 'reboot required' (e.g. a new driver), wave by wave "
+                  "with --serial, wait for SSH, then converge them. Without it the need is only reported.",
     }
 )
 @user_errors
 def provision(ctx: Context, profile: str, inventory: str | None = None, check: bool = False,
               limit: str | None = None, serial: int = 0, roles: str | None = None,
-              json: str | None = None) -> None:
+              json: str | None = None, reboot: bool = False) -> None:
     """Converge hosts to the profile: packages, venv, env files, units; 0 changes when converged."""
     if serial < 0:
         raise ValidationError(f"--serial must be 0 (all at once) or a positive wave size, not {serial}")
     deployment = deployment_from_options(ctx, profile, inventory, roles)
     hosts = list(deployment.inventory.limit(limit).hosts.values())
     serve_clone_wheel(deployment)
-    options = run_options(ctx, check=check, serial=serial, json=json)
+    options = run_options(ctx, check=check, serial=serial, json=json, reboot=reboot)
     report = run_provision(deployment, hosts, options, Console(stderr=True))
     print_report(report, check=check)
     if report.totals["failed"]:

@@ -6,10 +6,9 @@ unit-tested against fixtures taken from documented output formats.
 """
 
 from pdfleet.errors import PdfleetError
+from pdfleet.ops.base import REBOOT_REQUIRED
 
-# `Skip.what` of the marker a role yields when the host needs a reboot to finish (the runner acts
-# on it with --reboot; without it the reboot is reported).
-REBOOT_REQUIRED = "reboot required"
+__all__ = ["REBOOT_REQUIRED", "HardwareError"]
 
 
 class HardwareError(PdfleetError):

@@ -63,6 +63,11 @@ class Change:
     flush: tuple[Handler, ...] = ()
 
 
+# `Skip.what` of the marker a role yields when the host needs a reboot to finish converging (e.g. a new
+# kernel module); the runner reboots on it only with RunOptions.reboot, else it is reported.
+REBOOT_REQUIRED = "reboot required"
+
+
 @dataclass(frozen=True)
 class Skip:
     """A step a role decided not to take on this host, with the reason (e.g. no GPU on the PCI bus)."""

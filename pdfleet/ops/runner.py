@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import shlex
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pdfleet.errors import PdfleetError
 from pdfleet.ops.base import (
     DAEMON_RELOAD,
+    REBOOT_REQUIRED,
     Change,
     Command,
     Fact,
@@ -42,6 +44,7 @@ Progress = Callable[[str, str], None]  # (host name, message)
 Connector = Callable[["Host", "RunOptions"], Transport]
 
 ERROR_TAIL_LINES = 20
+REBOOT_POLL_S = 5.0
 T = TypeVar("T")
 
 
@@ -54,6 +57,8 @@ class RunOptions:
     known_hosts: str = "~/.ssh/known_hosts"
     connect_timeout: float = 10.0
     json_path: Path | None = None
+    reboot: bool = False  # act on a role's "reboot required" marker: reboot, wait for SSH, converge
+    reboot_timeout: float = 900.0
     command_timeout: float | None = 3600.0  # per command; health waits carry their own limit
     max_parallel: int = 32
 
@@ -74,6 +79,12 @@ class HostReport:
     changes: list[dict[str, str]] = field(default_factory=list)
     error: str | None = None
     skips: list[Skip] = field(default_factory=list)
+    rebooted: bool = False
+
+    @property
+    def reboot_reasons(self) -> list[str]:
+        """Why the host needs a reboot (roles' REBOOT_REQUIRED markers), if it does."""
+        return [s.reason for s in self.skips if s.what == REBOOT_REQUIRED]
 
     def fail(self, reason: str) -> None:
         """Mark the host failed with its reason."""
@@ -89,6 +100,9 @@ class HostReport:
             "failed": self.failed,
             "changes": list(self.changes),
             "error": self.error,
+            # only when a reboot is involved, so the agreed shape stays as it is for every other run
+            **({"reboot_required": self.reboot_reasons} if self.reboot_reasons else {}),
+            **({"rebooted": True} if self.rebooted else {}),
         }
 
 
@@ -220,6 +234,13 @@ def _plan_host(run: _HostRun, planner: Planner, options: RunOptions, connect: Co
     except Exception as exc:  # any connect failure is this host's failure only
         report.fail(f"cannot connect to {run.host.name}: {exc}")
         return
+    _plan_connected(run, planner, options)
+
+
+def _plan_connected(run: _HostRun, planner: Planner, options: RunOptions) -> None:
+    """Plan every operation on an open connection, against freshly gathered facts."""
+    report = run.report
+    assert run.transport is not None
     facts = PlannedFacts(HostFacts(run.transport, timeout=options.command_timeout))
     current = "planner"
     try:
@@ -280,6 +301,62 @@ def _apply_host(run: _HostRun, options: RunOptions, progress: Progress | None) -
             _run_handler(transport, handler, options)
     except Exception as exc:  # recorded per host; other hosts carry on
         report.fail(f"{current}: {exc}")
+
+
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+
+
+def _reboot_and_converge(
+    run: _HostRun, planner: Planner, options: RunOptions, connect: Connector, progress: Progress | None
+) -> None:
+    """After applying: if the host now needs a reboot, reboot it, wait for SSH on a new boot, converge."""
+    check = _HostRun(run.host, HostReport(run.host.name), transport=run.transport)
+    _plan_connected(check, planner, options)
+    reasons = check.report.reboot_reasons
+    if check.report.error or not reasons:
+        run.report.skips = check.report.skips  # the state after this run, not before it
+        return
+    assert run.transport is not None
+    if progress:
+        progress(run.host.name, f"rebooting: {'; '.join(reasons)}")
+    old_boot = run.transport.run(BOOT_ID).stdout.strip()
+    with contextlib.suppress(Exception):  # the connection may drop before the command returns
+        run.transport.run("systemctl reboot", sudo=True, timeout=30)
+    with contextlib.suppress(Exception):
+        run.transport.close()
+    run.transport = _wait_for_new_boot(run.host, options, connect, old_boot)
+    run.report.rebooted = True
+    after = _HostRun(run.host, HostReport(run.host.name), transport=run.transport)
+    _plan_connected(after, planner, options)
+    if after.report.error is None:
+        _apply_host(after, options, progress)
+    _merge_after_reboot(run.report, after.report)
+
+
+def _wait_for_new_boot(host: Host, options: RunOptions, connect: Connector, old_boot: str) -> Transport:
+    """Reconnect once the host answers SSH with a different boot id; CommandError after the timeout."""
+    deadline = time.monotonic() + options.reboot_timeout
+    while time.monotonic() < deadline:
+        time.sleep(REBOOT_POLL_S)
+        try:
+            transport = connect(host, options)
+        except Exception:  # still down: keep polling until the deadline
+            continue
+        if transport.run(BOOT_ID).stdout.strip() not in ("", old_boot):
+            return transport
+        transport.close()
+    raise CommandError(f"{host.name} did not come back from reboot within {options.reboot_timeout:.0f}s")
+
+
+def _merge_after_reboot(report: HostReport, after: HostReport) -> None:
+    """The host's final state is the post-reboot pass; its changes add to the first pass's."""
+    report.ok = after.ok
+    report.changed += after.changed
+    report.skipped = after.skipped
+    report.skips = after.skips
+    report.changes += after.changes
+    if after.error:
+        report.fail(f"after reboot: {after.error}")
 
 
 def _pop_handler(pending: list[Handler], handler: Handler) -> bool:
@@ -343,6 +420,11 @@ def run_fleet(
 
                     def apply_one(run: _HostRun) -> None:
                         _apply_host(run, options, progress)
+                        if options.reboot and run.report.error is None:
+                            try:
+                                _reboot_and_converge(run, planner, options, connector, progress)
+                            except Exception as exc:  # this host's failure only
+                                run.report.fail(f"reboot: {exc}")
                         if progress:
                             progress(run.host.name, _summary(run.report, False))
 
