@@ -17,7 +17,7 @@ from pdfleet.ops.operations import CommandOp
 from pdfleet.ops.runner import RunOptions, run_fleet
 from pdfleet.ops.ssh import LocalTransport, Output
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local transport runs sudo commands: needs root")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local transport runs sudo: needs root")
 
 
 class RebootableHost(LocalTransport):
