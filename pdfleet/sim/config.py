@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdfleet.connectors import ALL_KNOWN  # every connector name some vLLM version registers
 from pdfleet.errors import ValidationError
 from pdfleet.sim import catalog
 from pdfleet.sim.catalog import GpuSpec, LinkSpec, ModelSpec
@@ -28,29 +29,6 @@ TIME_SCALE_HELP = (
     "GPU would show; only the pacing of responses is scaled."
 )
 
-# Registered V1 connector names across vLLM versions ([VLLM-PD §1.1]); anything else fails as in
-# vLLM's factory.
-KNOWN_CONNECTORS = frozenset(
-    {
-        "SharedStorageConnector",
-        "ExampleConnector",
-        "P2pNcclConnector",
-        "LMCacheConnectorV1",
-        "LMCacheMPConnector",
-        "NixlConnector",
-        "NixlPullConnector",
-        "NixlPushConnector",
-        "MultiConnector",
-        "MoRIIOConnector",
-        "OffloadingConnector",
-        "DecodeBenchConnector",
-        "MooncakeConnector",
-        "MooncakeStoreConnector",
-        "FlexKVConnectorV1",
-        "SimpleCPUOffloadConnector",
-        "HF3FSKVConnector",
-    }
-)
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 KV_TRANSFER_FIELDS = frozenset(
     {
@@ -544,7 +522,7 @@ def _kv_transfer(raw: str | None) -> KVTransfer | None:
         )
     if role not in KV_ROLES:
         raise ValidationError(f"--kv-transfer-config: kv_role {role!r}: supported roles are {list(KV_ROLES)}")
-    if connector not in KNOWN_CONNECTORS and not data.get("kv_connector_module_path"):
+    if connector not in ALL_KNOWN and not data.get("kv_connector_module_path"):
         raise ValidationError(f"--kv-transfer-config: Unsupported connector type: {connector}")
     policy = data.get("kv_load_failure_policy", "fail")
     if policy not in ("recompute", "fail"):

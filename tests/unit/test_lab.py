@@ -83,7 +83,9 @@ def test_lab_profiles_extend_the_real_ones_with_sim_and_mirrors(
     assert lab.mirrors.pypi == "http://198.18.0.1:8082/simple/"
     assert lab.mirrors.pypi_trusted_host == "198.18.0.1"
     assert lab.topology == real.topology
-    assert lab.pools == real.pools
+    assert (lab.pools.prefill, lab.pools.decode) == (real.pools.prefill, real.pools.decode)
+    # lab-cross adds the colocated baseline beside its P/D pair (what the gateway routes between)
+    assert (lab.pools.colocated is not None) == (profile in ("lab-colocated", "lab-cross"))
     assert lab.kv_transfer == real.kv_transfer
     assert lab.vllm.sim == real.vllm.sim
     check_against_inventory(lab, load_inventory(REPO / "inventory" / inventory))
