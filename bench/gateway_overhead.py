@@ -172,6 +172,8 @@ async def run_load(target: Target, streams: int, duration: float, warmup: float,
 
     events = window["e1"] - window["e0"]
     return {
+        "ttft": ttft,  # seconds, sorted (merge() pools these; not written to the JSON)
+        "window_s": secs,
         "target": target.name,
         "streams": streams,
         "requests": len(ttft),
@@ -264,7 +266,7 @@ def fmt_table(latency: list[dict], throughput: list[dict]) -> str:
     for row in latency:
         base = next(r for r in latency if r["streams"] == row["streams"] and r["target"] == "direct")
         added = row["target"] != "direct"
-        cpu_pct = 100 * row["proxy_cpu_s"] / row["window_s"] if row["target"] != "direct" else float("nan")
+        cpu_pct = 100 * row["proxy_cpu_s"] / row["window_s"]
         out.append(
             f"| {row['streams']} | {row['target']} | {row['requests']} | {row['failed']} | "
             f"{row['ttft_p50_ms']:.2f} | {row['ttft_p99_ms']:.2f} | "
@@ -296,13 +298,37 @@ def fmt_table(latency: list[dict], throughput: list[dict]) -> str:
     return "\n".join(out)
 
 
+def merge(rows: list[dict]) -> dict:
+    """One row from several rounds of the same (target, streams): pooled TTFTs, summed counts."""
+    ttft = sorted(x for r in rows for x in r["ttft"])
+
+    def pct(q: float) -> float:
+        return ttft[min(len(ttft) - 1, int(q * (len(ttft) - 1) + 0.5))] * 1000 if ttft else float("nan")
+
+    out: dict = {k: rows[0][k] for k in ("target", "streams")}
+    for k in ("requests", "done", "failed", "proxy_cpu_s", "window_s"):
+        out[k] = sum(r[k] for r in rows)
+    out["ttft_p50_ms"], out["ttft_p99_ms"] = pct(0.50), pct(0.99)
+    out["events_per_s"] = sum(r["events_per_s"] * r["window_s"] for r in rows) / out["window_s"]
+    out["events_per_cpu_s"] = sum(r["events_per_cpu_s"] * r["proxy_cpu_s"] for r in rows) / max(
+        out["proxy_cpu_s"], 1e-9
+    )
+    return out
+
+
 async def run_all(targets: list[Target], args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """Latency runs (targets interleaved, `rounds` times, TTFTs pooled), then throughput runs."""
     latency: list[dict] = []
     body = latency_body(args.tokens, args.first_ms, args.gap_ms)
     for streams in args.concurrency:
+        rows: dict[str, list[dict]] = {t.name: [] for t in targets}
+        for _ in range(args.rounds):
+            for t in targets:
+                rows[t.name].append(
+                    await run_load(t, streams, args.duration / args.rounds, args.warmup, body)
+                )
         for t in targets:
-            row = await run_load(t, streams, args.duration, args.warmup, body)
-            row["window_s"] = args.duration
+            row = merge(rows[t.name])
             print(
                 f"latency {t.name:8s} streams={streams:4d} p50={row['ttft_p50_ms']:.2f} "
                 f"p99={row['ttft_p99_ms']:.2f} ms requests={row['requests']} failed={row['failed']}",
@@ -312,7 +338,7 @@ async def run_all(targets: list[Target], args: argparse.Namespace) -> tuple[list
     throughput: list[dict] = []
     fast = latency_body(args.tp_tokens, 1, args.tp_gap_ms)
     for t in targets:
-        row = await run_load(t, args.tp_streams, args.duration, args.warmup, fast)
+        row = merge([await run_load(t, args.tp_streams, args.tp_duration, args.warmup, fast)])
         print(
             f"throughput {t.name:8s} events/s={row['events_per_s']:.0f} "
             f"events/cpu-s={row['events_per_cpu_s']:.0f}",
@@ -330,7 +356,16 @@ def main() -> int:
         default=[50, 500],
         help="concurrent streams for the latency runs (default 50,500)",
     )
-    p.add_argument("--duration", type=float, default=8.0, help="measured seconds per run (default 8)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=16.0,
+        help="measured seconds per latency cell, over all rounds (default 16)",
+    )
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds per latency cell (default 2)")
+    p.add_argument(
+        "--tp-duration", type=float, default=8.0, help="measured seconds per throughput run (default 8)"
+    )
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each run (default 2)")
     p.add_argument("--tokens", type=int, default=64, help="events per latency stream (default 64)")
     p.add_argument("--first-ms", type=float, default=20.0, help="upstream time to first event (default 20)")
@@ -370,7 +405,12 @@ def main() -> int:
     )
     print(fmt_table(latency, throughput))
     if args.json:
-        args.json.write_text(json.dumps({"latency": latency, "throughput": throughput}, indent=2))
+        raw = {
+            "latency": latency,
+            "throughput": throughput,
+            "args": {k: str(v) for k, v in vars(args).items()},
+        }
+        args.json.write_text(json.dumps(raw, indent=2))
     return 0
 
 

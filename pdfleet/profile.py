@@ -211,6 +211,13 @@ class GatewaySpec(_Model):
     stage: str
     stages: dict[str, StageSpec] = Field(min_length=1)
     model_alias: str | None = None
+    policy_version: Positive = 1  # bump to mark a policy change; the gateway reports it as a metric
+    router_version: str = "0.1.17"  # PyPI vllm-router, the P/D router the gateway fronts
+    router_prometheus_port: Port = 29000
+    # On the control machine: the plaintext client and admin keys (0600, generated when missing).
+    # Only their SHA-256 hashes reach the gateway host.
+    client_key_file: str = "~/.config/pdfleet/gateway-client.key"
+    admin_key_file: str = "~/.config/pdfleet/gateway-admin.key"
 
 
 class SloSpec(_Model):

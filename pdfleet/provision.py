@@ -14,9 +14,11 @@ from pdfleet.inventory import Host, Inventory, load_inventory
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.report import console_progress
 from pdfleet.ops.runner import Report, RunOptions, run_fleet
+from pdfleet.pools import host_instances
 from pdfleet.profile import Profile, check_against_inventory, load_profile
 from pdfleet.render import RenderedFile, Renderer
-from pdfleet.roles_api import load_roles, make_context, role_files
+from pdfleet.roles_api import RoleContext, load_roles, role_files
+from pdfleet.secrets import GatewaySecrets
 from pdfleet.version import wheel_version
 
 
@@ -29,19 +31,30 @@ class Deployment:
     roles: list[ModuleType]
     renderer: Renderer
     pdfleet_version: str
+    gateway_secrets: GatewaySecrets | None = None
 
-    def context(self, host: Host):  # noqa: ANN201 - RoleContext, imported lazily by callers
-        return make_context(host, self.inventory, self.profile, self.renderer, self.pdfleet_version)
+    def context(self, host: Host) -> RoleContext:
+        """What the roles see for one host, with its vLLM instances computed once."""
+        instances = host_instances(self.profile, host)
+        return RoleContext(host, self.inventory, self.profile, self.renderer, instances, self.pdfleet_version,
+                           self.gateway_secrets)
 
 
 def load_deployment(
-    profile: str, inventory: str | Path, profiles_dir: Path, templates_dir: Path, roles: str | None = None
+    profile: str,
+    inventory: str | Path,
+    profiles_dir: Path,
+    templates_dir: Path,
+    roles: str | None = None,
+    gateway_secrets: GatewaySecrets | None = None,
 ) -> Deployment:
-    """Load and cross-check profile and inventory; raise ValidationError before anything is touched."""
+    """Load and cross-check profile and inventory; raise ValidationError before anything is touched.
+
+    Without `gateway_secrets` the gateway role has no keys to install (it skips, saying so)."""
     prof = load_profile(profile, profiles_dir)
     inv = load_inventory(inventory)
     check_against_inventory(prof, inv)
-    return Deployment(prof, inv, load_roles(roles), Renderer(templates_dir), wheel_version())
+    return Deployment(prof, inv, load_roles(roles), Renderer(templates_dir), wheel_version(), gateway_secrets)
 
 
 def plan_host(deployment: Deployment, host: Host, facts: FactSource) -> Iterator[Operation | Skip]:

@@ -17,9 +17,10 @@ from typing import Any, Protocol
 from pdfleet.errors import ValidationError
 from pdfleet.inventory import Host, Inventory
 from pdfleet.ops.base import FactSource, Operation, Skip
-from pdfleet.pools import PoolInstance, host_instances
+from pdfleet.pools import PoolInstance
 from pdfleet.profile import Profile
 from pdfleet.render import RenderedFile, Renderer
+from pdfleet.secrets import GatewaySecrets
 
 # Dependency order: drivers and NICs before the KV libraries, the venv before the units using it.
 ROLE_ORDER = ("base", "gpu_driver", "rdma", "kv_transfer", "vllm", "services", "gateway", "monitoring")
@@ -39,7 +40,8 @@ class RoleContext:
     profile: Profile
     renderer: Renderer
     instances: list[PoolInstance] = field(default_factory=list)
-    pdfleet_version: str = ""  # the wheel version hosts install for `engine: sim` (pdfleet.version)
+    pdfleet_version: str = ""  # the pdfleet wheel version hosts install (pdfleet.version)
+    gateway_secrets: GatewaySecrets | None = None  # hashes of the gateway's client/admin keys
 
     def render(self, template: str, **variables: Any) -> str:
         return self.renderer.render(template, **variables)
@@ -52,13 +54,6 @@ class Role(Protocol):
     def applies(self, ctx: RoleContext) -> bool: ...
 
     def operations(self, ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]: ...
-
-
-def make_context(
-    host: Host, inventory: Inventory, profile: Profile, renderer: Renderer, pdfleet_version: str
-) -> RoleContext:
-    """The context for one host, with its vLLM instances computed once."""
-    return RoleContext(host, inventory, profile, renderer, host_instances(profile, host), pdfleet_version)
 
 
 def available_roles() -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from invoke import Context
@@ -10,6 +11,7 @@ from pdfleet.cli._common import repo_path, setting
 from pdfleet.lab.mirrors import refresh_if_served_here
 from pdfleet.ops.runner import RunOptions
 from pdfleet.provision import Deployment, load_deployment
+from pdfleet.secrets import gateway_secrets
 
 HELP = {
     "profile": "Profile name from profiles/ (see `invoke profiles`) or a path to a profile YAML file.",
@@ -22,15 +24,20 @@ HELP = {
 def deployment_from_options(
     ctx: Context, profile: str, inventory: str | None, roles: str | None = None
 ) -> Deployment:
-    """Load profile + inventory from task options and invoke.yaml defaults."""
+    """Load profile + inventory from task options and invoke.yaml defaults; the gateway's keys are
+    generated on the control machine when missing (only their hashes go into the deployment)."""
     inv = inventory or setting(ctx, "inventory", "inventory/lab.yml")
-    return load_deployment(
+    deployment = load_deployment(
         profile,
         repo_path(inv),
         profiles_dir=repo_path(setting(ctx, "profiles_dir", "profiles")),
         templates_dir=repo_path(setting(ctx, "templates_dir", "templates")),
         roles=roles,
     )
+    # only once the input is known good: bad input must not leave key files behind
+    gw = deployment.profile.gateway
+    keys = gateway_secrets(gw.client_key_file, gw.admin_key_file)
+    return dataclasses.replace(deployment, gateway_secrets=keys)
 
 
 def serve_clone_wheel(deployment: Deployment) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -18,6 +20,8 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # label values come from the policy (aliases, pools, classes) and HTTP statuses: a bounded set
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "pdfleet_gateway_requests",
@@ -95,6 +99,14 @@ class GatewayMetrics:
         self.policy = Info(
             "pdfleet_gateway_policy", "The active policy's version, stage and file hash", registry=r
         )
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """The labelled child of a metric, cached: `labels()` validates and locks on every call."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def set_policy(self, version: int, stage: str, sha256: str) -> None:
         """Publish the active policy as the info metric."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from pdfleet.errors import PdfleetError
 from pdfleet.gateway.errors import error_response, sse_error_event
@@ -146,6 +147,7 @@ class Gateway:
         self.last_reload: dict[str, Any] = {"ok": True, "at": policy.loaded_at, "error": None}
         self._session: aiohttp.ClientSession | None = None
         self._reload_lock = asyncio.Lock()
+        self._urls: dict[tuple[str, str], URL] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -307,7 +309,7 @@ class Gateway:
 
     async def _proxy(self, request: web.Request, endpoint: str) -> web.StreamResponse:
         """Authenticate, classify, decide, forward; every gateway-made error is an OpenAI error object."""
-        t0 = asyncio.get_running_loop().time()
+        t0 = time.perf_counter()  # uvloop's loop.time() has 1 ms resolution: too coarse for TTFT
         policy = self.policy  # captured: a reload never changes this request
         rid = request_id(request.headers.get("X-Request-Id"))
         model = "-"
@@ -320,7 +322,7 @@ class Gateway:
             forced = self._forced_pool(request, policy, route)
             tokens = await self._count_tokens(policy, data, len(body))
         except _Reject as rej:
-            self.metrics.requests.labels(model, "none", "none", str(rej.status)).inc()
+            self.metrics.child(self.metrics.requests, model, "none", "none", str(rej.status)).inc()
             return error_response(
                 rej.status, rej.message, code=rej.code, param=rej.param, headers={"X-Request-Id": rid}
             )
@@ -329,8 +331,8 @@ class Gateway:
             policy.stage, cls, self._sticky_key(request, policy, data, auth), route.disagg is not None, forced
         )
         m = self.metrics
-        m.decisions.labels(policy.spec.stage, cls, decision.pool, decision.reason).inc()
-        m.prompt_tokens.labels(model).observe(tokens)
+        m.child(m.decisions, policy.spec.stage, cls, decision.pool, decision.reason).inc()
+        m.child(m.prompt_tokens, model).observe(tokens)
         policy.counts.requests += 1
         policy.counts.decisions[cls][decision.pool] += 1
         if route.upstream_model is not None and route.upstream_model != model:
@@ -436,8 +438,15 @@ class Gateway:
             return "u:" + user
         return "k:" + (auth.digest or "")
 
+    def _url(self, base: str, path: str) -> URL:
+        """The upstream URL, parsed once per (base, path) rather than per request."""
+        url = self._urls.get((base, path))
+        if url is None:
+            url = self._urls[(base, path)] = URL(base + path)
+        return url
+
     async def _open(
-        self, policy: ActivePolicy, pool: Pool, url: str, body: bytes, headers: dict[str, str]
+        self, policy: ActivePolicy, pool: Pool, url: URL, body: bytes, headers: dict[str, str]
     ) -> _Upstream | _Failure:
         """POST upstream and wait for its first chunk within the first-byte timeout."""
         assert self._session is not None
@@ -452,7 +461,7 @@ class Gateway:
                     timeout=aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_connect=t.connect_s),
                 )
                 first = await resp.content.readany()
-            return _Upstream(pool, resp, first, asyncio.get_running_loop().time())
+            return _Upstream(pool, resp, first, time.perf_counter())
         except TimeoutError:
             reason = "timeout"
         except aiohttp.ClientConnectorError:
@@ -507,11 +516,11 @@ class Gateway:
         failure: _Failure | None = None
         for i, (pool, base) in enumerate(attempts):
             last = i == len(attempts) - 1
-            m.in_flight.labels(pool).inc()
+            m.child(m.in_flight, pool).inc()
             try:
-                got = await self._open(policy, pool, base + path, body, headers)
+                got = await self._open(policy, pool, self._url(base, path), body, headers)
             finally:
-                m.in_flight.labels(pool).dec()
+                m.child(m.in_flight, pool).dec()
             if isinstance(got, _Upstream) and (got.resp.status < 500 or last):
                 up = got
                 break
@@ -528,7 +537,7 @@ class Gateway:
                 failure.reason,
             )
             if not last and pool == "disagg":
-                m.fallbacks.labels(model, failure.reason).inc()
+                m.child(m.fallbacks, model, failure.reason).inc()
                 policy.counts.fallbacks[failure.reason] = policy.counts.fallbacks.get(failure.reason, 0) + 1
         if up is None:
             assert failure is not None
@@ -539,7 +548,7 @@ class Gateway:
                 else f"no pool can serve model {model!r} right now "
                 f"(last tried: {failure.pool}, {failure.reason})"
             )
-            m.requests.labels(model, failure.pool, cls, str(status)).inc()
+            m.child(m.requests, model, failure.pool, cls, str(status)).inc()
             self._log(policy, rid, model, auth, failure.pool, cls, tokens, status, decision, t0, "failed")
             return error_response(
                 status,
@@ -548,13 +557,13 @@ class Gateway:
                 headers={"X-Request-Id": rid},
             )
         fell_back = up.pool != decision.pool
-        m.in_flight.labels(up.pool).inc()
+        m.child(m.in_flight, up.pool).inc()
         try:
             out, outcome = await self._stream(request, policy, up, cls, stream, rid, t0, fell_back)
         finally:
-            m.in_flight.labels(up.pool).dec()
-        m.requests.labels(model, up.pool, cls, str(up.resp.status)).inc()
-        m.duration.labels(up.pool, cls).observe(asyncio.get_running_loop().time() - t0)
+            m.child(m.in_flight, up.pool).dec()
+        m.child(m.requests, model, up.pool, cls, str(up.resp.status)).inc()
+        m.child(m.duration, up.pool, cls).observe(time.perf_counter() - t0)
         self._log(
             policy,
             rid,
@@ -607,7 +616,7 @@ class Gateway:
             out.headers["Content-Encoding"] = enc
         timed = stream and sse
         if timed:
-            m.ttft.labels(up.pool, cls).observe(up.t_first - t0)
+            m.child(m.ttft, up.pool, cls).observe(up.t_first - t0)
         try:
             await out.prepare(request)
             if up.first:
@@ -618,15 +627,15 @@ class Gateway:
                 return out, "ok"
         except asyncio.CancelledError:
             resp.close()  # the client went away (handler cancelled): close upstream at once
-            m.client_disconnects.labels(up.pool).inc()
+            m.child(m.client_disconnects, up.pool).inc()
             raise
         except ConnectionError:  # our write to the client failed: it is gone
             resp.close()
-            m.client_disconnects.labels(up.pool).inc()
+            m.child(m.client_disconnects, up.pool).inc()
             return out, "client_gone"
         finally:
             resp.close()
-        m.stream_errors.labels(up.pool, error).inc()
+        m.child(m.stream_errors, up.pool, error).inc()
         log.warning("rid=%s pool=%s stream broke after first byte: %s", rid, up.pool, error)
         if sse:
             what = "timed out" if error == "timeout" else "failed"
@@ -653,28 +662,36 @@ class Gateway:
         when the upstream side breaks.
         """
         m = self.metrics
-        loop = asyncio.get_running_loop()
-        gap_hist = m.chunk_gap.labels(up.pool, cls)
+        clock = asyncio.get_running_loop().time
+        perf = time.perf_counter
+        gap_hist = m.child(m.chunk_gap, up.pool, cls)
         stall_s = policy.spec.stall_threshold_ms / 1000.0
         idle_s = policy.spec.timeouts.idle_s
+        # moving the idle deadline costs a timer per call: do it at most every idle_s/8, so a stream
+        # is cut after between 7/8 and 8/8 of idle_s without a chunk
+        step = idle_s / 8
+        next_move = clock() + step
         prev = up.t_first
         client_gone = False
         try:
             async with asyncio.timeout(idle_s) as tmo:
                 async for chunk in up.resp.content.iter_any():
-                    now = loop.time()
                     if timed:
+                        now = perf()
                         gap = now - prev
                         gap_hist.observe(gap)
                         if gap > stall_s:
-                            m.stalls.labels(up.pool, cls).inc()
+                            m.child(m.stalls, up.pool, cls).inc()
                         prev = now
                     try:
                         await out.write(chunk)
                     except ConnectionError:
                         client_gone = True
                         break
-                    tmo.reschedule(now + idle_s)
+                    t = clock()
+                    if t >= next_move:
+                        tmo.reschedule(t + idle_s)
+                        next_move = t + step
         except TimeoutError:
             return "timeout"
         except (aiohttp.ClientError, ConnectionError):
@@ -699,7 +716,7 @@ class Gateway:
     ) -> None:
         """One line per proxied request (never the key itself, only its name)."""
         if policy.spec.log_requests and log.isEnabledFor(logging.INFO):
-            ms = (asyncio.get_running_loop().time() - t0) * 1000
+            ms = (time.perf_counter() - t0) * 1000
             log.info(
                 "rid=%s key=%s model=%s class=%s tokens=%d decided=%s/%s bucket=%d pool=%s status=%d "
                 "outcome=%s ms=%.1f",

@@ -70,6 +70,11 @@ class LabPaths:
         """The gateway client key the lab's provisioning leaves for `lab.env` (mode 0600)."""
         return self.root / "gateway-client.key"
 
+    @property
+    def gateway_admin_key(self) -> Path:
+        """The gateway's admin key (for /admin/*), kept beside the client key (mode 0600)."""
+        return self.root / "gateway-admin.key"
+
 
 def apt_mirror_url() -> str:
     return f"http://{BRIDGE_ADDRESS}:{APT_PORT}/"

@@ -24,7 +24,6 @@ def applies(ctx: RoleContext) -> bool:
 def _env_file(ctx: RoleContext, inst: PoolInstance) -> RenderedFile:
     content = ctx.render(
         "vllm.env.j2",
-        profile_name=ctx.profile.name,
         unit=inst.unit,
         gpus=inst.gpus,
         side_channel_host=inst.side_channel_host,
@@ -37,7 +36,6 @@ def _env_file(ctx: RoleContext, inst: PoolInstance) -> RenderedFile:
 def _unit_file(ctx: RoleContext, inst: PoolInstance) -> RenderedFile:
     content = ctx.render(
         "vllm.service.j2",
-        profile_name=ctx.profile.name,
         pool=inst.pool,
         model_id=ctx.profile.model.id,
         service_user=SERVICE_USER,

@@ -13,6 +13,7 @@ import pytest
 
 from pdfleet.provision import Deployment, load_deployment, render_fleet
 from pdfleet.render import RenderedFile, systemd_arg, write_tree
+from pdfleet.secrets import GatewaySecrets
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
@@ -23,13 +24,22 @@ EXAMPLES = {
 }
 
 
-def _deployment(profile: str) -> Deployment:
-    return load_deployment(profile, REPO / EXAMPLES[profile], REPO / "profiles", REPO / "templates")
+# Fixed key hashes, so golden files do not depend on the keys generated on this machine.
+TEST_SECRETS = GatewaySecrets(client_sha256="1" * 64, admin_sha256="2" * 64)
+
+
+def _deployment(profile: str, inventory: Path | None = None) -> Deployment:
+    inv = inventory or REPO / EXAMPLES[profile]
+    return load_deployment(profile, inv, REPO / "profiles", REPO / "templates", gateway_secrets=TEST_SECRETS)
 
 
 def _render(profile: str) -> dict[str, list[RenderedFile]]:
     deployment = _deployment(profile)
     return render_fleet(deployment, deployment.inventory.hosts.values())
+
+
+def _is_pool_unit(path: str) -> bool:
+    return path.rsplit("/", 1)[1] in ("vllm-prefill.service", "vllm-decode.service", "vllm-colocated.service")
 
 
 def _env(text: str) -> dict[str, str]:
@@ -77,7 +87,7 @@ def test_exec_start_carries_pool_options_and_kv_config(profile: str) -> None:
     deployment = _deployment(profile)
     for host, files in _render(profile).items():
         for f in files:
-            if not f.path.endswith(".service"):
+            if not _is_pool_unit(f.path):
                 continue
             argv = _exec_start_argv(f.content)
             pool = f.path.rsplit("vllm-", 1)[1].removesuffix(".service")
@@ -100,7 +110,7 @@ def test_env_files_are_private_and_units_have_the_limits(profile: str) -> None:
         for f in files:
             if f.path.endswith(".env"):
                 assert f.mode == "0600"
-            if f.path.endswith(".service"):
+            if _is_pool_unit(f.path):
                 assert "LimitMEMLOCK=infinity" in f.content
                 assert "Restart=on-failure" in f.content
                 assert "User=pdfleet" in f.content
@@ -134,9 +144,10 @@ def test_systemd_arg_quoting(word: str, quoted: str) -> None:
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-def test_systemd_analyze_verify_accepts_rendered_units(tmp_path: Path) -> None:
-    """systemd's own verifier finds nothing wrong but the vllm binary missing on this machine."""
-    write_tree(_render("cross-rdma"), tmp_path)
+@pytest.mark.parametrize("profile", sorted(EXAMPLES))
+def test_systemd_analyze_verify_accepts_rendered_units(profile: str, tmp_path: Path) -> None:
+    """systemd's own verifier finds nothing wrong but the servers' binaries missing on this machine."""
+    write_tree(_render(profile), tmp_path)
     units = sorted(tmp_path.rglob("*.service"))
     assert units
     for unit in units:
@@ -183,11 +194,11 @@ def test_every_rendered_serve_command_parses_under_the_simulator(profile: str, i
     """A typo in any rendered `vllm serve` line fails here (the sim rejects unknown options as vLLM does)."""
     from pdfleet.sim.config import parse_serve_args
 
-    deployment = load_deployment(profile, inventory, REPO / "profiles", REPO / "templates")
+    deployment = _deployment(profile, inventory)
     for host, files in render_fleet(deployment, deployment.inventory.hosts.values()).items():
         by_path = {f.path: f for f in files}
         for f in files:
-            if not f.path.endswith(".service"):
+            if not _is_pool_unit(f.path):
                 continue
             env_path = f.path.replace("/etc/systemd/system/", "/etc/pdfleet/").replace(".service", ".env")
             env = _env(by_path[env_path].content)
@@ -197,3 +208,30 @@ def test_every_rendered_serve_command_parses_under_the_simulator(profile: str, i
             assert config.port == int(argv[argv.index("--port") + 1])
             if "VLLM_NIXL_SIDE_CHANNEL_PORT" in env:
                 assert config.side_channel_port == int(env["VLLM_NIXL_SIDE_CHANNEL_PORT"])
+
+
+def test_rendered_gateway_policy_and_keys_load_in_the_real_gateway(tmp_path: Path) -> None:
+    """The policy provision installs is one pdfleet-gateway accepts, routing to the profile's pools."""
+    from pdfleet.gateway.policy import load_policy
+
+    lab = REPO / "inventory" / "lab.yml"
+    deployment = _deployment("lab-cross", lab)
+    gateway_host = deployment.inventory.hosts["lab-gw"]
+    files = {f.path: f for f in render_fleet(deployment, [gateway_host])["lab-gw"]}
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(files["/etc/pdfleet/gateway/keys.yaml"].content)
+    keys.chmod(0o600)
+    assert files["/etc/pdfleet/gateway/keys.yaml"].mode == "0600"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(files["/etc/pdfleet/gateway/policy.yaml"].content.replace(
+        "/etc/pdfleet/gateway/keys.yaml", str(keys)))
+    active = load_policy(policy)
+    route = active.routes["llama-3.1-8b"]
+    assert route.colocated == ("http://198.18.0.11:8000",)
+    assert route.disagg == "http://127.0.0.1:8090"
+    assert active.spec.stage == "colocated"
+    assert set(active.keys) == {"1" * 64, "2" * 64}
+    router = _exec_start_argv(files["/etc/systemd/system/vllm-router-pd.service"].content)
+    assert router[router.index("--prefill") + 1] == "http://198.18.0.21:8100"
+    assert router[router.index("--decode") + 1] == "http://198.18.0.31:8200"
+    assert router[router.index("--kv-connector") + 1] == "nixl"

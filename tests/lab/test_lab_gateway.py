@@ -1,0 +1,156 @@
+"""The gateway as deployed by `invoke provision --profile lab-cross`: the real OpenAI SDK through it
+with only OPENAI_BASE_URL/OPENAI_API_KEY from `invoke lab.env`; the override header reaching each
+pool (seen in that pool's own vLLM metrics); the router killed → fallback, counted; a stage change
+reloads the gateway without restarting it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdfleet.lab.paths import LabPaths
+
+from .conftest import REPO_ROOT, LabHandle
+
+INVOKE = [sys.executable, "-m", "invoke"]
+PROFILE = "lab-cross"
+MODEL = "llama-3.1-8b"
+COLOCATED_METRICS = "http://198.18.0.11:8000/metrics"
+DECODE_METRICS = "http://198.18.0.31:8200/metrics"
+GATEWAY_METRICS = "http://198.18.0.10:8080/metrics"
+POOL_HEADER = "X-Pdfleet-Pool"
+
+
+def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                          check=False)
+
+
+def _sample_sum(url: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples matching `labels`, read with Prometheus's own text parser."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def _chat(client: openai.OpenAI, pool: str | None = None, **kwargs: object):  # noqa: ANN202
+    headers = {POOL_HEADER: pool} if pool else None
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}],
+                                          extra_headers=headers, **kwargs)
+
+
+def _gw(lab: LabHandle):  # noqa: ANN202 - LabHost
+    return next(h for h in lab.hosts if h.name == "lab-gw")
+
+
+@pytest.fixture(scope="module")
+def client_env(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """lab-cross provisioned; the environment `eval "$(invoke lab.env)"` gives a shell."""
+    report = tmp_path_factory.mktemp("gw") / "report.json"
+    proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    env_proc = _invoke("lab.env")
+    assert env_proc.returncode == 0, env_proc.stderr
+    env = {}
+    for line in env_proc.stdout.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = value.strip("'\"")
+    assert set(env) == {"OPENAI_BASE_URL", "OPENAI_API_KEY"}
+    return env
+
+
+@pytest.fixture
+def client(client_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> openai.OpenAI:
+    """The SDK configured only through the environment, as any OpenAI client would be."""
+    for key, value in client_env.items():
+        monkeypatch.setenv(key, value)
+    return openai.OpenAI(max_retries=0, timeout=60)
+
+
+def test_openai_sdk_streams_and_non_streams_through_the_gateway(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list()] == [MODEL]
+    chat = _chat(client, max_tokens=12)
+    assert chat.usage.completion_tokens == 12 and chat.choices[0].message.content
+    chunks = list(_chat(client, max_tokens=12, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage.completion_tokens == 12
+    comp = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=7)
+    assert comp.usage.completion_tokens == 7
+    streamed = list(client.completions.create(model=MODEL, prompt="Once upon", max_tokens=7, stream=True))
+    assert sum(1 for c in streamed if c.choices and c.choices[0].text) == 7
+
+
+@pytest.mark.parametrize(
+    ("pool", "metrics_url"), [("colocated", COLOCATED_METRICS), ("disagg", DECODE_METRICS)]
+)
+def test_override_header_reaches_each_pool(client: openai.OpenAI, pool: str, metrics_url: str) -> None:
+    before = _sample_sum(metrics_url, "vllm:request_success_total")
+    for _ in range(3):
+        _chat(client, pool, max_tokens=4)
+    assert _sample_sum(metrics_url, "vllm:request_success_total") - before == 3
+
+
+def _staged_profile(tmp_path: Path, stage: str, version: int) -> Path:
+    """A profile extending lab-cross with another stage, as an operator's rollout step would write it."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for src in (REPO_ROOT / "profiles").glob("*.yml"):
+        (profiles / src.name).write_text(src.read_text())
+    staged = profiles / f"lab-cross-{stage}.yml"
+    staged.write_text(f"extends: {PROFILE}\ngateway:\n  stage: {stage}\n  policy_version: {version}\n")
+    return staged
+
+
+def _admin_policy() -> dict:
+    request = urllib.request.Request("http://198.18.0.10:8080/admin/policy")
+    admin_key = LabPaths().gateway_admin_key.read_text().strip()
+    request.add_header("Authorization", f"Bearer {admin_key}")
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_stage_change_reloads_without_restart_and_a_dead_router_falls_back(
+    lab: LabHandle, client: openai.OpenAI, tmp_path: Path
+) -> None:
+    gw = _gw(lab)
+    _, pid_before, _ = lab.ssh(gw, "systemctl show -p MainPID --value pdfleet-gateway.service")
+    staged = _staged_profile(tmp_path, "all-disagg", 2)
+    try:
+        proc = _invoke("provision", "--profile", str(staged), "--limit", "lab-gw")
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        _, pid_after, _ = lab.ssh(gw, "systemctl show -p MainPID --value pdfleet-gateway.service")
+        assert pid_after == pid_before, "a policy change reloads the gateway, it does not restart it"
+        policy = _admin_policy()
+        assert (policy["stage"], policy["version"]) == ("all-disagg", 2)
+
+        decode = _sample_sum(DECODE_METRICS, "vllm:request_success_total")
+        _chat(client, max_tokens=4)
+        assert _sample_sum(DECODE_METRICS, "vllm:request_success_total") - decode == 1, "staged to disagg"
+
+        rc, _, err = lab.ssh(gw, "sudo -n systemctl stop vllm-router-pd.service")
+        assert rc == 0, err
+        fallbacks = _sample_sum(GATEWAY_METRICS, "pdfleet_gateway_fallbacks_total")
+        colocated = _sample_sum(COLOCATED_METRICS, "vllm:request_success_total")
+        reply = _chat(client, max_tokens=4)
+        assert reply.usage.completion_tokens == 4
+        assert _sample_sum(GATEWAY_METRICS, "pdfleet_gateway_fallbacks_total") - fallbacks == 1
+        assert _sample_sum(COLOCATED_METRICS, "vllm:request_success_total") - colocated == 1
+    finally:
+        report = tmp_path / "restore.json"
+        restore = _invoke("provision", "--profile", PROFILE, "--limit", "lab-gw", "--json", str(report))
+    assert restore.returncode == 0, restore.stderr[-2000:]
+    changes = json.loads(report.read_text())["hosts"]["lab-gw"]["changes"]
+    assert any("vllm-router-pd.service" in c["op"] for c in changes), "provision started the router again"
+    assert _admin_policy()["stage"] == "colocated"
