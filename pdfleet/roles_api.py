@@ -12,11 +12,10 @@ import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 from pdfleet.errors import ValidationError
 from pdfleet.inventory import Host, Inventory
-from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.pools import PoolInstance
 from pdfleet.profile import Profile
 from pdfleet.render import RenderedFile, Renderer
@@ -45,15 +44,6 @@ class RoleContext:
 
     def render(self, template: str, **variables: Any) -> str:
         return self.renderer.render(template, **variables)
-
-
-class Role(Protocol):
-    NAME: str
-    APT_PACKAGES: tuple[str, ...]
-
-    def applies(self, ctx: RoleContext) -> bool: ...
-
-    def operations(self, ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]: ...
 
 
 def available_roles() -> list[str]:
