@@ -36,6 +36,16 @@ def _hardware_extra_config(profile: Profile, host: Host) -> dict[str, Any]:
     return kv_connector_extra_config(profile, host)
 
 
+def served_model_names(profile: Profile) -> list[str]:
+    """The names a pool answers to: the model's own, then the gateway's alias, so the gateway can pass
+    request bodies through untouched instead of rewriting `model`."""
+    names = [profile.model.served_model_name or profile.model.id]
+    alias = profile.gateway.model_alias
+    if alias and alias not in names:
+        names.append(alias)
+    return names
+
+
 def serve_argv(profile: Profile, host: Host, inst: PoolInstance) -> list[str]:
     """argv for the pool's server: the pinned vLLM, or the simulator with the same options."""
     spec = inst.spec
@@ -48,7 +58,7 @@ def serve_argv(profile: Profile, host: Host, inst: PoolInstance) -> list[str]:
     argv += [
         "--host", serve_address(host),
         "--port", str(spec.port),
-        "--served-model-name", model.served_model_name or model.id,
+        "--served-model-name", *served_model_names(profile),
         "--tensor-parallel-size", str(spec.tensor_parallel_size),
         "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
         "--gpu-memory-utilization", str(spec.gpu_memory_utilization),

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 from invoke import Context
 
 from pdfleet.cli._common import repo_path, setting
+from pdfleet.errors import ConnectError
+from pdfleet.inventory import Host
 from pdfleet.lab.mirrors import refresh_if_served_here
+from pdfleet.lab.network import lab_route_problem
 from pdfleet.ops.runner import RunOptions
 from pdfleet.provision import Deployment, load_deployment
 from pdfleet.secrets import gateway_secrets
@@ -68,3 +72,10 @@ def run_options(
         json_path=repo_path(json) if json else None,
         reboot=reboot,
     )
+
+
+def require_routable(hosts: Sequence[Host]) -> None:
+    """Refuse to connect to lab addresses while the lab is down (the traffic would leave this machine)."""
+    problem = lab_route_problem(h.address for h in hosts)
+    if problem:
+        raise ConnectError(problem)

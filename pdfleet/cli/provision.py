@@ -7,7 +7,13 @@ from invoke.exceptions import Exit
 from rich.console import Console
 
 from pdfleet.cli._common import user_errors
-from pdfleet.cli.options import HELP, deployment_from_options, run_options, serve_clone_wheel
+from pdfleet.cli.options import (
+    HELP,
+    deployment_from_options,
+    require_routable,
+    run_options,
+    serve_clone_wheel,
+)
 from pdfleet.errors import ValidationError
 from pdfleet.ops.report import print_report
 from pdfleet.provision import provision as run_provision
@@ -35,6 +41,7 @@ def provision(ctx: Context, profile: str, inventory: str | None = None, check: b
         raise ValidationError(f"--serial must be 0 (all at once) or a positive wave size, not {serial}")
     deployment = deployment_from_options(ctx, profile, inventory, roles)
     hosts = list(deployment.inventory.limit(limit).hosts.values())
+    require_routable(hosts)
     serve_clone_wheel(deployment)
     options = run_options(ctx, check=check, serial=serial, json=json, reboot=reboot)
     report = run_provision(deployment, hosts, options, Console(stderr=True))

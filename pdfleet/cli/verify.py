@@ -8,7 +8,7 @@ from invoke import Context, task
 from invoke.exceptions import Exit
 
 from pdfleet.cli._common import repo_path, setting, user_errors
-from pdfleet.cli.options import HELP, deployment_from_options
+from pdfleet.cli.options import HELP, deployment_from_options, require_routable
 from pdfleet.errors import PdfleetError
 from pdfleet.inventory import Host
 from pdfleet.roles_api import role_units
@@ -48,6 +48,7 @@ def verify(
         ) from None
     deployment = deployment_from_options(ctx, profile, inventory)
     hosts = list(deployment.inventory.limit(limit).hosts.values())
+    require_routable(hosts)
     options = VerifyOptions(
         junit=repo_path(junit) if junit else None,
         rdma_bandwidth=rdma_bandwidth,

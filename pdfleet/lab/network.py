@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Iterable
 from pathlib import Path
 
 from pdfleet.lab.paths import BRIDGE, BRIDGE_ADDRESS, NETWORK
@@ -42,3 +44,19 @@ def remove_link(name: str) -> None:
 def host_veth(machine: str) -> str:
     """The host-side veth name systemd-nspawn gives a machine on --network-bridge (IFNAMSIZ-limited)."""
     return f"vb-{machine}"[:15]
+
+
+def lab_route_problem(addresses: Iterable[str]) -> str | None:
+    """Why connecting to these addresses is unsafe now, or None: hosts on the lab network are reached
+    only through the lab's bridge; with the lab down, packets to them would leave this machine."""
+    on_lab = []
+    for address in addresses:
+        try:
+            if ipaddress.ip_address(address) in NETWORK:
+                on_lab.append(address)
+        except ValueError:  # a host name: not a lab address
+            continue
+    if on_lab and not link_exists(BRIDGE):
+        return (f"{', '.join(on_lab)} {'is' if len(on_lab) == 1 else 'are'} on the lab network {NETWORK}, "
+                f"but the lab is down (no bridge {BRIDGE}); run `invoke lab.up` first")
+    return None

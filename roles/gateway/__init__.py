@@ -26,6 +26,7 @@ ROUTER_UNIT = "vllm-router-pd.service"
 UNIT_DIR = "/etc/systemd/system"
 ROUTER_CONNECTORS = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake"}
 START_TIMEOUT_S = 300
+SHUTDOWN_TIMEOUT_S = 50  # streams in flight get this long to finish; systemd waits 10 s more
 
 
 def applies(ctx: RoleContext) -> bool:
@@ -93,7 +94,8 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
         alias=gw.model_alias or model.id,
         colocated=pool_urls(ctx.profile, _hosts(ctx), "colocated"),
         disagg=router_url(ctx),
-        upstream_model=model.served_model_name or model.id,
+        # the pools serve the alias too (vllm_args.served_model_names): bodies pass through unchanged
+        upstream_model=None,
         chars_per_token=gw.chars_per_token,
         long_prompt_tokens=gw.long_prompt_tokens,
         stage=gw.stage,
@@ -112,7 +114,10 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
                 "pdfleet-gateway.service.j2",
                 service_user=SERVICE_USER,
                 router_unit=ROUTER_UNIT if router_url(ctx) else None,
-                argv=[f"{VENV}/bin/pdfleet-gateway", "--config", POLICY_FILE],
+                argv=[f"{VENV}/bin/pdfleet-gateway", "--config", POLICY_FILE,
+                      "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)],
+                check_argv=[f"{VENV}/bin/pdfleet-gateway", "--config", POLICY_FILE, "--check"],
+                stop_timeout=SHUTDOWN_TIMEOUT_S + 10,
             ),
         ),
     ]
@@ -148,7 +153,11 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     gw = ctx.profile.gateway
     mirrors = ctx.profile.mirrors
     restarts = {u.unit: restart_handler(u.unit, u.health_url, START_TIMEOUT_S) for u in units(ctx)}
-    reload = Handler(f"reload {GATEWAY_UNIT}", (Run(f"systemctl reload {GATEWAY_UNIT}"),), unit=GATEWAY_UNIT)
+    # The gateway keeps its old policy when a new one is bad; checking first makes provision say so.
+    check = Run(f"sudo -u {SERVICE_USER} {VENV}/bin/pdfleet-gateway --config {POLICY_FILE} --check")
+    reload = Handler(
+        f"reload {GATEWAY_UNIT}", (check, Run(f"systemctl reload {GATEWAY_UNIT}")), unit=GATEWAY_UNIT
+    )
     yield Directory("/opt/pdfleet", mode="0755")
     yield PipRequirements(
         VENV,
