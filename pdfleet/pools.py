@@ -13,7 +13,6 @@ from pdfleet.ops.base import Handler
 from pdfleet.ops.operations import restart_handler
 from pdfleet.profile import PoolSpec, Profile
 
-POOL_NAMES = ("prefill", "decode", "colocated")
 ENV_DIR = "/etc/pdfleet"
 UNIT_DIR = "/etc/systemd/system"
 HEALTH_TIMEOUT_S = 1800  # a 70B model can take many minutes to load; vLLM answers /health only after
@@ -37,31 +36,20 @@ class PoolInstance:
     restart: Handler
 
 
-def pool_groups(profile: Profile) -> dict[str, str]:
-    """Pool name → inventory group that runs it, for every pool the profile sets (same names)."""
-    return {pool: pool for pool, _spec in profile.pools.items()}
-
-
 def host_instances(profile: Profile, host: Host) -> list[PoolInstance]:
-    """The vLLM instances this host runs under this profile, in pool order."""
-    instances = []
-    for pool, group in pool_groups(profile).items():
-        spec: PoolSpec | None = getattr(profile.pools, pool)
-        if spec is None or not host.in_group(group):
-            continue
-        instances.append(_instance(profile, host, pool, spec))
-    return instances
+    """The vLLM instances this host runs: one per pool the profile sets whose inventory group (named
+    like the pool) the host is in, in pool order."""
+    pools = profile.pools.items()
+    return [_instance(profile, host, pool, spec) for pool, spec in pools if host.in_group(pool)]
 
 
 def _instance(profile: Profile, host: Host, pool: str, spec: PoolSpec) -> PoolInstance:
     unit = f"vllm-{pool}.service"
     kv = profile.kv_transfer
-    uses_kv = pool in ("prefill", "decode")
+    sc_port = kv.side_channel_port_for(pool)  # None for the colocated pool and non-NIXL connectors
     sc_host = None
-    sc_port = None
-    if uses_kv:
+    if sc_port is not None:
         sc_host = host.address if kv.side_channel_host == "auto" else kv.side_channel_host
-        sc_port = kv.side_channel_port_for(pool)
     health_url = f"http://{serve_address(host)}:{spec.port}/health"
     return PoolInstance(
         pool=pool,
@@ -69,7 +57,7 @@ def _instance(profile: Profile, host: Host, pool: str, spec: PoolSpec) -> PoolIn
         unit=unit,
         port=spec.port,
         gpus=tuple(spec.gpus),
-        kv_role=spec.kv_role if uses_kv else None,
+        kv_role=spec.kv_role,
         side_channel_host=sc_host,
         side_channel_port=sc_port,
         env_file=f"{ENV_DIR}/vllm-{pool}.env",

@@ -16,7 +16,7 @@ from typing import Any
 
 from pdfleet.errors import ValidationError
 from pdfleet.inventory import Host, Inventory
-from pdfleet.pools import PoolInstance
+from pdfleet.pools import ENV_DIR, PoolInstance
 from pdfleet.profile import Profile
 from pdfleet.render import RenderedFile, Renderer
 from pdfleet.secrets import GatewaySecrets
@@ -26,8 +26,8 @@ ROLE_ORDER = ("base", "gpu_driver", "rdma", "kv_transfer", "vllm", "services", "
 
 SERVICE_USER = "pdfleet"
 STATE_DIR = "/var/lib/pdfleet"
-CONFIG_DIR = "/etc/pdfleet"
-KV_ENV_FILE = "/etc/pdfleet/kv-transfer.env"
+CONFIG_DIR = ENV_DIR
+KV_ENV_FILE = f"{ENV_DIR}/kv-transfer.env"
 
 
 @dataclass(frozen=True)

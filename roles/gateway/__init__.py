@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.operations import Directory, File, PipRequirements, Service, SystemdUnit, restart_handler
-from pdfleet.pools import pool_urls, serve_address
+from pdfleet.pools import UNIT_DIR, pool_urls, serve_address
 from pdfleet.render import RenderedFile
 from pdfleet.roles_api import SERVICE_USER, ManagedUnit, RoleContext
 
@@ -23,7 +23,6 @@ POLICY_FILE = f"{CONFIG_DIR}/policy.yaml"
 VENV = "/opt/pdfleet/gateway"
 GATEWAY_UNIT = "pdfleet-gateway.service"
 ROUTER_UNIT = "vllm-router-pd.service"
-UNIT_DIR = "/etc/systemd/system"
 ROUTER_CONNECTORS = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake"}
 START_TIMEOUT_S = 300
 SHUTDOWN_TIMEOUT_S = 50  # streams in flight get this long to finish; systemd waits 10 s more
