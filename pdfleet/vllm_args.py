@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pdfleet.hw.kv import kv_connector_extra_config
 from pdfleet.inventory import Host
 from pdfleet.pools import PoolInstance, serve_address
 from pdfleet.profile import Profile
@@ -23,17 +24,10 @@ def kv_transfer_config(profile: Profile, host: Host, inst: PoolInstance) -> dict
     if kv.load_failure_policy is not None:
         config["kv_load_failure_policy"] = kv.load_failure_policy
     extra = dict(kv.extra_config)
-    extra.update(_hardware_extra_config(profile, host))
+    extra.update(kv_connector_extra_config(profile, host))  # Mooncake's protocol and the host's NICs
     if extra:
         config["kv_connector_extra_config"] = extra
     return config
-
-
-def _hardware_extra_config(profile: Profile, host: Host) -> dict[str, Any]:
-    """Connector settings that depend on the host's NICs (Mooncake's protocol and device list)."""
-    from pdfleet.hw.kv import kv_connector_extra_config
-
-    return kv_connector_extra_config(profile, host)
 
 
 def served_model_names(profile: Profile) -> list[str]:

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdfleet.cli._common import REPO_ROOT, user_errors
-from pdfleet.cli.lab import LAB_INVENTORY, _lab, _progress
+from pdfleet.cli.lab import LAB_INVENTORY, lab_progress, this_lab
 from pdfleet.cli.options import deployment_from_options, known_hosts, run_options, serve_clone_wheel
 from pdfleet.fleet_status import UnitStatus, fleet_status
 from pdfleet.lab.control import up
@@ -33,7 +33,7 @@ def _status_table(rows: list[UnitStatus]) -> Table:
 def demo(ctx: Context, profile: str = DEMO_PROFILE) -> None:
     """Bring the lab up, provision it with a P/D profile, and show every unit's state and health."""
     console = Console(stderr=True)
-    up(_lab(), _progress(console))
+    up(this_lab(), lab_progress(console))
     deployment = deployment_from_options(ctx, profile, str(REPO_ROOT / LAB_INVENTORY))
     hosts = list(deployment.inventory.hosts.values())
     serve_clone_wheel(deployment)

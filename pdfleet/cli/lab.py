@@ -21,12 +21,12 @@ from pdfleet.lab.system import preflight
 LAB_INVENTORY = "inventory/lab.yml"
 
 
-def _lab() -> Lab:
+def this_lab() -> Lab:
     """The lab of this clone: fixed state root, the lab inventory (never the invoke.yaml default)."""
     return Lab(LabPaths(), REPO_ROOT, REPO_ROOT / LAB_INVENTORY)
 
 
-def _progress(console: Console):
+def lab_progress(console: Console):
     """Progress lines on stderr, so stdout stays clean for eval-able output."""
     return lambda message: console.print(f"[dim]lab:[/dim] {message}", highlight=False, soft_wrap=True)
 
@@ -36,7 +36,7 @@ def _progress(console: Console):
 def up_task(c: Context) -> None:
     """Bring the lab up: image, mirrors, bridge, hosts; waits until every host answers SSH."""
     console = Console(stderr=True)
-    result = up(_lab(), _progress(console))
+    result = up(this_lab(), lab_progress(console))
     console.print(f"lab up in {result.seconds:.0f} s: {', '.join(h.name for h in result.hosts)}; "
                   f"pdfleet wheel {result.pdfleet_version}")
     if result.apt_unavailable:
@@ -48,7 +48,7 @@ def up_task(c: Context) -> None:
 def down_task(c: Context, purge: bool = False) -> None:
     """Remove the lab's containers, mounts, mirror servers and bridge (safe to run twice)."""
     console = Console(stderr=True)
-    down(_lab(), purge=purge, progress=_progress(console))
+    down(this_lab(), purge=purge, progress=lab_progress(console))
     console.print("lab down")
 
 
@@ -56,7 +56,7 @@ def down_task(c: Context, purge: bool = False) -> None:
 @user_errors
 def status_task(c: Context) -> None:
     """Show each lab host (running, address, SSH) and the mirrors; exits 1 unless all are healthy."""
-    report = status(_lab())
+    report = status(this_lab())
     console = Console()
     table = Table(title=f"pdfleet lab (bridge {'up' if report.bridge else 'absent'})")
     for column in ("host", "address", "groups", "running", "ssh"):
@@ -83,7 +83,7 @@ def _yes(value: bool) -> str:
 @user_errors
 def ssh_task(c: Context, host: str, command: str = "") -> None:
     """Log in to a lab host as the lab user, with strict host-key checking."""
-    lab = _lab()
+    lab = this_lab()
     target = find_host(lab, host)
     preflight(("ssh",))
     if not lab.paths.known_hosts.exists():
@@ -109,7 +109,7 @@ def wheel_task(c: Context) -> None:
 @user_errors
 def env_task(c: Context) -> None:
     """Print `export` lines wiring an OpenAI client to the lab gateway: eval "$(invoke lab.env)"."""
-    lab = _lab()
+    lab = this_lab()
     gateway = next((h for h in lab.hosts() if "gateway" in h.groups), None)
     if gateway is None:
         raise PdfleetError(f"{lab.inventory} has no host in group gateway.")
