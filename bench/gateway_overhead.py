@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -144,15 +145,27 @@ class Target:
     pids: list[int]
 
 
-async def run_load(target: Target, streams: int, duration: float, warmup: float, body: bytes) -> dict:
-    """Closed-loop load: `streams` workers, each running one stream after another."""
+async def run_load(
+    target: Target, streams: int, duration: float, warmup: float, body: bytes, stagger: float = 0.0
+) -> dict:
+    """Closed-loop load: `streams` workers, each running one stream after another.
+
+    With `stagger` > 0 each worker starts after a random delay in [0, stagger) (seeded: the same
+    offsets for every target), so streams arrive spread out as independent clients do; with 0 they
+    all start at once and stay roughly in phase (bursts of `streams` requests at a time).
+    """
     req = request_bytes(target.port, "/v1/chat/completions", body, target.key)
+    rng = random.Random(streams)
+    offsets = [rng.uniform(0, stagger) if stagger > 0 else 0.0 for _ in range(streams)]
+    warmup = max(warmup, stagger)  # measure only once every worker has started
     stats = Stats()
     t_start = time.perf_counter()
     record_after, deadline = t_start + warmup, t_start + warmup + duration
     window: dict[str, float] = {}
 
-    async def worker() -> None:
+    async def worker(offset: float) -> None:
+        if offset:
+            await asyncio.sleep(offset)
         while time.perf_counter() < deadline:
             await one_stream(target.port, req, stats, time.perf_counter() >= record_after)
 
@@ -162,7 +175,7 @@ async def run_load(target: Target, streams: int, duration: float, warmup: float,
         await asyncio.sleep(duration)
         window["e1"], window["c1"], window["t1"] = stats.events, cpu_seconds(target.pids), time.perf_counter()
 
-    await asyncio.gather(sampler(), *(worker() for _ in range(streams)))
+    await asyncio.gather(sampler(), *(worker(o) for o in offsets))
     secs = window["t1"] - window["t0"]
     cpu = window["c1"] - window["c0"]
     ttft = sorted(stats.ttft)
@@ -320,12 +333,14 @@ async def run_all(targets: list[Target], args: argparse.Namespace) -> tuple[list
     """Latency runs (targets interleaved, `rounds` times, TTFTs pooled), then throughput runs."""
     latency: list[dict] = []
     body = latency_body(args.tokens, args.first_ms, args.gap_ms)
+    # one stream's length: staggered starts spread over it keep arrivals spread in the closed loop
+    stagger = (args.first_ms + args.tokens * args.gap_ms) / 1000 if args.arrivals == "staggered" else 0.0
     for streams in args.concurrency:
         rows: dict[str, list[dict]] = {t.name: [] for t in targets}
         for _ in range(args.rounds):
             for t in targets:
                 rows[t.name].append(
-                    await run_load(t, streams, args.duration / args.rounds, args.warmup, body)
+                    await run_load(t, streams, args.duration / args.rounds, args.warmup, body, stagger)
                 )
         for t in targets:
             row = merge(rows[t.name])
@@ -373,6 +388,13 @@ def main() -> int:
     p.add_argument("--tp-streams", type=int, default=200, help="streams in the throughput run (default 200)")
     p.add_argument("--tp-tokens", type=int, default=2000, help="events per throughput stream (default 2000)")
     p.add_argument("--tp-gap-ms", type=float, default=1.0, help="gap between events there (default 1)")
+    p.add_argument(
+        "--arrivals",
+        choices=["burst", "staggered"],
+        default="burst",
+        help="latency runs: all streams start at once and stay in phase (burst, the default), or start "
+        "at random offsets over one stream's length (staggered, like independent clients)",
+    )
     p.add_argument("--json", type=Path, help="also write the raw results here")
     args = p.parse_args()
     cpus: tuple[int | None, int | None] = (0, 1) if (os.cpu_count() or 1) >= 2 else (None, None)
@@ -401,7 +423,8 @@ def main() -> int:
     print()
     print(
         f"cpu pinning: proxies on CPU {cpus[1]}, upstream + client on CPU {cpus[0]}; "
-        f"{args.tokens} events/stream, first event after {args.first_ms} ms, then every {args.gap_ms} ms"
+        f"{args.tokens} events/stream, first event after {args.first_ms} ms, then every {args.gap_ms} ms; "
+        f"arrivals: {args.arrivals}"
     )
     print(fmt_table(latency, throughput))
     if args.json:

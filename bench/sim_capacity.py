@@ -24,23 +24,12 @@ import json
 import os
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pdfleet.sim.launch import SimProcess  # noqa: E402
+from pdfleet.sim.launch import SimProcess, scrape_metrics  # noqa: E402
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-def scrape(url: str) -> dict[str, float]:
-    """Metric name (labels dropped) -> summed value."""
-    out: dict[str, float] = {}
-    for line in urllib.request.urlopen(url + "/metrics", timeout=10).read().decode().splitlines():
-        if line and not line.startswith("#"):
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def cpu_seconds(pid: int) -> float:
@@ -121,9 +110,9 @@ async def drive(
     for i, client in enumerate(clients):
         loop.call_later(spread * i / streams, client.send)
     await asyncio.sleep(warmup)
-    m0, c0, t0, n0 = scrape(url), cpu_seconds(sim_pid), time.monotonic(), counts[0]
+    m0, c0, t0, n0 = scrape_metrics(url), cpu_seconds(sim_pid), time.monotonic(), counts[0]
     await asyncio.sleep(duration)
-    m1, c1, t1, n1 = scrape(url), cpu_seconds(sim_pid), time.monotonic(), counts[0]
+    m1, c1, t1, n1 = scrape_metrics(url), cpu_seconds(sim_pid), time.monotonic(), counts[0]
     stop.set()
     for client in clients:
         assert client.transport is not None

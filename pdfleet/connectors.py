@@ -91,6 +91,10 @@ _ALIASES: dict[str, str] = {
     "lmcacheconnector": "LMCacheConnectorV1",
 }
 
+# vLLM's defaults for VLLM_NIXL_SIDE_CHANNEL_HOST / VLLM_NIXL_SIDE_CHANNEL_PORT [VLLM-PD §2.1].
+NIXL_SIDE_CHANNEL_HOST = "localhost"
+NIXL_SIDE_CHANNEL_PORT = 5600
+
 # kv_load_failure_policy arrived in PR #26813 (Oct 2025), after v0.11.0 was cut.
 LOAD_FAILURE_POLICY_ABSENT_UNTIL: Version = (0, 11, 0)
 

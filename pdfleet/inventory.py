@@ -21,7 +21,6 @@ import yaml
 from pdfleet.errors import ValidationError
 
 GROUP_KEYS = ("hosts", "children", "vars")
-MEANINGFUL_GROUPS = ("prefill", "decode", "colocated", "gateway", "monitoring")
 # Groups ansible-core creates by itself; never listed in Host.groups.
 IMPLICIT_GROUPS = frozenset({"all", "ungrouped"})
 _HOST_RANGE = re.compile(r"\[[^\]]*:[^\]]*\]")

@@ -18,8 +18,11 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
+from pdfleet.connectors import NIXL_SIDE_CHANNEL_PORT
 from pdfleet.errors import ValidationError
 from pdfleet.inventory import Inventory, read_yaml
+from pdfleet.sim import catalog
+from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
 PROFILE_SUFFIXES = (".yml", ".yaml")
 POOL_NAMES = ("prefill", "decode", "colocated")
@@ -28,9 +31,9 @@ DEFAULT_KV_ROLES: dict[str, str | None] = {
     "decode": "kv_consumer",
     "colocated": None,
 }
-# Names the simulator's catalog knows (INTERFACES.md, "Simulator").
-SIM_GPUS = ("H100-SXM", "H200", "A100-80GB", "L40S")
-SIM_LINKS = ("pcie-gen4", "pcie-gen5", "nvlink", "roce-100g", "roce-200g", "roce-400g", "tcp")
+# Names the simulator's catalog knows, so a profile can only ask for a GPU or link it models.
+SIM_GPUS = tuple(catalog.GPUS)
+SIM_LINKS = tuple(catalog.LINKS)
 MAX_GPU_MEMORY_UTILIZATION = 0.98
 
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -92,7 +95,7 @@ class KVTransferSpec(_Model):
     connector: str = "NixlConnector"
     buffer_device: Literal["cuda", "cpu"] = "cuda"
     side_channel_host: str = "auto"  # auto: each host's inventory address (ansible_host)
-    side_channel_port: Port = 5600
+    side_channel_port: Port = NIXL_SIDE_CHANNEL_PORT
     mooncake_bootstrap_port: Port = 8998
     mooncake_protocol: Literal["rdma", "tcp"] = "rdma"
     ucx_tls: str | None = None
@@ -207,7 +210,7 @@ class GatewaySpec(_Model):
     admin_port: Port | None = None
     keys_file: str = "/etc/pdfleet/gateway/keys.yaml"
     long_prompt_tokens: Positive = 8192
-    chars_per_token: float = Field(default=4.0, gt=0)
+    chars_per_token: float = Field(default=DEFAULT_CHARS_PER_TOKEN, gt=0)
     stage: str
     stages: dict[str, StageSpec] = Field(min_length=1)
     model_alias: str | None = None
@@ -490,7 +493,6 @@ def _message(err: dict[str, Any]) -> str:
         key = {"<=": "le", "<": "lt", ">": "gt", ">=": "ge"}[bounds[kind]]
         return f"must be {bounds[kind]} {ctx.get(key)}{got}"
     simple = {
-        "missing": "required key is missing",
         "int_type": "must be an integer",
         "float_type": "must be a number",
         "bool_type": "must be true or false",
@@ -503,7 +505,7 @@ def _message(err: dict[str, Any]) -> str:
     if kind == "extra_forbidden":
         return "unknown key"
     if kind == "missing":
-        return simple[kind]
+        return "required key is missing"
     if kind in simple:
         return simple[kind] + got
     if kind == "literal_error":

@@ -9,8 +9,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdfleet import connectors
+from pdfleet.errors import ValidationError
 from pdfleet.inventory import Host, Inventory
-from pdfleet.profile import DEFAULT_KV_ROLES, POOL_NAMES, PoolSpec, Profile
+
+# pdfleet.profile imports this module inside its functions, so importing it at top level is not circular.
+from pdfleet.profile import (
+    DEFAULT_KV_ROLES,
+    KVTransferSpec,
+    PoolSpec,
+    Profile,
+    VllmSpec,
+    check_against_inventory,
+    list_profiles,
+    load_profile,
+    raw_profile,
+)
 
 # vllm serve flags pdfleet renders from pool keys; extra_args must not set them a second time.
 MANAGED_FLAGS: dict[str, str] = {
@@ -428,9 +441,6 @@ def _dedupe(problems: list[Problem]) -> list[Problem]:
     return list(dict.fromkeys(problems))
 
 
-__all__ = ["POOL_NAMES", "Problem", "inventory_problems", "profile_problems", "stage_problem"]
-
-
 # --------------------------------------------------------------------------- survey (invoke profiles)
 
 
@@ -455,9 +465,8 @@ def survey_profiles(
     profiles_dir: Path, inventory: Inventory | None = None, names: Iterable[str] | None = None
 ) -> list[ProfileStatus]:
     """Validate each listed profile (or every one in the directory), optionally against an inventory."""
-    from pdfleet.errors import ValidationError
-    from pdfleet.profile import check_against_inventory, list_profiles, load_profile, raw_profile
-
+    default_engine = VllmSpec.model_fields["engine"].default
+    default_connector = KVTransferSpec.model_fields["connector"].default
     statuses = []
     for name in list(names) if names is not None else list_profiles(profiles_dir):
         try:
@@ -475,8 +484,8 @@ def survey_profiles(
             ProfileStatus(
                 name=name,
                 topology=topology,
-                engine=str(vllm.get("engine", "vllm")),
-                connector="-" if topology == "colocated" else str(kv.get("connector", "NixlConnector")),
+                engine=str(vllm.get("engine", default_engine)),
+                connector="-" if topology == "colocated" else str(kv.get("connector", default_connector)),
                 vllm=str(vllm.get("version", "?")),
                 problems=problems,
             )

@@ -19,6 +19,8 @@ TOKENS_PER_CHAT_MESSAGE = 3
 
 
 class TextCounter(Protocol):
+    """Counts the tokens of a piece of text (tokenizer or estimate)."""
+
     def count(self, text: str) -> int: ...
 
 
@@ -63,6 +65,7 @@ def make_counter(
 
 
 def _content_text(content: Any) -> str:
+    """A message content as text: a string, or the text parts of a multi-part list."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):

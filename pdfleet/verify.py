@@ -45,6 +45,8 @@ class VerifyOptions:
 
 @dataclass(frozen=True)
 class CheckResult:
+    """One check's outcome on one host, with the skip reason or failure message."""
+
     host: str
     check: str
     outcome: str  # pass / fail / skip
@@ -60,6 +62,15 @@ class Unit:
     health_url: str | None
 
 
+_SSH_CONFIG_UNSAFE = re.compile(r'[\s"\x00-\x1f\x7f]')
+
+
+def _ssh_config_safe(host: str, what: str, value: str) -> None:
+    """Refuse a value that would split an ssh_config line (a newline could add e.g. a ProxyCommand)."""
+    if _SSH_CONFIG_UNSAFE.search(value):
+        raise ValidationError(f"inventory host {host}: {what} {value!r} contains whitespace or quotes")
+
+
 def ssh_config(hosts: Sequence[Host], default_known_hosts: str, control_dir: Path, timeout: int) -> str:
     """An ssh_config with one block per inventory host: its address, user, port, key, known_hosts.
 
@@ -68,6 +79,15 @@ def ssh_config(hosts: Sequence[Host], default_known_hosts: str, control_dir: Pat
     blocks = []
     for host in hosts:
         known = Path(host.known_hosts_file or default_known_hosts).expanduser()
+        checked = {
+            "inventory host name": host.name,
+            "ansible_host": host.address,
+            "ansible_user": host.user,
+            "known_hosts file": str(known),
+            "ansible_ssh_private_key_file": host.key_file or "",
+        }
+        for what, value in checked.items():
+            _ssh_config_safe(host.name, what, value)
         lines = [
             f"Host {host.name}",
             f"  HostName {host.address}",
@@ -119,16 +139,23 @@ def parse_ib_write_bw(stdout: str) -> float | None:
     return value
 
 
-def secret_values(env_text: str) -> list[str]:
-    """Values of KEY/TOKEN/SECRET/PASSWORD variables in an env file (the things that must not leak)."""
-    values = []
+def env_pairs(env_text: str) -> list[tuple[str, str]]:
+    """(name, value) of each KEY=value line of systemd env file text, comments skipped, quotes removed."""
+    pairs = []
     for line in env_text.splitlines():
         name, sep, value = line.partition("=")
-        if not sep or name.strip().startswith("#"):
-            continue
-        if re.search(r"KEY|TOKEN|SECRET|PASSW", name.upper()) and len(value.strip().strip("\"'")) >= 8:
-            values.append(value.strip().strip("\"'"))
-    return values
+        if sep and not name.strip().startswith("#"):
+            pairs.append((name.strip(), value.strip().strip("\"'")))
+    return pairs
+
+
+def secret_values(env_text: str) -> list[str]:
+    """Values of KEY/TOKEN/SECRET/PASSWORD variables in env files (the things that must not leak)."""
+    return [
+        value
+        for name, value in env_pairs(env_text)
+        if re.search(r"KEY|TOKEN|SECRET|PASSW", name.upper()) and len(value) >= 8
+    ]
 
 
 def _host_and_check(nodeid: str) -> tuple[str, str]:
@@ -242,11 +269,14 @@ class VerifyPlugin:
 
 @dataclass(frozen=True)
 class VerifyRun:
+    """Every check result of a run and pytest's exit code."""
+
     results: list[CheckResult]
     exit_code: int
 
     @property
     def failed(self) -> list[CheckResult]:
+        """The failed checks."""
         return [r for r in self.results if r.outcome == FAIL]
 
 
@@ -349,11 +379,4 @@ def remote_fact(target: Any, fact: Fact[T]) -> T:
 def read_env(target: Any, path: str) -> dict[str, str] | None:
     """KEY=value pairs of a systemd EnvironmentFile on the host; None when it does not exist."""
     result = target.run(f"cat {shlex.quote(path)}")
-    if result.rc != 0:
-        return None
-    env = {}
-    for line in result.stdout.splitlines():
-        name, sep, value = line.partition("=")
-        if sep and not name.strip().startswith("#"):
-            env[name.strip()] = value.strip()
-    return env
+    return dict(env_pairs(result.stdout)) if result.rc == 0 else None

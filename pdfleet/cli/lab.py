@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from invoke import Context, task
@@ -26,7 +27,7 @@ def this_lab() -> Lab:
     return Lab(LabPaths(), REPO_ROOT, REPO_ROOT / LAB_INVENTORY)
 
 
-def lab_progress(console: Console):
+def lab_progress(console: Console) -> Callable[[str], None]:
     """Progress lines on stderr, so stdout stays clean for eval-able output."""
     return lambda message: console.print(f"[dim]lab:[/dim] {message}", highlight=False, soft_wrap=True)
 

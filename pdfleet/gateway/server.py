@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +76,17 @@ _EXECUTOR_COUNT_BYTES = 16 * 1024
 _SSE_TYPE = "text/event-stream"
 
 
+class _PassThrough(web.StreamResponse):
+    """A streamed response whose headers go out in the same write as the first body chunk.
+
+    aiohttp's StreamResponse sends its headers at prepare() in their own syscall (and TCP segment);
+    the gateway writes the upstream's first chunk right after, so buffering them saves a write per
+    request without delaying anything (write_eof() flushes them when there is no body).
+    """
+
+    _send_headers_immediately = False
+
+
 class _Reject(Exception):
     """A request the gateway answers itself with an OpenAI error (status, message, code, param)."""
 
@@ -106,7 +117,7 @@ def request_id(value: str | None) -> str:
     """The client's X-Request-Id when it is a sane token, else a new one."""
     if value is not None and _REQUEST_ID_OK.fullmatch(value):
         return value
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # 128 random bits, like uuid4().hex without building a UUID object
 
 
 def _check_prompt(prompt: Any) -> bool:
@@ -162,6 +173,7 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._reload_lock = asyncio.Lock()
         self._urls: dict[tuple[str, str], URL] = {}
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -170,6 +182,9 @@ class Gateway:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=60)
         self._session = aiohttp.ClientSession(
             connector=connector,
+            # a proxy must not keep one client's upstream cookies and send them for everyone else
+            # (and skipping the jar saves a cookie filter and update per request)
+            cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False,
             skip_auto_headers=("Accept-Encoding", "User-Agent"),
             timeout=aiohttp.ClientTimeout(total=None),
@@ -459,6 +474,15 @@ class Gateway:
             url = self._urls[(base, path)] = URL(base + path)
         return url
 
+    def _client_timeout(self, connect_s: float) -> aiohttp.ClientTimeout:
+        """The upstream request's connect timeout, built once per value rather than per request."""
+        found = self._timeouts.get(connect_s)
+        if found is None:
+            found = self._timeouts[connect_s] = aiohttp.ClientTimeout(
+                total=None, connect=connect_s, sock_connect=connect_s
+            )
+        return found
+
     async def _open(
         self, policy: ActivePolicy, pool: Pool, url: URL, body: bytes, headers: dict[str, str]
     ) -> _Upstream | _Failure:
@@ -472,7 +496,7 @@ class Gateway:
                     url,
                     data=body,
                     headers=headers,
-                    timeout=aiohttp.ClientTimeout(total=None, connect=t.connect_s, sock_connect=t.connect_s),
+                    timeout=self._client_timeout(t.connect_s),
                 )
                 first = await resp.content.readany()
             return _Upstream(pool, resp, first, time.perf_counter())
@@ -609,7 +633,7 @@ class Gateway:
         resp = up.resp
         ctype = resp.headers.get("Content-Type", "application/json")
         sse = ctype.startswith(_SSE_TYPE)
-        out = web.StreamResponse(
+        out = _PassThrough(
             status=resp.status,
             headers={
                 "Content-Type": ctype,

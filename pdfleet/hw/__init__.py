@@ -6,9 +6,8 @@ unit-tested against fixtures taken from documented output formats.
 """
 
 from pdfleet.errors import PdfleetError
-from pdfleet.ops.base import REBOOT_REQUIRED
 
-__all__ = ["REBOOT_REQUIRED", "HardwareError"]
+__all__ = ["HardwareError"]
 
 
 class HardwareError(PdfleetError):

@@ -45,11 +45,12 @@ class PciDevice:
 
     @property
     def is_gpu(self) -> bool:
-        # 0300 VGA, 0302 3D controller: datacenter GPUs are 3D controllers, some PCIe cards VGA.
+        """Display class: 0302 3D controller (datacenter GPUs) or 0300 VGA (some PCIe cards)."""
         return self.class_code.startswith("03")
 
     @property
     def is_bridge_other(self) -> bool:
+        """Class 0680 "bridge: other", which is how NVSwitches enumerate."""
         return self.class_code == "0680"
 
 
@@ -63,6 +64,7 @@ class NvidiaPci:
 
     @property
     def has_nvswitch(self) -> bool:
+        """NVSwitches seen on the bus or by the loaded nvswitch driver."""
         return bool(self.nvswitches) or self.nvswitch_proc_devices > 0
 
 
@@ -126,7 +128,7 @@ class NvidiaPciFact(Fact[NvidiaPci]):
         return parse_nvidia_pci(stdout)
 
 
-# ---------------------------------------------------------------- driver, kernel, Secure Boot, nouveau
+# ---------------------------------------------------------------- driver, kernel, Secure Boot
 
 
 @dataclass(frozen=True)
@@ -137,10 +139,10 @@ class DriverInfo:
     loaded_open: bool | None = None
     installed_version: str | None = None
     installed_license: str | None = None
-    peermem_loaded: bool = False
 
     @property
     def installed_open(self) -> bool | None:
+        """Whether the installed module is the open flavour (by its license); None when not installed."""
         if self.installed_license is None:
             return None
         return self.installed_license.strip() == OPEN_LICENSE
@@ -168,26 +170,26 @@ def parse_proc_nvidia_version(text: str) -> tuple[str | None, bool | None]:
 
 
 def parse_driver(stdout: str) -> DriverInfo:
-    """The DriverFact output sections: proc, modinfo version, modinfo license, peermem in /proc/modules."""
+    """The DriverFact output sections: proc, modinfo version, modinfo license."""
     sec = _sections(stdout)
     loaded, loaded_open = parse_proc_nvidia_version("\n".join(sec.get("proc", [])))
     version = next((s.strip() for s in sec.get("version", []) if s.strip()), None)
     license_ = next((s.strip() for s in sec.get("license", []) if s.strip()), None)
-    peermem = any(s.strip() == "yes" for s in sec.get("peermem", []))
-    return DriverInfo(loaded, loaded_open, version, license_, peermem)
+    return DriverInfo(loaded, loaded_open, version, license_)
 
 
 @dataclass(frozen=True)
 class DriverFact(Fact[DriverInfo]):
-    """Loaded and installed NVIDIA driver versions and flavour (open or proprietary), nvidia_peermem."""
+    """Loaded and installed NVIDIA driver versions and flavour (open or proprietary).
+
+    Which modules are loaded (nvidia_peermem, nouveau) is the generic LoadedModules fact's job."""
 
     def command(self) -> str:
         return (
             "echo '== proc'; cat /proc/driver/nvidia/version 2>/dev/null; "
             "echo '== version'; /sbin/modinfo -F version nvidia 2>/dev/null || modinfo -F version nvidia "
             "2>/dev/null; echo '== license'; /sbin/modinfo -F license nvidia 2>/dev/null || "
-            "modinfo -F license nvidia 2>/dev/null; echo '== peermem'; "
-            "grep -q '^nvidia_peermem ' /proc/modules 2>/dev/null && echo yes; true"
+            "modinfo -F license nvidia 2>/dev/null; true"
         )
 
     def parse(self, stdout: str, rc: int) -> DriverInfo:
@@ -203,12 +205,13 @@ class KernelInfo:
 
     @property
     def version(self) -> tuple[int, int]:
+        """(major, minor) of the release, (0, 0) when unparsable."""
         m = re.match(r"(\d+)\.(\d+)", self.release)
         return (int(m[1]), int(m[2])) if m else (0, 0)
 
     @property
     def headers_package(self) -> str:
-        # Debian and Ubuntu name the header package after `uname -r` (e.g. linux-headers-6.1.0-18-amd64).
+        """Debian/Ubuntu name headers after `uname -r` (e.g. linux-headers-6.1.0-18-amd64)."""
         return f"linux-headers-{self.release}"
 
 
@@ -288,33 +291,9 @@ class MokEnrolledFact(Fact[bool]):
 
 
 @dataclass(frozen=True)
-class NouveauInfo:
-    loaded: bool
-    blacklisted: bool
-
-
-def parse_nouveau(stdout: str) -> NouveauInfo:
-    lines = {s.strip() for s in stdout.splitlines()}
-    return NouveauInfo("loaded" in lines, "blacklisted" in lines)
-
-
-@dataclass(frozen=True)
-class NouveauFact(Fact[NouveauInfo]):
-    """nouveau loaded (/proc/modules) and blacklisted in a modprobe.d file."""
-
-    def command(self) -> str:
-        return (
-            "grep -q '^nouveau ' /proc/modules 2>/dev/null && echo loaded; "
-            "grep -rhsqE '^[[:space:]]*blacklist[[:space:]]+nouveau([[:space:]]|$)' "
-            "/etc/modprobe.d /usr/lib/modprobe.d /lib/modprobe.d && echo blacklisted; true"
-        )
-
-    def parse(self, stdout: str, rc: int) -> NouveauInfo:
-        return parse_nouveau(stdout)
-
-
-@dataclass(frozen=True)
 class SmiGpu:
+    """One nvidia-smi row."""
+
     index: int
     bus_id: str
     name: str
@@ -352,6 +331,8 @@ class NvidiaSmiFact(Fact["tuple[SmiGpu, ...] | None"]):
 
 @dataclass(frozen=True)
 class Gid:
+    """One non-zero entry of a port's GID table with its type and netdev."""
+
     index: int
     gid: str
     type: str  # "IB/RoCE v1" or "RoCE v2"
@@ -369,6 +350,8 @@ class Gid:
 
 @dataclass(frozen=True)
 class RdmaPort:
+    """One port of an RDMA device as sysfs (and configfs rdma_cm) shows it."""
+
     number: int
     state: str = ""  # e.g. "ACTIVE" (sysfs "4: ACTIVE")
     phys_state: str = ""
@@ -379,11 +362,14 @@ class RdmaPort:
 
 @dataclass(frozen=True)
 class RdmaDevice:
+    """An RDMA device (e.g. mlx5_0), its netdevs and ports."""
+
     name: str
     netdevs: tuple[str, ...] = ()
     ports: tuple[RdmaPort, ...] = ()
 
     def port(self, number: int) -> RdmaPort | None:
+        """The port with this number, None when the device has none."""
         return next((p for p in self.ports if p.number == number), None)
 
 
@@ -465,6 +451,8 @@ class RdmaSysfsFact(Fact["dict[str, RdmaDevice]"]):
 
 @dataclass(frozen=True)
 class IbvPort:
+    """One port as `ibv_devinfo` reports it."""
+
     number: int
     state: str  # e.g. "PORT_ACTIVE"
     active_mtu: int | None
@@ -522,16 +510,16 @@ class IbvDevinfoFact(Fact["dict[str, tuple[IbvPort, ...]] | None"]):
 
 @dataclass(frozen=True)
 class NetdevInfo:
+    """A network interface's MTU, state, IPv4 addresses and mlx5 ECN switches (exists: False when absent)."""
+
     name: str
     exists: bool
     mtu: int | None = None
     operstate: str = ""
     ipv4: tuple[str, ...] = ()
-    ecn_np: dict[int, bool] = field(default_factory=dict)  # priority -> roce_np enabled (mlx5 sysfs)
-    ecn_rp: dict[int, bool] = field(default_factory=dict)
-
-    def __hash__(self) -> int:  # dict fields: hash by identity of the name is enough for caching
-        return hash((self.name, self.exists, self.mtu))
+    # priority -> enabled (mlx5 sysfs); dicts cannot be hashed, so they stay out of the hash
+    ecn_np: dict[int, bool] = field(default_factory=dict, hash=False)
+    ecn_rp: dict[int, bool] = field(default_factory=dict, hash=False)
 
 
 def parse_netdev(name: str, stdout: str) -> NetdevInfo:
@@ -578,6 +566,8 @@ class NetdevFact(Fact[NetdevInfo]):
 
 @dataclass(frozen=True)
 class QosTools:
+    """Which QoS tools are installed."""
+
     mlnx_qos: bool
     dcb: bool
 
@@ -603,10 +593,7 @@ class QosState:
 
     trust: str | None
     pfc: tuple[bool, ...] | None  # index = priority 0..7
-    dscp2prio: dict[int, int] = field(default_factory=dict)
-
-    def __hash__(self) -> int:
-        return hash((self.trust, self.pfc))
+    dscp2prio: dict[int, int] = field(default_factory=dict, hash=False)  # a dict: kept out of the hash
 
     def pfc_only(self, priority: int) -> bool:
         """PFC enabled on exactly this priority."""

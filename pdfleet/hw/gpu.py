@@ -9,7 +9,7 @@ GPU host recipe (reference/provisioning.md §1.1, §1.2, §1.4).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pdfleet.hw.facts import (
     SB_ENABLED,
@@ -18,13 +18,15 @@ from pdfleet.hw.facts import (
     KernelFact,
     KernelInfo,
     MokEnrolledFact,
-    NouveauFact,
-    NouveauInfo,
     NvidiaPci,
     NvidiaPciFact,
     SecureBootFact,
 )
 from pdfleet.ops.base import FactSource
+from pdfleet.ops.facts import LoadedModules
+
+if TYPE_CHECKING:
+    from pdfleet.profile import GpuSpec
 
 # DMA-BUF import of GPU memory by RDMA drivers (ib_umem_dmabuf) landed in Linux 5.12; NVIDIA exports
 # DMA-BUF only from the open kernel modules (reference/provisioning.md §1.4, §2.6).
@@ -44,19 +46,20 @@ class GpuFacts:
     driver: DriverInfo
     kernel: KernelInfo
     secure_boot: str
-    nouveau: NouveauInfo
+    modules: frozenset[str]  # loaded kernel modules (nouveau, nvidia_peermem), underscore spelling
     mok_enrolled: bool = False
 
 
 def gather_gpu_facts(facts: FactSource) -> GpuFacts:
-    """The GPU-related facts of one host."""
+    """The GPU-related facts of one host (MOK enrollment only matters, and is read, under Secure Boot)."""
+    secure_boot = facts.get(SecureBootFact())
     return GpuFacts(
         facts.get(NvidiaPciFact()),
         facts.get(DriverFact()),
         facts.get(KernelFact()),
-        facts.get(SecureBootFact()),
-        facts.get(NouveauFact()),
-        facts.get(MokEnrolledFact(DKMS_MOK_CERT)) if facts.get(SecureBootFact()) == SB_ENABLED else False,
+        secure_boot,
+        facts.get(LoadedModules()),
+        facts.get(MokEnrolledFact(DKMS_MOK_CERT)) if secure_boot == SB_ENABLED else False,
     )
 
 
@@ -70,6 +73,8 @@ class Decision:
 
 @dataclass(frozen=True)
 class GpuDirect:
+    """The GPUDirect RDMA path for a host and why."""
+
     mode: GpuDirectMode
     reason: str
 
@@ -85,27 +90,31 @@ class GpuPlan:
     packages: tuple[str, ...] = ()
     headers_package: str | None = None  # installed when the running kernel's headers are missing
     fabric_manager: Decision = Decision(False, "")
-    fabric_manager_package: str = ""
     gpudirect: GpuDirect = GpuDirect("none", "")
     persistence: Decision = Decision(False, "")
     reboot_reasons: tuple[str, ...] = ()
     driver_ready: bool = False  # the pinned driver is loaded now: services can start, modules load
 
+    @property
+    def fabric_manager_package(self) -> str:
+        """Fabric Manager's package for the branch (pinned to the driver's exact version by the role)."""
+        return f"nvidia-fabricmanager-{self.branch}"
 
-def driver_branch(spec: Any) -> str:
+
+def driver_branch(spec: GpuSpec) -> str:
     """The branch to install: the profile's, or the major of its pinned version."""
     if spec.driver_version:
         return str(spec.driver_version).split(".")[0]
     return str(spec.driver_branch)
 
 
-def cuda_major(spec: Any) -> int:
+def cuda_major(spec: GpuSpec) -> int:
     """The CUDA major the pinned driver serves best: 13 from R580 on, else 12."""
     branch = driver_branch(spec)
     return 13 if branch.isdigit() and int(branch) >= CUDA13_MIN_BRANCH else 12
 
 
-def driver_packages(spec: Any) -> tuple[str, ...]:
+def driver_packages(spec: GpuSpec) -> tuple[str, ...]:
     """apt packages of the pinned branch: `nvidia-kernel-open-B` (open modules) then `cuda-drivers-B`.
 
     The open kernel package goes first so the driver's kernel-module dependency is already met by
@@ -125,7 +134,7 @@ def dmabuf_support(open_modules: bool, kernel: KernelInfo) -> Decision:
     return Decision(True, f"open kernel modules on Linux {kernel.release}")
 
 
-def resolve_gpudirect(spec: Any, kernel: KernelInfo, has_rdma: bool) -> GpuDirect:
+def resolve_gpudirect(spec: GpuSpec, kernel: KernelInfo, has_rdma: bool) -> GpuDirect:
     """The GPUDirect RDMA path for `gpu.gpudirect`: DMA-BUF where supported, else nvidia-peermem.
 
     Raises ValueError when the profile demands DMA-BUF the host cannot do.
@@ -145,7 +154,7 @@ def resolve_gpudirect(spec: Any, kernel: KernelInfo, has_rdma: bool) -> GpuDirec
     return GpuDirect("peermem", f"nvidia-peermem, since {dmabuf.reason}")
 
 
-def decide_fabric_manager(spec: Any, pci: NvidiaPci) -> Decision:
+def decide_fabric_manager(spec: GpuSpec, pci: NvidiaPci) -> Decision:
     """Fabric Manager only where NVSwitches exist (without it CUDA fails with error 802 there)."""
     want = spec.fabric_manager
     n = len(pci.nvswitches) or pci.nvswitch_proc_devices
@@ -172,7 +181,7 @@ def secure_boot_error(host: str, facts: GpuFacts, pinned_loaded: bool) -> str | 
     )
 
 
-def pinned_loaded(spec: Any, driver: DriverInfo) -> bool:
+def pinned_loaded(spec: GpuSpec, driver: DriverInfo) -> bool:
     """The loaded driver is the pinned one (exact version, else the branch) in the chosen flavour."""
     if driver.loaded_version is None:
         return False
@@ -183,7 +192,7 @@ def pinned_loaded(spec: Any, driver: DriverInfo) -> bool:
     return same and (driver.loaded_open is None or driver.loaded_open == bool(spec.open_modules))
 
 
-def plan_gpu(host: str, spec: Any, facts: GpuFacts, has_rdma: bool) -> GpuPlan:
+def plan_gpu(host: str, spec: GpuSpec, facts: GpuFacts, has_rdma: bool) -> GpuPlan:
     """The gpu_driver plan for one host: skip without GPUs, refuse under Secure Boot, else what to do."""
     if not facts.pci.gpus:
         return GpuPlan(skip="no NVIDIA GPU on the PCI bus")
@@ -207,7 +216,7 @@ def plan_gpu(host: str, spec: Any, facts: GpuFacts, has_rdma: bool) -> GpuPlan:
             f"installed NVIDIA module {facts.driver.installed_version} differs from the loaded "
             f"{facts.driver.loaded_version}"
         )
-    if facts.nouveau.loaded:
+    if "nouveau" in facts.modules:
         reboots.append("nouveau is loaded; it is blacklisted and leaves at the next boot")
     persistence = Decision(bool(spec.persistence), "gpu.persistence: " + str(spec.persistence).lower())
     return GpuPlan(
@@ -216,7 +225,6 @@ def plan_gpu(host: str, spec: Any, facts: GpuFacts, has_rdma: bool) -> GpuPlan:
         packages=driver_packages(spec),
         headers_package=None if facts.kernel.headers_installed else facts.kernel.headers_package,
         fabric_manager=decide_fabric_manager(spec, facts.pci),
-        fabric_manager_package=f"nvidia-fabricmanager-{branch}",
         gpudirect=gpudirect,
         persistence=persistence,
         reboot_reasons=tuple(reboots),

@@ -9,16 +9,21 @@ Per-instance `VLLM_NIXL_SIDE_CHANNEL_HOST/PORT` are written by the services role
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdfleet.hw.gpu import cuda_major
 from pdfleet.hw.rdma import ucx_net_devices
+from pdfleet.render import env_value
+
+if TYPE_CHECKING:
+    from pdfleet.inventory import Host
+    from pdfleet.profile import Profile
 
 NIXL = "NixlConnector"
 MOONCAKE = "MooncakeConnector"
 
 
-def uses_rdma(profile: Any, host: Any) -> bool:
+def uses_rdma(profile: Profile, host: Host) -> bool:
     """KV moves over RDMA: cross-host, RDMA enabled in the profile, devices declared for the host.
 
     Same-host profiles move KV over PCIe/NVLink (UCX cuda_ipc), colocated ones do not move it.
@@ -28,7 +33,7 @@ def uses_rdma(profile: Any, host: Any) -> bool:
     )
 
 
-def kv_requirement(profile: Any) -> str | None:
+def kv_requirement(profile: Profile) -> str | None:
     """The pip requirement of the connector's transfer library, CUDA build matching the driver pin."""
     connector = profile.kv_transfer.connector
     cuda = cuda_major(profile.gpu)
@@ -39,12 +44,12 @@ def kv_requirement(profile: Any) -> str | None:
     return None
 
 
-def kv_import_name(profile: Any) -> str | None:
+def kv_import_name(profile: Profile) -> str | None:
     """The Python module that proves the library is importable in the venv (checked by verify)."""
     return {NIXL: "nixl", MOONCAKE: "mooncake"}.get(profile.kv_transfer.connector)
 
 
-def kv_connector_extra_config(profile: Any, host: Any) -> dict[str, Any]:
+def kv_connector_extra_config(profile: Profile, host: Host) -> dict[str, Any]:
     """Mooncake's protocol and RDMA device whitelist for --kv-transfer-config; {} for other connectors."""
     kv = profile.kv_transfer
     if kv.connector != MOONCAKE:
@@ -56,7 +61,7 @@ def kv_connector_extra_config(profile: Any, host: Any) -> dict[str, Any]:
 
 
 def kv_env(
-    profile: Any, host: Any, gid_index: int | None, gpudirect: str, is_prefill: bool
+    profile: Profile, host: Host, gid_index: int | None, gpudirect: str, is_prefill: bool
 ) -> dict[str, str]:
     """The host-wide /etc/pdfleet/kv-transfer.env, in a stable order."""
     kv = profile.kv_transfer
@@ -77,6 +82,6 @@ def kv_env(
 
 
 def render_env(env: dict[str, str]) -> str:
-    """systemd EnvironmentFile text (KEY=value lines; values here never need quoting)."""
+    """systemd EnvironmentFile text; values quoted like in every env file pdfleet writes."""
     header = "# Written by pdfleet (kv_transfer role); loaded by every vLLM unit on this host.\n"
-    return header + "".join(f"{k}={v}\n" for k, v in env.items())
+    return header + "".join(f"{k}={env_value(v)}\n" for k, v in env.items())

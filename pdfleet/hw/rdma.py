@@ -9,10 +9,12 @@ iproute2 `dcb` otherwise (§2.4). Everything here is pure and tested against fix
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pdfleet.hw.facts import Gid, NetdevInfo, QosState, QosTools, RdmaDevice
+
+if TYPE_CHECKING:
+    from pdfleet.profile import RdmaSpec
 
 ROCE_V2 = "RoCE v2"
 PORT = 1  # ConnectX Ethernet functions expose one port per RDMA device
@@ -43,6 +45,11 @@ def check_devices(declared: tuple[str, ...], found: dict[str, RdmaDevice]) -> li
             layer = port.link_layer or "unknown"
             problems.append(f"{name} port {PORT} link layer is {layer}, not Ethernet (RoCE)")
     return problems
+
+
+def netdev_of(found: dict[str, RdmaDevice], declared: tuple[str, ...]) -> dict[str, str]:
+    """Declared RDMA device → its (first) netdev, for the devices that have one."""
+    return {d: found[d].netdevs[0] for d in declared if d in found and found[d].netdevs}
 
 
 def roce_v2_gids(dev: RdmaDevice, netdev: str | None, addresses: tuple[str, ...]) -> list[Gid]:
@@ -119,15 +126,6 @@ def pfc_vector(priority: int) -> list[int]:
     return [1 if i == priority else 0 for i in range(8)]
 
 
-@dataclass(frozen=True)
-class QosPlan:
-    """How to bring one netdev's QoS to trust-DSCP / PFC-on-one-priority, or why not."""
-
-    tool: str | None
-    commands: tuple[str, ...]
-    reason: str
-
-
 def qos_commands(tool: str, netdev: str, priority: int, dscp: int) -> tuple[str, ...]:
     """The commands that set trust dscp, PFC only on `priority` and DSCP `dscp` → `priority`."""
     n = shlex.quote(netdev)
@@ -163,16 +161,6 @@ def qos_converged(state: QosState, priority: int, dscp: int) -> bool:
     )
 
 
-def plan_qos(tools: QosTools, netdev: str, state: QosState | None, rdma: Any) -> QosPlan:
-    """The QoS commands for one netdev, none when it already matches the profile."""
-    tool = qos_tool(tools)
-    if tool is None:
-        return QosPlan(None, (), "neither mlnx_qos nor dcb (iproute2) is installed")
-    if state is not None and qos_converged(state, rdma.pfc_priority, rdma.dscp):
-        return QosPlan(tool, (), f"{netdev}: trust dscp, PFC on priority {rdma.pfc_priority} already")
-    return QosPlan(tool, qos_commands(tool, netdev, rdma.pfc_priority, rdma.dscp), f"set with {tool}")
-
-
 def ecn_converged(info: NetdevInfo, priority: int) -> bool | None:
     """ECN (DCQCN) on for `priority` at both notification and reaction point; None if not mlx5."""
     if priority not in info.ecn_np or priority not in info.ecn_rp:
@@ -181,7 +169,7 @@ def ecn_converged(info: NetdevInfo, priority: int) -> bool | None:
 
 
 def roce_script(
-    devices: tuple[str, ...], netdevs: dict[str, str], rdma: Any, tool: str | None, ecn_capable: bool
+    devices: tuple[str, ...], netdevs: dict[str, str], rdma: RdmaSpec, tool: str | None, ecn_capable: bool
 ) -> str:
     """The boot-time script that (re)applies RoCE settings none of which survive a reboot by themselves.
 
@@ -200,7 +188,7 @@ def roce_script(
         if rdma.roce_v2:
             lines += [
                 f"mkdir -p /sys/kernel/config/rdma_cm/{d}",
-                f"echo 'RoCE v2' > /sys/kernel/config/rdma_cm/{d}/ports/{PORT}/default_roce_mode",
+                f"echo '{ROCE_V2}' > /sys/kernel/config/rdma_cm/{d}/ports/{PORT}/default_roce_mode",
             ]
         if nd is None:
             continue

@@ -63,6 +63,8 @@ class Lab:
 
 @dataclass(frozen=True)
 class UpResult:
+    """What lab.up brought up: the hosts, the pdfleet wheel version served, apt packages Debian lacks."""
+
     hosts: tuple[LabHost, ...]
     pdfleet_version: str
     apt_unavailable: tuple[str, ...]
@@ -218,6 +220,8 @@ def _down(lab: Lab, purge: bool, progress: Progress) -> None:
 
 @dataclass(frozen=True)
 class HostStatus:
+    """One lab host: is its container running, does the lab login work."""
+
     host: LabHost
     running: bool
     ssh: bool
@@ -225,6 +229,8 @@ class HostStatus:
 
 @dataclass(frozen=True)
 class MirrorStatus:
+    """One mirror server: is our process alive, does its port answer."""
+
     kind: str
     url: str
     running: bool
@@ -233,12 +239,15 @@ class MirrorStatus:
 
 @dataclass(frozen=True)
 class LabStatus:
+    """The whole lab as `lab.status` shows it."""
+
     bridge: bool
     hosts: tuple[HostStatus, ...]
     mirrors: tuple[MirrorStatus, ...]
 
     @property
     def healthy(self) -> bool:
+        """Bridge up, every host running and reachable by SSH, every mirror answering."""
         return self.bridge and all(h.running and h.ssh for h in self.hosts) and all(
             m.running and m.answering for m in self.mirrors)
 

@@ -72,6 +72,7 @@ class HostDirs:
 
 
 def dirs(paths: LabPaths, name: str) -> HostDirs:
+    """The directories of the host called `name` under the lab's state root."""
     return HostDirs(paths.host_dir(name))
 
 
@@ -140,6 +141,7 @@ def host_public_keys(hd: HostDirs) -> list[str]:
 
 
 def nspawn_command(hd: HostDirs, name: str, bridge: str = BRIDGE) -> list[str]:
+    """systemd-nspawn booting the overlay on the lab bridge, unregistered (no machined), console logged."""
     return [
         "systemd-nspawn", "--boot", f"--directory={hd.root}", f"--machine={name}",
         "--register=no", "--keep-unit", f"--network-bridge={bridge}",

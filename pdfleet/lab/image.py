@@ -68,14 +68,12 @@ def host_debian_mirror(apt_dir: Path = Path("/etc/apt")) -> str:
 
 
 def default_recipe() -> ImageRecipe:
+    """The lab's image recipe on this machine (its Debian mirror is part of the cache key)."""
     return ImageRecipe(SUITE, host_debian_mirror(), PACKAGES)
 
 
-def image_root(image_dir: Path, recipe: ImageRecipe) -> Path:
-    return image_dir / recipe.key / "rootfs"
-
-
 def image_ready(image_dir: Path, recipe: ImageRecipe) -> bool:
+    """Whether a finished build of this recipe is cached (a killed build leaves no COMPLETE marker)."""
     return (image_dir / recipe.key / "COMPLETE").exists()
 
 

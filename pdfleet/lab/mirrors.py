@@ -41,7 +41,7 @@ from pdfleet.lab.system import (
     run_streaming,
     start_detached,
 )
-from pdfleet.version import wheel_version
+from pdfleet.version import PACKAGE_DIR, wheel_version
 
 # Hosts run bookworm's CPython 3.11 on x86_64; wheels are chosen for that, whatever runs lab.up.
 HOST_PYTHON = "3.11"
@@ -290,7 +290,7 @@ def retag_wheel(wheel: Path, version: str, out_dir: Path) -> Path:
 def refresh_pdfleet_wheel(paths: LabPaths | None = None, repo_root: Path | None = None) -> str:
     """Serve a pdfleet wheel of the clone's current sources; returns its version (a no-op when current)."""
     paths = paths or LabPaths()
-    repo_root = repo_root or Path(__file__).resolve().parents[2]
+    repo_root = repo_root or PACKAGE_DIR.parent
     version = wheel_version(repo_root / "pdfleet")
     packages = paths.pypi_dir / "packages"
     packages.mkdir(parents=True, exist_ok=True)

@@ -77,8 +77,10 @@ class LabPaths:
 
 
 def apt_mirror_url() -> str:
+    """The apt mirror as lab hosts (and lab profiles' mirrors.apt) address it."""
     return f"http://{BRIDGE_ADDRESS}:{APT_PORT}/"
 
 
 def pypi_mirror_url() -> str:
+    """The PEP 503 index as lab hosts (and lab profiles' mirrors.pypi) address it."""
     return f"http://{BRIDGE_ADDRESS}:{PYPI_PORT}/simple/"

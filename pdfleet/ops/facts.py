@@ -10,7 +10,6 @@ import json
 import re
 import shlex
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -82,14 +81,6 @@ class GroupEntry:
     name: str
     gid: int
     members: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """A command's exit code and standard output."""
-
-    rc: int
-    stdout: str
 
 
 # --- pure parsers --------------------------------------------------------------------------------
@@ -197,16 +188,6 @@ def parse_proc_modules(stdout: str) -> frozenset[str]:
     return frozenset(module_name(line.split()[0]) for line in stdout.splitlines() if line.strip())
 
 
-def parse_modules_load(stdout: str) -> frozenset[str]:
-    """Module names listed in modules-load.d / /etc/modules files (comments and blanks dropped)."""
-    names = set()
-    for line in stdout.splitlines():
-        text = line.split("#", 1)[0].split(";", 1)[0].strip()
-        if text:
-            names.add(module_name(text.split()[0]))
-    return frozenset(names)
-
-
 def parse_getent_passwd(stdout: str, rc: int) -> PasswdEntry | None:
     """`getent passwd NAME` → the entry, or None when the user does not exist (rc 2)."""
     line = stdout.strip().splitlines()[0] if rc == 0 and stdout.strip() else ""
@@ -243,37 +224,6 @@ def parse_pip_list_json(stdout: str) -> dict[str, str]:
     except json.JSONDecodeError as exc:
         raise FactError(f"pip list did not print JSON: {stdout.strip()[:200]!r}") from exc
     return {canonical_pip_name(row["name"]): str(row["version"]) for row in rows}
-
-
-def parse_pip_freeze(stdout: str) -> dict[str, str]:
-    """`pip freeze` → {canonical name: version}; direct references (`name @ url`) map to the url."""
-    packages: dict[str, str] = {}
-    for line in stdout.splitlines():
-        text = line.strip()
-        if not text or text.startswith(("#", "-e ")):
-            continue
-        if "==" in text:
-            name, _, version = text.partition("==")
-        elif " @ " in text:
-            name, _, version = text.partition(" @ ")
-        else:
-            continue
-        packages[canonical_pip_name(name.strip())] = version.strip()
-    return packages
-
-
-def parse_os_release(stdout: str) -> dict[str, str]:
-    """/etc/os-release KEY=value lines (quotes removed)."""
-    values: dict[str, str] = {}
-    for line in stdout.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() and not key.startswith("#"):
-            try:
-                parsed = shlex.split(value)
-            except ValueError:
-                parsed = [value]
-            values[key.strip()] = parsed[0] if parsed else ""
-    return values
 
 
 # --- facts ---------------------------------------------------------------------------------------
@@ -426,17 +376,6 @@ class LoadedModules(Fact[frozenset[str]]):
 
 
 @dataclass(frozen=True)
-class PersistedModules(Fact[frozenset[str]]):
-    """Modules loaded at boot by /etc/modules and modules-load.d."""
-
-    def command(self) -> str:
-        return "cat /etc/modules /etc/modules-load.d/*.conf 2>/dev/null; true"
-
-    def parse(self, stdout: str, rc: int) -> frozenset[str]:
-        return parse_modules_load(stdout)
-
-
-@dataclass(frozen=True)
 class UserInfo(Fact[PasswdEntry | None]):
     """The passwd entry of a user, None when absent."""
 
@@ -476,7 +415,7 @@ class UserGroups(Fact[frozenset[str] | None]):
 
 
 @dataclass(frozen=True)
-class PipFreeze(Fact[dict[str, str] | None]):
+class PipList(Fact[dict[str, str] | None]):
     """Distributions installed in a venv {canonical name: version}; None when the venv has no python."""
 
     venv: str
@@ -508,46 +447,6 @@ class CommandRc(Fact[int]):
 
     def parse(self, stdout: str, rc: int) -> int:
         return rc
-
-
-@dataclass(frozen=True)
-class CommandOutput(Fact[CommandResult]):
-    """Any read-only command's exit code and stdout, for role-specific facts without a parser class."""
-
-    cmd: str
-    sudo: ClassVar[bool] = True
-
-    def command(self) -> str:
-        return self.cmd
-
-    def parse(self, stdout: str, rc: int) -> CommandResult:
-        return CommandResult(rc, stdout)
-
-
-@dataclass(frozen=True)
-class KernelRelease(Fact[str]):
-    """The running kernel's release (`uname -r`), e.g. for DKMS headers."""
-
-    def command(self) -> str:
-        return "uname -r"
-
-    def parse(self, stdout: str, rc: int) -> str:
-        if rc != 0 or not stdout.strip():
-            raise FactError("uname -r failed")
-        return stdout.strip()
-
-
-@dataclass(frozen=True)
-class OsRelease(Fact[Mapping[str, str]]):
-    """/etc/os-release as a mapping (ID, VERSION_CODENAME, ...)."""
-
-    def command(self) -> str:
-        return "cat /etc/os-release"
-
-    def parse(self, stdout: str, rc: int) -> Mapping[str, str]:
-        if rc != 0:
-            raise FactError("cannot read /etc/os-release")
-        return parse_os_release(stdout)
 
 
 class CommandRunner(Protocol):

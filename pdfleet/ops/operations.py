@@ -29,7 +29,7 @@ from pdfleet.ops.facts import (
     GroupInfo,
     LoadedModules,
     PathInfo,
-    PipFreeze,
+    PipList,
     SysctlValue,
     SystemdUnitState,
     UserGroups,
@@ -63,13 +63,16 @@ def journal_cmd(unit: str, lines: int = 30) -> str:
 def health_wait(unit: str, url: str, timeout: float) -> Run:
     """Wait on the host until `url` answers (curl -fsS), failing early if the unit fails."""
     secs = max(1, int(timeout))
+    # unit and url come from the profile/inventory: every use is quoted, the messages too
+    failed = q(f"{unit} failed while starting")
+    late = q(f"{unit}: {url} did not answer within {secs}s")
     cmd = (
         f"deadline=$(( $(date +%s) + {secs} )); "
         f"until curl -fsS -o /dev/null --max-time 5 {q(url)}; do "
         f"if systemctl is-failed --quiet {q(unit)}; then "
-        f"echo '{unit} failed while starting' >&2; exit 1; fi; "
+        f"echo {failed} >&2; exit 1; fi; "
         f"if [ $(date +%s) -ge $deadline ]; then "
-        f"echo '{unit}: {url} did not answer within {secs}s' >&2; exit 1; fi; "
+        f"echo {late} >&2; exit 1; fi; "
         "sleep 2; done"
     )
     return Run(cmd, on_fail=journal_cmd(unit))
@@ -460,10 +463,15 @@ class KernelModule(Operation):
     def describe(self) -> str:
         return f"kernel module {self.name}{'' if self.present else ' (absent)'}"
 
+    @property
+    def load_path(self) -> str:
+        """The modules-load.d file that loads it at boot."""
+        return f"/etc/modules-load.d/{self.name}.conf"
+
     def plan(self, facts: FactSource) -> list[Change]:
         loaded = module_name(self.name) in facts.get(LoadedModules())
         changes: list[Change] = []
-        load_path = f"/etc/modules-load.d/{self.name}.conf"
+        load_path = self.load_path
         if self.present:
             if self.options is not None:
                 content = f"options {self.name} {self.options}\n"
@@ -675,7 +683,7 @@ class PipRequirements(Operation):
         return opts + [q(a) for a in self.extra_args]
 
     def plan(self, facts: FactSource) -> list[Change]:
-        installed = facts.get(PipFreeze(self.venv))
+        installed = facts.get(PipList(self.venv))
         changes: list[Change] = []
         if installed is None:
             site = " --system-site-packages" if self.system_site_packages else ""

@@ -140,6 +140,7 @@ class _HostRun:
 
 
 def _tail(text: str, lines: int = ERROR_TAIL_LINES) -> str:
+    """The last lines of command output, enough to explain a failure without flooding the report."""
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
@@ -160,7 +161,7 @@ def install_command(tmp: str, upload: Upload) -> str:
     staged = str(dest.parent / f".{dest.name}.pdfleet-tmp")
     q = shlex.quote
     return (
-        f"install -D -m {upload.mode} -o {q(upload.owner)} -g {q(upload.group)} {q(tmp)} {q(staged)} "
+        f"install -D -m {q(upload.mode)} -o {q(upload.owner)} -g {q(upload.group)} {q(tmp)} {q(staged)} "
         f"&& mv -fT {q(staged)} {q(upload.dest)}; rc=$?; rm -f {q(tmp)}; exit $rc"
     )
 
@@ -187,6 +188,7 @@ def execute(transport: Transport, cmd: Command, timeout: float | None) -> None:
 
 
 def _connect(host: Host, options: RunOptions) -> Transport:
+    """The default connector: SSH with the run's known_hosts and timeout."""
     return open_connection(host, options.known_hosts, options.connect_timeout)
 
 
@@ -374,11 +376,13 @@ def _handler_order(pending: list[Handler]) -> list[Handler]:
 
 
 def _run_handler(transport: Transport, handler: Handler, options: RunOptions) -> None:
+    """Run a handler's commands in order; the first failure raises."""
     for cmd in handler.commands:
         execute(transport, cmd, options.command_timeout)
 
 
 def _summary(report: HostReport, check: bool) -> str:
+    """The one progress line that ends a host's plan or apply."""
     if report.error:
         return f"FAILED: {report.error.splitlines()[0]}"
     verb = "would change" if check else "changed"
@@ -409,9 +413,8 @@ def run_fleet(
             def plan_one(run: _HostRun) -> None:
                 _plan_host(run, planner, options, connector)
                 if progress:
-                    changes = sum(1 for _ in run.plan)
                     msg = _summary(run.report, True) if run.report.error or options.check else None
-                    progress(run.host.name, msg or f"planned: {changes} operation(s) to change")
+                    progress(run.host.name, msg or f"planned: {len(run.plan)} operation(s) to change")
 
             list(pool.map(plan_one, runs))
             if not options.check:

@@ -16,12 +16,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdfleet.connectors import ALL_KNOWN  # every connector name some vLLM version registers
+from pdfleet.connectors import (  # connector names some vLLM version registers; vLLM's NIXL defaults
+    ALL_KNOWN,
+    NIXL_SIDE_CHANNEL_HOST,
+    NIXL_SIDE_CHANNEL_PORT,
+)
 from pdfleet.errors import ValidationError
 from pdfleet.sim import catalog
 from pdfleet.sim.catalog import GpuSpec, LinkSpec, ModelSpec
-from pdfleet.sim.engine import Engine, EngineLimits
+from pdfleet.sim.engine import DEFAULT_HOLD_TIMEOUT_S, Engine, EngineLimits
 from pdfleet.sim.perf import PerfModel
+from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
 TIME_SCALE_HELP = (
     "Wall-clock seconds per simulated second (0.1 = ten times faster). Everything the simulator "
@@ -114,7 +119,6 @@ _IGNORED_VALUE = (
     "--worker-cls",
     "--worker-extension-cls",
     "--model-impl",
-    "--cuda-graph-sizes",
     "--max-cudagraph-capture-size",
     "--kv-cache-memory-bytes",
     "--log-config-file",
@@ -128,7 +132,6 @@ _IGNORED_VALUE = (
     "--task",
     "--runner",
     "--convert",
-    "--served-model-name-alias",
     "--stream-interval",
     "--mamba-ssm-cache-dtype",
     "--ray-workers-use-nsight",
@@ -142,7 +145,8 @@ _IGNORED_LIST = (
     "--allowed-origins",
     "--allowed-methods",
     "--allowed-headers",
-    "--cuda-graph-capture-sizes",
+    "--cuda-graph-sizes",  # deprecated spelling of --cudagraph-capture-sizes
+    "--cudagraph-capture-sizes",
 )
 _IGNORED_BOOL = (
     "--trust-remote-code",
@@ -316,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--sim-chars-per-token",
         type=float,
-        default=4.0,
+        default=DEFAULT_CHARS_PER_TOKEN,
         help="prompt-token estimate without a tokenizer (pdfleet.tokens; the gateway's default)",
     )
     sim.add_argument(
@@ -430,8 +434,8 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         link=link,
         model_spec=spec,
         time_scale=ns.sim_time_scale,
-        side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
-        side_channel_port=_env_int(env, "VLLM_NIXL_SIDE_CHANNEL_PORT", 5600),
+        side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", NIXL_SIDE_CHANNEL_HOST),
+        side_channel_port=_env_int(env, "VLLM_NIXL_SIDE_CHANNEL_PORT", NIXL_SIDE_CHANNEL_PORT),
         abort_timeout_s=timeout,
         tokenizer=ns.tokenizer,
         chars_per_token=ns.sim_chars_per_token,
@@ -531,7 +535,7 @@ def _kv_transfer(raw: str | None) -> KVTransfer | None:
         )
     device = data.get("kv_buffer_device", "cuda")
     if device not in ("cuda", "cpu", "xpu"):
-        raise ValidationError(f"--kv-transfer-config: kv_buffer_device {device!r}: must be cuda or cpu")
+        raise ValidationError(f"--kv-transfer-config: kv_buffer_device {device!r}: must be cuda, cpu or xpu")
     extra = data.get("kv_connector_extra_config") or {}
     if not isinstance(extra, dict):
         raise ValidationError("--kv-transfer-config: kv_connector_extra_config must be an object")
@@ -548,7 +552,7 @@ def _abort_timeout(env: Mapping[str, str], kv: KVTransfer | None) -> float:
             return float(raw)
         except ValueError as exc:
             raise ValidationError(f"VLLM_NIXL_ABORT_REQUEST_TIMEOUT={raw!r}: not a number") from exc
-    return 480.0
+    return DEFAULT_HOLD_TIMEOUT_S
 
 
 def describe(cfg: SimConfig) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pdfleet.sim.catalog import LinkSpec
 from pdfleet.sim.engine import Batch, Engine, SimRequest
+from pdfleet.sim.pd import LinkQueue
 
 Callback = Callable[[SimRequest], None]
 
@@ -56,11 +57,6 @@ class Record:
         n = len(self.token_times)
         return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else 0.0
 
-    @property
-    def gaps(self) -> list[float]:
-        t = self.token_times
-        return [b - a for a, b in zip(t, t[1:], strict=False)]
-
 
 class EngineNode:
     """One engine stepping back-to-back on the simulation's clock while it has work."""
@@ -99,6 +95,7 @@ class EngineNode:
             self.sim.at(self.sim.now, self._step)
 
     def _step(self) -> None:
+        """Schedule the next step at now and its completion after its duration; idle if nothing runs."""
         batch = self.engine.schedule(self.sim.now)
         for req in batch.kv_loads:
             if self.on_kv_load is None:
@@ -111,6 +108,7 @@ class EngineNode:
         self.sim.at(self.sim.now + batch.duration, self._complete, batch)
 
     def _complete(self, batch: Batch) -> None:
+        """Apply a finished step, record tokens, call back, and step again."""
         now = self.sim.now
         result = self.engine.complete(batch, now)
         for req in result.emitted:
@@ -132,11 +130,10 @@ class PDPair:
         self, sim: Simulation, producer: Engine, consumer: Engine, link: LinkSpec, kv_bytes_per_token: int
     ) -> None:
         self.sim = sim
-        self.link = link
+        self.link = LinkQueue(link)
         self.kv_bytes_per_token = kv_bytes_per_token
         self.producer = EngineNode(sim, producer)
         self.consumer = EngineNode(sim, consumer, on_kv_load=self._start_transfer)
-        self._link_free = 0.0
         self.transfers: list[tuple[float, int]] = []  # (seconds, bytes)
 
     def submit(self, prompt: int, max_tokens: int, on_finish: Callback | None = None) -> Record:
@@ -157,20 +154,19 @@ class PDPair:
         return client
 
     def _start_transfer(self, req: SimRequest) -> None:
-        """FIFO on the link: each transfer waits for the previous one, then takes setup + bytes/(η·BW)."""
+        """Move the request's KV over the pair's link (queued behind earlier transfers)."""
         nbytes = req.prompt_tokens * self.kv_bytes_per_token
-        start = max(self.sim.now, self._link_free)
-        end = start + self.link.transfer_time(nbytes)
-        self._link_free = end
+        end = self.link.reserve(self.sim.now, nbytes)
         self.transfers.append((end - self.sim.now, nbytes))
         params = req.remote_prefill or {}
         self.sim.at(end, self._transfer_done, req.request_id, params.get("remote_request_id"))
 
     def _transfer_done(self, request_id: str, remote_id: str | None) -> None:
+        """The KV arrived: free the producer's held blocks and let the consumer decode."""
         if remote_id is not None:
             self.producer.engine.release_held(remote_id)
             self.producer.kick()  # freed blocks may admit a waiting prefill
-        self.consumer.engine.kv_loaded(request_id, self.sim.now, ok=True)
+        self.consumer.engine.kv_loaded(request_id, ok=True)
         self.consumer.kick()
 
 

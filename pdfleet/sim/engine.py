@@ -22,10 +22,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from pdfleet.sim.catalog import DEFAULT_BLOCK_SIZE
 from pdfleet.sim.perf import PerfModel
+
+# How long a producer holds finished blocks for its consumer: VLLM_NIXL_ABORT_REQUEST_TIMEOUT's default
+# since PR #25897 [VLLM-PD §2.1], in simulated seconds.
+DEFAULT_HOLD_TIMEOUT_S = 480.0
 
 
 class State(Enum):
+    """Where a request is in the engine."""
     WAITING = "waiting"
     LOADING_KV = "loading_kv"
     RUNNING = "running"
@@ -51,10 +57,8 @@ class SimRequest:
     first_token: float | None = None
     prev_token: float | None = None  # time of the token before the latest one (for inter-token gaps)
     last_token: float | None = None
-    finished_at: float | None = None
     finish_reason: str | None = None
     num_preemptions: int = 0
-    kv_load_failed: bool = False
 
 
 @dataclass(slots=True)
@@ -81,12 +85,12 @@ class EngineLimits:
     """The scheduler's knobs, as vLLM's `vllm serve` options set them."""
 
     num_blocks: int
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
-    hold_timeout_s: float = 480.0  # producer: how long blocks wait for the consumer (simulated seconds)
+    hold_timeout_s: float = DEFAULT_HOLD_TIMEOUT_S
     recompute_on_load_failure: bool = False
 
 
@@ -265,6 +269,7 @@ class Engine:
         return budget
 
     def _batch(self, now: float, entries: list[tuple[SimRequest, int]], kv_loads: list[SimRequest]) -> Batch:
+        """The Batch for these entries, with its step time from the roofline model."""
         tokens = 0
         attn = 0.0
         kv = 0
@@ -305,14 +310,14 @@ class Engine:
         self.generation_tokens += len(emitted)
         if finished:
             for req in finished:
-                self._finish(req, end, "length")
+                self._finish(req, end)
             self.running = [r for r in self.running if r.state is State.RUNNING]
         return StepResult(emitted, finished)
 
-    def _finish(self, req: SimRequest, end: float, reason: str) -> None:
+    def _finish(self, req: SimRequest, end: float) -> None:
+        """A request reached max_tokens: free its blocks, or hold them for the consumer (producer side)."""
         req.state = State.FINISHED
-        req.finished_at = end
-        req.finish_reason = reason
+        req.finish_reason = "length"  # the engine has no EOS; the server maps its simulated EOS to "stop"
         if req.remote_decode:
             self.held[req.request_id] = (req, end + self.limits.hold_timeout_s)
             self._held_order.append(req.request_id)
@@ -320,7 +325,7 @@ class Engine:
             self._free_blocks(req)
 
     # ---- P/D -----------------------------------------------------------------------------------
-    def kv_loaded(self, request_id: str, now: float, ok: bool) -> SimRequest | None:
+    def kv_loaded(self, request_id: str, ok: bool) -> SimRequest | None:
         """The remote KV for a loading request arrived (ok) or could not be read.
 
         Returns the request if it failed for good (policy "fail"): the caller reports the error.
@@ -332,13 +337,10 @@ class Engine:
         if ok:
             req.computed = req.prompt_tokens - 1
         elif self.limits.recompute_on_load_failure:
-            req.kv_load_failed = True
             req.computed = 0
         else:
-            req.kv_load_failed = True
             self._free_blocks(req)
             req.state = State.FINISHED
-            req.finished_at = now
             req.finish_reason = "error"
             return req
         req.state = State.RUNNING

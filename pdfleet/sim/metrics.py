@@ -21,6 +21,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from pdfleet.sim.engine import Engine
+
 TTFT_BUCKETS = (
     0.001,
     0.005,
@@ -150,7 +152,6 @@ class SimMetrics:
         self.generation_tokens_hist = Hist(one_two_five(max_model_len))
         self.max_tokens_hist = Hist(one_two_five(max_model_len))
         self.success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
-        self.prompt_tokens = 0
         self.nixl_xfer = Hist(XFER_BUCKETS)
         self.nixl_post = Hist(XFER_BUCKETS)
         self.nixl_bytes = Hist(BYTES_BUCKETS)
@@ -169,13 +170,13 @@ class SimMetrics:
 
 
 class SimCollector(Collector):
-    """Exports SimMetrics plus the engine's live gauges in Prometheus text format."""
+    """Exports SimMetrics plus the engine's live gauges and token counters in Prometheus text format."""
 
     def __init__(
-        self, metrics: SimMetrics, server: object, model_name: str, cache_info: dict[str, str]
+        self, metrics: SimMetrics, engine: Engine, model_name: str, cache_info: dict[str, str]
     ) -> None:
         self.m = metrics
-        self.server = server
+        self.engine = engine
         self.labels = {"model_name": model_name, "engine": "0"}
         self.cache_info = cache_info
 
@@ -195,8 +196,9 @@ class SimCollector(Collector):
         return fam
 
     def collect(self) -> Iterator[object]:
+        """Every family, read at scrape time (gauges live from the engine)."""
         m = self.m
-        engine = self.server.engine  # type: ignore[attr-defined]
+        engine = self.engine
         yield self._gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", engine.num_running
         )
@@ -214,7 +216,9 @@ class SimCollector(Collector):
         yield self._counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.", engine.num_preemptions
         )
-        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens)
+        yield self._counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", engine.prompt_tokens_computed
+        )
         yield self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", engine.generation_tokens
         )

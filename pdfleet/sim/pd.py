@@ -9,6 +9,9 @@ kv_transfer_params advertise):
   (consumer waits the link's transfer time for `bytes`: setup + bytes / (η · bandwidth), scaled)
   consumer → {"op": "done", "remote_request_id"}      (NIXL's notification; the producer frees the blocks)
   producer → {"ok": true}
+
+A failed `done` does not undo the read (as in vLLM): the consumer keeps the KV, counts a failed
+notification, and the producer's blocks stay held until their lease expires.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from pdfleet.sim.catalog import LinkSpec
 
 log = logging.getLogger("pdfleet.sim.nixl")
 
@@ -39,6 +44,19 @@ class ReadGrant:
     num_tokens: int
     num_blocks: int
     nbytes: int
+
+
+@dataclass
+class LinkQueue:
+    """A consumer's KV link: transfers run one after another (FIFO), each taking setup + bytes/(η·BW)."""
+
+    link: LinkSpec
+    free_at: float = 0.0  # simulated time the link finishes its last queued transfer
+
+    def reserve(self, now: float, nbytes: int) -> float:
+        """Queue a transfer of nbytes asked for at `now`; returns when it completes."""
+        self.free_at = max(now, self.free_at) + self.link.transfer_time(nbytes)
+        return self.free_at
 
 
 class SideChannelServer:
@@ -66,6 +84,7 @@ class SideChannelServer:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one consumer connection until it closes."""
         try:
             while True:
                 line = await reader.readline()
@@ -81,6 +100,7 @@ class SideChannelServer:
             writer.close()
 
     def _answer(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The reply to one side-channel message (read or done)."""
         op = msg.get("op")
         rid = str(msg.get("remote_request_id"))
         if op == "read":
@@ -121,8 +141,11 @@ class PullError(Exception):
 
 async def pull(
     params: dict[str, Any], compat: str, wait_transfer: Callable[[ReadGrant], Awaitable[None]]
-) -> ReadGrant:
-    """Consumer side: read the blocks named in kv_transfer_params, wait the transfer, notify the producer."""
+) -> tuple[ReadGrant, bool]:
+    """Consumer side: read the blocks named in kv_transfer_params, wait the transfer, notify the producer.
+
+    Returns the grant and whether the producer acknowledged the notification.
+    """
     host = params.get("remote_host")
     port = params.get("remote_port")
     if not host or not port:
@@ -134,32 +157,50 @@ async def pull(
     except (TimeoutError, OSError, ValueError) as exc:
         raise PullError(f"cannot reach the KV side channel at {host}:{port}: {exc}", handshake=True) from exc
     try:
-        reply = await _ask(
-            reader,
-            writer,
-            {
-                "op": "read",
-                "remote_request_id": params.get("remote_request_id"),
-                "remote_engine_id": params.get("remote_engine_id"),
-                "remote_block_ids": params.get("remote_block_ids"),
-                "compat_hash": compat,
-            },
-        )
-        if not reply.get("ok"):
-            raise PullError(str(reply.get("error")), handshake="compatibility" in str(reply.get("error")))
-        grant = ReadGrant(int(reply["num_tokens"]), int(reply["num_blocks"]), int(reply["bytes"]))
+        grant = await _read(reader, writer, params, compat, f"{host}:{port}")
         await wait_transfer(grant)
-        await _ask(reader, writer, {"op": "done", "remote_request_id": params.get("remote_request_id")})
-        return grant
-    except (TimeoutError, OSError, json.JSONDecodeError, KeyError) as exc:
-        raise PullError(f"KV side channel {host}:{port} failed: {exc}", handshake=False) from exc
+        return grant, await _notify(reader, writer, params.get("remote_request_id"))
     finally:
         writer.close()
+
+
+async def _read(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    params: dict[str, Any],
+    compat: str,
+    where: str,
+) -> ReadGrant:
+    """Ask the producer for the blocks in kv_transfer_params; PullError if it refuses or the channel fails."""
+    msg = {
+        "op": "read",
+        "remote_request_id": params.get("remote_request_id"),
+        "remote_engine_id": params.get("remote_engine_id"),
+        "remote_block_ids": params.get("remote_block_ids"),
+        "compat_hash": compat,
+    }
+    try:
+        reply = await _ask(reader, writer, msg)
+        if not reply.get("ok"):
+            raise PullError(str(reply.get("error")), handshake="compatibility" in str(reply.get("error")))
+        return ReadGrant(int(reply["num_tokens"]), int(reply["num_blocks"]), int(reply["bytes"]))
+    except (TimeoutError, OSError, json.JSONDecodeError, KeyError) as exc:
+        raise PullError(f"KV side channel {where} failed: {exc}", handshake=False) from exc
+
+
+async def _notify(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request_id: Any) -> bool:
+    """Tell the producer the blocks were read (NIXL's notification); False if it did not acknowledge."""
+    try:
+        await _ask(reader, writer, {"op": "done", "remote_request_id": request_id})
+    except (TimeoutError, OSError, json.JSONDecodeError):
+        return False
+    return True
 
 
 async def _ask(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, msg: dict[str, Any]
 ) -> dict[str, Any]:
+    """Send one message and wait (with the handshake timeout) for its one-line reply."""
     writer.write(json.dumps(msg).encode() + b"\n")
     await writer.drain()
     line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)

@@ -31,13 +31,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pdfleet.sim.config import SimConfig, describe
 from pdfleet.sim.engine import SimRequest, State, StepResult
 from pdfleet.sim.metrics import SimCollector, SimMetrics, make_registry
-from pdfleet.sim.pd import PullError, ReadGrant, SideChannelServer, compat_hash, pull
+from pdfleet.sim.pd import LinkQueue, PullError, ReadGrant, SideChannelServer, compat_hash, pull
 from pdfleet.tokens import TextCounter, count_request_tokens, make_counter
 
 log = logging.getLogger("pdfleet.sim")
 
 # Without max_tokens a real model stops at EOS; the simulator's "EOS" comes after this many tokens
 # (chat requests only; completions default to max_tokens=16 as vLLM's CompletionRequest does).
+# 128 is a chosen round length, not a measurement: real answer lengths depend on the prompt.
 NATURAL_OUTPUT_TOKENS = 128
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # Wall seconds behind schedule before the simulated clock gives up catching up and jumps to now. Below it,
@@ -149,7 +150,7 @@ class Sink:
             "created": self.created,
             "model": model,
         }
-        opening = json.dumps(head, separators=(",", ":"))[:-1]
+        opening = _compact(head)[:-1]
         if kind == "chat":
             self.prefix = ("data: " + opening + ',"choices":[{"index":0,"delta":{"content":"').encode()
             self.mid = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
@@ -173,7 +174,7 @@ class Sink:
                 }
             ],
         }
-        return b"data: " + json.dumps(head, separators=(",", ":")).encode() + b"\n\n"
+        return b"data: " + _compact(head).encode() + b"\n\n"
 
     def last_suffix(self) -> bytes:
         if self.kind == "chat":
@@ -211,7 +212,7 @@ class SimServer:
             "num_gpu_blocks": str(cfg.num_blocks),
             "enable_prefix_caching": "False",
         }
-        self.registry = make_registry(SimCollector(self.metrics, self, self.model_name, cache_info))
+        self.registry = make_registry(SimCollector(self.metrics, self.engine, self.model_name, cache_info))
         self.compat = compat_hash(cfg.model_spec.name, cfg.kv_cache_dtype, cfg.block_size)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._t0 = 0.0
@@ -219,7 +220,7 @@ class SimServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._runner: web.AppRunner | None = None
         self._side: SideChannelServer | None = None
-        self._link_free = 0.0
+        self._link = LinkQueue(cfg.link)
         self._xfer_window: list[tuple[float, float, int, int]] = []  # (xfer s, post s, bytes, descriptors)
         self._window_tokens = (0, 0)
         self._seq = 0
@@ -283,11 +284,8 @@ class SimServer:
     def bound_port(self) -> int:
         """The HTTP port actually bound (useful with port 0)."""
         assert self._runner is not None
-        for site in self._runner.sites:
-            server = getattr(site, "_server", None)
-            if server and server.sockets:
-                return int(server.sockets[0].getsockname()[1])
-        return self.cfg.port
+        addresses = self._runner.addresses
+        return int(addresses[0][1]) if addresses else self.cfg.port
 
     async def stop(self) -> None:
         """Stop stepping, fail whatever is in flight, close the ports."""
@@ -405,7 +403,8 @@ class SimServer:
         """Request-level metrics, then wake the handler."""
         m = self.metrics
         sink: Sink = req.sink
-        m.success[sink.finish_reason if req.finish_reason == "length" else (req.finish_reason or "stop")] += 1
+        # the engine finishes only at max_tokens; the sink knows whether that max was the simulated EOS
+        m.success[sink.finish_reason] += 1
         m.e2e.observe(now - req.arrival)
         if req.first_scheduled is not None:
             m.queue.observe(max(0.0, req.first_scheduled - req.arrival))
@@ -422,6 +421,7 @@ class SimServer:
             sink.done.set_result(None)
 
     def _client_gone(self, req: SimRequest) -> None:
+        """A streaming client disconnected: abort the request (counted as finished_reason abort)."""
         if req.state is State.FINISHED:
             return  # its last token was just produced; the tail write will notice the closed connection
         self.engine.abort(req.request_id)
@@ -431,6 +431,7 @@ class SimServer:
             sink.done.set_result(None)
 
     def _expire(self, now: float) -> None:
+        """Free producer blocks whose consumer never came, logging as vLLM does."""
         for req in self.engine.expire_held(now):
             self.metrics.nixl_expired += 1
             log.warning(
@@ -447,6 +448,7 @@ class SimServer:
 
     # ---- P/D --------------------------------------------------------------------------------------
     def _grant(self, rid: str) -> ReadGrant | None:
+        """Side channel: the size of a held request's KV, or None if unknown/expired."""
         req = self.engine.held_request(rid)
         if req is None:
             return None
@@ -455,29 +457,29 @@ class SimServer:
         )
 
     def _release(self, rid: str) -> None:
+        """Side channel: the consumer read the blocks; free them and maybe admit waiting work."""
         if self.engine.release_held(rid) is not None:
             self.wake()
 
     async def _load_kv(self, req: SimRequest) -> None:
         """Consumer: pull the request's KV from its producer over the side channel, then let it decode."""
         params = req.remote_prefill or {}
-        link = self.cfg.link
         timing: dict[str, float] = {}
 
         async def wait_transfer(grant: ReadGrant) -> None:
             now = self.sim_now()
-            start = max(now, self._link_free)  # one link: concurrent transfers queue behind each other
-            end = start + link.transfer_time(grant.nbytes)
-            self._link_free = end
+            end = self._link.reserve(now, grant.nbytes)
             # the modelled setup, not the real loopback handshake (which time scaling would inflate)
-            timing["post"] = link.setup_s
+            timing["post"] = self.cfg.link.setup_s
             await self.sleep_sim(end - now)
             timing["xfer"] = end - now
 
         ok = True
         try:
-            grant = await pull(params, self.compat, wait_transfer)
+            grant, notified = await pull(params, self.compat, wait_transfer)
             m = self.metrics
+            if not notified:
+                m.nixl_failed_notifications += 1
             m.nixl_xfer.observe(timing["xfer"])
             m.nixl_post.observe(timing["post"])
             m.nixl_bytes.observe(grant.nbytes)
@@ -496,7 +498,7 @@ class SimServer:
                     req.request_id,
                     exc,
                 )
-        failed = self.engine.kv_loaded(req.request_id, self.sim_now(), ok)
+        failed = self.engine.kv_loaded(req.request_id, ok)
         if failed is not None:
             sink: Sink = failed.sink
             sink.error = f"KV transfer for request {failed.request_id} failed (kv_load_failure_policy=fail)"
@@ -535,6 +537,7 @@ class SimServer:
                 self._log_transfers()
 
     def _log_transfers(self) -> None:
+        """vLLM's periodic `KV Transfer metrics: ...` line over the transfers since the last one."""
         window, self._xfer_window = self._xfer_window, []
         xfers = sorted(w[0] for w in window)
         posts = sorted(w[1] for w in window)
@@ -573,11 +576,11 @@ class SimServer:
         return json_response({"version": "pdfleet-sim"})
 
     async def prom(self, request: web.Request) -> web.Response:
-        self.metrics.prompt_tokens = self.engine.prompt_tokens_computed
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, request: web.Request) -> web.Response:
+        """/v1/models as vLLM lists served model names."""
         created = int(time.time())
         data = [
             {
@@ -610,6 +613,7 @@ class SimServer:
         return json_response({"object": "list", "data": data})
 
     async def tokenize(self, request: web.Request) -> web.Response:
+        """/tokenize: the pdfleet.tokens count (placeholder token ids; there is no vocabulary)."""
         try:
             body = await self._json(request)
             self._check_model(body)
@@ -626,6 +630,7 @@ class SimServer:
         )
 
     async def detokenize(self, request: web.Request) -> web.Response:
+        """/detokenize: filler text, one word per token id."""
         try:
             body = await self._json(request)
             self._check_model(body)
@@ -643,6 +648,7 @@ class SimServer:
         return await self._generate(request, "chat")
 
     async def _json(self, request: web.Request) -> dict[str, Any]:
+        """The request body as a JSON object, or a 400 RequestError."""
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -652,6 +658,7 @@ class SimServer:
         return body
 
     def _check_model(self, body: dict[str, Any]) -> str:
+        """The requested model if served (absent = the first served name), else vLLM's 404."""
         model = body.get("model")
         if model is None:
             return self.model_name
@@ -669,12 +676,7 @@ class SimServer:
             prompt = body.get("prompt")
             if prompt is None or prompt == "" or prompt == []:
                 raise RequestError("prompt: Field required", param="prompt")
-            if (
-                isinstance(prompt, list)
-                and prompt
-                and not all(isinstance(t, int) for t in prompt)
-                and len(prompt) > 1
-            ):
+            if isinstance(prompt, list) and len(prompt) > 1 and not all(isinstance(t, int) for t in prompt):
                 raise RequestError(
                     "pdfleet-sim serves one prompt per request (batched prompts are not supported)",
                     param="prompt",
@@ -739,6 +741,7 @@ class SimServer:
         return False, None
 
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        """Run one generation request through the engine; stream it or answer with one JSON body."""
         try:
             body = await self._json(request)
             model, prompt_tokens, max_tokens, finish, stream, include_usage = self._parse(body, kind)
@@ -803,7 +806,7 @@ class SimServer:
                 "choices": [],
                 "usage": self._usage(req),
             }
-            tail += b"data: " + json.dumps(usage, separators=(",", ":")).encode() + b"\n\n"
+            tail += b"data: " + _compact(usage).encode() + b"\n\n"
         tail += b"data: [DONE]\n\n"
         with contextlib.suppress(ConnectionError, RuntimeError):
             transport.write(_chunk_frame(tail))
@@ -835,6 +838,7 @@ class SimServer:
         }
 
     def _full_body(self, req: SimRequest, sink: Sink, kind: str) -> dict[str, Any]:
+        """The non-streaming response body, with kv_transfer_params for a producer's P/D leg."""
         text = filler_text(req.generated)
         if kind == "chat":
             choice: dict[str, Any] = {

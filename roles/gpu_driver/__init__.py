@@ -3,17 +3,17 @@ running kernel, Fabric Manager on NVSwitch systems, persistence daemon, GPUDirec
 
 Hardware first: a host without an NVIDIA GPU on the PCI bus skips with that reason; Secure Boot
 with modules DKMS cannot sign refuses before anything is installed. A change that only takes effect
-after a reboot yields a `reboot required` marker (pdfleet.hw.REBOOT_REQUIRED) with the reasons.
+after a reboot yields a `reboot required` marker (pdfleet.ops.base.REBOOT_REQUIRED) with the reasons.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pdfleet.hw import REBOOT_REQUIRED, HardwareError
+from pdfleet.hw import HardwareError
 from pdfleet.hw.gpu import GpuPlan, gather_gpu_facts, plan_gpu
 from pdfleet.hw.kv import uses_rdma
-from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
+from pdfleet.ops.base import REBOOT_REQUIRED, FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.operations import AptPackage, AptRepo, File, KernelModule, Service
 from pdfleet.roles_api import RoleContext
 
@@ -26,7 +26,6 @@ CUDA_KEY = "3bf863cc.pub"  # the CUDA repositories' signing key (rotated in 2022
 NOUVEAU_CONF = "/etc/modprobe.d/blacklist-nouveau.conf"
 APT_PIN = "/etc/apt/preferences.d/pdfleet-nvidia"
 UNATTENDED_BLACKLIST = "/etc/apt/apt.conf.d/51pdfleet-nvidia-no-unattended"
-PEERMEM_LOAD = "/etc/modules-load.d/nvidia-peermem.conf"
 UPDATE_INITRAMFS = Handler("update-initramfs", (Run("update-initramfs -u"),))
 
 
@@ -64,12 +63,14 @@ def cuda_repo(ctx: RoleContext) -> AptRepo:
     return AptRepo("cuda", uri, "/", (), key_url=uri + CUDA_KEY)
 
 
-def plan_operations(ctx: RoleContext, plan: GpuPlan, driver_loaded: bool) -> Iterable[Operation | Skip]:
+def plan_operations(ctx: RoleContext, plan: GpuPlan) -> Iterable[Operation | Skip]:
     """The operations for a GPU host that passed the checks."""
+    driver_loaded = plan.driver_ready
     yield cuda_repo(ctx)
     if plan.headers_package:
         yield AptPackage(plan.headers_package)
-    yield AptPackage("dkms")
+    for package in APT_PACKAGES:
+        yield AptPackage(package)
     yield File(NOUVEAU_CONF, "blacklist nouveau\noptions nouveau modeset=0\n", notify=(UPDATE_INITRAMFS,))
     if plan.version_glob:
         yield File(APT_PIN, apt_pin(plan.version_glob))
@@ -87,10 +88,11 @@ def plan_operations(ctx: RoleContext, plan: GpuPlan, driver_loaded: bool) -> Ite
     else:
         yield Skip("nvidia-persistenced", plan.persistence.reason)
     if plan.gpudirect.mode == "peermem":
+        peermem = KernelModule("nvidia-peermem", present=True, persist=True)
         if driver_loaded:
-            yield KernelModule("nvidia-peermem", present=True, persist=True)
-        else:
-            yield File(PEERMEM_LOAD, "nvidia-peermem\n")
+            yield peermem
+        else:  # modprobe fails until the pinned driver is loaded: only persist it for the next boot
+            yield File(peermem.load_path, "nvidia-peermem\n")
     else:
         yield Skip("nvidia-peermem", f"GPUDirect {plan.gpudirect.mode}: {plan.gpudirect.reason}")
     if plan.reboot_reasons:
@@ -106,4 +108,4 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         return
     if plan.error:
         raise HardwareError(plan.error)
-    yield from plan_operations(ctx, plan, driver_loaded=plan.driver_ready)
+    yield from plan_operations(ctx, plan)

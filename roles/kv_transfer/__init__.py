@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pdfleet.hw.facts import KernelFact, NetdevFact, NvidiaPciFact, RdmaSysfsFact
 from pdfleet.hw.gpu import resolve_gpudirect
 from pdfleet.hw.kv import kv_env, kv_requirement, render_env, uses_rdma
-from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index
+from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index, netdev_of
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.operations import File, PipRequirements
 from pdfleet.roles_api import KV_ENV_FILE, RoleContext
@@ -36,10 +36,7 @@ def gid_index(ctx: RoleContext, facts: FactSource) -> tuple[int | None, str]:
     problems = check_devices(declared, found)
     if problems:
         return None, "; ".join(problems)
-    netdevs = {}
-    for dev in declared:
-        for nd in found[dev].netdevs[:1]:
-            netdevs[nd] = facts.get(NetdevFact(nd))
+    netdevs = {nd: facts.get(NetdevFact(nd)) for nd in netdev_of(found, declared).values()}
     try:
         return compute_gid_index(found, declared, netdevs, ctx.profile.rdma.gid_index), ""
     except RdmaError as exc:

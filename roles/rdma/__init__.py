@@ -12,19 +12,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pdfleet.hw import HardwareError
-from pdfleet.hw.facts import NetdevFact, NetdevInfo, QosFact, QosToolsFact, RdmaSysfsFact
+from pdfleet.hw.facts import NetdevFact, NetdevInfo, QosFact, QosToolsFact, RdmaDevice, RdmaSysfsFact
 from pdfleet.hw.rdma import (
+    PORT,
+    ROCE_V2,
     RdmaError,
     check_devices,
     compute_gid_index,
     ecn_converged,
-    plan_qos,
+    netdev_of,
+    qos_converged,
     qos_tool,
     roce_script,
     roce_unit,
 )
-from pdfleet.ops.base import Change, FactSource, Handler, Operation, Run, Skip
-from pdfleet.ops.operations import AptPackage, File, KernelModule, Service, SystemdUnit
+from pdfleet.ops.base import Change, FactSource, Operation, Skip
+from pdfleet.ops.operations import AptPackage, File, KernelModule, Service, SystemdUnit, restart_handler
 from pdfleet.roles_api import RoleContext
 
 NAME = "rdma"
@@ -39,7 +42,7 @@ APT_PACKAGES: tuple[str, ...] = (
 MODULES = ("ib_uverbs", "rdma_ucm", "ib_umad")
 SCRIPT = "/usr/local/sbin/pdfleet-roce-setup"
 UNIT = "pdfleet-roce.service"
-REAPPLY = Handler("rerun pdfleet-roce", (Run(f"systemctl restart {UNIT}"),), unit=UNIT)
+REAPPLY = restart_handler(UNIT)  # a oneshot with RemainAfterExit: restart reruns the script
 
 
 def applies(ctx: RoleContext) -> bool:
@@ -62,22 +65,25 @@ class Reapply(Operation):
         return [Change(self.describe(), "\n".join(self.drift), (), (REAPPLY,))]
 
 
-def drift(ctx: RoleContext, facts: FactSource, netdevs: dict[str, NetdevInfo], tool: str | None) -> list[str]:
+def drift(
+    ctx: RoleContext,
+    facts: FactSource,
+    found: dict[str, RdmaDevice],
+    netdevs: dict[str, NetdevInfo],
+    tool: str | None,
+) -> list[str]:
     """What differs on the host from the profile's RDMA settings right now."""
     rdma = ctx.profile.rdma
-    found = facts.get(RdmaSysfsFact())
     out = []
     for dev in ctx.host.rdma_devices:
-        port = found[dev].port(1)
-        if rdma.roce_v2 and port is not None and port.default_roce_mode != "RoCE v2":
-            out.append(f"{dev}: RDMA-CM default mode {port.default_roce_mode or 'unset'} → RoCE v2")
+        port = found[dev].port(PORT)
+        if rdma.roce_v2 and port is not None and port.default_roce_mode != ROCE_V2:
+            out.append(f"{dev}: RDMA-CM default mode {port.default_roce_mode or 'unset'} → {ROCE_V2}")
     for name, info in netdevs.items():
         if info.mtu != rdma.mtu:
             out.append(f"{name}: MTU {info.mtu} → {rdma.mtu}")
-        if tool:
-            plan = plan_qos(facts.get(QosToolsFact()), name, facts.get(QosFact(name, tool)), rdma)
-            if plan.commands:
-                out.append(f"{name}: trust dscp, PFC only on priority {rdma.pfc_priority}, DSCP {rdma.dscp}")
+        if tool and not qos_converged(facts.get(QosFact(name, tool)), rdma.pfc_priority, rdma.dscp):
+            out.append(f"{name}: trust dscp, PFC only on priority {rdma.pfc_priority}, DSCP {rdma.dscp}")
         if rdma.ecn and ecn_converged(info, rdma.pfc_priority) is False:
             out.append(f"{name}: ECN on priority {rdma.pfc_priority}")
     return out
@@ -98,12 +104,12 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     problems = check_devices(declared, found)
     if problems:
         raise HardwareError(f"{ctx.host.name}: " + "; ".join(problems))
-    netdev_of = {d: found[d].netdevs[0] for d in declared if found[d].netdevs}
-    netdevs = {nd: facts.get(NetdevFact(nd)) for nd in netdev_of.values()}
+    netdevs_by_dev = netdev_of(found, declared)
+    netdevs = {nd: facts.get(NetdevFact(nd)) for nd in netdevs_by_dev.values()}
     if ctx.host.rdma_netdev and ctx.host.rdma_netdev not in netdevs:
         raise HardwareError(
             f"{ctx.host.name}: rdma_netdev {ctx.host.rdma_netdev} is not the netdev of any declared "
-            f"rdma_devices ({', '.join(f'{d}→{n}' for d, n in netdev_of.items()) or 'none'})"
+            f"rdma_devices ({', '.join(f'{d}→{n}' for d, n in netdevs_by_dev.items()) or 'none'})"
         )
     try:
         compute_gid_index(found, declared, netdevs, rdma.gid_index)
@@ -119,8 +125,8 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     ecn_capable = all(ecn_converged(info, rdma.pfc_priority) is not None for info in netdevs.values())
     if rdma.ecn and not ecn_capable:
         yield Skip("ECN", "no mlx5 ECN switches under /sys/class/net/<netdev>/ecn on every port")
-    script = roce_script(declared, netdev_of, rdma, tool, ecn_capable)
+    script = roce_script(declared, netdevs_by_dev, rdma, tool, ecn_capable)
     yield File(SCRIPT, script, mode="0755", notify=(REAPPLY,))
     yield SystemdUnit(UNIT, roce_unit(), restart=REAPPLY)
     yield Service(UNIT, enabled=True, running=True)
-    yield Reapply(tuple(drift(ctx, facts, netdevs, tool)))
+    yield Reapply(tuple(drift(ctx, facts, found, netdevs, tool)))

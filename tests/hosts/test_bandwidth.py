@@ -9,6 +9,7 @@ import pytest
 
 from pdfleet.hw import facts as hw
 from pdfleet.hw.kv import uses_rdma
+from pdfleet.hw.rdma import netdev_of
 from pdfleet.inventory import Host
 from pdfleet.roles_api import KV_ENV_FILE
 from pdfleet.verify import VerifyPlugin, parse_ib_write_bw, read_env, remote_fact
@@ -30,17 +31,18 @@ def test_ib_write_bw(verify: VerifyPlugin, pd_pair: tuple[Host, Host]) -> None:
     gid = (read_env(server, KV_ENV_FILE) or {}).get("UCX_IB_GID_INDEX")
     assert gid is not None, f"{decode.name}: {KV_ENV_FILE} has no UCX_IB_GID_INDEX"
     sdev, cdev = decode.rdma_devices[0], prefill.rdma_devices[0]
-    found = remote_fact(server, hw.RdmaSysfsFact())
-    nd = found[sdev].netdevs[0] if sdev in found and found[sdev].netdevs else None
+    nd = netdev_of(remote_fact(server, hw.RdmaSysfsFact()), (sdev,)).get(sdev)
     addrs = remote_fact(server, hw.NetdevFact(nd)).ipv4 if nd else ()
     assert addrs, f"{decode.name}: {sdev} has no netdev with an IPv4 address"
-    common = f"-d {{dev}} -x {int(gid)} -p {PORT} --report_gbits -D {SECONDS} -F"
+    args = f"-x {int(gid)} -p {PORT} --report_gbits -D {SECONDS} -F"
     server.run(
-        f"nohup timeout {SECONDS * 6} ib_write_bw {common.format(dev=shlex.quote(sdev))} "
+        f"nohup timeout {SECONDS * 6} ib_write_bw -d {shlex.quote(sdev)} {args} "
         "> /tmp/pdfleet-ib_write_bw.log 2>&1 &"
     )
-    time.sleep(1)
-    out = client.run(f"timeout {SECONDS * 5} ib_write_bw {common.format(dev=shlex.quote(cdev))} {addrs[0]}")
+    time.sleep(1)  # the server must listen before the client connects
+    out = client.run(
+        f"timeout {SECONDS * 5} ib_write_bw -d {shlex.quote(cdev)} {args} {shlex.quote(addrs[0])}"
+    )
     bw = parse_ib_write_bw(out.stdout)
     assert bw is not None, f"ib_write_bw printed no result: {(out.stdout + out.stderr).strip()[-300:]}"
     assert bw >= minimum, f"{prefill.name}->{decode.name}: {bw} Gb/s < rdma.min_bandwidth_gbps {minimum}"

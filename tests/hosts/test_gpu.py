@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from pdfleet.hw import facts as hw
-from pdfleet.hw.gpu import driver_branch, resolve_gpudirect
+from pdfleet.hw.gpu import driver_branch, pinned_loaded, resolve_gpudirect
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.inventory import Host
+from pdfleet.ops.facts import LoadedModules
 from pdfleet.pools import host_instances
 from pdfleet.verify import VerifyPlugin, remote_fact
 
@@ -30,17 +31,14 @@ def test_driver_version_matches_pin(verify: VerifyPlugin, pd_host: Host, target:
     spec = verify.profile.gpu
     drv = remote_fact(target, hw.DriverFact())
     assert drv.loaded_version, "no NVIDIA kernel module loaded (/proc/driver/nvidia/version missing)"
-    if spec.driver_version:
-        assert drv.loaded_version == spec.driver_version, (
-            f"loaded {drv.loaded_version}, pinned {spec.driver_version}"
-        )
-    else:
-        assert drv.loaded_version.split(".")[0] == driver_branch(spec), (
-            f"loaded {drv.loaded_version}, pinned branch {spec.driver_branch}"
-        )
+    # the same test provision uses to decide whether the driver is converged
+    flavour = {True: "open", False: "proprietary", None: "unknown flavour"}[drv.loaded_open]
+    want = spec.driver_version or f"branch {driver_branch(spec)}"
+    assert pinned_loaded(spec, drv), (
+        f"loaded {drv.loaded_version} ({flavour}), pinned {want} "
+        f"({'open' if spec.open_modules else 'proprietary'} modules)"
+    )
     assert not drv.reboot_pending, f"installed {drv.installed_version} is not loaded yet: reboot"
-    if drv.loaded_open is not None:
-        assert drv.loaded_open == spec.open_modules, "kernel module flavour differs from gpu.open_modules"
 
 
 def test_gpu_count_matches_inventory(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
@@ -78,10 +76,9 @@ def test_gpudirect_path(verify: VerifyPlugin, pd_host: Host, target: Any) -> Non
     gpu_host(verify, pd_host, target)
     kernel = remote_fact(target, hw.KernelFact())
     mode = resolve_gpudirect(verify.profile.gpu, kernel, uses_rdma(verify.profile, pd_host))
-    drv = remote_fact(target, hw.DriverFact())
     if mode.mode == "none":
         pytest.skip(f"GPUDirect RDMA not used: {mode.reason}")
     if mode.mode == "peermem":
-        assert drv.peermem_loaded, "nvidia_peermem is not loaded"
+        assert "nvidia_peermem" in remote_fact(target, LoadedModules()), "nvidia_peermem is not loaded"
     else:
-        assert drv.loaded_open, "DMA-BUF needs the open kernel module loaded"
+        assert remote_fact(target, hw.DriverFact()).loaded_open, "DMA-BUF needs the open kernel module loaded"

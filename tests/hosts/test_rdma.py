@@ -8,7 +8,15 @@ import pytest
 
 from pdfleet.hw import facts as hw
 from pdfleet.hw.kv import uses_rdma
-from pdfleet.hw.rdma import ROCE_V2, check_devices, ecn_converged, qos_converged, qos_tool
+from pdfleet.hw.rdma import (
+    PORT,
+    ROCE_V2,
+    check_devices,
+    ecn_converged,
+    netdev_of,
+    qos_converged,
+    qos_tool,
+)
 from pdfleet.inventory import Host
 from pdfleet.roles_api import KV_ENV_FILE
 from pdfleet.verify import VerifyPlugin, read_env, remote_fact
@@ -29,7 +37,8 @@ def rdma_devices(verify: VerifyPlugin, pd_host: Host, target: Any) -> dict[str, 
 
 
 def netdevs(found: dict[str, hw.RdmaDevice], pd_host: Host) -> list[str]:
-    return [found[d].netdevs[0] for d in pd_host.rdma_devices if d in found and found[d].netdevs]
+    """The netdevs of the host's declared RDMA devices."""
+    return list(netdev_of(found, tuple(pd_host.rdma_devices)).values())
 
 
 def test_rdma_ports_active_ethernet(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
@@ -45,9 +54,9 @@ def test_roce_v2_gid_at_configured_index(verify: VerifyPlugin, pd_host: Host, ta
     index = int(env["UCX_IB_GID_INDEX"])
     assert env.get("MC_GID_INDEX", str(index)) == str(index), "MC_GID_INDEX differs from UCX_IB_GID_INDEX"
     for dev in pd_host.rdma_devices:
-        port = found[dev].port(1) if dev in found else None
+        port = found[dev].port(PORT) if dev in found else None
         gid = next((g for g in port.gids if g.index == index), None) if port else None
-        assert gid is not None, f"{dev} port 1 has no GID at index {index}"
+        assert gid is not None, f"{dev} port {PORT} has no GID at index {index}"
         assert gid.type == ROCE_V2 and gid.ipv4, (
             f"{dev} GID {index} is {gid.type} {gid.gid}, not RoCE v2 IPv4"
         )
@@ -60,7 +69,7 @@ def test_roce_v2_default_mode(verify: VerifyPlugin, pd_host: Host, target: Any) 
     wrong = [
         d
         for d in pd_host.rdma_devices
-        if d in found and (p := found[d].port(1)) and p.default_roce_mode != "RoCE v2"
+        if d in found and (p := found[d].port(PORT)) and p.default_roce_mode != ROCE_V2
     ]
     assert not wrong, f"RDMA-CM default mode is not RoCE v2 on {', '.join(wrong)}"
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from pdfleet.inventory import Host
-from pdfleet.verify import Unit, VerifyPlugin, secret_values
-
-ENV_DIR = "/etc/pdfleet"
+from pdfleet.ops.facts import FactError, SystemdUnitState
+from pdfleet.pools import ENV_DIR
+from pdfleet.verify import Unit, VerifyPlugin, remote_fact, secret_values
 
 
 def units(verify: VerifyPlugin, pd_host: Host) -> list[Unit]:
@@ -24,15 +24,16 @@ def units(verify: VerifyPlugin, pd_host: Host) -> list[Unit]:
 def test_units_installed_enabled_active(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
     bad = []
     for unit in units(verify, pd_host):
-        svc = target.service(unit.name)
-        state = target.run(
-            f"systemctl show -p LoadState,UnitFileState,ActiveState --value {shlex.quote(unit.name)}"
-        )
-        load, file_state, active = (state.stdout.split() + ["?", "?", "?"])[:3]
-        if load != "loaded":
-            bad.append(f"{unit.name} not installed ({load})")
-        elif not svc.is_enabled or not svc.is_running:
-            bad.append(f"{unit.name} {file_state}/{active}")
+        # one `systemctl show` per unit, parsed by name (its output order is systemd's, not ours)
+        try:
+            state = remote_fact(target, SystemdUnitState(unit.name))
+        except FactError as exc:
+            bad.append(f"{unit.name} not installed ({exc})")
+            continue
+        if state.load_state != "loaded":
+            bad.append(f"{unit.name} not installed ({state.load_state})")
+        elif not state.enabled or state.active_state != "active":
+            bad.append(f"{unit.name} {state.unit_file_state}/{state.active_state}")
     assert not bad, "; ".join(bad)
 
 

@@ -178,7 +178,7 @@ def test_client_key_is_private_and_stable(tmp_path: Path) -> None:
     assert paramiko.Ed25519Key.from_private_key_file(str(key_file)).get_base64() == pub.split()[1]
 
 
-def test_roles_apt_packages_include_base(tmp_path: Path) -> None:
+def test_roles_apt_packages_include_base() -> None:
     found = role_apt_packages(REPO)
     assert "base" in found and "jq" in found["base"]
 
@@ -253,7 +253,7 @@ def test_process_ref_tells_a_live_process_from_a_gone_one() -> None:
 def test_lab_env_prints_exports_or_says_the_gateway_is_not_provisioned(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     lab = Lab(LabPaths(tmp_path), REPO, LAB_YML)
-    monkeypatch.setattr(cli_lab, "_lab", lambda: lab)
+    monkeypatch.setattr(cli_lab, "this_lab", lambda: lab)
     with pytest.raises(Exit) as exc:
         cli_lab.env_task(Context())
     assert exc.value.code != 0

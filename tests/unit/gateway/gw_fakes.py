@@ -27,7 +27,8 @@ ADMIN_KEY = "sk-admin-fedcba9876543210"
 
 @dataclass
 class FakeUpstream:
-    """An OpenAI-like upstream: `mode` ok | 500 | hang | cut (stream breaks after `cut_after` chunks)."""
+    """An OpenAI-like upstream: `mode` ok | 500 | hang | cut (stream breaks after `cut_after` chunks)
+    | empty (200 with an empty body, SSE when streaming)."""
 
     name: str
     delay: float = 0.0
@@ -67,6 +68,13 @@ class FakeUpstream:
         self.seen.append({"headers": request.headers.copy(), "body": body, "raw": raw, "path": request.path})
         if self.mode == "500":
             return web.json_response({"error": {"message": "engine dead", "code": 500}}, status=500)
+        if self.mode == "empty":
+            if body.get("stream"):
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await resp.prepare(request)
+                await resp.write_eof()
+                return resp
+            return web.Response(body=b"", content_type="application/json")
         try:
             if self.mode == "hang":
                 await asyncio.sleep(3600)

@@ -351,6 +351,20 @@ def test_colocated_5xx_without_alternative_is_passed_through(tmp_path: Path) -> 
     run(scenario())
 
 
+def test_empty_upstream_body_still_gets_status_and_headers(tmp_path: Path) -> None:
+    # the gateway holds its response headers back to send them with the first chunk: with no chunk
+    # at all they must still go out when the response ends
+    async def scenario() -> None:
+        async with Env(tmp_path) as env:
+            env.colo.mode = "empty"
+            for stream in (False, True):
+                st, h, raw = await env.post("/v1/chat/completions", chat(stream=stream))
+                assert st == 200 and raw == b""
+                assert h["X-Pdfleet-Pool"] == "colocated" and h["X-Request-Id"]
+
+    run(scenario())
+
+
 def test_stream_broken_after_first_byte_ends_with_error_event(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with Env(tmp_path) as env:

@@ -21,10 +21,10 @@ H100_DEVICES = tuple(f"mlx5_{i}" for i in range(8))
 
 
 def fact_for(key: str) -> Fact[Any]:
-    """`NetdevFact(ens1np0)` → NetdevFact("ens1np0"); `KernelFact` → KernelFact()."""
+    """`NetdevFact(ens1np0)` → NetdevFact("ens1np0"); `KernelFact` → KernelFact() (hardware or generic)."""
     m = re.fullmatch(r"(\w+)(?:\((.*)\))?", key)
     assert m, key
-    cls = getattr(hw, m[1])
+    cls = getattr(hw, m[1], None) or getattr(generic, m[1])
     args = [a.strip() for a in m[2].split(",")] if m[2] else []
     return cls(*args)  # type: ignore[no-any-return]
 
@@ -57,10 +57,10 @@ class HostFacts(FakeFacts):
             return hw.QosState(None, None)
         if isinstance(fact, generic.AptPackages):
             return {}
-        if isinstance(fact, generic.AptHolds | generic.LoadedModules | generic.PersistedModules):
+        if isinstance(fact, generic.AptHolds | generic.LoadedModules):
             return frozenset()
         if isinstance(
-            fact, generic.FileState | generic.DirectoryState | generic.FileContent | generic.PipFreeze
+            fact, generic.FileState | generic.DirectoryState | generic.FileContent | generic.PipList
         ):
             return None
         if isinstance(fact, generic.SystemdUnitState):

@@ -12,6 +12,7 @@ import roles.kv_transfer as kv_role
 import roles.rdma as rdma_role
 from pdfleet.hw import facts as hw
 from pdfleet.ops import facts as generic
+from pdfleet.ops.base import REBOOT_REQUIRED
 from pdfleet.ops.operations import (
     AptPackage,
     AptRepo,
@@ -58,7 +59,7 @@ def converged_state(ops: list[Any]) -> dict[Any, Any]:
                 "loaded", "active", "running", "enabled"
             )
         elif isinstance(op, PipRequirements):
-            table[generic.PipFreeze(op.venv)] = {"nixl": "0.8.0"}
+            table[generic.PipList(op.venv)] = {"nixl": "0.8.0"}
     table[generic.AptPackages()] = packages
     table[generic.AptHolds()] = frozenset(holds)
     table[generic.LoadedModules()] = frozenset(modules)
@@ -92,4 +93,4 @@ def test_second_run_on_converged_h100_plans_no_change() -> None:
     for role in roles:
         _, skips, changes = run_role(role, ctx, facts)
         assert changes == [], f"{role.NAME} is not idempotent: {[c.diff for c in changes]}"
-        assert not any(s.what == "reboot required" for s in skips)
+        assert not any(s.what == REBOOT_REQUIRED for s in skips)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 import roles.gpu_driver as role
-from pdfleet.hw import REBOOT_REQUIRED, HardwareError
+from pdfleet.hw import HardwareError
 from pdfleet.hw import facts as hw
 from pdfleet.hw.gpu import dmabuf_support, driver_packages, gather_gpu_facts, plan_gpu, resolve_gpudirect
+from pdfleet.ops.base import REBOOT_REQUIRED
 from tests.unit.hw.helpers import PIN, commands, context, fixture_facts, host, pinned, profile, run_role
 
 H100 = "h100-sxm-8x-nvswitch-cx7"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import roles.kv_transfer as role
 from pdfleet.hw import facts as hw
-from pdfleet.hw.kv import kv_connector_extra_config, kv_env, kv_requirement
+from pdfleet.hw.kv import kv_connector_extra_config, kv_env, kv_requirement, render_env
 from pdfleet.ops.operations import File, PipRequirements
 from pdfleet.roles_api import KV_ENV_FILE
 from tests.unit.hw.helpers import H100_DEVICES, context, fixture_facts, host, pinned, profile, run_role
@@ -40,6 +40,11 @@ def test_h100_nixl_env_has_ucx_devices_and_computed_gid() -> None:
     assert [h.unit for h in f.notify] == ["vllm-prefill.service"]
     [pip] = [op for op in ops if isinstance(op, PipRequirements)]
     assert pip.requirements == ("nixl[cu12]",) and pip.venv == "/opt/pdfleet/venv"
+
+
+def test_env_values_are_quoted_for_systemd() -> None:
+    text = render_env({"UCX_TLS": "rc,ud,sm,^cuda_ipc", "UCX_IB_GID_INDEX": "3"})
+    assert 'UCX_TLS="rc,ud,sm,^cuda_ipc"\n' in text and "UCX_IB_GID_INDEX=3\n" in text
 
 
 def test_mooncake_prefill_gets_bootstrap_port_and_dmabuf_peermem_flag() -> None:

@@ -13,7 +13,9 @@ from pdfleet.hw.rdma import (
     RdmaError,
     check_devices,
     compute_gid_index,
-    plan_qos,
+    qos_commands,
+    qos_converged,
+    qos_tool,
     roce_script,
     ucx_net_devices,
 )
@@ -102,20 +104,22 @@ def test_ucx_net_devices() -> None:
 def test_qos_mlnx_qos_when_present_and_converged_ports_untouched() -> None:
     table = load_fixture(H100)
     rdma = pinned().rdma
-    tools = table[hw.QosToolsFact()]
-    plan = plan_qos(tools, "ens1np0", table[hw.QosFact("ens1np0", "mlnx_qos")], rdma)
-    assert plan.commands == (
+    assert qos_tool(table[hw.QosToolsFact()]) == "mlnx_qos"
+    assert not qos_converged(table[hw.QosFact("ens1np0", "mlnx_qos")], rdma.pfc_priority, rdma.dscp)
+    assert qos_commands("mlnx_qos", "ens1np0", rdma.pfc_priority, rdma.dscp) == (
         "mlnx_qos -i ens1np0 --trust dscp",
         "mlnx_qos -i ens1np0 --pfc 0,0,0,1,0,0,0,0",
         "mlnx_qos -i ens1np0 --dscp2prio set,26,3",
     )
-    assert plan_qos(tools, "ens2np0", table[hw.QosFact("ens2np0", "mlnx_qos")], rdma).commands == ()
+    assert qos_converged(table[hw.QosFact("ens2np0", "mlnx_qos")], rdma.pfc_priority, rdma.dscp)
 
 
 def test_qos_dcb_otherwise() -> None:
     table = load_fixture("driver-mismatch")
-    plan = plan_qos(table[hw.QosToolsFact()], "ens1np0", table[hw.QosFact("ens1np0", "dcb")], pinned().rdma)
-    assert plan.tool == "dcb" and plan.commands == (
+    rdma = pinned().rdma
+    assert qos_tool(table[hw.QosToolsFact()]) == "dcb"
+    assert not qos_converged(table[hw.QosFact("ens1np0", "dcb")], rdma.pfc_priority, rdma.dscp)
+    assert qos_commands("dcb", "ens1np0", rdma.pfc_priority, rdma.dscp) == (
         "dcb pfc set dev ens1np0 prio-pfc all:off 3:on",
         "dcb app replace dev ens1np0 dscp-prio 26:3",
     )

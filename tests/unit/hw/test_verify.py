@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from pdfleet.errors import ValidationError
+from pdfleet.hw.kv import render_env
 from pdfleet.inventory import load_inventory
 from pdfleet.verify import (
     FAIL,
@@ -16,6 +19,7 @@ from pdfleet.verify import (
     Unit,
     VerifyOptions,
     _host_and_check,
+    env_pairs,
     host_units,
     managed_unit,
     parse_ib_write_bw,
@@ -47,6 +51,12 @@ def test_ssh_config_from_inventory_is_strict(tmp_path: Path) -> None:
         "  IdentityFile /var/lib/pdfleet-lab/ssh/id_ed25519",
         "  IdentitiesOnly yes",
     ]
+
+
+def test_ssh_config_refuses_values_that_would_add_options(tmp_path: Path) -> None:
+    bad = dataclasses.replace(host(), address="10.0.0.1\n  ProxyCommand sh -c id")
+    with pytest.raises(ValidationError, match="inventory host gpu-01: ansible_host"):
+        ssh_config([bad], "~/.ssh/known_hosts", tmp_path, 7)
 
 
 def test_host_units_per_pool() -> None:
@@ -81,6 +91,11 @@ def test_parse_ib_write_bw_report() -> None:
 def test_secret_values_only_key_like_variables() -> None:
     env = "UCX_TLS=all\nPDFLEET_GATEWAY_KEY=sk-abcdefgh12345\n# API_KEY=commented-out-value\nTOKEN=short\n"
     assert secret_values(env) == ["sk-abcdefgh12345"]
+
+
+def test_env_pairs_read_what_render_env_writes() -> None:
+    text = render_env({"UCX_TLS": "rc,ud,sm,^cuda_ipc", "UCX_IB_GID_INDEX": "3"})
+    assert env_pairs(text) == [("UCX_TLS", "rc,ud,sm,^cuda_ipc"), ("UCX_IB_GID_INDEX", "3")]
 
 
 def test_nodeid_to_host_and_check() -> None:

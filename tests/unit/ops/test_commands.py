@@ -69,6 +69,17 @@ def test_health_wait_times_out_with_journal_diagnostics() -> None:
     assert "--- journalctl -u x.service -n 30 --no-pager ---" in message
 
 
+def test_health_wait_quotes_values_from_the_profile(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    marker = tmp_path / "injected"
+    url = f"http://127.0.0.1:{port}/health?x=';touch {marker};'"
+    out = LocalTransport().run(health_wait("x.service", url, timeout=1).cmd)
+    assert out.rc == 1 and f"{url} did not answer within 1s" in out.stderr
+    assert not marker.exists()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="install -o root needs root")
 def test_upload_is_atomic_install_with_mode_and_no_leftovers(tmp_path: Path) -> None:
     dest = tmp_path / "sub" / "f.env"

@@ -16,16 +16,13 @@ from pdfleet.ops.facts import (
     HostFacts,
     PasswdEntry,
     PathInfo,
-    PipFreeze,
+    PipList,
     SysctlValue,
     SystemdUnitState,
     UserGroups,
     parse_dpkg_query,
     parse_getent_group,
     parse_getent_passwd,
-    parse_modules_load,
-    parse_os_release,
-    parse_pip_freeze,
     parse_pip_list_json,
     parse_proc_modules,
     parse_stat,
@@ -166,13 +163,10 @@ br_netfilter 32768 0 - Live 0x0000000000000000
 """
 
 
-def test_proc_modules_and_modules_load() -> None:
+def test_proc_modules() -> None:
     assert parse_proc_modules(PROC_MODULES) == frozenset(
         {"nvidia_uvm", "nvidia_peermem", "nvidia", "ib_core", "br_netfilter"}
     )
-    conf = "# /etc/modules: kernel modules to load at boot time.\n\nloop\nnvidia-peermem\n; old\n"
-    conf += "ib_umad # rdma\n"
-    assert parse_modules_load(conf) == frozenset({"loop", "nvidia_peermem", "ib_umad"})
 
 
 def test_getent() -> None:
@@ -194,15 +188,9 @@ PIP_JSON = (
     '{"name": "Jinja2", "version": "3.1.6"}, {"name": "vllm_router", "version": "0.1.17"}, '
     '{"name": "pdfleet", "version": "0.1.0", "editable_project_location": "/work/main"}]'
 )
-PIP_FREEZE = """aiohttp==3.14.5
-Jinja2==3.1.6
-vllm_router==0.1.17
--e git+https://example.invalid/x.git@abc#egg=x
-torch @ file:///wheels/torch-2.6.0-cp311-linux_x86_64.whl
-"""
 
 
-def test_pip_list_json_and_freeze() -> None:
+def test_pip_list_json() -> None:
     listed = parse_pip_list_json(PIP_JSON)
     assert listed == {
         "aiohttp": "3.14.5",
@@ -211,31 +199,19 @@ def test_pip_list_json_and_freeze() -> None:
         "vllm-router": "0.1.17",
         "pdfleet": "0.1.0",
     }
-    frozen = parse_pip_freeze(PIP_FREEZE)
-    assert frozen["jinja2"] == "3.1.6" and frozen["vllm-router"] == "0.1.17"
-    assert frozen["torch"].startswith("file:///wheels/") and "x" not in frozen
-    assert PipFreeze("/opt/v").parse("", 3) is None
+    assert PipList("/opt/v").parse("", 3) is None
     with pytest.raises(FactError):
-        PipFreeze("/opt/v").parse("Traceback", 1)
+        PipList("/opt/v").parse("Traceback", 1)
 
 
-def test_pip_freeze_fact_on_a_real_venv() -> None:
-    """PipFreeze's command works against this project's own venv."""
+def test_pip_list_fact_on_a_real_venv() -> None:
+    """PipList's command works against this project's own venv."""
     import sys
 
     venv = sys.prefix
-    value = HostFacts(LocalTransport()).get(PipFreeze(venv))
+    value = HostFacts(LocalTransport()).get(PipList(venv))
     assert value is not None and "pytest" in value
-    assert HostFacts(LocalTransport()).get(PipFreeze("/nonexistent/venv")) is None
-
-
-def test_os_release() -> None:
-    text = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nID=debian\nVERSION_CODENAME=bookworm\n'
-    assert parse_os_release(text) == {
-        "PRETTY_NAME": "Debian GNU/Linux 12 (bookworm)",
-        "ID": "debian",
-        "VERSION_CODENAME": "bookworm",
-    }
+    assert HostFacts(LocalTransport()).get(PipList("/nonexistent/venv")) is None
 
 
 def test_directory_state_follows_links(tmp_path) -> None:

@@ -19,7 +19,7 @@ from pdfleet.ops.facts import (
     LoadedModules,
     PasswdEntry,
     PathInfo,
-    PipFreeze,
+    PipList,
     SysctlValue,
     SystemdUnitState,
     UnitState,
@@ -415,8 +415,8 @@ def test_pip_requirements_converged_and_upgrade() -> None:
         index_url="http://198.18.0.1:8082/simple/",
         trusted_host="198.18.0.1",
     )
-    assert op.plan(FakeFacts({PipFreeze("/opt/pdfleet/venv"): {"vllm": "0.8.5", "nixl": "0.3.1"}})) == []
-    changes = op.plan(FakeFacts({PipFreeze("/opt/pdfleet/venv"): {"vllm": "0.8.4", "nixl": "0.3.1"}}))
+    assert op.plan(FakeFacts({PipList("/opt/pdfleet/venv"): {"vllm": "0.8.5", "nixl": "0.3.1"}})) == []
+    changes = op.plan(FakeFacts({PipList("/opt/pdfleet/venv"): {"vllm": "0.8.4", "nixl": "0.3.1"}}))
     assert commands(changes) == [
         "/opt/pdfleet/venv/bin/python -m pip install --disable-pip-version-check -q "
         "--index-url http://198.18.0.1:8082/simple/ --trusted-host 198.18.0.1 vllm==0.8.5"
@@ -426,13 +426,13 @@ def test_pip_requirements_converged_and_upgrade() -> None:
 
 def test_pip_requirements_into_missing_venv_creates_it_first() -> None:
     op = PipRequirements("/opt/v", ["vllm-router==0.1.17"])
-    changes = op.plan(FakeFacts({PipFreeze("/opt/v"): None}))
+    changes = op.plan(FakeFacts({PipList("/opt/v"): None}))
     assert commands(changes) == [
         "python3 -m venv /opt/v",
         "/opt/v/bin/python -m pip install --disable-pip-version-check -q vllm-router==0.1.17",
     ]
     # name normalization: vllm_router installed satisfies vllm-router
-    assert op.plan(FakeFacts({PipFreeze("/opt/v"): {"vllm-router": "0.1.17"}})) == []
+    assert op.plan(FakeFacts({PipList("/opt/v"): {"vllm-router": "0.1.17"}})) == []
 
 
 def test_pip_requirements_rejects_bad_requirement() -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from pdfleet.sim.launch import SimProcess
+from pdfleet.sim.launch import SimProcess, scrape_metrics
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -29,12 +29,7 @@ def client(sim: SimProcess) -> openai.OpenAI:
 
 
 def _metric(sim: SimProcess, name: str) -> float:
-    text = urllib.request.urlopen(sim.url + "/metrics").read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return scrape_metrics(sim.url).get(name, 0.0)
 
 
 def test_sdk_streams_chat_with_usage(client: openai.OpenAI) -> None:

@@ -230,7 +230,7 @@ def test_consumer_loads_remote_kv_then_computes_only_the_last_prompt_token() -> 
     eng.add(req, 0.0)
     batch = eng.schedule(0.0)
     assert batch.kv_loads == [req] and not batch.entries and len(req.block_ids) == 32
-    assert eng.kv_loaded("d", 0.05, ok=True) is None
+    assert eng.kv_loaded("d", ok=True) is None
     step = eng.schedule(0.05)
     assert step.entries == [(req, 1)]
 
@@ -240,13 +240,13 @@ def test_consumer_load_failure_policy() -> None:
     req = SimRequest("d", 500, 3, remote_prefill={})
     failing.add(req, 0.0)
     failing.schedule(0.0)
-    assert failing.kv_loaded("d", 0.1, ok=False) is req and req.finish_reason == "error"
+    assert failing.kv_loaded("d", ok=False) is req and req.finish_reason == "error"
     assert failing.num_free_blocks == 1000
     recomputing = _engine(1000, recompute_on_load_failure=True)
     req2 = SimRequest("d", 500, 3, remote_prefill={})
     recomputing.add(req2, 0.0)
     recomputing.schedule(0.0)
-    assert recomputing.kv_loaded("d", 0.1, ok=False) is None
+    assert recomputing.kv_loaded("d", ok=False) is None
     assert recomputing.schedule(0.1).entries == [(req2, 500)]
 
 

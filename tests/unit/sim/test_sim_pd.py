@@ -3,6 +3,7 @@ vllm-router (PyPI `vllm-router`) driving a producer and a consumer end to end.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.error
@@ -13,7 +14,8 @@ from typing import Any
 import openai
 import pytest
 
-from pdfleet.sim.launch import RouterProcess, SimProcess, free_port
+from pdfleet.sim.launch import RouterProcess, SimProcess, free_port, scrape_metrics
+from pdfleet.sim.pd import ReadGrant, SideChannelServer, pull
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 KV_BYTES_8B = 131072
@@ -21,17 +23,6 @@ KV_BYTES_8B = 131072
 
 def _kv(role: str, **extra: Any) -> str:
     return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, **extra})
-
-
-def _metrics(url: str) -> dict[str, float]:
-    """Metric name (labels dropped) -> sum over series."""
-    out: dict[str, float] = {}
-    for line in urllib.request.urlopen(url + "/metrics").read().decode().splitlines():
-        if line.startswith("#") or not line:
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -70,7 +61,7 @@ def pair() -> Iterator[tuple[SimProcess, SimProcess]]:
 
 def test_vllm_router_serves_a_streaming_chat_through_the_pair(pair: tuple[SimProcess, SimProcess]) -> None:
     producer, consumer = pair
-    before_p, before_d = _metrics(producer.url), _metrics(consumer.url)
+    before_p, before_d = scrape_metrics(producer.url), scrape_metrics(consumer.url)
     with RouterProcess([producer.url], [consumer.url]) as router:
         client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         prompt = "y" * 4000  # 1000 tokens + 3 + 1 for the chat message
@@ -87,7 +78,7 @@ def test_vllm_router_serves_a_streaming_chat_through_the_pair(pair: tuple[SimPro
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
     prompt_tokens = chunks[-1].usage.prompt_tokens
     assert prompt_tokens == 1004
-    after_p, after_d = _metrics(producer.url), _metrics(consumer.url)
+    after_p, after_d = scrape_metrics(producer.url), scrape_metrics(consumer.url)
     # the producer prefilled (one token, max_tokens=1 from the router); the consumer pulled exactly that KV
     assert after_p["vllm:request_success_total"] == before_p["vllm:request_success_total"] + 1
     assert after_d["vllm:nixl_bytes_transferred_count"] == before_d["vllm:nixl_bytes_transferred_count"] + 1
@@ -131,21 +122,21 @@ def test_kv_transfer_params_round_trip_without_router(pair: tuple[SimProcess, Si
     }
     assert params["do_remote_prefill"] is True and params["tp_size"] == 1
     assert len(params["remote_block_ids"]) == 2000 // 16
-    assert _metrics(producer.url)["vllm:kv_cache_usage_perc"] > 0  # held for the consumer
+    assert scrape_metrics(producer.url)["vllm:kv_cache_usage_perc"] > 0  # held for the consumer
     status, out = _post(
         consumer.url + "/v1/completions",
         {"model": MODEL, "prompt": "z" * 8000, "max_tokens": 5, "kv_transfer_params": params},
     )
     assert status == 200 and out["usage"]["completion_tokens"] == 5
-    assert _metrics(producer.url)["vllm:kv_cache_usage_perc"] == 0.0
+    assert scrape_metrics(producer.url)["vllm:kv_cache_usage_perc"] == 0.0
     # a second pull of the same blocks fails: they were freed (policy "fail" is the default)
-    failed_before = _metrics(consumer.url)["vllm:nixl_num_failed_transfers_total"]
+    failed_before = scrape_metrics(consumer.url)["vllm:nixl_num_failed_transfers_total"]
     status, err = _post(
         consumer.url + "/v1/completions",
         {"model": MODEL, "prompt": "z" * 8000, "max_tokens": 5, "kv_transfer_params": params},
     )
     assert status == 500 and "KV transfer" in err["error"]["message"]
-    assert _metrics(consumer.url)["vllm:nixl_num_failed_transfers_total"] == failed_before + 1
+    assert scrape_metrics(consumer.url)["vllm:nixl_num_failed_transfers_total"] == failed_before + 1
 
 
 def test_recompute_policy_and_lease_expiry() -> None:
@@ -179,10 +170,10 @@ def test_recompute_policy_and_lease_expiry() -> None:
                 "kv_transfer_params": {"do_remote_decode": True},
             },
         )
-        assert _metrics(p.url)["vllm:kv_cache_usage_perc"] > 0
+        assert scrape_metrics(p.url)["vllm:kv_cache_usage_perc"] > 0
         # lease of 10 simulated seconds = 1 s of wall time at scale 0.1
-        _wait_for(lambda: _metrics(p.url)["vllm:nixl_num_kv_expired_reqs_total"] == 1)
-        assert _metrics(p.url)["vllm:kv_cache_usage_perc"] == 0.0
+        _wait_for(lambda: scrape_metrics(p.url)["vllm:nixl_num_kv_expired_reqs_total"] == 1)
+        assert scrape_metrics(p.url)["vllm:kv_cache_usage_perc"] == 0.0
         assert "Releasing expired KV blocks for request" in p.log()
         status, out = _post(
             d.url + "/v1/completions",
@@ -194,4 +185,48 @@ def test_recompute_policy_and_lease_expiry() -> None:
             },
         )
         assert status == 200 and out["usage"]["completion_tokens"] == 3  # recomputed locally
-        assert _metrics(d.url)["vllm:nixl_num_failed_transfers_total"] == 1
+        assert scrape_metrics(d.url)["vllm:nixl_num_failed_transfers_total"] == 1
+
+
+def _pull_from(handler: Any) -> tuple[tuple[ReadGrant, bool], list[int]]:
+    """Run pdfleet.sim.pd.pull against an in-process producer on loopback; (result, bytes waited for)."""
+
+    async def run() -> tuple[tuple[ReadGrant, bool], list[int]]:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        moved: list[int] = []
+
+        async def wait(grant: ReadGrant) -> None:
+            moved.append(grant.nbytes)
+
+        try:
+            params = {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "r1"}
+            return await pull(params, "compat", wait), moved
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    return asyncio.run(run())
+
+
+def test_side_channel_read_then_notification_frees_the_producer_blocks() -> None:
+    released: list[str] = []
+    side = SideChannelServer("engine-p", "compat", lambda rid: ReadGrant(10, 1, 1310720), released.append)
+    (grant, notified), moved = _pull_from(side._handle)
+    assert (grant.num_tokens, grant.nbytes, notified) == (10, 1310720, True)
+    assert moved == [1310720] and released == ["r1"]
+
+
+def test_a_lost_notification_keeps_the_kv_it_read() -> None:
+    """As vLLM: the READ succeeded, so the consumer decodes; only the notification counts as failed."""
+
+    async def producer_dies_after_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        grant = {"ok": True, "num_tokens": 10, "num_blocks": 1, "bytes": 1310720}
+        writer.write(json.dumps(grant).encode() + b"\n")
+        await writer.drain()
+        writer.close()
+
+    (grant, notified), moved = _pull_from(producer_dies_after_read)
+    assert grant.nbytes == 1310720 and moved == [1310720]
+    assert notified is False
