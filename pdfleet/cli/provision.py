@@ -45,6 +45,6 @@ def provision(ctx: Context, profile: str, inventory: str | None = None, check: b
     serve_clone_wheel(deployment)
     options = run_options(ctx, check=check, serial=serial, json=json, reboot=reboot)
     report = run_provision(deployment, hosts, options, Console(stderr=True))
-    print_report(report, check=check)
+    print_report(report)
     if report.totals["failed"]:
         raise Exit(code=1)

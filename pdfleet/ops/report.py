@@ -67,10 +67,10 @@ def print_diffs(console: Console, report: Report) -> None:
                 console.print(Text(f"    {line}", style=style), highlight=False, soft_wrap=True)
 
 
-def print_report(report: Report, console: Console | None = None, check: bool | None = None) -> None:
-    """The summary table, preceded by the diffs in check mode (or whenever `check` is True)."""
+def print_report(report: Report, console: Console | None = None) -> None:
+    """The summary table, preceded by the diffs in check mode."""
     console = console or Console()
-    if report.check if check is None else check:
+    if report.check:
         print_diffs(console, report)
     console.print(summary_table(report))
     for name, host in report.hosts.items():
