@@ -10,8 +10,9 @@ kv_transfer_params advertise):
   consumer → {"op": "done", "remote_request_id"}      (NIXL's notification; the producer frees the blocks)
   producer → {"ok": true}
 
-A failed `done` does not undo the read (as in vLLM): the consumer keeps the KV, counts a failed
-notification, and the producer's blocks stay held until their lease expires.
+A failed `done` does not undo the read: the consumer keeps the KV and counts a failed notification
+(vLLM's nixl_num_failed_notifications, apart from failed transfers); the producer's blocks stay held
+until their lease expires.
 """
 
 from __future__ import annotations

@@ -218,7 +218,7 @@ def test_side_channel_read_then_notification_frees_the_producer_blocks() -> None
 
 
 def test_a_lost_notification_keeps_the_kv_it_read() -> None:
-    """As vLLM: the READ succeeded, so the consumer decodes; only the notification counts as failed."""
+    """The READ succeeded, so the consumer decodes; only the notification counts as failed."""
 
     async def producer_dies_after_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readline()
