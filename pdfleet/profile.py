@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
-from pdfleet.connectors import NIXL_SIDE_CHANNEL_PORT
+from pdfleet.connectors import MOONCAKE, NIXL, NIXL_SIDE_CHANNEL_PORT
 from pdfleet.errors import ValidationError
 from pdfleet.inventory import Inventory, read_yaml
 from pdfleet.sim import catalog
@@ -92,7 +92,7 @@ class VllmSpec(_Model):
 class KVTransferSpec(_Model):
     """KV transfer between prefill and decode: the vLLM connector and its transport settings."""
 
-    connector: str = "NixlConnector"
+    connector: str = NIXL
     buffer_device: Literal["cuda", "cpu"] = "cuda"
     side_channel_host: str = "auto"  # auto: each host's inventory address (ansible_host)
     side_channel_port: Port = NIXL_SIDE_CHANNEL_PORT
@@ -109,13 +109,13 @@ class KVTransferSpec(_Model):
         instance on a host; using base+1 for decode everywhere keeps one rule for every topology.
         None for the colocated pool (no connector) and for connectors other than NixlConnector.
         """
-        if self.connector != "NixlConnector":
+        if self.connector != NIXL:
             return None
         return {"prefill": self.side_channel_port, "decode": self.side_channel_port + 1}.get(pool)
 
     def bootstrap_port_for(self, pool: str) -> int | None:
         """MooncakeConnector's bootstrap port (VLLM_MOONCAKE_BOOTSTRAP_PORT): prefill instances only."""
-        if self.connector == "MooncakeConnector" and pool == "prefill":
+        if self.connector == MOONCAKE and pool == "prefill":
             return self.mooncake_bootstrap_port
         return None
 

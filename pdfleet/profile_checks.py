@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdfleet import connectors
+from pdfleet.connectors import MOONCAKE, NIXL
 from pdfleet.errors import ValidationError
 from pdfleet.inventory import Host, Inventory
 
@@ -173,12 +174,12 @@ def _connector_problems(profile: Profile, version: connectors.Version) -> Iterab
     if problem is not None:
         yield Problem("kv_transfer.connector", problem.message)
         return
-    if profile.vllm.engine == "sim" and kv.connector != "NixlConnector":
+    if profile.vllm.engine == "sim" and kv.connector != NIXL:
         yield Problem(
             "kv_transfer.connector",
             f"the simulator (vllm.engine: sim) speaks NixlConnector's protocol only (got {kv.connector})",
         )
-    if kv.connector == "MooncakeConnector" and kv.mooncake_protocol == "rdma" and not profile.rdma.enabled:
+    if kv.connector == MOONCAKE and kv.mooncake_protocol == "rdma" and not profile.rdma.enabled:
         yield Problem(
             "kv_transfer.mooncake_protocol",
             "rdma needs rdma.enabled: true; enable RDMA or use mooncake_protocol: tcp",
@@ -199,7 +200,7 @@ def _is_loopback(value: str) -> bool:
 def _side_channel_host_problems(profile: Profile) -> Iterable[Problem]:
     """Cross-host NIXL: each prefill host must advertise its own reachable address."""
     kv = profile.kv_transfer
-    if profile.topology != "cross-host" or kv.connector != "NixlConnector" or kv.side_channel_host == "auto":
+    if profile.topology != "cross-host" or kv.connector != NIXL or kv.side_channel_host == "auto":
         return
     if _is_loopback(kv.side_channel_host):
         yield Problem(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pdfleet.connectors import MOONCAKE, NIXL
 from pdfleet.hw.gpu import cuda_major
 from pdfleet.hw.rdma import ucx_net_devices
 from pdfleet.render import env_value
@@ -19,8 +20,6 @@ if TYPE_CHECKING:
     from pdfleet.inventory import Host
     from pdfleet.profile import Profile
 
-NIXL = "NixlConnector"
-MOONCAKE = "MooncakeConnector"
 
 
 def uses_rdma(profile: Profile, host: Host) -> bool:

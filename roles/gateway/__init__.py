@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pdfleet.connectors import MOONCAKE, NIXL
 from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.operations import Directory, File, PipRequirements, Service, SystemdUnit, restart_handler
 from pdfleet.pools import UNIT_DIR, pool_urls, serve_address
@@ -23,7 +24,7 @@ POLICY_FILE = f"{CONFIG_DIR}/policy.yaml"
 VENV = "/opt/pdfleet/gateway"
 GATEWAY_UNIT = "pdfleet-gateway.service"
 ROUTER_UNIT = "vllm-router-pd.service"
-ROUTER_CONNECTORS = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake"}
+ROUTER_CONNECTORS = {NIXL: "nixl", MOONCAKE: "mooncake"}  # vllm-router --kv-connector
 START_TIMEOUT_S = 300
 SHUTDOWN_TIMEOUT_S = 50  # streams in flight get this long to finish; systemd waits 10 s more
 
