@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pdfleet.errors import ValidationError
+
 DEFAULT_CHARS_PER_TOKEN = 4.0
 TOKENS_PER_CHAT_MESSAGE = 3
 
@@ -43,7 +45,7 @@ class HFTokenizer:
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:  # pragma: no cover - depends on the optional extra
-            raise RuntimeError(
+            raise ValidationError(
                 f"tokenizer file {path} is configured but the 'tokenizers' package is not installed; "
                 "install pdfleet[tokenizer] or remove the tokenizer setting"
             ) from exc
