@@ -2,7 +2,11 @@
 
 Measures, in one run on this machine, against one paced SSE upstream (bench/gateway_upstream.py):
 - added TTFT: time to first streamed event through the proxy minus direct to the upstream, p50 and p99,
-  at 50 and at 500 concurrent streams (closed loop: each stream is followed by the next);
+  at 50 and at 500 concurrent streams (closed loop: each stream is followed by the next). With
+  `--arrivals burst` (the default) all streams start together and stay in phase, so requests come in
+  bursts of 50 or 500 at once (a worst case: the last of a burst queues behind the others' request
+  handling); `--arrivals staggered` starts each stream at a random offset, as independent clients do.
+  Every target sees the same arrivals (seeded offsets) and the direct baseline runs in the same run;
 - streamed-chunk throughput: events per second delivered through the proxy with many fast streams,
   and events per CPU-second of the proxy;
 for pdfleet-gateway and for nginx as a plain streaming proxy (`proxy_buffering off`, one worker).

@@ -657,6 +657,9 @@ class Gateway:
             m.child(m.ttft, up.pool, cls).observe(up.t_first - t0)
         try:
             await out.prepare(request)
+            if up.resp.content.at_eof():  # the whole body came in the first read: one write for all
+                await out.write_eof(up.first)
+                return out, "ok"
             if up.first:
                 await out.write(up.first)
             error = await self._copy(out, up, cls, policy, timed)
@@ -711,9 +714,10 @@ class Gateway:
         next_move = clock() + step
         prev = up.t_first
         client_gone = False
+        content = up.resp.content
         try:
             async with asyncio.timeout(idle_s) as tmo:
-                async for chunk in up.resp.content.iter_any():
+                async for chunk in content.iter_any():
                     if timed:
                         now = perf()
                         gap = now - prev
@@ -722,7 +726,10 @@ class Gateway:
                             m.child(m.stalls, up.pool, cls).inc()
                         prev = now
                     try:
-                        await out.write(chunk)
+                        if content.at_eof():  # the upstream's end came with this chunk: send both at once
+                            await out.write_eof(chunk)
+                        else:
+                            await out.write(chunk)
                     except ConnectionError:
                         client_gone = True
                         break
