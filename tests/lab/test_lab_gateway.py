@@ -13,18 +13,18 @@ from pathlib import Path
 
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pdfleet.lab.paths import LabPaths
+from pdfleet.sim.launch import scrape_metrics
 
 from .conftest import REPO_ROOT, LabHandle
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
 MODEL = "llama-3.1-8b"
-COLOCATED_METRICS = "http://198.18.0.11:8000/metrics"
-DECODE_METRICS = "http://198.18.0.31:8200/metrics"
-GATEWAY_METRICS = "http://198.18.0.10:8080/metrics"
+COLOCATED_URL = "http://198.18.0.11:8000"
+DECODE_URL = "http://198.18.0.31:8200"
+GATEWAY_URL = "http://198.18.0.10:8080"
 POOL_HEADER = "X-Pdfleet-Pool"
 
 
@@ -33,16 +33,9 @@ def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-def _sample_sum(url: str, name: str, **labels: str) -> float:
-    """Sum of a metric's samples matching `labels`, read with Prometheus's own text parser."""
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+def _sample_sum(base_url: str, name: str) -> float:
+    """A metric summed over its label sets, from a server's /metrics."""
+    return scrape_metrics(base_url).get(name, 0.0)
 
 
 def _chat(client: openai.OpenAI, pool: str | None = None, **kwargs: object):  # noqa: ANN202
@@ -93,13 +86,13 @@ def test_openai_sdk_streams_and_non_streams_through_the_gateway(client: openai.O
 
 
 @pytest.mark.parametrize(
-    ("pool", "metrics_url"), [("colocated", COLOCATED_METRICS), ("disagg", DECODE_METRICS)]
+    ("pool", "pool_url"), [("colocated", COLOCATED_URL), ("disagg", DECODE_URL)]
 )
-def test_override_header_reaches_each_pool(client: openai.OpenAI, pool: str, metrics_url: str) -> None:
-    before = _sample_sum(metrics_url, "vllm:request_success_total")
+def test_override_header_reaches_each_pool(client: openai.OpenAI, pool: str, pool_url: str) -> None:
+    before = _sample_sum(pool_url, "vllm:request_success_total")
     for _ in range(3):
         _chat(client, pool, max_tokens=4)
-    assert _sample_sum(metrics_url, "vllm:request_success_total") - before == 3
+    assert _sample_sum(pool_url, "vllm:request_success_total") - before == 3
 
 
 def _staged_profile(tmp_path: Path, stage: str, version: int) -> Path:
@@ -135,18 +128,18 @@ def test_stage_change_reloads_without_restart_and_a_dead_router_falls_back(
         policy = _admin_policy()
         assert (policy["stage"], policy["version"]) == ("all-disagg", 2)
 
-        decode = _sample_sum(DECODE_METRICS, "vllm:request_success_total")
+        decode = _sample_sum(DECODE_URL, "vllm:request_success_total")
         _chat(client, max_tokens=4)
-        assert _sample_sum(DECODE_METRICS, "vllm:request_success_total") - decode == 1, "staged to disagg"
+        assert _sample_sum(DECODE_URL, "vllm:request_success_total") - decode == 1, "staged to disagg"
 
         rc, _, err = lab.ssh(gw, "sudo -n systemctl stop vllm-router-pd.service")
         assert rc == 0, err
-        fallbacks = _sample_sum(GATEWAY_METRICS, "pdfleet_gateway_fallbacks_total")
-        colocated = _sample_sum(COLOCATED_METRICS, "vllm:request_success_total")
+        fallbacks = _sample_sum(GATEWAY_URL, "pdfleet_gateway_fallbacks_total")
+        colocated = _sample_sum(COLOCATED_URL, "vllm:request_success_total")
         reply = _chat(client, max_tokens=4)
         assert reply.usage.completion_tokens == 4
-        assert _sample_sum(GATEWAY_METRICS, "pdfleet_gateway_fallbacks_total") - fallbacks == 1
-        assert _sample_sum(COLOCATED_METRICS, "vllm:request_success_total") - colocated == 1
+        assert _sample_sum(GATEWAY_URL, "pdfleet_gateway_fallbacks_total") - fallbacks == 1
+        assert _sample_sum(COLOCATED_URL, "vllm:request_success_total") - colocated == 1
     finally:
         report = tmp_path / "restore.json"
         restore = _invoke("provision", "--profile", PROFILE, "--limit", "lab-gw", "--json", str(report))
