@@ -1,9 +1,8 @@
-"""A fleet's managed units as the hosts report them: state over SSH, health over HTTP."""
+"""A fleet's managed units as the hosts report them: systemd state and /health, both asked on the host."""
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
+import shlex
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,31 +27,41 @@ class UnitStatus:
         return self.active == "active" and self.health in ("ok", "-")
 
 
-def _health(url: str | None, timeout: float) -> str:
+def _health_script(units: list[ManagedUnit]) -> str:
+    """One shell command printing `<unit> <HTTP code>` per unit with a health URL, run on the host
+    itself, since a URL may be on the host's loopback (the router) and unreachable from here."""
+    checks = [
+        f"echo {shlex.quote(u.unit)} $(curl -s -o /dev/null --max-time 5 -w '%{{http_code}}' "
+        f"{shlex.quote(u.health_url)})"
+        for u in units
+        if u.health_url
+    ]
+    return "; ".join(checks) or "true"
+
+
+def _health(code: str | None, url: str | None) -> str:
     if url is None:
         return "-"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - inventory addresses only
-            return "ok" if resp.status == 200 else f"HTTP {resp.status}"
-    except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
-        return f"unreachable ({getattr(exc, 'reason', exc)})"
+    if code == "200":
+        return "ok"
+    return "unreachable" if code in (None, "000") else f"HTTP {code}"
 
 
 def _host_status(deployment: Deployment, host: Host, known_hosts: str, timeout: float) -> list[UnitStatus]:
     units: list[ManagedUnit] = role_units(deployment.roles, deployment.context(host))
     if not units:
         return []
-    names = " ".join(u.unit for u in units)
+    names = " ".join(shlex.quote(u.unit) for u in units)
     try:
         transport = open_connection(host, known_hosts, timeout)
     except PdfleetError as exc:
         return [UnitStatus(host.name, u.unit, f"unreachable: {exc}", "?", "?") for u in units]
     try:
         out = transport.run(f"systemctl show -p Id,ActiveState,UnitFileState {names}", timeout=timeout)
+        health = transport.run(_health_script(units), timeout=timeout * len(units))
     finally:
         transport.close()
+    codes = dict(line.split(" ", 1) for line in health.stdout.splitlines() if " " in line)
     props: dict[str, dict[str, str]] = {}
     for block in out.stdout.strip().split("\n\n"):
         fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
@@ -64,7 +73,7 @@ def _host_status(deployment: Deployment, host: Host, known_hosts: str, timeout: 
             u.unit,
             props.get(u.unit, {}).get("ActiveState", "unknown"),
             props.get(u.unit, {}).get("UnitFileState", "unknown"),
-            _health(u.health_url, timeout),
+            _health(codes.get(u.unit), u.health_url),
         )
         for u in units
     ]

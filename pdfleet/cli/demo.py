@@ -21,7 +21,7 @@ DEMO_PROFILE = "lab-cross"
 def _status_table(rows: list[UnitStatus]) -> Table:
     table = Table(title=f"units of profile {DEMO_PROFILE}")
     for column in ("host", "unit", "active", "enabled", "/health"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("host", "unit"))
     for r in rows:
         style = "green" if r.healthy else "red"
         table.add_row(r.host, r.unit, f"[{style}]{r.active}[/]", r.enabled, f"[{style}]{r.health}[/]")

@@ -1,0 +1,27 @@
+"""`invoke demo`, the README's first command after setup: lab up, provision lab-cross, every unit healthy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .conftest import REPO_ROOT, LabHandle
+
+UNITS = {
+    "lab-gw": ("vllm-router-pd.service", "pdfleet-gateway.service"),
+    "lab-colo1": ("vllm-colocated.service",),
+    "lab-p1": ("vllm-prefill.service",),
+    "lab-d1": ("vllm-decode.service",),
+}
+
+
+def test_demo_ends_with_every_unit_active_and_healthy(lab: LabHandle) -> None:
+    proc = subprocess.run([sys.executable, "-m", "invoke", "demo"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "every unit active and healthy" in proc.stderr
+    rows = [line.split("│") for line in proc.stdout.splitlines() if line.startswith("│")]
+    seen = {(cells[1].strip(), cells[2].strip()): (cells[3].strip(), cells[5].strip()) for cells in rows}
+    for host, units in UNITS.items():
+        for unit in units:
+            assert seen.get((host, unit)) == ("active", "ok"), (host, unit, seen)
