@@ -109,6 +109,34 @@ def one_two_five(limit: int) -> tuple[float, ...]:
         mag *= 10
 
 
+# vLLM's histogram names and help texts ([VLLM-PD §3]) → the SimMetrics field holding the samples.
+REQUEST_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
+    ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
+    ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
+    ("vllm:request_time_per_output_token_seconds",
+     "Histogram of time_per_output_token_seconds per request.", "tpot"),
+    ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e"),
+    ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "queue"),
+    ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", "prefill"),
+    ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", "decode"),
+    ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+     "inference"),
+    ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens_hist"),
+    ("vllm:request_generation_tokens", "Number of generation tokens processed.", "generation_tokens_hist"),
+    ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", "max_tokens_hist"),
+)
+NIXL_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
+    ("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
+     "nixl_xfer"),
+    ("vllm:nixl_post_time_seconds", "Histogram of transfer post time for NIXL KV Cache transfers.",
+     "nixl_post"),
+    ("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
+     "nixl_bytes"),
+    ("vllm:nixl_num_descriptors", "Histogram of number of descriptors per NIXL KV Cache transfers.",
+     "nixl_descriptors"),
+)
+
+
 @dataclass
 class Hist:
     """A histogram: counts per bucket (last = +Inf) and the sum."""
@@ -230,74 +258,9 @@ class SimCollector(Collector):
         for reason, count in m.success.items():
             success.add_metric([*self.labels.values(), reason], count)
         yield success
-        yield self._hist(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", m.ttft
-        )
-        yield self._hist(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", m.itl
-        )
-        yield self._hist(
-            "vllm:request_time_per_output_token_seconds",
-            "Histogram of time_per_output_token_seconds per request.",
-            m.tpot,
-        )
-        yield self._hist(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", m.e2e
-        )
-        yield self._hist(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            m.queue,
-        )
-        yield self._hist(
-            "vllm:request_prefill_time_seconds",
-            "Histogram of time spent in PREFILL phase for request.",
-            m.prefill,
-        )
-        yield self._hist(
-            "vllm:request_decode_time_seconds",
-            "Histogram of time spent in DECODE phase for request.",
-            m.decode,
-        )
-        yield self._hist(
-            "vllm:request_inference_time_seconds",
-            "Histogram of time spent in RUNNING phase for request.",
-            m.inference,
-        )
-        yield self._hist(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens_hist
-        )
-        yield self._hist(
-            "vllm:request_generation_tokens",
-            "Number of generation tokens processed.",
-            m.generation_tokens_hist,
-        )
-        yield self._hist(
-            "vllm:request_params_max_tokens",
-            "Histogram of the max_tokens request parameter.",
-            m.max_tokens_hist,
-        )
+        for name, doc, attr in REQUEST_HISTOGRAMS + (NIXL_HISTOGRAMS if m.pd else ()):
+            yield self._hist(name, doc, getattr(m, attr))
         if m.pd:
-            yield self._hist(
-                "vllm:nixl_xfer_time_seconds",
-                "Histogram of transfer duration for NIXL KV Cache transfers.",
-                m.nixl_xfer,
-            )
-            yield self._hist(
-                "vllm:nixl_post_time_seconds",
-                "Histogram of transfer post time for NIXL KV Cache transfers.",
-                m.nixl_post,
-            )
-            yield self._hist(
-                "vllm:nixl_bytes_transferred",
-                "Histogram of bytes transferred per NIXL KV Cache transfers.",
-                m.nixl_bytes,
-            )
-            yield self._hist(
-                "vllm:nixl_num_descriptors",
-                "Histogram of number of descriptors per NIXL KV Cache transfers.",
-                m.nixl_descriptors,
-            )
             yield self._counter(
                 "vllm:nixl_num_failed_transfers",
                 "Number of failed NIXL KV Cache transfers.",
