@@ -65,13 +65,15 @@ def load_roles(selected: str | None = None) -> list[ModuleType]:
     return [importlib.import_module(f"roles.{n}") for n in names]
 
 
+def _collect(roles: Iterable[ModuleType], ctx: RoleContext, hook: str) -> list[Any]:
+    """Concatenate the optional `hook(ctx)` of every role that applies to this host."""
+    applicable = [role for role in roles if hasattr(role, hook) and role.applies(ctx)]
+    return [item for role in applicable for item in getattr(role, hook)(ctx)]
+
+
 def role_files(roles: Iterable[ModuleType], ctx: RoleContext) -> list[RenderedFile]:
     """Every fact-independent file the applicable roles install on this host."""
-    files: list[RenderedFile] = []
-    for role in roles:
-        if hasattr(role, "files") and role.applies(ctx):
-            files.extend(role.files(ctx))
-    return files
+    return _collect(roles, ctx, "files")
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,4 @@ class ManagedUnit:
 
 def role_units(roles: Iterable[ModuleType], ctx: RoleContext) -> list[ManagedUnit]:
     """Every unit the applicable roles keep running on this host (roles exporting units(ctx))."""
-    units: list[ManagedUnit] = []
-    for role in roles:
-        if hasattr(role, "units") and role.applies(ctx):
-            units.extend(role.units(ctx))
-    return units
+    return _collect(roles, ctx, "units")
