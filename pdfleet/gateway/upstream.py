@@ -522,8 +522,8 @@ class UpstreamClient:
                 head.append(f"{name}: {value}\r\n")
         head.append(f"Content-Length: {len(body)}\r\n\r\n")
         request = "".join(head).encode("latin-1", "replace") + body
-        for _ in range(2):
-            conn = await self._acquire(origin, min(connect_s, deadline - loop.time()))
+        for attempt in range(2):
+            conn = await self._acquire(origin, min(connect_s, deadline - loop.time()), reuse=attempt == 0)
             waiter = conn.send(request, deadline)
             try:
                 return await waiter
@@ -535,9 +535,9 @@ class UpstreamClient:
                 raise
         raise UpstreamError("disconnect", "connection closed before the response")
 
-    async def _acquire(self, origin: Origin, connect_s: float) -> _Connection:
-        """An idle connection young enough to reuse, else a new one within `connect_s`."""
-        idle = self._idle.get(origin)
+    async def _acquire(self, origin: Origin, connect_s: float, reuse: bool) -> _Connection:
+        """An idle connection young enough to reuse (when `reuse`), else a new one within `connect_s`."""
+        idle = self._idle.get(origin) if reuse else None
         now = time.monotonic()
         while idle:
             conn, _ = idle.popitem()
