@@ -12,12 +12,13 @@ from invoke.exceptions import Exit
 from rich.console import Console
 from rich.table import Table
 
-from pdfleet.cli._common import REPO_ROOT, user_errors
+from pdfleet.cli._common import REPO_ROOT, repo_path, setting, user_errors
 from pdfleet.errors import PdfleetError
 from pdfleet.lab.control import Lab, down, find_host, status, up
 from pdfleet.lab.mirrors import refresh_pdfleet_wheel
 from pdfleet.lab.paths import LOGIN_USER, LabPaths
 from pdfleet.lab.system import preflight
+from pdfleet.profile import load_profile
 
 LAB_INVENTORY = "inventory/lab.yml"
 
@@ -106,14 +107,21 @@ def wheel_task(c: Context) -> None:
     print(refresh_pdfleet_wheel(LabPaths(), REPO_ROOT))
 
 
-@task(name="env")
+@task(
+    name="env",
+    help={
+        "profile": "The lab profile that was provisioned: its gateway port goes into OPENAI_BASE_URL "
+        "(default: lab-cross).",
+    },
+)
 @user_errors
-def env_task(c: Context) -> None:
+def env_task(c: Context, profile: str = "lab-cross") -> None:
     """Print `export` lines wiring an OpenAI client to the lab gateway: eval "$(invoke lab.env)"."""
     lab = this_lab()
     gateway = next((h for h in lab.hosts() if "gateway" in h.groups), None)
     if gateway is None:
         raise PdfleetError(f"{lab.inventory} has no host in group gateway.")
+    port = load_profile(profile, repo_path(setting(c, "profiles_dir", "profiles"))).gateway.port
     key_file: Path = lab.paths.gateway_client_key
     if not key_file.exists():
         raise PdfleetError(f"the lab gateway is not provisioned yet ({key_file} is missing); run "
@@ -123,5 +131,5 @@ def env_task(c: Context) -> None:
         key = key_file.read_text().strip()
     except PermissionError:
         raise PdfleetError(f"{key_file} is readable by root only; run `sudo invoke lab.env`.") from None
-    print(f"export OPENAI_BASE_URL=http://{gateway.address}:8080/v1")
+    print(f"export OPENAI_BASE_URL=http://{gateway.address}:{port}/v1")
     print(f"export OPENAI_API_KEY={key}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from invoke import Context
+from invoke import Config, Context
 from invoke.exceptions import Exit
 
 import pdfleet.cli.lab as cli_lab
@@ -264,6 +265,16 @@ def test_lab_env_prints_exports_or_says_the_gateway_is_not_provisioned(
         "export OPENAI_BASE_URL=http://198.18.0.10:8080/v1",
         "export OPENAI_API_KEY=sk-lab-123",
     ]
+    # the port is the provisioned profile's, not a constant
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", profiles)
+    (profiles / "lab-alt-port.yml").write_text("extends: lab-cross\ngateway:\n  port: 9080\n")
+    ctx = Context(Config(overrides={"pdfleet": {"profiles_dir": str(profiles)}}))
+    cli_lab.env_task(ctx, profile="lab-alt-port")
+    assert capsys.readouterr().out.splitlines()[0] == "export OPENAI_BASE_URL=http://198.18.0.10:9080/v1"
+    with pytest.raises(Exit):
+        cli_lab.env_task(ctx, profile="no-such-profile")
+    assert "no-such-profile" in capsys.readouterr().err
 
 
 def test_lab_addresses_are_refused_while_the_bridge_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
