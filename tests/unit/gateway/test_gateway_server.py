@@ -521,3 +521,27 @@ def test_separate_admin_port(tmp_path: Path) -> None:
                 assert r.status == 200
 
     run(scenario())
+
+
+def test_http10_client_gets_the_stream_unframed_then_close(tmp_path: Path) -> None:
+    # no chunked encoding for HTTP/1.0: the relay writes the upstream's payload as it is, and the end
+    # of the body is the end of the connection
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.005) as env:
+            body = json.dumps(chat(stream=True, max_tokens=5)).encode()
+            reader, writer = await asyncio.open_connection("127.0.0.1", env.gw.port)
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.0\r\nAuthorization: Bearer %s\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (USER_KEY.encode(), len(body), body)
+            )
+            raw = await asyncio.wait_for(reader.read(), 10)  # until the gateway closes
+            writer.close()
+            head, _, payload = raw.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200")
+            assert b"transfer-encoding" not in head.lower()
+            events = sse_events(payload)
+            assert len(events) == 6 and events[-1] == "[DONE]"
+            assert all(json.loads(e)["choices"] for e in events[:-1])
+
+    run(scenario())
