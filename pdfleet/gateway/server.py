@@ -182,7 +182,7 @@ class _GapMeter:
 
 
 class Gateway:
-    """One gateway instance: the active policy, the upstream client session, metrics, reload."""
+    """One gateway instance: the active policy, the upstream client, metrics, reload."""
 
     def __init__(self, config_path: str | Path, policy: ActivePolicy, *, shutdown_timeout: float = 60.0):
         self.config_path = Path(config_path)

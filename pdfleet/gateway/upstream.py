@@ -98,8 +98,10 @@ class UpstreamResponse:
             if on_chunk is not None:
                 on_chunk()
         self._pending = []
-        if self._ended or self._conn is None:
+        if self._ended:
             fut.set_result(self._end_reason)
+        elif self._conn is None:  # closed by its owner meanwhile
+            fut.set_result("upstream_error")
         else:
             self._conn.start_relay(transport, chunked, on_chunk, idle_s, fut)
         return fut
@@ -374,7 +376,9 @@ class _Connection(asyncio.Protocol):
         resp = UpstreamResponse(
             self.status, self.headers, self.content_length, first, at_eof, time.perf_counter()
         )
-        if not at_eof:
+        if at_eof:
+            resp._ended = True
+        else:
             resp._conn, self.response = self, resp
         if waiter is not None and not waiter.done():
             waiter.set_result(resp)
@@ -510,8 +514,9 @@ class UpstreamClient:
         """POST `body`; return once the head and the first body bytes (or the body's end) arrived.
 
         `first_byte_s` bounds the whole wait (connect included); raises UpstreamError otherwise.
-        A reused keep-alive connection that the origin closed in the meantime is retried once on a
-        new connection: the origin never saw that request.
+        A reused keep-alive connection closed before any response byte is retried once on a new
+        connection: that is an origin closing an idle connection (its keep-alive timeout) as the request
+        went out, not an answer to it.
         """
         origin = self.origin(base_url)
         loop = asyncio.get_running_loop()
