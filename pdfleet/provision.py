@@ -32,12 +32,13 @@ class Deployment:
     renderer: Renderer
     pdfleet_version: str
     gateway_secrets: GatewaySecrets | None = None
+    pdfleet_wheel: Path | None = None  # this clone's wheel (pdfleet.wheel), uploaded by the roles needing it
 
     def context(self, host: Host) -> RoleContext:
         """What the roles see for one host, with its vLLM instances computed once."""
         instances = host_instances(self.profile, host)
         return RoleContext(host, self.inventory, self.profile, self.renderer, instances, self.pdfleet_version,
-                           self.gateway_secrets)
+                           self.gateway_secrets, self.pdfleet_wheel)
 
 
 def load_deployment(

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -41,6 +42,9 @@ class RoleContext:
     instances: list[PoolInstance] = field(default_factory=list)
     pdfleet_version: str = ""  # the pdfleet wheel version hosts install (pdfleet.version)
     gateway_secrets: GatewaySecrets | None = None  # hashes of the gateway's client/admin keys
+    # that version's wheel on the control machine, uploaded to hosts that install pdfleet (None: the
+    # hosts' PyPI index must serve it)
+    pdfleet_wheel: Path | None = None
 
     def render(self, template: str, **variables: Any) -> str:
         return self.renderer.render(template, **variables)

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from pdfleet.cli._common import REPO_ROOT, user_errors
 from pdfleet.cli.lab import LAB_INVENTORY, lab_progress, this_lab
-from pdfleet.cli.options import deployment_from_options, known_hosts, run_options, serve_clone_wheel
+from pdfleet.cli.options import deployment_from_options, known_hosts, run_options, with_clone_wheel
 from pdfleet.fleet_status import UnitStatus, fleet_status
 from pdfleet.lab.control import up
 from pdfleet.ops.report import print_report
@@ -36,7 +36,7 @@ def demo(ctx: Context, profile: str = DEMO_PROFILE) -> None:
     up(this_lab(), lab_progress(console))
     deployment = deployment_from_options(ctx, profile, str(REPO_ROOT / LAB_INVENTORY))
     hosts = list(deployment.inventory.hosts.values())
-    serve_clone_wheel(deployment)
+    deployment = with_clone_wheel(deployment, lambda msg: console.print(msg, highlight=False))
     report = provision(deployment, hosts, run_options(ctx), console)
     print_report(report)
     rows = fleet_status(deployment, hosts, known_hosts(ctx))

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from invoke import Context
 
-from pdfleet.cli._common import repo_path, setting
+from pdfleet.cli._common import REPO_ROOT, repo_path, setting
 from pdfleet.errors import ConnectError
 from pdfleet.inventory import Host
 from pdfleet.lab.mirrors import refresh_if_served_here
 from pdfleet.lab.network import lab_route_problem
+from pdfleet.lab.paths import LabPaths
 from pdfleet.ops.runner import RunOptions
 from pdfleet.provision import Deployment, load_deployment
 from pdfleet.secrets import gateway_secrets
+from pdfleet.wheel import clone_wheel, wheel_name
 
 HELP = {
     "profile": "Profile name from profiles/ (see `invoke profiles`) or a path to a profile YAML file.",
@@ -44,11 +46,21 @@ def deployment_from_options(
     return dataclasses.replace(deployment, gateway_secrets=keys)
 
 
-def serve_clone_wheel(deployment: Deployment) -> None:
-    """Hosts of an `engine: sim` profile install this clone's pdfleet; when their PyPI mirror is the one
-    this machine serves (the lab's), put the current wheel on it before provisioning."""
-    if deployment.profile.vllm.engine == "sim":
-        refresh_if_served_here(deployment.profile.mirrors.pypi)
+def with_clone_wheel(deployment: Deployment, progress: Callable[[str], None]) -> Deployment:
+    """Hosts that run pdfleet code (gateway hosts; all hosts of an `engine: sim` profile) install this
+    clone's wheel. When their PyPI mirror is the one this machine serves (the lab's), put the current
+    wheel on it; else build it into the local cache. Roles upload that file and install from it."""
+    prof = deployment.profile
+    hosts = deployment.inventory.hosts.values()
+    gateway = prof.pools.colocated is not None and any(h.in_group("gateway") for h in hosts)
+    if not gateway and prof.vllm.engine != "sim":
+        return deployment
+    version = refresh_if_served_here(prof.mirrors.pypi)
+    if version is not None:
+        wheel = LabPaths().pypi_dir / "packages" / wheel_name(version)
+    else:
+        wheel = clone_wheel(REPO_ROOT, progress=progress)
+    return dataclasses.replace(deployment, pdfleet_wheel=wheel)
 
 
 def output_dir(ctx: Context, out: str | None) -> Path:

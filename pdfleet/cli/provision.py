@@ -12,7 +12,7 @@ from pdfleet.cli.options import (
     deployment_from_options,
     require_routable,
     run_options,
-    serve_clone_wheel,
+    with_clone_wheel,
 )
 from pdfleet.errors import ValidationError
 from pdfleet.ops.report import print_report
@@ -42,9 +42,10 @@ def provision(ctx: Context, profile: str, inventory: str | None = None, check: b
     deployment = deployment_from_options(ctx, profile, inventory, roles)
     hosts = list(deployment.inventory.limit(limit).hosts.values())
     require_routable(hosts)
-    serve_clone_wheel(deployment)
+    console = Console(stderr=True)
+    deployment = with_clone_wheel(deployment, lambda msg: console.print(msg, highlight=False))
     options = run_options(ctx, check=check, serial=serial, json=json, reboot=reboot)
-    report = run_provision(deployment, hosts, options, Console(stderr=True))
+    report = run_provision(deployment, hosts, options, console)
     print_report(report)
     if report.totals["failed"]:
         raise Exit(code=1)

@@ -4,14 +4,12 @@ Provisioning in the lab runs air-gapped like a secured site: hosts reach only th
 bound to the bridge address. Both repositories are built on the control machine and cached by a
 key over what they must contain, so a warm lab.up rebuilds nothing.
 
-The pdfleet wheel is built from this clone and relabelled `<release>+g<source hash>` (see
-`pdfleet.version.wheel_version`): pip builds it with pyproject.toml's static version, then
-`retag_wheel` rewrites the dist-info name, METADATA and RECORD. pyproject.toml never changes.
+The PyPI mirror also serves this clone's pdfleet wheel (`pdfleet.wheel`), built offline from the
+mirror's own setuptools/wheel.
 """
 
 from __future__ import annotations
 
-import base64
 import gzip
 import hashlib
 import importlib
@@ -20,10 +18,8 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 import tomllib
-import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
@@ -42,6 +38,7 @@ from pdfleet.lab.system import (
     start_detached,
 )
 from pdfleet.version import PACKAGE_DIR, wheel_version
+from pdfleet.wheel import build_pdfleet_wheel
 
 # Hosts run bookworm's CPython 3.11 on x86_64; wheels are chosen for that, whatever runs lab.up.
 HOST_PYTHON = "3.11"
@@ -230,61 +227,6 @@ def build_pypi_deps(paths: LabPaths, repo_root: Path, progress: Progress) -> Pat
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def build_pdfleet_wheel(repo_root: Path, out_dir: Path, build_tools: Path) -> Path:
-    """pdfleet's wheel from this clone's sources, built in a scratch copy, relabelled with the source hash.
-
-    The isolated build env gets setuptools and wheel from `build_tools` (the mirror's own wheels),
-    so the build needs no index and no build tools in the running venv.
-    """
-    version = wheel_version(repo_root / "pdfleet")
-    with tempfile.TemporaryDirectory(prefix="pdfleet-wheel-") as tmp:
-        src = Path(tmp, "src")
-        shutil.copytree(repo_root / "pdfleet", src / "pdfleet",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
-        shutil.copy2(repo_root / "pyproject.toml", src / "pyproject.toml")
-        readme = repo_root / "README.md"
-        # pyproject names a readme; a clone without one still builds.
-        (src / "README.md").write_text(readme.read_text() if readme.exists() else "pdfleet\n")
-        built = Path(tmp, "out")
-        run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index",
-             "--find-links", str(build_tools),
-             "--disable-pip-version-check", "--wheel-dir", str(built), str(src)])
-        wheels = list(built.glob("pdfleet-*.whl"))
-        if len(wheels) != 1:
-            raise LabError(f"building the pdfleet wheel produced {[w.name for w in wheels]}, expected one.")
-        return retag_wheel(wheels[0], version, out_dir)
-
-
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def retag_wheel(wheel: Path, version: str, out_dir: Path) -> Path:
-    """Copy a wheel under a new version: dist-info renamed, METADATA's Version and RECORD rewritten."""
-    name, old_version = wheel.name.split("-")[:2]
-    old_info, new_info = f"{name}-{old_version}.dist-info/", f"{name}-{version}.dist-info/"
-    target = out_dir / wheel.name.replace(f"{name}-{old_version}-", f"{name}-{version}-", 1)
-    records: list[str] = []
-    tmp = target.with_name(f".{target.name}.tmp")
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
-        for info in src.infolist():
-            arcname = info.filename
-            if arcname.startswith(old_info):
-                arcname = new_info + arcname[len(old_info):]
-            if arcname == new_info + "RECORD":
-                continue
-            data = src.read(info)
-            if arcname == new_info + "METADATA":
-                data = re.sub(rb"^Version: .*$", f"Version: {version}".encode(), data, count=1, flags=re.M)
-            dst.writestr(zipfile.ZipInfo(arcname, date_time=info.date_time), data,
-                         compress_type=zipfile.ZIP_DEFLATED)
-            records.append(f"{arcname},{_record_hash(data)},{len(data)}")
-        records.append(f"{new_info}RECORD,,")
-        dst.writestr(new_info + "RECORD", "\n".join(records) + "\n", compress_type=zipfile.ZIP_DEFLATED)
-    os.replace(tmp, target)
-    return target
 
 
 def refresh_pdfleet_wheel(paths: LabPaths | None = None, repo_root: Path | None = None) -> str:

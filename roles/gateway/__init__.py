@@ -20,6 +20,7 @@ NAME = "gateway"
 APT_PACKAGES: tuple[str, ...] = ()
 
 CONFIG_DIR = "/etc/pdfleet/gateway"
+WHEEL_DIR = "/opt/pdfleet/wheels"  # this clone's pdfleet wheel, uploaded by provision
 POLICY_FILE = f"{CONFIG_DIR}/policy.yaml"
 VENV = "/opt/pdfleet/gateway"
 GATEWAY_UNIT = "pdfleet-gateway.service"
@@ -159,11 +160,17 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         f"reload {GATEWAY_UNIT}", (check, Run(f"systemctl reload {GATEWAY_UNIT}")), unit=GATEWAY_UNIT
     )
     yield Directory("/opt/pdfleet", mode="0755")
+    find_links: tuple[str, ...] = ()
+    if ctx.pdfleet_wheel is not None:  # a site index does not carry this clone's pdfleet: bring it
+        yield Directory(WHEEL_DIR, mode="0755")
+        yield File(f"{WHEEL_DIR}/{ctx.pdfleet_wheel.name}", ctx.pdfleet_wheel.read_bytes(), mode="0644")
+        find_links = (WHEEL_DIR,)
     yield PipRequirements(
         VENV,
         (f"pdfleet=={ctx.pdfleet_version}", f"vllm-router=={gw.router_version}"),
         index_url=mirrors.pypi,
         trusted_host=mirrors.pypi_trusted_host,
+        find_links=find_links,
         notify=tuple(restarts.values()),
     )
     yield Directory(CONFIG_DIR, mode="0700", owner=SERVICE_USER, group=SERVICE_USER)

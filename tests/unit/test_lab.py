@@ -22,9 +22,7 @@ from pdfleet.lab.control import Lab, find_host
 from pdfleet.lab.hosts import LabHost, hosts_file, network_file
 from pdfleet.lab.image import ImageRecipe, host_debian_mirror
 from pdfleet.lab.mirrors import (
-    _record_hash,
     pypi_requirements,
-    retag_wheel,
     role_apt_packages,
     write_simple_index,
 )
@@ -32,6 +30,7 @@ from pdfleet.lab.paths import LabPaths
 from pdfleet.lab.sshkeys import ensure_client_key, known_hosts_lines, read_host_public_keys, write_host_keys
 from pdfleet.lab.system import LabError, ProcessRef, preflight
 from pdfleet.profile import check_against_inventory, load_profile
+from pdfleet.wheel import _record_hash, retag_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_YML = REPO / "inventory" / "lab.yml"
