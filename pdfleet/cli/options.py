@@ -49,13 +49,17 @@ def deployment_from_options(
 def with_clone_wheel(deployment: Deployment, progress: Callable[[str], None]) -> Deployment:
     """Hosts that run pdfleet code (gateway hosts; all hosts of an `engine: sim` profile) install this
     clone's wheel. When their PyPI mirror is the one this machine serves (the lab's), put the current
-    wheel on it; else build it into the local cache. Roles upload that file and install from it."""
+    wheel on it. The gateway role also uploads the wheel file (the lab's, else one built into the local
+    cache), since a site's own index does not carry it."""
     prof = deployment.profile
-    hosts = deployment.inventory.hosts.values()
-    gateway = prof.pools.colocated is not None and any(h.in_group("gateway") for h in hosts)
+    gateway = prof.pools.colocated is not None and any(
+        h.in_group("gateway") for h in deployment.inventory.hosts.values()
+    )
     if not gateway and prof.vllm.engine != "sim":
         return deployment
     version = refresh_if_served_here(prof.mirrors.pypi)
+    if not gateway:
+        return deployment
     if version is not None:
         wheel = LabPaths().pypi_dir / "packages" / wheel_name(version)
     else:

@@ -269,10 +269,6 @@ class Gateway:
             )
         try:
             return await handler(request)
-        except web.HTTPException as exc:  # raised by aiohttp itself (e.g. reading a bad body)
-            if exc.status < 400:
-                raise
-            return error_response(exc.status, exc.reason)
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception:

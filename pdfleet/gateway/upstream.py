@@ -134,7 +134,7 @@ class _Connection(asyncio.Protocol):
         self.in_body = False
         self.framing = "close"  # chunked | length | close
         self.remaining = 0  # length: body bytes left; chunked: bytes left of this chunk + its CRLF
-        self.chunk_state = 0  # 0 size line, 1 data, 2 trailers, 3 done
+        self.chunk_state = 0  # chunked framing: 0 size line, 1 data, 2 trailers, 3 done
         self.line = bytearray()  # a chunk-size or trailer line split across reads
         self.keep_alive = True
         self.got_body = False
@@ -172,7 +172,7 @@ class _Connection(asyncio.Protocol):
                 return
             data = bytes(self.head)
             self.head = bytearray()
-        if data or self.chunk_state == 3:
+        if data or (self.framing == "length" and self.remaining == 0):  # no body at all: ended already
             self._body(data)
 
     def eof_received(self) -> bool | None:
@@ -235,7 +235,7 @@ class _Connection(asyncio.Protocol):
                 return False
             self.framing = "chunked"
         elif status in (204, 304):
-            self.framing, self.content_length, self.chunk_state = "length", 0, 3
+            self.framing, self.remaining, self.content_length = "length", 0, 0
         elif "content-length" in headers:
             cl = headers["content-length"]
             if not cl.isdigit():
@@ -243,8 +243,6 @@ class _Connection(asyncio.Protocol):
                 return False
             self.framing, self.remaining = "length", int(cl)
             self.content_length = self.remaining
-            if self.remaining == 0:
-                self.chunk_state = 3
         else:
             self.framing, self.keep_alive = "close", False
         return True

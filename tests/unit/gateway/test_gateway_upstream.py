@@ -27,6 +27,9 @@ class RawServer:
     reply: Reply
     gap: float = 0.0
     close_after_reply: bool = False
+    # drop the connection, unanswered, on the request after this many replies on it: an origin closing
+    # an idle keep-alive connection just as the next request goes out
+    drop_after: int | None = None
     connections: int = 0
     requests: list[bytes] = field(default_factory=list)
     server: asyncio.Server | None = None
@@ -46,6 +49,7 @@ class RawServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        served = 0
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -55,6 +59,9 @@ class RawServer:
                         length = int(line.split(b":")[1])
                 req = head + await reader.readexactly(length)
                 self.requests.append(req)
+                if self.drop_after is not None and served >= self.drop_after:
+                    break
+                served += 1
                 for piece in self.reply(req):
                     writer.write(piece)
                     await writer.drain()
@@ -251,14 +258,22 @@ def test_failures_after_the_first_byte_end_the_relay_with_a_reason() -> None:
 
 
 def test_stale_keep_alive_connection_is_retried_on_a_new_one() -> None:
-    # the origin says keep-alive but closes every connection after its reply (as an idle timeout would)
     async def scenario() -> None:
+        # closed after its reply (the close arrives while idle): not reused, a new connection each time
         async with RawServer(lambda _req: [chunked(b"ok")], close_after_reply=True) as srv:
             client = UpstreamClient()
             for _ in range(3):
                 assert (await fetch(client, srv.url))[1] == b"ok"
-                await asyncio.sleep(0.05)  # let the close arrive... or not: both must work
+                await asyncio.sleep(0.05)
+            assert srv.connections == 3 and len(srv.requests) == 3
+            client.close()
+        # closed only when the next request arrives: that request is retried once on a new connection
+        async with RawServer(lambda _req: [chunked(b"ok")], drop_after=1) as srv:
+            client = UpstreamClient()
+            for _ in range(3):
+                assert (await fetch(client, srv.url))[1] == b"ok"
             assert srv.connections == 3
+            assert len(srv.requests) == 5  # requests 2 and 3 each reached a dropped connection first
             client.close()
 
     run(scenario())
