@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pdfleet.sim.launch import SimProcess, scrape_metrics  # noqa: E402
+from pdfleet.bench.launch import SimProcess, scrape_metrics  # noqa: E402
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pdfleet.sim.launch import RouterProcess, SimProcess, free_port  # noqa: E402
+from pdfleet.bench.launch import RouterProcess, SimProcess, free_port  # noqa: E402
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

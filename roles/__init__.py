@@ -1,1 +1,1 @@
-"""Roles: one concern each; pdfleet.roles_api describes the contract and the order they run in."""
+"""Roles: one concern each; pdfleet.fleet.roles describes the contract and the order they run in."""

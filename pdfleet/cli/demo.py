@@ -10,10 +10,10 @@ from rich.table import Table
 from pdfleet.cli._common import REPO_ROOT, user_errors
 from pdfleet.cli.lab import LAB_INVENTORY, lab_progress, this_lab
 from pdfleet.cli.options import deployment_from_options, known_hosts, run_options, with_clone_wheel
-from pdfleet.fleet_status import UnitStatus, fleet_status
+from pdfleet.fleet.provision import provision
+from pdfleet.fleet.status import UnitStatus, fleet_status
 from pdfleet.lab.control import up
 from pdfleet.ops.report import print_report
-from pdfleet.provision import provision
 
 DEMO_PROFILE = "lab-cross"
 

@@ -10,18 +10,18 @@ from invoke import Context
 
 from pdfleet.cli._common import REPO_ROOT, repo_path, setting
 from pdfleet.errors import ConnectError
-from pdfleet.inventory import Host
+from pdfleet.fleet.host_wheel import clone_wheel, wheel_name
+from pdfleet.fleet.provision import Deployment, load_deployment
+from pdfleet.fleet.secrets import gateway_secrets
 from pdfleet.lab.mirrors import refresh_if_served_here
 from pdfleet.lab.network import lab_route_problem
 from pdfleet.lab.paths import LabPaths
+from pdfleet.model.inventory import Host
 from pdfleet.ops.runner import RunOptions
-from pdfleet.provision import Deployment, load_deployment
-from pdfleet.secrets import gateway_secrets
-from pdfleet.wheel import clone_wheel, wheel_name
 
 HELP = {
     "profile": "Profile name from profiles/ (see `invoke profiles`) or a path to a profile YAML file.",
-    "inventory": "Ansible-format YAML inventory (default: pdfleet.inventory in invoke.yaml, the lab).",
+    "inventory": "Ansible-format YAML inventory (default: pdfleet.model.inventory in invoke.yaml, the lab).",
     "limit": "Only these hosts or groups, comma-separated (e.g. p1,decode).",
     "roles": "Only these roles, comma-separated, in their normal order (e.g. base,services).",
 }

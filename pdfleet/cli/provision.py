@@ -15,8 +15,8 @@ from pdfleet.cli.options import (
     with_clone_wheel,
 )
 from pdfleet.errors import ValidationError
+from pdfleet.fleet.provision import provision as run_provision
 from pdfleet.ops.report import print_report
-from pdfleet.provision import provision as run_provision
 
 
 @task(

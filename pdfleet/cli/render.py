@@ -6,8 +6,8 @@ from invoke import Context, task
 
 from pdfleet.cli._common import user_errors
 from pdfleet.cli.options import HELP, deployment_from_options, output_dir
-from pdfleet.provision import render_fleet
-from pdfleet.render import write_tree
+from pdfleet.fleet.provision import render_fleet
+from pdfleet.fleet.render import write_tree
 
 
 @task(

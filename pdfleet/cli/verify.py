@@ -10,11 +10,11 @@ from invoke.exceptions import Exit
 from pdfleet.cli._common import repo_path, setting, user_errors
 from pdfleet.cli.options import HELP, deployment_from_options, require_routable
 from pdfleet.errors import PdfleetError
-from pdfleet.inventory import Host
-from pdfleet.roles_api import role_units
+from pdfleet.fleet.roles import role_units
+from pdfleet.model.inventory import Host
 
 if TYPE_CHECKING:
-    from pdfleet.verify import Unit
+    from pdfleet.checks.verify import Unit
 
 
 @task(
@@ -40,7 +40,7 @@ def verify(
 ) -> None:
     """Check hosts against the profile over SSH: driver, RDMA, KV library, units, ports, /health, secrets."""
     try:  # pytest and testinfra are operator-side tools (the `test` extra), not host dependencies
-        from pdfleet.verify import VerifyOptions, managed_unit, print_results, run_verify
+        from pdfleet.checks.verify import VerifyOptions, managed_unit, print_results, run_verify
     except ImportError as exc:
         raise PdfleetError(
             f"invoke verify needs pytest and pytest-testinfra ({exc}); install them with "

@@ -26,7 +26,7 @@ from pdfleet.ops.base import FactSource
 from pdfleet.ops.facts import LoadedModules
 
 if TYPE_CHECKING:
-    from pdfleet.profile import GpuSpec
+    from pdfleet.model.profile import GpuSpec
 
 # DMA-BUF import of GPU memory by RDMA drivers (ib_umem_dmabuf) landed in Linux 5.12; NVIDIA exports
 # DMA-BUF only from the open kernel modules (reference/provisioning.md §1.4, §2.6).

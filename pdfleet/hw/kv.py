@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pdfleet.connectors import MOONCAKE, NIXL
+from pdfleet.fleet.render import env_value
 from pdfleet.hw.gpu import cuda_major
 from pdfleet.hw.rdma import ucx_net_devices
-from pdfleet.render import env_value
+from pdfleet.model.connectors import MOONCAKE, NIXL
 
 if TYPE_CHECKING:
-    from pdfleet.inventory import Host
-    from pdfleet.profile import Profile
+    from pdfleet.model.inventory import Host
+    from pdfleet.model.profile import Profile
 
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from pdfleet.hw.facts import Gid, NetdevInfo, QosState, QosTools, RdmaDevice
 
 if TYPE_CHECKING:
-    from pdfleet.profile import RdmaSpec
+    from pdfleet.model.profile import RdmaSpec
 
 ROCE_V2 = "RoCE v2"
 PORT = 1  # ConnectX Ethernet functions expose one port per RDMA device

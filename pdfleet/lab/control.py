@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdfleet.errors import ValidationError
-from pdfleet.inventory import load_inventory
 from pdfleet.lab import hosts as labhosts
 from pdfleet.lab import mirrors
 from pdfleet.lab.hosts import LabHost
@@ -21,6 +20,7 @@ from pdfleet.lab.paths import BRIDGE, BRIDGE_ADDRESS, NETWORK, LabPaths, apt_mir
 from pdfleet.lab.sshkeys import ensure_client_key, known_hosts_lines
 from pdfleet.lab.state import HostRecord, LabState
 from pdfleet.lab.system import LabError, Progress, atomic_write, exclusive, preflight, quiet_progress
+from pdfleet.model.inventory import load_inventory
 
 SSH_TIMEOUT = 90.0
 MAX_NAME = 12  # "vb-" + name must fit a 15-character interface name

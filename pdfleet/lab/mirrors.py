@@ -4,7 +4,7 @@ Provisioning in the lab runs air-gapped like a secured site: hosts reach only th
 bound to the bridge address. Both repositories are built on the control machine and cached by a
 key over what they must contain, so a warm lab.up rebuilds nothing.
 
-The PyPI mirror also serves this clone's pdfleet wheel (`pdfleet.wheel`), built offline from the
+The PyPI mirror also serves this clone's pdfleet wheel (`pdfleet.fleet.host_wheel`), built offline from the
 mirror's own setuptools/wheel.
 """
 
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
+from pdfleet.fleet.host_version import PACKAGE_DIR, wheel_version
+from pdfleet.fleet.host_wheel import build_pdfleet_wheel
 from pdfleet.lab.hosts import tcp_open, wait_tcp
 from pdfleet.lab.image import ImageRecipe
 from pdfleet.lab.paths import APT_PORT, BRIDGE_ADDRESS, PYPI_PORT, LabPaths, pypi_mirror_url
@@ -37,8 +39,6 @@ from pdfleet.lab.system import (
     run_streaming,
     start_detached,
 )
-from pdfleet.version import PACKAGE_DIR, wheel_version
-from pdfleet.wheel import build_pdfleet_wheel
 
 # Hosts run bookworm's CPython 3.11 on x86_64; wheels are chosen for that, whatever runs lab.up.
 HOST_PYTHON = "3.11"

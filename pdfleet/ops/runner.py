@@ -37,7 +37,7 @@ from pdfleet.ops.facts import DirectoryState, FileContent, FileState, HostFacts,
 from pdfleet.ops.ssh import Transport, open_connection
 
 if TYPE_CHECKING:
-    from pdfleet.inventory import Host
+    from pdfleet.model.inventory import Host
 
 Planner = Callable[["Host", FactSource], Iterable[Operation | Skip]]
 Progress = Callable[[str, str], None]  # (host name, message)

@@ -16,14 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdfleet.connectors import (  # connector names some vLLM version registers; vLLM's NIXL defaults
+from pdfleet.errors import ValidationError
+from pdfleet.model import catalog
+from pdfleet.model.catalog import GpuSpec, LinkSpec, ModelSpec
+from pdfleet.model.connectors import (  # connector names some vLLM version registers; vLLM's NIXL defaults
     ALL_KNOWN,
     NIXL_SIDE_CHANNEL_HOST,
     NIXL_SIDE_CHANNEL_PORT,
 )
-from pdfleet.errors import ValidationError
-from pdfleet.sim import catalog
-from pdfleet.sim.catalog import GpuSpec, LinkSpec, ModelSpec
 from pdfleet.sim.engine import DEFAULT_HOLD_TIMEOUT_S, Engine, EngineLimits
 from pdfleet.sim.perf import PerfModel
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdfleet.sim.catalog import LinkSpec
+from pdfleet.model.catalog import LinkSpec
 from pdfleet.sim.engine import Batch, Engine, SimRequest
 from pdfleet.sim.pd import LinkQueue
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from pdfleet.sim.catalog import DEFAULT_BLOCK_SIZE
+from pdfleet.model.catalog import DEFAULT_BLOCK_SIZE
 from pdfleet.sim.perf import PerfModel
 
 # How long a producer holds finished blocks for its consumer: VLLM_NIXL_ABORT_REQUEST_TIMEOUT's default

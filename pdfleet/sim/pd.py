@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pdfleet.sim.catalog import LinkSpec
+from pdfleet.model.catalog import LinkSpec
 
 log = logging.getLogger("pdfleet.sim.nixl")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdfleet.sim.catalog import TP_ALLREDUCE_S, GpuSpec, ModelSpec
+from pdfleet.model.catalog import TP_ALLREDUCE_S, GpuSpec, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pdfleet.fleet.render import RenderedFile
+from pdfleet.fleet.roles import CONFIG_DIR, SERVICE_USER, STATE_DIR, RoleContext
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.facts import AptPackages
 from pdfleet.ops.operations import AptPackage, AptUpdate, Directory, File, Group, User
-from pdfleet.render import RenderedFile
-from pdfleet.roles_api import CONFIG_DIR, SERVICE_USER, STATE_DIR, RoleContext
 from roles.base.defaults import APT_PACKAGES, MIRROR_LIST
 
 NAME = "base"

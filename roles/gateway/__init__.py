@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pdfleet.connectors import MOONCAKE, NIXL
+from pdfleet.fleet.pools import UNIT_DIR, pool_urls, serve_address
+from pdfleet.fleet.render import RenderedFile
+from pdfleet.fleet.roles import SERVICE_USER, ManagedUnit, RoleContext
+from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.operations import Directory, File, PipRequirements, Service, SystemdUnit, restart_handler
-from pdfleet.pools import UNIT_DIR, pool_urls, serve_address
-from pdfleet.render import RenderedFile
-from pdfleet.roles_api import SERVICE_USER, ManagedUnit, RoleContext
 
 NAME = "gateway"
 APT_PACKAGES: tuple[str, ...] = ()

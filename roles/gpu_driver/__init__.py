@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pdfleet.fleet.roles import RoleContext
 from pdfleet.hw import HardwareError
 from pdfleet.hw.gpu import GpuPlan, gather_gpu_facts, plan_gpu
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.ops.base import REBOOT_REQUIRED, FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.operations import AptPackage, AptRepo, File, KernelModule, Service
-from pdfleet.roles_api import RoleContext
 
 NAME = "gpu_driver"
 # Branch-specific packages (cuda-drivers-B, nvidia-kernel-open-B, nvidia-fabricmanager-B) come from

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pdfleet.fleet.roles import KV_ENV_FILE, RoleContext
 from pdfleet.hw.facts import KernelFact, NetdevFact, NvidiaPciFact, RdmaSysfsFact
 from pdfleet.hw.gpu import resolve_gpudirect
 from pdfleet.hw.kv import kv_env, kv_requirement, render_env, uses_rdma
 from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index, netdev_of
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.operations import File, PipRequirements
-from pdfleet.roles_api import KV_ENV_FILE, RoleContext
 
 NAME = "kv_transfer"
 APT_PACKAGES: tuple[str, ...] = ()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pdfleet.fleet.roles import RoleContext
 from pdfleet.hw import HardwareError
 from pdfleet.hw.facts import NetdevFact, NetdevInfo, QosFact, QosToolsFact, RdmaDevice, RdmaSysfsFact
 from pdfleet.hw.rdma import (
@@ -28,7 +29,6 @@ from pdfleet.hw.rdma import (
 )
 from pdfleet.ops.base import Change, FactSource, Operation, Skip
 from pdfleet.ops.operations import AptPackage, File, KernelModule, Service, SystemdUnit, restart_handler
-from pdfleet.roles_api import RoleContext
 
 NAME = "rdma"
 APT_PACKAGES: tuple[str, ...] = (

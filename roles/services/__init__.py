@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pdfleet.fleet.pools import HEALTH_TIMEOUT_S, PoolInstance
+from pdfleet.fleet.render import RenderedFile
+from pdfleet.fleet.roles import KV_ENV_FILE, SERVICE_USER, STATE_DIR, ManagedUnit, RoleContext
+from pdfleet.fleet.vllm_args import serve_argv
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.operations import File, Service, SystemdUnit
-from pdfleet.pools import HEALTH_TIMEOUT_S, PoolInstance
-from pdfleet.render import RenderedFile
-from pdfleet.roles_api import KV_ENV_FILE, SERVICE_USER, STATE_DIR, ManagedUnit, RoleContext
-from pdfleet.vllm_args import serve_argv
 
 NAME = "services"
 APT_PACKAGES: tuple[str, ...] = ()

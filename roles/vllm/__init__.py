@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pdfleet.fleet.roles import RoleContext
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.operations import Directory, PipRequirements
-from pdfleet.roles_api import RoleContext
 
 NAME = "vllm"
 APT_PACKAGES: tuple[str, ...] = ()

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.inventory import Inventory, load_inventory
 from pdfleet.lab.control import Lab, down, up
 from pdfleet.lab.hosts import LabHost, ssh_run
 from pdfleet.lab.paths import LabPaths
 from pdfleet.lab.system import REQUIRED_TOOLS
+from pdfleet.model.inventory import Inventory, load_inventory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAB_DIR = Path(__file__).resolve().parent

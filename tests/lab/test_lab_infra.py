@@ -12,6 +12,7 @@ import paramiko
 import pytest
 
 from pdfleet.errors import ConnectError
+from pdfleet.fleet.host_version import wheel_version
 from pdfleet.lab.control import down, status
 from pdfleet.lab.hosts import dirs, host_running, ssh_ok
 from pdfleet.lab.mirrors import SERVERS, refresh_pdfleet_wheel
@@ -19,7 +20,6 @@ from pdfleet.lab.network import link_exists
 from pdfleet.lab.paths import BRIDGE, BRIDGE_ADDRESS, apt_mirror_url, pypi_mirror_url
 from pdfleet.lab.state import LabState
 from pdfleet.ops.ssh import open_connection
-from pdfleet.version import wheel_version
 
 from .conftest import REPO_ROOT, LabHandle
 

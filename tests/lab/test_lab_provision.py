@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.inventory import load_inventory
+from pdfleet.fleet.pools import host_instances
 from pdfleet.lab.mirrors import refresh_pdfleet_wheel
 from pdfleet.lab.state import LabState
-from pdfleet.pools import host_instances
-from pdfleet.profile import load_profile
+from pdfleet.model.inventory import load_inventory
+from pdfleet.model.profile import load_profile
 
 from .conftest import REPO_ROOT, LabHandle
 

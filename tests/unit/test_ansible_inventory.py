@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pdfleet.inventory import IMPLICIT_GROUPS, load_inventory
+from pdfleet.model.inventory import IMPLICIT_GROUPS, load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 REPO_INVENTORIES = sorted(

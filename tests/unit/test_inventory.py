@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.inventory import load_inventory
+from pdfleet.model.inventory import load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ from invoke.exceptions import Exit
 
 import pdfleet.cli.lab as cli_lab
 from pdfleet.errors import ValidationError
-from pdfleet.inventory import load_inventory
+from pdfleet.fleet.host_wheel import _record_hash, retag_wheel
 from pdfleet.lab import system
 from pdfleet.lab.control import Lab, find_host
 from pdfleet.lab.hosts import LabHost, hosts_file, network_file
@@ -29,8 +29,8 @@ from pdfleet.lab.mirrors import (
 from pdfleet.lab.paths import LabPaths
 from pdfleet.lab.sshkeys import ensure_client_key, known_hosts_lines, read_host_public_keys, write_host_keys
 from pdfleet.lab.system import LabError, ProcessRef, preflight
-from pdfleet.profile import check_against_inventory, load_profile
-from pdfleet.wheel import _record_hash, retag_wheel
+from pdfleet.model.inventory import load_inventory
+from pdfleet.model.profile import check_against_inventory, load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_YML = REPO / "inventory" / "lab.yml"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.inventory import load_inventory
-from pdfleet.profile import check_against_inventory, list_profiles, load_profile
-from pdfleet.profile_checks import survey_profiles
+from pdfleet.model.checks import survey_profiles
+from pdfleet.model.inventory import load_inventory
+from pdfleet.model.profile import check_against_inventory, list_profiles, load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO / "profiles"
@@ -194,7 +194,7 @@ def test_every_profile_fits_some_inventory_in_the_repo(name: str) -> None:
 
 
 def test_connector_registry_and_suggestions() -> None:
-    from pdfleet import connectors
+    from pdfleet.model import connectors
 
     assert connectors.parse_version("0.11.0") == (0, 11, 0)
     assert connectors.parse_version("0.11.0rc2") == (0, 11, 0)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.inventory import load_inventory
-from pdfleet.profile import ProfileError, check_against_inventory, load_profile
+from pdfleet.model.inventory import load_inventory
+from pdfleet.model.profile import ProfileError, check_against_inventory, load_profile
 from tests.unit.test_profile_errors import GOOD
 
 CROSS_INV = """

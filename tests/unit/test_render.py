@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.provision import Deployment, load_deployment, render_fleet
-from pdfleet.render import RenderedFile, systemd_arg, write_tree
-from pdfleet.secrets import GatewaySecrets
+from pdfleet.fleet.provision import Deployment, load_deployment, render_fleet
+from pdfleet.fleet.render import RenderedFile, systemd_arg, write_tree
+from pdfleet.fleet.secrets import GatewaySecrets
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
@@ -165,8 +165,8 @@ def test_systemd_analyze_verify_accepts_rendered_units(profile: str, tmp_path: P
 def _profile_inventory_pairs() -> list[tuple[str, Path]]:
     """Every (profile, inventory) in the repo that validates together: what an operator could render."""
     from pdfleet.errors import ValidationError
-    from pdfleet.inventory import load_inventory
-    from pdfleet.profile import check_against_inventory, list_profiles, load_profile
+    from pdfleet.model.inventory import load_inventory
+    from pdfleet.model.profile import check_against_inventory, list_profiles, load_profile
 
     inventories = sorted((REPO / "inventory").rglob("*.yml"))
     pairs = []
@@ -182,7 +182,7 @@ def _profile_inventory_pairs() -> list[tuple[str, Path]]:
 
 
 def test_every_profile_renders_for_some_inventory() -> None:
-    from pdfleet.profile import list_profiles
+    from pdfleet.model.profile import list_profiles
 
     rendered = {name for name, _ in _profile_inventory_pairs()}
     assert rendered == set(list_profiles(REPO / "profiles"))

@@ -9,10 +9,10 @@ from typing import Any
 import yaml
 
 from pdfleet.hw import facts as hw
-from pdfleet.inventory import Host
+from pdfleet.model.inventory import Host
+from pdfleet.model.profile import Profile, load_profile
 from pdfleet.ops import facts as generic
 from pdfleet.ops.base import Fact, FakeFacts
-from pdfleet.profile import Profile, load_profile
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[3]
@@ -107,8 +107,8 @@ def host(
 
 def context(prof: Profile, h: Host) -> Any:
     """A RoleContext for one host (roles here read host, profile and instances only)."""
-    from pdfleet.pools import host_instances
-    from pdfleet.roles_api import RoleContext
+    from pdfleet.fleet.pools import host_instances
+    from pdfleet.fleet.roles import RoleContext
 
     return RoleContext(h, None, prof, None, host_instances(prof, h))  # type: ignore[arg-type]
 

@@ -8,10 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.errors import ValidationError
-from pdfleet.hw.kv import render_env
-from pdfleet.inventory import load_inventory
-from pdfleet.verify import (
+from pdfleet.checks.verify import (
     FAIL,
     PASS,
     SKIP,
@@ -29,6 +26,9 @@ from pdfleet.verify import (
     ssh_config,
     table_rows,
 )
+from pdfleet.errors import ValidationError
+from pdfleet.hw.kv import render_env
+from pdfleet.model.inventory import load_inventory
 from tests.unit.hw.helpers import REPO, host, pinned, profile
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.inventory import Host
+from pdfleet.model.inventory import Host
 from pdfleet.ops import runner
 from pdfleet.ops.base import REBOOT_REQUIRED, FactSource, Operation, Skip
 from pdfleet.ops.facts import CommandRc

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ConnectError
-from pdfleet.inventory import Host
+from pdfleet.model.inventory import Host
 from pdfleet.ops.base import Change, FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.operations import CommandOp, Directory, File, LineInFile
 from pdfleet.ops.runner import RunOptions, run_fleet

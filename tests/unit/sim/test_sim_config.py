@@ -13,7 +13,7 @@ from pdfleet.sim.config import parse_serve_args
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
-# What pdfleet.vllm_args.serve_argv renders for a lab decode instance with engine "sim".
+# What pdfleet.fleet.vllm_args.serve_argv renders for a lab decode instance with engine "sim".
 RENDERED = [
     "/opt/pdfleet/venv/bin/pdfleet-sim",
     "serve",

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from pdfleet.sim import catalog
+from pdfleet.model import catalog
 from pdfleet.sim.config import parse_serve_args
 from pdfleet.sim.des import EngineNode, PDPair, Record, Simulation, closed_loop
 from pdfleet.sim.engine import Engine, EngineLimits, SimRequest, State

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from pdfleet.inventory import Host
+from pdfleet.checks.verify import Unit, VerifyPlugin, remote_fact, secret_values
+from pdfleet.fleet.pools import ENV_DIR
+from pdfleet.model.inventory import Host
 from pdfleet.ops.facts import FactError, SystemdUnitState
-from pdfleet.pools import ENV_DIR
-from pdfleet.verify import Unit, VerifyPlugin, remote_fact, secret_values
 
 
 def units(verify: VerifyPlugin, pd_host: Host) -> list[Unit]:

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from pdfleet.checks.verify import VerifyPlugin
+from pdfleet.fleet.pools import host_instances
+from pdfleet.fleet.roles import KV_ENV_FILE
 from pdfleet.hw.kv import kv_import_name
-from pdfleet.inventory import Host
-from pdfleet.pools import host_instances
-from pdfleet.roles_api import KV_ENV_FILE
-from pdfleet.verify import VerifyPlugin
+from pdfleet.model.inventory import Host
 
 
 def kv_host(verify: VerifyPlugin, pd_host: Host) -> None:

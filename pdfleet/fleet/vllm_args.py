@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pdfleet.fleet.pools import PoolInstance, serve_address
 from pdfleet.hw.kv import kv_connector_extra_config
-from pdfleet.inventory import Host
-from pdfleet.pools import PoolInstance, serve_address
-from pdfleet.profile import Profile
+from pdfleet.model.inventory import Host
+from pdfleet.model.profile import Profile
 
 
 def kv_transfer_config(profile: Profile, host: Host, inst: PoolInstance) -> dict[str, Any] | None:

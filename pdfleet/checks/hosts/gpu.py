@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
+from pdfleet.checks.verify import VerifyPlugin, remote_fact
+from pdfleet.fleet.pools import host_instances
 from pdfleet.hw import facts as hw
 from pdfleet.hw.gpu import driver_branch, pinned_loaded, resolve_gpudirect
 from pdfleet.hw.kv import uses_rdma
-from pdfleet.inventory import Host
+from pdfleet.model.inventory import Host
 from pdfleet.ops.facts import LoadedModules
-from pdfleet.pools import host_instances
-from pdfleet.verify import VerifyPlugin, remote_fact
 
 
 def gpu_host(verify: VerifyPlugin, pd_host: Host, target: Any) -> hw.NvidiaPci:

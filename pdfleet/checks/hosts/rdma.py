@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from pdfleet.checks.verify import VerifyPlugin, read_env, remote_fact
+from pdfleet.fleet.roles import KV_ENV_FILE
 from pdfleet.hw import facts as hw
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.hw.rdma import (
@@ -17,9 +19,7 @@ from pdfleet.hw.rdma import (
     qos_converged,
     qos_tool,
 )
-from pdfleet.inventory import Host
-from pdfleet.roles_api import KV_ENV_FILE
-from pdfleet.verify import VerifyPlugin, read_env, remote_fact
+from pdfleet.model.inventory import Host
 
 
 def rdma_devices(verify: VerifyPlugin, pd_host: Host, target: Any) -> dict[str, hw.RdmaDevice]:

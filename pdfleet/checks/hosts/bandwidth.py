@@ -7,12 +7,12 @@ import time
 
 import pytest
 
+from pdfleet.checks.verify import VerifyPlugin, parse_ib_write_bw, read_env, remote_fact
+from pdfleet.fleet.roles import KV_ENV_FILE
 from pdfleet.hw import facts as hw
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.hw.rdma import netdev_of
-from pdfleet.inventory import Host
-from pdfleet.roles_api import KV_ENV_FILE
-from pdfleet.verify import VerifyPlugin, parse_ib_write_bw, read_env, remote_fact
+from pdfleet.model.inventory import Host
 
 PORT = 18515  # perftest's default TCP port for the out-of-band exchange
 SECONDS = 5

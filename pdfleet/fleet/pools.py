@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdfleet.inventory import Host
+from pdfleet.model.inventory import Host
+from pdfleet.model.profile import PoolSpec, Profile
 from pdfleet.ops.base import Handler
 from pdfleet.ops.operations import restart_handler
-from pdfleet.profile import PoolSpec, Profile
 
 ENV_DIR = "/etc/pdfleet"
 UNIT_DIR = "/etc/systemd/system"

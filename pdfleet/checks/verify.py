@@ -1,6 +1,6 @@
 """`invoke verify`: testinfra checks of every host over SSH, as a host × check table and JUnit XML.
 
-The checks live in tests/hosts/ (one module per concern) and are run programmatically with pytest.
+The checks live in pdfleet.checks.hosts (one module per concern) and are run programmatically with pytest.
 A VerifyPlugin hands them the validated profile and inventory, parametrises them over the selected
 hosts, connects testinfra's `ssh://` backend through an ssh_config generated from the inventory
 (strict host-key checking against the inventory's known_hosts) and records every outcome. A
@@ -22,12 +22,15 @@ from urllib.parse import urlsplit
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.inventory import Host, Inventory
+from pdfleet.fleet.pools import host_instances
+from pdfleet.model.inventory import Host, Inventory
+from pdfleet.model.profile import Profile
 from pdfleet.ops.base import Fact
-from pdfleet.pools import host_instances
-from pdfleet.profile import Profile
 
-HOST_CHECKS_DIR = Path(__file__).resolve().parents[1] / "tests" / "hosts"
+HOST_CHECKS_DIR = Path(__file__).resolve().parent / "hosts"
+# The checks are product modules named for their concern (gpu.py, not test_gpu.py); this ini makes pytest
+# collect them, and keeps the clone's own pytest settings (addopts, testpaths) out of the run.
+HOST_CHECKS_INI = "[pytest]\npython_files = *.py\n"
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 T = TypeVar("T")
 
@@ -159,7 +162,7 @@ def secret_values(env_text: str) -> list[str]:
 
 
 def _host_and_check(nodeid: str) -> tuple[str, str]:
-    """`tests/hosts/test_gpu.py::test_persistence_on[lab-p1]` → ("lab-p1", "gpu/persistence_on")."""
+    """`gpu.py::test_persistence_on[lab-p1]` → ("lab-p1", "gpu/persistence_on")."""
     path, _, rest = nodeid.partition("::")
     func, _, param = rest.partition("[")
     module = Path(path).stem.removeprefix("test_")
@@ -195,7 +198,7 @@ def _ssh_error(target: Any) -> str:
 
 @dataclass(eq=False)  # pluggy keeps plugins in sets: hash by identity
 class VerifyPlugin:
-    """pytest plugin giving tests/hosts the profile, the inventory and an SSH target per host."""
+    """pytest plugin giving the host checks the profile, the inventory and an SSH target per host."""
 
     profile: Profile
     inventory: Inventory
@@ -295,7 +298,7 @@ def run_verify(
     options: VerifyOptions,
     units_for: Callable[[Host], list[Unit]] | None = None,
 ) -> VerifyRun:
-    """Run tests/hosts against the hosts; every outcome is returned, JUnit XML written if asked."""
+    """Run the host checks against the hosts; every outcome is returned, JUnit XML written if asked."""
     if not hosts:
         raise ValidationError("verify: no hosts selected (check --limit)")
     with tempfile.TemporaryDirectory(prefix="pdfleet-verify-") as tmp:
@@ -306,15 +309,19 @@ def run_verify(
             ssh_config(hosts, options.default_known_hosts, work / "cm", options.connect_timeout)
         )
         plugin = VerifyPlugin(profile, inventory, list(hosts), options, config, units_for)
+        ini = work / "pytest.ini"
+        ini.write_text(HOST_CHECKS_INI)
         args = [
             str(HOST_CHECKS_DIR),
+            "-c",
+            str(ini),
             "-qq",
             "--tb=no",
             "-p",
             "no:cacheprovider",
             "--no-header",
             "-rN",
-            f"--rootdir={HOST_CHECKS_DIR.parents[1]}",
+            f"--rootdir={HOST_CHECKS_DIR}",
         ]
         if options.junit:
             args.append(f"--junitxml={options.junit}")

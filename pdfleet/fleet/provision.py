@@ -10,16 +10,16 @@ from types import ModuleType
 
 from rich.console import Console
 
-from pdfleet.inventory import Host, Inventory, load_inventory
+from pdfleet.fleet.host_version import wheel_version
+from pdfleet.fleet.pools import host_instances
+from pdfleet.fleet.render import RenderedFile, Renderer
+from pdfleet.fleet.roles import RoleContext, load_roles, role_files
+from pdfleet.fleet.secrets import GatewaySecrets
+from pdfleet.model.inventory import Host, Inventory, load_inventory
+from pdfleet.model.profile import Profile, check_against_inventory, load_profile
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.report import console_progress
 from pdfleet.ops.runner import Report, RunOptions, run_fleet
-from pdfleet.pools import host_instances
-from pdfleet.profile import Profile, check_against_inventory, load_profile
-from pdfleet.render import RenderedFile, Renderer
-from pdfleet.roles_api import RoleContext, load_roles, role_files
-from pdfleet.secrets import GatewaySecrets
-from pdfleet.version import wheel_version
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Deployment:
     renderer: Renderer
     pdfleet_version: str
     gateway_secrets: GatewaySecrets | None = None
-    pdfleet_wheel: Path | None = None  # this clone's wheel (pdfleet.wheel), uploaded by the roles needing it
+    pdfleet_wheel: Path | None = None  # this clone's host wheel, uploaded by the roles needing it
 
     def context(self, host: Host) -> RoleContext:
         """What the roles see for one host, with its vLLM instances computed once."""

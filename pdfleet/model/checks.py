@@ -8,13 +8,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdfleet import connectors
-from pdfleet.connectors import MOONCAKE, NIXL
 from pdfleet.errors import ValidationError
-from pdfleet.inventory import Host, Inventory
+from pdfleet.model import connectors
+from pdfleet.model.connectors import MOONCAKE, NIXL
+from pdfleet.model.inventory import Host, Inventory
 
-# pdfleet.profile imports this module inside its functions, so importing it at top level is not circular.
-from pdfleet.profile import (
+# pdfleet.model.profile imports this module inside its functions (the cycle goes with the profile split).
+from pdfleet.model.profile import (
     DEFAULT_KV_ROLES,
     KVTransferSpec,
     PoolSpec,

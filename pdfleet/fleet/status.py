@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pdfleet.errors import PdfleetError
-from pdfleet.inventory import Host
+from pdfleet.fleet.provision import Deployment
+from pdfleet.fleet.roles import ManagedUnit, role_units
+from pdfleet.model.inventory import Host
 from pdfleet.ops.ssh import open_connection
-from pdfleet.provision import Deployment
-from pdfleet.roles_api import ManagedUnit, role_units
 
 
 @dataclass(frozen=True)

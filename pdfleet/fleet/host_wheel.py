@@ -5,7 +5,7 @@ clone that provisions them, and a real site's PyPI mirror does not carry that. S
 the wheel on the control machine (cached by version), uploads it, and pip installs it from a local
 directory on the host, taking only the dependencies from the site's index. pip builds the wheel with
 pyproject.toml's static version; `retag_wheel` rewrites the dist-info name, METADATA and RECORD to
-`<release>+g<source hash>` (`pdfleet.version.wheel_version`). pyproject.toml never changes.
+`<release>+g<source hash>` (`pdfleet.fleet.host_version.wheel_version`). pyproject.toml never changes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pdfleet.errors import PdfleetError
-from pdfleet.version import wheel_version
+from pdfleet.fleet.host_version import wheel_version
 
 DEFAULT_CACHE = Path("~/.cache/pdfleet/wheels")
 

@@ -16,11 +16,11 @@ from types import ModuleType
 from typing import Any
 
 from pdfleet.errors import ValidationError
-from pdfleet.inventory import Host, Inventory
-from pdfleet.pools import ENV_DIR, PoolInstance
-from pdfleet.profile import Profile
-from pdfleet.render import RenderedFile, Renderer
-from pdfleet.secrets import GatewaySecrets
+from pdfleet.fleet.pools import ENV_DIR, PoolInstance
+from pdfleet.fleet.render import RenderedFile, Renderer
+from pdfleet.fleet.secrets import GatewaySecrets
+from pdfleet.model.inventory import Host, Inventory
+from pdfleet.model.profile import Profile
 
 # Dependency order: drivers and NICs before the KV libraries, the venv before the units using it.
 ROLE_ORDER = ("base", "gpu_driver", "rdma", "kv_transfer", "vllm", "services", "gateway", "monitoring")
@@ -40,7 +40,7 @@ class RoleContext:
     profile: Profile
     renderer: Renderer
     instances: list[PoolInstance] = field(default_factory=list)
-    pdfleet_version: str = ""  # the pdfleet wheel version hosts install (pdfleet.version)
+    pdfleet_version: str = ""  # the pdfleet wheel version hosts install (pdfleet.fleet.host_version)
     gateway_secrets: GatewaySecrets | None = None  # hashes of the gateway's client/admin keys
     # that version's wheel on the control machine, uploaded to hosts that install pdfleet (None: the
     # hosts' PyPI index must serve it)

@@ -18,10 +18,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
-from pdfleet.connectors import MOONCAKE, NIXL, NIXL_SIDE_CHANNEL_PORT
 from pdfleet.errors import ValidationError
-from pdfleet.inventory import Inventory, read_yaml
-from pdfleet.sim import catalog
+from pdfleet.model import catalog
+from pdfleet.model.connectors import MOONCAKE, NIXL, NIXL_SIDE_CHANNEL_PORT
+from pdfleet.model.inventory import Inventory, read_yaml
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
 PROFILE_SUFFIXES = (".yml", ".yaml")
@@ -376,7 +376,7 @@ def _load_raw(path: Path, chain: list[Path], origins: Origins) -> dict[str, Any]
 
 def load_profile(name_or_path: str, profiles_dir: Path) -> Profile:
     """Load, merge (`extends:`) and validate a profile; raises ProfileError listing every problem."""
-    from pdfleet.profile_checks import profile_problems
+    from pdfleet.model.checks import profile_problems
 
     path = resolve_profile(str(name_or_path), Path(profiles_dir))
     origins: Origins = {}
@@ -405,7 +405,7 @@ def raw_profile(name_or_path: str, profiles_dir: Path) -> dict[str, Any]:
 
 def check_against_inventory(profile: Profile, inventory: Inventory) -> None:
     """Semantic checks needing hosts (ports, GPUs, groups, RDMA devices); one error listing all problems."""
-    from pdfleet.profile_checks import inventory_problems
+    from pdfleet.model.checks import inventory_problems
 
     problems = inventory_problems(profile, inventory)
     if problems:

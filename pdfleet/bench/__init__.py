@@ -1,0 +1,1 @@
+"""Benchmark library: processes on loopback, workloads, streaming clients, statistics, reports."""

@@ -1,0 +1,1 @@
+"""Checks of a provisioned fleet: `invoke verify` (testinfra host checks)."""

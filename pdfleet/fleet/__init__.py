@@ -1,0 +1,1 @@
+"""The fleet as pdfleet deploys it: topology, deployment, roles' contract, rendering, provisioning."""
