@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pdfleet.bench.launch import SimProcess, scrape_metrics  # noqa: E402
+from pdfleet.bench.launch import SimProcess  # noqa: E402
+from pdfleet.metrics.scrape import scrape_metrics  # noqa: E402
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -26,17 +26,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def scrape_metrics(url: str) -> dict[str, float]:
-    """A server's /metrics as metric name -> value summed over label sets (enough for before/after deltas)."""
-    out: dict[str, float] = {}
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if line and not line.startswith("#"):
-                name = line.split("{", 1)[0].split(" ", 1)[0]
-                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def wait_http(
     url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None
 ) -> None:

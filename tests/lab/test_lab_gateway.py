@@ -14,8 +14,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from pdfleet.bench.launch import scrape_metrics
 from pdfleet.lab.paths import LabPaths
+from pdfleet.metrics.scrape import scrape_metrics
 
 from .conftest import REPO_ROOT, LabHandle
 

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from pdfleet.bench.launch import SimProcess, scrape_metrics
+from pdfleet.bench.launch import SimProcess
+from pdfleet.metrics.scrape import scrape_metrics
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

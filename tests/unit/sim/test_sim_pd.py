@@ -14,7 +14,8 @@ from typing import Any
 import openai
 import pytest
 
-from pdfleet.bench.launch import RouterProcess, SimProcess, free_port, scrape_metrics
+from pdfleet.bench.launch import RouterProcess, SimProcess, free_port
+from pdfleet.metrics.scrape import scrape_metrics
 from pdfleet.sim.pd import ReadGrant, SideChannelServer, pull
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -1,0 +1,1 @@
+"""Reading metrics: a direct scrape of one /metrics endpoint (and, with monitoring, Prometheus)."""
