@@ -18,7 +18,7 @@ from pdfleet.lab.control import Lab, down, find_host, status, up
 from pdfleet.lab.mirrors import refresh_pdfleet_wheel
 from pdfleet.lab.paths import LOGIN_USER, LabPaths
 from pdfleet.lab.system import preflight
-from pdfleet.model.profile import load_profile
+from pdfleet.model.profile_loader import load_profile
 
 LAB_INVENTORY = "inventory/lab.yml"
 

@@ -9,8 +9,8 @@ from invoke.exceptions import Exit
 
 from pdfleet.cli._common import repo_path, setting, user_errors
 from pdfleet.errors import ValidationError
-from pdfleet.model.checks import survey_profiles
 from pdfleet.model.inventory import load_inventory
+from pdfleet.model.survey import survey_profiles
 
 
 @task(

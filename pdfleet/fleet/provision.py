@@ -16,7 +16,9 @@ from pdfleet.fleet.render import RenderedFile, Renderer
 from pdfleet.fleet.roles import RoleContext, load_roles, role_files
 from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.model.inventory import Host, Inventory, load_inventory
-from pdfleet.model.profile import Profile, check_against_inventory, load_profile
+from pdfleet.model.inventory_checks import check_against_inventory
+from pdfleet.model.profile import Profile
+from pdfleet.model.profile_loader import load_profile
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.report import console_progress
 from pdfleet.ops.runner import Report, RunOptions, run_fleet

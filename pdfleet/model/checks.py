@@ -1,30 +1,19 @@
-"""Semantic checks the schema cannot express: topology vs pools, kv_role, connector vs pinned vLLM,
-ports and GPUs per host, and (with an inventory) groups, GPU indices and RDMA devices of real hosts."""
+"""Semantic checks of a profile the schema cannot express: topology vs pools, kv_role, connector vs
+pinned vLLM, extra_args vs rendered flags, ports and GPUs that one host would use twice.
+
+Checks that need the hosts (groups, GPU indices, RDMA devices) are in inventory_checks.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-from pdfleet.errors import ValidationError
 from pdfleet.model import connectors
 from pdfleet.model.connectors import MOONCAKE, NIXL
-from pdfleet.model.inventory import Host, Inventory
-
-# pdfleet.model.profile imports this module inside its functions (the cycle goes with the profile split).
-from pdfleet.model.profile import (
-    DEFAULT_KV_ROLES,
-    KVTransferSpec,
-    PoolSpec,
-    Profile,
-    VllmSpec,
-    check_against_inventory,
-    list_profiles,
-    load_profile,
-    raw_profile,
-)
+from pdfleet.model.inventory import Host
+from pdfleet.model.profile import DEFAULT_KV_ROLES, PoolSpec, Profile, ProfileError
 
 # vllm serve flags pdfleet renders from pool keys; extra_args must not set them a second time.
 MANAGED_FLAGS: dict[str, str] = {
@@ -52,6 +41,11 @@ class Problem:
     message: str
 
 
+def problems_error(profile: Profile, problems: Iterable[Problem]) -> ProfileError:
+    """One error listing every problem as `file: key.path: message` (the file that set the key)."""
+    return ProfileError([f"{profile.origin_of(p.path)}: {p.path}: {p.message}" for p in problems])
+
+
 def profile_problems(profile: Profile) -> list[Problem]:
     """Every problem visible from the profile alone (no inventory)."""
     version = connectors.parse_version(profile.vllm.version)
@@ -67,23 +61,9 @@ def profile_problems(profile: Profile) -> list[Problem]:
     problems += _driver_problems(profile)
     problems += _mirror_problems(profile)
     if profile.topology == "same-host":
-        problems += _shared_host_problems(profile, ["prefill", "decode"], gateway=False, where=None)
-    problems += _shared_host_problems(profile, [], gateway=True, where=None)
+        problems += shared_host_problems(profile, ["prefill", "decode"], gateway=False, where=None)
+    problems += shared_host_problems(profile, [], gateway=True, where=None)
     return problems
-
-
-def inventory_problems(profile: Profile, inventory: Inventory) -> list[Problem]:
-    """Problems of this profile on these hosts: groups, GPU indices, RDMA devices, port/GPU clashes."""
-    problems = list(_group_problems(profile, inventory))
-    for pool, spec in profile.pools.items():
-        for host in inventory.group(pool):
-            problems += _host_gpu_problems(pool, spec, host, inventory)
-    problems += _address_problems(profile, inventory)
-    problems += _rdma_host_problems(profile, inventory)
-    for host in inventory.hosts.values():
-        pools = [pool for pool, _ in profile.pools.items() if host.in_group(pool)]
-        problems += _shared_host_problems(profile, pools, gateway=host.in_group("gateway"), where=host)
-    return _dedupe(problems)
 
 
 def stage_problem(profile: Profile, stage: str) -> str | None:
@@ -186,7 +166,7 @@ def _connector_problems(profile: Profile, version: connectors.Version) -> Iterab
         )
 
 
-def _is_loopback(value: str) -> bool:
+def is_loopback(value: str) -> bool:
     """localhost, 127.0.0.0/8, ::1 or the wildcard: not an address another host can reach."""
     if value.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
         return True
@@ -202,7 +182,7 @@ def _side_channel_host_problems(profile: Profile) -> Iterable[Problem]:
     kv = profile.kv_transfer
     if profile.topology != "cross-host" or kv.connector != NIXL or kv.side_channel_host == "auto":
         return
-    if _is_loopback(kv.side_channel_host):
+    if is_loopback(kv.side_channel_host):
         yield Problem(
             "kv_transfer.side_channel_host",
             f"{kv.side_channel_host!r} is not reachable from other hosts in a cross-host topology; "
@@ -286,7 +266,7 @@ def _mirror_problems(profile: Profile) -> Iterable[Problem]:
         yield Problem("mirrors.pypi_trusted_host", "is set but mirrors.pypi is not; set both or neither")
 
 
-# --------------------------------------------------------------------------- per-host checks
+# --------------------------------------------------------------------------- what one host runs
 
 
 def _host_ports(profile: Profile, pools: list[str], gateway: bool) -> list[tuple[int, str]]:
@@ -312,7 +292,7 @@ def _host_ports(profile: Profile, pools: list[str], gateway: bool) -> list[tuple
     return ports
 
 
-def _shared_host_problems(
+def shared_host_problems(
     profile: Profile, pools: list[str], gateway: bool, where: Host | None
 ) -> list[Problem]:
     """Ports and GPUs must be distinct among everything one host runs."""
@@ -341,154 +321,3 @@ def _shared_host_problems(
                 )
             owners.setdefault(gpu, pool)
     return problems
-
-
-def _group_problems(profile: Profile, inventory: Inventory) -> Iterable[Problem]:
-    """The inventory groups the topology needs: colocated; prefill+decode on shared or distinct hosts."""
-    src = inventory.source
-    groups = ", ".join(inventory.groups) or "(none)"
-    if profile.topology == "colocated":
-        if not inventory.group("colocated"):
-            yield Problem("topology", f"colocated needs hosts in group colocated; {src} has groups: {groups}")
-        return
-    if profile.pools.colocated is not None and not inventory.group("colocated"):
-        yield Problem(
-            "pools.colocated",
-            f"the colocated baseline pool needs hosts in group colocated; {src} has groups: {groups}",
-        )
-    prefill = [h.name for h in inventory.group("prefill")]
-    decode = [h.name for h in inventory.group("decode")]
-    for pool, members in (("prefill", prefill), ("decode", decode)):
-        if not members:
-            yield Problem(
-                "topology", f"{profile.topology} needs hosts in group {pool}; {src} has groups: {groups}"
-            )
-    if not prefill or not decode:
-        return
-    both = [h for h in prefill if h in decode]
-    if profile.topology == "same-host":
-        if not both:
-            yield Problem(
-                "topology",
-                f"same-host needs a host in both groups prefill and decode; in {src} prefill is "
-                f"{', '.join(prefill)} and decode is {', '.join(decode)}",
-            )
-        alone = [h for h in [*prefill, *decode] if h not in both]
-        if both and alone:
-            yield Problem(
-                "topology",
-                f"same-host runs prefill and decode on the same hosts; {', '.join(dict.fromkeys(alone))} "
-                f"in {src} is in only one of the groups prefill/decode",
-            )
-    elif both:
-        yield Problem(
-            "topology",
-            f"cross-host needs distinct prefill and decode hosts; {', '.join(both)} in {src} is in both "
-            "(use a same-host profile for that)",
-        )
-
-
-def _host_gpu_problems(pool: str, spec: PoolSpec, host: Host, inventory: Inventory) -> Iterable[Problem]:
-    """The pool's GPU indices must exist on every host of the pool (inventory var `gpus`)."""
-    if not host.gpus:
-        yield Problem(
-            f"pools.{pool}.gpus",
-            f"host {host.name} declares no gpus in {inventory.source} (inventory var gpus, e.g. [0, 1])",
-        )
-        return
-    missing = [gpu for gpu in spec.gpus if gpu not in host.gpus]
-    if missing:
-        yield Problem(
-            f"pools.{pool}.gpus",
-            f"GPU {', '.join(map(str, missing))} is not on host {host.name} "
-            f"({inventory.source} declares gpus {list(host.gpus)})",
-        )
-
-
-def _address_problems(profile: Profile, inventory: Inventory) -> Iterable[Problem]:
-    """Cross-host KV transfer needs each P/D host's address to be reachable from the others."""
-    if profile.topology != "cross-host" or profile.kv_transfer.side_channel_host != "auto":
-        return
-    for host in [*inventory.group("prefill"), *inventory.group("decode")]:
-        if _is_loopback(host.address):
-            yield Problem(
-                "kv_transfer.side_channel_host",
-                f"auto uses host {host.name}'s address {host.address!r}, which other hosts cannot reach; "
-                f"set ansible_host in {inventory.source}",
-            )
-
-
-def _rdma_host_problems(profile: Profile, inventory: Inventory) -> Iterable[Problem]:
-    """With RDMA on, every prefill/decode host must declare its RDMA devices and netdev."""
-    if not profile.rdma.enabled or not profile.disaggregated:
-        return
-    names = dict.fromkeys(h.name for h in [*inventory.group("prefill"), *inventory.group("decode")])
-    for host in (inventory.hosts[name] for name in names):
-        if not host.rdma_devices:
-            yield Problem(
-                "rdma.enabled",
-                f"host {host.name} declares no rdma_devices in {inventory.source} (e.g. [mlx5_0])",
-            )
-        if not host.rdma_netdev:
-            yield Problem(
-                "rdma.enabled",
-                f"host {host.name} declares no rdma_netdev in {inventory.source} "
-                "(the RoCE interface, e.g. ens1f0np0)",
-            )
-
-
-def _dedupe(problems: list[Problem]) -> list[Problem]:
-    """Drop repeats (the same clash found from two hosts' points of view), keeping order."""
-    return list(dict.fromkeys(problems))
-
-
-# --------------------------------------------------------------------------- survey (invoke profiles)
-
-
-@dataclass(frozen=True)
-class ProfileStatus:
-    """One line of `invoke profiles`: what a profile is and every problem it has (empty = valid)."""
-
-    name: str
-    topology: str
-    engine: str
-    connector: str
-    vllm: str
-    problems: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        """True when the profile validated (and fitted the inventory, if one was given)."""
-        return not self.problems
-
-
-def survey_profiles(
-    profiles_dir: Path, inventory: Inventory | None = None, names: Iterable[str] | None = None
-) -> list[ProfileStatus]:
-    """Validate each listed profile (or every one in the directory), optionally against an inventory."""
-    default_engine = VllmSpec.model_fields["engine"].default
-    default_connector = KVTransferSpec.model_fields["connector"].default
-    statuses = []
-    for name in list(names) if names is not None else list_profiles(profiles_dir):
-        try:
-            profile = load_profile(name, profiles_dir)
-            if inventory is not None:
-                check_against_inventory(profile, inventory)
-            problems: tuple[str, ...] = ()
-        except ValidationError as exc:
-            problems = tuple(getattr(exc, "problems", None) or [str(exc)])
-        raw = raw_profile(name, profiles_dir)
-        kv = raw.get("kv_transfer") if isinstance(raw.get("kv_transfer"), dict) else {}
-        vllm = raw.get("vllm") if isinstance(raw.get("vllm"), dict) else {}
-        topology = str(raw.get("topology", "?"))
-        statuses.append(
-            ProfileStatus(
-                name=name,
-                topology=topology,
-                engine=str(vllm.get("engine", default_engine)),
-                connector="-" if topology == "colocated" else str(kv.get("connector", default_connector)),
-                vllm=str(vllm.get("version", "?")),
-                problems=problems,
-            )
-        )
-    return statuses

@@ -16,7 +16,7 @@ from pdfleet.fleet.pools import host_instances
 from pdfleet.lab.mirrors import refresh_pdfleet_wheel
 from pdfleet.lab.state import LabState
 from pdfleet.model.inventory import load_inventory
-from pdfleet.model.profile import load_profile
+from pdfleet.model.profile_loader import load_profile
 
 from .conftest import REPO_ROOT, LabHandle
 

@@ -30,7 +30,8 @@ from pdfleet.lab.paths import LabPaths
 from pdfleet.lab.sshkeys import ensure_client_key, known_hosts_lines, read_host_public_keys, write_host_keys
 from pdfleet.lab.system import LabError, ProcessRef, preflight
 from pdfleet.model.inventory import load_inventory
-from pdfleet.model.profile import check_against_inventory, load_profile
+from pdfleet.model.inventory_checks import check_against_inventory
+from pdfleet.model.profile_loader import load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 LAB_YML = REPO / "inventory" / "lab.yml"

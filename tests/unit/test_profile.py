@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.model.checks import survey_profiles
 from pdfleet.model.inventory import load_inventory
-from pdfleet.model.profile import check_against_inventory, list_profiles, load_profile
+from pdfleet.model.inventory_checks import check_against_inventory
+from pdfleet.model.profile_loader import list_profiles, load_profile
+from pdfleet.model.survey import survey_profiles
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO / "profiles"

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.model.profile import ProfileError, load_profile
+from pdfleet.model.profile import ProfileError
+from pdfleet.model.profile_loader import load_profile
 
 # A complete, valid cross-host profile; most cases `extends: _good` and change one thing.
 GOOD = """

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from pdfleet.model.inventory import load_inventory
-from pdfleet.model.profile import ProfileError, check_against_inventory, load_profile
+from pdfleet.model.inventory_checks import check_against_inventory
+from pdfleet.model.profile import ProfileError
+from pdfleet.model.profile_loader import load_profile
 from tests.unit.test_profile_errors import GOOD
 
 CROSS_INV = """

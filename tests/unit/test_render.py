@@ -166,7 +166,8 @@ def _profile_inventory_pairs() -> list[tuple[str, Path]]:
     """Every (profile, inventory) in the repo that validates together: what an operator could render."""
     from pdfleet.errors import ValidationError
     from pdfleet.model.inventory import load_inventory
-    from pdfleet.model.profile import check_against_inventory, list_profiles, load_profile
+    from pdfleet.model.inventory_checks import check_against_inventory
+    from pdfleet.model.profile_loader import list_profiles, load_profile
 
     inventories = sorted((REPO / "inventory").rglob("*.yml"))
     pairs = []
@@ -182,7 +183,7 @@ def _profile_inventory_pairs() -> list[tuple[str, Path]]:
 
 
 def test_every_profile_renders_for_some_inventory() -> None:
-    from pdfleet.model.profile import list_profiles
+    from pdfleet.model.profile_loader import list_profiles
 
     rendered = {name for name, _ in _profile_inventory_pairs()}
     assert rendered == set(list_profiles(REPO / "profiles"))

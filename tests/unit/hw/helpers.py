@@ -10,7 +10,8 @@ import yaml
 
 from pdfleet.hw import facts as hw
 from pdfleet.model.inventory import Host
-from pdfleet.model.profile import Profile, load_profile
+from pdfleet.model.profile import Profile
+from pdfleet.model.profile_loader import load_profile
 from pdfleet.ops import facts as generic
 from pdfleet.ops.base import Fact, FakeFacts
 

@@ -1,0 +1,63 @@
+"""`invoke profiles`: validate every profile of a directory (optionally against an inventory), one
+status line each, with every problem a profile has."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdfleet.errors import ValidationError
+from pdfleet.model.inventory import Inventory
+from pdfleet.model.inventory_checks import check_against_inventory
+from pdfleet.model.profile import KVTransferSpec, VllmSpec
+from pdfleet.model.profile_loader import list_profiles, load_profile, raw_profile
+
+
+@dataclass(frozen=True)
+class ProfileStatus:
+    """One line of `invoke profiles`: what a profile is and every problem it has (empty = valid)."""
+
+    name: str
+    topology: str
+    engine: str
+    connector: str
+    vllm: str
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when the profile validated (and fitted the inventory, if one was given)."""
+        return not self.problems
+
+
+def survey_profiles(
+    profiles_dir: Path, inventory: Inventory | None = None, names: Iterable[str] | None = None
+) -> list[ProfileStatus]:
+    """Validate each listed profile (or every one in the directory), optionally against an inventory."""
+    default_engine = VllmSpec.model_fields["engine"].default
+    default_connector = KVTransferSpec.model_fields["connector"].default
+    statuses = []
+    for name in list(names) if names is not None else list_profiles(profiles_dir):
+        try:
+            profile = load_profile(name, profiles_dir)
+            if inventory is not None:
+                check_against_inventory(profile, inventory)
+            problems: tuple[str, ...] = ()
+        except ValidationError as exc:
+            problems = tuple(getattr(exc, "problems", None) or [str(exc)])
+        raw = raw_profile(name, profiles_dir)
+        kv = raw.get("kv_transfer") if isinstance(raw.get("kv_transfer"), dict) else {}
+        vllm = raw.get("vllm") if isinstance(raw.get("vllm"), dict) else {}
+        topology = str(raw.get("topology", "?"))
+        statuses.append(
+            ProfileStatus(
+                name=name,
+                topology=topology,
+                engine=str(vllm.get("engine", default_engine)),
+                connector="-" if topology == "colocated" else str(kv.get("connector", default_connector)),
+                vllm=str(vllm.get("version", "?")),
+                problems=problems,
+            )
+        )
+    return statuses
