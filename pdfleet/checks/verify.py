@@ -1,7 +1,7 @@
 """`invoke verify`: testinfra checks of every host over SSH, as a host × check table and JUnit XML.
 
 The checks live in pdfleet.checks.hosts (one module per concern) and are run programmatically with pytest.
-A VerifyPlugin hands them the validated profile and inventory, parametrises them over the selected
+A VerifyPlugin hands them the validated profile and the fleet's topology, parametrises them over the selected
 hosts, connects testinfra's `ssh://` backend through an ssh_config generated from the inventory
 (strict host-key checking against the inventory's known_hosts) and records every outcome. A
 check that does not apply to a host skips with the reason; the run fails on any failed check.
@@ -17,13 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.pools import host_instances
-from pdfleet.model.inventory import Host, Inventory
+from pdfleet.fleet.roles import ManagedUnit, instance_unit
+from pdfleet.fleet.topology import Topology
+from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 from pdfleet.ops.base import Fact
 
@@ -54,15 +54,6 @@ class CheckResult:
     check: str
     outcome: str  # pass / fail / skip
     detail: str = ""
-
-
-@dataclass(frozen=True)
-class Unit:
-    """A systemd unit a host should run, its TCP port and its health URL (None: not HTTP)."""
-
-    name: str
-    port: int | None
-    health_url: str | None
 
 
 _SSH_CONFIG_UNSAFE = re.compile(r'[\s"\x00-\x1f\x7f]')
@@ -110,15 +101,9 @@ def ssh_config(hosts: Sequence[Host], default_known_hosts: str, control_dir: Pat
     return "\n\n".join(blocks) + "\n"
 
 
-def host_units(profile: Profile, host: Host) -> list[Unit]:
-    """The vLLM pool units this host runs under the profile (used when no role list is at hand)."""
-    return [Unit(i.unit, i.port, i.health_url) for i in host_instances(profile, host)]
-
-
-def managed_unit(unit: str, health_url: str | None) -> Unit:
-    """A Unit from a role's ManagedUnit: its port is the one its health URL names."""
-    port = urlsplit(health_url).port if health_url else None
-    return Unit(unit, port, health_url)
+def host_units(topology: Topology, host: Host) -> list[ManagedUnit]:
+    """The vLLM pool units a host runs (used when no role list is at hand)."""
+    return [instance_unit(i) for i in topology.on_host(host.name)]
 
 
 def pd_pairs(hosts: Sequence[Host]) -> list[tuple[Host, Host]]:
@@ -198,14 +183,14 @@ def _ssh_error(target: Any) -> str:
 
 @dataclass(eq=False)  # pluggy keeps plugins in sets: hash by identity
 class VerifyPlugin:
-    """pytest plugin giving the host checks the profile, the inventory and an SSH target per host."""
+    """pytest plugin giving the host checks the profile, the topology and an SSH target per host."""
 
     profile: Profile
-    inventory: Inventory
+    topology: Topology
     hosts: list[Host]
     options: VerifyOptions
     ssh_config_path: Path
-    units_for: Callable[[Host], list[Unit]] | None = None
+    units_for: Callable[[Host], list[ManagedUnit]] | None = None
     results: list[CheckResult] = field(default_factory=list)
     _targets: dict[str, Any] = field(default_factory=dict)
     _reachable: dict[str, str] = field(default_factory=dict)  # host → "" or the SSH error
@@ -234,9 +219,9 @@ class VerifyPlugin:
     def verify(self) -> VerifyPlugin:
         return self
 
-    def units(self, host: Host) -> list[Unit]:
+    def units(self, host: Host) -> list[ManagedUnit]:
         """The units the host should run: from the roles when given, else its vLLM pools."""
-        return self.units_for(host) if self.units_for else host_units(self.profile, host)
+        return self.units_for(host) if self.units_for else host_units(self.topology, host)
 
     @pytest.fixture
     def target(self, pd_host: Host) -> Any:
@@ -293,10 +278,10 @@ def _close_masters(config: Path, hosts: Sequence[Host]) -> None:
 
 def run_verify(
     profile: Profile,
-    inventory: Inventory,
+    topology: Topology,
     hosts: Sequence[Host],
     options: VerifyOptions,
-    units_for: Callable[[Host], list[Unit]] | None = None,
+    units_for: Callable[[Host], list[ManagedUnit]] | None = None,
 ) -> VerifyRun:
     """Run the host checks against the hosts; every outcome is returned, JUnit XML written if asked."""
     if not hosts:
@@ -308,7 +293,7 @@ def run_verify(
         config.write_text(
             ssh_config(hosts, options.default_known_hosts, work / "cm", options.connect_timeout)
         )
-        plugin = VerifyPlugin(profile, inventory, list(hosts), options, config, units_for)
+        plugin = VerifyPlugin(profile, topology, list(hosts), options, config, units_for)
         ini = work / "pytest.ini"
         ini.write_text(HOST_CHECKS_INI)
         args = [

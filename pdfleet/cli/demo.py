@@ -7,9 +7,10 @@ from invoke.exceptions import Exit
 from rich.console import Console
 from rich.table import Table
 
-from pdfleet.cli._common import REPO_ROOT, user_errors
+from pdfleet.cli.exits import user_errors
 from pdfleet.cli.lab import LAB_INVENTORY, lab_progress, this_lab
-from pdfleet.cli.options import deployment_from_options, known_hosts, run_options, with_clone_wheel
+from pdfleet.cli.options import deployment_from_options, run_options, with_host_wheel
+from pdfleet.cli.settings import REPO_ROOT, Settings
 from pdfleet.fleet.provision import provision
 from pdfleet.fleet.status import UnitStatus, fleet_status
 from pdfleet.lab.control import up
@@ -36,10 +37,10 @@ def demo(ctx: Context, profile: str = DEMO_PROFILE) -> None:
     up(this_lab(), lab_progress(console))
     deployment = deployment_from_options(ctx, profile, str(REPO_ROOT / LAB_INVENTORY))
     hosts = list(deployment.inventory.hosts.values())
-    deployment = with_clone_wheel(deployment, lambda msg: console.print(msg, highlight=False))
+    deployment = with_host_wheel(deployment, lambda msg: console.print(msg, highlight=False))
     report = provision(deployment, hosts, run_options(ctx), console)
     print_report(report)
-    rows = fleet_status(deployment, hosts, known_hosts(ctx))
+    rows = fleet_status(deployment, hosts, Settings.of(ctx).known_hosts)
     Console().print(_status_table(rows))
     unhealthy = [r for r in rows if not r.healthy]
     if report.totals["failed"] or unhealthy:

@@ -12,20 +12,23 @@ from invoke.exceptions import Exit
 from rich.console import Console
 from rich.table import Table
 
-from pdfleet.cli._common import REPO_ROOT, repo_path, setting, user_errors
+from pdfleet.cli.exits import user_errors
+from pdfleet.cli.settings import REPO_ROOT, Settings
 from pdfleet.errors import PdfleetError
+from pdfleet.fleet.roles import apt_packages
 from pdfleet.lab.control import Lab, down, find_host, status, up
-from pdfleet.lab.mirrors import refresh_pdfleet_wheel
 from pdfleet.lab.paths import LOGIN_USER, LabPaths
 from pdfleet.lab.system import preflight
 from pdfleet.model.profile_loader import load_profile
+from roles import REGISTRY
 
 LAB_INVENTORY = "inventory/lab.yml"
 
 
 def this_lab() -> Lab:
-    """The lab of this clone: fixed state root, the lab inventory (never the invoke.yaml default)."""
-    return Lab(LabPaths(), REPO_ROOT, REPO_ROOT / LAB_INVENTORY)
+    """The lab of this clone: fixed state root, the lab inventory (never the invoke.yaml default), and a
+    mirror carrying every role's apt packages."""
+    return Lab(LabPaths(), REPO_ROOT / LAB_INVENTORY, apt_packages(REGISTRY))
 
 
 def lab_progress(console: Console) -> Callable[[str], None]:
@@ -40,7 +43,7 @@ def up_task(c: Context) -> None:
     console = Console(stderr=True)
     result = up(this_lab(), lab_progress(console))
     console.print(f"lab up in {result.seconds:.0f} s: {', '.join(h.name for h in result.hosts)}; "
-                  f"pdfleet wheel {result.pdfleet_version}")
+                  f"host wheel {result.host_version}")
     if result.apt_unavailable:
         console.print(f"apt mirror: not in Debian, not served: {', '.join(result.apt_unavailable)}")
 
@@ -99,14 +102,6 @@ def ssh_task(c: Context, host: str, command: str = "") -> None:
     os.execvp("ssh", argv)
 
 
-@task(name="wheel")
-@user_errors
-def wheel_task(c: Context) -> None:
-    """Serve a pdfleet wheel of this clone's current code on the lab's PyPI mirror (after a change)."""
-    preflight(())
-    print(refresh_pdfleet_wheel(LabPaths(), REPO_ROOT))
-
-
 @task(
     name="env",
     help={
@@ -121,7 +116,7 @@ def env_task(c: Context, profile: str = "lab-cross") -> None:
     gateway = next((h for h in lab.hosts() if "gateway" in h.groups), None)
     if gateway is None:
         raise PdfleetError(f"{lab.inventory} has no host in group gateway.")
-    port = load_profile(profile, repo_path(setting(c, "profiles_dir", "profiles"))).gateway.port
+    port = load_profile(profile, Settings.of(c).profiles_dir).gateway.port
     key_file: Path = lab.paths.gateway_client_key
     if not key_file.exists():
         raise PdfleetError(f"the lab gateway is not provisioned yet ({key_file} is missing); run "

@@ -1,27 +1,24 @@
-"""Option parsing shared by tasks that take --profile/--inventory: one place for defaults and help."""
+"""What tasks taking --profile/--inventory share: option help, building the deployment, runner options."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 
 from invoke import Context
 
-from pdfleet.cli._common import REPO_ROOT, repo_path, setting
-from pdfleet.errors import ConnectError
-from pdfleet.fleet.host_wheel import clone_wheel, wheel_name
-from pdfleet.fleet.provision import Deployment, load_deployment
+from pdfleet.cli import lab_site
+from pdfleet.cli.settings import Settings, repo_path
+from pdfleet.fleet.deployment import Deployment, load_deployment
+from pdfleet.fleet.host_wheel import cached_host_wheel
+from pdfleet.fleet.roles import select_roles
 from pdfleet.fleet.secrets import gateway_secrets
-from pdfleet.lab.mirrors import refresh_if_served_here
-from pdfleet.lab.network import lab_route_problem
-from pdfleet.lab.paths import LabPaths
-from pdfleet.model.inventory import Host
 from pdfleet.ops.runner import RunOptions
+from roles import REGISTRY
 
 HELP = {
     "profile": "Profile name from profiles/ (see `invoke profiles`) or a path to a profile YAML file.",
-    "inventory": "Ansible-format YAML inventory (default: pdfleet.model.inventory in invoke.yaml, the lab).",
+    "inventory": "Ansible-format YAML inventory (default: pdfleet.inventory in invoke.yaml, the lab).",
     "limit": "Only these hosts or groups, comma-separated (e.g. p1,decode).",
     "roles": "Only these roles, comma-separated, in their normal order (e.g. base,services).",
 }
@@ -32,13 +29,14 @@ def deployment_from_options(
 ) -> Deployment:
     """Load profile + inventory from task options and invoke.yaml defaults; the gateway's keys are
     generated on the control machine when missing (only their hashes go into the deployment)."""
-    inv = inventory or setting(ctx, "inventory", "inventory/lab.yml")
+    settings = Settings.of(ctx)
     deployment = load_deployment(
         profile,
-        repo_path(inv),
-        profiles_dir=repo_path(setting(ctx, "profiles_dir", "profiles")),
-        templates_dir=repo_path(setting(ctx, "templates_dir", "templates")),
-        roles=roles,
+        repo_path(inventory) if inventory else settings.inventory,
+        profiles_dir=settings.profiles_dir,
+        templates_dir=settings.templates_dir,
+        roles=select_roles(REGISTRY, roles),
+        lab_network=lab_site.LAB_NETWORK,
     )
     # only once the input is known good: bad input must not leave key files behind
     gw = deployment.profile.gateway
@@ -46,52 +44,30 @@ def deployment_from_options(
     return dataclasses.replace(deployment, gateway_secrets=keys)
 
 
-def with_clone_wheel(deployment: Deployment, progress: Callable[[str], None]) -> Deployment:
-    """Hosts that run pdfleet code (gateway hosts; all hosts of an `engine: sim` profile) install this
-    clone's wheel. When their PyPI mirror is the one this machine serves (the lab's), put the current
-    wheel on it. The gateway role also uploads the wheel file (the lab's, else one built into the local
-    cache), since a site's own index does not carry it."""
-    prof = deployment.profile
-    gateway = prof.pools.colocated is not None and any(
-        h.in_group("gateway") for h in deployment.inventory.hosts.values()
-    )
-    if not gateway and prof.vllm.engine != "sim":
+def with_host_wheel(deployment: Deployment, progress: Callable[[str], None]) -> Deployment:
+    """Hosts that run pdfleet code (gateway hosts; every pool host of an `engine: sim` profile) install the
+    host wheel. The lab's mirror gets the current one for the hosts that install it from the index;
+    gateway hosts get the file uploaded (from the local cache), since a site's own index lacks it."""
+    topology = deployment.topology
+    if not topology.pdfleet_hosts:
         return deployment
-    version = refresh_if_served_here(prof.mirrors.pypi)
-    if not gateway:
+    if topology.lab_hosts:
+        lab_site.serve_host_wheel(deployment.profile)
+    if not topology.gateways:
         return deployment
-    if version is not None:
-        wheel = LabPaths().pypi_dir / "packages" / wheel_name(version)
-    else:
-        wheel = clone_wheel(REPO_ROOT, progress=progress)
-    return dataclasses.replace(deployment, pdfleet_wheel=wheel)
-
-
-def output_dir(ctx: Context, out: str | None) -> Path:
-    return repo_path(out or setting(ctx, "output_dir", "out"))
-
-
-def known_hosts(ctx: Context) -> str:
-    """The fallback known_hosts file for hosts without pdfleet_known_hosts_file."""
-    return str(Path(setting(ctx, "known_hosts", "~/.ssh/known_hosts")).expanduser())
+    return dataclasses.replace(deployment, host_wheel=cached_host_wheel(progress=progress))
 
 
 def run_options(
     ctx: Context, check: bool = False, serial: int = 0, json: str | None = None, reboot: bool = False
 ) -> RunOptions:
     """Runner options from task flags and invoke.yaml."""
+    settings = Settings.of(ctx)
     return RunOptions(
         check=check,
         serial=serial or None,
-        known_hosts=known_hosts(ctx),
-        connect_timeout=float(setting(ctx, "connect_timeout", 10)),
+        known_hosts=settings.known_hosts,
+        connect_timeout=settings.connect_timeout,
         json_path=repo_path(json) if json else None,
         reboot=reboot,
     )
-
-
-def require_routable(hosts: Sequence[Host]) -> None:
-    """Refuse to connect to lab addresses while the lab is down (the traffic would leave this machine)."""
-    problem = lab_route_problem(h.address for h in hosts)
-    if problem:
-        raise ConnectError(problem)

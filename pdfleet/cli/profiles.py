@@ -7,7 +7,8 @@ from pathlib import Path
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from pdfleet.cli._common import repo_path, setting, user_errors
+from pdfleet.cli.exits import user_errors
+from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ValidationError
 from pdfleet.model.inventory import load_inventory
 from pdfleet.model.survey import survey_profiles
@@ -26,12 +27,13 @@ def profiles(
     ctx: Context, profiles_dir: str | None = None, inventory: str | None = None, profile: str | None = None
 ) -> None:
     """List profiles with topology/engine/connector and whether each validates; non-zero exit if any fails."""
-    directory = _shown(repo_path(profiles_dir or setting(ctx, "profiles_dir", "profiles")))
+    settings = Settings.of(ctx)
+    directory = _shown(repo_path(profiles_dir) if profiles_dir else settings.profiles_dir)
     if not directory.is_dir():
         raise ValidationError(f"{directory}: no such profiles directory")
     inv = None
     if inventory:
-        inv = load_inventory(_shown(repo_path(inventory)), known_hosts_default=setting(ctx, "known_hosts"))
+        inv = load_inventory(_shown(repo_path(inventory)), known_hosts_default=settings.known_hosts)
     names = [n.strip() for n in profile.split(",") if n.strip()] if profile else None
     statuses = survey_profiles(directory, inv, names)
     if not statuses:

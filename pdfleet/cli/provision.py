@@ -6,14 +6,9 @@ from invoke import Context, task
 from invoke.exceptions import Exit
 from rich.console import Console
 
-from pdfleet.cli._common import user_errors
-from pdfleet.cli.options import (
-    HELP,
-    deployment_from_options,
-    require_routable,
-    run_options,
-    with_clone_wheel,
-)
+from pdfleet.cli import lab_site
+from pdfleet.cli.exits import user_errors
+from pdfleet.cli.options import HELP, deployment_from_options, run_options, with_host_wheel
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.provision import provision as run_provision
 from pdfleet.ops.report import print_report
@@ -41,9 +36,9 @@ def provision(ctx: Context, profile: str, inventory: str | None = None, check: b
         raise ValidationError(f"--serial must be 0 (all at once) or a positive wave size, not {serial}")
     deployment = deployment_from_options(ctx, profile, inventory, roles)
     hosts = list(deployment.inventory.limit(limit).hosts.values())
-    require_routable(hosts)
+    lab_site.require_routable(hosts)
     console = Console(stderr=True)
-    deployment = with_clone_wheel(deployment, lambda msg: console.print(msg, highlight=False))
+    deployment = with_host_wheel(deployment, lambda msg: console.print(msg, highlight=False))
     options = run_options(ctx, check=check, serial=serial, json=json, reboot=reboot)
     report = run_provision(deployment, hosts, options, console)
     print_report(report)

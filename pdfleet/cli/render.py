@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from invoke import Context, task
 
-from pdfleet.cli._common import user_errors
-from pdfleet.cli.options import HELP, deployment_from_options, output_dir
+from pdfleet.cli.exits import user_errors
+from pdfleet.cli.options import HELP, deployment_from_options
+from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.fleet.provision import render_fleet
 from pdfleet.fleet.render import write_tree
 
@@ -24,7 +25,7 @@ def render(ctx: Context, profile: str, inventory: str | None = None, out: str | 
     """Render units, env files and configs per host into a directory to review or diff."""
     deployment = deployment_from_options(ctx, profile, inventory)
     hosts = list(deployment.inventory.limit(limit).hosts.values())
-    dest = output_dir(ctx, out) if out else output_dir(ctx, None) / "render"
+    dest = repo_path(out) if out else Settings.of(ctx).output_dir / "render"
     written = write_tree(render_fleet(deployment, hosts), dest)
     for path in written:
         print(path.relative_to(dest))

@@ -1,116 +1,213 @@
-"""This clone's pdfleet as a wheel for hosts: built once per source version, relabelled with it.
+"""The host wheel: what runs on hosts (gateway, simulator) with its own version, built on the control machine.
 
-Hosts that run pdfleet code (the gateway; the simulator in the lab) must run exactly the code of the
-clone that provisions them, and a real site's PyPI mirror does not carry that. So provision builds
-the wheel on the control machine (cached by version), uploads it, and pip installs it from a local
-directory on the host, taking only the dependencies from the site's index. pip builds the wheel with
-pyproject.toml's static version; `retag_wheel` rewrites the dist-info name, METADATA and RECORD to
-`<release>+g<source hash>` (`pdfleet.fleet.host_version.wheel_version`). pyproject.toml never changes.
+Host code is the host programs' packages plus every pdfleet module they import, found from the
+sources' own import statements, so the set cannot drift from the code. Its version is
+`<release>+h<hash of those files and the host requirements>`: an edit to operator code (cli, fleet,
+ops, lab, ...) changes nothing a host installs, so provisioning a converged fleet after it restarts
+nothing. The wheel is written directly (a pure-Python wheel is a zip with a dist-info), with fixed
+timestamps, so the same sources always give the same bytes; no build backend or index is needed.
+A site's PyPI mirror does not carry it: provision uploads it to the hosts that run pdfleet code.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import hashlib
+import importlib.metadata
 import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import pdfleet
 from pdfleet.errors import PdfleetError
-from pdfleet.fleet.host_version import wheel_version
 
+PACKAGE_DIR = Path(pdfleet.__file__).resolve().parent
 DEFAULT_CACHE = Path("~/.cache/pdfleet/wheels")
+DIST_NAME = "pdfleet"
+# The programs hosts run: (console script, module:function). Their packages start the import closure.
+ENTRY_POINTS: tuple[tuple[str, str], ...] = (
+    ("pdfleet-gateway", "pdfleet.gateway.cli:main"),
+    ("pdfleet-sim", "pdfleet.sim.cli:main"),
+)
+HOST_PACKAGES: tuple[str, ...] = ("gateway", "sim")
+# Third-party distributions host code imports; their version specifiers are pdfleet's own (pyproject).
+HOST_DEPENDENCIES: tuple[str, ...] = ("aiohttp", "uvloop", "prometheus-client", "pyyaml", "pydantic")
+HOST_EXTRAS: tuple[str, ...] = ("tokenizer",)
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the oldest date a zip can hold: reproducible bytes
+
+
+@dataclass(frozen=True)
+class HostCode:
+    """The files of the host wheel (paths relative to the package's parent) and its requirements."""
+
+    files: tuple[str, ...]
+    requirements: tuple[str, ...]
+    version: str
+
+
+def _module_file(package_dir: Path, dotted: str) -> Path | None:
+    """The source file of a `pdfleet.x.y` module or package, if it exists."""
+    parts = dotted.split(".")[1:]
+    base = package_dir.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if parts and candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_modules(source: Path) -> set[str]:
+    """Every `pdfleet...` module a file imports (`from pdfleet.x import y` counts y when it is a module)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"), str(source))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "pdfleet"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "pdfleet":
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def host_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:
+    """The host packages' files, every pdfleet module they import (transitively) and its parent packages."""
+    pending = [p for pkg in HOST_PACKAGES for p in sorted((package_dir / pkg).rglob("*.py"))]
+    seen: set[Path] = set()
+    while pending:
+        path = pending.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for dotted in _imported_modules(path):
+            module = _module_file(package_dir, dotted)
+            if module is not None:
+                pending.append(module)
+    for path in list(seen):
+        for parent in path.relative_to(package_dir).parents:
+            seen.add(package_dir / parent / "__init__.py")
+    return sorted(p for p in seen if p.is_file())
+
+
+def _requirement_name(requirement: str) -> str:
+    """The normalised distribution name a requirement string starts with."""
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    return re.sub(r"[-_.]+", "-", match[0]).lower() if match else ""
+
+
+def host_requirements() -> tuple[str, ...]:
+    """Requires-Dist lines of the host wheel: pdfleet's own specifiers of the host dependencies."""
+    installed = importlib.metadata.requires(DIST_NAME) or []
+    wanted = set(HOST_DEPENDENCIES)
+    extras = tuple(f'extra == "{extra}"' for extra in HOST_EXTRAS)
+    out = []
+    for req in installed:
+        marker = req.split(";", 1)[1].strip() if ";" in req else ""
+        if marker.startswith("extra"):
+            if marker in extras:
+                out.append(req)
+        elif _requirement_name(req) in wanted:
+            out.append(req)
+    missing = wanted - {_requirement_name(r) for r in out}
+    if missing:
+        raise PdfleetError(f"pdfleet's installed metadata lacks host dependencies {sorted(missing)}; "
+                           "reinstall pdfleet (`pip install -e .`)")
+    return tuple(out)
+
+
+def host_code(package_dir: Path = PACKAGE_DIR) -> HostCode:
+    """What the host wheel holds and the version that names it (a hash of exactly that)."""
+    files = host_files(package_dir)
+    requirements = host_requirements()
+    digest = hashlib.sha256()
+    names = []
+    for path in files:
+        name = path.relative_to(package_dir.parent).as_posix()
+        names.append(name)
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for line in (*requirements, *(f"{s}={t}" for s, t in ENTRY_POINTS)):
+        digest.update(line.encode() + b"\0")
+    version = f"{pdfleet.__version__}+h{digest.hexdigest()[:12]}"
+    return HostCode(tuple(names), requirements, version)
+
+
+def host_version(package_dir: Path = PACKAGE_DIR) -> str:
+    """`<release>+h<hash>`: changes exactly when what hosts run changes."""
+    return host_code(package_dir).version
 
 
 def wheel_name(version: str) -> str:
-    """The file name of pdfleet's (pure Python) wheel of this version."""
-    return f"pdfleet-{version}-py3-none-any.whl"
+    """The file name of the (pure Python) host wheel of this version."""
+    return f"{DIST_NAME}-{version}-py3-none-any.whl"
 
 
-def build_pdfleet_wheel(repo_root: Path, out_dir: Path, build_tools: Path | None) -> Path:
-    """pdfleet's wheel from this clone's sources, built in a scratch copy, relabelled with the source hash.
-
-    With `build_tools` (a directory of setuptools/wheel wheels, e.g. the lab mirror's) the isolated
-    build env needs no index; without, pip fetches them from the configured index as usual.
-    """
-    version = wheel_version(repo_root / "pdfleet")
-    with tempfile.TemporaryDirectory(prefix="pdfleet-wheel-") as tmp:
-        src = Path(tmp, "src")
-        shutil.copytree(repo_root / "pdfleet", src / "pdfleet",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
-        shutil.copy2(repo_root / "pyproject.toml", src / "pyproject.toml")
-        readme = repo_root / "README.md"
-        # pyproject names a readme; a clone without one still builds.
-        (src / "README.md").write_text(readme.read_text() if readme.exists() else "pdfleet\n")
-        built = Path(tmp, "out")
-        index = ["--no-index", "--find-links", str(build_tools)] if build_tools else []
-        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", *index, "--disable-pip-version-check",
-               "--wheel-dir", str(built), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
-            raise PdfleetError(f"building the pdfleet wheel failed (`{' '.join(cmd)}`, "
-                               f"exit {proc.returncode}):\n" + "\n".join(tail))
-        wheels = list(built.glob("pdfleet-*.whl"))
-        if len(wheels) != 1:
-            names = [w.name for w in wheels]
-            raise PdfleetError(f"building the pdfleet wheel produced {names}, expected one.")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        return retag_wheel(wheels[0], version, out_dir)
+def record_line(name: str, data: bytes) -> str:
+    """A wheel RECORD line: path, urlsafe-base64 SHA-256 without padding, size (PEP 376/427)."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
 
 
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+def _metadata(code: HostCode) -> str:
+    lines = ["Metadata-Version: 2.1", f"Name: {DIST_NAME}", f"Version: {code.version}",
+             "Summary: pdfleet's host programs: pdfleet-gateway and pdfleet-sim", "Requires-Python: >=3.11"]
+    lines += [f"Provides-Extra: {extra}" for extra in HOST_EXTRAS]
+    lines += [f"Requires-Dist: {req}" for req in code.requirements]
+    return "\n".join(lines) + "\n"
 
 
-def retag_wheel(wheel: Path, version: str, out_dir: Path) -> Path:
-    """Copy a wheel under a new version: dist-info renamed, METADATA's Version and RECORD rewritten."""
-    name, old_version = wheel.name.split("-")[:2]
-    old_info, new_info = f"{name}-{old_version}.dist-info/", f"{name}-{version}.dist-info/"
-    target = out_dir / wheel.name.replace(f"{name}-{old_version}-", f"{name}-{version}-", 1)
+def _dist_info(code: HostCode) -> dict[str, str]:
+    entry_points = "[console_scripts]\n" + "".join(f"{s} = {t}\n" for s, t in ENTRY_POINTS)
+    wheel = "Wheel-Version: 1.0\nGenerator: pdfleet\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    return {"METADATA": _metadata(code), "WHEEL": wheel, "entry_points.txt": entry_points,
+            "top_level.txt": "pdfleet\n"}
+
+
+def _write(zf: zipfile.ZipFile, name: str, data: bytes, records: list[str]) -> None:
+    info = zipfile.ZipInfo(name, date_time=_ZIP_DATE)
+    info.external_attr = 0o644 << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    zf.writestr(info, data)
+    records.append(record_line(name, data))
+
+
+def write_host_wheel(out_dir: Path, package_dir: Path = PACKAGE_DIR) -> Path:
+    """Write the host wheel of these sources into out_dir (atomically); returns its path."""
+    code = host_code(package_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / wheel_name(code.version)
+    info_dir = f"{DIST_NAME}-{code.version}.dist-info"
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     records: list[str] = []
-    tmp = target.with_name(f".{target.name}.tmp")
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
-        for info in src.infolist():
-            arcname = info.filename
-            if arcname.startswith(old_info):
-                arcname = new_info + arcname[len(old_info):]
-            if arcname == new_info + "RECORD":
-                continue
-            data = src.read(info)
-            if arcname == new_info + "METADATA":
-                data = re.sub(rb"^Version: .*$", f"Version: {version}".encode(), data, count=1, flags=re.M)
-            dst.writestr(zipfile.ZipInfo(arcname, date_time=info.date_time), data,
-                         compress_type=zipfile.ZIP_DEFLATED)
-            records.append(f"{arcname},{_record_hash(data)},{len(data)}")
-        records.append(f"{new_info}RECORD,,")
-        dst.writestr(new_info + "RECORD", "\n".join(records) + "\n", compress_type=zipfile.ZIP_DEFLATED)
+    with zipfile.ZipFile(tmp, "w") as zf:
+        for name in code.files:
+            _write(zf, name, (package_dir.parent / name).read_bytes(), records)
+        for name, text in _dist_info(code).items():
+            _write(zf, f"{info_dir}/{name}", text.encode(), records)
+        records.append(f"{info_dir}/RECORD,,")
+        _write(zf, f"{info_dir}/RECORD", ("\n".join(records) + "\n").encode(), [])
     os.replace(tmp, target)
     return target
 
 
-def clone_wheel(repo_root: Path, cache_dir: Path = DEFAULT_CACHE, build_tools: Path | None = None,
-                progress: Callable[[str], None] | None = None) -> Path:
-    """The wheel of the clone's current sources from `cache_dir`, built there first when missing.
-
-    Older pdfleet wheels in the cache are removed: one version per clone state is all a host needs.
-    """
+def cached_host_wheel(cache_dir: Path = DEFAULT_CACHE, package_dir: Path = PACKAGE_DIR,
+                      progress: Callable[[str], None] | None = None) -> Path:
+    """The current host wheel from `cache_dir`, written there first when missing; older ones are removed."""
     cache_dir = cache_dir.expanduser()
-    version = wheel_version(repo_root / "pdfleet")
+    version = host_version(package_dir)
     wanted = cache_dir / wheel_name(version)
     if not wanted.exists():
         if progress:
-            progress(f"building the pdfleet wheel {version} (once per source change) into {cache_dir}")
-        built = build_pdfleet_wheel(repo_root, cache_dir, build_tools)
-        if built != wanted:
-            raise PdfleetError(f"the pdfleet wheel came out as {built.name}, expected {wanted.name}")
-    for old in cache_dir.glob("pdfleet-*.whl"):
-        if old != wanted:
-            old.unlink(missing_ok=True)
+            progress(f"writing the host wheel {version} (once per host-code change) into {cache_dir}")
+        write_host_wheel(cache_dir, package_dir)
+    remove_other_wheels(cache_dir, keep=wanted)
     return wanted
+
+
+def remove_other_wheels(directory: Path, keep: Path) -> None:
+    """Delete every pdfleet wheel in `directory` but `keep`: local version labels do not order by age, so
+    an index holding an old one could hand it out."""
+    for old in directory.glob(f"{DIST_NAME}-*.whl"):
+        if old != keep:
+            old.unlink(missing_ok=True)
+

@@ -1,34 +1,27 @@
-"""What a role sees (RoleContext) and how pdfleet finds roles under roles/.
+"""The role contract: what a role is (`Role`), what it sees (`RoleContext`), and how a run picks roles.
 
-A role is a module `roles/<name>/__init__.py` exporting NAME, APT_PACKAGES, applies(ctx),
-operations(ctx, facts) and optionally files(ctx): the fact-independent files it installs, which
-`invoke render` writes for review and `operations` installs, so the two never disagree.
+A role is a plain package under `roles/` (listed, in run order, in `roles.REGISTRY`) whose module
+provides NAME, APT_PACKAGES, applies(ctx), operations(ctx, facts), files(ctx) and units(ctx).
+`files` are the fact-independent files it installs, which `invoke render` writes for review and
+`operations` installs, so the two never disagree; `units` are the long-running units it keeps active.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.pools import ENV_DIR, PoolInstance
+from pdfleet.fleet.host_layout import VLLM_START_TIMEOUT_S
 from pdfleet.fleet.render import RenderedFile, Renderer
 from pdfleet.fleet.secrets import GatewaySecrets
-from pdfleet.model.inventory import Host, Inventory
+from pdfleet.fleet.topology import Instance, Topology
+from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
-
-# Dependency order: drivers and NICs before the KV libraries, the venv before the units using it.
-ROLE_ORDER = ("base", "gpu_driver", "rdma", "kv_transfer", "vllm", "services", "gateway", "monitoring")
-
-SERVICE_USER = "pdfleet"
-STATE_DIR = "/var/lib/pdfleet"
-CONFIG_DIR = ENV_DIR
-KV_ENV_FILE = f"{ENV_DIR}/kv-transfer.env"
+from pdfleet.ops.base import FactSource, Handler, Operation, Skip
+from pdfleet.ops.operations import restart_handler
 
 
 @dataclass(frozen=True)
@@ -36,58 +29,81 @@ class RoleContext:
     """Everything a role may read about the host it plans for; roles read no files themselves."""
 
     host: Host
-    inventory: Inventory
     profile: Profile
+    topology: Topology
     renderer: Renderer
-    instances: list[PoolInstance] = field(default_factory=list)
-    pdfleet_version: str = ""  # the pdfleet wheel version hosts install (pdfleet.fleet.host_version)
+    host_version: str = ""  # the host wheel's version (pdfleet.fleet.host_wheel)
     gateway_secrets: GatewaySecrets | None = None  # hashes of the gateway's client/admin keys
-    # that version's wheel on the control machine, uploaded to hosts that install pdfleet (None: the
-    # hosts' PyPI index must serve it)
-    pdfleet_wheel: Path | None = None
+    # the host wheel on the control machine, uploaded to the hosts that install it (None: the hosts'
+    # PyPI index must serve it)
+    host_wheel: Path | None = None
+
+    @property
+    def instances(self) -> list[Instance]:
+        """The vLLM instances this host runs."""
+        return self.topology.on_host(self.host.name)
 
     def render(self, template: str, **variables: Any) -> str:
         return self.renderer.render(template, **variables)
 
 
-def available_roles() -> list[str]:
-    """Role names, in dependency order, for which a roles/<name> package exists."""
-    return [name for name in ROLE_ORDER if importlib.util.find_spec(f"roles.{name}") is not None]
-
-
-def load_roles(selected: str | None = None) -> list[ModuleType]:
-    """The role modules to run: all available, or the comma-separated selection (validated)."""
-    names = available_roles()
-    if selected:
-        wanted = [s.strip() for s in selected.split(",") if s.strip()]
-        unknown = [w for w in wanted if w not in names]
-        if unknown:
-            raise ValidationError(
-                f"--roles: unknown role(s) {', '.join(unknown)}; available: {', '.join(names)}"
-            )
-        names = [n for n in names if n in wanted]
-    return [importlib.import_module(f"roles.{n}") for n in names]
-
-
-def _collect(roles: Iterable[ModuleType], ctx: RoleContext, hook: str) -> list[Any]:
-    """Concatenate the optional `hook(ctx)` of every role that applies to this host."""
-    applicable = [role for role in roles if hasattr(role, hook) and role.applies(ctx)]
-    return [item for role in applicable for item in getattr(role, hook)(ctx)]
-
-
-def role_files(roles: Iterable[ModuleType], ctx: RoleContext) -> list[RenderedFile]:
-    """Every fact-independent file the applicable roles install on this host."""
-    return _collect(roles, ctx, "files")
-
-
 @dataclass(frozen=True)
 class ManagedUnit:
-    """A long-running unit a role keeps active, and the URL that says it is healthy."""
+    """A long-running unit a role keeps active, its TCP port and the URL that says it is healthy."""
 
     unit: str
+    port: int | None
     health_url: str | None
 
 
-def role_units(roles: Iterable[ModuleType], ctx: RoleContext) -> list[ManagedUnit]:
-    """Every unit the applicable roles keep running on this host (roles exporting units(ctx))."""
-    return _collect(roles, ctx, "units")
+class Role(Protocol):
+    """One concern of provisioning (a module of `roles/`): which hosts, which operations, which files."""
+
+    NAME: str
+    APT_PACKAGES: tuple[str, ...]
+
+    def applies(self, ctx: RoleContext) -> bool: ...
+
+    def operations(self, ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]: ...
+
+    def files(self, ctx: RoleContext) -> list[RenderedFile]: ...
+
+    def units(self, ctx: RoleContext) -> list[ManagedUnit]: ...
+
+
+def select_roles(registry: Sequence[Role], selected: str | None = None) -> tuple[Role, ...]:
+    """The roles to run, in registry order: all of them, or the comma-separated selection (validated)."""
+    if not selected:
+        return tuple(registry)
+    names = [role.NAME for role in registry]
+    wanted = [s.strip() for s in selected.split(",") if s.strip()]
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        raise ValidationError(f"--roles: unknown role(s) {', '.join(unknown)}; available: {', '.join(names)}")
+    return tuple(role for role in registry if role.NAME in wanted)
+
+
+def role_files(roles: Iterable[Role], ctx: RoleContext) -> list[RenderedFile]:
+    """Every fact-independent file the applicable roles install on this host."""
+    return [f for role in roles if role.applies(ctx) for f in role.files(ctx)]
+
+
+def role_units(roles: Iterable[Role], ctx: RoleContext) -> list[ManagedUnit]:
+    """Every unit the applicable roles keep running on this host."""
+    return [u for role in roles if role.applies(ctx) for u in role.units(ctx)]
+
+
+def apt_packages(roles: Iterable[Role]) -> tuple[str, ...]:
+    """Every apt package the roles may install, sorted (what an apt mirror for the fleet must carry)."""
+    return tuple(sorted({package for role in roles for package in role.APT_PACKAGES}))
+
+
+def instance_restart(instance: Instance) -> Handler:
+    """The restart of a vLLM instance's unit, reported done once its /health answers; every role that
+    changes what the instance runs notifies this one handler."""
+    return restart_handler(instance.unit, health_url=instance.health_url, timeout=VLLM_START_TIMEOUT_S)
+
+
+def instance_unit(instance: Instance) -> ManagedUnit:
+    """The managed unit of a vLLM instance."""
+    return ManagedUnit(instance.unit, instance.port, instance.health_url)

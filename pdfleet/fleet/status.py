@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pdfleet.errors import PdfleetError
-from pdfleet.fleet.provision import Deployment
+from pdfleet.fleet.deployment import Deployment
 from pdfleet.fleet.roles import ManagedUnit, role_units
 from pdfleet.model.inventory import Host
 from pdfleet.ops.ssh import open_connection

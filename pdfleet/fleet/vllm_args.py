@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pdfleet.fleet.pools import PoolInstance, serve_address
+from pdfleet.fleet.topology import Instance
 from pdfleet.hw.kv import kv_connector_extra_config
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 
 
-def kv_transfer_config(profile: Profile, host: Host, inst: PoolInstance) -> dict[str, Any] | None:
+def kv_transfer_config(profile: Profile, host: Host, inst: Instance) -> dict[str, Any] | None:
     """The --kv-transfer-config object for a P/D instance; None for the colocated pool."""
     if inst.kv_role is None:
         return None
@@ -40,9 +40,9 @@ def served_model_names(profile: Profile) -> list[str]:
     return names
 
 
-def serve_argv(profile: Profile, host: Host, inst: PoolInstance) -> list[str]:
+def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
     """argv for the pool's server: the pinned vLLM, or the simulator with the same options."""
-    spec = inst.spec
+    spec = profile.pools.get(inst.pool)
     venv = profile.vllm.venv.rstrip("/")
     model = profile.model
     if profile.vllm.engine == "sim":
@@ -50,8 +50,8 @@ def serve_argv(profile: Profile, host: Host, inst: PoolInstance) -> list[str]:
     else:
         argv = [f"{venv}/bin/vllm", "serve", model.path or model.id]
     argv += [
-        "--host", serve_address(host),
-        "--port", str(spec.port),
+        "--host", inst.address,
+        "--port", str(inst.port),
         "--served-model-name", *served_model_names(profile),
         "--tensor-parallel-size", str(spec.tensor_parallel_size),
         "--max-num-batched-tokens", str(spec.max_num_batched_tokens),

@@ -31,8 +31,8 @@ class Lab:
     """One lab: where its state lives, the clone it serves, and the inventory naming its hosts."""
 
     paths: LabPaths
-    repo_root: Path
     inventory: Path
+    apt_packages: tuple[str, ...]  # what the roles install from apt: the lab's apt mirror carries them
 
     def hosts(self) -> list[LabHost]:
         """The lab hosts from the inventory, checked to be on the lab network and nameable."""
@@ -63,10 +63,10 @@ class Lab:
 
 @dataclass(frozen=True)
 class UpResult:
-    """What lab.up brought up: the hosts, the pdfleet wheel version served, apt packages Debian lacks."""
+    """What lab.up brought up: the hosts, the host wheel version served, apt packages Debian lacks."""
 
     hosts: tuple[LabHost, ...]
-    pdfleet_version: str
+    host_version: str
     apt_unavailable: tuple[str, ...]
     seconds: float
 
@@ -89,14 +89,13 @@ def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> U
     recipe = default_recipe()
     # The wheel download needs nothing from the image, so it runs while debootstrap does.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        deps_future = pool.submit(mirrors.build_pypi_deps, paths, lab.repo_root, progress)
+        deps_future = pool.submit(mirrors.build_pypi_deps, paths, progress)
         image = ensure_image(paths.image_dir, recipe, progress)
-        wanted = sorted({p for pkgs in mirrors.role_apt_packages(lab.repo_root).values() for p in pkgs})
-        apt = mirrors.build_apt_mirror(paths, recipe, image, wanted, progress)
+        apt = mirrors.build_apt_mirror(paths, recipe, image, lab.apt_packages, progress)
         deps = deps_future.result()
     mirrors.populate_pypi(paths, deps)
-    progress("pypi mirror: building the pdfleet wheel from this clone")
-    version = mirrors.refresh_pdfleet_wheel(paths, lab.repo_root)
+    progress("pypi mirror: the host wheel of this clone")
+    version = mirrors.refresh_host_wheel(paths)
     client_pub = ensure_client_key(paths.key_file)
 
     state.bridge = True  # recorded before creating, so a kill right after still gets it removed

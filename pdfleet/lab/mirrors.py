@@ -4,29 +4,33 @@ Provisioning in the lab runs air-gapped like a secured site: hosts reach only th
 bound to the bridge address. Both repositories are built on the control machine and cached by a
 key over what they must contain, so a warm lab.up rebuilds nothing.
 
-The PyPI mirror also serves this clone's pdfleet wheel (`pdfleet.fleet.host_wheel`), built offline from the
-mirror's own setuptools/wheel.
+The PyPI mirror also serves this clone's host wheel (`pdfleet.fleet.host_wheel`).
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib
+import importlib.metadata
 import json
 import os
 import re
 import shutil
 import sys
 import time
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
-from pdfleet.fleet.host_version import PACKAGE_DIR, wheel_version
-from pdfleet.fleet.host_wheel import build_pdfleet_wheel
+from pdfleet.fleet.host_wheel import (
+    DIST_NAME,
+    host_requirements,
+    host_version,
+    remove_other_wheels,
+    wheel_name,
+    write_host_wheel,
+)
 from pdfleet.lab.hosts import tcp_open, wait_tcp
 from pdfleet.lab.image import ImageRecipe
 from pdfleet.lab.paths import APT_PORT, BRIDGE_ADDRESS, PYPI_PORT, LabPaths, pypi_mirror_url
@@ -53,21 +57,6 @@ ROUTER_PACKAGE = "vllm-router"
 
 
 # ---------------------------------------------------------------- apt
-
-
-def role_apt_packages(repo_root: Path) -> dict[str, tuple[str, ...]]:
-    """APT_PACKAGES of every role under roles/ (base always), by role name."""
-    if str(repo_root) not in sys.path:
-        sys.path.insert(0, str(repo_root))  # roles/ is a top-level package of the clone, not installed
-    names = sorted({p.parent.name for p in (repo_root / "roles").glob("*/__init__.py")} | {"base"})
-    found: dict[str, tuple[str, ...]] = {}
-    for name in names:
-        try:
-            module = importlib.import_module(f"roles.{name}")
-        except ImportError as exc:
-            raise LabError(f"cannot import roles.{name} to learn its APT_PACKAGES: {exc}") from exc
-        found[name] = tuple(getattr(module, "APT_PACKAGES", ()))
-    return found
 
 
 @dataclass(frozen=True)
@@ -189,21 +178,18 @@ def _point(link: Path, target: Path) -> None:
 # ---------------------------------------------------------------- PyPI
 
 
-def pypi_requirements(repo_root: Path) -> list[str]:
-    """What hosts pip-install: pdfleet's runtime and tokenizer requirements, vllm-router, packaging tools."""
-    project = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]
-    reqs = list(project.get("dependencies", []))
-    extras = project.get("optional-dependencies", {})
-    reqs += extras.get("tokenizer", [])
-    router = [r for r in extras.get("test", []) if re.match(rf"{ROUTER_PACKAGE}\b", r)]
-    reqs += router or [ROUTER_PACKAGE]
+def pypi_requirements() -> list[str]:
+    """What hosts pip-install: the host wheel's requirements (extras too), vllm-router, packaging tools."""
+    reqs = [req.split(";", 1)[0].strip() if "extra ==" in req else req for req in host_requirements()]
+    router = [r for r in importlib.metadata.requires(DIST_NAME) or [] if re.match(rf"{ROUTER_PACKAGE}\b", r)]
+    reqs += [r.split(";", 1)[0].strip() for r in router] or [ROUTER_PACKAGE]
     reqs += list(PACKAGING_TOOLS)
     return reqs
 
 
-def build_pypi_deps(paths: LabPaths, repo_root: Path, progress: Progress) -> Path:
+def build_pypi_deps(paths: LabPaths, progress: Progress) -> Path:
     """Wheels of every third-party requirement for the hosts' Python (cached by key)."""
-    reqs = pypi_requirements(repo_root)
+    reqs = pypi_requirements()
     key = hashlib.sha256(json.dumps([reqs, HOST_ABI, HOST_PLATFORMS]).encode()).hexdigest()[:16]
     final = paths.mirrors_dir / "pypi-deps" / key
     if (final / "COMPLETE").exists():
@@ -229,22 +215,23 @@ def build_pypi_deps(paths: LabPaths, repo_root: Path, progress: Progress) -> Pat
     return final
 
 
-def refresh_pdfleet_wheel(paths: LabPaths | None = None, repo_root: Path | None = None) -> str:
-    """Serve a pdfleet wheel of the clone's current sources; returns its version (a no-op when current)."""
+def refresh_host_wheel(paths: LabPaths | None = None) -> str:
+    """Serve the host wheel of this clone's current sources; returns its version (a no-op when current)."""
     paths = paths or LabPaths()
-    repo_root = repo_root or PACKAGE_DIR.parent
-    version = wheel_version(repo_root / "pdfleet")
     packages = paths.pypi_dir / "packages"
     packages.mkdir(parents=True, exist_ok=True)
-    current = [p for p in packages.glob("pdfleet-*.whl") if p.name.split("-")[1] == version]
-    if not current:
-        build_pdfleet_wheel(repo_root, packages, build_tools=packages)
-    # Only one pdfleet: local version labels do not order by age, so an old one could win.
-    for old in packages.glob("pdfleet-*.whl"):
-        if old.name.split("-")[1] != version:
-            old.unlink()
+    version = host_version()
+    wheel = packages / wheel_name(version)
+    if not wheel.exists():
+        write_host_wheel(packages)
+    remove_other_wheels(packages, keep=wheel)
     write_simple_index(paths.pypi_dir)
     return version
+
+
+def served_host_wheel(paths: LabPaths, version: str) -> Path:
+    """Where the lab mirror keeps the host wheel of a version (refresh_host_wheel puts it there)."""
+    return paths.pypi_dir / "packages" / wheel_name(version)
 
 
 def populate_pypi(paths: LabPaths, deps: Path) -> None:
@@ -253,7 +240,7 @@ def populate_pypi(paths: LabPaths, deps: Path) -> None:
     packages.mkdir(parents=True, exist_ok=True)
     wanted = {p.name for p in deps.glob("*.whl")}
     for old in packages.glob("*.whl"):
-        if not old.name.startswith("pdfleet-") and old.name not in wanted:
+        if not old.name.startswith(f"{DIST_NAME}-") and old.name not in wanted:
             old.unlink()
     for whl in deps.glob("*.whl"):
         dest = packages / whl.name
@@ -352,4 +339,4 @@ def refresh_if_served_here(pypi_url: str | None, paths: LabPaths | None = None) 
         return None
     if not paths.pypi_dir.is_dir():
         return None
-    return refresh_pdfleet_wheel(paths)
+    return refresh_host_wheel(paths)

@@ -148,6 +148,13 @@ class Pools(_Model):
                 data[pool] = {**spec, "kv_role": role}
         return data
 
+    def get(self, pool: str) -> PoolSpec:
+        """The spec of a pool that is set (KeyError for an unknown or unset pool)."""
+        spec = getattr(self, pool, None) if pool in POOL_NAMES else None
+        if spec is None:
+            raise KeyError(f"pool {pool!r} is not set in this profile")
+        return spec
+
     def items(self) -> list[tuple[str, PoolSpec]]:
         """(pool name, spec) for each pool that is set, in prefill, decode, colocated order."""
         return [(name, spec) for name in POOL_NAMES if (spec := getattr(self, name)) is not None]

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from pdfleet.fleet.host_layout import CONFIG_DIR, SERVICE_USER, STATE_DIR
 from pdfleet.fleet.render import RenderedFile
-from pdfleet.fleet.roles import CONFIG_DIR, SERVICE_USER, STATE_DIR, RoleContext
+from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.facts import AptPackages
 from pdfleet.ops.operations import AptPackage, AptUpdate, Directory, File, Group, User
 from roles.base.defaults import APT_PACKAGES, MIRROR_LIST
 
 NAME = "base"
-__all__ = ["APT_PACKAGES", "NAME", "applies", "files", "operations"]
 
 
 def applies(ctx: RoleContext) -> bool:
@@ -34,6 +34,10 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
         return []
     content = "# Managed by pdfleet: the site's apt mirror.\n" + mirror_line(mirrors.apt, mirrors.apt_trusted)
     return [RenderedFile(MIRROR_LIST, content)]
+
+
+def units(ctx: RoleContext) -> list[ManagedUnit]:
+    return []
 
 
 def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pdfleet.fleet.pools import UNIT_DIR, pool_urls, serve_address
+from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
 from pdfleet.fleet.render import RenderedFile
-from pdfleet.fleet.roles import SERVICE_USER, ManagedUnit, RoleContext
+from pdfleet.fleet.roles import ManagedUnit, RoleContext
+from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.operations import Directory, File, PipRequirements, Service, SystemdUnit, restart_handler
@@ -35,52 +36,43 @@ def applies(ctx: RoleContext) -> bool:
 
 
 def _why_not(ctx: RoleContext) -> str | None:
-    """Why this profile has no gateway to install, or None."""
-    if ctx.profile.pools.colocated is None:
-        return "the profile has no colocated pool; the gateway routes between colocated and P/D pools"
+    """Why this host gets no gateway, or None."""
+    if ctx.topology.no_gateway_reason:
+        return ctx.topology.no_gateway_reason
     if ctx.gateway_secrets is None:
         return "no gateway keys were provided (provision generates them on the control machine)"
     return None
 
 
-def _hosts(ctx: RoleContext) -> list:  # noqa: ANN202 - inventory hosts
-    return list(ctx.inventory.hosts.values())
+def _gateway(ctx: RoleContext) -> Gateway:
+    gateway = ctx.topology.gateway_on(ctx.host.name)
+    assert gateway is not None, "applies() and _why_not() admit only the topology's gateway hosts"
+    return gateway
 
 
-def router_url(ctx: RoleContext) -> str | None:
-    """Where the gateway reaches the P/D pool: the router on this host, when the profile disaggregates."""
-    if ctx.profile.pools.prefill is None or ctx.profile.pools.decode is None:
-        return None
-    return f"http://127.0.0.1:{ctx.profile.gateway.router_port}"
-
-
-def router_argv(ctx: RoleContext) -> list[str]:
-    """vllm-router in P/D mode over every prefill and decode instance of the inventory."""
+def router_argv(ctx: RoleContext, gateway: Gateway) -> list[str]:
+    """vllm-router in P/D mode over every prefill and decode instance of the fleet."""
     kv = ctx.profile.kv_transfer
     argv = [f"{VENV}/bin/vllm-router", "--vllm-pd-disaggregation"]
-    bootstrap = kv.bootstrap_port_for("prefill")
-    for url in pool_urls(ctx.profile, _hosts(ctx), "prefill"):
-        argv += ["--prefill", url] + ([str(bootstrap)] if bootstrap else [])
-    for url in pool_urls(ctx.profile, _hosts(ctx), "decode"):
+    for inst in ctx.topology.pool("prefill"):
+        argv += ["--prefill", inst.url] + ([str(inst.bootstrap_port)] if inst.bootstrap_port else [])
+    for url in ctx.topology.pool_urls("decode"):
         argv += ["--decode", url]
     argv += [
         "--kv-connector", ROUTER_CONNECTORS.get(kv.connector, "nixl"),
-        "--host", "127.0.0.1",
-        "--port", str(ctx.profile.gateway.router_port),
-        "--prometheus-host", "127.0.0.1",
-        "--prometheus-port", str(ctx.profile.gateway.router_prometheus_port),
+        "--host", ROUTER_ADDRESS,
+        "--port", str(gateway.router_port),
+        "--prometheus-host", ROUTER_ADDRESS,
+        "--prometheus-port", str(gateway.router_metrics_port),
     ]
     return argv
-
-
-def gateway_url(ctx: RoleContext) -> str:
-    return f"http://{serve_address(ctx.host)}:{ctx.profile.gateway.port}"
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:
     if _why_not(ctx):
         return []
     gw = ctx.profile.gateway
+    gateway = _gateway(ctx)
     model = ctx.profile.model
     secrets = ctx.gateway_secrets
     assert secrets is not None
@@ -88,13 +80,13 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
         "gateway-policy.yaml.j2",
         profile_name=ctx.profile.name,
         version=gw.policy_version,
-        listen_host=serve_address(ctx.host),
+        listen_host=gateway.address,
         port=gw.port,
         admin_port=gw.admin_port,
         keys_file=gw.keys_file,
         alias=gw.model_alias or model.id,
-        colocated=pool_urls(ctx.profile, _hosts(ctx), "colocated"),
-        disagg=router_url(ctx),
+        colocated=ctx.topology.pool_urls("colocated"),
+        disagg=gateway.router_url,
         # the pools serve the alias too (vllm_args.served_model_names): bodies pass through unchanged
         upstream_model=None,
         chars_per_token=gw.chars_per_token,
@@ -114,7 +106,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
             ctx.render(
                 "pdfleet-gateway.service.j2",
                 service_user=SERVICE_USER,
-                router_unit=ROUTER_UNIT if router_url(ctx) else None,
+                router_unit=ROUTER_UNIT if gateway.router_url else None,
                 argv=[f"{VENV}/bin/pdfleet-gateway", "--config", POLICY_FILE,
                       "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)],
                 check_argv=[f"{VENV}/bin/pdfleet-gateway", "--config", POLICY_FILE, "--check"],
@@ -122,7 +114,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
             ),
         ),
     ]
-    if router_url(ctx):
+    if gateway.router_url:
         out.append(
             RenderedFile(
                 f"{UNIT_DIR}/{ROUTER_UNIT}",
@@ -130,7 +122,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
                     "vllm-router-pd.service.j2",
                     service_user=SERVICE_USER,
                     kv_connector=ctx.profile.kv_transfer.connector,
-                    argv=router_argv(ctx),
+                    argv=router_argv(ctx, gateway),
                 ),
             )
         )
@@ -140,9 +132,10 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
 def units(ctx: RoleContext) -> list[ManagedUnit]:
     if _why_not(ctx):
         return []
-    found = [ManagedUnit(GATEWAY_UNIT, f"{gateway_url(ctx)}/health")]
-    if router_url(ctx):
-        found.insert(0, ManagedUnit(ROUTER_UNIT, f"{router_url(ctx)}/health"))
+    gateway = _gateway(ctx)
+    found = [ManagedUnit(GATEWAY_UNIT, gateway.port, f"{gateway.url}/health")]
+    if gateway.router_url:
+        found.insert(0, ManagedUnit(ROUTER_UNIT, gateway.router_port, f"{gateway.router_url}/health"))
     return found
 
 
@@ -161,13 +154,13 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     )
     yield Directory("/opt/pdfleet", mode="0755")
     find_links: tuple[str, ...] = ()
-    if ctx.pdfleet_wheel is not None:  # a site index does not carry this clone's pdfleet: bring it
+    if ctx.host_wheel is not None:  # a site index does not carry this clone's host wheel: bring it
         yield Directory(WHEEL_DIR, mode="0755")
-        yield File(f"{WHEEL_DIR}/{ctx.pdfleet_wheel.name}", ctx.pdfleet_wheel.read_bytes(), mode="0644")
+        yield File(f"{WHEEL_DIR}/{ctx.host_wheel.name}", ctx.host_wheel.read_bytes(), mode="0644")
         find_links = (WHEEL_DIR,)
     yield PipRequirements(
         VENV,
-        (f"pdfleet=={ctx.pdfleet_version}", f"vllm-router=={gw.router_version}"),
+        (f"pdfleet=={ctx.host_version}", f"vllm-router=={gw.router_version}"),
         index_url=mirrors.pypi,
         trusted_host=mirrors.pypi_trusted_host,
         find_links=find_links,

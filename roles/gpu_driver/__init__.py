@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pdfleet.fleet.roles import RoleContext
+from pdfleet.fleet.render import RenderedFile
+from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.hw import HardwareError
 from pdfleet.hw.gpu import GpuPlan, gather_gpu_facts, plan_gpu
 from pdfleet.hw.kv import uses_rdma
@@ -32,6 +33,14 @@ UPDATE_INITRAMFS = Handler("update-initramfs", (Run("update-initramfs -u"),))
 def applies(ctx: RoleContext) -> bool:
     """Every host running a vLLM pool; the hardware check decides what actually happens."""
     return bool(ctx.instances)
+
+
+def files(ctx: RoleContext) -> list[RenderedFile]:
+    return []  # what it writes depends on the host's GPUs and kernel (facts)
+
+
+def units(ctx: RoleContext) -> list[ManagedUnit]:
+    return []
 
 
 def apt_pin(version_glob: str) -> str:

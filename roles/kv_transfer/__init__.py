@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pdfleet.fleet.roles import KV_ENV_FILE, RoleContext
+from pdfleet.fleet.host_layout import KV_ENV_FILE
+from pdfleet.fleet.render import RenderedFile
+from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
 from pdfleet.hw.facts import KernelFact, NetdevFact, NvidiaPciFact, RdmaSysfsFact
 from pdfleet.hw.gpu import resolve_gpudirect
 from pdfleet.hw.kv import kv_env, kv_requirement, render_env, uses_rdma
@@ -25,6 +27,14 @@ APT_PACKAGES: tuple[str, ...] = ()
 def applies(ctx: RoleContext) -> bool:
     """Hosts running a prefill or decode instance (colocated pools move no KV)."""
     return any(inst.kv_role for inst in ctx.instances)
+
+
+def files(ctx: RoleContext) -> list[RenderedFile]:
+    return []  # the env file holds the GID index and GPUDirect mode found on the host (facts)
+
+
+def units(ctx: RoleContext) -> list[ManagedUnit]:
+    return []
 
 
 def gid_index(ctx: RoleContext, facts: FactSource) -> tuple[int | None, str]:
@@ -76,5 +86,5 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         yield Skip("UCX_IB_GID_INDEX/MC_GID_INDEX", why)
     is_prefill = any(inst.pool == "prefill" for inst in ctx.instances)
     env = kv_env(profile, ctx.host, index, gpudirect_mode(ctx, facts), is_prefill)
-    restarts = tuple(inst.restart for inst in ctx.instances)
+    restarts = tuple(instance_restart(inst) for inst in ctx.instances)
     yield File(KV_ENV_FILE, render_env(env), mode="0600", owner="root", group="root", notify=restarts)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pdfleet.fleet.roles import RoleContext
+from pdfleet.fleet.render import RenderedFile
+from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.hw import HardwareError
 from pdfleet.hw.facts import NetdevFact, NetdevInfo, QosFact, QosToolsFact, RdmaDevice, RdmaSysfsFact
 from pdfleet.hw.rdma import (
@@ -48,6 +49,14 @@ REAPPLY = restart_handler(UNIT)  # a oneshot with RemainAfterExit: restart rerun
 def applies(ctx: RoleContext) -> bool:
     """Prefill/decode hosts of a cross-host profile (same-host KV moves over PCIe/NVLink)."""
     return ctx.profile.topology == "cross-host" and any(i.kv_role for i in ctx.instances)
+
+
+def files(ctx: RoleContext) -> list[RenderedFile]:
+    return []  # the RoCE script depends on the NICs found (facts)
+
+
+def units(ctx: RoleContext) -> list[ManagedUnit]:
+    return []  # pdfleet-roce.service is a oneshot, not a long-running unit
 
 
 @dataclass(frozen=True)

@@ -5,23 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pdfleet.fleet.pools import HEALTH_TIMEOUT_S, PoolInstance
+from pdfleet.fleet.host_layout import KV_ENV_FILE, SERVICE_USER, STATE_DIR, VLLM_START_TIMEOUT_S
 from pdfleet.fleet.render import RenderedFile
-from pdfleet.fleet.roles import KV_ENV_FILE, SERVICE_USER, STATE_DIR, ManagedUnit, RoleContext
+from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart, instance_unit
+from pdfleet.fleet.topology import Instance
 from pdfleet.fleet.vllm_args import serve_argv
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.operations import File, Service, SystemdUnit
 
 NAME = "services"
 APT_PACKAGES: tuple[str, ...] = ()
-START_TIMEOUT_S = HEALTH_TIMEOUT_S
 
 
 def applies(ctx: RoleContext) -> bool:
     return bool(ctx.instances)
 
 
-def _env_file(ctx: RoleContext, inst: PoolInstance) -> RenderedFile:
+def _env_file(ctx: RoleContext, inst: Instance) -> RenderedFile:
     content = ctx.render(
         "vllm.env.j2",
         unit=inst.unit,
@@ -33,7 +33,7 @@ def _env_file(ctx: RoleContext, inst: PoolInstance) -> RenderedFile:
     return RenderedFile(inst.env_file, content, mode="0600", secret=True)
 
 
-def _unit_file(ctx: RoleContext, inst: PoolInstance) -> RenderedFile:
+def _unit_file(ctx: RoleContext, inst: Instance) -> RenderedFile:
     content = ctx.render(
         "vllm.service.j2",
         pool=inst.pool,
@@ -43,13 +43,13 @@ def _unit_file(ctx: RoleContext, inst: PoolInstance) -> RenderedFile:
         env_file=inst.env_file,
         kv_env_file=KV_ENV_FILE,
         argv=serve_argv(ctx.profile, ctx.host, inst),
-        start_timeout=START_TIMEOUT_S,
+        start_timeout=VLLM_START_TIMEOUT_S,
     )
     return RenderedFile(inst.unit_path, content, mode="0644")
 
 
 def units(ctx: RoleContext) -> list[ManagedUnit]:
-    return [ManagedUnit(inst.unit, inst.health_url) for inst in ctx.instances]
+    return [instance_unit(inst) for inst in ctx.instances]
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:
@@ -63,7 +63,8 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     for inst in ctx.instances:
         env = _env_file(ctx, inst)
         unit = _unit_file(ctx, inst)
-        yield File(env.path, env.content.encode(), mode=env.mode, secret=True, notify=(inst.restart,))
-        yield SystemdUnit(inst.unit, unit.content.encode(), restart=inst.restart)
+        restart = instance_restart(inst)
+        yield File(env.path, env.content.encode(), mode=env.mode, secret=True, notify=(restart,))
+        yield SystemdUnit(inst.unit, unit.content.encode(), restart=restart)
         yield Service(inst.unit, enabled=True, running=True, health_url=inst.health_url,
-                      health_timeout=HEALTH_TIMEOUT_S)
+                      health_timeout=VLLM_START_TIMEOUT_S)

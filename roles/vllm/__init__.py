@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pdfleet.fleet.roles import RoleContext
+from pdfleet.fleet.render import RenderedFile
+from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.operations import Directory, PipRequirements
 
@@ -16,11 +17,19 @@ def applies(ctx: RoleContext) -> bool:
     return bool(ctx.instances)
 
 
+def files(ctx: RoleContext) -> list[RenderedFile]:
+    return []
+
+
+def units(ctx: RoleContext) -> list[ManagedUnit]:
+    return []
+
+
 def requirements(ctx: RoleContext) -> tuple[str, ...]:
     """The pinned server package for this profile's engine."""
     vllm = ctx.profile.vllm
     if vllm.engine == "sim":
-        return (f"pdfleet=={ctx.pdfleet_version}",)
+        return (f"pdfleet=={ctx.host_version}",)
     return (f"vllm=={vllm.version}",)
 
 
@@ -34,5 +43,5 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         requirements(ctx),
         index_url=mirrors.pypi,
         trusted_host=mirrors.pypi_trusted_host,
-        notify=tuple(inst.restart for inst in ctx.instances),
+        notify=tuple(instance_restart(inst) for inst in ctx.instances),
     )

@@ -10,18 +10,17 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from pdfleet.fleet.roles import apt_packages
 from pdfleet.lab.control import Lab, down, up
-from pdfleet.lab.hosts import LabHost, ssh_run
 from pdfleet.lab.paths import LabPaths
 from pdfleet.lab.system import REQUIRED_TOOLS
-from pdfleet.model.inventory import Inventory, load_inventory
+from roles import REGISTRY
+from tests.lab.helpers import REPO_ROOT, LabHandle
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LAB_DIR = Path(__file__).resolve().parent
 
 
@@ -44,37 +43,13 @@ def lab_unavailable() -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class LabHandle:
-    """The running lab as tests see it."""
-
-    lab: Lab
-    hosts: tuple[LabHost, ...]
-
-    @property
-    def paths(self) -> LabPaths:
-        return self.lab.paths
-
-    @property
-    def inventory(self) -> Inventory:
-        return load_inventory(self.lab.inventory)
-
-    def ssh(self, host: LabHost, command: str, timeout: float = 60.0) -> tuple[int, str, str]:
-        """Run a command on a lab host as the lab user (strict host-key checking)."""
-        return ssh_run(host.address, self.paths.key_file, self.paths.known_hosts, command, timeout)
-
-    def up(self) -> None:
-        """Bring the lab (back) up; cheap when it is already running."""
-        up(self.lab)
-
-
 @pytest.fixture(scope="session")
 def lab_def() -> Lab:
     """The lab of this clone (state under /var/lib/pdfleet-lab, hosts from inventory/lab.yml)."""
     reason = lab_unavailable()
     if reason:
         pytest.skip(reason)
-    return Lab(LabPaths(), REPO_ROOT, REPO_ROOT / "inventory" / "lab.yml")
+    return Lab(LabPaths(), REPO_ROOT / "inventory" / "lab.yml", apt_packages(REGISTRY))
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from .conftest import REPO_ROOT, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabHandle
 
 UNITS = {
     "lab-gw": ("vllm-router-pd.service", "pdfleet-gateway.service"),

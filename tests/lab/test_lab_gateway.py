@@ -16,8 +16,7 @@ import pytest
 
 from pdfleet.lab.paths import LabPaths
 from pdfleet.metrics.scrape import scrape_metrics
-
-from .conftest import REPO_ROOT, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabHandle
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"

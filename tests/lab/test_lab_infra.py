@@ -12,16 +12,15 @@ import paramiko
 import pytest
 
 from pdfleet.errors import ConnectError
-from pdfleet.fleet.host_version import wheel_version
+from pdfleet.fleet.host_wheel import host_version
 from pdfleet.lab.control import down, status
 from pdfleet.lab.hosts import dirs, host_running, ssh_ok
-from pdfleet.lab.mirrors import SERVERS, refresh_pdfleet_wheel
+from pdfleet.lab.mirrors import SERVERS, refresh_host_wheel
 from pdfleet.lab.network import link_exists
 from pdfleet.lab.paths import BRIDGE, BRIDGE_ADDRESS, apt_mirror_url, pypi_mirror_url
 from pdfleet.lab.state import LabState
 from pdfleet.ops.ssh import open_connection
-
-from .conftest import REPO_ROOT, LabHandle
+from tests.lab.helpers import LabHandle
 
 # An address in TEST-NET-1: only ever looked up in the routing table, never sent a packet.
 OUTSIDE = "192.0.2.1"
@@ -123,10 +122,10 @@ def test_mirror_servers_listen_on_the_bridge_only(lab: LabHandle) -> None:
 
 
 def test_hosts_install_from_the_mirrors(lab: LabHandle) -> None:
-    """A host installs a package from the apt mirror and the clone's pdfleet wheel from the PyPI mirror."""
+    """A host installs a package from the apt mirror and the clone's host wheel from the PyPI mirror."""
     host = lab.hosts[-1]
-    version = wheel_version(REPO_ROOT / "pdfleet")
-    assert refresh_pdfleet_wheel(lab.paths, REPO_ROOT) == version
+    version = host_version()
+    assert refresh_host_wheel(lab.paths) == version
     script = (
         f"echo 'deb [trusted=yes] {apt_mirror_url()} ./' | sudo tee /etc/apt/sources.list.d/labtest.list"
         " >/dev/null && sudo apt-get update -q >/dev/null && sudo apt-get install -y -q jq >/dev/null"

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.fleet.pools import host_instances
-from pdfleet.lab.mirrors import refresh_pdfleet_wheel
+from pdfleet.fleet.topology import build_topology
+from pdfleet.lab.mirrors import refresh_host_wheel
 from pdfleet.lab.state import LabState
 from pdfleet.model.inventory import load_inventory
 from pdfleet.model.profile_loader import load_profile
-
-from .conftest import REPO_ROOT, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabHandle
 
 INVOKE = [sys.executable, "-m", "invoke"]
 
@@ -42,8 +41,8 @@ def _provision(profile: str, inventory: Path, report: Path, *extra: str) -> dict
 @pytest.mark.parametrize("profile", ["lab-cross"])
 def test_provision_twice_second_run_changes_nothing(lab: LabHandle, tmp_path: Path, profile: str) -> None:
     inventory = lab.lab.inventory
-    # The hosts install the pdfleet of this clone; serve its wheel before provisioning.
-    refresh_pdfleet_wheel(lab.paths, REPO_ROOT)
+    # The hosts install the host wheel of this clone; provision serves it, this only shows it works alone.
+    refresh_host_wheel(lab.paths)
     first = _provision(profile, inventory, tmp_path / "first.json")
     assert first["totals"]["failed"] == 0
     assert first["totals"]["ok"] + first["totals"]["changed"] > 0
@@ -54,8 +53,9 @@ def test_provision_twice_second_run_changes_nothing(lab: LabHandle, tmp_path: Pa
     prof = load_profile(profile, REPO_ROOT / "profiles")
     inv = load_inventory(inventory)
     served = 0
+    topology = build_topology(prof, inv)
     for lab_host in lab.hosts:
-        for instance in host_instances(prof, inv.hosts[lab_host.name]):
+        for instance in topology.on_host(lab_host.name):
             check = (f"systemctl is-active {instance.unit} && "
                      f"curl -fsS -o /dev/null -w '%{{http_code}}' {instance.health_url}")
             rc, out, err = lab.ssh(lab_host, check)
@@ -96,6 +96,22 @@ def test_check_on_a_converged_lab_changes_nothing(converged: LabHandle, tmp_path
     assert data["totals"]["changed"] == 0 and data["totals"]["failed"] == 0
     _, after, _ = lab.ssh(_host(lab, "lab-p1"), stamp)
     assert before == after
+
+
+def test_an_operator_code_edit_changes_nothing_on_a_converged_lab(
+        converged: LabHandle, tmp_path: Path) -> None:
+    """Hosts run the host wheel, whose version ignores operator code: a CLI edit restarts no gateway."""
+    lab = converged
+    pid = _main_pid(lab, "lab-gw", "pdfleet-gateway.service")
+    edited = REPO_ROOT / "pdfleet" / "cli" / "render.py"
+    original = edited.read_text()
+    try:
+        edited.write_text(original + "\n# an operator-side edit (tests/lab/test_lab_provision.py)\n")
+        data = _provision(PROFILE, lab.lab.inventory, tmp_path / "cli-edit.json")
+    finally:
+        edited.write_text(original)
+    assert data["totals"]["changed"] == 0 and data["totals"]["failed"] == 0, data["hosts"]
+    assert _main_pid(lab, "lab-gw", "pdfleet-gateway.service") == pid
 
 
 def test_hand_edit_is_restored_and_only_that_unit_restarts(converged: LabHandle, tmp_path: Path) -> None:

@@ -8,9 +8,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from pdfleet.lab.mirrors import refresh_pdfleet_wheel
-
-from .conftest import REPO_ROOT, LabHandle
+from pdfleet.lab.mirrors import refresh_host_wheel
+from tests.lab.helpers import REPO_ROOT, LabHandle
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
@@ -45,7 +44,7 @@ def _host(lab: LabHandle, name: str):  # type: ignore[no-untyped-def]
 
 def test_verify_lab_passes_then_fails_naming_host_and_check(lab: LabHandle, tmp_path: Path) -> None:
     inventory = lab.lab.inventory
-    refresh_pdfleet_wheel(lab.paths, REPO_ROOT)
+    refresh_host_wheel(lab.paths)
     prov = _invoke("provision", "--profile", PROFILE, "--inventory", str(inventory))
     assert prov.returncode == 0, prov.stdout[-3000:] + prov.stderr[-3000:]
 

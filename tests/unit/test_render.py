@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.fleet.provision import Deployment, load_deployment, render_fleet
+from pdfleet.fleet.deployment import Deployment, load_deployment
+from pdfleet.fleet.provision import render_fleet
 from pdfleet.fleet.render import RenderedFile, systemd_arg, write_tree
 from pdfleet.fleet.secrets import GatewaySecrets
+from roles import REGISTRY
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
@@ -30,7 +32,8 @@ TEST_SECRETS = GatewaySecrets(client_sha256="1" * 64, admin_sha256="2" * 64)
 
 def _deployment(profile: str, inventory: Path | None = None) -> Deployment:
     inv = inventory or REPO / EXAMPLES[profile]
-    return load_deployment(profile, inv, REPO / "profiles", REPO / "templates", gateway_secrets=TEST_SECRETS)
+    return load_deployment(profile, inv, REPO / "profiles", REPO / "templates", REGISTRY,
+                           gateway_secrets=TEST_SECRETS)
 
 
 def _render(profile: str) -> dict[str, list[RenderedFile]]:

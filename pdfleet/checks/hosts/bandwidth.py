@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pdfleet.checks.verify import VerifyPlugin, parse_ib_write_bw, read_env, remote_fact
-from pdfleet.fleet.roles import KV_ENV_FILE
+from pdfleet.fleet.host_layout import KV_ENV_FILE
 from pdfleet.hw import facts as hw
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.hw.rdma import netdev_of

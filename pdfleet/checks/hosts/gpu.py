@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from pdfleet.checks.verify import VerifyPlugin, remote_fact
-from pdfleet.fleet.pools import host_instances
 from pdfleet.hw import facts as hw
 from pdfleet.hw.gpu import driver_branch, pinned_loaded, resolve_gpudirect
 from pdfleet.hw.kv import uses_rdma
@@ -17,7 +16,7 @@ from pdfleet.ops.facts import LoadedModules
 
 def gpu_host(verify: VerifyPlugin, pd_host: Host, target: Any) -> hw.NvidiaPci:
     """The host's NVIDIA PCI devices; skips when it runs no pool or has no NVIDIA GPU."""
-    if not host_instances(verify.profile, pd_host):
+    if not verify.topology.on_host(pd_host.name):
         pytest.skip("runs no vLLM pool")
     pci = remote_fact(target, hw.NvidiaPciFact())
     if not pci.gpus:

@@ -8,14 +8,13 @@ from typing import Any
 import pytest
 
 from pdfleet.checks.verify import VerifyPlugin
-from pdfleet.fleet.pools import host_instances
-from pdfleet.fleet.roles import KV_ENV_FILE
+from pdfleet.fleet.host_layout import KV_ENV_FILE
 from pdfleet.hw.kv import kv_import_name
 from pdfleet.model.inventory import Host
 
 
 def kv_host(verify: VerifyPlugin, pd_host: Host) -> None:
-    if not any(i.kv_role for i in host_instances(verify.profile, pd_host)):
+    if not any(i.kv_role for i in verify.topology.on_host(pd_host.name)):
         pytest.skip("runs no prefill/decode pool")
 
 

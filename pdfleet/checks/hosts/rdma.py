@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from pdfleet.checks.verify import VerifyPlugin, read_env, remote_fact
-from pdfleet.fleet.roles import KV_ENV_FILE
+from pdfleet.fleet.host_layout import KV_ENV_FILE
 from pdfleet.hw import facts as hw
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.hw.rdma import (

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 
-from pdfleet.checks.verify import Unit, VerifyPlugin, remote_fact, secret_values
-from pdfleet.fleet.pools import ENV_DIR
+from pdfleet.checks.verify import VerifyPlugin, remote_fact, secret_values
+from pdfleet.fleet.host_layout import CONFIG_DIR
+from pdfleet.fleet.roles import ManagedUnit
 from pdfleet.model.inventory import Host
 from pdfleet.ops.facts import FactError, SystemdUnitState
 
 
-def units(verify: VerifyPlugin, pd_host: Host) -> list[Unit]:
+def units(verify: VerifyPlugin, pd_host: Host) -> list[ManagedUnit]:
     found = verify.units(pd_host)
     if not found:
         pytest.skip("runs no pdfleet unit under this profile")
@@ -26,14 +27,14 @@ def test_units_installed_enabled_active(verify: VerifyPlugin, pd_host: Host, tar
     for unit in units(verify, pd_host):
         # one `systemctl show` per unit, parsed by name (its output order is systemd's, not ours)
         try:
-            state = remote_fact(target, SystemdUnitState(unit.name))
+            state = remote_fact(target, SystemdUnitState(unit.unit))
         except FactError as exc:
-            bad.append(f"{unit.name} not installed ({exc})")
+            bad.append(f"{unit.unit} not installed ({exc})")
             continue
         if state.load_state != "loaded":
-            bad.append(f"{unit.name} not installed ({state.load_state})")
+            bad.append(f"{unit.unit} not installed ({state.load_state})")
         elif not state.enabled or state.active_state != "active":
-            bad.append(f"{unit.name} {state.unit_file_state}/{state.active_state}")
+            bad.append(f"{unit.unit} {state.unit_file_state}/{state.active_state}")
     assert not bad, "; ".join(bad)
 
 
@@ -47,7 +48,7 @@ def test_ports_listening(verify: VerifyPlugin, pd_host: Host, target: Any) -> No
     found = [u for u in units(verify, pd_host) if u.port]
     if not found:
         pytest.skip("no unit with a known TCP port on this host")
-    closed = [f"{u.name}:{u.port}" for u in found if not listening(target, u.port)]
+    closed = [f"{u.unit}:{u.port}" for u in found if not listening(target, u.port)]
     assert not closed, f"not listening: {', '.join(closed)}"
 
 
@@ -75,21 +76,21 @@ def test_health_answers(verify: VerifyPlugin, pd_host: Host, target: Any) -> Non
 
 def test_env_files_mode_0600(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
     units(verify, pd_host)
-    listing = target.run(f"find {ENV_DIR} -name '*.env' -printf '%m %u %p\\n' 2>/dev/null")
+    listing = target.run(f"find {CONFIG_DIR} -name '*.env' -printf '%m %u %p\\n' 2>/dev/null")
     files = [line.split(" ", 2) for line in listing.stdout.splitlines() if line.strip()]
     if not files:
-        pytest.skip(f"no env files under {ENV_DIR}")
+        pytest.skip(f"no env files under {CONFIG_DIR}")
     bad = [f"{path} {mode} {owner}" for mode, owner, path in files if mode != "600" or owner != "root"]
     assert not bad, f"env files must be 0600 root: {'; '.join(bad)}"
 
 
 def test_no_key_in_units_or_cmdline(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
     found = units(verify, pd_host)
-    envs = target.run(f"cat {ENV_DIR}/*.env {ENV_DIR}/*/*.env 2>/dev/null")
+    envs = target.run(f"cat {CONFIG_DIR}/*.env {CONFIG_DIR}/*/*.env 2>/dev/null")
     secrets = secret_values(envs.stdout)
     leaks = []
     for unit in found:
-        name = shlex.quote(unit.name)
+        name = shlex.quote(unit.unit)
         text = target.run(f"systemctl cat {name} 2>/dev/null").stdout
         pid = target.run(f"systemctl show -p MainPID --value {name}").stdout.strip()
         cmdline = ""
@@ -97,7 +98,7 @@ def test_no_key_in_units_or_cmdline(verify: VerifyPlugin, pd_host: Host, target:
             cmdline = target.run(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
         for where, content in (("unit file", text), ("command line", cmdline)):
             if "--api-key" in content:
-                leaks.append(f"{unit.name} {where} has --api-key")
+                leaks.append(f"{unit.unit} {where} has --api-key")
             if any(s in content for s in secrets):
-                leaks.append(f"{unit.name} {where} contains a key from an env file")
+                leaks.append(f"{unit.unit} {where} contains a key from an env file")
     assert not leaks, "; ".join(leaks)

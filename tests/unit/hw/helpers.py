@@ -107,11 +107,13 @@ def host(
 
 
 def context(prof: Profile, h: Host) -> Any:
-    """A RoleContext for one host (roles here read host, profile and instances only)."""
-    from pdfleet.fleet.pools import host_instances
+    """A RoleContext for one host alone in its fleet (roles here read host, profile and instances only)."""
     from pdfleet.fleet.roles import RoleContext
+    from pdfleet.fleet.topology import build_topology
+    from pdfleet.model.inventory import Inventory
 
-    return RoleContext(h, None, prof, None, host_instances(prof, h))  # type: ignore[arg-type]
+    inventory = Inventory(Path("<one host>"), {h.name: h}, {group: (h.name,) for group in h.groups})
+    return RoleContext(h, prof, build_topology(prof, inventory), None)  # type: ignore[arg-type]
 
 
 def run_role(role: Any, ctx: Any, facts: Any) -> tuple[list[Any], list[Any], list[Any]]:

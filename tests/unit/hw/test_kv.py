@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import roles.kv_transfer as role
-from pdfleet.fleet.roles import KV_ENV_FILE
+from pdfleet.fleet.host_layout import KV_ENV_FILE
 from pdfleet.hw import facts as hw
 from pdfleet.hw.kv import kv_connector_extra_config, kv_env, kv_requirement, render_env
 from pdfleet.ops.operations import File, PipRequirements

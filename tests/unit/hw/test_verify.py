@@ -13,12 +13,10 @@ from pdfleet.checks.verify import (
     PASS,
     SKIP,
     CheckResult,
-    Unit,
     VerifyOptions,
     _host_and_check,
     env_pairs,
     host_units,
-    managed_unit,
     parse_ib_write_bw,
     pd_pairs,
     run_verify,
@@ -27,8 +25,10 @@ from pdfleet.checks.verify import (
     table_rows,
 )
 from pdfleet.errors import ValidationError
+from pdfleet.fleet.topology import build_topology
 from pdfleet.hw.kv import render_env
-from pdfleet.model.inventory import load_inventory
+from pdfleet.model.inventory import Host, Inventory, load_inventory
+from pdfleet.model.profile import Profile
 from tests.unit.hw.helpers import REPO, host, pinned, profile
 
 
@@ -59,16 +59,20 @@ def test_ssh_config_refuses_values_that_would_add_options(tmp_path: Path) -> Non
         ssh_config([bad], "~/.ssh/known_hosts", tmp_path, 7)
 
 
+def _units(prof: Profile, h: Host) -> list:  # type: ignore[type-arg]
+    """host_units of a host alone in its fleet."""
+    inventory = Inventory(Path("<one host>"), {h.name: h}, {g: (h.name,) for g in h.groups})
+    return host_units(build_topology(prof, inventory), h)
+
+
 def test_host_units_per_pool() -> None:
     prof = pinned()
-    assert [u.name for u in host_units(prof, host(groups=("prefill",)))] == ["vllm-prefill.service"]
-    assert host_units(prof, host(groups=("gateway",))) == []
-    assert managed_unit("pdfleet-gateway.service", "http://198.18.0.10:8080/health") == Unit(
-        "pdfleet-gateway.service", 8080, "http://198.18.0.10:8080/health"
-    )
-    assert managed_unit("vllm-router-pd.service", None).port is None
-    colo = host_units(profile("colocated"), host(groups=("colocated",)))
-    assert [u.name for u in colo] == ["vllm-colocated.service"] and colo[0].health_url.endswith("/health")
+    [prefill] = _units(prof, host(groups=("prefill",)))
+    assert prefill.unit == "vllm-prefill.service"
+    assert prefill.port == prof.pools.get("prefill").port
+    assert _units(prof, host(groups=("gateway",))) == []
+    colo = _units(profile("colocated"), host(groups=("colocated",)))
+    assert [u.unit for u in colo] == ["vllm-colocated.service"] and colo[0].health_url.endswith("/health")
 
 
 def test_pd_pairs_skip_same_host() -> None:
@@ -124,12 +128,17 @@ def _loopback_inventory(tmp_path: Path, sshd) -> Path:  # type: ignore[no-untype
     return inv
 
 
+def _topology(prof: Profile, inv: Inventory):  # type: ignore[no-untyped-def]
+    return build_topology(prof, inv)
+
+
 @pytest.mark.sshd
 def test_verify_over_ssh_skips_hardware_and_fails_naming_host_and_check(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
     inv = load_inventory(_loopback_inventory(tmp_path, sshd))
     prof = profile("same-host-pcie")
     junit = tmp_path / "verify.xml"
-    run = run_verify(prof, inv, list(inv.hosts.values()), VerifyOptions(junit=junit, connect_timeout=5))
+    run = run_verify(prof, _topology(prof, inv), list(inv.hosts.values()),
+                     VerifyOptions(junit=junit, connect_timeout=5))
     by_check = {r.check: r for r in run.results}
     # this machine has no NVIDIA GPU and the profile moves KV over PCIe: skipped with the reason
     assert by_check["gpu/driver_version_matches_pin"].outcome == SKIP
@@ -150,9 +159,8 @@ def test_verify_over_ssh_skips_hardware_and_fails_naming_host_and_check(tmp_path
 @pytest.mark.sshd
 def test_verify_passes_when_only_skipping_checks_run(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
     inv = load_inventory(_loopback_inventory(tmp_path, sshd))
-    run = run_verify(
-        profile("same-host-pcie"), inv, list(inv.hosts.values()), VerifyOptions(checks="gpu or rdma")
-    )
+    prof = profile("same-host-pcie")
+    run = run_verify(prof, _topology(prof, inv), list(inv.hosts.values()), VerifyOptions(checks="gpu or rdma"))
     assert (
         run.results and {r.outcome for r in run.results} == {SKIP} and not run.failed and run.exit_code == 0
     )
@@ -165,7 +173,8 @@ def test_verify_refuses_an_unknown_host_key(tmp_path: Path, sshd) -> None:  # ty
     empty.write_text("")
     inv_file.write_text(inv_file.read_text().replace(str(sshd.known_hosts), str(empty)))
     inv = load_inventory(inv_file)
-    run = run_verify(profile("same-host-pcie"), inv, list(inv.hosts.values()), VerifyOptions(checks="kv_env"))
+    prof = profile("same-host-pcie")
+    run = run_verify(prof, _topology(prof, inv), list(inv.hosts.values()), VerifyOptions(checks="kv_env"))
     [result] = run.results
     assert result.outcome == FAIL and result.host == "loop"
     assert result.detail.startswith(f"cannot reach loop (127.0.0.1:{sshd.port}) over SSH: ")

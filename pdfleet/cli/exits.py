@@ -1,21 +1,17 @@
-"""Helpers shared by task modules: turning PdfleetError into a clean exit, reading invoke.yaml."""
+"""How tasks end on an operator's mistake: one paragraph on stderr and a non-zero exit, no traceback."""
 
 from __future__ import annotations
 
 import functools
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
-from invoke import Context
 from invoke.exceptions import Exit
 
 from pdfleet.errors import PdfleetError
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def user_errors(func: F) -> F:
@@ -30,15 +26,3 @@ def user_errors(func: F) -> F:
             raise Exit(code=exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-def setting(ctx: Context, key: str, default: Any = None) -> Any:
-    """A value from the `pdfleet:` section of invoke.yaml (or its overrides)."""
-    section = ctx.config.get("pdfleet", {}) or {}
-    return section.get(key, default)
-
-
-def repo_path(value: str | Path) -> Path:
-    """A path from config or an option: relative paths are taken from the repo root."""
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else REPO_ROOT / path

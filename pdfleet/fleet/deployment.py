@@ -1,0 +1,58 @@
+"""A deployment: one validated profile and inventory, their topology and the roles to run, built once
+per command and passed down; `context(host)` is what the roles see of one host."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdfleet.fleet.host_wheel import host_version
+from pdfleet.fleet.render import Renderer
+from pdfleet.fleet.roles import Role, RoleContext
+from pdfleet.fleet.secrets import GatewaySecrets
+from pdfleet.fleet.topology import Topology, build_topology
+from pdfleet.model.inventory import Host, Inventory, load_inventory
+from pdfleet.model.inventory_checks import check_against_inventory
+from pdfleet.model.profile import Profile
+from pdfleet.model.profile_loader import load_profile
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Profile, inventory, topology and roles of one command (see the module docstring)."""
+
+    profile: Profile
+    inventory: Inventory
+    topology: Topology
+    roles: tuple[Role, ...]
+    renderer: Renderer
+    host_version: str
+    gateway_secrets: GatewaySecrets | None = None
+    host_wheel: Path | None = None  # uploaded by the roles of hosts that run pdfleet code
+
+    def context(self, host: Host) -> RoleContext:
+        """What the roles see for one host."""
+        return RoleContext(host, self.profile, self.topology, self.renderer, self.host_version,
+                           self.gateway_secrets, self.host_wheel)
+
+
+def load_deployment(
+    profile: str,
+    inventory: str | Path,
+    profiles_dir: Path,
+    templates_dir: Path,
+    roles: Sequence[Role],
+    lab_network: ipaddress.IPv4Network | None = None,
+    gateway_secrets: GatewaySecrets | None = None,
+) -> Deployment:
+    """Load and cross-check profile and inventory; raise ValidationError before anything is touched.
+
+    Without `gateway_secrets` the gateway role has no keys to install (it skips, saying so)."""
+    prof = load_profile(profile, profiles_dir)
+    inv = load_inventory(inventory)
+    check_against_inventory(prof, inv)
+    topology = build_topology(prof, inv, lab_network)
+    return Deployment(prof, inv, topology, tuple(roles), Renderer(templates_dir), host_version(),
+                      gateway_secrets)

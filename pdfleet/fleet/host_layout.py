@@ -1,0 +1,9 @@
+"""Where pdfleet puts things on a host, and the user its services run as: one place for every role."""
+
+SERVICE_USER = "pdfleet"
+STATE_DIR = "/var/lib/pdfleet"
+CONFIG_DIR = "/etc/pdfleet"  # env files (0600, read by systemd as root) and per-service config dirs
+UNIT_DIR = "/etc/systemd/system"
+KV_ENV_FILE = f"{CONFIG_DIR}/kv-transfer.env"
+# A 70B model can take many minutes to load; vLLM answers /health only after.
+VLLM_START_TIMEOUT_S = 1800

@@ -1,0 +1,40 @@
+"""`invoke lab.*` tasks that need no root: lab.env's exports and errors."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from invoke.exceptions import Exit
+
+import pdfleet.cli.lab as cli_lab
+from pdfleet.lab.paths import LabPaths
+from tests.unit.cli.helpers import project_context
+from tests.unit.lab.helpers import LAB_YML, REPO, lab_of
+
+
+def test_lab_env_prints_exports_or_says_the_gateway_is_not_provisioned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    lab = lab_of(LAB_YML, LabPaths(tmp_path))
+    monkeypatch.setattr(cli_lab, "this_lab", lambda: lab)
+    with pytest.raises(Exit) as exc:
+        cli_lab.env_task(project_context())
+    assert exc.value.code != 0
+    assert "not provisioned yet" in capsys.readouterr().err
+    lab.paths.gateway_client_key.write_text("sk-lab-123\n")
+    cli_lab.env_task(project_context())
+    assert capsys.readouterr().out.splitlines() == [
+        "export OPENAI_BASE_URL=http://198.18.0.10:8080/v1",
+        "export OPENAI_API_KEY=sk-lab-123",
+    ]
+    # the port is the provisioned profile's, not a constant
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", profiles)
+    (profiles / "lab-alt-port.yml").write_text("extends: lab-cross\ngateway:\n  port: 9080\n")
+    ctx = project_context(profiles_dir=str(profiles))
+    cli_lab.env_task(ctx, profile="lab-alt-port")
+    assert capsys.readouterr().out.splitlines()[0] == "export OPENAI_BASE_URL=http://198.18.0.10:9080/v1"
+    with pytest.raises(Exit):
+        cli_lab.env_task(ctx, profile="no-such-profile")
+    assert "no-such-profile" in capsys.readouterr().err

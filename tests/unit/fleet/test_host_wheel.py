@@ -1,0 +1,127 @@
+"""The host wheel: exactly the code hosts run, a version that changes only with it, reproducible bytes
+that pip installs, and a cache that writes it once per version."""
+
+from __future__ import annotations
+
+import email
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pdfleet.fleet.host_wheel import (
+    ENTRY_POINTS,
+    HOST_DEPENDENCIES,
+    PACKAGE_DIR,
+    cached_host_wheel,
+    host_code,
+    host_files,
+    host_version,
+    wheel_name,
+    write_host_wheel,
+)
+from tests.unit.fleet.helpers import REPO, third_party_imports
+
+OPERATOR_PACKAGES = ("cli", "fleet", "ops", "hw", "lab", "checks", "bench", "metrics")
+# Imported by host code but provided by a host dependency or optional (tried, with a fallback).
+INDIRECT_OR_OPTIONAL = {"yarl": "aiohttp", "orjson": None, "tokenizers": None}
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A copy of the pdfleet package to edit."""
+    copy = tmp_path / "pdfleet"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def _append(path: Path, text: str) -> None:
+    path.write_text(path.read_text() + text)
+
+
+def test_an_edit_to_operator_code_leaves_the_host_version_alone(tree: Path) -> None:
+    before = host_version(tree)
+    _append(tree / "cli" / "provision.py", "\n# a comment in the CLI\n")
+    _append(tree / "fleet" / "topology.py", '\n"""a docstring edit"""\n')
+    assert host_version(tree) == before
+
+
+@pytest.mark.parametrize("edited", ["gateway/proxy.py", "gateway/policy.py", "sim/engine.py", "tokens.py"])
+def test_an_edit_to_host_code_changes_the_host_version(tree: Path, edited: str) -> None:
+    target = tree / edited
+    if not target.exists():  # the gateway's modules may be named differently; any module of it will do
+        target = sorted((tree / edited.split("/")[0]).glob("*.py"))[-1]
+    before = host_version(tree)
+    _append(target, "\n# changed\n")
+    after = host_version(tree)
+    assert after != before and after.startswith(before.split("+")[0] + "+h")
+
+
+def test_host_code_is_the_host_packages_and_what_they_import() -> None:
+    files = {p.relative_to(PACKAGE_DIR).as_posix() for p in host_files()}
+    assert {"gateway/cli.py", "sim/cli.py", "__init__.py", "errors.py", "tokens.py"} <= files
+    assert "model/connectors.py" in files  # release facts the simulator models
+    assert "model/profile.py" not in files and "model/profile_loader.py" not in files
+    leaked = sorted(f for f in files if f.split("/")[0] in OPERATOR_PACKAGES)
+    assert not leaked, f"host code imports operator code: {leaked}"
+
+
+def test_host_requirements_cover_every_third_party_import() -> None:
+    def normal(name: str) -> str:
+        return name.lower().replace("_", "-")
+
+    provided = {normal(n) for n in HOST_DEPENDENCIES}
+    by_module = importlib.metadata.packages_distributions()
+    for module in sorted(third_party_imports(host_files())):
+        if module in INDIRECT_OR_OPTIONAL:
+            continue
+        dists = {normal(d) for d in by_module.get(module, [])}
+        assert dists & provided, f"host code imports {module} ({dists or 'unknown'}), not a host dependency"
+
+
+def test_the_wheel_is_reproducible_and_pip_installs_it(tmp_path: Path) -> None:
+    first = write_host_wheel(tmp_path / "a")
+    second = write_host_wheel(tmp_path / "b")
+    assert first.name == wheel_name(host_version()) and first.read_bytes() == second.read_bytes()
+    with zipfile.ZipFile(first) as zf:
+        names = set(zf.namelist())
+        meta = email.message_from_bytes(zf.read(f"pdfleet-{host_version()}.dist-info/METADATA"))
+    assert names >= set(host_code().files) and not any(n.startswith("pdfleet/cli/") for n in names)
+    assert meta["Version"] == host_version() and meta["Name"] == "pdfleet"
+    assert any(r.startswith("aiohttp") for r in meta.get_all("Requires-Dist"))
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet",
+                           "--disable-pip-version-check", "--target", str(target), str(first)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (target / "pdfleet" / "gateway").is_dir() and not (target / "pdfleet" / "cli").exists()
+    scripts = (target / f"pdfleet-{host_version()}.dist-info" / "entry_points.txt").read_text()
+    for script, target_ref in ENTRY_POINTS:
+        assert f"{script} = {target_ref}" in scripts
+
+
+def test_the_cache_writes_once_per_version_and_drops_older_ones(tmp_path: Path) -> None:
+    current = tmp_path / wheel_name(host_version())
+    current.write_bytes(b"cached")
+    old = tmp_path / wheel_name("0.1.0+h000000000000")
+    old.write_bytes(b"old")
+    assert cached_host_wheel(tmp_path) == current
+    assert current.read_bytes() == b"cached"  # not written again
+    assert not old.exists()
+    fresh = cached_host_wheel(tmp_path / "empty")
+    assert zipfile.is_zipfile(fresh)
+
+
+def test_invoke_wheel_prints_the_version_without_writing(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "invoke", "wheel", "--print-version"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == host_version()
+    built = subprocess.run([sys.executable, "-m", "invoke", "wheel", "--out", str(tmp_path)], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    assert Path(built.stdout.strip()) == tmp_path / wheel_name(host_version())
