@@ -160,7 +160,8 @@ def test_verify_over_ssh_skips_hardware_and_fails_naming_host_and_check(tmp_path
 def test_verify_passes_when_only_skipping_checks_run(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
     inv = load_inventory(_loopback_inventory(tmp_path, sshd))
     prof = profile("same-host-pcie")
-    run = run_verify(prof, _topology(prof, inv), list(inv.hosts.values()), VerifyOptions(checks="gpu or rdma"))
+    checks = VerifyOptions(checks="gpu or rdma")
+    run = run_verify(prof, _topology(prof, inv), list(inv.hosts.values()), checks)
     assert (
         run.results and {r.outcome for r in run.results} == {SKIP} and not run.failed and run.exit_code == 0
     )
