@@ -1,5 +1,6 @@
-"""Rendered units and env files: golden files per example profile and host, systemd's own verifier,
-and the invariants operators rely on (quoting, modes, no secrets on command lines)."""
+"""What provision installs, rendered offline (render_fleet): golden files per example profile and host,
+systemd's own verifier, and the invariants operators rely on (modes, limits, no secrets on command
+lines, serve lines the simulator parses, a policy the real gateway loads)."""
 
 from __future__ import annotations
 
@@ -11,33 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.fleet.deployment import Deployment, load_deployment
 from pdfleet.fleet.provision import render_fleet
-from pdfleet.fleet.render import RenderedFile, systemd_arg, write_tree
-from pdfleet.fleet.secrets import GatewaySecrets
-from roles import REGISTRY
+from pdfleet.fleet.render import RenderedFile, write_tree
+from tests.unit.fleet.helpers import EXAMPLES, REPO, fleet_of, profile_inventory_pairs
 
-REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
-EXAMPLES = {
-    "colocated": "inventory/examples/colocated.yml",
-    "same-host-pcie": "inventory/examples/same-host-pcie.yml",
-    "cross-rdma": "inventory/examples/cross-rdma.yml",
-}
-
-
-# Fixed key hashes, so golden files do not depend on the keys generated on this machine.
-TEST_SECRETS = GatewaySecrets(client_sha256="1" * 64, admin_sha256="2" * 64)
-
-
-def _deployment(profile: str, inventory: Path | None = None) -> Deployment:
-    inv = inventory or REPO / EXAMPLES[profile]
-    return load_deployment(profile, inv, REPO / "profiles", REPO / "templates", REGISTRY,
-                           gateway_secrets=TEST_SECRETS)
 
 
 def _render(profile: str) -> dict[str, list[RenderedFile]]:
-    deployment = _deployment(profile)
+    deployment = fleet_of(profile)
     return render_fleet(deployment, deployment.inventory.hosts.values())
 
 
@@ -70,7 +53,7 @@ def test_render_matches_golden_files(profile: str, tmp_path: Path) -> None:
 
 def test_every_host_of_a_pool_group_gets_its_units() -> None:
     rendered = _render("cross-rdma")
-    deployment = _deployment("cross-rdma")
+    deployment = fleet_of("cross-rdma")
     for host in deployment.inventory.hosts.values():
         paths = {f.path for f in rendered[host.name]}
         for pool in ("prefill", "decode"):
@@ -87,7 +70,7 @@ def _exec_start_argv(unit_text: str) -> list[str]:
 def test_exec_start_carries_pool_options_and_kv_config(profile: str) -> None:
     import json
 
-    deployment = _deployment(profile)
+    deployment = fleet_of(profile)
     for host, files in _render(profile).items():
         for f in files:
             if not _is_pool_unit(f.path):
@@ -131,21 +114,6 @@ def test_same_host_instances_get_distinct_side_channel_ports_and_gpus() -> None:
         assert len(set(gpus)) == len(gpus)
 
 
-@pytest.mark.parametrize(
-    ("word", "quoted"),
-    [
-        ("plain/path-1.0", "plain/path-1.0"),
-        ('{"kv_role":"kv_producer"}', '\'{"kv_role":"kv_producer"}\''),
-        ("50%", "50%%"),
-        ("$HOME", "'$$HOME'"),
-        ("it's", '"it\'s"'),
-        ('a\\"b', '"a\\\\\\"b"'),
-    ],
-)
-def test_systemd_arg_quoting(word: str, quoted: str) -> None:
-    assert systemd_arg(word) == quoted
-
-
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 @pytest.mark.parametrize("profile", sorted(EXAMPLES))
 def test_systemd_analyze_verify_accepts_rendered_units(profile: str, tmp_path: Path) -> None:
@@ -165,40 +133,20 @@ def test_systemd_analyze_verify_accepts_rendered_units(profile: str, tmp_path: P
         assert not problems, f"{unit}: {problems}"
 
 
-def _profile_inventory_pairs() -> list[tuple[str, Path]]:
-    """Every (profile, inventory) in the repo that validates together: what an operator could render."""
-    from pdfleet.errors import ValidationError
-    from pdfleet.model.inventory import load_inventory
-    from pdfleet.model.inventory_checks import check_against_inventory
-    from pdfleet.model.profile_loader import list_profiles, load_profile
-
-    inventories = sorted((REPO / "inventory").rglob("*.yml"))
-    pairs = []
-    for name in list_profiles(REPO / "profiles"):
-        profile = load_profile(name, REPO / "profiles")
-        for inv_path in inventories:
-            try:
-                check_against_inventory(profile, load_inventory(inv_path))
-            except ValidationError:
-                continue
-            pairs.append((name, inv_path))
-    return pairs
-
-
 def test_every_profile_renders_for_some_inventory() -> None:
     from pdfleet.model.profile_loader import list_profiles
 
-    rendered = {name for name, _ in _profile_inventory_pairs()}
+    rendered = {name for name, _ in profile_inventory_pairs()}
     assert rendered == set(list_profiles(REPO / "profiles"))
 
 
-@pytest.mark.parametrize(("profile", "inventory"), _profile_inventory_pairs(),
+@pytest.mark.parametrize(("profile", "inventory"), profile_inventory_pairs(),
                          ids=lambda v: v if isinstance(v, str) else v.name)
 def test_every_rendered_serve_command_parses_under_the_simulator(profile: str, inventory: Path) -> None:
     """A typo in any rendered `vllm serve` line fails here (the sim rejects unknown options as vLLM does)."""
     from pdfleet.sim.config import parse_serve_args
 
-    deployment = _deployment(profile, inventory)
+    deployment = fleet_of(profile, inventory)
     for host, files in render_fleet(deployment, deployment.inventory.hosts.values()).items():
         by_path = {f.path: f for f in files}
         for f in files:
@@ -219,7 +167,7 @@ def test_rendered_gateway_policy_and_keys_load_in_the_real_gateway(tmp_path: Pat
     from pdfleet.gateway.policy import load_policy
 
     lab = REPO / "inventory" / "lab.yml"
-    deployment = _deployment("lab-cross", lab)
+    deployment = fleet_of("lab-cross", lab)
     gateway_host = deployment.inventory.hosts["lab-gw"]
     files = {f.path: f for f in render_fleet(deployment, [gateway_host])["lab-gw"]}
     keys = tmp_path / "keys.yaml"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 INVOKE = [sys.executable, "-m", "invoke"]
 CROSS = "inventory/examples/cross-rdma.yml"
 

@@ -1,4 +1,5 @@
-"""Bad profiles, table-driven: small YAML files in tmp_path; messages name file, key path, what is allowed."""
+"""Loading profiles: listing, names and paths, `extends:` merging, bases, and every error named by file
+and key path (schema and semantic problems alike, as load_profile reports them)."""
 
 from __future__ import annotations
 
@@ -7,32 +8,59 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
+from pdfleet.model.inventory import load_inventory
+from pdfleet.model.inventory_checks import check_against_inventory
 from pdfleet.model.profile import ProfileError
-from pdfleet.model.profile_loader import load_profile
+from pdfleet.model.profile_loader import list_profiles, load_profile
+from tests.unit.model.helpers import GOOD, PROFILES, REPO, SAME_HOST, SHIPPED
 
-# A complete, valid cross-host profile; most cases `extends: _good` and change one thing.
-GOOD = """
-topology: cross-host
-model: {id: meta-llama/Llama-3.1-8B-Instruct, max_model_len: 32768}
-vllm:
-  version: "0.11.0"
-  engine: vllm
-  sim: {gpu: H100-SXM, link: roce-400g}
-kv_transfer: {connector: NixlConnector, side_channel_port: 5600}
+
+def test_shipped_profiles_are_listed_and_bases_are_not() -> None:
+    names = list_profiles(PROFILES)
+    assert set(SHIPPED) <= set(names)
+    assert not [n for n in names if n.startswith("_")]
+
+
+def test_load_by_path_and_extends_merge(tmp_path: Path) -> None:
+    (tmp_path / "_common.yml").write_text((PROFILES / "_base.yml").read_text())
+    child = tmp_path / "mine.yml"
+    child.write_text(
+        """
+extends: _common
+topology: colocated
+gateway: {port: 9080}
+vllm: {engine: sim}
 pools:
-  prefill: {port: 8100, gpus: [0], max_num_batched_tokens: 8192, gpu_memory_utilization: 0.85}
-  decode: {port: 8200, gpus: [0], max_num_batched_tokens: 2048, gpu_memory_utilization: 0.90}
-gpu: {driver_branch: "580"}
-rdma: {enabled: true}
-gateway:
-  stage: colocated
-  stages:
-    colocated: {short: 0, long: 0}
-    long-prompts: {short: 0, long: 100}
-slo: {ttft_p99_ms: 3000, tpot_p99_ms: 60, itl_p99_ms: 200, kv_transfer_p99_ms: 500}
+  colocated: {port: 8000, gpus: [1], max_num_batched_tokens: 4096, gpu_memory_utilization: 0.5}
 """
+    )
+    profile = load_profile(str(child), tmp_path / "elsewhere")
+    # mappings merge key by key: the child's gateway.port, the base's router_port and stages
+    assert profile.gateway.port == 9080 and profile.gateway.router_port == 8090
+    assert "long-prompts" in profile.gateway.stages
+    assert profile.vllm.engine == "sim" and profile.vllm.version == "0.11.0"
+    assert profile.vllm.sim.link == "pcie-gen5"
+    assert list_profiles(tmp_path) == ["mine"]
 
-SAME_HOST = "extends: _good\ntopology: same-host\npools: {decode: {gpus: [1]}}\n"
+
+def test_null_in_child_clears_base_key(tmp_path: Path) -> None:
+    (tmp_path / "_common.yml").write_text((PROFILES / "_base.yml").read_text())
+    (tmp_path / "p.yml").write_text(
+        """
+extends: _common
+topology: colocated
+model: {max_model_len: null}
+pools:
+  colocated: {port: 8000, gpus: [0], max_num_batched_tokens: 8192, gpu_memory_utilization: 0.9}
+"""
+    )
+    assert load_profile("p", tmp_path).model.max_model_len is None
+
+
+def test_base_profiles_are_not_runnable() -> None:
+    with pytest.raises(ValidationError, match="is a base for `extends:`, not a runnable profile"):
+        load_profile("_base", PROFILES)
+
 
 # (id, YAML of the case file, key path, expected message text). `{file}` is the case file.
 CASES: list[tuple[str, str, str, str]] = [
@@ -343,3 +371,26 @@ def test_duplicate_key_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "dup.yml").write_text("extends: _good\ntopology: cross-host\ntopology: same-host\n")
     with pytest.raises(ValidationError, match=r"dup.yml:3:1: invalid YAML: .*duplicate key 'topology'"):
         load_profile("dup", tmp_path)
+
+
+@pytest.mark.parametrize(("profile", "base", "inventory"), [
+    ("lab-colocated", "colocated", "lab.yml"),
+    ("lab-cross", "cross-rdma", "lab.yml"),
+    ("lab-same-host", "same-host-pcie", "lab-same-host.yml"),
+])
+def test_lab_profiles_extend_the_real_ones_with_sim_and_mirrors(
+        profile: str, base: str, inventory: str) -> None:
+    lab = load_profile(profile, REPO / "profiles")
+    real = load_profile(base, REPO / "profiles")
+    assert lab.extends == base
+    assert lab.vllm.engine == "sim"
+    assert lab.mirrors.apt == "http://198.18.0.1:8081/" and lab.mirrors.apt_trusted
+    assert lab.mirrors.pypi == "http://198.18.0.1:8082/simple/"
+    assert lab.mirrors.pypi_trusted_host == "198.18.0.1"
+    assert lab.topology == real.topology
+    assert (lab.pools.prefill, lab.pools.decode) == (real.pools.prefill, real.pools.decode)
+    # lab-cross adds the colocated baseline beside its P/D pair (what the gateway routes between)
+    assert (lab.pools.colocated is not None) == (profile in ("lab-colocated", "lab-cross"))
+    assert lab.kv_transfer == real.kv_transfer
+    assert lab.vllm.sim == real.vllm.sim
+    check_against_inventory(lab, load_inventory(REPO / "inventory" / inventory))

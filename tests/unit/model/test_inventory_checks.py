@@ -6,11 +6,36 @@ from pathlib import Path
 
 import pytest
 
+from pdfleet.errors import ValidationError
 from pdfleet.model.inventory import load_inventory
 from pdfleet.model.inventory_checks import check_against_inventory
 from pdfleet.model.profile import ProfileError
-from pdfleet.model.profile_loader import load_profile
-from tests.unit.test_profile_errors import GOOD
+from pdfleet.model.profile_loader import list_profiles, load_profile
+from tests.unit.model.helpers import GOOD, PROFILES, REPO, SHIPPED
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profile_fits_its_example_inventory(name: str) -> None:
+    profile = load_profile(name, PROFILES)
+    check_against_inventory(profile, load_inventory(REPO / f"inventory/examples/{name}.yml"))
+    assert profile.name == name and profile.source == PROFILES / f"{name}.yml"
+    assert profile.extends == "_base"
+
+
+def _fits(profile_name: str, inventory: Path) -> bool:
+    try:
+        check_against_inventory(load_profile(profile_name, PROFILES), load_inventory(inventory))
+    except ValidationError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", list_profiles(PROFILES))
+def test_every_profile_fits_some_inventory_in_the_repo(name: str) -> None:
+    """A profile no inventory in the repo can run is a broken example (lab profiles included)."""
+    inventories = sorted((REPO / "inventory").glob("**/*.yml"))
+    assert any(_fits(name, inv) for inv in inventories), f"{name} fits none of {inventories}"
+
 
 CROSS_INV = """
 all:
@@ -26,6 +51,7 @@ all:
         gw: {ansible_host: 10.0.0.10}
 """
 
+
 SAME_INV = """
 all:
   children:
@@ -35,7 +61,9 @@ all:
       hosts: {pd1: }
 """
 
+
 COLO_INV = "all:\n  children:\n    colocated:\n      hosts: {c1: {gpus: [0]}}\n"
+
 
 # (id, file the key path is set in (the case file or the base _good), profile overrides over GOOD
 # (cross-host), inventory text, key path, expected text)

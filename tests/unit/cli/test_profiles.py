@@ -1,0 +1,61 @@
+"""invoke profiles: lists and validates every profile, optionally against an inventory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.unit.model.helpers import PROFILES, REPO
+
+
+def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the real `invoke` of this venv from the repo root, as an operator would."""
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "invoke"), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_invoke_profiles_lists_and_exits_zero() -> None:
+    proc = _invoke("profiles")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["PROFILE", "TOPOLOGY", "ENGINE", "CONNECTOR", "VLLM", "STATUS"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:] if line.strip()}
+    assert rows["cross-rdma"] == ["cross-host", "vllm", "NixlConnector", "0.11.0", "ok"]
+    assert rows["colocated"] == ["colocated", "vllm", "-", "0.11.0", "ok"]
+    assert "_base" not in rows
+
+
+def test_invoke_profiles_fails_on_invalid_profile(tmp_path: Path) -> None:
+    (tmp_path / "_base.yml").write_text((PROFILES / "_base.yml").read_text())
+    (tmp_path / "colocated.yml").write_text((PROFILES / "colocated.yml").read_text())
+    (tmp_path / "bad.yml").write_text(
+        "extends: colocated\npools: {colocated: {gpu_memory_utilization: 0.99}}\n"
+    )
+    proc = _invoke("profiles", "--profiles-dir", str(tmp_path))
+    assert proc.returncode == 1
+    assert f"{tmp_path / 'bad.yml'}: pools.colocated.gpu_memory_utilization: must be <= 0.98" in proc.stdout
+    assert "1 of 2 profiles invalid: bad" in proc.stderr
+
+
+def test_invoke_profiles_with_inventory_runs_semantic_checks() -> None:
+    inv = "inventory/examples/cross-rdma.yml"
+    ok = _invoke("profiles", "--inventory", inv, "--profile", "cross-rdma")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert f"ok (fits {inv})" in ok.stdout
+    bad = _invoke("profiles", "--inventory", inv, "--profile", "colocated")
+    assert bad.returncode == 1
+    assert f"profiles/colocated.yml: topology: colocated needs hosts in group colocated; {inv}" in bad.stdout
+
+
+def test_invoke_profiles_unknown_inventory_is_one_clean_error() -> None:
+    proc = _invoke("profiles", "--inventory", "inventory/nope.yml")
+    assert proc.returncode != 0
+    assert "inventory/nope.yml: file not found" in proc.stderr
+    assert "Traceback" not in proc.stderr
