@@ -80,6 +80,9 @@ def _message(err: dict[str, Any]) -> str:
         return f"must be {bounds[kind]} {ctx.get(key)}{got}"
     simple = {
         "int_type": "must be an integer",
+        "int_parsing": "must be an integer",
+        "float_parsing": "must be a number",
+        "bool_parsing": "must be true or false",
         "float_type": "must be a number",
         "bool_type": "must be true or false",
         "string_type": "must be a string",

@@ -6,8 +6,7 @@ import inspect
 
 import pytest
 
-from pdfleet.errors import ValidationError
-from pdfleet.fleet.roles import Role, apt_packages, select_roles
+from pdfleet.fleet.roles import Role
 from roles import REGISTRY
 
 HOOKS = ("applies", "operations", "files", "units")
@@ -24,15 +23,3 @@ def test_every_role_provides_the_whole_contract(role: Role) -> None:
     for hook in HOOKS:
         assert callable(getattr(role, hook)), f"{role.NAME} has no {hook}(ctx)"
         assert list(inspect.signature(getattr(role, hook)).parameters)[0] == "ctx"
-
-
-def test_apt_packages_of_all_roles_include_base() -> None:
-    found = apt_packages(REGISTRY)
-    assert "jq" in found and list(found) == sorted(set(found))
-
-
-def test_select_roles_keeps_registry_order_and_names_unknown_ones() -> None:
-    assert [r.NAME for r in select_roles(REGISTRY, "services, base")] == ["base", "services"]
-    assert select_roles(REGISTRY, None) == REGISTRY
-    with pytest.raises(ValidationError, match="unknown role.*bogus.*available: base"):
-        select_roles(REGISTRY, "base,bogus")
