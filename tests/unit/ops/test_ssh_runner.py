@@ -14,8 +14,7 @@ from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.operations import CommandOp, Directory, File, LineInFile
 from pdfleet.ops.runner import RunOptions, run_fleet
 from pdfleet.ops.ssh import open_connection
-
-from .conftest import Sshd
+from tests.unit.helpers import Sshd
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(60)]
 
