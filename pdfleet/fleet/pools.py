@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import PoolSpec, Profile
 from pdfleet.ops.base import Handler
-from pdfleet.ops.operations import restart_handler
+from pdfleet.ops.systemd import restart_handler
 
 ENV_DIR = "/etc/pdfleet"
 UNIT_DIR = "/etc/systemd/system"

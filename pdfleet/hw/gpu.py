@@ -23,7 +23,7 @@ from pdfleet.hw.facts import (
     SecureBootFact,
 )
 from pdfleet.ops.base import FactSource
-from pdfleet.ops.facts import LoadedModules
+from pdfleet.ops.kernel import LoadedModules
 
 if TYPE_CHECKING:
     from pdfleet.model.profile import GpuSpec

@@ -16,7 +16,8 @@ from pdfleet.hw.gpu import resolve_gpudirect
 from pdfleet.hw.kv import kv_env, kv_requirement, render_env, uses_rdma
 from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index, netdev_of
 from pdfleet.ops.base import FactSource, Operation, Skip
-from pdfleet.ops.operations import File, PipRequirements
+from pdfleet.ops.files import File
+from pdfleet.ops.pip import PipRequirements
 
 NAME = "kv_transfer"
 APT_PACKAGES: tuple[str, ...] = ()

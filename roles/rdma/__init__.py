@@ -27,8 +27,11 @@ from pdfleet.hw.rdma import (
     roce_script,
     roce_unit,
 )
+from pdfleet.ops.apt import AptPackage
 from pdfleet.ops.base import Change, FactSource, Operation, Skip
-from pdfleet.ops.operations import AptPackage, File, KernelModule, Service, SystemdUnit, restart_handler
+from pdfleet.ops.files import File
+from pdfleet.ops.kernel import KernelModule
+from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 
 NAME = "rdma"
 APT_PACKAGES: tuple[str, ...] = (

@@ -10,7 +10,8 @@ from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import KV_ENV_FILE, SERVICE_USER, STATE_DIR, ManagedUnit, RoleContext
 from pdfleet.fleet.vllm_args import serve_argv
 from pdfleet.ops.base import FactSource, Operation, Skip
-from pdfleet.ops.operations import File, Service, SystemdUnit
+from pdfleet.ops.files import File
+from pdfleet.ops.systemd import Service, SystemdUnit
 
 NAME = "services"
 APT_PACKAGES: tuple[str, ...] = ()

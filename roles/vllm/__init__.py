@@ -6,7 +6,8 @@ from collections.abc import Iterable
 
 from pdfleet.fleet.roles import RoleContext
 from pdfleet.ops.base import FactSource, Operation, Skip
-from pdfleet.ops.operations import Directory, PipRequirements
+from pdfleet.ops.files import Directory
+from pdfleet.ops.pip import PipRequirements
 
 NAME = "vllm"
 APT_PACKAGES: tuple[str, ...] = ()

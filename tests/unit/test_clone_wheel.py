@@ -13,8 +13,8 @@ from pdfleet.fleet.host_wheel import clone_wheel, wheel_name
 from pdfleet.fleet.provision import load_deployment
 from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.ops.base import FakeFacts, Run
-from pdfleet.ops.facts import PipList
-from pdfleet.ops.operations import File, PipRequirements
+from pdfleet.ops.files import File
+from pdfleet.ops.pip import PipList, PipRequirements
 
 REPO = Path(__file__).resolve().parents[2]
 SECRETS = GatewaySecrets(client_sha256="1" * 64, admin_sha256="2" * 64)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet.fleet.provision import Deployment, load_deployment, render_fleet
-from pdfleet.fleet.render import RenderedFile, systemd_arg, write_tree
+from pdfleet.fleet.render import RenderedFile, write_tree
 from pdfleet.fleet.secrets import GatewaySecrets
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,21 +126,6 @@ def test_same_host_instances_get_distinct_side_channel_ports_and_gpus() -> None:
         gpus = [e["CUDA_VISIBLE_DEVICES"] for e in envs.values()]
         assert len(ports) == len(envs)
         assert len(set(gpus)) == len(gpus)
-
-
-@pytest.mark.parametrize(
-    ("word", "quoted"),
-    [
-        ("plain/path-1.0", "plain/path-1.0"),
-        ('{"kv_role":"kv_producer"}', '\'{"kv_role":"kv_producer"}\''),
-        ("50%", "50%%"),
-        ("$HOME", "'$$HOME'"),
-        ("it's", '"it\'s"'),
-        ('a\\"b', '"a\\\\\\"b"'),
-    ],
-)
-def test_systemd_arg_quoting(word: str, quoted: str) -> None:
-    assert systemd_arg(word) == quoted
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")

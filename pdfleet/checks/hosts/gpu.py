@@ -12,7 +12,7 @@ from pdfleet.hw import facts as hw
 from pdfleet.hw.gpu import driver_branch, pinned_loaded, resolve_gpudirect
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.model.inventory import Host
-from pdfleet.ops.facts import LoadedModules
+from pdfleet.ops.kernel import LoadedModules
 
 
 def gpu_host(verify: VerifyPlugin, pd_host: Host, target: Any) -> hw.NvidiaPci:

@@ -11,7 +11,8 @@ import pytest
 from pdfleet.checks.verify import Unit, VerifyPlugin, remote_fact, secret_values
 from pdfleet.fleet.pools import ENV_DIR
 from pdfleet.model.inventory import Host
-from pdfleet.ops.facts import FactError, SystemdUnitState
+from pdfleet.ops.errors import FactError
+from pdfleet.ops.systemd import SystemdUnitState
 
 
 def units(verify: VerifyPlugin, pd_host: Host) -> list[Unit]:

@@ -6,7 +6,8 @@ import roles.kv_transfer as role
 from pdfleet.fleet.roles import KV_ENV_FILE
 from pdfleet.hw import facts as hw
 from pdfleet.hw.kv import kv_connector_extra_config, kv_env, kv_requirement, render_env
-from pdfleet.ops.operations import File, PipRequirements
+from pdfleet.ops.files import File
+from pdfleet.ops.pip import PipRequirements
 from tests.unit.hw.helpers import H100_DEVICES, context, fixture_facts, host, pinned, profile, run_role
 
 H100 = "h100-sxm-8x-nvswitch-cx7"
