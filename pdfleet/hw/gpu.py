@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pdfleet.hw.facts import (
+from pdfleet.hw.gpu_facts import (
     SB_ENABLED,
     DriverFact,
     DriverInfo,

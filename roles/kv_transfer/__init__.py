@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pdfleet.fleet.roles import KV_ENV_FILE, RoleContext
-from pdfleet.hw.facts import KernelFact, NetdevFact, NvidiaPciFact, RdmaSysfsFact
 from pdfleet.hw.gpu import resolve_gpudirect
+from pdfleet.hw.gpu_facts import KernelFact, NvidiaPciFact
 from pdfleet.hw.kv import kv_env, kv_requirement, render_env, uses_rdma
 from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index, netdev_of
+from pdfleet.hw.rdma_facts import NetdevFact, RdmaSysfsFact
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.files import File
 from pdfleet.ops.pip import PipRequirements

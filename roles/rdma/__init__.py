@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from pdfleet.fleet.roles import RoleContext
 from pdfleet.hw import HardwareError
-from pdfleet.hw.facts import NetdevFact, NetdevInfo, QosFact, QosToolsFact, RdmaDevice, RdmaSysfsFact
 from pdfleet.hw.rdma import (
     PORT,
     ROCE_V2,
@@ -27,6 +26,7 @@ from pdfleet.hw.rdma import (
     roce_script,
     roce_unit,
 )
+from pdfleet.hw.rdma_facts import NetdevFact, NetdevInfo, QosFact, QosToolsFact, RdmaDevice, RdmaSysfsFact
 from pdfleet.ops.apt import AptPackage
 from pdfleet.ops.base import Change, FactSource, Operation, Skip
 from pdfleet.ops.files import File

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from pdfleet.hw import facts as hw
+from pdfleet.hw import gpu_facts, rdma_facts
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile, load_profile
 from pdfleet.ops import apt, files, kernel, pip, systemd, users
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[3]
 PIN = "570.133.20"
 H100_DEVICES = tuple(f"mlx5_{i}" for i in range(8))
 # where fixture keys are looked up: the hardware facts, then the ops domains' facts
-FACT_MODULES = (hw, kernel, files, apt, systemd, users, pip)
+FACT_MODULES = (gpu_facts, rdma_facts, kernel, files, apt, systemd, users, pip)
 
 
 def fact_for(key: str) -> Fact[Any]:
@@ -58,10 +58,10 @@ class HostFacts(FakeFacts):
             return super().get(fact)
         except KeyError:
             pass
-        if isinstance(fact, hw.MokEnrolledFact):
+        if isinstance(fact, gpu_facts.MokEnrolledFact):
             return False
-        if isinstance(fact, hw.QosFact):
-            return hw.QosState(None, None)
+        if isinstance(fact, rdma_facts.QosFact):
+            return rdma_facts.QosState(None, None)
         if isinstance(fact, AptPackages):
             return {}
         if isinstance(fact, AptHolds | LoadedModules):

@@ -10,7 +10,7 @@ from typing import Any
 import roles.gpu_driver as gpu_role
 import roles.kv_transfer as kv_role
 import roles.rdma as rdma_role
-from pdfleet.hw import facts as hw
+from pdfleet.hw import rdma_facts
 from pdfleet.ops.apt import AptHolds, AptPackage, AptPackages, AptRepo
 from pdfleet.ops.base import REBOOT_REQUIRED
 from pdfleet.ops.files import File, FileState, PathInfo
@@ -68,11 +68,11 @@ def converged_nics() -> dict[Any, Any]:
         name: dataclasses.replace(
             dev, ports=tuple(dataclasses.replace(p, default_roce_mode="RoCE v2") for p in dev.ports)
         )
-        for name, dev in table[hw.RdmaSysfsFact()].items()
+        for name, dev in table[rdma_facts.RdmaSysfsFact()].items()
     }
     return {
-        hw.RdmaSysfsFact(): devices,
-        hw.QosFact("ens1np0", "mlnx_qos"): table[hw.QosFact("ens2np0", "mlnx_qos")],
+        rdma_facts.RdmaSysfsFact(): devices,
+        rdma_facts.QosFact("ens1np0", "mlnx_qos"): table[rdma_facts.QosFact("ens2np0", "mlnx_qos")],
     }
 
 
