@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from typing import Any
 
 import jinja2
 
-_SYSTEMD_BARE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+from pdfleet.ops.systemd import env_value, systemd_command
 
 
 @dataclass(frozen=True)
@@ -24,33 +23,6 @@ class RenderedFile:
     owner: str = "root"
     group: str = "root"
     secret: bool = False
-
-
-def systemd_arg(arg: str) -> str:
-    """Quote one argv word for ExecStart= so systemd passes it intact (JSON included).
-
-    systemd expands `%` specifiers and `$VAR` in ExecStart and unescapes C-style backslashes inside
-    quotes; doubling `%`/`$` and escaping `\\` and `"` keeps the word literal.
-    """
-    escaped = arg.replace("%", "%%").replace("$", "$$")
-    if escaped and _SYSTEMD_BARE.match(escaped):
-        return escaped
-    if "'" not in escaped and "\\" not in escaped:
-        return f"'{escaped}'"  # the readable form for JSON: nothing inside needs escaping
-    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def systemd_command(argv: Iterable[str]) -> str:
-    """A whole ExecStart= command line from an argv list."""
-    return " ".join(systemd_arg(a) for a in argv)
-
-
-def env_value(value: Any) -> str:
-    """A value for a systemd EnvironmentFile= line (double-quoted when it has spaces or quotes)."""
-    text = str(value)
-    if re.match(r"^[A-Za-z0-9_@%+=:,./-]*$", text):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 class Renderer:

@@ -21,7 +21,7 @@ from pdfleet.fleet.topology import Instance, Topology
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 from pdfleet.ops.base import FactSource, Handler, Operation, Skip
-from pdfleet.ops.operations import restart_handler
+from pdfleet.ops.systemd import restart_handler
 
 
 @dataclass(frozen=True)

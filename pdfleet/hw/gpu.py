@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pdfleet.hw.facts import (
+from pdfleet.hw.gpu_facts import (
     SB_ENABLED,
     DriverFact,
     DriverInfo,
@@ -23,7 +23,7 @@ from pdfleet.hw.facts import (
     SecureBootFact,
 )
 from pdfleet.ops.base import FactSource
-from pdfleet.ops.facts import LoadedModules
+from pdfleet.ops.kernel import LoadedModules
 
 if TYPE_CHECKING:
     from pdfleet.model.profile import GpuSpec

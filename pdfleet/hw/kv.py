@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pdfleet.fleet.render import env_value
 from pdfleet.hw.gpu import cuda_major
 from pdfleet.hw.rdma import ucx_net_devices
 from pdfleet.model.connectors import MOONCAKE, NIXL
+from pdfleet.ops.systemd import env_value
 
 if TYPE_CHECKING:
     from pdfleet.model.inventory import Host

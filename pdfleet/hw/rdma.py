@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from pdfleet.hw.facts import Gid, NetdevInfo, QosState, QosTools, RdmaDevice
+from pdfleet.hw.rdma_facts import Gid, NetdevInfo, QosState, QosTools, RdmaDevice
 
 if TYPE_CHECKING:
     from pdfleet.model.profile import RdmaSpec

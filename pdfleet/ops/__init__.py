@@ -1,71 +1,10 @@
-"""pdfleet's operations engine: facts, idempotent operations, handlers, and the fleet runner."""
+"""pdfleet's operations engine: pyinfra's model on Fabric (the vocabulary is in `base`).
 
-from pdfleet.ops.base import (
-    DAEMON_RELOAD,
-    Change,
-    Fact,
-    FactSource,
-    FakeFacts,
-    Handler,
-    Operation,
-    Run,
-    Skip,
-    Upload,
-)
-from pdfleet.ops.operations import (
-    AptPackage,
-    AptRepo,
-    AptUpdate,
-    CommandOp,
-    Directory,
-    File,
-    Group,
-    KernelModule,
-    LineInFile,
-    OperationError,
-    PipRequirements,
-    Service,
-    Sysctl,
-    SystemdUnit,
-    Template,
-    User,
-    health_wait,
-    restart_handler,
-)
-from pdfleet.ops.runner import HostReport, Planner, Report, RunOptions, run_fleet
+One module per job, imported directly (this package re-exports nothing):
 
-__all__ = [
-    "DAEMON_RELOAD",
-    "AptPackage",
-    "AptRepo",
-    "AptUpdate",
-    "Change",
-    "CommandOp",
-    "Directory",
-    "Fact",
-    "FactSource",
-    "FakeFacts",
-    "File",
-    "Group",
-    "Handler",
-    "HostReport",
-    "KernelModule",
-    "LineInFile",
-    "Operation",
-    "OperationError",
-    "PipRequirements",
-    "Planner",
-    "Report",
-    "Run",
-    "RunOptions",
-    "Service",
-    "Skip",
-    "Sysctl",
-    "SystemdUnit",
-    "Template",
-    "Upload",
-    "User",
-    "health_wait",
-    "restart_handler",
-    "run_fleet",
-]
+- `base`: facts, operations, changes, handlers, skips: the vocabulary every other module speaks
+- `files`, `apt`, `systemd`, `users`, `kernel`, `pip`: one domain each, its facts beside its operations
+- `errors`: OperationError and FactError; `diff`: the human diffs of changes
+- `gather`: the per-host fact cache; `ssh`: the transports; `runner`: plan, then apply across the fleet;
+  `report`: the progress lines and summary table of a run
+"""

@@ -9,6 +9,7 @@ runner runs once per host after the host's changes, daemon-reload first.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -61,6 +62,11 @@ class Change:
     starts_unit: str | None = None  # set when this change starts a stopped unit
     # handlers that must run first if already pending, e.g. daemon-reload before starting a new unit
     flush: tuple[Handler, ...] = ()
+
+
+def relabel(changes: Iterable[Change], op: str) -> list[Change]:
+    """Changes an operation planned through others (e.g. a unit through File), under its own name."""
+    return [Change(op, c.diff, c.commands, c.notify, c.starts_unit, c.flush) for c in changes]
 
 
 # `Skip.what` of the marker a role yields when the host needs a reboot to finish converging (e.g. a new

@@ -33,7 +33,8 @@ from pdfleet.ops.base import (
     Skip,
     Upload,
 )
-from pdfleet.ops.facts import DirectoryState, FileContent, FileState, HostFacts, PathInfo
+from pdfleet.ops.files import DirectoryState, FileContent, FileState, PathInfo
+from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.ssh import Transport, open_connection
 
 if TYPE_CHECKING:
@@ -196,7 +197,7 @@ class PlannedFacts:
     """Facts as they will be once the changes planned so far are applied (for uploaded files).
 
     Plans are made before anything is applied; this overlay lets an op that reads a file an
-    earlier op in the same run writes (a line in a just-templated file) plan against that content.
+    earlier op in the same run writes (the same path written twice) plan against that content.
     """
 
     def __init__(self, base: FactSource) -> None:

@@ -7,9 +7,10 @@ from collections.abc import Iterable
 from pdfleet.fleet.host_layout import CONFIG_DIR, SERVICE_USER, STATE_DIR
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
+from pdfleet.ops.apt import AptPackage, AptPackages, AptUpdate
 from pdfleet.ops.base import FactSource, Operation, Skip
-from pdfleet.ops.facts import AptPackages
-from pdfleet.ops.operations import AptPackage, AptUpdate, Directory, File, Group, User
+from pdfleet.ops.files import Directory, File
+from pdfleet.ops.users import Group, User
 from roles.base.defaults import APT_PACKAGES, MIRROR_LIST
 
 NAME = "base"

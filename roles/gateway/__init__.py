@@ -15,7 +15,9 @@ from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
-from pdfleet.ops.operations import Directory, File, PipRequirements, Service, SystemdUnit, restart_handler
+from pdfleet.ops.files import Directory, File
+from pdfleet.ops.pip import PipRequirements
+from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 
 NAME = "gateway"
 APT_PACKAGES: tuple[str, ...] = ()

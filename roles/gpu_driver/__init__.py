@@ -15,8 +15,11 @@ from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.hw import HardwareError
 from pdfleet.hw.gpu import GpuPlan, gather_gpu_facts, plan_gpu
 from pdfleet.hw.kv import uses_rdma
+from pdfleet.ops.apt import AptPackage, AptRepo
 from pdfleet.ops.base import REBOOT_REQUIRED, FactSource, Handler, Operation, Run, Skip
-from pdfleet.ops.operations import AptPackage, AptRepo, File, KernelModule, Service
+from pdfleet.ops.files import File
+from pdfleet.ops.kernel import KernelModule
+from pdfleet.ops.systemd import Service
 
 NAME = "gpu_driver"
 # Branch-specific packages (cuda-drivers-B, nvidia-kernel-open-B, nvidia-fabricmanager-B) come from

@@ -13,12 +13,14 @@ from collections.abc import Iterable
 from pdfleet.fleet.host_layout import KV_ENV_FILE
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
-from pdfleet.hw.facts import KernelFact, NetdevFact, NvidiaPciFact, RdmaSysfsFact
 from pdfleet.hw.gpu import resolve_gpudirect
+from pdfleet.hw.gpu_facts import KernelFact, NvidiaPciFact
 from pdfleet.hw.kv import kv_env, kv_requirement, render_env, uses_rdma
 from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index, netdev_of
+from pdfleet.hw.rdma_facts import NetdevFact, RdmaSysfsFact
 from pdfleet.ops.base import FactSource, Operation, Skip
-from pdfleet.ops.operations import File, PipRequirements
+from pdfleet.ops.files import File
+from pdfleet.ops.pip import PipRequirements
 
 NAME = "kv_transfer"
 APT_PACKAGES: tuple[str, ...] = ()

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.hw import HardwareError
-from pdfleet.hw.facts import NetdevFact, NetdevInfo, QosFact, QosToolsFact, RdmaDevice, RdmaSysfsFact
 from pdfleet.hw.rdma import (
     PORT,
     ROCE_V2,
@@ -28,8 +27,12 @@ from pdfleet.hw.rdma import (
     roce_script,
     roce_unit,
 )
+from pdfleet.hw.rdma_facts import NetdevFact, NetdevInfo, QosFact, QosToolsFact, RdmaDevice, RdmaSysfsFact
+from pdfleet.ops.apt import AptPackage
 from pdfleet.ops.base import Change, FactSource, Operation, Skip
-from pdfleet.ops.operations import AptPackage, File, KernelModule, Service, SystemdUnit, restart_handler
+from pdfleet.ops.files import File
+from pdfleet.ops.kernel import KernelModule
+from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 
 NAME = "rdma"
 APT_PACKAGES: tuple[str, ...] = (

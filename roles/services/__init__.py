@@ -11,7 +11,8 @@ from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart, inst
 from pdfleet.fleet.topology import Instance
 from pdfleet.fleet.vllm_args import serve_argv
 from pdfleet.ops.base import FactSource, Operation, Skip
-from pdfleet.ops.operations import File, Service, SystemdUnit
+from pdfleet.ops.files import File
+from pdfleet.ops.systemd import Service, SystemdUnit
 
 NAME = "services"
 APT_PACKAGES: tuple[str, ...] = ()

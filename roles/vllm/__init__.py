@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
 from pdfleet.ops.base import FactSource, Operation, Skip
-from pdfleet.ops.operations import Directory, PipRequirements
+from pdfleet.ops.files import Directory
+from pdfleet.ops.pip import PipRequirements
 
 NAME = "vllm"
 APT_PACKAGES: tuple[str, ...] = ()

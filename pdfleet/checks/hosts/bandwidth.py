@@ -9,9 +9,9 @@ import pytest
 
 from pdfleet.checks.verify import VerifyPlugin, parse_ib_write_bw, read_env, remote_fact
 from pdfleet.fleet.host_layout import KV_ENV_FILE
-from pdfleet.hw import facts as hw
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.hw.rdma import netdev_of
+from pdfleet.hw.rdma_facts import NetdevFact, RdmaSysfsFact
 from pdfleet.model.inventory import Host
 
 PORT = 18515  # perftest's default TCP port for the out-of-band exchange
@@ -31,8 +31,8 @@ def test_ib_write_bw(verify: VerifyPlugin, pd_pair: tuple[Host, Host]) -> None:
     gid = (read_env(server, KV_ENV_FILE) or {}).get("UCX_IB_GID_INDEX")
     assert gid is not None, f"{decode.name}: {KV_ENV_FILE} has no UCX_IB_GID_INDEX"
     sdev, cdev = decode.rdma_devices[0], prefill.rdma_devices[0]
-    nd = netdev_of(remote_fact(server, hw.RdmaSysfsFact()), (sdev,)).get(sdev)
-    addrs = remote_fact(server, hw.NetdevFact(nd)).ipv4 if nd else ()
+    nd = netdev_of(remote_fact(server, RdmaSysfsFact()), (sdev,)).get(sdev)
+    addrs = remote_fact(server, NetdevFact(nd)).ipv4 if nd else ()
     assert addrs, f"{decode.name}: {sdev} has no netdev with an IPv4 address"
     args = f"-x {int(gid)} -p {PORT} --report_gbits -D {SECONDS} -F"
     server.run(

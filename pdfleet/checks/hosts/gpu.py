@@ -7,18 +7,18 @@ from typing import Any
 import pytest
 
 from pdfleet.checks.verify import VerifyPlugin, remote_fact
-from pdfleet.hw import facts as hw
 from pdfleet.hw.gpu import driver_branch, pinned_loaded, resolve_gpudirect
+from pdfleet.hw.gpu_facts import DriverFact, KernelFact, NvidiaPci, NvidiaPciFact, NvidiaSmiFact
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.model.inventory import Host
-from pdfleet.ops.facts import LoadedModules
+from pdfleet.ops.kernel import LoadedModules
 
 
-def gpu_host(verify: VerifyPlugin, pd_host: Host, target: Any) -> hw.NvidiaPci:
+def gpu_host(verify: VerifyPlugin, pd_host: Host, target: Any) -> NvidiaPci:
     """The host's NVIDIA PCI devices; skips when it runs no pool or has no NVIDIA GPU."""
     if not verify.topology.on_host(pd_host.name):
         pytest.skip("runs no vLLM pool")
-    pci = remote_fact(target, hw.NvidiaPciFact())
+    pci = remote_fact(target, NvidiaPciFact())
     if not pci.gpus:
         engine = verify.profile.vllm.engine
         pytest.skip("no NVIDIA GPU on the PCI bus" + (" (engine: sim)" if engine == "sim" else ""))
@@ -28,7 +28,7 @@ def gpu_host(verify: VerifyPlugin, pd_host: Host, target: Any) -> hw.NvidiaPci:
 def test_driver_version_matches_pin(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
     gpu_host(verify, pd_host, target)
     spec = verify.profile.gpu
-    drv = remote_fact(target, hw.DriverFact())
+    drv = remote_fact(target, DriverFact())
     assert drv.loaded_version, "no NVIDIA kernel module loaded (/proc/driver/nvidia/version missing)"
     # the same test provision uses to decide whether the driver is converged
     flavour = {True: "open", False: "proprietary", None: "unknown flavour"}[drv.loaded_open]
@@ -42,7 +42,7 @@ def test_driver_version_matches_pin(verify: VerifyPlugin, pd_host: Host, target:
 
 def test_gpu_count_matches_inventory(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
     pci = gpu_host(verify, pd_host, target)
-    rows = remote_fact(target, hw.NvidiaSmiFact())
+    rows = remote_fact(target, NvidiaSmiFact())
     assert rows is not None, "nvidia-smi failed (driver not loaded or not installed)"
     assert len(rows) == len(pd_host.gpus), (
         f"nvidia-smi sees {len(rows)} GPUs, inventory declares {len(pd_host.gpus)}"
@@ -56,7 +56,7 @@ def test_persistence_on(verify: VerifyPlugin, pd_host: Host, target: Any) -> Non
         pytest.skip("gpu.persistence: false")
     svc = target.service("nvidia-persistenced")
     assert svc.is_enabled and svc.is_running, "nvidia-persistenced is not enabled and running"
-    rows = remote_fact(target, hw.NvidiaSmiFact()) or ()
+    rows = remote_fact(target, NvidiaSmiFact()) or ()
     off = [r.index for r in rows if r.persistence_mode != "Enabled"]
     assert not off, f"persistence mode off on GPU(s) {off}"
 
@@ -73,11 +73,11 @@ def test_fabricmanager_active_on_nvswitch(verify: VerifyPlugin, pd_host: Host, t
 
 def test_gpudirect_path(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
     gpu_host(verify, pd_host, target)
-    kernel = remote_fact(target, hw.KernelFact())
+    kernel = remote_fact(target, KernelFact())
     mode = resolve_gpudirect(verify.profile.gpu, kernel, uses_rdma(verify.profile, pd_host))
     if mode.mode == "none":
         pytest.skip(f"GPUDirect RDMA not used: {mode.reason}")
     if mode.mode == "peermem":
         assert "nvidia_peermem" in remote_fact(target, LoadedModules()), "nvidia_peermem is not loaded"
     else:
-        assert remote_fact(target, hw.DriverFact()).loaded_open, "DMA-BUF needs the open kernel module loaded"
+        assert remote_fact(target, DriverFact()).loaded_open, "DMA-BUF needs the open kernel module loaded"

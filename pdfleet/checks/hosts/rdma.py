@@ -8,7 +8,6 @@ import pytest
 
 from pdfleet.checks.verify import VerifyPlugin, read_env, remote_fact
 from pdfleet.fleet.host_layout import KV_ENV_FILE
-from pdfleet.hw import facts as hw
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.hw.rdma import (
     PORT,
@@ -19,10 +18,11 @@ from pdfleet.hw.rdma import (
     qos_converged,
     qos_tool,
 )
+from pdfleet.hw.rdma_facts import NetdevFact, QosFact, QosToolsFact, RdmaDevice, RdmaSysfsFact
 from pdfleet.model.inventory import Host
 
 
-def rdma_devices(verify: VerifyPlugin, pd_host: Host, target: Any) -> dict[str, hw.RdmaDevice]:
+def rdma_devices(verify: VerifyPlugin, pd_host: Host, target: Any) -> dict[str, RdmaDevice]:
     """The host's RDMA devices; skips where KV does not move over RDMA."""
     profile = verify.profile
     if not uses_rdma(profile, pd_host):
@@ -33,10 +33,10 @@ def rdma_devices(verify: VerifyPlugin, pd_host: Host, target: Any) -> dict[str, 
         if not profile.rdma.enabled:
             pytest.skip("rdma.enabled: false")
         pytest.skip("no rdma_devices declared for this host")
-    return remote_fact(target, hw.RdmaSysfsFact())
+    return remote_fact(target, RdmaSysfsFact())
 
 
-def netdevs(found: dict[str, hw.RdmaDevice], pd_host: Host) -> list[str]:
+def netdevs(found: dict[str, RdmaDevice], pd_host: Host) -> list[str]:
     """The netdevs of the host's declared RDMA devices."""
     return list(netdev_of(found, tuple(pd_host.rdma_devices)).values())
 
@@ -79,7 +79,7 @@ def test_mtu(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
     want = verify.profile.rdma.mtu
     wrong = []
     for nd in netdevs(found, pd_host):
-        info = remote_fact(target, hw.NetdevFact(nd))
+        info = remote_fact(target, NetdevFact(nd))
         if info.mtu != want:
             wrong.append(f"{nd}={info.mtu}")
     assert not wrong, f"MTU should be {want}: {', '.join(wrong)}"
@@ -88,14 +88,14 @@ def test_mtu(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
 def test_pfc_trust_ecn(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
     found = rdma_devices(verify, pd_host, target)
     rdma = verify.profile.rdma
-    tool = qos_tool(remote_fact(target, hw.QosToolsFact()))
+    tool = qos_tool(remote_fact(target, QosToolsFact()))
     if tool is None:
         pytest.skip("neither mlnx_qos nor dcb is installed to read QoS")
     wrong = []
     for nd in netdevs(found, pd_host):
-        if not qos_converged(remote_fact(target, hw.QosFact(nd, tool)), rdma.pfc_priority, rdma.dscp):
+        if not qos_converged(remote_fact(target, QosFact(nd, tool)), rdma.pfc_priority, rdma.dscp):
             wrong.append(f"{nd}: not trust dscp with PFC only on priority {rdma.pfc_priority}")
-        ecn = ecn_converged(remote_fact(target, hw.NetdevFact(nd)), rdma.pfc_priority)
+        ecn = ecn_converged(remote_fact(target, NetdevFact(nd)), rdma.pfc_priority)
         if rdma.ecn and ecn is False:
             wrong.append(f"{nd}: ECN off on priority {rdma.pfc_priority}")
     assert not wrong, "; ".join(wrong)

@@ -12,7 +12,8 @@ from pdfleet.checks.verify import VerifyPlugin, remote_fact, secret_values
 from pdfleet.fleet.host_layout import CONFIG_DIR
 from pdfleet.fleet.roles import ManagedUnit
 from pdfleet.model.inventory import Host
-from pdfleet.ops.facts import FactError, SystemdUnitState
+from pdfleet.ops.errors import FactError
+from pdfleet.ops.systemd import SystemdUnitState
 
 
 def units(verify: VerifyPlugin, pd_host: Host) -> list[ManagedUnit]:

@@ -1,28 +1,11 @@
-"""Rendering helpers: ExecStart= quoting that systemd passes through intact, and the review tree layout."""
+"""The review tree `invoke render` writes: each host's files under OUT/<host>/<absolute path>, with modes."""
 
 from __future__ import annotations
 
 import stat
 from pathlib import Path
 
-import pytest
-
-from pdfleet.fleet.render import RenderedFile, systemd_arg, write_tree
-
-
-@pytest.mark.parametrize(
-    ("word", "quoted"),
-    [
-        ("plain/path-1.0", "plain/path-1.0"),
-        ('{"kv_role":"kv_producer"}', '\'{"kv_role":"kv_producer"}\''),
-        ("50%", "50%%"),
-        ("$HOME", "'$$HOME'"),
-        ("it's", '"it\'s"'),
-        ('a\\"b', '"a\\\\\\"b"'),
-    ],
-)
-def test_systemd_arg_quoting(word: str, quoted: str) -> None:
-    assert systemd_arg(word) == quoted
+from pdfleet.fleet.render import RenderedFile, write_tree
 
 
 def test_write_tree_puts_each_file_under_its_host_with_its_mode(tmp_path: Path) -> None:

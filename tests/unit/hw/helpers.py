@@ -8,24 +8,31 @@ from typing import Any
 
 import yaml
 
-from pdfleet.hw import facts as hw
+from pdfleet.hw import gpu_facts, rdma_facts
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 from pdfleet.model.profile_loader import load_profile
-from pdfleet.ops import facts as generic
+from pdfleet.ops import apt, files, kernel, pip, systemd, users
+from pdfleet.ops.apt import AptHolds, AptPackages, CommandRc
 from pdfleet.ops.base import Fact, FakeFacts
+from pdfleet.ops.files import DirectoryState, FileContent, FileState
+from pdfleet.ops.kernel import LoadedModules
+from pdfleet.ops.pip import PipList
+from pdfleet.ops.systemd import SystemdUnitState, UnitState
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[3]
 PIN = "570.133.20"
 H100_DEVICES = tuple(f"mlx5_{i}" for i in range(8))
+# where fixture keys are looked up: the hardware facts, then the ops domains' facts
+FACT_MODULES = (gpu_facts, rdma_facts, kernel, files, apt, systemd, users, pip)
 
 
 def fact_for(key: str) -> Fact[Any]:
     """`NetdevFact(ens1np0)` → NetdevFact("ens1np0"); `KernelFact` → KernelFact() (hardware or generic)."""
     m = re.fullmatch(r"(\w+)(?:\((.*)\))?", key)
     assert m, key
-    cls = getattr(hw, m[1], None) or getattr(generic, m[1])
+    cls = next(getattr(mod, m[1]) for mod in FACT_MODULES if hasattr(mod, m[1]))
     args = [a.strip() for a in m[2].split(",")] if m[2] else []
     return cls(*args)  # type: ignore[no-any-return]
 
@@ -52,21 +59,19 @@ class HostFacts(FakeFacts):
             return super().get(fact)
         except KeyError:
             pass
-        if isinstance(fact, hw.MokEnrolledFact):
+        if isinstance(fact, gpu_facts.MokEnrolledFact):
             return False
-        if isinstance(fact, hw.QosFact):
-            return hw.QosState(None, None)
-        if isinstance(fact, generic.AptPackages):
+        if isinstance(fact, rdma_facts.QosFact):
+            return rdma_facts.QosState(None, None)
+        if isinstance(fact, AptPackages):
             return {}
-        if isinstance(fact, generic.AptHolds | generic.LoadedModules):
+        if isinstance(fact, AptHolds | LoadedModules):
             return frozenset()
-        if isinstance(
-            fact, generic.FileState | generic.DirectoryState | generic.FileContent | generic.PipList
-        ):
+        if isinstance(fact, FileState | DirectoryState | FileContent | PipList):
             return None
-        if isinstance(fact, generic.SystemdUnitState):
-            return generic.UnitState("not-found", "inactive", "dead", "")
-        if isinstance(fact, generic.CommandRc):
+        if isinstance(fact, SystemdUnitState):
+            return UnitState("not-found", "inactive", "dead", "")
+        if isinstance(fact, CommandRc):
             return 1
         raise KeyError(f"no fake value for {fact!r}")
 

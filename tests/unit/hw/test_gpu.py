@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 import roles.gpu_driver as role
-from pdfleet.hw import HardwareError
-from pdfleet.hw import facts as hw
+from pdfleet.hw import HardwareError, gpu_facts
 from pdfleet.hw.gpu import dmabuf_support, driver_packages, gather_gpu_facts, plan_gpu, resolve_gpudirect
 from pdfleet.ops.base import REBOOT_REQUIRED
 from tests.unit.hw.helpers import PIN, commands, context, fixture_facts, host, pinned, profile, run_role
@@ -55,7 +54,7 @@ def test_secure_boot_on_refuses_with_remedy_and_installs_nothing() -> None:
 def test_secure_boot_on_with_enrolled_dkms_key_proceeds() -> None:
     prof = pinned("same-host-pcie")
     h = host(gpus=(0, 1), rdma_devices=(), rdma_netdev=None)
-    facts = fixture_facts("secure-boot-on", {hw.MokEnrolledFact(): True})
+    facts = fixture_facts("secure-boot-on", {gpu_facts.MokEnrolledFact(): True})
     ops, skips, changes = run_role(role, context(prof, h), facts)
     assert any("cuda-drivers-570" in c for c in commands(changes))
 
@@ -115,10 +114,10 @@ def test_lab_host_skips_with_reason() -> None:
 def test_proprietary_flavour_and_peermem_fallback() -> None:
     prof = pinned(open_modules=False)
     assert driver_packages(prof.gpu) == ("cuda-drivers-570",)
-    kernel = hw.KernelInfo("6.1.0-31-amd64", True)
+    kernel = gpu_facts.KernelInfo("6.1.0-31-amd64", True)
     assert not dmabuf_support(False, kernel).do
     assert resolve_gpudirect(prof.gpu, kernel, True).mode == "peermem"
-    old = hw.KernelInfo("5.10.0-28-amd64", True)
+    old = gpu_facts.KernelInfo("5.10.0-28-amd64", True)
     assert resolve_gpudirect(pinned().gpu, old, True).mode == "peermem"
     with pytest.raises(ValueError, match="5.12"):
         resolve_gpudirect(pinned(gpudirect="dmabuf").gpu, old, True)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import roles.kv_transfer as role
 from pdfleet.fleet.host_layout import KV_ENV_FILE
-from pdfleet.hw import facts as hw
+from pdfleet.hw import gpu_facts
 from pdfleet.hw.kv import kv_connector_extra_config, kv_env, kv_requirement, render_env
-from pdfleet.ops.operations import File, PipRequirements
+from pdfleet.ops.files import File
+from pdfleet.ops.pip import PipRequirements
 from tests.unit.hw.helpers import H100_DEVICES, context, fixture_facts, host, pinned, profile, run_role
 
 H100 = "h100-sxm-8x-nvswitch-cx7"
@@ -108,4 +109,4 @@ def test_applies_only_to_pd_hosts() -> None:
 
 
 def test_unused_fixture_fact_is_still_parsed() -> None:
-    assert fixture_facts(H100).get(hw.KernelFact()).release == "6.1.0-31-amd64"
+    assert fixture_facts(H100).get(gpu_facts.KernelFact()).release == "6.1.0-31-amd64"

@@ -7,8 +7,7 @@ import dataclasses
 import pytest
 
 import roles.rdma as role
-from pdfleet.hw import HardwareError
-from pdfleet.hw import facts as hw
+from pdfleet.hw import HardwareError, rdma_facts
 from pdfleet.hw.rdma import (
     RdmaError,
     check_devices,
@@ -35,16 +34,16 @@ H100 = "h100-sxm-8x-nvswitch-cx7"
 
 
 def netdevs(table, devs):  # type: ignore[no-untyped-def]
-    found = table[hw.RdmaSysfsFact()]
-    return {found[d].netdevs[0]: table[hw.NetdevFact(found[d].netdevs[0])] for d in devs}
+    found = table[rdma_facts.RdmaSysfsFact()]
+    return {found[d].netdevs[0]: table[rdma_facts.NetdevFact(found[d].netdevs[0])] for d in devs}
 
 
 def test_h100_eight_active_roce_ports_pass() -> None:
-    assert check_devices(H100_DEVICES, load_fixture(H100)[hw.RdmaSysfsFact()]) == []
+    assert check_devices(H100_DEVICES, load_fixture(H100)[rdma_facts.RdmaSysfsFact()]) == []
 
 
 def test_missing_device_and_down_port_are_named() -> None:
-    found = load_fixture("driver-mismatch")[hw.RdmaSysfsFact()]
+    found = load_fixture("driver-mismatch")[rdma_facts.RdmaSysfsFact()]
     problems = check_devices(("mlx5_0", "mlx5_7", "mlx5_9"), found)
     assert problems == [
         "mlx5_7 port 1 is DOWN, not ACTIVE",
@@ -54,7 +53,8 @@ def test_missing_device_and_down_port_are_named() -> None:
 
 
 def test_infiniband_link_layer_is_an_error() -> None:
-    dev = hw.RdmaDevice("mlx5_0", ("ib0",), (hw.RdmaPort(1, "ACTIVE", "LinkUp", "InfiniBand"),))
+    port = rdma_facts.RdmaPort(1, "ACTIVE", "LinkUp", "InfiniBand")
+    dev = rdma_facts.RdmaDevice("mlx5_0", ("ib0",), (port,))
     assert check_devices(("mlx5_0",), {"mlx5_0": dev}) == [
         "mlx5_0 port 1 link layer is InfiniBand, not Ethernet (RoCE)"
     ]
@@ -62,28 +62,29 @@ def test_infiniband_link_layer_is_an_error() -> None:
 
 def test_gid_index_computed_from_sysfs() -> None:
     table = load_fixture(H100)
-    found = table[hw.RdmaSysfsFact()]
+    found = table[rdma_facts.RdmaSysfsFact()]
     assert compute_gid_index(found, H100_DEVICES, netdevs(table, H100_DEVICES)) == 3
 
 
 def test_gid_index_not_assumed_to_be_three() -> None:
     # a VLAN/IPv6 layout shifts the IPv4 RoCE v2 entry to index 5
     gids = (
-        hw.Gid(0, "fe80:0000:0000:0000:0a88:66ff:fe10:0000", "IB/RoCE v1", "ens1np0"),
-        hw.Gid(1, "fe80:0000:0000:0000:0a88:66ff:fe10:0000", "RoCE v2", "ens1np0"),
-        hw.Gid(2, "fd00:0000:0000:0000:0000:0000:0000:0011", "IB/RoCE v1", "ens1np0"),
-        hw.Gid(3, "fd00:0000:0000:0000:0000:0000:0000:0011", "RoCE v2", "ens1np0"),
-        hw.Gid(4, "0000:0000:0000:0000:0000:ffff:0a0a:000b", "IB/RoCE v1", "ens1np0"),
-        hw.Gid(5, "0000:0000:0000:0000:0000:ffff:0a0a:000b", "RoCE v2", "ens1np0"),
+        rdma_facts.Gid(0, "fe80:0000:0000:0000:0a88:66ff:fe10:0000", "IB/RoCE v1", "ens1np0"),
+        rdma_facts.Gid(1, "fe80:0000:0000:0000:0a88:66ff:fe10:0000", "RoCE v2", "ens1np0"),
+        rdma_facts.Gid(2, "fd00:0000:0000:0000:0000:0000:0000:0011", "IB/RoCE v1", "ens1np0"),
+        rdma_facts.Gid(3, "fd00:0000:0000:0000:0000:0000:0000:0011", "RoCE v2", "ens1np0"),
+        rdma_facts.Gid(4, "0000:0000:0000:0000:0000:ffff:0a0a:000b", "IB/RoCE v1", "ens1np0"),
+        rdma_facts.Gid(5, "0000:0000:0000:0000:0000:ffff:0a0a:000b", "RoCE v2", "ens1np0"),
     )
-    dev = hw.RdmaDevice("mlx5_0", ("ens1np0",), (hw.RdmaPort(1, "ACTIVE", "LinkUp", "Ethernet", gids),))
-    nd = hw.NetdevInfo("ens1np0", True, 9000, "up", ("10.10.0.11",))
+    port = rdma_facts.RdmaPort(1, "ACTIVE", "LinkUp", "Ethernet", gids)
+    dev = rdma_facts.RdmaDevice("mlx5_0", ("ens1np0",), (port,))
+    nd = rdma_facts.NetdevInfo("ens1np0", True, 9000, "up", ("10.10.0.11",))
     assert compute_gid_index({"mlx5_0": dev}, ("mlx5_0",), {"ens1np0": nd}) == 5
 
 
 def test_gid_index_configured_must_be_roce_v2() -> None:
     table = load_fixture(H100)
-    found, nds = table[hw.RdmaSysfsFact()], netdevs(table, ("mlx5_0",))
+    found, nds = table[rdma_facts.RdmaSysfsFact()], netdevs(table, ("mlx5_0",))
     assert compute_gid_index(found, ("mlx5_0",), nds, 3) == 3
     with pytest.raises(RdmaError, match="2 on mlx5_0 port 1 is IB/RoCE v1"):
         compute_gid_index(found, ("mlx5_0",), nds, 2)
@@ -91,8 +92,8 @@ def test_gid_index_configured_must_be_roce_v2() -> None:
 
 def test_no_ipv4_gid_is_an_error_naming_the_device() -> None:
     table = load_fixture(H100)
-    found = table[hw.RdmaSysfsFact()]
-    nds = {"ens1np0": dataclasses.replace(table[hw.NetdevFact("ens1np0")], ipv4=("10.99.0.1",))}
+    found = table[rdma_facts.RdmaSysfsFact()]
+    nds = {"ens1np0": dataclasses.replace(table[rdma_facts.NetdevFact("ens1np0")], ipv4=("10.99.0.1",))}
     with pytest.raises(RdmaError, match=r"mlx5_0 port 1 has no RoCE v2 GID .*ens1np0 \(10.99.0.1\)"):
         compute_gid_index(found, ("mlx5_0",), nds)
 
@@ -104,21 +105,21 @@ def test_ucx_net_devices() -> None:
 def test_qos_mlnx_qos_when_present_and_converged_ports_untouched() -> None:
     table = load_fixture(H100)
     rdma = pinned().rdma
-    assert qos_tool(table[hw.QosToolsFact()]) == "mlnx_qos"
-    assert not qos_converged(table[hw.QosFact("ens1np0", "mlnx_qos")], rdma.pfc_priority, rdma.dscp)
+    assert qos_tool(table[rdma_facts.QosToolsFact()]) == "mlnx_qos"
+    assert not qos_converged(table[rdma_facts.QosFact("ens1np0", "mlnx_qos")], rdma.pfc_priority, rdma.dscp)
     assert qos_commands("mlnx_qos", "ens1np0", rdma.pfc_priority, rdma.dscp) == (
         "mlnx_qos -i ens1np0 --trust dscp",
         "mlnx_qos -i ens1np0 --pfc 0,0,0,1,0,0,0,0",
         "mlnx_qos -i ens1np0 --dscp2prio set,26,3",
     )
-    assert qos_converged(table[hw.QosFact("ens2np0", "mlnx_qos")], rdma.pfc_priority, rdma.dscp)
+    assert qos_converged(table[rdma_facts.QosFact("ens2np0", "mlnx_qos")], rdma.pfc_priority, rdma.dscp)
 
 
 def test_qos_dcb_otherwise() -> None:
     table = load_fixture("driver-mismatch")
     rdma = pinned().rdma
-    assert qos_tool(table[hw.QosToolsFact()]) == "dcb"
-    assert not qos_converged(table[hw.QosFact("ens1np0", "dcb")], rdma.pfc_priority, rdma.dscp)
+    assert qos_tool(table[rdma_facts.QosToolsFact()]) == "dcb"
+    assert not qos_converged(table[rdma_facts.QosFact("ens1np0", "dcb")], rdma.pfc_priority, rdma.dscp)
     assert qos_commands("dcb", "ens1np0", rdma.pfc_priority, rdma.dscp) == (
         "dcb pfc set dev ens1np0 prio-pfc all:off 3:on",
         "dcb app replace dev ens1np0 dscp-prio 26:3",

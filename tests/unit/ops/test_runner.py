@@ -1,5 +1,7 @@
 """The runner's behaviour on real shells (this machine through LocalTransport): plan, apply,
-idempotence, check mode, handlers, waves, failure isolation, the JSON report."""
+idempotence, check mode, handlers, waves, failure isolation, the JSON report, atomic uploads, and
+--reboot (a host whose roles say "reboot required" after applying is rebooted, waited for on a new
+boot, and converged; without --reboot the requirement is only reported)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ import pytest
 
 from pdfleet.errors import ConnectError
 from pdfleet.model.inventory import Host
-from pdfleet.ops.base import Change, FactSource, Handler, Operation, Run, Skip
-from pdfleet.ops.operations import CommandOp, Directory, File, LineInFile
-from pdfleet.ops.runner import RunOptions, run_fleet
-from pdfleet.ops.ssh import LocalTransport
+from pdfleet.ops import runner
+from pdfleet.ops.base import REBOOT_REQUIRED, Change, FactSource, Handler, Operation, Run, Skip, Upload
+from pdfleet.ops.files import Directory, File, FileState
+from pdfleet.ops.runner import CommandError, RunOptions, execute, run_fleet
+from pdfleet.ops.ssh import LocalTransport, Output
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uploads install files owned by root: needs root")
 
@@ -30,15 +33,15 @@ def local(h: Host, options: RunOptions) -> LocalTransport:
 
 
 def tree_planner(root: Path):
-    """File/Directory/LineInFile/CommandOp under `root/<host>`."""
+    """Directories and files (one secret) under `root/<host>`."""
 
     def planner(h: Host, facts: FactSource) -> Iterable[Operation | Skip]:
         base = root / h.name
         yield Directory(str(base), mode="0750")
         yield File(str(base / "app.conf"), "port=8100\n", mode="0640")
         yield File(str(base / "keys.env"), "API_KEY=sk-very-secret\n", mode="0600", secret=True)
-        yield LineInFile(str(base / "limits.conf"), "* soft memlock unlimited", regexp=r"^\* soft memlock")
-        yield CommandOp(f"echo built > {base}/built", creates=str(base / "built"))
+        yield File(str(base / "limits.conf"), "* soft memlock unlimited\n")
+        yield Directory(str(base / "cache"), mode="0700")
         yield Skip("gpu driver", "no NVIDIA GPU on PCI bus")
 
     return planner
@@ -60,7 +63,7 @@ def test_apply_then_converged(tmp_path: Path) -> None:
     assert conf.read_text() == "port=8100\n" and oct(conf.stat().st_mode & 0o777) == "0o640"
     assert oct((tmp_path / "h1").stat().st_mode & 0o777) == "0o750"
     assert (tmp_path / "h2" / "limits.conf").read_text() == "* soft memlock unlimited\n"
-    assert (tmp_path / "h2" / "built").read_text() == "built\n"
+    assert oct((tmp_path / "h2" / "cache").stat().st_mode & 0o777) == "0o700"
     assert not list(tmp_path.glob("h1/.*pdfleet-tmp"))  # staged files renamed into place
     data = json.loads(json_path.read_text())
     assert set(data) == {"hosts", "totals"}
@@ -136,7 +139,7 @@ def test_one_host_failure_never_stops_another(tmp_path: Path) -> None:
     def planner(h: Host, facts: FactSource) -> Iterable[Operation]:
         yield Step("first", f"echo {h.name} >> {tmp_path}/first")
         if h.name == "broken":
-            yield CommandOp("echo boom >&2; exit 7", name="explode", creates=None)
+            yield Step("explode", "echo boom >&2; exit 7")
         yield Step("last", f"echo {h.name} >> {tmp_path}/last")
 
     hosts = [host("down"), host("broken"), host("good")]
@@ -144,7 +147,7 @@ def test_one_host_failure_never_stops_another(tmp_path: Path) -> None:
     assert report.hosts["down"].failed == 1 and "Connection refused" in (report.hosts["down"].error or "")
     broken = report.hosts["broken"]
     assert broken.failed == 1 and broken.changed == 1
-    assert broken.error is not None and "command explode" in broken.error and "exited 7: boom" in broken.error
+    assert broken.error is not None and "step explode" in broken.error and "exited 7: boom" in broken.error
     assert report.hosts["good"].failed == 0 and report.hosts["good"].changed == 2
     assert (tmp_path / "last").read_text() == "good\n"  # broken stopped at its failure
     assert report.totals["failed"] == 2
@@ -196,11 +199,115 @@ def test_op_reading_a_file_written_earlier_in_the_run_plans_against_the_planned_
 
     def planner(h: Host, facts: FactSource) -> Iterable[Operation]:
         yield File(str(conf), "a=1\nb=2\n", mode="0640")
-        yield LineInFile(str(conf), "b=2")  # already in the templated content: nothing to do
-        yield LineInFile(str(conf), "c=3", regexp="^c=")
+        yield File(str(conf), "a=1\nb=2\n", mode="0640")  # the content planned above: nothing to do
+        yield File(str(conf), "a=1\nb=2\nc=3\n", mode="0640")  # diffed against the planned content
 
     check = run_fleet([host("h1")], planner, RunOptions(check=True), connect=local)
     assert check.totals == {"ok": 1, "changed": 2, "skipped": 0, "failed": 0}
+    last = check.hosts["h1"].changes[-1]["diff"]
+    assert "+c=3" in last and "+a=1" not in last and not last.startswith("create")
     first = run_fleet([host("h1")], planner, RunOptions(), connect=local)
     assert first.totals["changed"] == 2
     assert conf.read_text() == "a=1\nb=2\nc=3\n" and oct(conf.stat().st_mode & 0o777) == "0o640"
+
+
+def test_upload_is_atomic_install_with_mode_and_no_leftovers(tmp_path: Path) -> None:
+    dest = tmp_path / "sub" / "f.env"
+    before = set(Path("/tmp").glob("pdfleet-upload-*"))
+    execute(LocalTransport(), Upload(b"K=v\n", str(dest), "0600", "root", "root"), timeout=10)
+    assert dest.read_bytes() == b"K=v\n" and oct(dest.stat().st_mode & 0o777) == "0o600"
+    assert set(Path("/tmp").glob("pdfleet-upload-*")) == before
+    assert not list(dest.parent.glob(".*pdfleet-tmp"))
+    with pytest.raises(CommandError, match="upload"):
+        execute(LocalTransport(), Upload(b"x", str(dest), "0600", "no-such-user", "root"), timeout=10)
+    assert dest.read_bytes() == b"K=v\n"  # a failed install leaves the old file intact
+
+
+# --- --reboot ------------------------------------------------------------------------------------
+
+
+class RebootableHost(LocalTransport):
+    """This machine standing in for a host whose reboot loads the new driver (no real reboot)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__("gpu1")
+        self.root = root
+
+    def run(self, cmd: str, sudo: bool = False, timeout: float | None = None) -> Output:
+        if cmd == runner.BOOT_ID:
+            return Output(0, (self.root / "boot_id").read_text(), "")
+        if cmd == "systemctl reboot":
+            boots = int((self.root / "boot_id").read_text()) + 1
+            (self.root / "boot_id").write_text(str(boots))
+            (self.root / "pending").unlink(missing_ok=True)  # the new module is loaded now
+            return Output(0, "", "")
+        return super().run(cmd, sudo=sudo, timeout=timeout)
+
+
+@dataclass(frozen=True)
+class InstallDriver(Operation):
+    """Stands in for a driver package: once installed, its module loads only after a reboot."""
+
+    root: Path
+
+    def describe(self) -> str:
+        return "driver"
+
+    def plan(self, facts: FactSource) -> list[Change]:
+        if facts.get(FileState(f"{self.root}/installed")) is not None:
+            return []
+        touch = Run(f"touch {self.root}/installed {self.root}/pending")
+        return [Change(self.describe(), "install driver 580.95", (touch,))]
+
+
+def _planner(root: Path):
+    def planner(h: Host, facts: FactSource) -> Iterable[Operation | Skip]:
+        yield InstallDriver(root)
+        if facts.get(FileState(f"{root}/pending")) is not None:
+            yield Skip(REBOOT_REQUIRED, "driver 580.95 installed, 570.1 loaded")
+
+    return planner
+
+
+@pytest.fixture
+def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RebootableHost:
+    (tmp_path / "boot_id").write_text("1")
+    monkeypatch.setattr(runner, "REBOOT_POLL_S", 0.01)
+    return RebootableHost(tmp_path)
+
+
+def test_without_reboot_the_requirement_is_reported(fake_host: RebootableHost) -> None:
+    report = run_fleet([host("gpu1")], _planner(fake_host.root), RunOptions(), connect=lambda h, o: fake_host)
+    entry = report.hosts["gpu1"]
+    assert entry.changed == 1 and not entry.rebooted
+    assert (fake_host.root / "boot_id").read_text() == "1"
+    # the requirement appears on the next run's plan, which is what an operator sees
+    again = run_fleet([host("gpu1")], _planner(fake_host.root), RunOptions(), connect=lambda h, o: fake_host)
+    assert again.hosts["gpu1"].reboot_reasons == ["driver 580.95 installed, 570.1 loaded"]
+    assert again.to_json()["hosts"]["gpu1"]["reboot_required"] == ["driver 580.95 installed, 570.1 loaded"]
+
+
+def test_with_reboot_the_host_reboots_once_and_converges(fake_host: RebootableHost) -> None:
+    options = RunOptions(reboot=True)
+    report = run_fleet([host("gpu1")], _planner(fake_host.root), options, connect=lambda h, o: fake_host)
+    entry = report.hosts["gpu1"]
+    assert entry.error is None and entry.rebooted
+    assert (fake_host.root / "boot_id").read_text() == "2"
+    assert entry.reboot_reasons == []
+    second = run_fleet([host("gpu1")], _planner(fake_host.root), options, connect=lambda h, o: fake_host)
+    assert second.totals["changed"] == 0 and not second.hosts["gpu1"].rebooted
+    assert (fake_host.root / "boot_id").read_text() == "2", "a converged host is not rebooted again"
+
+
+def test_a_host_that_never_comes_back_fails_alone(fake_host: RebootableHost) -> None:
+    class NeverBack(RebootableHost):
+        def run(self, cmd: str, sudo: bool = False, timeout: float | None = None) -> Output:
+            if cmd == "systemctl reboot":
+                return Output(0, "", "")  # the boot id never changes
+            return super().run(cmd, sudo=sudo, timeout=timeout)
+
+    stuck = NeverBack(fake_host.root)
+    options = RunOptions(reboot=True, reboot_timeout=0.1)
+    report = run_fleet([host("gpu1")], _planner(fake_host.root), options, connect=lambda h, o: stuck)
+    assert report.totals["failed"] == 1
+    assert "did not come back from reboot" in (report.hosts["gpu1"].error or "")

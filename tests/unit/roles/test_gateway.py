@@ -8,8 +8,8 @@ from pathlib import Path
 import roles.gateway as gateway_role
 from pdfleet.fleet.host_wheel import wheel_name
 from pdfleet.ops.base import FakeFacts, Run
-from pdfleet.ops.facts import PipList
-from pdfleet.ops.operations import File, PipRequirements
+from pdfleet.ops.files import File
+from pdfleet.ops.pip import PipList, PipRequirements
 from tests.unit.roles.helpers import deployment
 
 

@@ -1,4 +1,5 @@
-"""An OpenSSH sshd on 127.0.0.1 for `@pytest.mark.sshd` tests: own host key, own config, own key pair."""
+"""Fixtures shared by every tests/unit package: an OpenSSH sshd on 127.0.0.1 for `@pytest.mark.sshd` tests
+(own host key, own config, own key pair), used by the ops SSH tests and the `invoke verify` tests."""
 
 from __future__ import annotations
 
@@ -8,23 +9,13 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.unit.helpers import Sshd
+
 SSHD = "/usr/sbin/sshd"
-
-
-@dataclass(frozen=True)
-class Sshd:
-    """A running test sshd and the files a client needs to reach it."""
-
-    port: int
-    key_file: Path
-    known_hosts: Path
-    host_key_pub: Path
-    workdir: Path
 
 
 def _free_port() -> int:

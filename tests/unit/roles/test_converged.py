@@ -10,26 +10,21 @@ from typing import Any
 import roles.gpu_driver as gpu_role
 import roles.kv_transfer as kv_role
 import roles.rdma as rdma_role
-from pdfleet.hw import facts as hw
-from pdfleet.ops import facts as generic
+from pdfleet.hw import rdma_facts
+from pdfleet.ops.apt import AptHolds, AptPackage, AptPackages, AptRepo
 from pdfleet.ops.base import REBOOT_REQUIRED
-from pdfleet.ops.operations import (
-    AptPackage,
-    AptRepo,
-    File,
-    KernelModule,
-    PipRequirements,
-    Service,
-    SystemdUnit,
-)
+from pdfleet.ops.files import File, FileState, PathInfo
+from pdfleet.ops.kernel import KernelModule, LoadedModules, module_name
+from pdfleet.ops.pip import PipList, PipRequirements
+from pdfleet.ops.systemd import Service, SystemdUnit, SystemdUnitState, UnitState
 from tests.unit.hw.helpers import context, fixture_facts, host, load_fixture, pinned, run_role
 
 H100 = "h100-sxm-8x-nvswitch-cx7"
 
 
-def _file(content: str | bytes, mode: str = "0644") -> generic.PathInfo:
+def _file(content: str | bytes, mode: str = "0644") -> PathInfo:
     data = content.encode() if isinstance(content, str) else content
-    return generic.PathInfo("file", mode, "root", "root", len(data), hashlib.sha256(data).hexdigest())
+    return PathInfo("file", mode, "root", "root", len(data), hashlib.sha256(data).hexdigest())
 
 
 def converged_state(ops: list[Any]) -> dict[Any, Any]:
@@ -40,29 +35,29 @@ def converged_state(ops: list[Any]) -> dict[Any, Any]:
     modules: set[str] = set()
     for op in ops:
         if isinstance(op, SystemdUnit):
-            table[generic.FileState(f"{op.directory}/{op.name}")] = _file(op.content)
+            table[FileState(f"{op.directory}/{op.name}")] = _file(op.content)
         elif isinstance(op, File):
-            table[generic.FileState(op.path)] = _file(op.content, op.mode)
+            table[FileState(op.path)] = _file(op.content, op.mode)
         elif isinstance(op, AptRepo):
-            table[generic.FileState(f"/etc/apt/sources.list.d/{op.name}.list")] = _file(op.source_line())
+            table[FileState(f"/etc/apt/sources.list.d/{op.name}.list")] = _file(op.source_line())
             if op.keyring_path():
-                table[generic.FileState(op.keyring_path())] = _file(b"key")
+                table[FileState(op.keyring_path())] = _file(b"key")
         elif isinstance(op, AptPackage):
             packages[op.name] = (op.version or "1.0").replace("*", "1")
             if op.hold:
                 holds.add(op.name)
         elif isinstance(op, KernelModule):
-            modules.add(generic.module_name(op.name))
-            table[generic.FileState(f"/etc/modules-load.d/{op.name}.conf")] = _file(f"{op.name}\n")
+            modules.add(module_name(op.name))
+            table[FileState(f"/etc/modules-load.d/{op.name}.conf")] = _file(f"{op.name}\n")
         elif isinstance(op, Service):
-            table[generic.SystemdUnitState(op.unit)] = generic.UnitState(
+            table[SystemdUnitState(op.unit)] = UnitState(
                 "loaded", "active", "running", "enabled"
             )
         elif isinstance(op, PipRequirements):
-            table[generic.PipList(op.venv)] = {"nixl": "0.8.0"}
-    table[generic.AptPackages()] = packages
-    table[generic.AptHolds()] = frozenset(holds)
-    table[generic.LoadedModules()] = frozenset(modules)
+            table[PipList(op.venv)] = {"nixl": "0.8.0"}
+    table[AptPackages()] = packages
+    table[AptHolds()] = frozenset(holds)
+    table[LoadedModules()] = frozenset(modules)
     return table
 
 
@@ -73,11 +68,11 @@ def converged_nics() -> dict[Any, Any]:
         name: dataclasses.replace(
             dev, ports=tuple(dataclasses.replace(p, default_roce_mode="RoCE v2") for p in dev.ports)
         )
-        for name, dev in table[hw.RdmaSysfsFact()].items()
+        for name, dev in table[rdma_facts.RdmaSysfsFact()].items()
     }
     return {
-        hw.RdmaSysfsFact(): devices,
-        hw.QosFact("ens1np0", "mlnx_qos"): table[hw.QosFact("ens2np0", "mlnx_qos")],
+        rdma_facts.RdmaSysfsFact(): devices,
+        rdma_facts.QosFact("ens1np0", "mlnx_qos"): table[rdma_facts.QosFact("ens2np0", "mlnx_qos")],
     }
 
 

@@ -1,4 +1,5 @@
-"""The runner over real SSH (OpenSSH sshd on loopback, Fabric/paramiko client, strict host keys)."""
+"""The SSH transport: sudo wrapping and known_hosts patterns, and the runner over real SSH (OpenSSH sshd
+on loopback, Fabric/paramiko client, strict host keys)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,25 @@ import pytest
 from pdfleet.errors import ConnectError
 from pdfleet.model.inventory import Host
 from pdfleet.ops.base import FactSource, Operation, Skip
-from pdfleet.ops.operations import CommandOp, Directory, File, LineInFile
+from pdfleet.ops.files import Directory, File
 from pdfleet.ops.runner import RunOptions, run_fleet
-from pdfleet.ops.ssh import open_connection
+from pdfleet.ops.ssh import LocalTransport, known_hosts_pattern, open_connection, sudo_wrap
+from tests.unit.helpers import Sshd
 
-from .conftest import Sshd
 
-pytestmark = [pytest.mark.sshd, pytest.mark.timeout(60)]
+def test_sudo_wrap_quotes_any_command() -> None:
+    cmd = "a='x y'; echo \"$a\" | tr ' ' _; printf '%s\\n' \"it's\""
+    assert sudo_wrap(cmd, "root") == cmd
+    wrapped = sudo_wrap(cmd, "ops")
+    assert wrapped.startswith("sudo -n -- sh -c ")
+    # what sudo would exec: the same shell command, intact
+    out = LocalTransport().run(wrapped.removeprefix("sudo -n -- "))
+    assert out.rc == 0 and out.stdout == "x_y\nit's\n"
+
+
+def test_known_hosts_pattern() -> None:
+    assert known_hosts_pattern("198.18.0.21", 22) == "198.18.0.21"
+    assert known_hosts_pattern("127.0.0.1", 2222) == "[127.0.0.1]:2222"
 
 
 def ssh_host(sshd: Sshd, name: str = "loop", port: int | None = None, known: Path | None = None) -> Host:
@@ -39,8 +52,8 @@ def planner_under(root: Path):
         yield Directory(str(base), mode="0750")
         yield File(str(base / "app.conf"), "port=8100\nmodel=llama\n", mode="0640")
         yield File(str(base / "keys.env"), "API_KEY=sk-over-ssh-secret\n", mode="0600", secret=True)
-        yield LineInFile(str(base / "limits.conf"), "* hard memlock unlimited", regexp=r"^\* hard memlock")
-        yield CommandOp(f"date > {base}/stamp", creates=str(base / "stamp"))
+        yield File(str(base / "limits.conf"), "* hard memlock unlimited\n")
+        yield Directory(str(base / "cache"), mode="0700")
 
     return planner
 
@@ -48,6 +61,8 @@ def planner_under(root: Path):
 OPTIONS = RunOptions(connect_timeout=5)
 
 
+@pytest.mark.sshd
+@pytest.mark.timeout(60)
 def test_apply_twice_second_run_changes_nothing(sshd: Sshd, tmp_path: Path) -> None:
     h = ssh_host(sshd)
     first = run_fleet([h], planner_under(tmp_path), OPTIONS)
@@ -59,6 +74,8 @@ def test_apply_twice_second_run_changes_nothing(sshd: Sshd, tmp_path: Path) -> N
     assert second.totals["changed"] == 0 and second.totals["ok"] == 5 and second.totals["failed"] == 0
 
 
+@pytest.mark.sshd
+@pytest.mark.timeout(60)
 def test_check_changes_nothing_and_reports_diffs(sshd: Sshd, tmp_path: Path) -> None:
     h = ssh_host(sshd)
     run_fleet([h], planner_under(tmp_path), OPTIONS)
@@ -70,6 +87,8 @@ def test_check_changes_nothing_and_reports_diffs(sshd: Sshd, tmp_path: Path) -> 
     assert (tmp_path / "loop" / "app.conf").read_text() == "port=9999\nmodel=llama\n"  # untouched
 
 
+@pytest.mark.sshd
+@pytest.mark.timeout(60)
 def test_unknown_host_key_is_a_clear_error(sshd: Sshd, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -85,6 +104,8 @@ def test_unknown_host_key_is_a_clear_error(sshd: Sshd, tmp_path: Path) -> None:
     assert not (tmp_path / "loop").exists()
 
 
+@pytest.mark.sshd
+@pytest.mark.timeout(60)
 def test_changed_host_key_says_how_to_replace_it(sshd: Sshd, tmp_path: Path) -> None:
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
@@ -97,6 +118,8 @@ def test_changed_host_key_says_how_to_replace_it(sshd: Sshd, tmp_path: Path) -> 
     assert "CHANGED" in message and f"ssh-keygen -R '[127.0.0.1]:{sshd.port}' -f {known}" in message
 
 
+@pytest.mark.sshd
+@pytest.mark.timeout(60)
 def test_failing_host_alongside_a_good_one(sshd: Sshd, tmp_path: Path) -> None:
     with __import__("socket").socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))

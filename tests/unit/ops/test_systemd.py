@@ -1,0 +1,180 @@
+"""systemd: unit state from `systemctl show`, unit/service plans, health waits run for real, and quoting."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pdfleet.ops.base import DAEMON_RELOAD, FakeFacts, Run
+from pdfleet.ops.errors import FactError, OperationError
+from pdfleet.ops.files import FileState
+from pdfleet.ops.runner import CommandError, execute
+from pdfleet.ops.ssh import LocalTransport
+from pdfleet.ops.systemd import (
+    Service,
+    SystemdUnit,
+    SystemdUnitState,
+    UnitState,
+    env_value,
+    health_wait,
+    parse_systemctl_show,
+    restart_handler,
+    systemd_arg,
+    systemd_command,
+)
+from tests.unit.ops.helpers import commands, file_info
+
+SYSTEMCTL_RUNNING = """LoadState=loaded
+ActiveState=active
+SubState=running
+UnitFileState=enabled
+"""
+SYSTEMCTL_MISSING = """LoadState=not-found
+ActiveState=inactive
+SubState=dead
+UnitFileState=
+"""
+
+
+def test_systemctl_show() -> None:
+    state = parse_systemctl_show(SYSTEMCTL_RUNNING)
+    assert state.exists and state.enabled and state.running and state.sub_state == "running"
+    missing = parse_systemctl_show(SYSTEMCTL_MISSING)
+    assert not missing.exists and not missing.enabled and not missing.running
+    static = parse_systemctl_show(
+        "LoadState=loaded\nActiveState=failed\nSubState=failed\nUnitFileState=static\n"
+    )
+    assert static.enabled and not static.running
+    with pytest.raises(FactError):
+        SystemdUnitState("x.service").parse("System has not been booted with systemd", 1)
+
+
+UNIT = "[Unit]\nDescription=x\n[Service]\nExecStart=/bin/true\n"
+RUNNING = UnitState("loaded", "active", "running", "enabled")
+MISSING = UnitState("not-found", "inactive", "dead", "")
+
+
+def test_systemd_unit_notifies_reload_and_restart() -> None:
+    restart = restart_handler("vllm-decode.service", "http://127.0.0.1:8200/health", timeout=600)
+    op = SystemdUnit("vllm-decode.service", UNIT, restart=restart)
+    path = "/etc/systemd/system/vllm-decode.service"
+    assert op.plan(FakeFacts({FileState(path): file_info(UNIT)})) == []
+    changes = op.plan(FakeFacts({FileState(path): None}))
+    assert commands(changes) == [(path, "0644", "root", "root", UNIT.encode())]
+    assert changes[0].notify == (DAEMON_RELOAD, restart)
+    assert restart.unit == "vllm-decode.service"
+    assert [c.cmd for c in restart.commands if isinstance(c, Run)][
+        0
+    ] == "systemctl reset-failed vllm-decode.service 2>/dev/null; systemctl restart vllm-decode.service"
+    wait = restart.commands[1]
+    assert isinstance(wait, Run) and "curl -fsS" in wait.cmd and "http://127.0.0.1:8200/health" in wait.cmd
+    assert wait.on_fail == "journalctl -u vllm-decode.service -n 30 --no-pager"
+
+
+def test_service_converged_and_start_with_health() -> None:
+    op = Service("vllm-prefill.service", health_url="http://127.0.0.1:8100/health", health_timeout=900)
+    assert op.plan(FakeFacts({SystemdUnitState("vllm-prefill.service"): RUNNING})) == []
+    # unit file written earlier in this same run: facts say not-found; still plan enable + start
+    changes = op.plan(FakeFacts({SystemdUnitState("vllm-prefill.service"): MISSING}))
+    cmds = commands(changes)
+    assert cmds[0] == "systemctl enable vllm-prefill.service"
+    assert cmds[1] == (
+        "systemctl reset-failed vllm-prefill.service 2>/dev/null; systemctl start vllm-prefill.service"
+    )
+    assert "curl -fsS" in str(cmds[2]) and "900" in str(cmds[2])
+    assert changes[1].starts_unit == "vllm-prefill.service"
+    assert all(c.flush == (DAEMON_RELOAD,) for c in changes)
+    start = changes[1].commands[0]
+    assert isinstance(start, Run) and start.on_fail == "journalctl -u vllm-prefill.service -n 30 --no-pager"
+
+
+def test_service_stop_disable_and_masked() -> None:
+    op = Service("old.service", enabled=False, running=False)
+    assert commands(op.plan(FakeFacts({SystemdUnitState("old.service"): RUNNING}))) == [
+        "systemctl disable old.service",
+        "systemctl stop old.service",
+    ]
+    masked = UnitState("masked", "inactive", "dead", "masked")
+    with pytest.raises(OperationError, match="masked"):
+        Service("m.service").plan(FakeFacts({SystemdUnitState("m.service"): masked}))
+
+
+def test_service_without_a_desired_state_leaves_the_unit_alone() -> None:
+    op = Service("x.service", enabled=None, running=None)
+    assert op.plan(FakeFacts({SystemdUnitState("x.service"): RUNNING})) == []
+    assert op.plan(FakeFacts({SystemdUnitState("x.service"): MISSING})) == []
+
+
+@pytest.fixture()
+def health_server(tmp_path: Path) -> Iterator[int]:
+    """A loopback HTTP server whose /health answers 200."""
+    (tmp_path / "health").write_text("ok")
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(*args, directory=str(tmp_path), **kwargs)
+
+        def log_message(self, *args):  # type: ignore[no-untyped-def]
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def test_health_wait_passes_when_health_answers(health_server: int) -> None:
+    wait = health_wait("x.service", f"http://127.0.0.1:{health_server}/health", timeout=10)
+    out = LocalTransport().run(wait.cmd)
+    assert out.rc == 0, out.stderr
+
+
+def test_health_wait_times_out_with_journal_diagnostics() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    wait = health_wait("x.service", f"http://127.0.0.1:{port}/health", timeout=1)
+    with pytest.raises(CommandError) as err:
+        execute(LocalTransport(), wait, timeout=30)
+    message = str(err.value)
+    assert f"x.service: http://127.0.0.1:{port}/health did not answer within 1s" in message
+    assert "--- journalctl -u x.service -n 30 --no-pager ---" in message
+
+
+def test_health_wait_quotes_values_from_the_profile(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    marker = tmp_path / "injected"
+    url = f"http://127.0.0.1:{port}/health?x=';touch {marker};'"
+    out = LocalTransport().run(health_wait("x.service", url, timeout=1).cmd)
+    assert out.rc == 1 and f"{url} did not answer within 1s" in out.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("word", "quoted"),
+    [
+        ("plain/path-1.0", "plain/path-1.0"),
+        ('{"kv_role":"kv_producer"}', '\'{"kv_role":"kv_producer"}\''),
+        ("50%", "50%%"),
+        ("$HOME", "'$$HOME'"),
+        ("it's", '"it\'s"'),
+        ('a\\"b', '"a\\\\\\"b"'),
+    ],
+)
+def test_systemd_arg_quoting(word: str, quoted: str) -> None:
+    assert systemd_arg(word) == quoted
+
+
+def test_systemd_command_and_env_value_quoting() -> None:
+    assert systemd_command(["/opt/v/bin/vllm", "serve", "--x", "50%"]) == "/opt/v/bin/vllm serve --x 50%%"
+    assert env_value(3) == "3" and env_value("rc,ud:1") == "rc,ud:1"
+    assert env_value("a b") == '"a b"'
+    assert env_value('say "hi" \\') == '"say \\"hi\\" \\\\"'
