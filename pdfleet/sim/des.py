@@ -14,7 +14,7 @@ from typing import Any
 
 from pdfleet.model.catalog import LinkSpec
 from pdfleet.sim.engine import Batch, Engine, SimRequest
-from pdfleet.sim.pd import LinkQueue
+from pdfleet.sim.perf import LinkQueue
 
 Callback = Callable[[SimRequest], None]
 

@@ -31,7 +31,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pdfleet.sim.config import SimConfig, describe
 from pdfleet.sim.engine import SimRequest, State, StepResult
 from pdfleet.sim.metrics import SimCollector, SimMetrics, make_registry
-from pdfleet.sim.pd import LinkQueue, PullError, ReadGrant, SideChannelServer, compat_hash, pull
+from pdfleet.sim.perf import LinkQueue
+from pdfleet.sim.side_channel import PullError, ReadGrant, SideChannelServer, compat_hash, pull
 from pdfleet.tokens import TextCounter, count_request_tokens, make_counter
 
 log = logging.getLogger("pdfleet.sim")

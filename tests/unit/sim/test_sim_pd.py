@@ -3,7 +3,6 @@ vllm-router (PyPI `vllm-router`) driving a producer and a consumer end to end.""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import urllib.error
@@ -16,7 +15,6 @@ import pytest
 
 from pdfleet.bench.launch import RouterProcess, SimProcess, free_port
 from pdfleet.metrics.scrape import scrape_metrics
-from pdfleet.sim.pd import ReadGrant, SideChannelServer, pull
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 KV_BYTES_8B = 131072
@@ -187,47 +185,3 @@ def test_recompute_policy_and_lease_expiry() -> None:
         )
         assert status == 200 and out["usage"]["completion_tokens"] == 3  # recomputed locally
         assert scrape_metrics(d.url)["vllm:nixl_num_failed_transfers_total"] == 1
-
-
-def _pull_from(handler: Any) -> tuple[tuple[ReadGrant, bool], list[int]]:
-    """Run pdfleet.sim.pd.pull against an in-process producer on loopback; (result, bytes waited for)."""
-
-    async def run() -> tuple[tuple[ReadGrant, bool], list[int]]:
-        server = await asyncio.start_server(handler, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        moved: list[int] = []
-
-        async def wait(grant: ReadGrant) -> None:
-            moved.append(grant.nbytes)
-
-        try:
-            params = {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "r1"}
-            return await pull(params, "compat", wait), moved
-        finally:
-            server.close()
-            await server.wait_closed()
-
-    return asyncio.run(run())
-
-
-def test_side_channel_read_then_notification_frees_the_producer_blocks() -> None:
-    released: list[str] = []
-    side = SideChannelServer("engine-p", "compat", lambda rid: ReadGrant(10, 1, 1310720), released.append)
-    (grant, notified), moved = _pull_from(side._handle)
-    assert (grant.num_tokens, grant.nbytes, notified) == (10, 1310720, True)
-    assert moved == [1310720] and released == ["r1"]
-
-
-def test_a_lost_notification_keeps_the_kv_it_read() -> None:
-    """The READ succeeded, so the consumer decodes; only the notification counts as failed."""
-
-    async def producer_dies_after_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readline()
-        grant = {"ok": True, "num_tokens": 10, "num_blocks": 1, "bytes": 1310720}
-        writer.write(json.dumps(grant).encode() + b"\n")
-        await writer.drain()
-        writer.close()
-
-    (grant, notified), moved = _pull_from(producer_dies_after_read)
-    assert grant.nbytes == 1310720 and moved == [1310720]
-    assert notified is False
