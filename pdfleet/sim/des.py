@@ -1,7 +1,7 @@
 """Discrete-event driver: runs engines (and P/D pairs) on a purely simulated clock, no sleeping.
 
 Used by the calibration/interference tests and by anyone who wants "what would the GPU do" answers
-in milliseconds of CPU time. The same `Engine` is driven in real time by `pdfleet.sim.server`.
+in milliseconds of CPU time. The same `Engine` is driven in real time by `pdfleet.sim.runtime`.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ A failed `done` does not undo the read: the consumer keeps the KV and counts a f
 until their lease expires.
 
 Both ends live here (`SideChannelServer` on the producer, `pull` on the consumer); what an instance does
-with them (holds, grants, metrics, the link's timing) is up to the caller.
+with them (holds, grants, metrics, the link's timing) is `pdfleet.sim.kv_transfer`.
 """
 
 from __future__ import annotations
