@@ -36,3 +36,29 @@ def wait_for(pred: Callable[[], Any], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.05)
+
+
+class FakeTransport:
+    """Stands in for a streaming client's connection: keeps what the step loop writes."""
+
+    def __init__(self, closing: bool = False) -> None:
+        self.writes: list[bytes] = []
+        self.closing = closing
+
+    def write(self, data: bytes) -> None:
+        """Keep one write (one HTTP chunk)."""
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        """True once the client is gone."""
+        return self.closing
+
+
+def chunk_events(frame: bytes) -> list[dict[str, Any]]:
+    """The SSE events of one HTTP/1.1 chunked frame, as JSON (`[DONE]` left out)."""
+    size, _, rest = frame.partition(b"\r\n")
+    data = rest[: int(size, 16)]
+    assert rest[int(size, 16) :] == b"\r\n", frame
+    events = [e for e in data.decode().split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events), events
+    return [json.loads(e.removeprefix("data: ")) for e in events if e != "data: [DONE]"]
