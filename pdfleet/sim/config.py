@@ -62,10 +62,12 @@ class KVTransfer:
 
     @property
     def is_producer(self) -> bool:
+        """This instance prefills for a remote decoder (kv_producer or kv_both)."""
         return self.role in ("kv_producer", "kv_both")
 
     @property
     def is_consumer(self) -> bool:
+        """This instance decodes from remote KV (kv_consumer or kv_both)."""
         return self.role in ("kv_consumer", "kv_both")
 
 
@@ -104,6 +106,7 @@ class SimConfig:
 
     @property
     def kv_bytes_per_token(self) -> int:
+        """KV cache bytes one token takes over the whole model (all TP ranks), at the cache dtype."""
         return self.model_spec.kv_bytes_per_token(catalog.KV_CACHE_DTYPES[self.kv_cache_dtype])
 
     def perf(self) -> PerfModel:

@@ -65,9 +65,11 @@ class SideChannelServer:
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
+        """Listen for consumers on host:port."""
         self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE)
 
     async def close(self) -> None:
+        """Stop listening."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
