@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 
 from pdfleet.errors import PdfleetError
-from pdfleet.sim.config import TIME_SCALE_HELP, SimConfig, build_parser, parse_serve_args
+from pdfleet.sim.config import SimConfig, parse_serve_args
+from pdfleet.sim.serve_options import TIME_SCALE_HELP, build_parser
 from pdfleet.sim.server import SimServer
 
 USAGE = (

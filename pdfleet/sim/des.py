@@ -1,7 +1,7 @@
 """Discrete-event driver: runs engines (and P/D pairs) on a purely simulated clock, no sleeping.
 
 Used by the calibration/interference tests and by anyone who wants "what would the GPU do" answers
-in milliseconds of CPU time. The same `Engine` is driven in real time by `pdfleet.sim.server`.
+in milliseconds of CPU time. The same `Engine` is driven in real time by `pdfleet.sim.runtime`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from pdfleet.model.catalog import LinkSpec
 from pdfleet.sim.engine import Batch, Engine, SimRequest
-from pdfleet.sim.pd import LinkQueue
+from pdfleet.sim.perf import LinkQueue
 
 Callback = Callable[[SimRequest], None]
 

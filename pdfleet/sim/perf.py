@@ -1,17 +1,19 @@
-"""Step-time model: how long one engine step (a batch of prefill chunks and decodes) takes on a GPU.
+"""Timing models: how long one engine step (a batch of prefill chunks and decodes) takes on a GPU, and
+when a KV transfer queued on a consumer's link completes.
 
 T_step = t0 + max(compute, memory) + TP all-reduce time, per [PERF §2.6]:
 - compute = (tokens · 2·P_linear + sampled · 2·P_lm_head + attention) / (tp · peak · MFU), where a request
   adding n tokens after ctx cached ones costs 4·L·d·(n·ctx + n²/2) attention FLOPs;
 - memory  = (weights read per step + KV read of every scheduled request's context) / tp / (HBM BW · η).
-All times are simulated seconds.
+KV transfers on one link run one after another, each taking setup + bytes / (η · bandwidth)
+(`LinkSpec.transfer_time`). All times are simulated seconds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdfleet.model.catalog import TP_ALLREDUCE_S, GpuSpec, ModelSpec
+from pdfleet.model.catalog import TP_ALLREDUCE_S, GpuSpec, LinkSpec, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -55,3 +57,16 @@ class PerfModel:
     def decode_time(self, batch: int, ctx: int) -> float:
         """One decode-only step of `batch` requests, each with `ctx` tokens of context."""
         return self.step_time(batch, batch * ctx + batch / 2.0, batch * (ctx + 1), batch)
+
+
+@dataclass
+class LinkQueue:
+    """A consumer's KV link: transfers run one after another (FIFO), each taking setup + bytes/(η·BW)."""
+
+    link: LinkSpec
+    free_at: float = 0.0  # simulated time the link finishes its last queued transfer
+
+    def reserve(self, now: float, nbytes: int) -> float:
+        """Queue a transfer of nbytes asked for at `now`; returns when it completes."""
+        self.free_at = max(now, self.free_at) + self.link.transfer_time(nbytes)
+        return self.free_at

@@ -1,4 +1,4 @@
-"""The KV side channel between a producer and a consumer simulator (stands in for NIXL's handshake + READ).
+"""The KV side channel's wire protocol between a producer and a consumer simulator (NIXL's handshake + READ).
 
 Protocol: newline-delimited JSON over TCP, one connection per transfer, at the producer's
 VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT (the `remote_host`/`remote_port` its
@@ -13,6 +13,9 @@ kv_transfer_params advertise):
 A failed `done` does not undo the read: the consumer keeps the KV and counts a failed notification
 (vLLM's nixl_num_failed_notifications, apart from failed transfers); the producer's blocks stay held
 until their lease expires.
+
+Both ends live here (`SideChannelServer` on the producer, `pull` on the consumer); what an instance does
+with them (holds, grants, metrics, the link's timing) is `pdfleet.sim.kv_transfer`.
 """
 
 from __future__ import annotations
@@ -24,8 +27,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-
-from pdfleet.model.catalog import LinkSpec
 
 log = logging.getLogger("pdfleet.sim.nixl")
 
@@ -47,19 +48,6 @@ class ReadGrant:
     nbytes: int
 
 
-@dataclass
-class LinkQueue:
-    """A consumer's KV link: transfers run one after another (FIFO), each taking setup + bytes/(η·BW)."""
-
-    link: LinkSpec
-    free_at: float = 0.0  # simulated time the link finishes its last queued transfer
-
-    def reserve(self, now: float, nbytes: int) -> float:
-        """Queue a transfer of nbytes asked for at `now`; returns when it completes."""
-        self.free_at = max(now, self.free_at) + self.link.transfer_time(nbytes)
-        return self.free_at
-
-
 class SideChannelServer:
     """Producer side: answers reads for held requests and frees their blocks on `done`."""
 
@@ -77,9 +65,11 @@ class SideChannelServer:
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
+        """Listen for consumers on host:port."""
         self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE)
 
     async def close(self) -> None:
+        """Stop listening."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

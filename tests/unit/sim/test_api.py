@@ -1,4 +1,5 @@
-"""The simulator's OpenAI-compatible API against real clients (the OpenAI Python SDK, raw HTTP)."""
+"""The simulator's OpenAI-compatible API: request validation directly, then a real process against real
+clients (the OpenAI Python SDK, raw HTTP)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,83 @@ import json
 import re
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
+from prometheus_client.core import CollectorRegistry
 
 from pdfleet.bench.launch import SimProcess
 from pdfleet.metrics.scrape import scrape_metrics
+from pdfleet.sim.api import RequestError, SimAPI
+from pdfleet.sim.config import parse_serve_args
+from pdfleet.sim.runtime import Runtime
+from pdfleet.tokens import make_counter
+from tests.unit.sim.helpers import MODEL
 
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+# ---- validation, in process -------------------------------------------------------------------------
+
+
+def _api(*args: str) -> SimAPI:
+    cfg = parse_serve_args([MODEL, "--served-model-name", "llama", "--max-model-len", "1000", *args], env={})
+    return SimAPI(cfg, Runtime(cfg), CollectorRegistry(), make_counter(None))
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "expected"),
+    [
+        ("completion", {"prompt": "x" * 40}, ("llama", 10, 16, "length", False, False)),
+        ("chat", CHAT, ("llama", 5, 128, "stop", False, False)),
+        ("chat", {**CHAT, "min_tokens": 200}, ("llama", 5, 200, "stop", False, False)),
+        ("chat", {**CHAT, "ignore_eos": True}, ("llama", 5, 995, "length", False, False)),
+        (
+            "chat",
+            {**CHAT, "max_completion_tokens": 7, "max_tokens": 9},
+            ("llama", 5, 7, "length", False, False),
+        ),
+        (
+            "chat",
+            {**CHAT, "model": "llama", "stream": True, "stream_options": {"include_usage": True}},
+            ("llama", 5, 128, "stop", True, True),
+        ),
+        ("completion", {"prompt": [1, 2, 3], "max_tokens": 2}, ("llama", 3, 2, "length", False, False)),
+    ],
+)
+def test_generation_requests_get_vllms_defaults(kind: str, body: dict[str, Any], expected: tuple) -> None:
+    assert _api()._parse(body, kind) == expected
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "status", "param", "message"),
+    [
+        ("chat", {**CHAT, "model": "gpt-4"}, 404, "model", "The model `gpt-4` does not exist."),
+        ("chat", {"messages": []}, 400, "messages", "messages: Field required"),
+        ("completion", {"prompt": ""}, 400, "prompt", "prompt: Field required"),
+        ("completion", {"prompt": ["a", "b"]}, 400, "prompt", "one prompt per request"),
+        ("chat", {**CHAT, "n": 2}, 400, "n", "n=1 only"),
+        ("chat", {**CHAT, "max_tokens": 0}, 400, "max_tokens", "max_tokens must be at least 1, got 0."),
+        ("chat", {**CHAT, "max_tokens": True}, 400, "max_tokens", "max_tokens must be at least 1"),
+        ("chat", {**CHAT, "min_tokens": -1}, 400, "min_tokens", "min_tokens must be at least 0"),
+        ("completion", {"prompt": "x" * 4000}, 400, "prompt", "maximum context length is 1000 tokens"),
+        ("chat", {**CHAT, "max_tokens": 996}, 400, "max_tokens", "you requested 1001 tokens"),
+        ("chat", {**CHAT, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream=True"),
+    ],
+)
+def test_bad_generation_requests_get_vllms_errors(
+    kind: str, body: dict[str, Any], status: int, param: str, message: str
+) -> None:
+    with pytest.raises(RequestError) as exc:
+        _api()._parse(body, kind)
+    resp = exc.value.response
+    error = json.loads(resp.body)["error"]  # type: ignore[arg-type]
+    assert resp.status == status and error["code"] == status and error["param"] == param
+    assert message in error["message"]
+
+
+# ---- a simulator process ----------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

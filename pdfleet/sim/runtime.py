@@ -1,0 +1,248 @@
+"""The engine paced in real time: the step loop, token emission to sinks, request settlement, stats lines.
+
+Steps are scheduled on absolute wall-clock targets (`SimClock.wall_at`), so sleep jitter never
+accumulates; if the process cannot keep up, the lag is exported as `pdfleet_sim_*` gauges (see
+bench/sim_capacity.py). Streaming writes go straight to each connection's transport from the step loop
+(one SSE event per token per request, no per-token task switch), which is what lets one core carry
+hundreds of streams: `_step_loop` and `_emit` are the hot path, kept free of per-step and per-token
+allocations, awaits and indirections beyond what the work needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from pdfleet.sim.clock import SimClock
+from pdfleet.sim.config import SimConfig
+from pdfleet.sim.engine import SimRequest, State, StepResult
+from pdfleet.sim.kv_transfer import KVConnector
+from pdfleet.sim.metrics import SimMetrics
+from pdfleet.sim.stream import FILLER_BYTES, Sink, chunk_frame
+
+log = logging.getLogger("pdfleet.sim")
+
+# Wall seconds behind schedule before the simulated clock gives up catching up and jumps to now. Below it,
+# late steps run back to back without sleeping until the schedule is met again (bursts of HTTP work).
+RESYNC_AFTER_S = 1.0
+
+
+class Runtime:
+    """One simulated engine instance running: its clock, engine, metrics, KV connector and loops."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.clock = SimClock(cfg.time_scale)
+        self.engine = cfg.engine()
+        kv = cfg.kv_transfer
+        self.metrics = SimMetrics(cfg.max_model_len, pd=kv is not None)
+        self._wake = asyncio.Event()
+        self.kv = (
+            None if kv is None else KVConnector(cfg, kv, self.engine, self.metrics, self.clock, self.wake)
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._window_tokens = (0, 0)
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Start the clock and the KV connector (its side channel), before any request can arrive."""
+        self.clock.start(asyncio.get_running_loop())
+        if self.kv is not None:
+            await self.kv.start()
+
+    def start(self) -> None:
+        """Start stepping (and the periodic stats lines unless --disable-log-stats)."""
+        self._spawn(self._step_loop())
+        if not self.cfg.disable_log_stats:
+            self._spawn(self._stats_loop())
+
+    async def stop(self) -> None:
+        """Stop stepping, fail whatever is in flight, close the side channel."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for req in list(self.engine.iter_active()):
+            self.engine.abort(req.request_id)
+            sink: Sink = req.sink
+            sink.settle("the server is shutting down")
+        if self.kv is not None:
+            await self.kv.close()
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ---- requests in --------------------------------------------------------------------------------
+    def submit(self, req: SimRequest) -> None:
+        """Queue a request at the current simulated time and wake the step loop."""
+        self.engine.add(req, self.clock.now())
+        self._wake.set()
+
+    def abort(self, req: SimRequest) -> None:
+        """Drop a request whose handler went away (the step loop may admit others)."""
+        self.engine.abort(req.request_id)
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Tell an idle step loop there is work."""
+        self._wake.set()
+
+    # ---- the step loop ------------------------------------------------------------------------------
+    async def _step_loop(self) -> None:
+        """Schedule a step, wait until its simulated end in wall time, apply it, emit tokens; repeat."""
+        loop = asyncio.get_running_loop()
+        engine = self.engine
+        m = self.metrics
+        kv = self.kv
+        clock = self.clock
+        sim_now, wall_at, scale = clock.now, clock.wall_at, clock.scale
+        expire = kv.expire_leases if kv is not None else None  # only producers hold blocks
+        last_end: float | None = None
+        last_emit_wall = 0.0
+        while True:
+            now = sim_now()
+            if last_end is None or (now - last_end) * scale > RESYNC_AFTER_S:
+                if last_end is not None:
+                    m.resyncs += 1
+                    m.resync_lost_s += (now - last_end) * scale
+                start = now
+                last_emit_wall = loop.time()
+            else:
+                start = last_end  # back-to-back steps, as on a GPU; wall-clock jitter does not accumulate
+            if expire is not None:
+                expire(start)
+            batch = engine.schedule(start)
+            for req in batch.kv_loads:  # only consumers admit remote-prefill requests
+                assert kv is not None
+                self._spawn(kv.load(req))
+            if not batch.entries:
+                last_end = None
+                self._wake.clear()
+                expiry = engine.next_expiry()
+                timeout = None if expiry is None else max(0.0, (expiry - sim_now()) * scale)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            end = start + batch.duration
+            target = wall_at(end)
+            delay = target - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            result = engine.complete(batch, end)
+            self._emit(result, end)
+            done_wall = loop.time()
+            lag = done_wall - target
+            m.steps += 1
+            m.busy_sim_s += batch.duration
+            m.busy_wall_s += done_wall - last_emit_wall
+            last_emit_wall = done_wall
+            m.lag_s = lag
+            if lag > m.max_lag_s:
+                m.max_lag_s = lag
+            last_end = end
+
+    def _emit(self, result: StepResult, now: float) -> None:
+        """Write each new token to its stream and settle finished requests (the per-token hot path)."""
+        m = self.metrics
+        itl_counts, itl_bounds = m.itl.counts, m.itl.buckets
+        itl_sum = 0.0
+        itl_n = 0
+        bisect_left = bisect.bisect_left
+        nfill = len(FILLER_BYTES)
+        finished_state = State.FINISHED
+        for req in result.emitted:
+            sink: Sink = req.sink
+            prev = req.prev_token
+            if prev is not None:
+                gap = now - prev
+                itl_counts[bisect_left(itl_bounds, gap)] += 1
+                itl_sum += gap
+                itl_n += 1
+            else:
+                m.ttft.observe(now - req.arrival)
+            if not sink.stream:
+                continue
+            transport = sink.transport
+            if transport is None or transport.is_closing():
+                self._client_gone(req)
+                continue
+            token = FILLER_BYTES[(req.generated - 1) % nfill]
+            tail = token + (sink.last_suffix() if req.state is finished_state else sink.mid)
+            if sink.role_sent:
+                # chunk_frame inlined: one SSE event per token, framed without building the event first
+                transport.write(b"%x\r\n%s%s\r\n" % (len(sink.prefix) + len(tail), sink.prefix, tail))
+            else:
+                sink.role_sent = True
+                data = (sink.role_event() if sink.kind == "chat" else b"") + sink.prefix + tail
+                transport.write(chunk_frame(data))
+        m.itl.total += itl_sum
+        m.itl.n += itl_n
+        for req in result.finished:
+            self._finish(req, now)
+
+    def _finish(self, req: SimRequest, now: float) -> None:
+        """Request-level metrics, then wake the handler."""
+        m = self.metrics
+        sink: Sink = req.sink
+        # the engine finishes only at max_tokens; the sink knows whether that max was the simulated EOS
+        m.success[sink.finish_reason] += 1
+        m.e2e.observe(now - req.arrival)
+        if req.first_scheduled is not None:
+            m.queue.observe(max(0.0, req.first_scheduled - req.arrival))
+            m.inference.observe(now - req.first_scheduled)
+            if req.first_token is not None:
+                m.prefill.observe(max(0.0, req.first_token - req.first_scheduled))
+        if req.first_token is not None:
+            m.decode.observe(now - req.first_token)
+            if req.generated > 1:
+                m.tpot.observe((now - req.first_token) / (req.generated - 1))
+        m.prompt_tokens_hist.observe(req.prompt_tokens)
+        m.generation_tokens_hist.observe(req.generated)
+        sink.settle()
+
+    def _client_gone(self, req: SimRequest) -> None:
+        """A streaming client disconnected: abort the request (counted as finished_reason abort)."""
+        if req.state is State.FINISHED:
+            return  # its last token was just produced; the tail write will notice the closed connection
+        self.engine.abort(req.request_id)
+        self.metrics.success["abort"] += 1
+        sink: Sink = req.sink
+        sink.settle()
+
+    # ---- periodic log lines -----------------------------------------------------------------------------
+    async def _stats_loop(self) -> None:
+        """vLLM's periodic engine and KV-transfer lines, every --sim-log-interval simulated seconds."""
+        interval = self.cfg.log_interval_s
+        clock = self.clock
+        last = clock.now()
+        while True:
+            await clock.sleep(interval)
+            now = clock.now()
+            span = max(now - last, 1e-9)
+            last = now
+            engine = self.engine
+            prompt, gen = engine.prompt_tokens_computed, engine.generation_tokens
+            d_prompt, d_gen = prompt - self._window_tokens[0], gen - self._window_tokens[1]
+            self._window_tokens = (prompt, gen)
+            if d_prompt or d_gen or engine.num_running or engine.num_waiting:
+                log.info(
+                    "Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f "
+                    "tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache "
+                    "hit rate: %.1f%%",
+                    d_prompt / span,
+                    d_gen / span,
+                    engine.num_running,
+                    engine.num_waiting,
+                    engine.kv_usage * 100,
+                    0.0,
+                )
+            if self.kv is not None:
+                self.kv.log_transfers()

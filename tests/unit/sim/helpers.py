@@ -1,0 +1,64 @@
+"""Shared bits of the simulator's tests: the model they serve and small HTTP/P-D helpers."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def kv_config(role: str, **extra: Any) -> str:
+    """A --kv-transfer-config JSON for the NixlConnector in `role`."""
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, **extra})
+
+
+def post_json(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """POST a JSON body; (status, JSON answer), error statuses included."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0) -> None:
+    """Poll `pred` until it is true, or fail after `timeout` wall seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+class FakeTransport:
+    """Stands in for a streaming client's connection: keeps what the step loop writes."""
+
+    def __init__(self, closing: bool = False) -> None:
+        self.writes: list[bytes] = []
+        self.closing = closing
+
+    def write(self, data: bytes) -> None:
+        """Keep one write (one HTTP chunk)."""
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        """True once the client is gone."""
+        return self.closing
+
+
+def chunk_events(frame: bytes) -> list[dict[str, Any]]:
+    """The SSE events of one HTTP/1.1 chunked frame, as JSON (`[DONE]` left out)."""
+    size, _, rest = frame.partition(b"\r\n")
+    data = rest[: int(size, 16)]
+    assert rest[int(size, 16) :] == b"\r\n", frame
+    events = [e for e in data.decode().split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events), events
+    return [json.loads(e.removeprefix("data: ")) for e in events if e != "data: [DONE]"]

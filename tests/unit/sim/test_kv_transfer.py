@@ -1,0 +1,296 @@
+"""P/D: the KV connector directly, then two simulator processes speaking the kv_transfer_params protocol
+over the side channel, and the real vllm-router (PyPI `vllm-router`) driving them end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from pdfleet.bench.launch import RouterProcess, SimProcess, free_port
+from pdfleet.metrics.scrape import scrape_metrics
+from pdfleet.sim.clock import SimClock
+from pdfleet.sim.config import parse_serve_args
+from pdfleet.sim.engine import SimRequest, State
+from pdfleet.sim.kv_transfer import KVConnector
+from pdfleet.sim.metrics import SimMetrics
+from pdfleet.sim.side_channel import ReadGrant, SideChannelServer
+from pdfleet.sim.stream import Sink
+from tests.unit.sim.helpers import MODEL, kv_config, post_json, wait_for
+
+KV_BYTES_8B = 131072
+
+
+# ---- the connector, in process ----------------------------------------------------------------------
+
+
+def _connector(role: str, *args: str, **extra: Any) -> tuple[KVConnector, list[None]]:
+    """A KVConnector for `role` over a fresh engine; the list collects its wake-ups."""
+    cfg = parse_serve_args([MODEL, *args, "--kv-transfer-config", kv_config(role, **extra)], env={})
+    assert cfg.kv_transfer is not None
+    woken: list[None] = []
+    engine = cfg.engine()
+    metrics = SimMetrics(cfg.max_model_len, pd=True)
+    clock = SimClock(0.001)
+    return KVConnector(cfg, cfg.kv_transfer, engine, metrics, clock, lambda: woken.append(None)), woken
+
+
+def _held(kv: KVConnector, rid: str, prompt: int, now: float = 0.0) -> SimRequest:
+    """Prefill a remote-decode request on the producer's engine until its blocks are held."""
+    req = SimRequest(rid, prompt, 1, remote_decode=True)
+    kv.engine.add(req, now)
+    kv.engine.complete(kv.engine.schedule(now), now + 0.1)
+    assert req.state is State.FINISHED and kv.engine.held_request(rid) is req
+    return req
+
+
+@pytest.mark.parametrize(
+    ("role", "params", "expected"),
+    [
+        ("kv_producer", {"do_remote_decode": True}, (True, None)),
+        ("kv_producer", {"do_remote_prefill": True}, (False, None)),
+        ("kv_consumer", {"do_remote_prefill": True, "x": 1}, (False, {"do_remote_prefill": True, "x": 1})),
+        ("kv_consumer", {"do_remote_decode": True}, (False, None)),
+        ("kv_both", {"do_remote_decode": True}, (True, None)),
+        ("kv_producer", "not-an-object", (False, None)),
+    ],
+)
+def test_kv_transfer_params_decide_the_requests_role_here(role: str, params: Any, expected: Any) -> None:
+    kv, _ = _connector(role)
+    assert kv.role_of({"kv_transfer_params": params}) == expected
+
+
+def test_a_producer_returns_what_the_consumer_needs_to_read() -> None:
+    kv, _ = _connector("kv_producer")
+    req = _held(kv, "cmpl-1", 100)
+    out = kv.params_out(req)
+    assert out is not None and out["remote_block_ids"] == req.block_ids and len(req.block_ids) == 7
+    assert out["remote_engine_id"] == kv.kv.engine_id and out["remote_request_id"] == "cmpl-1"
+    assert (out["remote_host"], out["remote_port"], out["tp_size"]) == ("localhost", 5600, 1)
+    assert kv.params_out(SimRequest("plain", 10, 1)) is None
+
+
+def test_grants_and_release_of_held_blocks() -> None:
+    kv, woken = _connector("kv_producer")
+    _held(kv, "cmpl-1", 100)
+    assert kv.grant("cmpl-1") == ReadGrant(100, 7, 100 * KV_BYTES_8B)
+    assert kv.grant("other") is None
+    kv.release("other")
+    assert woken == []
+    kv.release("cmpl-1")
+    assert woken == [None] and kv.grant("cmpl-1") is None
+    assert kv.engine.num_free_blocks == kv.cfg.num_blocks
+
+
+def test_leases_expire_with_vllms_warning(caplog: pytest.LogCaptureFixture) -> None:
+    kv, _ = _connector("kv_producer", kv_connector_extra_config={"kv_lease_duration": 30})
+    _held(kv, "cmpl-1", 100)
+    kv.expire_leases(29.0)
+    assert kv.metrics.nixl_expired == 0
+    with caplog.at_level(logging.WARNING, logger="pdfleet.sim"):
+        kv.expire_leases(31.0)
+    assert kv.metrics.nixl_expired == 1
+    assert (
+        "Releasing expired KV blocks for request cmpl-1 which were retrieved by 0 decode worker(s) "
+        "within 30 seconds." in caplog.text
+    )
+
+
+def test_a_consumer_loads_over_the_side_channel_then_logs_it(caplog: pytest.LogCaptureFixture) -> None:
+    kv, woken = _connector("kv_consumer", "--sim-link", "roce-400g")
+    released: list[str] = []
+
+    async def run() -> SimRequest:
+        kv.clock.start(asyncio.get_running_loop())
+        grant = ReadGrant(500, 32, 500 * KV_BYTES_8B)
+        side = SideChannelServer("engine-p", kv.compat, lambda rid: grant, released.append)
+        await side.start("127.0.0.1", 0)
+        assert side._server is not None
+        port = side._server.sockets[0].getsockname()[1]
+        params = {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "p"}
+        req = SimRequest("d", 500, 3, remote_prefill=params)
+        kv.engine.add(req, 0.0)
+        assert kv.engine.schedule(0.0).kv_loads == [req]
+        try:
+            await kv.load(req)
+        finally:
+            await side.close()
+        return req
+
+    req = asyncio.run(run())
+    m = kv.metrics
+    assert released == ["p"] and woken == [None] and req.state is not State.FINISHED
+    assert (m.nixl_bytes.n, m.nixl_bytes.total, m.nixl_failed_transfers) == (1, 500 * KV_BYTES_8B, 0)
+    assert m.nixl_xfer.total == pytest.approx(kv.cfg.link.transfer_time(500 * KV_BYTES_8B))
+    with caplog.at_level(logging.INFO, logger="pdfleet.sim"):
+        kv.log_transfers()
+        kv.log_transfers()  # nothing new: no second line
+    lines = [r.getMessage() for r in caplog.records if "KV Transfer metrics" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("KV Transfer metrics: Num successful transfers=1, ")
+
+
+def test_a_failed_load_fails_the_request_under_the_fail_policy() -> None:
+    kv, woken = _connector("kv_consumer")
+
+    async def run() -> Sink:
+        sink = Sink("completion", "cmpl-d", MODEL, False, False, asyncio.get_running_loop())
+        req = SimRequest("d", 500, 3, remote_prefill={}, sink=sink)  # no remote address: handshake fails
+        kv.engine.add(req, 0.0)
+        kv.engine.schedule(0.0)
+        await kv.load(req)
+        return sink
+
+    sink = asyncio.run(run())
+    assert sink.done.done() and sink.error is not None and "kv_load_failure_policy=fail" in sink.error
+    assert kv.metrics.nixl_failed_transfers == 1 and kv.metrics.success["error"] == 1 and woken == [None]
+
+
+# ---- two simulator processes ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[SimProcess, SimProcess]]:
+    side = free_port()
+    common = ["--sim-time-scale", "0.1", "--sim-log-interval", "1"]
+    producer = SimProcess(
+        [MODEL, *common, "--kv-transfer-config", kv_config("kv_producer")],
+        env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
+    )
+    consumer = SimProcess(
+        [MODEL, *common, "--sim-link", "roce-400g", "--kv-transfer-config", kv_config("kv_consumer")]
+    )
+    with producer as p, consumer as d:
+        yield p, d
+
+
+def test_vllm_router_serves_a_streaming_chat_through_the_pair(pair: tuple[SimProcess, SimProcess]) -> None:
+    producer, consumer = pair
+    before_p, before_d = scrape_metrics(producer.url), scrape_metrics(consumer.url)
+    with RouterProcess([producer.url], [consumer.url]) as router:
+        client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        prompt = "y" * 4000  # 1000 tokens + 3 + 1 for the chat message
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(text.split()) == 12
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    prompt_tokens = chunks[-1].usage.prompt_tokens
+    assert prompt_tokens == 1004
+    after_p, after_d = scrape_metrics(producer.url), scrape_metrics(consumer.url)
+    # the producer prefilled (one token, max_tokens=1 from the router); the consumer pulled exactly that KV
+    assert after_p["vllm:request_success_total"] == before_p["vllm:request_success_total"] + 1
+    assert after_d["vllm:nixl_bytes_transferred_count"] == before_d["vllm:nixl_bytes_transferred_count"] + 1
+    moved = after_d["vllm:nixl_bytes_transferred_sum"] - before_d["vllm:nixl_bytes_transferred_sum"]
+    assert moved == prompt_tokens * KV_BYTES_8B
+    assert after_d["vllm:nixl_num_failed_transfers_total"] == before_d["vllm:nixl_num_failed_transfers_total"]
+    assert after_p["vllm:kv_cache_usage_perc"] == 0.0  # blocks freed after the consumer's notification
+    wait_for(lambda: "KV Transfer metrics: Num successful transfers=" in consumer.log())
+
+
+def test_kv_transfer_params_round_trip_without_router(pair: tuple[SimProcess, SimProcess]) -> None:
+    producer, consumer = pair
+    status, prefill = post_json(
+        producer.url + "/v1/completions",
+        {
+            "model": MODEL,
+            "prompt": "z" * 8000,
+            "max_tokens": 1,
+            "stream": False,
+            "kv_transfer_params": {
+                "do_remote_decode": True,
+                "do_remote_prefill": False,
+                "remote_engine_id": None,
+                "remote_block_ids": None,
+                "remote_host": None,
+                "remote_port": None,
+            },
+        },
+    )
+    assert status == 200
+    params = prefill["kv_transfer_params"]
+    assert set(params) >= {
+        "do_remote_prefill",
+        "do_remote_decode",
+        "remote_engine_id",
+        "remote_block_ids",
+        "remote_request_id",
+        "remote_host",
+        "remote_port",
+        "tp_size",
+    }
+    assert params["do_remote_prefill"] is True and params["tp_size"] == 1
+    assert len(params["remote_block_ids"]) == 2000 // 16
+    assert scrape_metrics(producer.url)["vllm:kv_cache_usage_perc"] > 0  # held for the consumer
+    status, out = post_json(
+        consumer.url + "/v1/completions",
+        {"model": MODEL, "prompt": "z" * 8000, "max_tokens": 5, "kv_transfer_params": params},
+    )
+    assert status == 200 and out["usage"]["completion_tokens"] == 5
+    assert scrape_metrics(producer.url)["vllm:kv_cache_usage_perc"] == 0.0
+    # a second pull of the same blocks fails: they were freed (policy "fail" is the default)
+    failed_before = scrape_metrics(consumer.url)["vllm:nixl_num_failed_transfers_total"]
+    status, err = post_json(
+        consumer.url + "/v1/completions",
+        {"model": MODEL, "prompt": "z" * 8000, "max_tokens": 5, "kv_transfer_params": params},
+    )
+    assert status == 500 and "KV transfer" in err["error"]["message"]
+    assert scrape_metrics(consumer.url)["vllm:nixl_num_failed_transfers_total"] == failed_before + 1
+
+
+def test_recompute_policy_and_lease_expiry() -> None:
+    side = free_port()
+    producer = SimProcess(
+        [
+            MODEL,
+            "--sim-time-scale",
+            "0.1",
+            "--kv-transfer-config",
+            kv_config("kv_producer", kv_connector_extra_config={"kv_lease_duration": 10}),
+        ],
+        env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
+    )
+    consumer = SimProcess(
+        [
+            MODEL,
+            "--sim-time-scale",
+            "0.1",
+            "--kv-transfer-config",
+            kv_config("kv_consumer", kv_load_failure_policy="recompute"),
+        ]
+    )
+    with producer as p, consumer as d:
+        _, prefill = post_json(
+            p.url + "/v1/completions",
+            {
+                "model": MODEL,
+                "prompt": "q" * 400,
+                "max_tokens": 1,
+                "kv_transfer_params": {"do_remote_decode": True},
+            },
+        )
+        assert scrape_metrics(p.url)["vllm:kv_cache_usage_perc"] > 0
+        # lease of 10 simulated seconds = 1 s of wall time at scale 0.1
+        wait_for(lambda: scrape_metrics(p.url)["vllm:nixl_num_kv_expired_reqs_total"] == 1)
+        assert scrape_metrics(p.url)["vllm:kv_cache_usage_perc"] == 0.0
+        assert "Releasing expired KV blocks for request" in p.log()
+        status, out = post_json(
+            d.url + "/v1/completions",
+            {
+                "model": MODEL,
+                "prompt": "q" * 400,
+                "max_tokens": 3,
+                "kv_transfer_params": prefill["kv_transfer_params"],
+            },
+        )
+        assert status == 200 and out["usage"]["completion_tokens"] == 3  # recomputed locally
+        assert scrape_metrics(d.url)["vllm:nixl_num_failed_transfers_total"] == 1
