@@ -7,8 +7,7 @@ import urllib.request
 import pytest
 
 from pdfleet.bench.launch import SimProcess
-
-SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+from pdfleet.bench.workload import SIM_MODEL
 
 
 def test_a_sim_process_serves_while_entered_and_stops_after() -> None:
