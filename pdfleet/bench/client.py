@@ -87,6 +87,7 @@ class StreamConn(asyncio.Protocol):
         self.waiter: asyncio.Future[str] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Connected: ready for a request."""
         self.transport = transport  # type: ignore[assignment]
         self.open = True
 
@@ -113,6 +114,7 @@ class StreamConn(asyncio.Protocol):
                 self.server_close = True
 
     def data_received(self, data: bytes) -> None:
+        """Parse the head once, then count and time events; finish when a kept-alive body ends."""
         if self.waiter is None:
             return  # nothing asked: ignore stray bytes
         self.got = True
@@ -167,6 +169,7 @@ class StreamConn(asyncio.Protocol):
         waiter.set_result(outcome)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """The server hung up: the response ends here (stale if a reused connection got no byte)."""
         self.open = False
         if self.waiter is None:
             return

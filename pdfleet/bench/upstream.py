@@ -58,14 +58,17 @@ class UpstreamProtocol(asyncio.Protocol):
         self.close_after = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Connected: wait for a request."""
         self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """The client went away: stop pacing its reply."""
         if self.timer is not None:
             self.timer.cancel()
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
+        """Buffer the bytes; start the next reply once a whole request is in."""
         self.buf += data
         self._next()
 
