@@ -23,57 +23,16 @@ import asyncio
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pdfleet.bench.launch import SimProcess  # noqa: E402
-from pdfleet.metrics.scrape import scrape_metrics  # noqa: E402
-
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class StreamClient(asyncio.Protocol):
-    """One keep-alive connection sending streaming completions back to back; counts SSE events.
-
-    A raw protocol rather than an HTTP client library, so the client core is not the bottleneck.
-    """
-
-    def __init__(self, request: bytes, counts: list[int], stop: asyncio.Event) -> None:
-        self.request = request
-        self.counts = counts
-        self.stop = stop
-        self.transport: asyncio.Transport | None = None
-        self.tail = b""
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def send(self) -> None:
-        assert self.transport is not None
-        self.transport.write(self.request)
-
-    def data_received(self, data: bytes) -> None:
-        self.counts[0] += data.count(b"data: ")
-        window = self.tail + data
-        self.tail = window[-16:]
-        if b"data: [DONE]" in window:
-            self.counts[0] -= 1  # [DONE] is not a token
-            self.counts[1] += 1
-            self.tail = b""
-            if not self.stop.is_set():
-                self.send()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
+from pdfleet.bench.arrivals import even_offsets
+from pdfleet.bench.client import Stats, StreamClient, request_bytes
+from pdfleet.bench.cpu import cpu_seconds
+from pdfleet.bench.launch import SimProcess
+from pdfleet.bench.load import run_closed
+from pdfleet.bench.sim_clock import ON_SCHEDULE, clock_figures
+from pdfleet.bench.workload import SIM_MODEL, completion_body, synthetic_prompt
+from pdfleet.metrics.scrape import scrape_metrics
 
 
 async def drive(
@@ -86,63 +45,17 @@ async def drive(
     sim_pid: int,
     spread: float,
 ) -> dict[str, float]:
-    """Run the clients; measure over [warmup, warmup + duration]."""
-    counts = [0, 0]
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    body = json.dumps(
-        {
-            "model": MODEL,
-            "prompt": "x" * (4 * prompt_tokens),
-            "max_tokens": output,
-            "ignore_eos": True,
-            "stream": True,
-        }
-    ).encode()
+    """Run the clients (closed loop on kept-alive connections); measure over [warmup, warmup + duration]."""
     host, port = url.removeprefix("http://").split(":")
-    request = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-    clients: list[StreamClient] = []
-    for _ in range(streams):
-        _, proto = await loop.create_connection(lambda: StreamClient(request, counts, stop), host, int(port))
-        clients.append(proto)
-    for i, client in enumerate(clients):
-        loop.call_later(spread * i / streams, client.send)
-    await asyncio.sleep(warmup)
-    m0, c0, t0, n0 = scrape_metrics(url), cpu_seconds(sim_pid), time.monotonic(), counts[0]
-    await asyncio.sleep(duration)
-    m1, c1, t1, n1 = scrape_metrics(url), cpu_seconds(sim_pid), time.monotonic(), counts[0]
-    stop.set()
-    for client in clients:
-        assert client.transport is not None
-        client.transport.close()
-    lost = (
-        m1["pdfleet_sim_lag_seconds"]
-        - m0["pdfleet_sim_lag_seconds"]
-        + m1["pdfleet_sim_resync_lost_wall_seconds"]
-        - m0["pdfleet_sim_resync_lost_wall_seconds"]
-    )
-    busy_sim = m1["pdfleet_sim_busy_simulated_seconds"] - m0["pdfleet_sim_busy_simulated_seconds"]
-    busy_wall = m1["pdfleet_sim_busy_wall_seconds"] - m0["pdfleet_sim_busy_wall_seconds"]
-    steps = m1["pdfleet_sim_steps"] - m0["pdfleet_sim_steps"]
-    return {
-        "window_s": t1 - t0,
-        "drift": lost / (t1 - t0),
-        "lag_ms_at_end": 1e3 * m1["pdfleet_sim_lag_seconds"],
-        "running_at_end": m1["vllm:num_requests_running"],
-        "waiting_at_end": m1["vllm:num_requests_waiting"],
-        "steps_per_s": steps / (t1 - t0),
-        "mean_step_ms_simulated": 1e3 * busy_sim / max(steps, 1),
-        "tokens_per_s_received": (n1 - n0) / (t1 - t0),
-        "busy_simulated_s": busy_sim,
-        "busy_wall_s": busy_wall,
-        "resyncs_in_window": m1["pdfleet_sim_resyncs"] - m0["pdfleet_sim_resyncs"],
-        "max_lag_ms_ever": 1e3 * m1["pdfleet_sim_max_lag_seconds"],
-        "sim_cpu_util": (c1 - c0) / (t1 - t0),
-        "completed_requests": float(counts[1]),
-    }
+    body = completion_body(synthetic_prompt(prompt_tokens), output)
+    request = request_bytes(int(port), "/v1/completions", body, keepalive=True, host=host)
+    client = StreamClient(int(port), request, Stats(), keepalive=True, host=host)
+
+    def probe() -> dict[str, float]:
+        return {**scrape_metrics(url), "sim_cpu": cpu_seconds([sim_pid])}
+
+    run = await run_closed(client, even_offsets(streams, spread), duration, warmup, probe)
+    return clock_figures(run.before, run.after)
 
 
 def main() -> int:
@@ -167,7 +80,7 @@ def main() -> int:
     sim_cpu, client_cpu = cpus[0], cpus[-1]
     os.sched_setaffinity(0, {client_cpu})
     sim_args = [
-        MODEL,
+        SIM_MODEL,
         "--sim-gpu",
         args.gpu,
         "--sim-time-scale",
@@ -210,7 +123,7 @@ def main() -> int:
             "streams": args.streams,
             "time_scale": args.time_scale,
             "spread_s": spread,
-            "on_schedule": drift < 0.05,
+            "on_schedule": drift < ON_SCHEDULE,
             "sim_cpu": sim_cpu,
             "client_cpu": client_cpu,
         }

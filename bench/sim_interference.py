@@ -13,104 +13,62 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import math
 import sys
 import time
-import urllib.request
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from pdfleet.bench.launch import RouterProcess, SimProcess, free_port  # noqa: E402
+from pdfleet.bench.client import Span, Stats, StreamClient, request_bytes
+from pdfleet.bench.launch import RouterProcess, SimProcess
+from pdfleet.bench.procs import free_port
+from pdfleet.bench.stats import histogram_bound, itl_within
+from pdfleet.bench.workload import SIM_MODEL, completion_body, synthetic_prompt
+from pdfleet.metrics.scrape import scrape_histogram
 
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-def itl_buckets(url: str) -> dict[float, float]:
-    """Cumulative counts of vllm:inter_token_latency_seconds by upper bound (simulated seconds)."""
-    out: dict[float, float] = {}
-    for line in urllib.request.urlopen(url + "/metrics", timeout=10).read().decode().splitlines():
-        if line.startswith("vllm:inter_token_latency_seconds_bucket{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            out[float(le)] = float(line.rsplit(" ", 1)[1])
-    return out
+ITL = "vllm:inter_token_latency_seconds"
 
 
-def worst_bucket(before: dict[float, float], after: dict[float, float]) -> str:
-    """The smallest bucket bound that holds every gap observed between two scrapes ("<= 25 ms")."""
-    total = after[float("inf")] - before[float("inf")]
-    for bound in sorted(after):
-        if after[bound] - before.get(bound, 0.0) >= total:
-            return f"<= {1e3 * bound:g} ms" if bound != float("inf") else "> 80 s"
-    return "?"
+def bucket_label(bound: float) -> str:
+    """A histogram bound as the report shows it ("<= 25 ms"; beyond the last finite bucket, 80 s)."""
+    return f"<= {1e3 * bound:g} ms" if bound != math.inf else "> 80 s"
 
 
-class Stream(asyncio.Protocol):
-    """One streaming completion; records the wall time of every read that carried SSE events."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        if b"data: " in data:
-            self.times.append(time.monotonic())
-
-
-def http_post(host: str, port: int, body: dict[str, object]) -> bytes:
-    raw = json.dumps(body).encode()
-    head = f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-    return (head + f"Content-Length: {len(raw)}\r\n\r\n").encode() + raw
+def completions_client(url: str, body: bytes) -> StreamClient:
+    """A client sending `body` to url's /v1/completions, one kept-alive connection per concurrent stream."""
+    host, port = url.removeprefix("http://").split(":")
+    request = request_bytes(int(port), "/v1/completions", body, keepalive=True, host=host)
+    return StreamClient(int(port), request, Stats(), keepalive=True, host=host)
 
 
 async def run(
     url: str, engine_url: str, streams: int, burst_tokens: int, window: float, scale: float
 ) -> tuple[float, float, str, str]:
     """Worst gap in the windows before and after the burst: client-side (simulated ms) and engine-side."""
-    loop = asyncio.get_running_loop()
-    host, port = url.removeprefix("http://").split(":")
-    clients = []
-    for _ in range(streams):
-        _, proto = await loop.create_connection(Stream, host, int(port))
-        body = {
-            "model": MODEL,
-            "prompt": "s" * 4096,
-            "max_tokens": 100000,
-            "ignore_eos": True,
-            "stream": True,
-        }
-        proto.transport.write(http_post(host, int(port), body))
-        clients.append(proto)
+    client = completions_client(url, completion_body(synthetic_prompt(1024, "s"), 100000))
+    spans = [Span(events=[]) for _ in range(streams)]
+    tasks = [asyncio.create_task(client.stream(span)) for span in spans]
     await asyncio.sleep(window / 2)  # let every stream reach steady decoding
-    b0 = itl_buckets(engine_url)
+    b0 = scrape_histogram(engine_url, ITL)
     await asyncio.sleep(window / 2)
-    b1 = itl_buckets(engine_url)
-    t_burst = time.monotonic()
-    _, burst = await loop.create_connection(Stream, host, int(port))
-    burst.transport.write(
-        http_post(host, int(port), {"model": MODEL, "prompt": "b" * 4 * burst_tokens, "max_tokens": 4})
-    )
+    b1 = scrape_histogram(engine_url, ITL)
+    t_burst = time.perf_counter()
+    burst_body = completion_body(synthetic_prompt(burst_tokens, "b"), 4, stream=False, ignore_eos=False)
+    burst = completions_client(url, burst_body)
+    tasks.append(asyncio.create_task(burst.stream(Span())))
     await asyncio.sleep(window)
-    b2 = itl_buckets(engine_url)
-    for c in (*clients, burst):
-        c.transport.close()
+    b2 = scrape_histogram(engine_url, ITL)
+    client.close()
+    burst.close()
+    await asyncio.gather(*tasks)
 
     def worst(start: float, end: float) -> float:
-        gaps = [
-            b - a
-            for c in clients
-            for a, b in zip(c.times, c.times[1:], strict=False)
-            if start <= a and b <= end
-        ]
+        gaps = [g for span in spans for g in itl_within(span.events or [], start, end)]
         return 1e3 * max(gaps) / scale if gaps else float("nan")
 
     return (
         worst(t_burst - window / 2, t_burst),
         worst(t_burst, t_burst + window),
-        worst_bucket(b0, b1),
-        worst_bucket(b1, b2),
+        bucket_label(histogram_bound(b0, b1)),
+        bucket_label(histogram_bound(b1, b2)),
     )
 
 
@@ -121,7 +79,7 @@ def main() -> int:
     ap.add_argument("--burst-tokens", type=int, default=30000)
     ap.add_argument("--window", type=float, default=3.0, help="wall seconds before and after the burst")
     args = ap.parse_args()
-    common = [MODEL, "--sim-time-scale", str(args.time_scale), "--disable-log-stats"]
+    common = [SIM_MODEL, "--sim-time-scale", str(args.time_scale), "--disable-log-stats"]
     with SimProcess(common) as colo:
         colo_before, colo_after, colo_b, colo_a = asyncio.run(
             run(colo.url, colo.url, args.streams, args.burst_tokens, args.window, args.time_scale)

@@ -7,45 +7,14 @@ with SimProcess(["meta-llama/Llama-3.1-8B-Instruct", "--sim-time-scale", "0.1"])
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(
-    url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None
-) -> None:
-    """Poll url until it answers 200; fail early (with the log) if proc exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            text = log.read_text() if log else ""
-            raise RuntimeError(
-                f"process exited with {proc.returncode} before {url} answered:\n{text[-3000:]}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.05)
-    text = log.read_text() if log else ""
-    raise TimeoutError(f"{url} did not answer within {timeout}s:\n{text[-3000:]}")
+from pdfleet.bench.procs import free_port, pin, wait_http
 
 
 class _Proc:
@@ -71,9 +40,8 @@ class _Proc:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> _Proc:
-        preexec = (lambda: os.sched_setaffinity(0, {self.cpu})) if self.cpu is not None else None
         self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=self._logfile, stderr=subprocess.STDOUT, preexec_fn=preexec
+            self.argv, env=self.env, stdout=self._logfile, stderr=subprocess.STDOUT, preexec_fn=pin(self.cpu)
         )
         try:
             wait_http(self.health_url, self.timeout, self.proc, self.log_path)
@@ -88,6 +56,7 @@ class _Proc:
         self.stop()
 
     def stop(self) -> None:
+        """Terminate the process (SIGKILL after 10 s) and close its log."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -98,6 +67,7 @@ class _Proc:
         self._logfile.close()
 
     def log(self) -> str:
+        """What the process wrote so far (stdout and stderr)."""
         return self.log_path.read_text()
 
 

@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from pdfleet.bench.procs import free_port, wait_port
 from tests.unit.helpers import Sshd
 
 SSHD = "/usr/sbin/sshd"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _ensure_sshd() -> str | None:
@@ -42,19 +35,6 @@ def _ensure_sshd() -> str | None:
     return None
 
 
-def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"sshd exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"sshd did not listen on 127.0.0.1:{port} within {timeout}s")
-
-
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     """Run `sshd -D -e -f CONFIG` on a free loopback port for the whole session."""
@@ -66,7 +46,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     for key in (host_key, client_key):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     (work / "authorized_keys").write_text(client_key.with_suffix(".pub").read_text())
-    port = _free_port()
+    port = free_port()
     config = work / "sshd_config"
     config.write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nPidFile {work}/sshd.pid\n"
@@ -78,7 +58,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     log = (work / "sshd.log").open("wb")
     proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_listening(port, proc)
+        wait_port(port, timeout=10.0, proc=proc)
         host_pub = host_key.with_suffix(".pub")
         known = work / "known_hosts"
         keytype, blob = host_pub.read_text().split()[:2]

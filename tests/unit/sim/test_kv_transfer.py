@@ -11,7 +11,8 @@ from typing import Any
 import openai
 import pytest
 
-from pdfleet.bench.launch import RouterProcess, SimProcess, free_port
+from pdfleet.bench.launch import RouterProcess, SimProcess
+from pdfleet.bench.procs import free_port
 from pdfleet.metrics.scrape import scrape_metrics
 from pdfleet.sim.clock import SimClock
 from pdfleet.sim.config import parse_serve_args

@@ -1,0 +1,29 @@
+"""SimProcess: a real `pdfleet-sim serve` on loopback, healthy when entered, gone when left."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+
+from pdfleet.bench.launch import SimProcess
+from pdfleet.bench.workload import SIM_MODEL
+
+
+def test_a_sim_process_serves_while_entered_and_stops_after() -> None:
+    """/health is 200 inside the block; the process has exited after it; its log is readable."""
+    with SimProcess([SIM_MODEL, "--disable-log-stats"]) as sim:
+        with urllib.request.urlopen(sim.url + "/health", timeout=5) as resp:
+            assert resp.status == 200
+        assert sim.url == f"http://127.0.0.1:{sim.port}"
+        assert sim.proc is not None
+    assert sim.proc.poll() is not None
+    assert isinstance(sim.log(), str)
+
+
+def test_a_sim_that_cannot_start_fails_with_its_log() -> None:
+    """A bad option: the start raises at once with the simulator's own error, no process left behind."""
+    sim = SimProcess([SIM_MODEL, "--no-such-option"])
+    with pytest.raises(RuntimeError, match="(?s)exited with .*no-such-option"), sim:
+        pass
+    assert sim.proc is not None and sim.proc.poll() is not None
