@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp import web
 
 from pdfleet.errors import PdfleetError
+from pdfleet.gateway.connection import UpstreamError, UpstreamResponse
 from pdfleet.gateway.errors import error_response, sse_error_event
 from pdfleet.gateway.keys import AuthResult, authenticate
 from pdfleet.gateway.metrics import GatewayMetrics
@@ -38,7 +39,7 @@ from pdfleet.gateway.policy import (
     load_policy,
     restart_only_changes,
 )
-from pdfleet.gateway.upstream import UpstreamClient, UpstreamError, UpstreamResponse
+from pdfleet.gateway.upstream import UpstreamClient
 from pdfleet.tokens import CharEstimate, count_request_tokens
 
 

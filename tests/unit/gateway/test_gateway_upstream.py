@@ -15,7 +15,8 @@ import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdfleet.gateway.upstream import Origin, UpstreamClient, UpstreamError
+from pdfleet.gateway.connection import UpstreamError
+from pdfleet.gateway.upstream import Origin, UpstreamClient
 
 Reply = Callable[[bytes], list[bytes]]  # request bytes -> the pieces written back, in order
 
