@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from pdfleet.gateway.app import Gateway, Running, start
 from pdfleet.gateway.keys import hash_key
 from pdfleet.gateway.policy import load_policy
-from pdfleet.gateway.server import Gateway, Running, start
 
 USER_KEY = "sk-user-0123456789abcdef"
 ADMIN_KEY = "sk-admin-fedcba9876543210"
