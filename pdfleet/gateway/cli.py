@@ -5,25 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import getpass
 import logging
-import signal
 import sys
 from pathlib import Path
 
 from pdfleet.errors import PdfleetError
+from pdfleet.gateway.app import serve
 from pdfleet.gateway.keys import hash_key
-from pdfleet.gateway.policy import ActivePolicy, load_policy
-from pdfleet.gateway.server import Gateway, start
-
-log = logging.getLogger("pdfleet.gateway")
-
-# The default gen0 threshold (700) runs a collection every few requests under load; with hundreds of
-# streams in flight each one walks many young objects, and gen1/gen2 passes stalled the event loop
-# for 10-80 ms (measured at 500 streams). Rarer collections cut the total GC time ~10x and the tail
-# with it; cyclic garbage is still collected within a few thousand requests, so memory stays bounded.
-GC_THRESHOLDS = (20_000, 20, 100)
+from pdfleet.gateway.policy import load_policy
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,39 +43,6 @@ def _read_key() -> str:
     if sys.stdin.isatty():
         return getpass.getpass("key: ")
     return sys.stdin.readline().rstrip("\r\n")
-
-
-async def serve(config: Path, policy: ActivePolicy, shutdown_timeout: float) -> None:
-    """Run until SIGTERM/SIGINT; SIGHUP reloads the policy atomically."""
-    gateway = Gateway(config, policy, shutdown_timeout=shutdown_timeout)
-    running = await start(gateway)
-    gc.freeze()  # startup objects live forever: keep them out of every later collection (shorter pauses)
-    gc.set_threshold(*GC_THRESHOLDS)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    reloads: set[asyncio.Task[tuple[bool, str]]] = set()
-
-    def on_hup() -> None:
-        task = loop.create_task(gateway.reload())
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, on_hup)
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    spec = policy.spec
-    log.info(
-        "listening on %s:%d%s, policy %s version %d stage %s",
-        spec.listen.host,
-        running.port,
-        f" (admin on port {running.admin_port})" if running.admin_port else "",
-        config,
-        spec.version,
-        spec.stage,
-    )
-    await stop.wait()
-    log.info("stopping: no new connections, letting in-flight requests finish")
-    await running.close()
 
 
 def main(argv: list[str] | None = None) -> int:

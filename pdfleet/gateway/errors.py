@@ -42,6 +42,18 @@ def error_response(
     )
 
 
+class Reject(Exception):
+    """A request the gateway answers itself with an OpenAI error (status, message, code, param)."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+    def response(self, headers: dict[str, str] | None = None) -> web.Response:
+        """This rejection as an error response."""
+        return error_response(self.status, self.message, code=self.code, param=self.param, headers=headers)
+
+
 def sse_error_event(message: str, code: int = 502) -> bytes:
     """An SSE `data:` event with an error object, ending a stream that broke after its first byte."""
     err = {"message": message, "type": "upstream_error", "param": None, "code": code}

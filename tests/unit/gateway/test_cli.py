@@ -13,9 +13,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from gw_fakes import USER_KEY, policy_dict, write_keys, write_policy
 
 from pdfleet.gateway.keys import hash_key
+from tests.unit.gateway.helpers import USER_KEY, policy_dict, write_keys, write_policy
 
 EXE = [sys.executable, "-m", "pdfleet.gateway.cli"]
 POLICY = policy_dict(["http://127.0.0.1:9"], None)

@@ -1,25 +1,28 @@
 """Loopback helpers for gateway tests: a small OpenAI-like upstream that streams SSE slowly, policy files,
-and a thread that runs servers on its own event loop (for the synchronous OpenAI SDK)."""
+a thread that runs servers on its own event loop (for the synchronous OpenAI SDK), and a raw server
+that sends exactly the bytes a test chooses (for the upstream client)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import threading
 import time
-from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+import uvloop
 import yaml
 from aiohttp import web
 
+from pdfleet.errors import ValidationError
+from pdfleet.gateway.app import Gateway, Running, start
 from pdfleet.gateway.keys import hash_key
-from pdfleet.gateway.policy import load_policy
-from pdfleet.gateway.server import Gateway, Running, start
+from pdfleet.gateway.policy import ActivePolicy, load_policy
+from pdfleet.gateway.upstream import UpstreamClient
 
 USER_KEY = "sk-user-0123456789abcdef"
 ADMIN_KEY = "sk-admin-fedcba9876543210"
@@ -196,31 +199,25 @@ def write_policy(directory: Path, pol: dict[str, Any]) -> Path:
     return path
 
 
-async def start_gateway(path: Path) -> Running:
-    """A gateway on a free loopback port from a policy file."""
-    return await start(Gateway(path, load_policy(path), shutdown_timeout=5))
+COLO = ["http://127.0.0.1:8001"]
+DIS = "http://127.0.0.1:8090"
+
+
+def load_test_policy(tmp_path: Path, **over: Any) -> ActivePolicy:
+    """A loaded policy (COLO and DIS as pools) written to `tmp_path`, with `over` applied."""
+    return load_policy(write_policy(tmp_path, policy_dict(COLO, DIS, **over)))
+
+
+def policy_error(tmp_path: Path, pol: dict[str, Any]) -> str:
+    """The validation message loading `pol` from `tmp_path` raises."""
+    path = write_policy(tmp_path, pol)
+    with pytest.raises(ValidationError) as exc:
+        load_policy(path)
+    return str(exc.value)
 
 
 def auth(key: str = USER_KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-class LoopThread:
-    """An event loop in a background thread, for servers used by synchronous clients."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro_fn: Callable[[], Awaitable[Any]], timeout: float = 30) -> Any:
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro_fn(), self.loop)  # type: ignore[arg-type]
-        return fut.result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 class Env:
@@ -241,7 +238,7 @@ class Env:
         await self.dis.start()
         self.policy = policy_dict([self.colo.url], self.dis.url, **self.policy_over)
         self.path = write_policy(self.tmp, self.policy)
-        self.gw = await start_gateway(self.path)
+        self.gw = await start(Gateway(self.path, load_policy(self.path), shutdown_timeout=5))
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
         return self
 
@@ -294,3 +291,158 @@ LONG = "word " * 1200  # 6000 chars -> 1500 tokens at 4 chars/token: long at thr
 def sse_events(raw: bytes) -> list[str]:
     """The `data:` payloads of an SSE body, in order."""
     return [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
+
+
+def run(coro: Any) -> Any:
+    """Run a test scenario on a fresh asyncio loop."""
+    return asyncio.run(coro)
+
+
+def error_of(raw: bytes) -> dict[str, Any]:
+    """The error object of an OpenAI error body, checked for its shape."""
+    body = json.loads(raw)
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    return err
+
+
+# (case, method, path, headers (None: user key), body, status, message fragment)
+Malformed = tuple[str, str, str, dict[str, str] | None, bytes | None, int, str]
+
+
+async def check_malformed(tmp_path: Path, case: Malformed) -> None:
+    """The gateway answers `case` with its documented status and message, reaches no upstream, stays up."""
+    _name, method, path, headers, body, status, fragment = case
+    async with Env(tmp_path, max_body_bytes=65536) as env:
+        hdrs = auth() if headers is None else headers
+        async with env.session.request(method, env.base + path, data=body, headers=hdrs) as r:
+            raw = await r.read()
+            assert r.status == status, raw
+        err = error_of(raw)
+        assert fragment in err["message"]
+        assert USER_KEY not in err["message"]
+        assert not env.colo.seen and not env.dis.seen  # nothing reached an upstream
+        async with env.session.get(env.base + "/health") as r:
+            assert r.status == 200
+        st, _, _ = await env.post("/v1/chat/completions", chat())
+        assert st == 200
+
+
+# ---- raw upstreams for the upstream client -------------------------------------------------------
+
+Reply = Callable[[bytes], list[bytes]]  # request bytes -> the pieces written back, in order
+
+
+@dataclass
+class RawServer:
+    """A loopback server that answers each request with `reply(request)` pieces, `gap` seconds apart."""
+
+    reply: Reply
+    gap: float = 0.0
+    close_after_reply: bool = False
+    # drop the connection, unanswered, on the request after this many replies on it: an origin closing
+    # an idle keep-alive connection just as the next request goes out
+    drop_after: int | None = None
+    connections: int = 0
+    requests: list[bytes] = field(default_factory=list)
+    server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> RawServer:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                req = head + await reader.readexactly(length)
+                self.requests.append(req)
+                if self.drop_after is not None and served >= self.drop_after:
+                    break
+                served += 1
+                for piece in self.reply(req):
+                    writer.write(piece)
+                    await writer.drain()
+                    if self.gap:
+                        await asyncio.sleep(self.gap)
+                if self.close_after_reply:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def chunked(*payloads: bytes) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads)
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + body
+        + (b"0\r\n\r\n")
+    )
+
+
+class Sink(asyncio.Protocol):
+    """The client side of a real loopback connection: collects what the relay wrote."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.transport: asyncio.Transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+
+
+async def client_pair() -> tuple[asyncio.Transport, Sink, asyncio.AbstractServer]:
+    """A connected (transport we write to, sink that receives) pair over loopback TCP."""
+    loop = asyncio.get_running_loop()
+    accepted: asyncio.Future[asyncio.Transport] = loop.create_future()
+
+    class Accept(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            accepted.set_result(transport)  # type: ignore[arg-type]
+
+    server = await loop.create_server(Accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sink = Sink()
+    await loop.create_connection(lambda: sink, "127.0.0.1", port)
+    return await accepted, sink, server
+
+
+async def fetch(
+    client: UpstreamClient, url: str, *, first_byte_s: float = 5.0, idle_s: float = 5.0
+) -> tuple[int, bytes, str | None]:
+    """POST, then relay the rest (unframed) into a real socket; (status, whole body, end reason)."""
+    resp = await client.post(url, "/v1/completions", {}, b"{}", connect_s=1, first_byte_s=first_byte_s)
+    transport, sink, server = await client_pair()
+    try:
+        reason = await resp.relay(transport, False, None, idle_s)
+        await asyncio.sleep(0.02)
+        return resp.status, resp.first + bytes(sink.data), reason
+    finally:
+        transport.close()
+        server.close()
+
+
+def run_uvloop(coro: Any) -> None:
+    """Run a scenario on uvloop, the loop the gateway runs on in production."""
+    uvloop.run(coro)

@@ -1,17 +1,13 @@
-"""Policy file validation, keys file rules, authentication messages and the routing decision."""
+"""Policy file validation and the routing decision."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 
 import pytest
-import yaml
-from gw_fakes import ADMIN_KEY, USER_KEY, policy_dict, write_keys, write_policy
 
 from pdfleet.errors import ValidationError
-from pdfleet.gateway.keys import authenticate, hash_key, load_keys
 from pdfleet.gateway.policy import (
     StageSpec,
     bucket_of,
@@ -21,24 +17,11 @@ from pdfleet.gateway.policy import (
     restart_only_changes,
 )
 from pdfleet.tokens import HFTokenizer
-
-COLO = ["http://127.0.0.1:8001"]
-DIS = "http://127.0.0.1:8090"
-
-
-def _load(tmp_path: Path, **over: object):
-    return load_policy(write_policy(tmp_path, policy_dict(COLO, DIS, **over)))
-
-
-def _error(tmp_path: Path, pol: dict) -> str:
-    path = write_policy(tmp_path, pol)
-    with pytest.raises(ValidationError) as exc:
-        load_policy(path)
-    return str(exc.value)
+from tests.unit.gateway.helpers import COLO, DIS, load_test_policy, policy_dict, policy_error
 
 
 def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
-    p = _load(tmp_path)
+    p = load_test_policy(tmp_path)
     assert p.spec.version == 1
     assert p.stage == StageSpec(short=0, long=100)
     assert p.routes["llama"].colocated == ("http://127.0.0.1:8001",)
@@ -85,7 +68,7 @@ def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
 def test_policy_errors_name_file_and_key_path(tmp_path: Path, change, expected: str) -> None:
     pol = policy_dict(COLO, DIS)
     change(pol)
-    msg = _error(tmp_path, pol)
+    msg = policy_error(tmp_path, pol)
     assert str(tmp_path / "policy.yaml") in msg
     assert expected in msg
 
@@ -102,66 +85,7 @@ def test_policy_not_yaml_mapping(tmp_path: Path) -> None:
 
 def test_base_url_path_rejected_with_hint(tmp_path: Path) -> None:
     pol = policy_dict(["http://10.0.0.1:8000/v1"], DIS)
-    assert "give the server root" in _error(tmp_path, pol)
-
-
-@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
-def test_keys_file_readable_by_others_refused(tmp_path: Path, mode: int) -> None:
-    write_keys(tmp_path / "keys.yaml", mode)
-    msg = _error(tmp_path, policy_dict(COLO, DIS))
-    assert "group/world-accessible" in msg
-    assert f"chmod 600 {tmp_path / 'keys.yaml'}" in msg
-
-
-def test_keys_file_0400_accepted(tmp_path: Path) -> None:
-    write_keys(tmp_path / "keys.yaml", 0o400)
-    assert len(_load(tmp_path).keys) == 2
-
-
-def test_keys_file_schema_errors(tmp_path: Path) -> None:
-    path = tmp_path / "keys.yaml"
-    path.write_text(yaml.safe_dump({"keys": [{"name": "a", "sha256": "not-hex", "root": True}]}))
-    os.chmod(path, 0o600)
-    with pytest.raises(ValidationError) as exc:
-        load_keys(path)
-    msg = str(exc.value)
-    assert f"{path}: keys[0].sha256: String should match pattern" in msg
-    assert f"{path}: keys[0].root: unknown key" in msg
-    h = hash_key("k")
-    path.write_text(yaml.safe_dump({"keys": [{"name": "a", "sha256": h}, {"name": "b", "sha256": h}]}))
-    with pytest.raises(ValidationError, match=r"keys\[1\].sha256: the same key hash appears twice"):
-        load_keys(path)
-
-
-def test_keys_yaml_error_does_not_quote_content(tmp_path: Path) -> None:
-    path = tmp_path / "keys.yaml"
-    path.write_text("keys: [ {name: secretish-value\n")
-    os.chmod(path, 0o600)
-    with pytest.raises(ValidationError) as exc:
-        load_keys(path)
-    assert "secretish" not in str(exc.value)
-
-
-def test_authenticate_messages_never_echo_the_key(tmp_path: Path) -> None:
-    keys = _load(tmp_path).keys
-    cases = {
-        None: "missing Authorization header",
-        f"Basic {USER_KEY}": "must use the Bearer scheme",
-        f"Token {USER_KEY}": "must use the Bearer scheme",
-        "Bearer": "no key after it",
-        "Bearer ": "no key after it",
-        f"Bearer  {USER_KEY}": "leading or trailing whitespace",
-        f"Bearer {USER_KEY}\t": "leading or trailing whitespace",
-        "Bearer sk-wrong-key-123": "not valid for this gateway",
-    }
-    for header, expected in cases.items():
-        result = authenticate(header, keys)
-        assert result.entry is None and result.error is not None
-        assert expected in result.error
-        assert USER_KEY not in result.error and "sk-wrong" not in result.error
-    ok = authenticate(f"Bearer {USER_KEY}", keys)
-    assert ok.entry is not None and ok.entry.name == "user" and not ok.entry.admin
-    assert authenticate(f"bearer {ADMIN_KEY}", keys).entry.admin  # type: ignore[union-attr]
+    assert "give the server root" in policy_error(tmp_path, pol)
 
 
 def test_length_class_threshold() -> None:
@@ -211,7 +135,7 @@ def test_no_disagg_pool_and_forced_header() -> None:
 
 
 def test_restart_only_changes(tmp_path: Path) -> None:
-    a = _load(tmp_path).spec
+    a = load_test_policy(tmp_path).spec
     b = a.model_copy(update={"listen": a.listen.model_copy(update={"port": 9999})})
     assert restart_only_changes(a, a) == []
     assert "listen.port changed from 0 to 9999" in restart_only_changes(a, b)[0]
@@ -224,7 +148,7 @@ def test_tokenizer_estimator_counts_with_the_model_tokenizer(tmp_path: Path) -> 
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
-    p = _load(tmp_path, estimator={"tokenizer": "tokenizer.json"})
+    p = load_test_policy(tmp_path, estimator={"tokenizer": "tokenizer.json"})
     assert isinstance(p.counter, HFTokenizer)
     # 4 words -> 4 tokens by the tokenizer; the chars estimate would say ceil(23/4) = 6
     assert p.counter.count("hello world hello world") == 4

@@ -1,0 +1,243 @@
+"""Everything before a request is forwarded: key, body, fields, alias, prompt length, the pool decision.
+
+`admit` runs the steps in order and yields one `RequestContext`, or raises `Reject` with the OpenAI
+error the client gets. The steps are pure functions of the request's headers, body and the policy,
+except reading the body and counting tokens on a long prompt (which may run in a thread).
+The body is parsed once and forwarded as the same bytes (re-encoded only when the alias maps to a
+different upstream model name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pdfleet.gateway.context import Endpoint, RequestContext
+from pdfleet.gateway.errors import Reject
+from pdfleet.gateway.keys import AuthResult, authenticate
+from pdfleet.gateway.metrics import GatewayMetrics
+from pdfleet.gateway.policy import POOLS, ActivePolicy, Pool, Route, decide, length_class
+from pdfleet.tokens import CharEstimate, count_request_tokens
+
+
+def _std_dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+try:  # orjson (a vllm-router dependency) parses long prompts ~10x faster than the stdlib
+    import orjson
+
+    def _loads(body: bytes) -> Any:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            # orjson refuses some valid JSON (integers beyond 64 bits): let the stdlib decide
+            return json.loads(body)
+
+    def _dumps(obj: Any) -> bytes:
+        try:
+            return orjson.dumps(obj)
+        except TypeError:  # integers beyond 64 bits again
+            return _std_dumps(obj)
+
+except ImportError:  # pragma: no cover - depends on the environment
+    _loads = json.loads
+    _dumps = _std_dumps
+
+
+_REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+# token counting with a real tokenizer on a long prompt takes milliseconds: keep it off the event loop
+_EXECUTOR_COUNT_BYTES = 16 * 1024
+
+
+def request_id(value: str | None) -> str:
+    """The client's X-Request-Id when it is a sane token, else a new one."""
+    if value is not None and _REQUEST_ID_OK.fullmatch(value):
+        return value
+    return os.urandom(16).hex()  # 128 random bits, like uuid4().hex without building a UUID object
+
+
+def authorize(header: str | None, policy: ActivePolicy) -> AuthResult:
+    """Check an Authorization header against the policy's keys; a 401 Reject when it fails."""
+    result = authenticate(header, policy.keys)
+    if result.error is not None:
+        raise Reject(401, result.error, code="invalid_api_key")
+    return result
+
+
+async def read_body(request: web.BaseRequest, limit: int) -> bytes:
+    """The request body, or 413 as soon as it is known to exceed the limit."""
+    too_big = Reject(
+        413, f"request body is larger than the gateway's limit of {limit} bytes", code="request_too_large"
+    )
+    declared = request.content_length
+    if declared is not None and declared > limit:
+        raise too_big
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            parts.append(chunk)
+    except aiohttp.ClientPayloadError as exc:  # malformed chunked encoding and the like
+        raise Reject(400, f"could not read the request body: {exc}") from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, else 400."""
+    if not body:
+        raise Reject(400, "request body is empty; send a JSON object")
+    try:
+        data = _loads(body)
+    except (ValueError, RecursionError):
+        raise Reject(400, "request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise Reject(400, "request body must be a JSON object")
+    return data
+
+
+def route_for(policy: ActivePolicy, data: dict[str, Any]) -> tuple[str, Route]:
+    """The alias and its route; 400 without a model, 404 listing the aliases for an unknown one."""
+    model = data.get("model")
+    if model is None:
+        raise Reject(400, "missing required field 'model'", param="model")
+    if not isinstance(model, str):
+        raise Reject(400, "'model' must be a string", param="model")
+    route = policy.routes.get(model)
+    if route is None:
+        shown = model if len(model) <= 200 else model[:200] + "..."
+        raise Reject(
+            404,
+            f"the model {shown!r} does not exist on this gateway; available models: "
+            + ", ".join(policy.routes),
+            code="model_not_found",
+            param="model",
+        )
+    return model, route
+
+
+def _check_prompt(prompt: Any) -> bool:
+    """OpenAI's allowed `prompt` shapes: str, [str], [int], [[int]]."""
+    if isinstance(prompt, str):
+        return True
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    if all(isinstance(p, str) for p in prompt):
+        return True
+    if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        return True
+    return all(
+        isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+        for p in prompt
+    )
+
+
+def check_fields(endpoint: Endpoint, data: dict[str, Any]) -> None:
+    """400 for a missing or mistyped field the gateway needs (the rest is the upstream's business)."""
+    if endpoint == "chat":
+        msgs = data.get("messages")
+        if msgs is None:
+            raise Reject(
+                400, "missing required field 'messages' (a list of message objects)", param="messages"
+            )
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            raise Reject(400, "'messages' must be a non-empty list of message objects", param="messages")
+    else:
+        if "prompt" not in data:
+            raise Reject(400, "missing required field 'prompt'", param="prompt")
+        if not _check_prompt(data["prompt"]):
+            raise Reject(
+                400,
+                "'prompt' must be a string, a list of strings, a list of token ids or a list of such lists",
+                param="prompt",
+            )
+    stream = data.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise Reject(400, "'stream' must be true or false", param="stream")
+
+
+def forced_pool(headers: Mapping[str, str], policy: ActivePolicy, route: Route) -> Pool | None:
+    """The pool named by the override header, if the policy enables one and the request sends it."""
+    name = policy.spec.override_header
+    if name is None:
+        return None
+    value = headers.get(name)
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if value not in POOLS:
+        raise Reject(400, f"header {name} must be one of: {', '.join(POOLS)}", param=name)
+    if value == "disagg" and route.disagg is None:
+        raise Reject(
+            400, f"model {route.alias!r} has no disagg pool; header {name} cannot force it", param=name
+        )
+    return value  # type: ignore[return-value]
+
+
+async def count_tokens(policy: ActivePolicy, data: dict[str, Any], size: int) -> int:
+    """Prompt tokens by the policy's estimator (a real tokenizer on a long prompt runs in a thread)."""
+    if isinstance(policy.counter, CharEstimate) or size < _EXECUTOR_COUNT_BYTES:
+        return count_request_tokens(data, policy.counter)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, count_request_tokens, data, policy.counter)
+
+
+def sticky_key(headers: Mapping[str, str], policy: ActivePolicy, data: dict[str, Any], digest: str) -> str:
+    """Session header, else the body's `user`, else the API key's digest."""
+    session = headers.get(policy.spec.sticky.session_header)
+    if session:
+        return "s:" + session
+    user = data.get("user")
+    if policy.spec.sticky.use_user_field and isinstance(user, str) and user:
+        return "u:" + user
+    return "k:" + digest
+
+
+def upstream_body(route: Route, alias: str, data: dict[str, Any], body: bytes) -> bytes:
+    """The bytes to forward: the client's own, unless the route renames the model upstream."""
+    if route.upstream_model is not None and route.upstream_model != alias:
+        data["model"] = route.upstream_model
+        return _dumps(data)
+    return body
+
+
+async def admit(
+    request: web.BaseRequest, policy: ActivePolicy, endpoint: Endpoint, rid: str, t0: float, m: GatewayMetrics
+) -> RequestContext:
+    """Authenticate, read, validate, classify and decide; count the decision (or the rejection)."""
+    alias = "-"
+    try:
+        auth = authorize(request.headers.get("Authorization"), policy)
+        body = await read_body(request, policy.spec.max_body_bytes)
+        data = parse_body(body)
+        alias, route = route_for(policy, data)
+        check_fields(endpoint, data)
+        forced = forced_pool(request.headers, policy, route)
+        tokens = await count_tokens(policy, data, len(body))
+    except Reject as rej:
+        m.child(m.requests, alias, "none", "none", str(rej.status)).inc()
+        raise
+    key, digest = auth.entry, auth.digest
+    assert key is not None and digest is not None  # authorize() raised otherwise
+    cls = length_class(tokens, policy.spec.long_prompt_tokens)
+    sticky = sticky_key(request.headers, policy, data, digest)
+    decision = decide(policy.stage, cls, sticky, route.disagg is not None, forced)
+    m.child(m.decisions, policy.spec.stage, cls, decision.pool, decision.reason).inc()
+    m.child(m.prompt_tokens, alias).observe(tokens)
+    policy.counts.requests += 1
+    policy.counts.decisions[cls][decision.pool] += 1
+    body = upstream_body(route, alias, data, body)
+    stream = bool(data.get("stream", False))
+    return RequestContext(
+        rid, t0, policy, key, endpoint, alias, route, data, body, stream, tokens, cls, decision
+    )

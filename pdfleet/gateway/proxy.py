@@ -1,0 +1,282 @@
+"""Forwarding an admitted request: open the upstream (falling back to colocated), stream its bytes through.
+
+The response is written chunk by chunk as it arrives, never buffered or re-framed: after the first
+chunk, the upstream connection writes each piece straight to the client's transport (upstream.py).
+A failure before the first byte moves the request to the next attempt; after it, an SSE stream ends
+with an error event and any other body is cut, so the client sees it as incomplete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from pdfleet.gateway.connection import UpstreamError, UpstreamResponse
+from pdfleet.gateway.context import RequestContext
+from pdfleet.gateway.errors import error_response, sse_error_event
+from pdfleet.gateway.metrics import GatewayMetrics
+from pdfleet.gateway.policy import LengthClass, Pool
+from pdfleet.gateway.upstream import UpstreamClient
+
+log = logging.getLogger("pdfleet.gateway")
+
+_ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_SSE_TYPE = "text/event-stream"
+
+
+class _PassThrough(web.StreamResponse):
+    """A streamed response whose headers go out in the same write as the first body chunk.
+
+    aiohttp's StreamResponse sends its headers at prepare() in their own syscall (and TCP segment);
+    the gateway writes the upstream's first chunk right after, so buffering them saves a write per
+    request without delaying anything (write_eof() flushes them when there is no body).
+    """
+
+    _send_headers_immediately = False
+
+
+@dataclass
+class _Upstream:
+    """An upstream response that produced its first chunk (or ended) within the first-byte timeout."""
+
+    pool: Pool
+    resp: UpstreamResponse
+
+
+@dataclass
+class _Failure:
+    """An upstream attempt that failed before its first byte, and why."""
+
+    pool: Pool
+    reason: str  # connect | timeout | status_5xx | disconnect
+
+
+class _GapMeter:
+    """Per streamed chunk: the gap since the previous one into the histogram, stalls counted."""
+
+    __slots__ = ("hist", "stalls", "stall_s", "prev")
+
+    def __init__(self, m: GatewayMetrics, pool: Pool, cls: LengthClass, stall_ms: float, t_first: float):
+        self.hist = m.child(m.chunk_gap, pool, cls)
+        self.stalls = m.child(m.stalls, pool, cls)
+        self.stall_s = stall_ms / 1000.0
+        self.prev = t_first
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        gap = now - self.prev
+        self.prev = now
+        self.hist.observe(gap)
+        if gap > self.stall_s:
+            self.stalls.inc()
+
+
+def attempts(ctx: RequestContext) -> list[tuple[Pool, str]]:
+    """Where to try, in order: the chosen pool, then one retry on the colocated pool."""
+    route, decision = ctx.route, ctx.decision
+    if decision.pool == "disagg":
+        assert route.disagg is not None
+        tries: list[tuple[Pool, str]] = [("disagg", route.disagg)]
+        if decision.reason != "header":  # a forced pool is for testing: show its failures
+            tries.append(("colocated", route.next_colocated()[0]))
+        return tries
+    primary, alt = route.next_colocated()
+    return [("colocated", primary)] + ([("colocated", alt)] if alt else [])
+
+
+class Proxy:
+    """Forwards admitted requests through one upstream client, recording what happened in the metrics."""
+
+    def __init__(self, upstream: UpstreamClient, metrics: GatewayMetrics) -> None:
+        self.upstream = upstream
+        self.metrics = metrics
+
+    async def forward(self, request: web.BaseRequest, ctx: RequestContext) -> web.StreamResponse:
+        """Open upstream (with fallback), then stream its bytes to the client as they arrive."""
+        m = self.metrics
+        path = _ENDPOINTS[ctx.endpoint]
+        headers = {
+            "Content-Type": "application/json",
+            "X-Request-Id": ctx.rid,
+            "Accept": request.headers.get("Accept", "*/*"),
+        }
+        tries = attempts(ctx)
+        up: _Upstream | None = None
+        failure: _Failure | None = None
+        for i, (pool, base) in enumerate(tries):
+            last = i == len(tries) - 1
+            m.child(m.in_flight, pool).inc()
+            try:
+                got = await self._open(ctx, pool, base, path, headers)
+            finally:
+                m.child(m.in_flight, pool).dec()
+            if isinstance(got, _Upstream) and (got.resp.status < 500 or last):
+                up = got
+                break
+            if isinstance(got, _Upstream):  # a 5xx with another attempt left: drop it, try the next
+                got.resp.close()
+                failure = _Failure(pool, "status_5xx")
+            else:
+                failure = got
+            log.warning(
+                "rid=%s model=%s pool=%s upstream failed before first byte: %s",
+                ctx.rid,
+                ctx.alias,
+                pool,
+                failure.reason,
+            )
+            if not last and pool == "disagg":
+                m.child(m.fallbacks, ctx.alias, failure.reason).inc()
+                fallbacks = ctx.policy.counts.fallbacks
+                fallbacks[failure.reason] = fallbacks.get(failure.reason, 0) + 1
+        if up is None:
+            assert failure is not None
+            return self._unavailable(ctx, failure)
+        fell_back = up.pool != ctx.decision.pool
+        m.child(m.in_flight, up.pool).inc()
+        try:
+            out, outcome = await self._stream(request, ctx, up, fell_back)
+        finally:
+            m.child(m.in_flight, up.pool).dec()
+        m.child(m.requests, ctx.alias, up.pool, ctx.cls, str(up.resp.status)).inc()
+        m.child(m.duration, up.pool, ctx.cls).observe(time.perf_counter() - ctx.t0)
+        log_request(ctx, up.pool, up.resp.status, outcome + (" fallback" if fell_back else ""))
+        return out
+
+    async def _open(
+        self, ctx: RequestContext, pool: Pool, base: str, path: str, headers: dict[str, str]
+    ) -> _Upstream | _Failure:
+        """POST upstream and wait for its first chunk within the first-byte timeout."""
+        t = ctx.policy.spec.timeouts
+        try:
+            resp = await self.upstream.post(
+                base, path, headers, ctx.body, connect_s=t.connect_s, first_byte_s=t.first_byte_s
+            )
+        except UpstreamError as exc:
+            return _Failure(pool, exc.reason)
+        return _Upstream(pool, resp)
+
+    def _unavailable(self, ctx: RequestContext, failure: _Failure) -> web.Response:
+        """503 (or 504 after a timeout) when no attempt produced a first byte."""
+        m = self.metrics
+        status = 504 if failure.reason == "timeout" else 503
+        msg = (
+            f"upstream timed out before responding (model {ctx.alias!r}, pool {failure.pool})"
+            if status == 504
+            else f"no pool can serve model {ctx.alias!r} right now "
+            f"(last tried: {failure.pool}, {failure.reason})"
+        )
+        m.child(m.requests, ctx.alias, failure.pool, ctx.cls, str(status)).inc()
+        log_request(ctx, failure.pool, status, "failed")
+        return error_response(
+            status,
+            msg,
+            code="upstream_unavailable" if status == 503 else "upstream_timeout",
+            headers={"X-Request-Id": ctx.rid},
+        )
+
+    async def _stream(
+        self, request: web.BaseRequest, ctx: RequestContext, up: _Upstream, fell_back: bool
+    ) -> tuple[web.StreamResponse, str]:
+        """Copy the upstream body to the client; end with an error event (SSE) or abort if it breaks."""
+        m = self.metrics
+        resp = up.resp
+        spec = ctx.policy.spec
+        ctype = resp.headers.get("content-type", "application/json")
+        sse = ctype.startswith(_SSE_TYPE)
+        out = _PassThrough(
+            status=resp.status,
+            headers={
+                "Content-Type": ctype,
+                "X-Request-Id": ctx.rid,
+                "X-Pdfleet-Pool": up.pool,
+                "X-Pdfleet-Policy-Version": str(spec.version),
+            },
+        )
+        if fell_back:
+            out.headers["X-Pdfleet-Fallback"] = "1"
+        if sse:
+            out.headers["Cache-Control"] = "no-cache"
+            out.headers["X-Accel-Buffering"] = "no"
+        elif resp.content_length is not None:
+            out.content_length = resp.content_length  # lets the client see a cut body as incomplete
+        chunked = out.content_length is None and request.version >= aiohttp.HttpVersion11
+        if chunked:
+            out.enable_chunked_encoding()
+        enc = resp.headers.get("content-encoding")
+        if enc:
+            out.headers["Content-Encoding"] = enc
+        timed = ctx.stream and sse
+        if timed:
+            m.child(m.ttft, up.pool, ctx.cls).observe(resp.t_first - ctx.t0)
+        try:
+            await out.prepare(request)
+            if resp.at_eof:  # the whole body came with the first bytes: one write for all
+                await out.write_eof(resp.first)
+                return out, "ok"
+            await out.write(resp.first)  # sends the held-back headers with the first chunk
+            transport = request.transport
+            if transport is None:
+                raise ConnectionResetError("client went away")
+            gaps = _GapMeter(m, up.pool, ctx.cls, spec.stall_threshold_ms, resp.t_first) if timed else None
+            error = await resp.relay(transport, chunked, gaps, spec.timeouts.idle_s)
+            if error == "client_gone":
+                raise ConnectionResetError("client went away")
+            if error is None:
+                await out.write_eof()
+                return out, "ok"
+        except asyncio.CancelledError:
+            resp.close()  # the client went away (handler cancelled): close upstream at once
+            m.child(m.client_disconnects, up.pool).inc()
+            raise
+        except ConnectionError:  # our write to the client failed: it is gone
+            resp.close()
+            m.child(m.client_disconnects, up.pool).inc()
+            return out, "client_gone"
+        finally:
+            resp.close()
+        m.child(m.stream_errors, up.pool, error).inc()
+        log.warning("rid=%s pool=%s stream broke after first byte: %s", ctx.rid, up.pool, error)
+        if sse:
+            what = "timed out" if error == "timeout" else "failed"
+            try:
+                await out.write(
+                    b"\n\n"
+                    + sse_error_event(
+                        f"upstream {what} mid-stream (request {ctx.rid})", 504 if error == "timeout" else 502
+                    )
+                )
+                await out.write_eof()
+            except ConnectionError:
+                pass
+        elif request.transport is not None:
+            request.transport.abort()  # a non-SSE body cannot carry an error event: cut the connection
+        return out, error
+
+
+def log_request(ctx: RequestContext, pool: str, status: int, outcome: str) -> None:
+    """One line per proxied request (never the key itself, only its name)."""
+    if ctx.policy.spec.log_requests and log.isEnabledFor(logging.INFO):
+        ms = (time.perf_counter() - ctx.t0) * 1000
+        d = ctx.decision
+        log.info(
+            "rid=%s key=%s model=%s class=%s tokens=%d decided=%s/%s bucket=%d pool=%s status=%d "
+            "outcome=%s ms=%.1f",
+            ctx.rid,
+            ctx.key.name,
+            ctx.alias,
+            ctx.cls,
+            ctx.tokens,
+            d.pool,
+            d.reason,
+            d.bucket,
+            pool,
+            status,
+            outcome,
+            ms,
+        )

@@ -1,0 +1,226 @@
+"""The proxy: the order of attempts and, end to end on loopback, fallback before the first byte, errors
+after it, client disconnects, stall metrics and unframed HTTP/1.0 streaming."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from pdfleet.gateway.context import RequestContext
+from pdfleet.gateway.policy import ActivePolicy, Decision
+from pdfleet.gateway.proxy import attempts
+from tests.unit.gateway.helpers import (
+    ADMIN_KEY,
+    LONG,
+    USER_KEY,
+    Env,
+    auth,
+    chat,
+    error_of,
+    load_test_policy,
+    run,
+    sse_events,
+)
+
+
+def _ctx(policy: ActivePolicy, decision: Decision) -> RequestContext:
+    """A request for `llama` that intake sent where `decision` says."""
+    route = policy.routes["llama"]
+    data = {"model": "llama", "prompt": "hi"}
+    key = next(iter(policy.keys.values()))
+    return RequestContext(
+        "r1", 0.0, policy, key, "completions", "llama", route, data, b"{}", False, 1, "short", decision
+    )
+
+
+# ---- attempts ----------------------------------------------------------------------------------
+
+
+def test_disagg_is_retried_once_on_colocated_unless_forced(tmp_path: Path) -> None:
+    policy = load_test_policy(tmp_path)
+    assert attempts(_ctx(policy, Decision("disagg", "weight", 1))) == [
+        ("disagg", "http://127.0.0.1:8090"),
+        ("colocated", "http://127.0.0.1:8001"),
+    ]
+    assert attempts(_ctx(policy, Decision("disagg", "header", 1))) == [("disagg", "http://127.0.0.1:8090")]
+
+
+def test_colocated_round_robins_and_retries_on_the_next_one(tmp_path: Path) -> None:
+    two = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    policy = load_test_policy(tmp_path, models={"llama": {"colocated": two}})
+    colocated = Decision("colocated", "weight", 1)
+    first, second = attempts(_ctx(policy, colocated)), attempts(_ctx(policy, colocated))
+    assert {first[0][1], second[0][1]} == set(two)
+    assert [p for p, _ in first] == ["colocated", "colocated"] and first[0][1] != first[1][1]
+    one = load_test_policy(tmp_path)
+    assert attempts(_ctx(one, colocated)) == [("colocated", "http://127.0.0.1:8001")]
+
+
+# ---- end to end: faults ------------------------------------------------------------------------
+
+
+def test_disagg_down_falls_back_and_is_counted(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.001) as env:
+            await env.dis.stop()  # the disaggregated pool's upstream is gone: connection refused
+            for stream in (True, False):
+                st, h, raw = await env.post("/v1/chat/completions", chat(LONG, stream=stream))
+                assert st == 200 and h["X-Pdfleet-Pool"] == "colocated" and h["X-Pdfleet-Fallback"] == "1"
+                if stream:
+                    assert sse_events(raw)[-1] == "[DONE]"
+                else:
+                    assert json.loads(raw)["served_by"] == "colo"
+            assert await env.metric("pdfleet_gateway_fallbacks_total", reason="connect") == 2
+            async with env.session.get(env.base + "/admin/policy", headers=auth(ADMIN_KEY)) as r:
+                assert (await r.json())["counts"]["fallbacks"] == {"connect": 2}
+            # forcing the dead pool by header shows the failure instead of hiding it
+            st, _, raw = await env.post("/v1/chat/completions", chat(), {"X-Pdfleet-Pool": "disagg"})
+            assert st == 503 and "no pool can serve" in error_of(raw)["message"]
+
+    run(scenario())
+
+
+def test_disagg_5xx_and_timeout_fall_back(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path, timeouts={"connect_s": 1, "first_byte_s": 0.5, "idle_s": 5}) as env:
+            env.dis.mode = "500"
+            st, h, _ = await env.post("/v1/chat/completions", chat(LONG, stream=True))
+            assert st == 200 and h["X-Pdfleet-Pool"] == "colocated"
+            env.dis.mode = "hang"
+            st, h, _ = await env.post("/v1/chat/completions", chat(LONG))
+            assert st == 200 and h["X-Pdfleet-Pool"] == "colocated"
+            assert await env.metric("pdfleet_gateway_fallbacks_total", reason="status_5xx") == 1
+            assert await env.metric("pdfleet_gateway_fallbacks_total", reason="timeout") == 1
+
+    run(scenario())
+
+
+def test_no_pool_503_and_timeout_504(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path, timeouts={"connect_s": 1, "first_byte_s": 0.3, "idle_s": 5}) as env:
+            env.colo.mode = "hang"
+            st, _, raw = await env.post("/v1/chat/completions", chat())
+            assert st == 504 and error_of(raw)["code"] == "upstream_timeout"
+            await env.colo.stop()
+            await env.dis.stop()
+            st, _, raw = await env.post("/v1/chat/completions", chat(LONG))
+            assert st == 503 and error_of(raw)["code"] == "upstream_unavailable"
+            async with env.session.get(env.base + "/health") as r:
+                assert r.status == 200
+
+    run(scenario())
+
+
+def test_colocated_5xx_without_alternative_is_passed_through(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path) as env:
+            env.colo.mode = "500"
+            st, _, raw = await env.post("/v1/chat/completions", chat())
+            assert st == 500 and json.loads(raw)["error"]["message"] == "engine dead"
+
+    run(scenario())
+
+
+def test_empty_upstream_body_still_gets_status_and_headers(tmp_path: Path) -> None:
+    # the gateway holds its response headers back to send them with the first chunk: with no chunk
+    # at all they must still go out when the response ends
+    async def scenario() -> None:
+        async with Env(tmp_path) as env:
+            env.colo.mode = "empty"
+            for stream in (False, True):
+                st, h, raw = await env.post("/v1/chat/completions", chat(stream=stream))
+                assert st == 200 and raw == b""
+                assert h["X-Pdfleet-Pool"] == "colocated" and h["X-Request-Id"]
+
+    run(scenario())
+
+
+def test_stream_broken_after_first_byte_ends_with_error_event(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path) as env:
+            env.dis.mode = "cut"
+            st, h, raw = await env.post("/v1/chat/completions", chat(LONG, stream=True))
+            assert st == 200 and h["X-Pdfleet-Pool"] == "disagg"  # no fallback once bytes were sent
+            events = sse_events(raw)
+            assert events[-1] != "[DONE]"
+            assert "error" in json.loads(events[-1])
+            assert len(events) == 3  # the two chunks sent before the cut, then the error event
+            assert await env.metric("pdfleet_gateway_stream_errors_total", pool="disagg") == 1
+            env.colo.mode = "cut"
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await env.post("/v1/chat/completions", chat(stream=False, max_tokens=400))
+
+    run(scenario())
+
+
+def test_idle_timeout_mid_stream_ends_with_error_event(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(
+            tmp_path, delay=0.0, timeouts={"connect_s": 1, "first_byte_s": 5, "idle_s": 0.3}
+        ) as env:
+            env.colo.delay = 1.0  # first chunk arrives after 1 s (< first_byte_s), then gaps of 1 s > idle_s
+            st, _, raw = await env.post("/v1/chat/completions", chat(stream=True, max_tokens=3))
+            events = sse_events(raw)
+            assert st == 200 and "timed out" in json.loads(events[-1])["error"]["message"]
+
+    run(scenario())
+
+
+def test_client_gone_closes_upstream_at_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.05) as env:
+            async with env.session.post(
+                env.base + "/v1/chat/completions", headers=auth(), json=chat(stream=True, max_tokens=2000)
+            ) as r:
+                assert r.status == 200
+                await r.content.readany()
+                r.close()  # drop the connection mid-stream
+            for _ in range(100):
+                if env.colo.cancelled:
+                    break
+                await asyncio.sleep(0.02)
+            assert env.colo.cancelled == 1 and env.colo.finished == 0
+            assert await env.metric("pdfleet_gateway_client_disconnects_total", pool="colocated") == 1
+            assert await env.metric("pdfleet_gateway_in_flight_requests") == 0
+
+    run(scenario())
+
+
+def test_stalls_and_gaps_are_measured(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.06, stall_threshold_ms=40) as env:
+            st, _, _ = await env.post("/v1/chat/completions", chat(stream=True, max_tokens=4))
+            assert st == 200
+            # 4 chunks 60 ms apart plus [DONE]: 3 gaps over the 40 ms threshold (the first chunk is TTFT)
+            assert await env.metric("pdfleet_gateway_stream_stalls_total", pool="colocated") >= 3
+            assert await env.metric("pdfleet_gateway_chunk_gap_seconds_count", pool="colocated") >= 3
+
+    run(scenario())
+
+
+def test_http10_client_gets_the_stream_unframed_then_close(tmp_path: Path) -> None:
+    # no chunked encoding for HTTP/1.0: the relay writes the upstream's payload as it is, and the end
+    # of the body is the end of the connection
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.005) as env:
+            body = json.dumps(chat(stream=True, max_tokens=5)).encode()
+            reader, writer = await asyncio.open_connection("127.0.0.1", env.gw.port)
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.0\r\nAuthorization: Bearer %s\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (USER_KEY.encode(), len(body), body)
+            )
+            raw = await asyncio.wait_for(reader.read(), 10)  # until the gateway closes
+            writer.close()
+            head, _, payload = raw.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200")
+            assert b"transfer-encoding" not in head.lower()
+            events = sse_events(payload)
+            assert len(events) == 6 and events[-1] == "[DONE]"
+            assert all(json.loads(e)["choices"] for e in events[:-1])
+
+    run(scenario())
