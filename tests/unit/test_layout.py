@@ -34,8 +34,9 @@ MIRROR_EXCEPTIONS: dict[str, str] = {
     "roles/test_converged.py": "every role's plan on a converged host, from recorded hardware facts",
 }
 # Folders a clone gets from tools, not from the repo.
-IGNORED_FOLDERS = {".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", "out", "build",
-                   "dist"}
+IGNORED_FOLDERS = {
+    ".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", "out", "build", "dist",
+}
 LAYER_OF = {package: depth for depth, packages in enumerate(LAYERS) for package in packages}
 
 
