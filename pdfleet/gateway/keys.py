@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from pdfleet.errors import ValidationError
-from pdfleet.gateway.validation import format_pydantic_errors
+from pdfleet.model.schema_errors import schema_problems
 
 _HEX64 = r"^[0-9a-f]{64}$"
 
@@ -76,7 +76,7 @@ def load_keys(path: Path) -> dict[str, KeyEntry]:
     try:
         parsed = KeysFile.model_validate(data)
     except PydanticValidationError as exc:
-        raise ValidationError(format_pydantic_errors(path, exc)) from None
+        raise ValidationError("\n".join(schema_problems(exc, KeysFile, path, show_values=False))) from None
     keys: dict[str, KeyEntry] = {}
     names: set[str] = set()
     for i, entry in enumerate(parsed.keys):

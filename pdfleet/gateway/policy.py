@@ -22,11 +22,11 @@ from yarl import URL
 
 from pdfleet.errors import ValidationError
 from pdfleet.gateway.keys import KeyEntry, load_keys
-from pdfleet.gateway.validation import format_pydantic_errors
+from pdfleet.model.schema_errors import schema_problems
+from pdfleet.model.stages import LENGTH_CLASSES, StageSpec
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN, TextCounter, make_counter
 
 POOLS: tuple[str, ...] = ("colocated", "disagg")
-LENGTH_CLASSES: tuple[str, ...] = ("short", "long")
 BUCKETS = 100
 
 Pool = Literal["colocated", "disagg"]
@@ -89,13 +89,6 @@ class ModelRoute(_Strict):
     colocated: list[BaseUrl] = Field(min_length=1)
     disagg: BaseUrl | None = None
     upstream_model: str | None = Field(None, min_length=1)
-
-
-class StageSpec(_Strict):
-    """Per length class, the percentage of sticky buckets sent to the disaggregated pool."""
-
-    short: int = Field(ge=0, le=100)
-    long: int = Field(ge=0, le=100)
 
 
 class PolicySpec(_Strict):
@@ -239,7 +232,7 @@ def parse_policy(source: Path, text: str) -> PolicySpec:
     try:
         spec = PolicySpec.model_validate(data)
     except PydanticValidationError as exc:
-        raise ValidationError(format_pydantic_errors(source, exc)) from None
+        raise ValidationError("\n".join(schema_problems(exc, PolicySpec, source))) from None
     problems = []
     if spec.stage not in spec.stages:
         known = ", ".join(spec.stages)

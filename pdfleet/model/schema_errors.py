@@ -70,10 +70,10 @@ def _allowed_keys(root: type[BaseModel], loc: tuple[Any, ...], hidden: Collectio
     return "; allowed: " + ", ".join(keys)
 
 
-def _message(err: dict[str, Any]) -> str:
+def _message(err: dict[str, Any], show_values: bool) -> str:
     """A short operator-facing message for one pydantic error."""
     kind, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
-    got = f" (got {value!r})" if not isinstance(value, dict | list) else ""
+    got = f" (got {value!r})" if show_values and not isinstance(value, dict | list) else ""
     bounds = {"less_than_equal": "<=", "less_than": "<", "greater_than": ">", "greater_than_equal": ">="}
     if kind in bounds:
         key = {"<=": "le", "<": "lt", ">": "gt", ">=": "ge"}[bounds[kind]]
@@ -111,11 +111,13 @@ def schema_problems(
     root: type[BaseModel],
     source: Path | Callable[[str], Path],
     hidden: Collection[str] = (),
+    show_values: bool = True,
 ) -> list[str]:
     """`file: key.path: message` lines, one per distinct error location.
 
     `source` is the file, or a function giving the file that set a key path (profiles merged through
-    `extends:`); `hidden` names top-level fields set by code rather than the file (not listed as allowed).
+    `extends:`); `hidden` names top-level fields set by code rather than the file (not listed as allowed);
+    `show_values=False` keeps the offending values out of the message (files that hold secrets or hashes).
     """
     file_of = source if callable(source) else (lambda _dotted: source)
     lines: list[str] = []
@@ -126,7 +128,7 @@ def schema_problems(
         if dotted in seen:
             continue
         seen.add(dotted)
-        message = _message(err)
+        message = _message(err, show_values)
         if err["type"] == "extra_forbidden":
             message += _allowed_keys(root, loc[:-1], hidden)
         lines.append(f"{file_of(dotted)}: {dotted}: {message}")

@@ -42,8 +42,9 @@ def test_keys_file_schema_errors(tmp_path: Path) -> None:
     with pytest.raises(ValidationError) as exc:
         load_keys(path)
     msg = str(exc.value)
-    assert f"{path}: keys[0].sha256: String should match pattern" in msg
+    assert f"{path}: keys[0].sha256: must match ^[0-9a-f]{{64}}$" in msg
     assert f"{path}: keys[0].root: unknown key" in msg
+    assert "not-hex" not in msg, "a keys file's values (hashes, or a key pasted by mistake) are never echoed"
     h = hash_key("k")
     path.write_text(yaml.safe_dump({"keys": [{"name": "a", "sha256": h}, {"name": "b", "sha256": h}]}))
     with pytest.raises(ValidationError, match=r"keys\[1\].sha256: the same key hash appears twice"):

@@ -38,21 +38,24 @@ def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
         (lambda p: p.pop("version"), "version: required key is missing"),
         (
             lambda p: p["stages"]["half"].update(long=101),
-            "stages.half.long: Input should be less than or equal to 100",
+            "stages.half.long: must be <= 100 (got 101)",
         ),
         (lambda p: p.update(stage="nope"), "stage: 'nope' is not a stage; stages are: off, long-all, half"),
         (
             lambda p: p["models"]["llama"].update(colocated=["http://h:1/v1"]),
-            "models.llama.colocated[0]: Value error",
+            "models.llama.colocated[0]: 'http://h:1/v1' has a path; give the server root",
         ),
-        (lambda p: p["models"]["llama"].update(disagg="ftp://h"), "models.llama.disagg: Value error"),
+        (
+            lambda p: p["models"]["llama"].update(disagg="ftp://h"),
+            "models.llama.disagg: 'ftp://h' is not an http(s) URL with a host",
+        ),
         (
             lambda p: p["models"]["llama"].update(colocated=[]),
-            "models.llama.colocated: List should have at least 1",
+            "models.llama.colocated: must have at least 1 item(s)",
         ),
         (
             lambda p: p.update(long_prompt_tokens=0),
-            "long_prompt_tokens: Input should be greater than or equal to 1",
+            "long_prompt_tokens: must be >= 1 (got 0)",
         ),
         (lambda p: p.update(listen={"port": 8080, "admin_port": 8080}), "listen.admin_port: must differ"),
         (
