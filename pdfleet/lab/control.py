@@ -112,7 +112,7 @@ def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> U
     for host in hosts:
         _bring_up_host(lab, state, host, recipe.key, image, hosts, client_pub, progress)
     _write_known_hosts(paths, hosts)
-    _wait_for_ssh(paths, hosts, progress)
+    _wait_for_ssh(paths, state, hosts, progress)
     prune_images(paths.image_dir, keep=recipe.key)
     return UpResult(tuple(hosts), version, apt.unavailable, time.monotonic() - started)
 
@@ -154,8 +154,9 @@ def _write_known_hosts(paths: LabPaths, hosts: Sequence[LabHost]) -> None:
     atomic_write(paths.known_hosts, known_hosts_lines(entries), 0o644)
 
 
-def _wait_for_ssh(paths: LabPaths, hosts: Sequence[LabHost], progress: Progress) -> None:
-    """Wait until every host accepts the lab login with its verified host key."""
+def _wait_for_ssh(paths: LabPaths, state: LabState, hosts: Sequence[LabHost], progress: Progress) -> None:
+    """Wait until every host accepts the lab login with its verified host key; a host that never does is
+    reported with what its console and sshd say (the overlay, logs included, goes with lab.down)."""
     deadline = time.monotonic() + SSH_TIMEOUT
     problems = {h.name: "not tried yet" for h in hosts}
     progress(f"waiting for sshd on {', '.join(problems)}")
@@ -172,8 +173,9 @@ def _wait_for_ssh(paths: LabPaths, hosts: Sequence[LabHost], progress: Progress)
         if problems:
             time.sleep(0.3)
     if problems:
-        detail = "; ".join(f"{name}: {why} (console: {labhosts.dirs(paths, name).console_log})"
-                           for name, why in problems.items())
+        detail = "; ".join(
+            f"{name}: {why}\n{labhosts.login_evidence(labhosts.dirs(paths, name), state.hosts.get(name))}"
+            for name, why in problems.items())
         raise LabError(f"lab hosts did not answer SSH within {SSH_TIMEOUT:.0f} s: {detail}")
 
 

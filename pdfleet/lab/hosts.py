@@ -263,6 +263,22 @@ def ssh_problem(address: str, key_file: Path, known_hosts: Path, timeout: float 
     return None if rc == 0 else f"`true` exited {rc}"
 
 
+def login_evidence(hd: HostDirs, rec: HostRecord | None, lines: int = 12) -> str:
+    """What a host that refuses the lab login says about it: its console's tail, and sshd's journal and
+    the login user's key files as seen inside the container (through nsenter, no login needed)."""
+    parts = []
+    if hd.console_log.exists():
+        tail = hd.console_log.read_text(errors="replace").strip().splitlines()[-lines:]
+        parts.append("console:\n  " + "\n  ".join(tail))
+    if rec is not None and rec.init is not None and rec.init.alive():
+        inside = (f"journalctl --no-pager -q -n {lines} -u ssh.service; "
+                  f"ls -ln /home/{LOGIN_USER} /home/{LOGIN_USER}/.ssh")
+        proc = run(["nsenter", f"--target={rec.init.pid}", "--mount", "--pid", "--", "sh", "-c", inside],
+                   check=False)
+        parts.append("inside:\n  " + "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()))
+    return "\n".join(parts)
+
+
 def ssh_ok(address: str, key_file: Path, known_hosts: Path, timeout: float = 15.0) -> bool:
     """Whether the host accepts the lab login with a verified host key."""
     return ssh_problem(address, key_file, known_hosts, timeout) is None

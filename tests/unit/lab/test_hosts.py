@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pdfleet.lab.hosts import LabHost, hosts_file, network_file
+from pathlib import Path
+
+from pdfleet.lab.hosts import LabHost, dirs, hosts_file, login_evidence, network_file
+from pdfleet.lab.paths import LabPaths
 
 
 def test_network_file_is_static_with_no_gateway() -> None:
@@ -14,3 +17,12 @@ def test_network_file_is_static_with_no_gateway() -> None:
 def test_hosts_file_names_every_lab_host() -> None:
     text = hosts_file([LabHost("lab-gw", "198.18.0.10"), LabHost("lab-p1", "198.18.0.21")])
     assert "198.18.0.10\tlab-gw\n" in text and "198.18.0.21\tlab-p1\n" in text
+
+
+def test_login_evidence_quotes_the_console_tail_of_a_stopped_host(tmp_path: Path) -> None:
+    hd = dirs(LabPaths(tmp_path), "lab-x")
+    hd.console_log.parent.mkdir(parents=True)
+    hd.console_log.write_text("".join(f"boot line {i}\n" for i in range(30)))
+    evidence = login_evidence(hd, None, lines=3)
+    assert evidence == "console:\n  boot line 27\n  boot line 28\n  boot line 29"
+    assert login_evidence(dirs(LabPaths(tmp_path), "lab-y"), None) == ""  # nothing known: nothing said
