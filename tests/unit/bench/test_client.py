@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 from pdfleet.bench.client import Span, Stats, StreamClient, request_bytes
 from pdfleet.bench.procs import free_port
@@ -28,6 +29,19 @@ async def _until(check: Callable[[], bool], timeout: float = 5.0) -> float:
     return time.perf_counter()
 
 
+def _stream_once(respond: Callable[..., Any], span: Span) -> tuple[Stats, list[float]]:
+    """One recorded stream against a scripted server: the client's stats and the server's write stamps."""
+
+    async def main() -> tuple[Stats, list[float]]:
+        async with ScriptedServer(respond) as server:
+            client = _client(server.port)
+            await client.stream(span)
+            client.close()
+            return client.stats, server.replies[0].stamps
+
+    return asyncio.run(main())
+
+
 def test_ttft_and_every_event_time_lie_between_the_write_and_the_clients_receipt() -> None:
     """Each event's time is after the server wrote it and before the server saw it recorded."""
     span = Span(events=[])
@@ -43,14 +57,7 @@ def test_ttft_and_every_event_time_lie_between_the_write_and_the_clients_receipt
         await reply.write(DONE)
         return True
 
-    async def main() -> tuple[Stats, list[float]]:
-        async with ScriptedServer(respond) as server:
-            client = _client(server.port)
-            await client.stream(span)
-            client.close()
-            return client.stats, server.replies[0].stamps
-
-    stats, stamps = asyncio.run(main())
+    stats, stamps = _stream_once(respond, span)
     written = stamps[1:4]  # the head first, [DONE] last
     assert len(span.events) == 3  # [DONE] is no event
     assert all(w <= t <= s for w, t, s in zip(written, span.events, seen, strict=True))
@@ -80,14 +87,7 @@ def test_events_read_together_share_one_time_and_a_split_event_counts_once() -> 
         await reply.write(DONE[cut:])
         return True
 
-    async def main() -> tuple[Stats, list[float]]:
-        async with ScriptedServer(respond) as server:
-            client = _client(server.port)
-            await client.stream(span)
-            client.close()
-            return client.stats, server.replies[0].stamps
-
-    stats, stamps = asyncio.run(main())
+    stats, stamps = _stream_once(respond, span)
     assert len(span.events) == 3
     assert span.events[0] == span.events[1]
     assert span.events[2] >= stamps[2]  # when the second half of the split event was written
