@@ -272,7 +272,9 @@ def login_evidence(hd: HostDirs, rec: HostRecord | None, lines: int = 12) -> str
         parts.append("console:\n  " + "\n  ".join(tail))
     if rec is not None and rec.init is not None and rec.init.alive():
         inside = (f"journalctl --no-pager -q -n {lines} -u ssh.service; "
-                  f"ls -ln /home/{LOGIN_USER} /home/{LOGIN_USER}/.ssh")
+                  f"ls -ln /home/{LOGIN_USER} /home/{LOGIN_USER}/.ssh; "
+                  "echo system: $(systemctl is-system-running); systemctl list-jobs --no-pager | head -n 8; "
+                  "cat /run/nologin 2>/dev/null")
         proc = run(["nsenter", f"--target={rec.init.pid}", "--mount", "--pid", "--", "sh", "-c", inside],
                    check=False)
         parts.append("inside:\n  " + "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()))

@@ -25,7 +25,7 @@ PACKAGES: tuple[str, ...] = (
     "sudo", "curl", "ca-certificates", "iproute2", "procps", "kmod", "pciutils",
 )
 # Bump when the customisation below changes, so cached images are rebuilt.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 
 SSHD_DROPIN = """\
 # pdfleet lab: per-host keys (generated at lab.up, never shared), keys only.
@@ -35,6 +35,13 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin no
 UseDNS no
+"""
+# Debian starts sshd and systemd-user-sessions side by side after network.target; until the latter
+# removes /run/nologin, sshd accepts a key and then PAM hangs up ("transport shut down or saw EOF").
+# Ordering sshd after it (as getty is) closes that window: a lab host listens only once logins work.
+SSH_UNIT_DROPIN = """\
+[Unit]
+After=systemd-user-sessions.service
 """
 
 
@@ -122,6 +129,7 @@ def customise(root: Path) -> None:
     run([*chroot, "usermod", "--password", "*", LOGIN_USER])  # no password, key login only
     atomic_write(root / "etc/sudoers.d" / LOGIN_USER, f"{LOGIN_USER} ALL=(ALL) NOPASSWD:ALL\n", 0o440)
     atomic_write(root / "etc/ssh/sshd_config.d/10-pdfleet-lab.conf", SSHD_DROPIN)
+    atomic_write(root / "etc/systemd/system/ssh.service.d/10-pdfleet-lab.conf", SSH_UNIT_DROPIN)
     run([*chroot, "systemctl", "enable", "systemd-networkd"])
     # Timers that would reach for the internet on a host that has none.
     run([*chroot, "systemctl", "mask", "apt-daily.timer", "apt-daily-upgrade.timer"])

@@ -193,3 +193,20 @@ def test_down_twice_is_clean_then_up_again(lab: LabHandle) -> None:
     assert not link_exists(BRIDGE)
     lab.up()
     assert all(ssh_ok(h.address, lab.paths.key_file, lab.paths.known_hosts) for h in lab.hosts)
+
+
+def test_down_then_up_several_times_in_a_row_logs_in_at_once(lab: LabHandle) -> None:
+    """Up right after down, three times: every host takes the login as soon as up returns, because
+    sshd starts only after systemd-user-sessions has removed /run/nologin (else PAM hangs up)."""
+    probe = ("systemctl show -p After --value ssh.service; "
+             "systemctl show -p ActiveEnterTimestampMonotonic --value systemd-user-sessions.service; "
+             "systemctl show -p ExecMainStartTimestampMonotonic --value ssh.service")
+    for _ in range(3):
+        down(lab.lab)
+        lab.up()
+        for host in lab.hosts:
+            rc, out, err = lab.ssh(host, probe)
+            assert rc == 0, err
+            after, sessions_up, sshd_start = out.split("\n")[:3]
+            assert "systemd-user-sessions.service" in after.split()
+            assert 0 < int(sessions_up) <= int(sshd_start), f"{host.name}: sshd started before logins"
