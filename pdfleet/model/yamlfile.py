@@ -66,7 +66,7 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def excerpt(value: Any, limit: int = 24) -> str:
+def excerpt(value: Any, limit: int = 40) -> str:
     """A short, masked rendering of a value for error messages: files can hold secrets, so a long string
     shows only its start and its length, and control characters are escaped."""
     text = repr(value)
