@@ -10,6 +10,7 @@ from typing import Any
 
 import jinja2
 
+from pdfleet.errors import PdfleetError, ValidationError
 from pdfleet.ops.systemd import env_value, systemd_command
 
 
@@ -45,14 +46,34 @@ class Renderer:
         return self._env.get_template(template).render(**variables)
 
 
+def tree_paths(
+    files_by_host: Mapping[str, Iterable[RenderedFile]], out_dir: Path
+) -> list[tuple[Path, RenderedFile]]:
+    """Where each host's files go under out_dir (`<host>/<absolute path>`); refuses any that would land
+    outside out_dir/<host> (a host name or path with `..` or `/`, or a symlink on the way), before
+    anything is written."""
+    root = out_dir.resolve()
+    planned = []
+    for host, files in files_by_host.items():
+        host_root = (root / host).resolve()
+        for rendered in files:
+            dest = out_dir / host / rendered.path.lstrip("/")
+            if host_root.parent != root or not dest.resolve().is_relative_to(host_root):
+                raise ValidationError(f"{host}: {rendered.path}: would be written outside {out_dir}/<host>; "
+                                      "refusing to render")
+            planned.append((dest, rendered))
+    return planned
+
+
 def write_tree(files_by_host: Mapping[str, Iterable[RenderedFile]], out_dir: Path) -> list[Path]:
     """Write each host's files under out_dir/<host>/<absolute path>, with their modes; returns the paths."""
     written = []
-    for host, files in files_by_host.items():
-        for rendered in files:
-            dest = out_dir / host / rendered.path.lstrip("/")
+    for dest, rendered in tree_paths(files_by_host, out_dir):
+        try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(rendered.content)
             dest.chmod(int(rendered.mode, 8))
-            written.append(dest)
+        except OSError as exc:
+            raise PdfleetError(f"{dest}: cannot write: {exc.strerror or exc}") from None
+        written.append(dest)
     return written
