@@ -11,6 +11,7 @@ from typing import Any
 import jinja2
 
 from pdfleet.errors import PdfleetError, ValidationError
+from pdfleet.model.yamlfile import control_character
 from pdfleet.ops.systemd import env_value, systemd_command
 
 
@@ -41,9 +42,34 @@ class Renderer:
         self._env.filters["systemd_command"] = systemd_command
         self._env.filters["env_value"] = env_value
         self._env.filters["shquote"] = shlex.quote
+        self._env.filters["unit_text"] = unit_text
 
     def render(self, template: str, **variables: Any) -> str:
+        """The template rendered; refuses a variable holding a control character (validation keeps them out
+        of profiles and inventories; this keeps any other source from adding a line to a file)."""
+        for name, value in variables.items():
+            char = _control_in(value)
+            if char:
+                raise ValidationError(f"{template}: {name}: contains the control character {char}; "
+                                      "refusing to render it into a file")
         return self._env.get_template(template).render(**variables)
+
+
+def unit_text(value: Any) -> str:
+    """Free text for a unit file setting (Description=): `%` doubled, so systemd shows it instead of
+    reading a specifier."""
+    return str(value).replace("%", "%%")
+
+
+def _control_in(value: Any) -> str | None:
+    """The first control character in a string, or in the strings of a list, tuple or mapping."""
+    if isinstance(value, str):
+        return control_character(value)
+    if isinstance(value, Mapping):
+        return next((c for item in value.items() for part in item if (c := _control_in(part))), None)
+    if isinstance(value, list | tuple):
+        return next((c for item in value if (c := _control_in(item))), None)
+    return None
 
 
 def tree_paths(

@@ -47,18 +47,30 @@ class _Loader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    """Build a dict, failing on a key that appears twice in the same mapping, with its line."""
-    loader.flatten_mapping(node)
+    """Build a dict, failing on a key written twice in the same mapping, with its line (keys that `<<:`
+    merges in may be overridden, as YAML's merge key intends)."""
+    written = sum(1 for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge")
+    loader.flatten_mapping(node)  # puts the merged pairs first
+    merged = len(node.value) - written
     result: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
+    explicit: set[Any] = set()
+    for index, (key_node, value_node) in enumerate(node.value):
         key = loader.construct_object(key_node, deep=deep)
-        if key in result:
+        try:
+            duplicate = index >= merged and key in explicit
+        except TypeError:  # a list or mapping as a key
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark, "found a key that is not a scalar",
+                key_node.start_mark) from None
+        if duplicate:
             raise yaml.constructor.ConstructorError(
                 "while constructing a mapping",
                 node.start_mark,
                 f"found duplicate key {excerpt(key)}",
                 key_node.start_mark,
             )
+        if index >= merged:
+            explicit.add(key)
         result[key] = loader.construct_object(value_node, deep=deep)
     return result
 
