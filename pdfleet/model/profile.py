@@ -44,7 +44,7 @@ Positive = Annotated[int, Field(gt=0)]
 def _host_path(value: str) -> str:
     """A path on the hosts must be absolute and normalised: `invoke render` writes it under --out, and
     provision installs it, so `..`, `.`, `//` or a relative path could land anywhere."""
-    if not value.startswith("/") or value == "/" or posixpath.normpath(value) != value:
+    if not value.startswith("/") or value == "/" or "//" in value or posixpath.normpath(value) != value:
         raise ValueError(f"must be an absolute, normalised path like /etc/pdfleet/gateway/keys.yaml "
                          f"(no '..', '.', '//' or trailing '/') (got {value!r})")
     return value
