@@ -404,3 +404,10 @@ def test_precedence_edge_cases_match_ansible(name: str, tmp_path: Path) -> None:
     path = tmp_path / f"{name}.yml"
     path.write_text(EDGE_CASES[name])
     assert_same_as_ansible(path, tmp_path)
+
+
+def test_the_host_names_pdfleet_accepts_are_ones_ansible_lists(tmp_path: Path) -> None:
+    body = "".join(f"    '{name}': {{}}\n" for name in GOOD_HOST_NAMES)
+    path = write(tmp_path, f"all:\n  hosts:\n{body}")
+    _, hostvars = ansible_view(path, tmp_path)
+    assert set(hostvars) == set(GOOD_HOST_NAMES) == set(load_inventory(path).hosts)
