@@ -35,8 +35,7 @@ def demo(ctx: Context, profile: str = DEMO_PROFILE) -> None:
     """Bring the lab up, provision it with a P/D profile, and show every unit's state and health."""
     console = Console(stderr=True)
     up(this_lab(), lab_progress(console))
-    deployment = deployment_from_options(ctx, profile, str(REPO_ROOT / LAB_INVENTORY))
-    hosts = list(deployment.inventory.hosts.values())
+    deployment, hosts = deployment_from_options(ctx, profile, str(REPO_ROOT / LAB_INVENTORY))
     deployment = with_host_wheel(deployment, lambda msg: console.print(msg, highlight=False))
     report = provision(deployment, hosts, run_options(ctx), console)
     print_report(report)

@@ -13,6 +13,7 @@ from pdfleet.fleet.deployment import Deployment, load_deployment
 from pdfleet.fleet.host_wheel import cached_host_wheel
 from pdfleet.fleet.roles import select_roles
 from pdfleet.fleet.secrets import gateway_secrets
+from pdfleet.model.inventory import Host
 from pdfleet.ops.runner import RunOptions
 from roles import REGISTRY
 
@@ -25,10 +26,11 @@ HELP = {
 
 
 def deployment_from_options(
-    ctx: Context, profile: str, inventory: str | None, roles: str | None = None
-) -> Deployment:
-    """Load profile + inventory from task options and invoke.yaml defaults; the gateway's keys are
-    generated on the control machine when missing (only their hashes go into the deployment)."""
+    ctx: Context, profile: str, inventory: str | None, roles: str | None = None, limit: str | None = None
+) -> tuple[Deployment, list[Host]]:
+    """The deployment and the `--limit`ed hosts from task options and invoke.yaml defaults. Everything is
+    validated first; only then, and only when a selected role installs the gateway on a selected host,
+    are the gateway's keys read or generated on the control machine (only their hashes go on)."""
     settings = Settings.of(ctx)
     deployment = load_deployment(
         profile,
@@ -38,10 +40,12 @@ def deployment_from_options(
         roles=select_roles(REGISTRY, roles),
         lab_network=lab_site.LAB_NETWORK,
     )
-    # only once the input is known good: bad input must not leave key files behind
+    hosts = list(deployment.inventory.limit(limit).hosts.values())
+    if not deployment.needs_gateway_keys(hosts):
+        return deployment, hosts
     gw = deployment.profile.gateway
     keys = gateway_secrets(gw.client_key_file, gw.admin_key_file)
-    return dataclasses.replace(deployment, gateway_secrets=keys)
+    return dataclasses.replace(deployment, gateway_secrets=keys), hosts
 
 
 def with_host_wheel(deployment: Deployment, progress: Callable[[str], None]) -> Deployment:

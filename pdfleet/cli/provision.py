@@ -34,8 +34,7 @@ def provision(ctx: Context, profile: str, inventory: str | None = None, check: b
     """Converge hosts to the profile: packages, venv, env files, units; 0 changes when converged."""
     if serial < 0:
         raise ValidationError(f"--serial must be 0 (all at once) or a positive wave size, not {serial}")
-    deployment = deployment_from_options(ctx, profile, inventory, roles)
-    hosts = list(deployment.inventory.limit(limit).hosts.values())
+    deployment, hosts = deployment_from_options(ctx, profile, inventory, roles, limit)
     lab_site.require_routable(hosts)
     console = Console(stderr=True)
     deployment = with_host_wheel(deployment, lambda msg: console.print(msg, highlight=False))

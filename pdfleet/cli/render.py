@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from invoke import Context, task
 
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP, deployment_from_options
 from pdfleet.cli.settings import Settings, repo_path
+from pdfleet.errors import ValidationError
 from pdfleet.fleet.provision import render_fleet
 from pdfleet.fleet.render import write_tree
 
@@ -23,10 +26,18 @@ from pdfleet.fleet.render import write_tree
 def render(ctx: Context, profile: str, inventory: str | None = None, out: str | None = None,
            limit: str | None = None) -> None:
     """Render units, env files and configs per host into a directory to review or diff."""
-    deployment = deployment_from_options(ctx, profile, inventory)
-    hosts = list(deployment.inventory.limit(limit).hosts.values())
-    dest = repo_path(out) if out else Settings.of(ctx).output_dir / "render"
+    dest = out_dir(repo_path(out) if out else Settings.of(ctx).output_dir / "render")
+    deployment, hosts = deployment_from_options(ctx, profile, inventory, limit=limit)
     written = write_tree(render_fleet(deployment, hosts), dest)
     for path in written:
         print(path.relative_to(dest))
     print(f"{len(written)} files for {len(hosts)} hosts under {dest}")
+
+
+def out_dir(path: Path) -> Path:
+    """`--out`: a directory, or a path that can become one (checked before anything is read or written)."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"is below the file {existing}"
+        raise ValidationError(f"--out {path}: {where}, not a directory")
+    return path

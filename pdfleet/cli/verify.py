@@ -36,8 +36,7 @@ def verify(
     checks: str | None = None,
 ) -> None:
     """Check hosts against the profile over SSH: driver, RDMA, KV library, units, ports, /health, secrets."""
-    deployment = deployment_from_options(ctx, profile, inventory)
-    hosts = list(deployment.inventory.limit(limit).hosts.values())
+    deployment, hosts = deployment_from_options(ctx, profile, inventory, limit=limit)
     lab_site.require_routable(hosts)
     settings = Settings.of(ctx)
     options = VerifyOptions(

@@ -4,7 +4,7 @@ per command and passed down; `context(host)` is what the roles see of one host."
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +17,8 @@ from pdfleet.model.inventory import Host, Inventory, load_inventory
 from pdfleet.model.inventory_checks import check_against_inventory
 from pdfleet.model.profile import Profile
 from pdfleet.model.profile_loader import load_profile
+
+GATEWAY_ROLE = "gateway"  # the role that installs the gateway's keys (roles/gateway)
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,11 @@ class Deployment:
         """What the roles see for one host."""
         return RoleContext(host, self.profile, self.topology, self.renderer, self.host_version,
                            self.gateway_secrets, self.host_wheel)
+
+    def needs_gateway_keys(self, hosts: Iterable[Host]) -> bool:
+        """Whether the gateway role runs on one of these hosts: only then are the keys read or generated."""
+        runs_role = any(role.NAME == GATEWAY_ROLE for role in self.roles)
+        return runs_role and any(self.topology.gateway_on(host.name) for host in hosts)
 
 
 def load_deployment(

@@ -10,6 +10,8 @@ from typing import Any
 
 import jinja2
 
+from pdfleet.errors import PdfleetError, ValidationError
+from pdfleet.model.yamlfile import control_character
 from pdfleet.ops.systemd import env_value, systemd_command
 
 
@@ -40,19 +42,64 @@ class Renderer:
         self._env.filters["systemd_command"] = systemd_command
         self._env.filters["env_value"] = env_value
         self._env.filters["shquote"] = shlex.quote
+        self._env.filters["unit_text"] = unit_text
 
     def render(self, template: str, **variables: Any) -> str:
+        """The template rendered; refuses a variable holding a control character (validation keeps them out
+        of profiles and inventories; this keeps any other source from adding a line to a file)."""
+        for name, value in variables.items():
+            char = _control_in(value)
+            if char:
+                raise ValidationError(f"{template}: {name}: contains the control character {char}; "
+                                      "refusing to render it into a file")
         return self._env.get_template(template).render(**variables)
+
+
+def unit_text(value: Any) -> str:
+    """Free text for a unit file setting (Description=): `%` doubled, so systemd shows it instead of
+    reading a specifier."""
+    return str(value).replace("%", "%%")
+
+
+def _control_in(value: Any) -> str | None:
+    """The first control character in a string, or in the strings of a list, tuple or mapping."""
+    if isinstance(value, str):
+        return control_character(value)
+    if isinstance(value, Mapping):
+        return next((c for item in value.items() for part in item if (c := _control_in(part))), None)
+    if isinstance(value, list | tuple):
+        return next((c for item in value if (c := _control_in(item))), None)
+    return None
+
+
+def tree_paths(
+    files_by_host: Mapping[str, Iterable[RenderedFile]], out_dir: Path
+) -> list[tuple[Path, RenderedFile]]:
+    """Where each host's files go under out_dir (`<host>/<absolute path>`); refuses any that would land
+    outside out_dir/<host> (a host name or path with `..` or `/`, or a symlink on the way), before
+    anything is written."""
+    root = out_dir.resolve()
+    planned = []
+    for host, files in files_by_host.items():
+        host_root = (root / host).resolve()
+        for rendered in files:
+            dest = out_dir / host / rendered.path.lstrip("/")
+            if host_root.parent != root or not dest.resolve().is_relative_to(host_root):
+                raise ValidationError(f"{host}: {rendered.path}: would be written outside {out_dir}/<host>; "
+                                      "refusing to render")
+            planned.append((dest, rendered))
+    return planned
 
 
 def write_tree(files_by_host: Mapping[str, Iterable[RenderedFile]], out_dir: Path) -> list[Path]:
     """Write each host's files under out_dir/<host>/<absolute path>, with their modes; returns the paths."""
     written = []
-    for host, files in files_by_host.items():
-        for rendered in files:
-            dest = out_dir / host / rendered.path.lstrip("/")
+    for dest, rendered in tree_paths(files_by_host, out_dir):
+        try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(rendered.content)
             dest.chmod(int(rendered.mode, 8))
-            written.append(dest)
+        except OSError as exc:
+            raise PdfleetError(f"{dest}: cannot write: {exc.strerror or exc}") from None
+        written.append(dest)
     return written

@@ -1,7 +1,8 @@
 """Secrets kept on the control machine: the gateway's client and admin keys.
 
 Each key lives in its own file (mode 0600, generated on first use) so an operator can hand it to
-clients; hosts only ever receive SHA-256 hashes of them.
+clients; hosts only ever receive SHA-256 hashes of them. Both files are checked before either is
+created, so a bad one leaves nothing new behind.
 """
 
 from __future__ import annotations
@@ -26,27 +27,65 @@ class GatewaySecrets:
     admin_sha256: str
 
 
-def ensure_key_file(path: str | Path) -> str:
-    """The key in `path`, created (0600, parent 0700) when missing; refuses a file others can read."""
-    file = Path(path).expanduser()
-    if file.exists():
-        mode = stat.S_IMODE(file.stat().st_mode)
-        if mode & 0o077:
-            raise ValidationError(f"{file}: a key file must be readable by its owner only (mode {mode:04o}); "
-                                  f"run `chmod 600 {file}`")
-        key = file.read_text().strip()
-        if not key:
-            raise ValidationError(f"{file}: the key file is empty; delete it to have a new key generated")
-        return key
-    file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+def existing_key(file: Path) -> str | None:
+    """The key in `file`, or None when there is no such file; refuses a directory, anything but a regular
+    file, a file others can read, and an empty file."""
+    try:
+        st = file.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValidationError(f"{file}: cannot read the key file: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValidationError(f"{file}: is a directory, not a key file; name a file (it is generated when "
+                              "missing)")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValidationError(f"{file}: is not a regular file; a key file must be a plain file")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        raise ValidationError(f"{file}: a key file must be readable by its owner only (mode {mode:04o}); "
+                              f"run `chmod 600 {file}`")
+    try:
+        key = file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ValidationError(f"{file}: cannot read the key file: {reason}") from None
+    if not key:
+        raise ValidationError(f"{file}: the key file is empty; delete it to have a new key generated")
+    return key
+
+
+def _create_key_file(file: Path) -> str:
+    """A new random key in a new file (0600, parent 0700)."""
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise ValidationError(f"{file}: cannot create the key file: {exc.strerror or exc}") from None
     with os.fdopen(fd, "w") as fh:
         fh.write(key + "\n")
     return key
 
 
+def ensure_key_file(path: str | Path) -> str:
+    """The key in `path`, created (0600, parent 0700) when missing; refuses a file others can read."""
+    file = Path(path).expanduser()
+    key = existing_key(file)
+    return key if key is not None else _create_key_file(file)
+
+
 def gateway_secrets(client_key_file: str, admin_key_file: str) -> GatewaySecrets:
-    """Hashes of the client and admin keys, generating either key file when it does not exist yet."""
-    client = hash_key(ensure_key_file(client_key_file))
-    return GatewaySecrets(client, hash_key(ensure_key_file(admin_key_file)))
+    """Hashes of the client and admin keys. Both files are checked first (distinct files, distinct keys,
+    each sound); only then is a missing one generated."""
+    client, admin = Path(client_key_file).expanduser(), Path(admin_key_file).expanduser()
+    if os.path.realpath(client) == os.path.realpath(admin):
+        raise ValidationError(f"gateway.client_key_file and gateway.admin_key_file are the same file "
+                              f"({client}); the admin key must differ from the client key")
+    client_key, admin_key = existing_key(client), existing_key(admin)
+    if client_key is not None and client_key == admin_key:
+        raise ValidationError(f"{client} and {admin} hold the same key; the admin key must differ from the "
+                              f"client key (delete {admin} to have a new one generated)")
+    client_key = client_key if client_key is not None else _create_key_file(client)
+    admin_key = admin_key if admin_key is not None else _create_key_file(admin)
+    return GatewaySecrets(hash_key(client_key), hash_key(admin_key))

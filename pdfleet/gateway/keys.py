@@ -13,12 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from pdfleet.errors import ValidationError
 from pdfleet.model.schema_errors import schema_problems
+from pdfleet.model.yamlfile import parse_yaml
 
 _HEX64 = r"^[0-9a-f]{64}$"
 
@@ -66,13 +66,12 @@ def load_keys(path: Path) -> dict[str, KeyEntry]:
     """Keys by SHA-256 digest from a 0600 YAML keys file; errors name the file and key path."""
     check_key_file_mode(path)
     try:
-        with open(path, encoding="utf-8", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
-            data = yaml.safe_load(fh)
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+            raw = fh.read()
     except OSError as exc:
         raise ValidationError(f"{path}: cannot read the keys file: {exc.strerror}") from None
-    except yaml.YAMLError:
-        # the parser's message can quote file content, and this file holds secrets' hashes: keep it short
-        raise ValidationError(f"{path}: the keys file is not valid YAML") from None
+    # secret: the parser's message could quote file content, and this file holds secrets' hashes
+    data = parse_yaml(raw, path, secret=True)
     try:
         parsed = KeysFile.model_validate(data)
     except PydanticValidationError as exc:

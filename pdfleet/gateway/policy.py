@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 from yarl import URL
@@ -24,6 +23,7 @@ from pdfleet.errors import ValidationError
 from pdfleet.gateway.keys import KeyEntry, load_keys
 from pdfleet.model.schema_errors import schema_problems
 from pdfleet.model.stages import LENGTH_CLASSES, StageSpec
+from pdfleet.model.yamlfile import parse_yaml
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN, TextCounter, make_counter
 
 POOLS: tuple[str, ...] = ("colocated", "disagg")
@@ -223,10 +223,7 @@ def decide(
 
 def parse_policy(source: Path, text: str) -> PolicySpec:
     """Validate policy YAML text into a PolicySpec; ValidationError naming file + key path otherwise."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValidationError(f"{source}: not valid YAML: {exc}") from None
+    data = parse_yaml(text, source)
     if not isinstance(data, dict):
         raise ValidationError(f"{source}: must be a YAML mapping with keys version, keys_file, models, ...")
     try:

@@ -7,6 +7,7 @@ Checks that need the hosts (groups, GPU indices, RDMA devices) are in inventory_
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -235,6 +236,13 @@ def _gateway_problems(profile: Profile) -> Iterable[Problem]:
     problem = stage_problem(profile, profile.gateway.stage)
     if problem is not None:
         yield Problem("gateway.stage", problem)
+    gw = profile.gateway
+    if _control_path(gw.client_key_file) == _control_path(gw.admin_key_file):
+        yield Problem(
+            "gateway.admin_key_file",
+            f"is the same file as gateway.client_key_file ({gw.client_key_file}); the admin key must "
+            "differ from the client key (the gateway refuses a keys file holding one key twice)",
+        )
     max_len = profile.model.max_model_len
     if max_len is not None and profile.gateway.long_prompt_tokens >= max_len:
         yield Problem(
@@ -242,6 +250,11 @@ def _gateway_problems(profile: Profile) -> Iterable[Problem]:
             f"must be < model.max_model_len ({max_len}), or no prompt is ever long "
             f"(got {profile.gateway.long_prompt_tokens})",
         )
+
+
+def _control_path(path: str) -> str:
+    """A control-machine path as compared for identity: `~` expanded, `.`/`..`/`//` folded."""
+    return os.path.normpath(os.path.expanduser(path))
 
 
 def _driver_problems(profile: Profile) -> Iterable[Problem]:

@@ -9,6 +9,7 @@ inventory in the repo and compares hosts, groups and merged vars with this loade
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -17,12 +18,17 @@ from types import MappingProxyType
 from typing import Any
 
 from pdfleet.errors import ValidationError
-from pdfleet.model.yamlfile import read_yaml
+from pdfleet.model.yamlfile import control_character, excerpt, read_yaml
 
 GROUP_KEYS = ("hosts", "children", "vars")
 # Groups ansible-core creates by itself; never listed in Host.groups.
 IMPLICIT_GROUPS = frozenset({"all", "ungrouped"})
 _HOST_RANGE = re.compile(r"\[[^\]]*:[^\]]*\]")
+# Ansible's host name pattern (ansible.parsing.utils.addresses, without ranges), in ASCII: dot-separated
+# labels of letters, digits, `_` and `-`, not ending in `_` or `-`. Host names become directories of
+# `invoke render --out`, so nothing else (no `/`, no `..`) may be one.
+_LABEL = r"(?:[A-Za-z0-9]|[A-Za-z0-9_][A-Za-z0-9_-]*[A-Za-z0-9])"
+_HOST_NAME = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
 
 
 # --------------------------------------------------------------------------- public model
@@ -167,6 +173,9 @@ def _parse_hosts(state: _Parse, group: _Group, hosts: Any, where: str) -> None:
             raise state.fail(host_where, "host names must be non-empty strings")
         if _HOST_RANGE.search(host_name):
             raise state.fail(host_where, "host ranges like web[01:10] are not supported; list each host")
+        problem = host_name_problem(host_name)
+        if problem:
+            raise state.fail(host_where, problem)
         host_vars = state.host_vars.setdefault(host_name, {})
         if host_name not in group.hosts:
             group.hosts.append(host_name)
@@ -222,7 +231,7 @@ def _group_priority(state: _Parse, group: _Group) -> int:
     """`ansible_group_priority` (default 1), used by Ansible to order groups of equal depth."""
     value, where = group.vars.get("ansible_group_priority", (1, ""))
     if isinstance(value, bool) or not isinstance(value, int):
-        raise state.fail(where, f"must be an integer (got {value!r})")
+        raise state.fail(where, f"must be an integer (got {excerpt(value)})")
     return value
 
 
@@ -261,17 +270,42 @@ def _port(value: Any, where: str, state: _Parse) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise state.fail(where, f"must be a port number 1-65535 (got {value!r})")
+        raise state.fail(where, f"must be a port number 1-65535 (got {excerpt(value)})")
     return value
 
 
+def host_name_problem(name: str) -> str | None:
+    """Why a string is not a host name or address Ansible's inventory accepts (None: it is one)."""
+    if _HOST_NAME.match(name):
+        return None
+    try:
+        ipaddress.ip_address(name)
+        return None
+    except ValueError:
+        pass
+    return (f"{excerpt(name)} is not a host name: use letters, digits, '-' and '_' in dot-separated labels "
+            "(as Ansible's inventory does) or an IP address")
+
+
 def _opt_str(merged: dict[str, tuple[Any, str]], key: str, state: _Parse) -> str | None:
-    """An optional non-empty string var."""
+    """An optional non-empty, one-line string var (pdfleet writes these into unit and config files)."""
     if key not in merged or merged[key][0] is None:
         return None
     value, where = merged[key]
     if not isinstance(value, str) or not value.strip():
-        raise state.fail(where, f"must be a non-empty string (got {value!r})")
+        raise state.fail(where, f"must be a non-empty string (got {excerpt(value)})")
+    char = control_character(value)
+    if char:
+        raise state.fail(where, f"contains the control character {char}; it must be one line of text")
+    return value
+
+
+def _address(merged: dict[str, tuple[Any, str]], state: _Parse) -> str | None:
+    """`ansible_host`: a host name or IP address (it goes into URLs, unit files and the policy)."""
+    value = _opt_str(merged, "ansible_host", state)
+    problem = host_name_problem(value) if value is not None else None
+    if problem:
+        raise state.fail(merged["ansible_host"][1], problem)
     return value
 
 
@@ -285,10 +319,11 @@ def _gpus(merged: dict[str, tuple[Any, str]], state: _Parse) -> tuple[int, ...]:
     )
     if not ok:
         raise state.fail(
-            where, f"must be a list of GPU indices (non-negative integers), e.g. [0, 1] (got {value!r})"
+            where,
+            f"must be a list of GPU indices (non-negative integers), e.g. [0, 1] (got {excerpt(value)})",
         )
     if len(set(value)) != len(value):
-        raise state.fail(where, f"lists a GPU index twice (got {value!r})")
+        raise state.fail(where, f"lists a GPU index twice (got {excerpt(value)})")
     return tuple(value)
 
 
@@ -297,8 +332,9 @@ def _rdma_devices(merged: dict[str, tuple[Any, str]], state: _Parse) -> tuple[st
     if "rdma_devices" not in merged or merged["rdma_devices"][0] is None:
         return ()
     value, where = merged["rdma_devices"]
-    if not isinstance(value, list) or not all(isinstance(d, str) and d for d in value):
-        raise state.fail(where, f"must be a list of RDMA device names, e.g. [mlx5_0] (got {value!r})")
+    ok = isinstance(value, list) and all(isinstance(d, str) and d and not control_character(d) for d in value)
+    if not ok:
+        raise state.fail(where, f"must be a list of RDMA device names, e.g. [mlx5_0] (got {excerpt(value)})")
     return tuple(value)
 
 
@@ -311,7 +347,7 @@ def _build_host(state: _Parse, name: str, groups: set[str], known_hosts_default:
         name=name,
         groups=frozenset(groups - IMPLICIT_GROUPS),
         vars=MappingProxyType({key: value for key, (value, _) in merged.items()}),
-        address=_opt_str(merged, "ansible_host", state) or name,
+        address=_address(merged, state) or name,
         port=port,
         user=_opt_str(merged, "ansible_user", state) or "root",
         key_file=_opt_str(merged, "ansible_ssh_private_key_file", state),
@@ -337,7 +373,8 @@ def load_inventory(path: str | Path, known_hosts_default: str | None = None) -> 
     state = _Parse(path)
     state.group("all").children.append("ungrouped")
     state.group("ungrouped").parents.add("all")
-    for name, body in _iter_top(state, read_yaml(path)):
+    # Values may hold anything Ansible allows; the vars pdfleet uses are checked where they are typed.
+    for name, body in _iter_top(state, read_yaml(path, check_values=False)):
         _parse_group(state, name, body, str(name))
         if name != "all" and name not in state.groups["all"].children:
             state.groups["all"].children.append(name)
@@ -362,5 +399,5 @@ def _kind(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
     if isinstance(value, str):
-        return f"the string {value!r}"
-    return repr(value)
+        return f"the string {excerpt(value)}"
+    return excerpt(value)

@@ -6,10 +6,19 @@ which file (the profile or an `extends:` base) set a key, so later errors point 
 
 from __future__ import annotations
 
+import posixpath
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    model_validator,
+)
 
 from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
@@ -30,6 +39,18 @@ MAX_GPU_MEMORY_UTILIZATION = 0.98
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 Positive = Annotated[int, Field(gt=0)]
+
+
+def _host_path(value: str) -> str:
+    """A path on the hosts must be absolute and normalised: `invoke render` writes it under --out, and
+    provision installs it, so `..`, `.`, `//` or a relative path could land anywhere."""
+    if not value.startswith("/") or value == "/" or "//" in value or posixpath.normpath(value) != value:
+        raise ValueError(f"must be an absolute, normalised path like /etc/pdfleet/gateway/keys.yaml "
+                         f"(no '..', '.', '//' or trailing '/') (got {value!r})")
+    return value
+
+
+HostPath = Annotated[str, AfterValidator(_host_path)]
 
 
 def _auto_or(kind: type) -> BeforeValidator:
@@ -77,7 +98,7 @@ class VllmSpec(_Model):
 
     version: str
     engine: Literal["vllm", "sim"] = "vllm"
-    venv: str = "/opt/pdfleet/venv"
+    venv: HostPath = "/opt/pdfleet/venv"
     sim: SimSpec
 
 
@@ -200,7 +221,7 @@ class GatewaySpec(_Model):
     port: Port = 8080
     router_port: Port = 8090
     admin_port: Port | None = None
-    keys_file: str = "/etc/pdfleet/gateway/keys.yaml"
+    keys_file: HostPath = "/etc/pdfleet/gateway/keys.yaml"
     long_prompt_tokens: Positive = 8192
     chars_per_token: float = Field(default=DEFAULT_CHARS_PER_TOKEN, gt=0)
     stage: str

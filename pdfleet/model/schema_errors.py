@@ -2,7 +2,7 @@
 
 One wording everywhere (profiles, the gateway's policy and keys files): `unknown key; allowed: ...`,
 `required key is missing`, `must be <= 0.98 (got 0.99)`. Used on both sides (host code too), so it
-imports nothing of pdfleet.
+imports only the model's YAML reader (for the masked excerpt of a value).
 """
 
 from __future__ import annotations
@@ -16,11 +16,15 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
+from pdfleet.model.yamlfile import excerpt
+
 
 def key_path(loc: tuple[Any, ...]) -> str:
     """A pydantic location as `pools.prefill.gpus[1]`."""
     text = ""
     for part in loc:
+        if isinstance(part, bool):  # a mapping key YAML read as a boolean
+            part = str(part).lower()
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text or "(top level)"
 
@@ -70,10 +74,30 @@ def _allowed_keys(root: type[BaseModel], loc: tuple[Any, ...], hidden: Collectio
     return "; allowed: " + ", ".join(keys)
 
 
+# What YAML 1.1 (PyYAML) reads as a boolean when unquoted.
+_YAML_BOOLEANS = {True: "yes, on and true", False: "no, off and false"}
+
+
+def _not_a_string(value: Any, show_values: bool) -> str | None:
+    """For a string key given a value YAML typed by itself (`stage: off`, `version: 0.11`): say so, and
+    to quote it; None for other values."""
+    if isinstance(value, bool):
+        shown = f" {str(value).lower()}" if show_values else ""
+        return (f"must be a string, but YAML read the unquoted value as the boolean{shown} (it reads "
+                f"unquoted {_YAML_BOOLEANS[value]} that way); quote it, e.g. \"off\"")
+    if isinstance(value, int | float):
+        shown = f" {value!r}" if show_values else ""
+        example = f'"{value!r}"' if show_values else '"0.11"'
+        return f"must be a string, but YAML read the unquoted value as the number{shown}; quote it: {example}"
+    return None
+
+
 def _message(err: dict[str, Any], show_values: bool) -> str:
     """A short operator-facing message for one pydantic error."""
     kind, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
-    got = f" (got {value!r})" if show_values and not isinstance(value, dict | list) else ""
+    if kind == "string_type" and (typed := _not_a_string(value, show_values)):
+        return typed
+    got = f" (got {excerpt(value)})" if show_values and not isinstance(value, dict | list) else ""
     bounds = {"less_than_equal": "<=", "less_than": "<", "greater_than": ">", "greater_than_equal": ">="}
     if kind in bounds:
         key = {"<=": "le", "<": "lt", ">": "gt", ">=": "ge"}[bounds[kind]]
@@ -124,11 +148,15 @@ def schema_problems(
     seen: set[str] = set()
     for err in exc.errors(include_url=False):
         loc = tuple(err["loc"])
+        is_key = bool(loc) and loc[-1] == "[key]"  # a mapping's key rather than its value
+        if is_key:  # pydantic puts the key's index there; name the key as the file wrote it
+            key = err.get("input")
+            loc = (*loc[:-2], str(key).lower() if isinstance(key, bool) else str(key))
         dotted = key_path(loc)
         if dotted in seen:
             continue
         seen.add(dotted)
-        message = _message(err, show_values)
+        message = ("the key " if is_key else "") + _message(err, show_values)
         if err["type"] == "extra_forbidden":
             message += _allowed_keys(root, loc[:-1], hidden)
         lines.append(f"{file_of(dotted)}: {dotted}: {message}")

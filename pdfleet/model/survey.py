@@ -50,12 +50,14 @@ def survey_profiles(
         kv = raw.get("kv_transfer") if isinstance(raw.get("kv_transfer"), dict) else {}
         vllm = raw.get("vllm") if isinstance(raw.get("vllm"), dict) else {}
         topology = str(raw.get("topology", "?"))
+        engine = str(vllm.get("engine", default_engine)) if raw else "?"  # unreadable: nothing to show
+        connector = str(kv.get("connector", default_connector)) if raw else "?"
         statuses.append(
             ProfileStatus(
                 name=name,
                 topology=topology,
-                engine=str(vllm.get("engine", default_engine)),
-                connector="-" if topology == "colocated" else str(kv.get("connector", default_connector)),
+                engine=engine,
+                connector="-" if topology == "colocated" else connector,
                 vllm=str(vllm.get("version", "?")),
                 problems=problems,
             )

@@ -1,11 +1,17 @@
 """The task layer: every task is listed with help, and bad input exits non-zero with one paragraph
-(no traceback) before anything is touched."""
+(no traceback) before anything is touched: no rendered file, no key file."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,3 +68,175 @@ def test_bad_input_is_one_paragraph_and_changes_nothing(
     assert expected in message
     assert "\n\n" not in message, "one paragraph"
     assert not out_dir.exists(), "nothing written on bad input"
+
+
+# --------------------------------------------------------------------------- hostile input (issue 18)
+
+LAB_INVENTORY = (REPO / "inventory/lab.yml").read_text()
+BOMB = "".join([f"l0: &l0 [{', '.join(['lol'] * 9)}]\n"]
+               + [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]\n" for i in range(1, 10)])
+PRIVATE = "sk-pdfleet-" + "Zq9" * 14
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        nested = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge(out[key], value) if nested else value
+    return out
+
+
+@dataclass
+class Site:
+    """A scratch control machine: the shipped profiles, a lab-colocated profile whose key files live here,
+    an inventory, an output directory, and HOME."""
+
+    root: Path
+
+    @property
+    def keys(self) -> Path:
+        return self.root / "keys"
+
+    def profile(self, over: dict[str, Any] | None = None, raw: bytes | None = None) -> str:
+        """A profile extending lab-colocated (keys under this site) with `over` merged in, or raw text."""
+        directory = self.root / "profiles"
+        if not directory.exists():
+            shutil.copytree(REPO / "profiles", directory)
+        keys = {"client_key_file": str(self.keys / "client.key"),
+                "admin_key_file": str(self.keys / "admin.key")}
+        data = _merge({"extends": "lab-colocated", "gateway": keys}, over or {})
+        path = directory / "case.yml"
+        path.write_bytes(raw if raw is not None else json.dumps(data).encode())  # JSON is YAML
+        return str(path)
+
+    def inventory(self, text: str = LAB_INVENTORY) -> str:
+        path = self.root / "inv.yml"
+        path.write_text(text)
+        return str(path)
+
+    def render(self, *args: str, profile: str | None = None, inventory: str | None = None,
+               out: str | None = None) -> subprocess.CompletedProcess[str]:
+        """`invoke render` of this site, with HOME here (so `~` key files land here too)."""
+        argv = ["render", "--profile", profile or self.profile(),
+                "--inventory", inventory or self.inventory(), "--out", out or str(self.root / "out"), *args]
+        env = {**os.environ, "HOME": str(self.root / "home")}
+        return subprocess.run([*INVOKE, *argv], cwd=REPO, capture_output=True, text=True, timeout=120,
+                              check=False, env=env)
+
+    def written(self) -> list[str]:
+        """Every file under the site except its inputs: key files and rendered files."""
+        inputs = {"profiles", "inv.yml"}
+        return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*")
+                      if p.is_file() and p.relative_to(self.root).parts[0] not in inputs)
+
+
+def _refused(proc: subprocess.CompletedProcess[str], expected: str) -> str:
+    """The one-paragraph error of a refused command (asserting it is one)."""
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    message = proc.stderr.strip()
+    assert message.startswith("error:") and "\n\n" not in message, message
+    assert expected in message, message
+    return message
+
+
+# (id, what the case changes: profile overrides / profile text / inventory text / option, expected text)
+HOSTILE: list[tuple[str, dict[str, Any], str]] = [
+    ("C1-model-id", {"profile": {"model": {"id": "m\nExecStartPre=/bin/sh -c id"}}},
+     "case.yml: model.id: the value 'm\\nExecStartPre=/bin/sh -c id' contains the control character U+000A"),
+    ("C1-served-name", {"profile": {"model": {"served_model_name": "m\nx=y"}}},
+     "model.served_model_name: the value 'm\\nx=y' contains the control character U+000A"),
+    ("C1-alias", {"profile": {"gateway": {"model_alias": "a\nstage: all-disagg"}}}, "gateway.model_alias:"),
+    ("C1-kv-cache-dtype", {"profile": {"pools": {"colocated": {"kv_cache_dtype": "fp8\nUser=root"}}}},
+     "pools.colocated.kv_cache_dtype:"),
+    ("C1-extra-args", {"profile": {"pools": {"colocated": {"extra_args": ["--x\nUser=root"]}}}},
+     "pools.colocated.extra_args[0]:"),
+    ("C1-apt-mirror", {"profile": {"mirrors": {"apt": "http://m/ ./\ndeb [trusted=yes] http://evil/ ./"}}},
+     "mirrors.apt:"),
+    ("C1-ansible-host", {"inventory": LAB_INVENTORY.replace(
+        "ansible_host: 198.18.0.11", 'ansible_host: "198.18.0.11\\nExecStartPre=/bin/sh"')},
+     "all.children.colocated.hosts.lab-colo1.ansible_host: contains the control character U+000A"),
+    ("C2-host-parent", {"inventory": LAB_INVENTORY.replace("lab-colo1:", "../../x:")},
+     "all.children.colocated.hosts.../../x: '../../x' is not a host name"),
+    ("C2-host-absolute", {"inventory": LAB_INVENTORY.replace("lab-gw:\n", "{site}/abs:\n")},
+     "all.children.gateway.hosts.{site}/abs: "),
+    ("C2-keys-file-parent", {"profile": {"gateway": {"keys_file": "/etc/pdfleet/../../../tmp/k.yaml"}}},
+     "gateway.keys_file: must be an absolute, normalised path"),
+    ("C2-keys-file-relative", {"profile": {"gateway": {"keys_file": "keys.yaml"}}},
+     "gateway.keys_file: must be an absolute, normalised path"),
+    ("C3-bomb-profile", {"raw": BOMB.encode()}, "case.yml: aliases expand the document to more than"),
+    ("C3-bomb-inventory", {"inventory": BOMB}, "inv.yml: aliases expand the document to more than"),
+    ("C4-invalid-utf8", {"raw": "extends: lab-colocated\ndescription: caf\xe9\n".encode("latin-1")},
+     "case.yml:2: not valid UTF-8 (byte 0xe9"),
+    ("C4-deep", {"raw": ("a: " + "[" * 3000 + "]" * 3000 + "\n").encode()},
+     "invalid YAML: nested deeper than 64 levels"),
+    ("C4-out-is-a-file", {"out": "file"}, "is a file, not a directory"),
+    ("C4-out-below-a-file", {"out": "file/sub"}, "is below the file"),
+    ("C5-key-file-as-inventory", {"inventory": PRIVATE + "\n"},
+     "inv.yml: (top level): must be a mapping of groups, e.g. `all:` (got the string 'sk-p'... (53 "
+     "characters))"),
+    ("C6-limit-nohost", {"args": ["--limit", "nohost"]}, "--limit 'nohost': unknown host or group nohost"),
+    ("C6-bad-admin-key", {"admin_key": 0o644}, "admin.key: a key file must be readable by its owner only"),
+    ("C7-same-key-file", {"profile": {"gateway": {"admin_key_file": "{keys}/./client.key"}}},
+     "gateway.admin_key_file: is the same file as gateway.client_key_file"),
+    ("C8-key-path-is-a-directory", {"admin_key": "dir"}, "admin.key: is a directory, not a key file"),
+    ("C9-stage-off", {"raw": b"extends: lab-colocated\ngateway: {stage: off}\n"},
+     "gateway.stage: must be a string, but YAML read the unquoted value as the boolean false"),
+]
+
+
+@pytest.mark.parametrize(("case", "change", "expected"), HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_input_is_refused_in_one_paragraph_and_writes_nothing(
+    tmp_path: Path, case: str, change: dict[str, Any], expected: str
+) -> None:
+    site = Site(tmp_path)
+    over = json.loads(json.dumps(change.get("profile", {})).replace("{keys}", str(site.keys)))
+    profile = site.profile(over, raw=change.get("raw"))
+    out = str(tmp_path / "o1" / "o2" / "out")  # deep, so `../../x` would still land in the site
+    if "out" in change:
+        (tmp_path / "file").write_text("not a directory\n")
+        out = str(tmp_path / change["out"])
+    if "admin_key" in change:
+        admin = site.keys / "admin.key"
+        site.keys.mkdir()
+        if change["admin_key"] == "dir":
+            admin.mkdir()
+        else:
+            admin.write_text(PRIVATE + "\n")
+            admin.chmod(change["admin_key"])
+    before = site.written()
+    started = time.monotonic()
+    inventory = site.inventory(change.get("inventory", LAB_INVENTORY).replace("{site}", str(tmp_path)))
+    proc = site.render(*change.get("args", []), profile=profile, inventory=inventory, out=out)
+    message = _refused(proc, expected.replace("{site}", str(tmp_path)))
+    assert time.monotonic() - started < 30
+    assert "Zq9Zq9" not in proc.stdout + proc.stderr, "a key was printed"
+    assert site.written() == before, f"{case}: files were written: {set(site.written()) - set(before)}"
+    assert len(message) < 600
+
+
+def test_render_writes_keys_only_for_a_gateway_it_renders(tmp_path: Path) -> None:
+    site = Site(tmp_path)
+    no_gateway = site.inventory(LAB_INVENTORY.replace("    gateway:\n      hosts:\n        lab-gw:\n",
+                                                      "    edge:\n      hosts:\n        lab-gw:\n"))
+    proc = site.render(inventory=no_gateway)
+    assert proc.returncode == 0, proc.stderr
+    assert not site.keys.exists(), "no gateway rendered, so no keys needed"
+    proc = site.render("--limit", "lab-colo1")
+    assert proc.returncode == 0, proc.stderr
+    assert not site.keys.exists(), "the gateway host is not selected"
+    proc = site.render()
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in site.keys.iterdir()) == ["admin.key", "client.key"]
+    assert (tmp_path / "out/lab-gw/etc/pdfleet/gateway/keys.yaml").exists()
+
+
+@pytest.mark.parametrize("task", ["provision", "verify"])
+def test_a_failing_limit_creates_no_key_file(tmp_path: Path, task: str) -> None:
+    site = Site(tmp_path)
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    proc = subprocess.run([*INVOKE, task, "--profile", site.profile(), "--inventory", site.inventory(),
+                           "--limit", "nohost"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          check=False, env=env)
+    _refused(proc, "unknown host or group nohost")
+    assert site.written() == []

@@ -1,11 +1,26 @@
-"""The review tree `invoke render` writes: each host's files under OUT/<host>/<absolute path>, with modes."""
+"""The review tree `invoke render` writes: each host's files under OUT/<host>/<absolute path>, with modes,
+never outside OUT; every file reads back, by the program that reads it, as exactly what was meant."""
 
 from __future__ import annotations
 
+import re
+import shlex
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 
-from pdfleet.fleet.render import RenderedFile, write_tree
+import pytest
+
+from pdfleet.errors import ValidationError
+from pdfleet.fleet.deployment import Deployment, load_deployment
+from pdfleet.fleet.provision import render_fleet
+from pdfleet.fleet.render import RenderedFile, Renderer, write_tree
+from pdfleet.gateway.keys import KeysFile
+from pdfleet.gateway.policy import parse_policy
+from pdfleet.model.yamlfile import parse_yaml
+from roles import REGISTRY
+from tests.unit.fleet.helpers import REPO, TEST_SECRETS, profile_inventory_pairs
 
 
 def test_write_tree_puts_each_file_under_its_host_with_its_mode(tmp_path: Path) -> None:
@@ -16,3 +31,112 @@ def test_write_tree_puts_each_file_under_its_host_with_its_mode(tmp_path: Path) 
     assert (tmp_path / "h1/etc/pdfleet/a.env").read_text() == "A=1\n"
     assert stat.S_IMODE((tmp_path / "h1/etc/pdfleet/a.env").stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "h2/etc/systemd/system/b.service").stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize(
+    ("host", "path"),
+    [("../../x", "/etc/a"), ("{tmp}/abs", "/etc/a"), ("..", "/etc/a"), ("h", "/etc/../../../x"),
+     ("", "/etc/a")],
+)
+def test_nothing_is_written_outside_out(tmp_path: Path, host: str, path: str) -> None:
+    out = tmp_path / "a" / "b" / "out"
+    files = {"ok": [RenderedFile("/etc/ok", "x\n")], host.format(tmp=tmp_path): [RenderedFile(path, "x\n")]}
+    with pytest.raises(ValidationError, match="would be written outside"):
+        write_tree(files, out)
+    assert not any(tmp_path.iterdir()), "checked before anything is written"
+
+
+def test_a_symlink_under_out_cannot_lead_outside(tmp_path: Path) -> None:
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "h").symlink_to(elsewhere)
+    with pytest.raises(ValidationError, match="would be written outside"):
+        write_tree({"h": [RenderedFile("/etc/a", "x\n")]}, out)
+    assert not any(elsewhere.iterdir())
+
+
+def test_the_renderer_refuses_a_control_character_in_any_variable() -> None:
+    renderer = Renderer(REPO / "templates")
+    argv = ["/opt/v/bin/vllm", "serve", "m\nExecStartPre=/bin/sh"]
+    with pytest.raises(ValidationError, match="vllm-router-pd.service.j2: argv: contains the control "
+                                              "character U\\+000A"):
+        renderer.render("vllm-router-pd.service.j2", service_user="u", kv_connector="NixlConnector",
+                        argv=argv)
+
+
+# Valid values that still need care in each file: `%` (a systemd specifier), spaces, quotes, `$`.
+TRICKY = ("extends: lab-cross\n"
+          "model: {id: 'org/Model %z 100% v2', served_model_name: \"m $HOME 'q' \\\"x\\\" %n\"}\n"
+          "gateway: {model_alias: 'alias with spaces % $x'}\n"
+          "pools: {decode: {extra_args: ['--override-generation-config={\"temperature\": 0.5}']}}\n")
+
+
+def _deployments(tmp_path: Path) -> list[tuple[str, Deployment]]:
+    """Every shipped (profile, inventory) pair, plus a lab profile with tricky but valid strings."""
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", profiles)
+    (profiles / "tricky.yml").write_text(TRICKY)
+    pairs = [*profile_inventory_pairs(), ("tricky", REPO / "inventory/lab.yml")]
+    return [(f"{name}@{inv.name}", load_deployment(name, inv, profiles, REPO / "templates", REGISTRY,
+                                                  gateway_secrets=TEST_SECRETS)) for name, inv in pairs]
+
+
+def _systemd_verify(scratch: Path, unit: Path) -> str:
+    """systemd-analyze's complaints about a rendered unit, read as systemd would on a host: from a scratch
+    root holding the distribution's units and the programs the unit runs."""
+    units = scratch / "usr/lib/systemd/system"
+    if not units.exists():
+        shutil.copytree("/usr/lib/systemd/system", units, symlinks=True)
+    for line in unit.read_text().splitlines():
+        if line.startswith("Exec") and "=" in line:
+            program = scratch / shlex.split(line.split("=", 1)[1])[0].lstrip("-@:+!").lstrip("/")
+            program.parent.mkdir(parents=True, exist_ok=True)
+            program.touch(mode=0o755)
+    installed = scratch / "etc/systemd/system" / unit.name
+    installed.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(unit, installed)
+    proc = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={scratch}", str(installed)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    installed.unlink()
+    exit_note = "" if proc.returncode == 0 else f" (exit {proc.returncode})"
+    return (proc.stdout + proc.stderr).strip() + exit_note
+
+
+def _check_file(scratch: Path, path: Path, deployment: Deployment) -> str:
+    """What is wrong with one rendered file, read by the program that will read it ('' when nothing)."""
+    text = path.read_text()
+    if path.suffix == ".service":
+        return _systemd_verify(scratch, path)
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    if path.suffix == ".env":
+        bad = [ln for ln in lines if not re.match(r"^[A-Z_][A-Z0-9_]*=\S", ln)]
+        return f"not KEY=VALUE: {bad}" if bad else ""
+    if path.suffix == ".list":
+        return "" if len(lines) == 1 and lines[0].startswith("deb ") else f"not one deb line: {lines}"
+    if path.name == "policy.yaml":
+        spec = parse_policy(path, text)
+        gw = deployment.profile.gateway
+        alias = gw.model_alias or deployment.profile.model.id
+        expected = (list(spec.models), spec.stage, set(spec.stages), spec.keys_file)
+        return "" if expected == ([alias], gw.stage, set(gw.stages), gw.keys_file) else f"policy: {expected}"
+    if path.name == Path(deployment.profile.gateway.keys_file).name:
+        keys = KeysFile.model_validate(parse_yaml(text, path))
+        return "" if {k.sha256 for k in keys.keys} == {"1" * 64, "2" * 64} else "keys: wrong hashes"
+    return f"no check for {path}"
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_every_rendered_file_reads_back_as_written(tmp_path: Path) -> None:
+    problems = []
+    kinds: set[str] = set()
+    for label, deployment in _deployments(tmp_path):
+        out = tmp_path / "out" / label
+        written = write_tree(render_fleet(deployment, deployment.inventory.hosts.values()), out)
+        for path in written:
+            kinds.add(path.suffix or path.name)
+            problem = _check_file(tmp_path / "root", path, deployment)
+            if problem:
+                problems.append(f"{label}: {path.relative_to(out)}: {problem}")
+    assert not problems, "\n".join(problems)
+    assert {".service", ".env", ".list", ".yaml"} <= kinds, kinds

@@ -40,3 +40,39 @@ def test_only_hashes_are_returned(tmp_path: Path) -> None:
     found = gateway_secrets(str(client), str(admin))
     assert found.client_sha256 == hashlib.sha256(client.read_text().strip().encode()).hexdigest()
     assert found.admin_sha256 != found.client_sha256
+
+
+def test_a_directory_is_not_a_key_file(tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir(mode=0o755)
+    with pytest.raises(ValidationError) as err:
+        ensure_key_file(tmp_path / "keys")
+    assert "is a directory, not a key file" in str(err.value) and "chmod" not in str(err.value)
+
+
+def test_client_and_admin_must_be_different_files_and_keys(tmp_path: Path) -> None:
+    one = tmp_path / "one.key"
+    with pytest.raises(ValidationError, match="are the same file"):
+        gateway_secrets(str(one), str(tmp_path / "x" / ".." / "one.key"))
+    (tmp_path / "link.key").symlink_to(one)
+    with pytest.raises(ValidationError, match="are the same file"):
+        gateway_secrets(str(one), str(tmp_path / "link.key"))
+    assert not one.exists(), "nothing generated for a refused pair"
+    for path in (one, tmp_path / "two.key"):
+        path.write_text("sk-pdfleet-same\n")
+        path.chmod(0o600)
+    with pytest.raises(ValidationError, match="hold the same key") as err:
+        gateway_secrets(str(one), str(tmp_path / "two.key"))
+    assert "sk-pdfleet-same" not in str(err.value)
+
+
+@pytest.mark.parametrize("bad", ["directory", "open-mode", "empty"])
+def test_a_bad_admin_key_file_leaves_no_client_key_behind(tmp_path: Path, bad: str) -> None:
+    client, admin = tmp_path / "cfg" / "client.key", tmp_path / "admin.key"
+    if bad == "directory":
+        admin.mkdir()
+    else:
+        admin.write_text("" if bad == "empty" else "sk-pdfleet-x\n")
+        admin.chmod(0o600 if bad == "empty" else 0o644)
+    with pytest.raises(ValidationError, match=str(admin)):
+        gateway_secrets(str(client), str(admin))
+    assert not client.exists() and not client.parent.exists()

@@ -82,7 +82,7 @@ def test_policy_not_yaml_mapping(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="must be a YAML mapping"):
         load_policy(path)
     path.write_text("version: [1\n")
-    with pytest.raises(ValidationError, match="not valid YAML"):
+    with pytest.raises(ValidationError, match="invalid YAML"):
         load_policy(path)
 
 

