@@ -11,7 +11,8 @@ simulator P/D pool, for long prompts (~23K tokens, RAG/agent size) and short one
   policy adds is its own work per request, not a cache effect;
 - added TTFT = TTFT through the policy's router minus through round_robin's in the same round
   (paired, so the shared machine's drift cancels); p50 and p90 over the rounds, and the p50 of each
-  half of the rounds (a policy whose state grows with traffic gets slower in the second half);
+  half of the rounds (a policy whose state grows with traffic gets slower in the second half;
+  --fill sends that traffic first);
 - router CPU ms per request, from /proc around each request (the noise-free view of the same cost).
 The default pool is the layout the shipped profiles render (one prefill, one decode instance: every
 policy then picks the same workers, so cost is all that differs); --prefill/--decode change it.
@@ -54,6 +55,10 @@ def main() -> int:
                    "accepts in P/D mode); round_robin, the baseline, is always included")
     p.add_argument("--rounds", type=positive_int, default=20, help="measured rounds (default 20)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first (default 2)")
+    p.add_argument("--fill", type=int, default=0,
+                   help="unmeasured distinct long prompts sent through each router first, 4 at a time, "
+                   "so that per-prompt state (cache_aware's prefix tree) is that of a fleet which has "
+                   "served traffic (default 0)")
     p.add_argument("--long-tokens", type=positive_int, default=23000,
                    help="prompt tokens of the long class (default 23000)")
     p.add_argument("--short-tokens", type=positive_int, default=500,
@@ -75,6 +80,7 @@ def main() -> int:
         classes=(("long", args.long_tokens), ("short", args.short_tokens)),
         rounds=args.rounds,
         warmup=args.warmup,
+        fill=args.fill,
         max_tokens=args.max_tokens,
         endpoint=args.endpoint,
         time_scale=args.time_scale,

@@ -44,6 +44,7 @@ class PolicyConfig:
     classes: tuple[tuple[str, int], ...] = (("long", 23000), ("short", 500))  # (name, prompt tokens)
     rounds: int = 20
     warmup: int = 2  # unmeasured rounds first (connections, the routers' first requests)
+    fill: int = 0  # unmeasured long prompts through each router first: the state a busy fleet's has
     max_tokens: int = 4
     endpoint: str = "completions"  # completions | chat
     time_scale: float = 0.05
@@ -151,8 +152,23 @@ async def measure(
     return ttft, after - before
 
 
+async def fill_routers(targets: Sequence[Target], cfg: PolicyConfig, batch: int = 4) -> None:
+    """cfg.fill distinct long prompts through every router, `batch` at a time (prefix trees grow as in
+    a fleet that has served traffic; cache_aware keeps each prompt's text until eviction)."""
+    tokens = cfg.classes[0][1]
+    for target in targets:
+        if target.url is None:
+            continue
+        for start in range(0, cfg.fill, batch):
+            seeds = range(-1 - start, -1 - min(cfg.fill, start + batch), -1)  # never a measured prompt's
+            bodies = [request_body(cfg, prompt_text(tokens, seed)) for seed in seeds]
+            await asyncio.gather(*(stream_ttft(target.url, path_of(cfg), b) for b in bodies))
+        print(f"filled {target.name} with {cfg.fill} long prompts", flush=True)
+
+
 async def run_rounds(targets: Sequence[Target], cfg: PolicyConfig, pool: tuple[str, str]) -> None:
-    """Warm-up, then the measured rounds: per class every target once, order rotated each round."""
+    """Fill, warm-up, then the measured rounds: per class every target once, order rotated each round."""
+    await fill_routers(targets, cfg)
     for r in range(-cfg.warmup, cfg.rounds):
         for ci, (cls, tokens) in enumerate(cfg.classes):
             k = r % len(targets)
@@ -232,10 +248,12 @@ def _ms(x: float) -> str:
 
 def report_lines(rows: Sequence[dict], cfg: PolicyConfig) -> list[str]:
     """The Markdown report: one table per prompt class, and the cheapest policy on long prompts."""
+    filled = f" and {cfg.fill} long prompts through each router" if cfg.fill else ""
     out = [
         f"vllm-router P/D policies over {cfg.prefill} prefill + {cfg.decode} decode simulator(s) "
         f"(time scale {cfg.time_scale}, /{path_of(cfg).lstrip('/')}, {cfg.max_tokens} output tokens); "
-        f"{cfg.rounds} interleaved rounds after {cfg.warmup} warm-up, one request at a time; added = "
+        f"{cfg.rounds} interleaved rounds after {cfg.warmup} warm-up"
+        f"{filled}, one request at a time; added = "
         f"TTFT minus {BASELINE}'s in the same round (paired), wall ms.",
     ]
     header = ["target", "samples", "failed", "TTFT p50", f"added p50 vs {BASELINE}", "added p90",
