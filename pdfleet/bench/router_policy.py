@@ -33,7 +33,7 @@ from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 BASELINE = "round_robin"
 DIRECT = "direct"
 KV_CONFIG = '{"kv_connector":"NixlConnector","kv_role":"%s"}'
-_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz" + " " * 5  # words of ~5 letters on average
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,7 @@ class PolicyConfig:
 def prompt_text(tokens: int, seed: int) -> str:
     """Seeded random lowercase words, exactly the characters the simulator counts as `tokens` tokens."""
     rng = random.Random(seed)
-    size = round(DEFAULT_CHARS_PER_TOKEN * tokens)
-    words: list[str] = []
-    total = 0
-    while total < size:
-        word = "".join(rng.choice(_LETTERS) for _ in range(rng.randint(2, 10)))
-        words.append(word)
-        total += len(word) + 1
-    return " ".join(words)[:size]
+    return "".join(rng.choices(_ALPHABET, k=round(DEFAULT_CHARS_PER_TOKEN * tokens)))
 
 
 def request_body(cfg: PolicyConfig, prompt: str, extra: dict | None = None, stream: bool = True) -> dict:
