@@ -39,20 +39,22 @@ def positive_int(text: str) -> int:
 
 
 def policy_list(text: str) -> tuple[str, ...]:
-    """An argparse type: comma-separated vllm-router policies, round_robin (the baseline) first."""
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    bad = [n for n in names if n not in ROUTER_POLICIES]
-    if bad:
-        raise argparse.ArgumentTypeError(f"not vllm-router policies: {', '.join(bad)}; "
-                                         f"choose from {', '.join(ROUTER_POLICIES)}")
-    return (BASELINE, *(n for n in names if n != BASELINE))
+    """An argparse type: comma-separated NAME or PREFILL/DECODE policy specs, round_robin (the baseline)
+    first; every name one vllm-router accepts in P/D mode."""
+    specs = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for spec in specs for n in spec.split("/") if n not in ROUTER_POLICIES]
+    if bad or any(spec.count("/") > 1 for spec in specs):
+        raise argparse.ArgumentTypeError(f"not NAME or PREFILL/DECODE with vllm-router policies: {text}; "
+                                         f"names: {', '.join(ROUTER_POLICIES)}")
+    return (BASELINE, *(n for n in specs if n != BASELINE))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policies", type=policy_list, default=policy_list(",".join(ROUTER_POLICIES)),
-                   help="comma-separated policies to compare (default: every one vllm-router 0.1.17 "
-                   "accepts in P/D mode); round_robin, the baseline, is always included")
+                   help="comma-separated policies to compare, each NAME (both pools) or PREFILL/DECODE "
+                   "(e.g. cache_aware/round_robin); default: every one vllm-router 0.1.17 accepts in P/D "
+                   "mode; round_robin, the baseline, is always included")
     p.add_argument("--rounds", type=positive_int, default=20, help="measured rounds (default 20)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first (default 2)")
     p.add_argument("--fill", type=int, default=0,

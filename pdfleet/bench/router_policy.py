@@ -40,7 +40,7 @@ _ALPHABET = "abcdefghijklmnopqrstuvwxyz" + " " * 5  # words of ~5 letters on ave
 class PolicyConfig:
     """The benchmark's settings (the script's options of the same names)."""
 
-    policies: tuple[str, ...]
+    policies: tuple[str, ...]  # NAME (both pools) or PREFILL/DECODE, e.g. cache_aware/round_robin
     classes: tuple[tuple[str, int], ...] = (("long", 23000), ("short", 500))  # (name, prompt tokens)
     rounds: int = 20
     warmup: int = 2  # unmeasured rounds first (connections, the routers' first requests)
@@ -202,6 +202,14 @@ def summary(targets: Sequence[Target], cfg: PolicyConfig) -> list[dict]:
     return rows
 
 
+def policy_flags(spec: str) -> list[str]:
+    """vllm-router's flags for NAME (both pools: --policy) or PREFILL/DECODE (one flag per pool)."""
+    prefill, _, decode = spec.partition("/")
+    if not decode or decode == prefill:
+        return ["--policy", prefill]
+    return ["--prefill-policy", prefill, "--decode-policy", decode]
+
+
 def start_pool(stack: ExitStack, cfg: PolicyConfig) -> tuple[list[str], list[str]]:
     """cfg.prefill producers and cfg.decode consumers (NixlConnector) on loopback: their URLs."""
     common = [SIM_MODEL, "--sim-time-scale", str(cfg.time_scale), "--disable-log-stats"]
@@ -226,7 +234,7 @@ def run_benchmark(cfg: PolicyConfig) -> list[dict]:
         prefill, decode = start_pool(stack, cfg)
         targets = []
         for name in cfg.policies:
-            router = stack.enter_context(RouterProcess(prefill, decode, extra=["--policy", name]))
+            router = stack.enter_context(RouterProcess(prefill, decode, extra=policy_flags(name)))
             assert router.proc is not None
             targets.append(Target(name, router.url, router.proc.pid))
         if cfg.direct:

@@ -13,6 +13,7 @@ from pdfleet.bench.router_policy import (
     Target,
     paired_added,
     path_of,
+    policy_flags,
     prompt_text,
     report_lines,
     request_body,
@@ -75,10 +76,21 @@ def test_baseline_is_required() -> None:
 def test_a_tiny_run_through_real_routers_and_simulators() -> None:
     """Every target answers every request: the real vllm-router per policy over a simulator pair."""
     cfg = PolicyConfig(
-        policies=(BASELINE, "cache_aware"), classes=(("long", 3000), ("short", 50)), rounds=2, warmup=0
+        policies=(BASELINE, "cache_aware", "kv_aware/round_robin"),
+        classes=(("long", 3000), ("short", 50)),
+        rounds=2,
+        warmup=0,
     )
     rows = run_benchmark(cfg)
     assert {(r["class"], r["target"]) for r in rows} == {
-        (c, t) for c in ("long", "short") for t in (BASELINE, "cache_aware", DIRECT)
+        (c, t) for c in ("long", "short") for t in (BASELINE, "cache_aware", "kv_aware/round_robin", DIRECT)
     }
     assert all(r["samples"] == 2 and r["failed"] == 0 and r["ttft_p50_ms"] > 0 for r in rows)
+
+
+def test_policy_flags_one_for_both_pools_or_one_per_pool() -> None:
+    assert policy_flags("cache_aware") == ["--policy", "cache_aware"]
+    assert policy_flags("random/random") == ["--policy", "random"]
+    assert policy_flags("cache_aware/round_robin") == [
+        "--prefill-policy", "cache_aware", "--decode-policy", "round_robin"
+    ]
