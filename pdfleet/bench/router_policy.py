@@ -150,7 +150,7 @@ async def fill_routers(targets: Sequence[Target], cfg: PolicyConfig, batch: int 
     a fleet that has served traffic; cache_aware keeps each prompt's text until eviction)."""
     tokens = cfg.classes[0][1]
     for target in targets:
-        if target.url is None:
+        if target.url is None or not cfg.fill:
             continue
         for start in range(0, cfg.fill, batch):
             seeds = range(-1 - start, -1 - min(cfg.fill, start + batch), -1)  # never a measured prompt's
