@@ -6,6 +6,7 @@ which file (the profile or an `extends:` base) set a key, so later errors point 
 
 from __future__ import annotations
 
+import difflib
 import posixpath
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -215,6 +216,46 @@ class Mirrors(_Model):
     cuda_repo: str = "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
 
 
+# vllm-router 0.1.17's choices for --policy, --prefill-policy and --decode-policy (its launcher's list;
+# each starts and routes in P/D mode). `rendezvous_hash`, named in the router's docs, is not among them.
+ROUTER_POLICIES = (
+    "random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+    "sticky_least_loaded",
+)
+# round_robin: a counter, no work per prompt; cache_aware (the router's default) walks a prefix tree over
+# every prompt's text, which costs long prompts TTFT (bench/router_policy.py measures each policy).
+DEFAULT_ROUTER_POLICY = "round_robin"
+
+
+def _router_policy_name(value: Any) -> Any:
+    """A policy name vllm-router accepts in P/D mode, else an error naming the choices (and a near miss)."""
+    if isinstance(value, str) and value in ROUTER_POLICIES:
+        return value
+    near = difflib.get_close_matches(str(value).lower().replace("-", "_"), ROUTER_POLICIES, n=1)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    raise ValueError(
+        f"not a policy vllm-router 0.1.17 accepts in P/D mode{hint} (got {value!r}); "
+        f"one of: {', '.join(ROUTER_POLICIES)}"
+    )
+
+
+class RouterPolicy(_Model):
+    """vllm-router's worker selection in P/D mode, per pool (its --prefill-policy and --decode-policy)."""
+
+    prefill: Annotated[str, BeforeValidator(_router_policy_name)] = DEFAULT_ROUTER_POLICY
+    decode: Annotated[str, BeforeValidator(_router_policy_name)] = DEFAULT_ROUTER_POLICY
+
+
+def _one_or_per_pool(value: Any) -> Any:
+    """`router_policy: NAME` sets both pools; `{prefill: NAME, decode: NAME}` each (unset: the default)."""
+    if isinstance(value, str):
+        name = _router_policy_name(value)
+        return {"prefill": name, "decode": name}
+    if isinstance(value, dict | RouterPolicy):
+        return value
+    raise ValueError(f"must be a policy name (both pools) or {{prefill: NAME, decode: NAME}} (got {value!r})")
+
+
 class GatewaySpec(_Model):
     """The OpenAI-compatible gateway: ports, keys, long-prompt threshold and rollout stages."""
 
@@ -230,6 +271,9 @@ class GatewaySpec(_Model):
     policy_version: Positive = 1  # bump to mark a policy change; the gateway reports it as a metric
     router_version: str = "0.1.17"  # PyPI vllm-router, the P/D router the gateway fronts
     router_prometheus_port: Port = 29000
+    router_policy: Annotated[RouterPolicy, BeforeValidator(_one_or_per_pool)] = Field(
+        default_factory=RouterPolicy
+    )
     # On the control machine: the plaintext client and admin keys (0600, generated when missing).
     # Only their SHA-256 hashes reach the gateway host.
     client_key_file: str = "~/.config/pdfleet/gateway-client.key"

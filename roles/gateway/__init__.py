@@ -14,6 +14,7 @@ from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway
 from pdfleet.model.connectors import MOONCAKE, NIXL
+from pdfleet.model.profile import RouterPolicy
 from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.files import Directory, File
 from pdfleet.ops.pip import PipRequirements
@@ -52,8 +53,15 @@ def _gateway(ctx: RoleContext) -> Gateway:
     return gateway
 
 
+def policy_args(policy: RouterPolicy) -> list[str]:
+    """The router's selection flags: one --policy when both pools share it, else one per pool."""
+    if policy.prefill == policy.decode:
+        return ["--policy", policy.prefill]
+    return ["--prefill-policy", policy.prefill, "--decode-policy", policy.decode]
+
+
 def router_argv(ctx: RoleContext, gateway: Gateway) -> list[str]:
-    """vllm-router in P/D mode over every prefill and decode instance of the fleet."""
+    """vllm-router in P/D mode over every prefill and decode instance, selecting by the profile's policy."""
     kv = ctx.profile.kv_transfer
     argv = [f"{VENV}/bin/vllm-router", "--vllm-pd-disaggregation"]
     for inst in ctx.topology.pool("prefill"):
@@ -61,6 +69,7 @@ def router_argv(ctx: RoleContext, gateway: Gateway) -> list[str]:
     for url in ctx.topology.pool_urls("decode"):
         argv += ["--decode", url]
     argv += [
+        *policy_args(ctx.profile.gateway.router_policy),
         "--kv-connector", ROUTER_CONNECTORS.get(kv.connector, "nixl"),
         "--host", ROUTER_ADDRESS,
         "--port", str(gateway.router_port),

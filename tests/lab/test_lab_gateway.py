@@ -1,7 +1,7 @@
 """The gateway as deployed by `invoke provision --profile lab-cross`: the real OpenAI SDK through it
 with only OPENAI_BASE_URL/OPENAI_API_KEY from `invoke lab.env`; the override header reaching each
 pool (seen in that pool's own vLLM metrics); the router killed → fallback, counted; a stage change
-reloads the gateway without restarting it."""
+reloads the gateway without restarting it; the router runs with the profile's policy."""
 
 from __future__ import annotations
 
@@ -146,3 +146,15 @@ def test_stage_change_reloads_without_restart_and_a_dead_router_falls_back(
     changes = json.loads(report.read_text())["hosts"]["lab-gw"]["changes"]
     assert any("vllm-router-pd.service" in c["op"] for c in changes), "provision started the router again"
     assert _admin_policy()["stage"] == "colocated"
+
+
+def test_router_runs_with_the_profiles_policy(client: openai.OpenAI, lab: LabHandle) -> None:
+    """systemd starts vllm-router with round_robin (lab-cross's gateway.router_policy, the default),
+    not the router's own cache_aware, and the router serves the P/D pool with it."""
+    rc, out, err = lab.ssh(_gw(lab), "systemctl show -p ExecStart --value vllm-router-pd.service")
+    assert rc == 0, err
+    argv = out.split()  # "{ path=... ; argv[]=/opt/pdfleet/gateway/bin/vllm-router ... ; ... }"
+    assert "--policy" in argv and argv[argv.index("--policy") + 1] == "round_robin", out
+    decode = _sample_sum(DECODE_URL, "vllm:request_success_total")
+    assert _chat(client, pool="disagg", max_tokens=3).usage.completion_tokens == 3
+    assert _sample_sum(DECODE_URL, "vllm:request_success_total") - decode == 1

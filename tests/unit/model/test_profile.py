@@ -1,11 +1,15 @@
-"""The profile schema: operator values, the side-channel port rule, immutability."""
+"""The profile schema: operator values, the side-channel port rule, immutability, the router policy."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from pdfleet.errors import ValidationError
+from pdfleet.model.profile import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 from pdfleet.model.profile_loader import load_profile
-from tests.unit.model.helpers import PROFILES
+from tests.unit.model.helpers import GOOD, PROFILES
 
 
 def test_operator_values_for_prefill_and_decode() -> None:
@@ -42,3 +46,57 @@ def test_models_are_immutable() -> None:
     profile = load_profile("colocated", PROFILES)
     with pytest.raises(Exception, match="frozen"):
         profile.topology = "same-host"  # type: ignore[misc]
+
+
+def _with_router_policy(tmp_path: Path, value: str) -> Path:
+    """A profile extending the known-good base with `gateway: {router_policy: VALUE}` (YAML flow text)."""
+    (tmp_path / "_good.yml").write_text(GOOD)
+    path = tmp_path / "rp.yml"
+    path.write_text(f"extends: _good\ngateway: {{router_policy: {value}}}\n")
+    return path
+
+
+def test_router_policy_defaults_to_round_robin_for_both_pools() -> None:
+    for name in ("cross-rdma", "same-host-pcie", "colocated", "lab-cross", "lab-same-host"):
+        policy = load_profile(name, PROFILES).gateway.router_policy
+        assert policy.prefill == policy.decode == DEFAULT_ROUTER_POLICY == "round_robin"
+
+
+@pytest.mark.parametrize("name", ROUTER_POLICIES)
+def test_router_policy_name_sets_both_pools(tmp_path: Path, name: str) -> None:
+    _with_router_policy(tmp_path, name)
+    policy = load_profile("rp", tmp_path).gateway.router_policy
+    assert (policy.prefill, policy.decode) == (name, name)
+
+
+def test_router_policy_per_pool_and_unset_pool_keeps_the_default(tmp_path: Path) -> None:
+    _with_router_policy(tmp_path, "{prefill: cache_aware, decode: power_of_two}")
+    policy = load_profile("rp", tmp_path).gateway.router_policy
+    assert (policy.prefill, policy.decode) == ("cache_aware", "power_of_two")
+    _with_router_policy(tmp_path, "{decode: random}")
+    policy = load_profile("rp", tmp_path).gateway.router_policy
+    assert (policy.prefill, policy.decode) == ("round_robin", "random")
+
+
+@pytest.mark.parametrize(
+    ("value", "key_path", "expected"),
+    [
+        ("round-robin", "gateway.router_policy", "did you mean round_robin? (got 'round-robin')"),
+        # in the router's docs and its Rust enum, but its 0.1.17 command line refuses it
+        ("rendezvous_hash", "gateway.router_policy", "not a policy vllm-router 0.1.17 accepts in P/D mode"),
+        ("{prefill: cache-aware}", "gateway.router_policy.prefill", "did you mean cache_aware?"),
+        ("{decod: x}", "gateway.router_policy.decod", "unknown key; allowed: prefill, decode"),
+        ("3", "gateway.router_policy", "must be a policy name (both pools) or {prefill: NAME, decode: NAME}"),
+        ("[random]", "gateway.router_policy", "must be a policy name"),
+    ],
+)
+def test_bad_router_policy_is_named_with_the_choices(
+    tmp_path: Path, value: str, key_path: str, expected: str
+) -> None:
+    path = _with_router_policy(tmp_path, value)
+    with pytest.raises(ValidationError) as err:
+        load_profile("rp", tmp_path)
+    lines = [line for line in str(err.value).splitlines() if line.startswith(f"{path}: {key_path}: ")]
+    assert lines and expected in lines[0], str(err.value)
+    if "not a policy" in lines[0]:
+        assert "one of: " + ", ".join(ROUTER_POLICIES) in lines[0]

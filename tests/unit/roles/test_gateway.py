@@ -1,16 +1,30 @@
-"""The gateway role: the host wheel reaches gateway hosts by upload, not through the site's index."""
+"""The gateway role: the host wheel reaches gateway hosts by upload, not through the site's index; the router
+unit selects workers by the profile's policy, in flags the real vllm-router parses."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import shutil
 from pathlib import Path
 
+import pytest
+from vllm_router.launch_router import parse_router_args
+from vllm_router.router_args import RouterArgs
+
 import roles.gateway as gateway_role
+from pdfleet.fleet.deployment import Deployment, load_deployment
 from pdfleet.fleet.host_wheel import wheel_name
+from pdfleet.fleet.provision import render_fleet
+from pdfleet.model.profile import ROUTER_POLICIES
 from pdfleet.ops.base import FakeFacts, Run
 from pdfleet.ops.files import File
 from pdfleet.ops.pip import PipList, PipRequirements
-from tests.unit.roles.helpers import deployment
+from roles import REGISTRY
+from tests.unit.fleet.helpers import profile_inventory_pairs
+from tests.unit.roles.helpers import REPO, TEST_SECRETS, deployment, exec_start_argv
+
+ROUTER_UNIT_PATH = f"/etc/systemd/system/{gateway_role.ROUTER_UNIT}"
 
 
 def test_gateway_role_uploads_the_wheel_and_pip_installs_from_it(tmp_path: Path) -> None:
@@ -32,3 +46,75 @@ def test_gateway_role_uploads_the_wheel_and_pip_installs_from_it(tmp_path: Path)
     plain = list(gateway_role.operations(dataclasses.replace(fleet, host_wheel=None).context(host),
                                          FakeFacts()))
     assert not any(isinstance(op, File) and op.path.startswith("/opt/pdfleet/wheels/") for op in plain)
+
+
+def _router_argv(fleet: Deployment) -> list[list[str]]:
+    """ExecStart of every router unit the deployment renders (one per gateway host of a P/D profile)."""
+    rendered = render_fleet(fleet, fleet.inventory.hosts.values())
+    units = [f for files in rendered.values() for f in files if f.path == ROUTER_UNIT_PATH]
+    return [exec_start_argv(f.content) for f in units]
+
+
+def _real_router_args(argv: list[str]) -> RouterArgs:
+    """What vllm-router's own launcher makes of a rendered command line (parsed, validated, not started)."""
+    assert argv[0].endswith("/bin/vllm-router")
+    args = parse_router_args(argv[1:])
+    args._validate_router_args()
+    return args
+
+
+def test_profile_policies_are_the_ones_the_installed_router_accepts() -> None:
+    parser = argparse.ArgumentParser()
+    RouterArgs.add_cli_args(parser)
+    for flag in ("--policy", "--prefill-policy", "--decode-policy"):
+        (action,) = [a for a in parser._actions if flag in a.option_strings]
+        assert tuple(action.choices) == ROUTER_POLICIES, flag
+
+
+@pytest.mark.parametrize(
+    ("profile", "inventory"), profile_inventory_pairs(), ids=lambda v: getattr(v, "name", v)
+)
+def test_every_example_router_unit_selects_round_robin(profile: str, inventory: Path) -> None:
+    """Each shipped profile on each inventory it fits: the router unit, where one is rendered, says
+    round_robin for both pools (not the router's own cache_aware default), and the real parser agrees."""
+    fleet = load_deployment(profile, inventory, REPO / "profiles", REPO / "templates", REGISTRY,
+                            gateway_secrets=TEST_SECRETS)
+    for argv in _router_argv(fleet):
+        assert argv[argv.index("--policy") + 1] == "round_robin"
+        assert "--prefill-policy" not in argv and "--decode-policy" not in argv
+        args = _real_router_args(argv)
+        assert (args.policy, args.prefill_policy, args.decode_policy) == ("round_robin", None, None)
+        assert args.vllm_pd_disaggregation
+
+
+def test_some_example_renders_a_router_unit() -> None:
+    """The test above checks something: lab-cross (P/D beside a colocated pool) renders a router unit."""
+    rendered = {p for p, inv in profile_inventory_pairs()
+                if _router_argv(load_deployment(p, inv, REPO / "profiles", REPO / "templates", REGISTRY,
+                                                gateway_secrets=TEST_SECRETS))}
+    assert "lab-cross" in rendered
+
+
+def _lab_cross_with(tmp_path: Path, router_policy: str) -> Deployment:
+    """lab-cross on the lab inventory, with `gateway.router_policy` set (YAML flow text)."""
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", profiles)
+    (profiles / "rp.yml").write_text(f"extends: lab-cross\ngateway: {{router_policy: {router_policy}}}\n")
+    return load_deployment("rp", REPO / "inventory" / "lab.yml", profiles, REPO / "templates", REGISTRY,
+                           gateway_secrets=TEST_SECRETS)
+
+
+@pytest.mark.parametrize("name", ROUTER_POLICIES)
+def test_one_policy_renders_one_policy_flag(tmp_path: Path, name: str) -> None:
+    (argv,) = _router_argv(_lab_cross_with(tmp_path, name))
+    assert argv[argv.index("--policy") + 1] == name and argv.count("--policy") == 1
+    assert _real_router_args(argv).policy == name
+
+
+def test_per_pool_policies_render_prefill_and_decode_flags(tmp_path: Path) -> None:
+    (argv,) = _router_argv(_lab_cross_with(tmp_path, "{prefill: cache_aware, decode: power_of_two}"))
+    assert "--policy" not in argv
+    assert argv[argv.index("--prefill-policy") + 1] == "cache_aware"
+    assert argv[argv.index("--decode-policy") + 1] == "power_of_two"
+    args = _real_router_args(argv)
+    assert (args.prefill_policy, args.decode_policy) == ("cache_aware", "power_of_two")
