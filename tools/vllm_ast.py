@@ -47,6 +47,17 @@ class Sources:
             }
         return cls(version, files)
 
+    @classmethod
+    def from_dir(cls, root: Path, version: str) -> Sources:
+        """An unpacked tree (`root/vllm/...`); `X.py.txt` stands for `X.py` (source excerpts kept as
+        test fixtures, so no tool takes them for code of this project)."""
+        files = {}
+        for path in sorted(root.rglob("*.py*")):
+            name = path.relative_to(root).as_posix().removesuffix(".txt")
+            if name.endswith(".py"):
+                files[name] = path.read_text(encoding="utf-8")
+        return cls(version, files)
+
     def has(self, path: str) -> bool:
         """Whether the release ships this file."""
         return path in self.files

@@ -122,7 +122,7 @@ def envs(src: Sources) -> Envs:
         name = const(key) if isinstance(key, ast.Constant) else None
         if not isinstance(name, str) or not (any(m in name for m in ENV_MARKERS) or name in EXTRA_ENVS):
             continue
-        kind = types.get(name, "str")
+        kind = types.get(name) or _converted_to(value) or "str"
         out.append(EnvVar(name, kind, _coerce(_env_default(value, name), kind)))
     return Envs(tuple(sorted(out, key=lambda v: v.name)), ENVS)
 
@@ -133,6 +133,15 @@ def _env_default(value: ast.expr, name: str) -> object:
         first = node.args[0] if isinstance(node, ast.Call) and node.args else None
         if isinstance(first, ast.Constant) and first.value == name:
             return const_or_text(node.args[1]) if len(node.args) > 1 else None  # type: ignore[attr-defined]
+    return None
+
+
+def _converted_to(value: ast.expr) -> str | None:
+    """`int` for `lambda: int(os.getenv(...))`: the type the reader converts to, when it converts."""
+    for node in ast.walk(value):
+        func = node.func if isinstance(node, ast.Call) else None
+        if isinstance(func, ast.Name) and func.id in ("int", "float"):
+            return func.id
     return None
 
 

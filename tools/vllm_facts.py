@@ -172,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("versions", nargs="*", help="vLLM releases to derive (default: every tabled one)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where wheels are kept")
     parser.add_argument("--write", action="store_true",
-                        help=f"rewrite {DATA_MODULE.relative_to(REPO)} with the derived releases")
+                        help="rewrite the table module with the derived releases (others kept as they are)")
+    parser.add_argument("--out", type=Path, default=DATA_MODULE,
+                        help=f"the table module --write rewrites (default {DATA_MODULE.relative_to(REPO)})")
     parser.add_argument("--full", action="store_true", help="print every fact, not only the summary")
     args = parser.parse_args(argv)
     table = dict(vllm_release_data.RELEASES)
@@ -194,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         changed = changed or bool(lines)
         print("\n".join(lines) if lines else f"diff against the committed table ({version}): none")
     if args.write:
-        DATA_MODULE.write_text(module_text({**table, **derived}), encoding="utf-8")
-        print(f"wrote {DATA_MODULE.relative_to(REPO)}")
+        args.out.write_text(module_text({**table, **derived}), encoding="utf-8")
+        print(f"wrote {args.out}")
         return 0
     return 1 if changed else 0
 

@@ -161,7 +161,7 @@ def test_no_import_machinery_finds_code_by_path() -> None:
 
 
 def test_unit_tests_mirror_the_source() -> None:
-    """tests/unit/<pkg>/test_<module>.py names a module of pdfleet/<pkg>/ (or roles/, tools/), or a package."""
+    """tests/unit/<pkg>/test_<module>.py names a module of pdfleet/<pkg>/ (or roles/, tools/) or a package."""
     unmatched = []
     for test in sorted((REPO / "tests" / "unit").rglob("test_*.py")):
         rel = test.relative_to(REPO / "tests" / "unit")
