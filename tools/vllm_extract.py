@@ -24,6 +24,7 @@ from pdfleet.model.vllm_releases import (
     Handshake,
     KVTransferConfigFacts,
     KVTransferParams,
+    MooncakeProtocol,
     Registry,
     Release,
     SideChannel,
@@ -256,6 +257,8 @@ def _params_read(src: Sources, files: list[str]) -> tuple[str, ...]:
     keys: set[str] = set()
     for path in files:
         for node in ast.walk(src.tree(path)):
+            if isinstance(node, ast.GeneratorExp | ast.ListComp) and _tests_membership(node, holders):
+                keys.update(str(e.value) for e in node.generators[0].iter.elts)  # type: ignore[attr-defined]
             if isinstance(node, ast.Subscript) and ast.unparse(node.value) in holders:
                 if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
                     keys.add(node.slice.value)
@@ -267,6 +270,36 @@ def _params_read(src: Sources, files: list[str]) -> tuple[str, ...]:
             ):
                 keys.add(node.args[0].value)
     return tuple(sorted(keys))
+
+
+def _tests_membership(node: ast.GeneratorExp | ast.ListComp, holders: set[str]) -> bool:
+    """`all(p in params for p in ("a", "b"))`: a membership test of constant keys against the params."""
+    elt, gen = node.elt, node.generators[0]
+    return (
+        isinstance(elt, ast.Compare) and isinstance(elt.ops[0], ast.In)
+        and ast.unparse(elt.comparators[0]) in holders
+        and isinstance(gen.iter, ast.Tuple) and all(isinstance(e, ast.Constant) for e in gen.iter.elts)
+    )
+
+
+def mooncake_protocol(src: Sources, files: list[str]) -> MooncakeProtocol:
+    """The kv_transfer_params keys MooncakeConnector reads and its bootstrap server's routes
+    (`self.app.post("/register")(...)`)."""
+    routes: list[tuple[str, str]] = []
+    used = [path for path in files if _params_read(src, [path])]
+    for path in files:
+        before = len(routes)
+        for node in ast.walk(src.tree(path)):
+            func = node.func if isinstance(node, ast.Call) else None
+            if (
+                isinstance(func, ast.Attribute) and func.attr in ("get", "post", "put", "delete")
+                and ast.unparse(func.value).endswith("app") and node.args  # type: ignore[attr-defined]
+                and isinstance(node.args[0], ast.Constant)  # type: ignore[attr-defined]
+            ):
+                routes.append((func.attr.upper(), str(node.args[0].value)))  # type: ignore[attr-defined]
+        if len(routes) > before and path not in used:
+            used.append(path)
+    return MooncakeProtocol(_params_read(src, files), tuple(routes), tuple(used))
 
 
 def _block_ids_type(src: Sources, files: list[str]) -> str:
@@ -388,6 +421,7 @@ def extract(src: Sources) -> Release:
         buffer_devices=buffer_devices(src, nixl),
         nixl_extra_config=extra_config(src, nixl),
         mooncake_extra_config=extra_config(src, mooncake) if mooncake else None,
+        mooncake_protocol=mooncake_protocol(src, mooncake) if mooncake else None,
         kv_transfer_params=kv_transfer_params(src, nixl),
         handshake=handshake(src, nixl),
         chunked_prefill=chunked_prefill(src),

@@ -17,7 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pdfleet.model import vllm_release_data
 from pdfleet.model.vllm_releases import Release, version_key
 from tools.vllm_ast import Sources
 from tools.vllm_extract import extract
@@ -39,6 +38,18 @@ from __future__ import annotations
 
 class FactsError(Exception):
     """A release that cannot be fetched or read (the message says which and why)."""
+
+
+def committed_table() -> dict[str, Release]:
+    """The committed rows; empty (with a warning) when they no longer load, e.g. after a row type gained
+    a field: then --write regenerates every release from its wheel."""
+    try:
+        from pdfleet.model import vllm_release_data
+    except (TypeError, ValueError, AttributeError, ImportError) as exc:
+        print(f"vllm_facts: the committed table does not load ({exc}); diffing against nothing",
+              file=sys.stderr)
+        return {}
+    return dict(vllm_release_data.RELEASES)
 
 
 def wheel_for(version: str, cache: Path) -> Path:
@@ -155,6 +166,10 @@ def summary(release: Release) -> list[str]:
         "  mooncake extra config: "
         + (", ".join(f"{k.name}={k.default!r}" for k in r.mooncake_extra_config.keys)
            if r.mooncake_extra_config else "(no MooncakeConnector)"),
+        "  mooncake protocol: "
+        + (f"reads {', '.join(r.mooncake_protocol.read)}; bootstrap "
+           + ", ".join(f"{method} {path}" for method, path in r.mooncake_protocol.bootstrap_routes)
+           if r.mooncake_protocol else "(no MooncakeConnector)"),
     ]
 
 
@@ -177,8 +192,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the table module --write rewrites (default {DATA_MODULE.relative_to(REPO)})")
     parser.add_argument("--full", action="store_true", help="print every fact, not only the summary")
     args = parser.parse_args(argv)
-    table = dict(vllm_release_data.RELEASES)
+    table = committed_table()
     versions = args.versions or sorted(table, key=version_key)
+    if not versions:
+        print("vllm_facts: no release to derive: name one (the committed table is empty)", file=sys.stderr)
+        return 2
     derived: dict[str, Release] = {}
     try:
         for version in versions:

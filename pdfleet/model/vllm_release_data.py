@@ -21,6 +21,7 @@ from pdfleet.model.vllm_releases import (
     KVTransferConfigFacts,
     KVTransferParams,
     Metric,
+    MooncakeProtocol,
     Registry,
     Release,
     SideChannel,
@@ -106,6 +107,7 @@ V0_11_0 = Release(
         sources=('vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py',),
     ),
     mooncake_extra_config=None,
+    mooncake_protocol=None,
     kv_transfer_params=KVTransferParams(
         produced=(
             'do_remote_prefill',
@@ -755,6 +757,21 @@ V0_33_0 = Release(
         sources=(
             'vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py',
             'vllm/distributed/kv_transfer/kv_connector/v1/mooncake/rdma_utils.py',
+        ),
+    ),
+    mooncake_protocol=MooncakeProtocol(
+        read=(
+            '_p_side_truncated',
+            'do_remote_decode',
+            'do_remote_prefill',
+            'remote_bootstrap_addr',
+            'remote_engine_id',
+            'transfer_id',
+        ),
+        bootstrap_routes=(('POST', '/register'), ('GET', '/query')),
+        sources=(
+            'vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py',
+            'vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_utils.py',
         ),
     ),
     kv_transfer_params=KVTransferParams(

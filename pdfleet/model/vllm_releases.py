@@ -112,6 +112,16 @@ class KVTransferParams:
 
 
 @dataclass(frozen=True)
+class MooncakeProtocol:
+    """MooncakeConnector's side of the router protocol: the kv_transfer_params keys it reads (the router
+    injects them; P returns none) and the HTTP routes of the bootstrap server a prefiller runs."""
+
+    read: tuple[str, ...]
+    bootstrap_routes: tuple[tuple[str, str], ...]  # (method, path)
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Handshake:
     """What P and D compare at the NIXL handshake (empty factors: no compatibility check)."""
 
@@ -174,6 +184,7 @@ class Release:
     buffer_devices: BufferDevices
     nixl_extra_config: ExtraConfig
     mooncake_extra_config: ExtraConfig | None
+    mooncake_protocol: MooncakeProtocol | None
     kv_transfer_params: KVTransferParams
     handshake: Handshake
     chunked_prefill: ChunkedPrefill

@@ -73,6 +73,9 @@ def test_issue_12_rows() -> None:
     assert "min(" in OLD.batch_defaults.max_num_seqs_rule and "min(" in NEW.batch_defaults.max_num_seqs_rule
     assert NEW.batch_defaults.tiers[0].min_gib == 160 and OLD.batch_defaults.tiers[0].min_gib == 70
     assert not OLD.has_connector("MooncakeConnector") and NEW.has_connector("MooncakeConnector")
+    assert OLD.mooncake_protocol is None and NEW.mooncake_protocol is not None
+    assert {"transfer_id", "remote_bootstrap_addr", "remote_engine_id"} <= set(NEW.mooncake_protocol.read)
+    assert ("GET", "/query") in NEW.mooncake_protocol.bootstrap_routes
     assert (OLD.kv_transfer_config.unknown_keys, NEW.kv_transfer_config.unknown_keys) == ("ignore", "forbid")
     assert {"kv_buffer_size", "kv_rank", "kv_parallel_size", "kv_ip"} <= set(OLD.config_keys())
     assert not {"kv_buffer_size", "kv_rank", "kv_parallel_size", "kv_ip"} & set(NEW.config_keys())

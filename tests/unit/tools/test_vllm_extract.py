@@ -15,6 +15,7 @@ from tools.vllm_ast import Sources
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NIXL_011 = "vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py"
 NIXL_033 = "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
+MOONCAKE_033 = "vllm/distributed/kv_transfer/kv_connector/v1/mooncake"
 
 
 def sources(version: str) -> Sources:
@@ -56,7 +57,7 @@ def test_registry_and_the_connector_files_it_points_at(old: Sources, new: Source
     # 0.33 registers the nixl package: all its files; Mooncake's module shares its own folder's helpers
     assert f"{NIXL_033}/pull_scheduler.py" in nixl_files(new) and f"{NIXL_033}/stats.py" in nixl_files(new)
     mooncake = ex.connector_files(new, ex.registry(new), ex.MOONCAKE)
-    assert mooncake == ["vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py"]
+    assert mooncake == [f"{MOONCAKE_033}/mooncake_connector.py", f"{MOONCAKE_033}/mooncake_utils.py"]
 
 
 def test_kv_transfer_config_fields_and_unknown_keys(old: Sources, new: Sources) -> None:
@@ -115,6 +116,15 @@ def test_extra_config_keys_with_defaults(old: Sources, new: Sources) -> None:
     assert {k.name: k.default for k in mooncake.keys} == {
         "device_name": "", "mooncake_protocol": "rdma", "num_workers": 10,
     }
+
+
+def test_mooncake_protocol(old: Sources, new: Sources) -> None:
+    assert ex.connector_files(old, ex.registry(old), ex.MOONCAKE) == []
+    files = ex.connector_files(new, ex.registry(new), ex.MOONCAKE)
+    protocol = ex.mooncake_protocol(new, files)
+    assert protocol.read == ("remote_bootstrap_addr", "remote_engine_id", "transfer_id")
+    assert protocol.bootstrap_routes == (("POST", "/register"), ("GET", "/query"))
+    assert protocol.sources == tuple(files)
 
 
 def test_kv_transfer_params_protocol(old: Sources, new: Sources) -> None:
