@@ -25,6 +25,7 @@ from pdfleet.model.vllm_releases import (
     KVTransferConfigFacts,
     KVTransferParams,
     MooncakeProtocol,
+    PrefixCaching,
     Registry,
     Release,
     SideChannel,
@@ -362,6 +363,24 @@ def chunked_prefill(src: Sources) -> ChunkedPrefill:
     return ChunkedPrefill(forced, warning, ARG_UTILS)
 
 
+def prefix_caching(src: Sources) -> PrefixCaching:
+    """The value EngineArgs gives `enable_prefix_caching` when it is None (unset), a local name it is
+    read from followed one step."""
+    cls = find_class(src.tree(ARG_UTILS), "EngineArgs")
+    for func in (n for n in (cls.body if cls else []) if isinstance(n, ast.FunctionDef)):
+        local = {ast.unparse(n.targets[0]): n.value for n in ast.walk(func)
+                 if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)}
+        for node, tests in guarded(func.body):
+            conditions = [ast.unparse(t) for t in tests]
+            if (
+                isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "self.enable_prefix_caching"
+                and "self.enable_prefix_caching is None" in conditions
+            ):
+                value = local.get(ast.unparse(node.value), node.value)
+                return PrefixCaching(ast.unparse(value), " and ".join(conditions), ARG_UTILS)
+    raise KeyError(f"vLLM {src.version}: {ARG_UTILS} sets no default for enable_prefix_caching")
+
+
 def batch_defaults(src: Sources) -> BatchDefaults:
     """The GPU-memory tiers of default max_num_batched_tokens / max_num_seqs (usage context
     OPENAI_API_SERVER, what `vllm serve` runs under) and the rule that caps max_num_seqs."""
@@ -425,6 +444,7 @@ def extract(src: Sources) -> Release:
         kv_transfer_params=kv_transfer_params(src, nixl),
         handshake=handshake(src, nixl),
         chunked_prefill=chunked_prefill(src),
+        prefix_caching=prefix_caching(src),
         batch_defaults=batch_defaults(src),
         metrics=metrics,
     )

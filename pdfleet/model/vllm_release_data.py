@@ -22,6 +22,7 @@ from pdfleet.model.vllm_releases import (
     KVTransferParams,
     Metric,
     MooncakeProtocol,
+    PrefixCaching,
     Registry,
     Release,
     SideChannel,
@@ -138,6 +139,11 @@ V0_11_0 = Release(
         source='vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py',
     ),
     chunked_prefill=ChunkedPrefill(forced_on=True, disable_warning=None, source='vllm/engine/arg_utils.py'),
+    prefix_caching=PrefixCaching(
+        default='True',
+        when="model_config.runner_type != 'pooling' and self.enable_prefix_caching is None",
+        source='vllm/engine/arg_utils.py',
+    ),
     batch_defaults=BatchDefaults(
         tiers=(
             BatchTier(min_gib=70, excluded=('a100',), max_num_batched_tokens=8192, max_num_seqs=1024),
@@ -838,6 +844,11 @@ V0_33_0 = Release(
             'This model does not officially support disabling chunked prefill. Disabling this manually '
             'may cause the engine to crash or produce incorrect outputs.'
         ),
+        source='vllm/engine/arg_utils.py',
+    ),
+    prefix_caching=PrefixCaching(
+        default='model_config.is_prefix_caching_supported',
+        when='self.enable_prefix_caching is None',
         source='vllm/engine/arg_utils.py',
     ),
     batch_defaults=BatchDefaults(

@@ -141,6 +141,15 @@ class ChunkedPrefill:
 
 
 @dataclass(frozen=True)
+class PrefixCaching:
+    """What `enable_prefix_caching` becomes when the flag is not given (the expression, and when)."""
+
+    default: str  # "True", or what it depends on (0.33: model_config.is_prefix_caching_supported)
+    when: str  # the conditions of that default
+    source: str
+
+
+@dataclass(frozen=True)
 class BatchTier:
     """Default max_num_batched_tokens / max_num_seqs for `vllm serve` on a GPU of at least min_gib."""
 
@@ -188,6 +197,7 @@ class Release:
     kv_transfer_params: KVTransferParams
     handshake: Handshake
     chunked_prefill: ChunkedPrefill
+    prefix_caching: PrefixCaching
     batch_defaults: BatchDefaults
     metrics: tuple[Metric, ...]
 

@@ -159,6 +159,14 @@ def test_chunked_prefill(old: Sources, new: Sources) -> None:
     )
 
 
+def test_prefix_caching_default(old: Sources, new: Sources) -> None:
+    before, after = ex.prefix_caching(old), ex.prefix_caching(new)
+    assert before.default == "True" and "model_config.runner_type != 'pooling'" in before.when
+    # followed from `default_prefix_caching = model_config.is_prefix_caching_supported`
+    assert after.default == "model_config.is_prefix_caching_supported"
+    assert after.when == "self.enable_prefix_caching is None"
+
+
 def test_batch_defaults(old: Sources, new: Sources) -> None:
     before = ex.batch_defaults(old)
     assert [(t.min_gib, t.excluded, t.max_num_batched_tokens, t.max_num_seqs) for t in before.tiers] == [
