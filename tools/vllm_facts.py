@@ -140,6 +140,8 @@ def summary(release: Release) -> list[str]:
     """One line per row of the table: what a reviewer reads first."""
     r = release
     kind, hold = r.kv_hold_s()
+    timing = r.lease_timing()
+    beat = f", heartbeat every {r.lease.heartbeat_interval} (+{r.lease.extension})" if timing else ""
     return [
         f"vLLM {r.version}",
         f"  connectors ({r.registry.source}): {', '.join(c.name for c in r.registry.connectors)}",
@@ -148,7 +150,7 @@ def summary(release: Release) -> list[str]:
         f"  side channel ({r.side_channel.source}): VLLM_NIXL_SIDE_CHANNEL_PORT="
         f"{r.env_default('VLLM_NIXL_SIDE_CHANNEL_PORT')}, advertised {r.side_channel.advertised_port}, "
         f"listener {r.side_channel.listener_port}",
-        f"  KV hold: {kind} {hold:g} s",
+        f"  KV hold: {kind} {hold:g} s{beat}",
         f"  buffer devices ({r.buffer_devices.source}): {dict(r.buffer_devices.by_platform)}",
         f"  kv_transfer_params ({r.kv_transfer_params.source}): {', '.join(r.kv_transfer_params.produced)}; "
         f"handed over on {', '.join(r.kv_transfer_params.finish_statuses)}; "
@@ -170,6 +172,8 @@ def summary(release: Release) -> list[str]:
         "  mooncake protocol: "
         + (f"reads {', '.join(r.mooncake_protocol.read)}; bootstrap "
            + ", ".join(f"{method} {path}" for method, path in r.mooncake_protocol.bootstrap_routes)
+           + "; " + ", ".join(f"{name}({', '.join(f for f, _ in fields)})"
+                             for name, fields in r.mooncake_protocol.bootstrap_schemas)
            if r.mooncake_protocol else "(no MooncakeConnector)"),
     ]
 

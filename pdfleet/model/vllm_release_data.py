@@ -20,6 +20,7 @@ from pdfleet.model.vllm_releases import (
     Handshake,
     KVTransferConfigFacts,
     KVTransferParams,
+    Lease,
     Metric,
     MooncakeProtocol,
     PrefixCaching,
@@ -137,6 +138,11 @@ V0_11_0 = Release(
         hash_factors=(),
         min_nixl=None,
         source='vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py',
+    ),
+    lease=Lease(
+        heartbeat_interval=None,
+        extension=None,
+        sources=('vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py',),
     ),
     chunked_prefill=ChunkedPrefill(forced_on=True, disable_warning=None, source='vllm/engine/arg_utils.py'),
     prefix_caching=PrefixCaching(
@@ -775,6 +781,19 @@ V0_33_0 = Release(
             'transfer_id',
         ),
         bootstrap_routes=(('POST', '/register'), ('GET', '/query')),
+        bootstrap_schemas=(
+            (
+                'RegisterWorkerPayload',
+                (
+                    ('engine_id', 'EngineId'),
+                    ('dp_rank', 'int'),
+                    ('tp_rank', 'int'),
+                    ('pp_rank', 'int'),
+                    ('addr', 'WorkerAddr'),
+                ),
+            ),
+            ('EngineEntry', (('engine_id', 'EngineId'), ('worker_addr', 'dict[int, dict[int, WorkerAddr]]'))),
+        ),
         sources=(
             'vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py',
             'vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_utils.py',
@@ -837,6 +856,14 @@ V0_33_0 = Release(
         ),
         min_nixl='1.5.0',
         source='vllm/distributed/kv_transfer/kv_connector/v1/nixl/metadata.py',
+    ),
+    lease=Lease(
+        heartbeat_interval='kv_lease_duration // 6',
+        extension='kv_lease_duration * 2 // 3',
+        sources=(
+            'vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py',
+            'vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py',
+        ),
     ),
     chunked_prefill=ChunkedPrefill(
         forced_on=False,

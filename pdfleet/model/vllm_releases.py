@@ -9,6 +9,8 @@ Values are kept as vLLM spells them (names, env vars, defaults), so nothing is t
 
 from __future__ import annotations
 
+import ast
+import operator
 from dataclasses import dataclass
 
 Scalar = str | int | float | bool | None
@@ -118,6 +120,8 @@ class MooncakeProtocol:
 
     read: tuple[str, ...]
     bootstrap_routes: tuple[tuple[str, str], ...]  # (method, path)
+    # the bootstrap server's payload types beside its routes: (class, ((field, annotation), ...))
+    bootstrap_schemas: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
     sources: tuple[str, ...]
 
 
@@ -129,6 +133,16 @@ class Handshake:
     hash_factors: tuple[str, ...]  # keys of the compatibility-hash factors dict
     min_nixl: str | None  # check_nixl_version(...) at worker start
     source: str
+
+
+@dataclass(frozen=True)
+class Lease:
+    """How D keeps P's blocks alive (0.33+): how often D sends heartbeats and how far each one extends
+    the lease, as expressions of `kv_lease_duration` (None: the release holds blocks for a fixed time)."""
+
+    heartbeat_interval: str | None  # e.g. "kv_lease_duration // 6"
+    extension: str | None  # e.g. "kv_lease_duration * 2 // 3"
+    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -196,6 +210,7 @@ class Release:
     mooncake_protocol: MooncakeProtocol | None
     kv_transfer_params: KVTransferParams
     handshake: Handshake
+    lease: Lease
     chunked_prefill: ChunkedPrefill
     prefix_caching: PrefixCaching
     batch_defaults: BatchDefaults
@@ -241,6 +256,17 @@ class Release:
             return "timeout", float(self.env_default("VLLM_NIXL_ABORT_REQUEST_TIMEOUT"))  # type: ignore[arg-type]
         return "lease", float(self.extra_default("NixlConnector", "kv_lease_duration"))  # type: ignore[arg-type]
 
+    def lease_timing(self, kv_lease_duration: float | None = None) -> tuple[float, float, float] | None:
+        """(lease, heartbeat interval, extension per heartbeat) in seconds for a lease duration (the
+        release's default when None); None for a release without leases."""
+        lease = self.lease
+        if lease.heartbeat_interval is None or lease.extension is None:
+            return None
+        if kv_lease_duration is None:
+            kv_lease_duration = float(self.extra_default("NixlConnector", "kv_lease_duration"))  # type: ignore[arg-type]
+        scope = {"kv_lease_duration": kv_lease_duration}
+        return kv_lease_duration, _arith(lease.heartbeat_interval, scope), _arith(lease.extension, scope)
+
     def buffer_devices_on(self, platform: str) -> tuple[str, ...]:
         """kv_buffer_device values NixlConnector accepts on a platform ("cuda", "cpu", ...)."""
         return dict(self.buffer_devices.by_platform).get(platform, ())
@@ -263,6 +289,25 @@ class Release:
     def metric_names(self, include_conditional: bool = False) -> tuple[str, ...]:
         """Names registered on every start (and, if asked, those behind a condition too)."""
         return tuple(m.name for m in self.metrics if include_conditional or m.when is None)
+
+
+_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+          ast.FloorDiv: operator.floordiv, ast.Div: operator.truediv}
+
+
+def _arith(text: str, scope: dict[str, float]) -> float:
+    """An expression of the table (`kv_lease_duration * 2 // 3`): numbers, names in scope, + - * / //."""
+
+    def value(node: ast.expr) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in scope:
+            return scope[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITH:
+            return _ARITH[type(node.op)](value(node.left), value(node.right))
+        raise ValueError(f"not a table expression: {text!r}")
+
+    return float(value(ast.parse(text, mode="eval").body))
 
 
 def version_key(version: str) -> tuple[int, ...]:

@@ -26,6 +26,12 @@ def test_kv_hold_is_a_timeout_then_a_lease() -> None:
     assert NEW.kv_hold_s() == ("lease", 30.0)
 
 
+def test_lease_timing() -> None:
+    assert OLD.lease_timing() is None
+    assert NEW.lease_timing() == (30.0, 5.0, 20.0)  # 30 s lease, heartbeat every 30 // 6, +30 * 2 // 3
+    assert NEW.lease_timing(60) == (60.0, 10.0, 40.0)
+
+
 def test_env_and_extra_config_lookups() -> None:
     assert OLD.env_default("VLLM_NIXL_SIDE_CHANNEL_PORT") == 5557
     assert NEW.env_default("VLLM_MOONCAKE_BOOTSTRAP_PORT") == 8998
