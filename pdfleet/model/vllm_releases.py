@@ -5,6 +5,11 @@ sources, never by hand; the script's diff against it is the review). Each row na
 comes from (`source`, a path inside the wheel). This module holds the row types and the questions
 rendering (`fleet.vllm_args`), profile checks (`model.checks`) and the simulator (`sim`) ask of a pin.
 Values are kept as vLLM spells them (names, env vars, defaults), so nothing is translated twice.
+
+Not tabled, with the reason: the `vllm serve` flag set (built at run time from config dataclasses by
+`get_kwargs`; the simulator's accepted-flags row is the next addition), speculative-decoding metrics
+(pdfleet renders none), and what the `nixl` wheel's cu12/cu13 extras install (PyPI metadata of nixl,
+not vLLM source: the minimum version vLLM checks is `handshake.min_nixl`).
 """
 
 from __future__ import annotations
