@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     """Derive, print, diff and (with --write) regenerate the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("versions", nargs="*", help="vLLM releases to derive (default: every tabled one)")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where wheels are kept")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                        help=f"where wheels are downloaded and kept (default {DEFAULT_CACHE})")
     parser.add_argument("--write", action="store_true",
                         help="rewrite the table module with the derived releases (others kept as they are)")
     parser.add_argument("--out", type=Path, default=DATA_MODULE,
