@@ -81,7 +81,30 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return merged
 
 
-def _load_raw(path: Path, chain: list[Path], origins: Origins) -> dict[str, Any]:
+def _find_base(name: str, path: Path, profiles_dir: Path | None) -> Path:
+    """The file `extends: name` in `path` means: the file's own folder first, then the profiles dir, so a
+    site profile kept outside the repo can extend a shipped one (`extends: cross-rdma`)."""
+    folders = [path.parent]
+    if profiles_dir is not None and profiles_dir.resolve() != path.parent.resolve():
+        folders.append(profiles_dir)
+    for folder in folders:
+        found = _find(name, folder)
+        # a file never extends itself: site/cross-rdma.yml with `extends: cross-rdma` means the shipped one
+        if found is not None and found.resolve() != path.resolve():
+            return found
+    names = sorted(
+        {p.stem for folder in folders if folder.is_dir() for p in folder.iterdir()
+         if p.suffix in PROFILE_SUFFIXES and p.is_file()}
+    )
+    where = " or ".join(str(folder) for folder in folders)
+    raise ProfileError(
+        [f"{path}: extends: no profile {name!r} in {where}; available: {', '.join(names) or '(none)'}"]
+    )
+
+
+def _load_raw(
+    path: Path, chain: list[Path], origins: Origins, profiles_dir: Path | None = None
+) -> dict[str, Any]:
     """One file's mapping with its `extends:` chain merged underneath; detects cycles and missing bases."""
     data = read_yaml(path)
     if data is None:
@@ -98,17 +121,12 @@ def _load_raw(path: Path, chain: list[Path], origins: Origins) -> dict[str, Any]
     if base_name is not None:
         if not isinstance(base_name, str) or not base_name:
             raise ProfileError([f"{path}: extends: must be the name of another profile (got {base_name!r})"])
-        base_path = _find(base_name, path.parent)
-        if base_path is None:
-            names = [p.stem for p in sorted(path.parent.iterdir()) if p.suffix in PROFILE_SUFFIXES]
-            raise ProfileError(
-                [f"{path}: extends: no profile {base_name!r} in {path.parent}; available: {', '.join(names)}"]
-            )
+        base_path = _find_base(base_name, path, profiles_dir)
         resolved = [p.resolve() for p in chain]
         if base_path.resolve() in resolved or base_path.resolve() == path.resolve():
             cycle = " -> ".join(p.stem for p in [*chain, path, base_path])
             raise ProfileError([f"{path}: extends: cycle {cycle}"])
-        base_data = _load_raw(base_path, [*chain, path], origins)
+        base_data = _load_raw(base_path, [*chain, path], origins, profiles_dir)
     _record_origins(data, (), path, origins)
     return _deep_merge(base_data, data)
 
@@ -117,7 +135,7 @@ def load_profile(name_or_path: str, profiles_dir: Path) -> Profile:
     """Load, merge (`extends:`) and validate a profile; raises ProfileError listing every problem."""
     path = resolve_profile(str(name_or_path), Path(profiles_dir))
     origins: Origins = {}
-    data = _load_raw(path, [], origins)
+    data = _load_raw(path, [], origins, Path(profiles_dir))
     data.pop("extends", None)
     try:
         profile = Profile.model_validate(
@@ -138,7 +156,7 @@ def load_profile(name_or_path: str, profiles_dir: Path) -> Profile:
 def raw_profile(name_or_path: str, profiles_dir: Path) -> dict[str, Any]:
     """The merged YAML of a profile without validation ({} if unreadable), for listings of bad profiles."""
     try:
-        return _load_raw(resolve_profile(str(name_or_path), Path(profiles_dir)), [], {})
+        return _load_raw(resolve_profile(str(name_or_path), Path(profiles_dir)), [], {}, Path(profiles_dir))
     except ValidationError:
         return {}
 

@@ -413,6 +413,47 @@ def test_extends_cycle(tmp_path: Path) -> None:
     assert f"{tmp_path / 'c.yml'}: extends: cycle a -> b -> c -> a" in str(err.value)
 
 
+def test_extends_finds_a_shipped_profile_from_a_site_profile_kept_anywhere(tmp_path: Path) -> None:
+    site = tmp_path / "site" / "ours.yml"
+    site.parent.mkdir()
+    site.write_text("extends: cross-rdma\ndescription: our site\nrdma: {mtu: 4200}\n")
+    profile = load_profile(str(site), PROFILES)
+    assert profile.topology == "cross-host" and profile.description == "our site"
+    assert profile.rdma.mtu == 4200 and profile.rdma.min_bandwidth_gbps == 350
+    # errors and origins point at the file that set each key: the site file, the shipped profile, its base
+    assert profile.origin_of("rdma.mtu") == site
+    assert profile.origin_of("rdma.min_bandwidth_gbps") == PROFILES / "cross-rdma.yml"
+    assert profile.origin_of("gateway.stages") == PROFILES / "_base.yml"
+
+
+def test_extends_looks_in_the_file_s_own_folder_first(tmp_path: Path) -> None:
+    shipped = (PROFILES / "cross-rdma.yml").read_text()
+    assert "mtu: 9000" in shipped
+    (tmp_path / "cross-rdma.yml").write_text(shipped.replace("mtu: 9000", "mtu: 4200"))
+    (tmp_path / "ours.yml").write_text("extends: cross-rdma\n")
+    profile = load_profile(str(tmp_path / "ours.yml"), PROFILES)
+    assert profile.rdma.mtu == 4200 and profile.origin_of("rdma.mtu") == tmp_path / "cross-rdma.yml"
+    # the local cross-rdma's own `extends: _base` is not in its folder: the profiles dir has it
+    assert profile.origin_of("gateway.stages") == PROFILES / "_base.yml"
+
+
+def test_a_site_file_named_like_a_shipped_profile_extends_the_shipped_one(tmp_path: Path) -> None:
+    (tmp_path / "cross-rdma.yml").write_text("extends: cross-rdma\nrdma: {mtu: 4200}\n")
+    profile = load_profile(str(tmp_path / "cross-rdma.yml"), PROFILES)
+    assert profile.rdma.mtu == 4200 and profile.origin_of("rdma.dscp") == PROFILES / "cross-rdma.yml"
+
+
+def test_extends_missing_everywhere_names_both_folders(tmp_path: Path) -> None:
+    (tmp_path / "ours.yml").write_text("extends: cross-rmda\n")
+    with pytest.raises(ValidationError) as err:
+        load_profile(str(tmp_path / "ours.yml"), PROFILES)
+    message = str(err.value)
+    assert message.startswith(
+        f"{tmp_path / 'ours.yml'}: extends: no profile 'cross-rmda' in {tmp_path} or {PROFILES}; available: "
+    )
+    assert "cross-rdma" in message and "ours" in message
+
+
 def test_yaml_syntax_error_has_line_number(tmp_path: Path) -> None:
     (tmp_path / "broken.yml").write_text(
         "topology: cross-host\npools:\n  prefill: {port: 8100\n  decode: x\n"

@@ -1,0 +1,56 @@
+"""Metric registrations read from excerpts of vLLM's stat logger and NIXL stats: names, types, labels,
+the conditions they are registered under, and histogram bounds as the registering function builds them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tools import vllm_extract as ex
+from tools import vllm_metrics
+from tools.vllm_ast import Sources
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+           480.0, 960.0, 1920.0, 7680.0)
+TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+        40.0, 80.0, 160.0, 640.0, 2560.0)
+
+
+def metrics(version: str) -> dict[str, object]:
+    src = Sources.from_dir(FIXTURES / f"vllm-{version}", version)
+    nixl = ex.connector_files(src, ex.registry(src), ex.NIXL)
+    return {m.name: m for m in vllm_metrics.metrics(src, nixl)}
+
+
+def test_0_11_stat_logger_metrics() -> None:
+    found = metrics("0.11.0")
+    assert found["vllm:time_to_first_token_seconds"].buckets == TTFT  # a literal list
+    queue = found["vllm:request_queue_time_seconds"]
+    assert queue.kind == "histogram" and queue.buckets == LATENCY  # a list bound to a name first
+    prompt = found["vllm:request_prompt_tokens"]
+    assert prompt.buckets is None and prompt.buckets_rule == "build_1_2_5_buckets(max_model_len)"
+    assert found["vllm:request_success"].labels == ("model_name", "engine", "finished_reason")
+    assert found["vllm:num_preemptions"].kind == "counter" and found["vllm:num_preemptions"].when is None
+    assert found["vllm:gpu_cache_usage_perc"].when == "self.show_hidden_metrics"
+    assert not [name for name in found if name.startswith("vllm:nixl_")]
+
+
+def test_0_33_bucket_families_and_nixl_metrics() -> None:
+    found = metrics("0.33.0")
+    # histogram_buckets("request_latency") -> buckets.py's REQUEST_LATENCY_BUCKETS
+    assert found["vllm:request_queue_time_seconds"].buckets == LATENCY
+    assert found["vllm:time_to_first_token_seconds"].buckets == TTFT
+    assert found["vllm:request_prompt_tokens"].buckets_rule == "build_1_2_5_buckets(max_model_len)"
+    lifetime = found["vllm:kv_block_lifetime_seconds"]
+    assert lifetime.when == "self.kv_cache_metrics_enabled" and lifetime.buckets[-1] == 1800
+    xfer = found["vllm:nixl_xfer_time_seconds"]
+    assert xfer.buckets[0] == 0.005 and xfer.buckets[-1] == 5.0  # buckets[1:] of the post-time list
+    assert found["vllm:nixl_post_time_seconds"].buckets[0] == 0.001
+    assert found["vllm:nixl_bytes_transferred"].buckets == tuple(2**e for e in range(11, 34, 2))
+    assert found["vllm:nixl_num_descriptors"].buckets == (
+        10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000,
+    )
+    assert found["vllm:nixl_num_kv_expired_reqs"].kind == "counter"
+    # the stat logger's labelnames, handed to the connector's metrics
+    assert found["vllm:nixl_num_kv_expired_reqs"].labels == ("model_name", "engine")
+    assert len([name for name in found if name.startswith("vllm:nixl_")]) == 8

@@ -1,0 +1,133 @@
+"""vLLM's Prometheus metrics as registered in its source: `self._gauge_cls(name="vllm:...", ...)` calls in
+the stat logger (v1/metrics/loggers.py) and NixlConnector's stats. Speculative-decoding metrics are not
+tabled (pdfleet renders no speculative decoding; 0.33 builds their names from a list of tuples).
+
+Bucket lists are evaluated from the tree in the order the function builds them (a list bound to
+`buckets` and re-bound later, `buckets[1:]`, `[2 ** (10 + i) for i in range(1, 25, 2)]`, 0.33's
+`histogram_buckets("family")` families of v1/metrics/buckets.py); bounds that depend on the model
+(`build_1_2_5_buckets(max_model_len)`) are kept as that rule.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from pdfleet.model.vllm_releases import Metric
+from tools.vllm_ast import NotConstant, Sources, assigned, call_name, const, find_function, guarded, keyword
+
+LOGGERS = "vllm/v1/metrics/loggers.py"
+BUCKETS = "vllm/v1/metrics/buckets.py"
+KINDS = {
+    "_gauge_cls": "gauge", "Gauge": "gauge",
+    "_counter_cls": "counter", "Counter": "counter",
+    "_histogram_cls": "histogram", "Histogram": "histogram",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Bucket bounds computed at start-up from the model (kept as the expression that computes them)."""
+
+    text: str
+
+
+def base_labels(src: Sources) -> list[str]:
+    """The labels every engine metric carries: the stat logger's first `labelnames = [...]`."""
+    value = next(assigned(src.tree(LOGGERS), "labelnames"))
+    return [str(v) for v in const(value)]  # type: ignore[union-attr]
+
+
+def _families(src: Sources) -> dict[str, object]:
+    """0.33's bucket families: family key -> default bounds (or the rule for model-dependent ones)."""
+    if not src.has(BUCKETS):
+        return {}
+    tree = src.tree(BUCKETS)
+    module = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+            if isinstance(target, ast.Name) and node.value is not None:
+                try:
+                    module[target.id] = const(node.value, module)
+                except NotConstant:
+                    continue
+    families: dict[str, object] = dict(module.get("_STATIC_FAMILY_DEFAULTS", {}))  # type: ignore[arg-type]
+    chooser = find_function(tree, "histogram_buckets")
+    for node in ast.walk(chooser) if chooser else ():
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            family = node.test.comparators[0]
+            returned = next((r.value for r in ast.walk(node) if isinstance(r, ast.Return) and r.value), None)
+            if isinstance(family, ast.Constant) and returned is not None:
+                families[str(family.value)] = Rule(ast.unparse(returned))
+    return families
+
+
+def _value(node: ast.expr, scope: dict[str, object], families: dict[str, object]) -> object:
+    """A bucket or label expression: a constant, a scope name, a bucket family, or a Rule."""
+    if isinstance(node, ast.Name) and node.id in scope:
+        return scope[node.id]
+    if call_name(node) == "histogram_buckets" and node.args and isinstance(node.args[0], ast.Constant):  # type: ignore[attr-defined]
+        return families.get(str(node.args[0].value), Rule(ast.unparse(node)))  # type: ignore[attr-defined]
+    if call_name(node) in ("build_1_2_5_buckets", "build_buckets", "build_cudagraph_buckets"):
+        return Rule(ast.unparse(node))
+    try:
+        return const(node, {k: v for k, v in scope.items() if not isinstance(v, Rule)})
+    except NotConstant:
+        return Rule(ast.unparse(node))
+
+
+def _labels(node: ast.expr | None, scope: dict[str, object], families: dict[str, object]) -> tuple[str, ...]:
+    """Label names: lists, `labelnames + ["reason"]`; an element that is not constant is kept as text."""
+    if node is None:
+        return ()
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _labels(node.left, scope, families) + _labels(node.right, scope, families)
+    if isinstance(node, ast.List | ast.Tuple):
+        return tuple(str(_value(e, scope, families)) if isinstance(e, ast.Constant) else ast.unparse(e)
+                     for e in node.elts)
+    value = _value(node, scope, families)
+    return tuple(str(v) for v in value) if isinstance(value, list) else (ast.unparse(node),)
+
+
+def _function_metrics(func: ast.FunctionDef, path: str, labels: list[str],
+                      families: dict[str, object]) -> list[Metric]:
+    """Metrics one function registers, with the `if` conditions around each."""
+    scope: dict[str, object] = {"labelnames": labels}
+    found = []
+    for node, tests in guarded(func.body):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            scope[node.targets[0].id] = _value(node.value, scope, families)
+            continue
+        kind = KINDS.get(call_name(node) or "")
+        name_node = keyword(node, "name") if kind else None  # type: ignore[arg-type]
+        if not isinstance(name_node, ast.Constant) or not str(name_node.value).startswith("vllm:"):
+            continue
+        buckets = _value(keyword(node, "buckets"), scope, families) if keyword(node, "buckets") else None  # type: ignore[arg-type]
+        found.append(Metric(
+            name=str(name_node.value),
+            kind=kind,  # type: ignore[arg-type]
+            labels=_labels(keyword(node, "labelnames"), scope, families),  # type: ignore[arg-type]
+            buckets=tuple(buckets) if isinstance(buckets, list | tuple) else None,  # type: ignore[arg-type]
+            buckets_rule=buckets.text if isinstance(buckets, Rule) else None,
+            when=" and ".join(ast.unparse(t) for t in tests) or None,
+            source=path,
+        ))
+    return found
+
+
+def metric_files(src: Sources, nixl_files: list[str]) -> list[str]:
+    """The stat logger and the NIXL files that register `vllm:nixl_*`."""
+    return [LOGGERS] + [p for p in nixl_files if '"vllm:nixl_' in src.files[p]]
+
+
+def metrics(src: Sources, nixl_files: list[str]) -> tuple[Metric, ...]:
+    """Every `vllm:` metric the release registers in those files, sorted by name then condition."""
+    labels = base_labels(src)
+    families = _families(src)
+    found: dict[tuple[str, str | None], Metric] = {}
+    for path in metric_files(src, nixl_files):
+        for func in (n for n in ast.walk(src.tree(path)) if isinstance(n, ast.FunctionDef)):
+            for metric in _function_metrics(func, path, labels, families):
+                found.setdefault((metric.name, metric.when), metric)
+    return tuple(sorted(found.values(), key=lambda m: (m.name, m.when or "")))
