@@ -93,17 +93,11 @@ def read_chain(client: PrometheusClient, profile: Profile, topology: Topology, m
     figures = []
     for figure in chain_figures(profile, has_gateway):
         try:
-            values = client.grouped(figure.name, _labels_of(figure), figure.name)
+            values = client.grouped(figure.name, figure.labels, figure.name)
         except SeriesAbsent:
             values = {}
         figures.append(FigureRows(figure, {k: v for k, v in values.items() if not math.isnan(v)}))
     return ChainTable(steps, tuple(figures), window_s, profile.monitoring.rule_window_s)
-
-
-def _labels_of(figure: Figure) -> Group:
-    """The grouping labels a figure's recorded name says (`pool_role:...` → pool, role)."""
-    level = figure.name.split(":", 1)[0]
-    return tuple({"class": "length_class"}.get(p, p) for p in level.split("_") if p != "fleet")
 
 
 def fmt_seconds(value: float | None) -> str:

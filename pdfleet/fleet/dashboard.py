@@ -180,7 +180,7 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
                         "Routing decisions by stage",
                         (
                             Query(
-                                "stage_class_pool:gateway_routing_decisions:rate",
+                                "stage_class_pool_reason:gateway_routing_decisions:rate",
                                 "{{stage}} {{length_class}} → {{pool}} ({{reason}})",
                             ),
                         ),

@@ -15,6 +15,7 @@ import yaml
 
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.topology import MetricsEndpoint, Topology
+from pdfleet.metrics.direct import Target
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 
@@ -41,6 +42,13 @@ def _static(endpoint: MetricsEndpoint) -> dict[str, Any]:
     """One target with its topology labels; `instance` names the host and port."""
     labels = {**dict(endpoint.labels), "instance": f"{endpoint.host}:{endpoint.port}"}
     return {"targets": [f"{endpoint.address}:{endpoint.port}"], "labels": labels}
+
+
+def direct_targets(topology: Topology) -> list[Target]:
+    """Every metrics endpoint as a DirectScrape target with the labels Prometheus would give it (`job`,
+    `instance`, pool, role, host), for a site without a monitoring host: the same queries group alike."""
+    return [Target(e.url, {**dict(e.labels), "job": e.job, "instance": f"{e.host}:{e.port}"})
+            for e in topology.metrics_endpoints]
 
 
 def self_endpoint(host: Host, port: int) -> MetricsEndpoint:

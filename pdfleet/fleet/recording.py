@@ -69,6 +69,12 @@ class Figure:
     title: str
     gateway: bool = False  # needs a gateway (its metrics) in the topology
 
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The labels the series keeps, as its name's level says (`pool_class:...` → pool, length_class)."""
+        level = self.name.split(":", 1)[0]
+        return tuple("length_class" if p == "class" else p for p in level.split("_") if p != "fleet")
+
 
 def _rate(counter: str, by: tuple[str, ...], window: str, per: int = 1, match: str = "") -> str:
     scale = f"{per} * " if per != 1 else ""
@@ -123,7 +129,7 @@ def figures(window: str) -> tuple[Figure, ...]:
             gateway=True,
         ),
         Figure(
-            "stage_class_pool:gateway_routing_decisions:rate",
+            "stage_class_pool_reason:gateway_routing_decisions:rate",
             _rate(
                 "pdfleet_gateway_routing_decisions_total", ("stage", "length_class", "pool", "reason"), window
             ),

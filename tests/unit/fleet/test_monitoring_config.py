@@ -9,6 +9,7 @@ from pdfleet.errors import ValidationError
 from pdfleet.fleet.monitoring_config import (
     VLLM_NAME_RELABEL,
     defaults_file,
+    direct_targets,
     prometheus_args,
     prometheus_config,
     scrape_jobs,
@@ -68,3 +69,14 @@ def test_an_address_with_quotes_cannot_reach_the_defaults_file() -> None:
     bad = Host(name="m", address='10.0.0.1" EVIL="1', groups=frozenset({"monitoring"}), vars={})
     with pytest.raises(ValidationError, match="host m: address .* cannot be written"):
         defaults_file(fleet.profile, bad)
+
+
+def test_direct_targets_carry_the_labels_prometheus_would_attach() -> None:
+    fleet = fleet_of("lab-cross", REPO / "inventory" / "lab.yml")
+    host = fleet.inventory.hosts["lab-gw"]
+    jobs = yaml.safe_load(prometheus_config(fleet.profile, fleet.topology, host))["scrape_configs"]
+    scraped = {(s["targets"][0], tuple(sorted({**s["labels"], "job": j["job_name"]}.items())))
+               for j in jobs if j["job_name"] != "prometheus" for s in j["static_configs"]}
+    direct = {(t.url.removeprefix("http://").removesuffix("/metrics"), tuple(sorted(t.labels.items())))
+              for t in direct_targets(fleet.topology)}
+    assert direct == scraped

@@ -75,3 +75,18 @@ def test_rule_windows_and_intervals_come_from_the_profile() -> None:
     assert {g["interval"] for g in doc["groups"]} == {"5s"}  # type: ignore[index]
     assert all("[120s]" in r["expr"] for r in _rules(profile.model_copy(update={"monitoring": mon}), True)
                if "rate(" in r["expr"])
+
+
+def test_each_recorded_name_says_the_labels_its_series_keep() -> None:
+    """`level:metric:operation`: the level lists exactly the `by` labels (monitor groups by them)."""
+    import re
+
+    from pdfleet.fleet.recording import chain_figures
+
+    for figure in chain_figures(_with(_profile("cross-rdma"), "sim", "0.11.0"), True):
+        grouped = re.search(r"^(?:\d+ \* )?(?:sum|max) by \(([^)]*)\)", figure.expr)
+        if grouped:
+            assert figure.labels == tuple(x.strip() for x in grouped.group(1).split(",")), figure.name
+    for step in CHAIN:
+        assert step.recorded(0.95).split(":")[0] == "_".join(
+            "class" if b == "length_class" else b for b in step.by)
