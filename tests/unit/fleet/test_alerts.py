@@ -7,8 +7,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import openai
 from prometheus_client import Histogram
 
+from pdfleet.bench.launch import RouterProcess, SimProcess
+from pdfleet.bench.procs import free_port
 from pdfleet.fleet.alerts import alert_rules
 from pdfleet.fleet.monitoring_config import dump
 from pdfleet.fleet.recording import recording_rules
@@ -16,6 +19,7 @@ from pdfleet.model.profile import Profile
 from pdfleet.sim.metrics import XFER_BUCKETS
 from tests.unit.fleet.helpers import fleet_of
 from tests.unit.metrics.helpers import exporter, prometheus, scrape_config, wait_for
+from tests.unit.sim.helpers import MODEL, kv_config
 
 
 def _alerts(profile: Profile, has_gateway: bool) -> dict[str, dict[str, Any]]:
@@ -119,3 +123,64 @@ def test_kv_transfer_alert_fires_on_slow_transfers_and_resolves(tmp_path: Path) 
                 45,
                 "PdfleetKVTransferSlow resolved",
             )
+
+
+def test_a_slow_sim_link_fires_the_kv_alert_on_real_simulators(tmp_path: Path) -> None:
+    """The lab test's premise, on loopback: a P/D pair of simulators whose consumer models KV over TCP
+    (--sim-link tcp), driven through the real vllm-router, fires PdfleetKVTransferSlow."""
+    profile = _sim(
+        fleet_of("cross-rdma").profile,
+        scrape_interval_s=1,
+        evaluation_interval_s=1,
+        rule_window_s=10,
+        alert_for_s=0,
+    )
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "recording.yml").write_text(dump(recording_rules(profile, False)))
+    (rules / "alerts.yml").write_text(dump(alert_rules(profile, False)))
+    common = [MODEL, "--sim-time-scale", "0.1"]
+    side = free_port()
+    producer = SimProcess(
+        [*common, "--kv-transfer-config", kv_config("kv_producer")],
+        env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
+    )
+    consumer = SimProcess([*common, "--sim-link", "tcp", "--kv-transfer-config", kv_config("kv_consumer")])
+    with producer as p, consumer as d, RouterProcess([p.url], [d.url]) as router:
+        labels = {
+            "p": {"pool": "disagg", "role": "prefill", "host": "p"},
+            "d": {"pool": "disagg", "role": "decode", "host": "d"},
+        }
+        config = scrape_config(
+            [(p.url.removeprefix("http://"), labels["p"]), (d.url.removeprefix("http://"), labels["d"])],
+            rule_files=[str(rules / "recording.yml"), str(rules / "alerts.yml")],
+        )
+        client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def long_prompts() -> None:
+            while not stop.is_set():
+                try:
+                    client.completions.create(
+                        model=MODEL, prompt="word " * 8000, max_tokens=4
+                    )  # ≈ 10K tokens
+                except BaseException as exc:  # noqa: BLE001 - reported by the test, not lost in the thread
+                    errors.append(exc)
+                    return
+
+        with prometheus(tmp_path / "prom", config) as prom:
+            thread = threading.Thread(target=long_prompts, daemon=True)
+            thread.start()
+            try:
+                wait_for(
+                    lambda: bool(errors) or _alert_states(prom.client, "PdfleetKVTransferSlow") == ["firing"],
+                    90,
+                    "PdfleetKVTransferSlow firing on the TCP link",
+                )
+                assert not errors, errors
+                p95 = prom.client.instant('pool_role:vllm_kv_transfer_seconds:p95{role="decode"}')
+                assert p95 and p95[0].value > 0.2
+            finally:
+                stop.set()
+                thread.join(60)
