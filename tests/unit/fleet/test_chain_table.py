@@ -49,4 +49,5 @@ def test_rows_per_group_and_no_data_rows() -> None:
     assert row.split()[4:] == ["disagg", "long", "100", "ms", "200", "ms", "no", "data", "100", "ms", "300",
                                "ms", "400", "ms"]
     assert next(line for line in lines if line.startswith(queue.title)).count(NO_DATA) == 6
-    assert next(line for line in lines if line.startswith(fig.title)).split()[-3:] == ["disagg", "long", "2.5"]
+    figure_row = next(line for line in lines if line.startswith(fig.title))
+    assert figure_row.split()[-3:] == ["disagg", "long", "2.5"]
