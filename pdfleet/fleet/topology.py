@@ -133,7 +133,7 @@ class Topology:
             if g.router_metrics_port is not None:
                 labels = MappingProxyType({"pool": "disagg", "role": "router", "host": g.host})
                 port = g.router_metrics_port
-                out.append(MetricsEndpoint("vllm-router", g.host, ROUTER_ADDRESS, port, labels))
+                out.append(MetricsEndpoint("vllm-router", g.host, g.address, port, labels))
         return tuple(out)
 
 

@@ -1,22 +1,27 @@
-"""A direct scrape of one server's Prometheus text endpoint, for before/after deltas in tests and benches."""
+"""A direct scrape of one server's Prometheus text endpoint, for before/after deltas in tests and benches.
+
+The exposition is read by the same parser as `pdfleet.metrics.direct` (windowed figures over scrapes).
+"""
 
 from __future__ import annotations
 
 import urllib.request
 
+from pdfleet.metrics.direct import parse_exposition
 
-def _samples(url: str) -> list[str]:
-    """The sample lines of url/metrics (comments and blank lines left out)."""
+
+def _samples(url: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of url/metrics: (name, labels, value)."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        return [line for line in resp.read().decode().splitlines() if line and not line.startswith("#")]
+        text = resp.read().decode()
+    return [(name, dict(labels), value) for (name, labels), value in parse_exposition(text, {}).items()]
 
 
 def scrape_metrics(url: str) -> dict[str, float]:
     """A server's /metrics as metric name -> value summed over label sets (enough for before/after deltas)."""
     out: dict[str, float] = {}
-    for line in _samples(url):
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    for name, _, value in _samples(url):
+        out[name] = out.get(name, 0.0) + value
     return out
 
 
@@ -26,9 +31,8 @@ def scrape_histogram(url: str, name: str) -> dict[float, float]:
     Summed over the other labels' sets, like scrape_metrics.
     """
     out: dict[float, float] = {}
-    prefix = name + "_bucket{"
-    for line in _samples(url):
-        if line.startswith(prefix):
-            le = float(line.split('le="', 1)[1].split('"', 1)[0])
-            out[le] = out.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    for sample, labels, value in _samples(url):
+        if sample == name + "_bucket":
+            le = float(labels["le"])
+            out[le] = out.get(le, 0.0) + value
     return out

@@ -24,6 +24,7 @@ from pydantic import (
 from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
 from pdfleet.model.connectors import MOONCAKE, NIXL, NIXL_SIDE_CHANNEL_PORT
+from pdfleet.model.monitoring import MonitoringSpec
 from pdfleet.model.stages import StageSpec
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
@@ -306,6 +307,7 @@ class Profile(_Model):
     mirrors: Mirrors = Field(default_factory=Mirrors)
     gateway: GatewaySpec
     slo: SloSpec
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
     # key path -> file that set it (this file or a base), so later errors point at the file to edit
     _origins: dict[tuple[str, ...], Path] = PrivateAttr(default_factory=dict)
 

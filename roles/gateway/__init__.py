@@ -73,7 +73,7 @@ def router_argv(ctx: RoleContext, gateway: Gateway) -> list[str]:
         "--kv-connector", ROUTER_CONNECTORS.get(kv.connector, "nixl"),
         "--host", ROUTER_ADDRESS,
         "--port", str(gateway.router_port),
-        "--prometheus-host", ROUTER_ADDRESS,
+        "--prometheus-host", gateway.address,  # scraped by Prometheus on the monitoring host
         "--prometheus-port", str(gateway.router_metrics_port),
     ]
     return argv

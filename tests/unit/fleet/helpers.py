@@ -58,3 +58,45 @@ def third_party_imports(files: Iterable[Path]) -> set[str]:
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
     return {name for name in found if name != "pdfleet" and name not in sys.stdlib_module_names}
+
+
+def exported_series() -> set[str]:
+    """Every series name the scrape targets export: the simulator in P/D mode (vLLM's names, NIXL too),
+    the gateway, and the `up` Prometheus adds per target. Read from the real registries."""
+    from pdfleet.gateway.metrics import GatewayMetrics
+    from pdfleet.sim.config import parse_serve_args
+    from pdfleet.sim.server import SimServer
+    from tests.unit.sim.helpers import MODEL, kv_config
+
+    sim = SimServer(parse_serve_args([MODEL, "--kv-transfer-config", kv_config("kv_consumer")], env={}))
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "info": ("_info",),
+                "gauge": ("",)}
+    names = {"up"}
+    for registry in (sim.registry, GatewayMetrics().registry):
+        for family in registry.collect():
+            names |= {family.name + s for s in suffixes.get(family.type, ("",))}
+    return names
+
+
+_PROMQL_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
+                 "bool", "offset", "inf", "nan"}
+
+
+def series_in(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads (strings, matchers, ranges and grouping lists removed)."""
+    import re
+
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    found = set()
+    for match in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", text):
+        word = match.group(0)
+        after = text[match.end():].lstrip()
+        if after.startswith("(") or word.lower() in _PROMQL_WORDS:
+            continue
+        if text[max(0, match.start() - 1)].isdigit() or re.fullmatch(r"e\d*", word):
+            continue  # exponent of a number like 1e-9
+        found.add(word)
+    return found

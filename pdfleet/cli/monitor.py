@@ -1,0 +1,77 @@
+"""`invoke monitor`: the request chain per pool and class from Prometheus, now and over the last minutes."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime
+from urllib.parse import urlparse
+
+from invoke import Context, task
+
+from pdfleet.cli import lab_site
+from pdfleet.cli.exits import user_errors
+from pdfleet.cli.options import HELP
+from pdfleet.cli.settings import Settings, repo_path
+from pdfleet.errors import ConnectError, ValidationError
+from pdfleet.fleet.chain_table import format_table, prometheus_url, read_chain
+from pdfleet.fleet.deployment import load_deployment
+from pdfleet.lab.network import lab_route_problem
+from pdfleet.metrics.prometheus import PrometheusClient
+from roles import REGISTRY
+
+MIN_INTERVAL_S = 1.0
+
+
+@task(
+    help={
+        "profile": HELP["profile"],
+        "inventory": HELP["inventory"],
+        "minutes": "The second column set: quantiles over the last N minutes (default 10; at least 1).",
+        "watch": "Refresh the table every --interval seconds until Ctrl-C.",
+        "interval": "Seconds between refreshes with --watch (default 5; at least 1).",
+        "prometheus": "Read this Prometheus (http://HOST:PORT) instead of the inventory's monitoring host.",
+    }
+)
+@user_errors
+def monitor(ctx: Context, profile: str, inventory: str | None = None, minutes: str = "10",
+            watch: bool = False, interval: str = "5", prometheus: str | None = None) -> None:
+    """Show TTFT, queue, prefill, KV transfer, decode, TPOT, ITL, stalls per pool and class."""
+    span = number("--minutes", minutes)
+    every = number("--interval", interval)
+    if every < MIN_INTERVAL_S:
+        raise ValidationError(f"--interval: {every:g} s is less than {MIN_INTERVAL_S:g} s")
+    settings = Settings.of(ctx)
+    deployment = load_deployment(profile, repo_path(inventory) if inventory else settings.inventory,
+                                 settings.profiles_dir, settings.templates_dir, REGISTRY,
+                                 lab_network=lab_site.LAB_NETWORK)
+    url = prometheus_url(deployment.profile, deployment.inventory, prometheus)
+    # a lab address while the lab is down would route off this machine: refuse, as verify does
+    problem = lab_route_problem([urlparse(url).hostname or ""])
+    if problem:
+        raise ConnectError(problem)
+    client = PrometheusClient(url)
+    while True:
+        table = read_chain(client, deployment.profile, deployment.topology, span)
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        text = format_table(table, f"pdfleet monitor — {deployment.profile.name} — {url} — {stamp}")
+        if watch:
+            print("\033[H\033[2J", end="")  # clear the terminal between refreshes
+        print(text, end="", flush=True)
+        if not watch:
+            return
+        try:
+            time.sleep(every)
+        except KeyboardInterrupt:
+            return
+
+
+def number(option: str, text: str) -> float:
+    """A finite number from an option's text (invoke's own float parsing ends in a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValidationError(f"{option}: {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValidationError(f"{option}: {text!r} is not a finite number")
+    return value

@@ -1,0 +1,210 @@
+"""Alert rules from the profile's `slo:` and `monitoring:` sections, each saying what it means and what to
+change in the profile's own terms (`pools.prefill.max_num_batched_tokens: 8192 → 16384`).
+
+They read the recorded series of `pdfleet.fleet.recording`, so an alert and the dashboard panel beside
+it show the same number. The SLO targets are P99s (`slo.ttft_p99_ms`...), so the SLO alerts compare the
+recorded P99 with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdfleet.fleet.recording import CHAIN, Step, chain_steps
+from pdfleet.model.profile import Profile
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert rule: name, condition, severity, and the two annotations operators read."""
+
+    name: str
+    expr: str
+    summary: str
+    action: str
+    severity: str = "warning"
+
+    def rule(self, for_s: int) -> dict[str, object]:
+        return {
+            "alert": self.name,
+            "expr": self.expr,
+            "for": f"{for_s}s",
+            "labels": {"severity": self.severity},
+            "annotations": {"summary": self.summary, "action": self.action},
+        }
+
+
+def _step(source: str, key: str) -> Step:
+    return next(s for s in CHAIN if s.source == source and s.key == key)
+
+
+def _ms(value: float) -> str:
+    return f"{value:g} ms"
+
+
+def slo_alerts(profile: Profile, has_gateway: bool) -> list[Alert]:
+    """TTFT, TPOT and ITL P99 over the profile's SLO, per pool (TTFT per class where the gateway runs)."""
+    slo = profile.slo
+    serving = '{role!="prefill"}'  # a prefill instance's "TTFT" is its whole request; decode's is the user's
+    ttft = (
+        f"{_step('gateway', 'ttft').recorded(0.99)}"
+        if has_gateway
+        else f"{_step('vllm', 'ttft').recorded(0.99)}{serving}"
+    )
+    where = "{{ $labels.pool }} pool" + (", {{ $labels.length_class }} prompts" if has_gateway else "")
+    return [
+        Alert(
+            "PdfleetTTFTOverSLO",
+            f"{ttft} > {slo.ttft_p99_ms / 1000:g}",
+            f"TTFT P99 on the {where} is {{{{ $value | humanizeDuration }}}}, over slo.ttft_p99_ms "
+            f"({_ms(slo.ttft_p99_ms)}).",
+            "Long prompts queue behind each other or behind decode: check the queue and prefill panels. "
+            "Colocated: raise max_num_batched_tokens or move long prompts to the disaggregated pool "
+            "(invoke rollout --stage long-prompts); disaggregated: add prefill GPUs (pools.prefill.gpus "
+            "or tensor_parallel_size).",
+        ),
+        Alert(
+            "PdfleetTPOTOverSLO",
+            f"{_step('vllm', 'tpot').recorded(0.99)}{serving} > {slo.tpot_p99_ms / 1000:g}",
+            "TPOT P99 on the {{ $labels.pool }} pool ({{ $labels.role }}) is "
+            f"{{{{ $value | humanizeDuration }}}}, over slo.tpot_p99_ms ({_ms(slo.tpot_p99_ms)}).",
+            "Decode batches are too large or share steps with prefills: lower max_num_seqs of the pool; "
+            "on the colocated pool, long prefills stall decode (enable_chunked_prefill, a smaller "
+            "max_num_batched_tokens, or the disaggregated pool for long prompts).",
+        ),
+        Alert(
+            "PdfleetITLOverSLO",
+            f"{_step('vllm', 'itl').recorded(0.99)}{serving} > {slo.itl_p99_ms / 1000:g}",
+            "ITL P99 on the {{ $labels.pool }} pool ({{ $labels.role }}) is {{ $value | humanizeDuration }}, "
+            f"over slo.itl_p99_ms ({_ms(slo.itl_p99_ms)}).",
+            "Single steps take too long: a prefill chunk inside decode steps (colocated) or preemption. "
+            "Lower max_num_batched_tokens on the colocated pool or route long prompts to the "
+            "disaggregated pool; see the preemption panel.",
+        ),
+    ]
+
+
+def kv_alerts(profile: Profile) -> list[Alert]:
+    """KV transfer P95 over the guide's 200 ms, and P99 over slo.kv_transfer_p99_ms."""
+    kv = _step("vllm", "kv_transfer")
+    mon, slo = profile.monitoring, profile.slo
+    fix = (
+        "Check the link: invoke verify (ib_write_bw against rdma.min_bandwidth_gbps), rdma.mtu, "
+        "gpu.gpudirect (dmabuf/peermem, else transfers bounce through host memory) and "
+        "kv_transfer.buffer_device; on a same-host pair the PCIe/NVLink path."
+    )
+    return [
+        Alert(
+            "PdfleetKVTransferSlow",
+            f"{kv.recorded(0.95)} > {mon.kv_transfer_p95_ms / 1000:g}",
+            "KV transfer P95 on {{ $labels.role }} instances is {{ $value | humanizeDuration }}, over "
+            f"monitoring.kv_transfer_p95_ms ({_ms(mon.kv_transfer_p95_ms)}): the transport is the "
+            "bottleneck.",
+            fix,
+            severity="critical",
+        ),
+        Alert(
+            "PdfleetKVTransferOverSLO",
+            f"{kv.recorded(0.99)} > {slo.kv_transfer_p99_ms / 1000:g}",
+            "KV transfer P99 on {{ $labels.role }} instances is {{ $value | humanizeDuration }}, over "
+            f"slo.kv_transfer_p99_ms ({_ms(slo.kv_transfer_p99_ms)}).",
+            fix,
+        ),
+    ]
+
+
+def engine_alerts(profile: Profile) -> list[Alert]:
+    """The guide's tuning signals: prefill queue with idle prefill GPUs, and frequent decode preemption."""
+    mon = profile.monitoring
+    out = []
+    prefill = profile.pools.prefill
+    if prefill is not None:
+        budget = prefill.max_num_batched_tokens
+        queue = _step("vllm", "queue").recorded(0.95)
+        out.append(
+            Alert(
+                "PdfleetPrefillQueueWithIdleGPUs",
+                f'{queue}{{role="prefill"}} > {mon.prefill_queue_p95_ms / 1000:g} and on (pool, role) '
+                f'pool_role:vllm_kv_cache_usage_perc:max{{role="prefill"}} < {mon.prefill_kv_usage_below:g}',
+                "Prefill requests wait {{ $value | humanizeDuration }} (P95) while the prefill instances' KV "
+                f"cache is under monitoring.prefill_kv_usage_below ({mon.prefill_kv_usage_below:g}): the "
+                "token budget per step, not the GPUs, limits prefill (vLLM exports no GPU utilisation; KV "
+                "cache use stands in for it).",
+                f"Raise pools.prefill.max_num_batched_tokens: {budget} → {budget * 2}, or give the prefill "
+                f"pool more GPUs per instance (pools.prefill.tensor_parallel_size: "
+                f"{prefill.tensor_parallel_size} → {prefill.tensor_parallel_size * 2}).",
+            )
+        )
+    for pool in ("decode", "colocated"):
+        spec = getattr(profile.pools, pool)
+        if spec is None:
+            continue
+        seqs = spec.max_num_seqs
+        out.append(
+            Alert(
+                f"Pdfleet{pool.capitalize()}Preemptions",
+                f'pool_role:vllm_num_preemptions:per_min{{role="{pool}"}} '
+                f"> {mon.decode_preemptions_per_min:g}",
+                f"The {pool} instances preempt {{{{ $value | humanize }}}} requests a minute (over "
+                f"monitoring.decode_preemptions_per_min, {mon.decode_preemptions_per_min:g}): the KV cache "
+                "runs out and requests are recomputed.",
+                f"Lower pools.{pool}.max_num_seqs: {seqs} → {max(1, seqs // 2)}, or store the KV cache in "
+                f"fp8 (pools.{pool}.kv_cache_dtype: {spec.kv_cache_dtype} → fp8), or raise "
+                f"pools.{pool}.gpu_memory_utilization (now {spec.gpu_memory_utilization:g}).",
+            )
+        )
+    return out
+
+
+def gateway_alerts(profile: Profile) -> list[Alert]:
+    """Fallbacks to the colocated pool and stream stalls, from the gateway's own counters."""
+    mon = profile.monitoring
+    return [
+        Alert(
+            "PdfleetFallbacks",
+            f"fleet:gateway_fallback:ratio > {mon.fallback_ratio:g}",
+            "{{ $value | humanizePercentage }} of requests fell back to the colocated pool (over "
+            f"monitoring.fallback_ratio, {mon.fallback_ratio:g}): the disaggregated pool fails before "
+            "the first byte.",
+            "Look at the router and the prefill/decode units (journalctl -u vllm-router-pd, invoke doctor); "
+            "until fixed, move traffic back: invoke rollout --stage colocated.",
+        ),
+        Alert(
+            "PdfleetStreamStalls",
+            f"pool_class:gateway_stream_stalls:per_min > {mon.stalls_per_min:g}",
+            "{{ $value | humanize }} streams a minute stall on the {{ $labels.pool }} pool "
+            "({{ $labels.length_class }} prompts), over monitoring.stalls_per_min "
+            f"({mon.stalls_per_min:g}): the typewriter stops.",
+            "On the colocated pool, long prefills stall decode: send long prompts to the disaggregated "
+            "pool (invoke rollout --stage long-prompts) or lower pools.colocated.max_num_batched_tokens.",
+        ),
+    ]
+
+
+def target_alerts() -> list[Alert]:
+    """A scrape target that does not answer: every other alert is blind for it."""
+    return [
+        Alert(
+            "PdfleetTargetDown",
+            "up == 0",
+            "{{ $labels.job }} on {{ $labels.host }} ({{ $labels.instance }}) does not answer scrapes.",
+            "systemctl status on that host (invoke verify); its alerts cannot fire while it is down.",
+            severity="critical",
+        )
+    ]
+
+
+def alert_rules(profile: Profile, has_gateway: bool) -> dict[str, object]:
+    """The alerts file: one group, every alert with the profile's `for:`."""
+    alerts = slo_alerts(profile, has_gateway)
+    if any(s.nixl for s in chain_steps(profile, has_gateway)):
+        alerts += kv_alerts(profile)
+    alerts += engine_alerts(profile)
+    if has_gateway:
+        alerts += gateway_alerts(profile)
+    alerts += target_alerts()
+    for_s = profile.monitoring.alert_for_s
+    interval = f"{profile.monitoring.evaluation_interval_s}s"
+    return {
+        "groups": [{"name": "pdfleet-alerts", "interval": interval, "rules": [a.rule(for_s) for a in alerts]}]
+    }

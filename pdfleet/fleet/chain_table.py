@@ -1,0 +1,137 @@
+"""The request chain as a terminal table (`invoke monitor`): now (the recorded series) and over the last
+N minutes (quantiles straight from the histograms), per pool and length class or pool and role.
+
+A cell without data says so ("no data"): a histogram with no observation in the window, or a series
+no target exports. A Prometheus that does not answer is an error for the caller, never an empty table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+from pdfleet.errors import ValidationError
+from pdfleet.fleet.recording import QUANTILES, Figure, Step, chain_figures, chain_steps
+from pdfleet.fleet.topology import Topology
+from pdfleet.metrics.prometheus import PrometheusClient
+from pdfleet.metrics.source import SeriesAbsent
+from pdfleet.model.inventory import Inventory
+from pdfleet.model.profile import Profile
+
+NO_DATA = "no data"
+Group = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """One chain step: per group, the quantiles now and over the window (None: no data)."""
+
+    step: Step
+    now: dict[Group, dict[float, float | None]]
+    window: dict[Group, dict[float, float | None]]
+
+
+@dataclass(frozen=True)
+class FigureRows:
+    figure: Figure
+    values: dict[Group, float]
+
+
+@dataclass(frozen=True)
+class ChainTable:
+    steps: tuple[StepRows, ...]
+    figures: tuple[FigureRows, ...]
+    window_s: int
+    rule_window_s: int
+
+
+def prometheus_url(profile: Profile, inventory: Inventory, override: str | None) -> str:
+    """The Prometheus to read: --prometheus, else the first monitoring host on the profile's port."""
+    if override:
+        parsed = urlparse(override)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValidationError(f"--prometheus: {override!r} is not an http(s) URL like http://10.0.0.5:9090")
+        return override.rstrip("/")
+    hosts = inventory.group("monitoring")
+    if not hosts:
+        raise ValidationError("the inventory has no host in group `monitoring`: add one and provision it "
+                              "(invoke provision --roles base,monitoring), or pass --prometheus URL")
+    return f"http://{hosts[0].address}:{profile.monitoring.port}"
+
+
+def _absent_to_none(read: dict[float, dict[Group, float]], q: float, group: Group) -> float | None:
+    value = read.get(q, {}).get(group)
+    return None if value is None or math.isnan(value) else value
+
+
+def _step_rows(client: PrometheusClient, step: Step, window_s: int) -> StepRows:
+    now: dict[float, dict[Group, float]] = {}
+    over: dict[float, dict[Group, float]] = {}
+    for q in QUANTILES:
+        try:
+            now[q] = client.grouped(step.recorded(q), step.by, step.recorded(q))
+        except SeriesAbsent:
+            now[q] = {}
+        try:
+            over[q] = client.quantile(q, step.histogram, window_s, by=step.by)
+        except SeriesAbsent:
+            over[q] = {}
+    groups = sorted({g for table in (*now.values(), *over.values()) for g in table})
+    return StepRows(step,
+                    {g: {q: _absent_to_none(now, q, g) for q in QUANTILES} for g in groups},
+                    {g: {q: _absent_to_none(over, q, g) for q in QUANTILES} for g in groups})
+
+
+def read_chain(client: PrometheusClient, profile: Profile, topology: Topology, minutes: float) -> ChainTable:
+    """Every step and figure this deployment records (MetricsUnavailable when Prometheus is down)."""
+    window_s = int(minutes * 60)
+    if window_s < 60:
+        raise ValidationError(f"--minutes: {minutes:g} is less than one minute")
+    has_gateway = bool(topology.gateways)
+    steps = tuple(_step_rows(client, s, window_s) for s in chain_steps(profile, has_gateway))
+    figures = []
+    for figure in chain_figures(profile, has_gateway):
+        try:
+            values = client.grouped(figure.name, figure.labels, figure.name)
+        except SeriesAbsent:
+            values = {}
+        figures.append(FigureRows(figure, {k: v for k, v in values.items() if not math.isnan(v)}))
+    return ChainTable(steps, tuple(figures), window_s, profile.monitoring.rule_window_s)
+
+
+def fmt_seconds(value: float | None) -> str:
+    if value is None:
+        return NO_DATA
+    if value < 1:
+        return f"{value * 1000:.0f} ms" if value >= 0.01 else f"{value * 1000:.1f} ms"
+    return f"{value:.2f} s"
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def format_table(table: ChainTable, title: str) -> str:
+    """The chain table, then the figures; `no data` where there is none."""
+    minutes = f"{table.window_s / 60:g} min"
+    head = ["step", "pool", "class/role", *(f"P{q * 100:g} now" for q in QUANTILES),
+            *(f"P{q * 100:g} {minutes}" for q in QUANTILES)]
+    rows = [head]
+    for sr in table.steps:
+        if not sr.now:
+            rows.append([sr.step.title, "-", "-", *[NO_DATA] * (2 * len(QUANTILES))])
+        for group in sr.now:
+            rows.append([sr.step.title, *group,
+                         *(fmt_seconds(sr.now[group][q]) for q in QUANTILES),
+                         *(fmt_seconds(sr.window[group][q]) for q in QUANTILES)])
+    lines = [title, f"now = the rules' {table.rule_window_s} s window; {minutes} = quantiles of the "
+                    "histograms over that span", "", *_columns(rows), ""]
+    figure_rows = [["figure (now)", "labels", "value"]]
+    for fr in table.figures:
+        if not fr.values:
+            figure_rows.append([fr.figure.title, "-", NO_DATA])
+        for group, value in sorted(fr.values.items()):
+            figure_rows.append([fr.figure.title, " ".join(group) or "all", f"{value:.3g}"])
+    return "\n".join([*lines, *_columns(figure_rows)]) + "\n"

@@ -1,0 +1,269 @@
+"""A Grafana dashboard (JSON the operator imports) of the request chain, from the topology and the rules.
+
+One row per part of the chain: the gateway's view per pool and length class, vLLM's per pool and role,
+KV transfer, queues and running requests, KV cache and preemptions, stalls/jitter/fallbacks, routing
+decisions by stage, and scrape health. Every panel reads a recorded series of
+`pdfleet.fleet.recording` (or `up`), so the dashboard, the alerts and `invoke monitor` agree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdfleet.fleet.recording import QUANTILES, Step, chain_figures, chain_steps
+from pdfleet.fleet.topology import GATEWAY_POOL, Topology
+from pdfleet.model.profile import Profile
+
+DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+WIDTH = 12
+HEIGHT = 8
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    queries: tuple[Query, ...]
+    unit: str = "s"
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _pools(topology: Topology) -> list[str]:
+    """The gateway pools the topology serves, in a stable order."""
+    present = {GATEWAY_POOL[i.pool] for i in topology.instances}
+    return [p for p in ("colocated", "disagg") if p in present]
+
+
+def _roles(topology: Topology) -> list[str]:
+    present = {i.pool for i in topology.instances}
+    return [r for r in ("prefill", "decode", "colocated") if r in present]
+
+
+def _quantile_queries(step: Step, match: str, legend: str) -> tuple[Query, ...]:
+    return tuple(Query(f"{step.recorded(q)}{match}", f"{legend} P{q * 100:g}") for q in QUANTILES)
+
+
+def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[Panel]]]:
+    """(row title, panels) of the whole dashboard."""
+    has_gateway = bool(topology.gateways)
+    steps = chain_steps(profile, has_gateway)
+    figures = {f.name for f in chain_figures(profile, has_gateway)}
+    rows: list[tuple[str, list[Panel]]] = []
+    gw_steps = [s for s in steps if s.source == "gateway"]
+    if gw_steps:
+        panels = [
+            Panel(
+                f"{step.title} — {pool} pool",
+                _quantile_queries(step, f'{{pool="{pool}"}}', "{{length_class}}"),
+            )
+            for step in gw_steps
+            for pool in _pools(topology)
+        ]
+        rows.append(("The chain at the gateway, per pool and length class", panels))
+    vllm_steps = [s for s in steps if s.source == "vllm" and s.key != "kv_transfer"]
+    panels = [
+        Panel(f"{step.title} — {role} instances", _quantile_queries(step, f'{{role="{role}"}}', "{{pool}}"))
+        for step in vllm_steps
+        for role in _roles(topology)
+    ]
+    rows.append(("The chain in vLLM, per pool and role (vLLM has no length class)", panels))
+    kv = [s for s in steps if s.key == "kv_transfer"]
+    if kv:
+        panels = [
+            Panel(
+                "KV transfer time (vllm:nixl_xfer_time_seconds)",
+                _quantile_queries(kv[0], "", "{{role}}"),
+                description=f"Over {profile.monitoring.kv_transfer_p95_ms:g} ms at P95: the transport "
+                "is the bottleneck.",
+            )
+        ]
+        if "pool_role:vllm_nixl_failed_transfers:rate" in figures:
+            panels.append(
+                Panel(
+                    "Failed KV transfers",
+                    (Query("pool_role:vllm_nixl_failed_transfers:rate", "{{role}}"),),
+                    unit="reqps",
+                )
+            )
+        rows.append(("KV transfer", panels))
+    rows.append(
+        (
+            "Queues",
+            [
+                Panel(
+                    "Waiting requests",
+                    (Query("pool_role:vllm_num_requests_waiting:sum", "{{pool}} {{role}}"),),
+                    unit="short",
+                ),
+                Panel(
+                    "Running requests",
+                    (Query("pool_role:vllm_num_requests_running:sum", "{{pool}} {{role}}"),),
+                    unit="short",
+                ),
+                Panel(
+                    "Finished requests/s",
+                    (Query("pool_role:vllm_requests:rate", "{{pool}} {{role}}"),),
+                    unit="reqps",
+                ),
+                Panel(
+                    "Tokens/s",
+                    (
+                        Query("pool_role:vllm_prompt_tokens:rate", "prompt {{role}}"),
+                        Query("pool_role:vllm_generation_tokens:rate", "generated {{role}}"),
+                    ),
+                    unit="short",
+                ),
+            ],
+        )
+    )
+    rows.append(
+        (
+            "KV cache and preemptions",
+            [
+                Panel(
+                    "KV cache usage (busiest instance)",
+                    (Query("pool_role:vllm_kv_cache_usage_perc:max", "{{pool}} {{role}}"),),
+                    unit="percentunit",
+                ),
+                Panel(
+                    "Preemptions per minute",
+                    (Query("pool_role:vllm_num_preemptions:per_min", "{{pool}} {{role}}"),),
+                    unit="short",
+                ),
+            ],
+        )
+    )
+    if has_gateway:
+        rows.append(
+            (
+                "Streams and fallbacks",
+                [
+                    Panel(
+                        "Stalls per minute",
+                        (Query("pool_class:gateway_stream_stalls:per_min", "{{pool}} {{length_class}}"),),
+                        unit="short",
+                    ),
+                    Panel(
+                        "Stream jitter (gap P99 − P50)",
+                        (Query("pool_class:gateway_chunk_gap_seconds:jitter", "{{pool}} {{length_class}}"),),
+                    ),
+                    Panel(
+                        "Fallbacks per request",
+                        (Query("fleet:gateway_fallback:ratio", "fallback ratio"),),
+                        unit="percentunit",
+                    ),
+                    Panel(
+                        "Requests, 5xx and cut streams /s",
+                        (
+                            Query("pool_class:gateway_requests:rate", "{{pool}} {{length_class}}"),
+                            Query("pool_class:gateway_errors:rate", "5xx {{pool}} {{length_class}}"),
+                            Query("pool:gateway_stream_errors:rate", "cut {{pool}}"),
+                        ),
+                        unit="reqps",
+                    ),
+                ],
+            )
+        )
+        rows.append(
+            (
+                "Routing",
+                [
+                    Panel(
+                        "Routing decisions by stage",
+                        (
+                            Query(
+                                "stage_class_pool_reason:gateway_routing_decisions:rate",
+                                "{{stage}} {{length_class}} → {{pool}} ({{reason}})",
+                            ),
+                        ),
+                        unit="reqps",
+                    ),
+                ],
+            )
+        )
+    rows.append(
+        (
+            "Scrape targets",
+            [
+                Panel("Targets up", (Query("up", "{{job}} {{host}}"),), unit="short"),
+            ],
+        )
+    )
+    return rows
+
+
+def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
+    return {
+        "id": pid,
+        "type": "timeseries",
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": HEIGHT, "w": WIDTH, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "targets": [
+            {"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": q.expr, "legendFormat": q.legend}
+            for i, q in enumerate(panel.queries)
+        ],
+        **panel.extra,
+    }
+
+
+def dashboard(profile: Profile, topology: Topology) -> dict[str, Any]:
+    """The dashboard model: rows of two-column panels, a Prometheus datasource chosen on import."""
+    panels: list[dict[str, Any]] = []
+    y, pid = 0, 1
+    for title, row in chain_panels(profile, topology):
+        panels.append(
+            {
+                "id": pid,
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
+        )
+        pid, y = pid + 1, y + 1
+        for i, panel in enumerate(row):
+            panels.append(_panel_json(panel, pid, (i % 2) * WIDTH, y + (i // 2) * HEIGHT))
+            pid += 1
+        y += ((len(row) + 1) // 2) * HEIGHT
+    return {
+        "__inputs": [
+            {
+                "name": "DS_PROMETHEUS",
+                "label": "Prometheus",
+                "type": "datasource",
+                "pluginId": "prometheus",
+                "pluginName": "Prometheus",
+            }
+        ],
+        "title": f"pdfleet — {profile.name}",
+        "uid": f"pdfleet-{profile.name}"[:40],
+        "tags": ["pdfleet", "vllm"],
+        "timezone": "utc",
+        "schemaVersion": 39,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": []},
+        "annotations": {"list": []},
+        "panels": panels,
+    }
+
+
+def panel_queries(model: dict[str, Any]) -> list[str]:
+    """Every query expression of a dashboard model (what the tests check)."""
+    return [t["expr"] for p in model["panels"] for t in p.get("targets", [])]
+
+
+def dashboard_json(profile: Profile, topology: Topology) -> str:
+    return json.dumps(dashboard(profile, topology), indent=2, ensure_ascii=False) + "\n"

@@ -1,0 +1,121 @@
+"""Prometheus's configuration for a deployment, from the topology: one scrape job per kind of service.
+
+Jobs `vllm` (every pool instance, simulator or vLLM), `vllm-router`, `pdfleet-gateway` and `prometheus`
+itself; every target carries the labels `pool`, `role` and `host` the topology gives it, and an
+`instance` label naming the host (not its address). Written with a YAML dumper from data, never by
+pasting text, so no inventory or profile value can add a line to the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from pdfleet.errors import ValidationError
+from pdfleet.fleet.topology import MetricsEndpoint, Topology
+from pdfleet.metrics.direct import Target
+from pdfleet.model.inventory import Host
+from pdfleet.model.profile import Profile
+
+CONFIG_DIR = "/etc/prometheus"
+CONFIG_FILE = f"{CONFIG_DIR}/prometheus.yml"
+RULES_DIR = f"{CONFIG_DIR}/pdfleet"
+RECORDING_FILE = f"{RULES_DIR}/recording.yml"
+ALERTS_FILE = f"{RULES_DIR}/alerts.yml"
+DEFAULTS_FILE = "/etc/default/prometheus"  # Debian's unit reads ARGS from here
+STORAGE_DIR = "/var/lib/prometheus/metrics2"  # the Debian package's storage path
+JOB_ORDER = ("prometheus", "vllm", "vllm-router", "pdfleet-gateway")
+# vLLM serves /metrics with prometheus_client, whose OpenMetrics encoder (what Prometheus 2.x asks for
+# first) writes `vllm:x` as `vllm_x` in recent releases; this puts the real names back, so rules and
+# dashboards use vLLM's names whichever format a server answered in. No vLLM metric starts `vllm_`.
+VLLM_NAME_RELABEL: dict[str, Any] = {
+    "source_labels": ["__name__"],
+    "regex": "vllm_(.+)",
+    "target_label": "__name__",
+    "replacement": "vllm:$1",
+}
+
+
+def _static(endpoint: MetricsEndpoint) -> dict[str, Any]:
+    """One target with its topology labels; `instance` names the host and port."""
+    labels = {**dict(endpoint.labels), "instance": f"{endpoint.host}:{endpoint.port}"}
+    return {"targets": [f"{endpoint.address}:{endpoint.port}"], "labels": labels}
+
+
+def direct_targets(topology: Topology) -> list[Target]:
+    """Every metrics endpoint as a DirectScrape target with the labels Prometheus would give it (`job`,
+    `instance`, pool, role, host), for a site without a monitoring host: the same queries group alike."""
+    return [Target(e.url, {**dict(e.labels), "job": e.job, "instance": f"{e.host}:{e.port}"})
+            for e in topology.metrics_endpoints]
+
+
+def self_endpoint(host: Host, port: int) -> MetricsEndpoint:
+    """Prometheus's own metrics endpoint on a monitoring host."""
+    return MetricsEndpoint("prometheus", host.name, host.address, port,
+                           {"role": "prometheus", "host": host.name})
+
+
+def scrape_jobs(endpoints: Sequence[MetricsEndpoint]) -> list[dict[str, Any]]:
+    """scrape_configs: one job per kind of service, in JOB_ORDER, targets in topology order."""
+    by_job: dict[str, list[MetricsEndpoint]] = {}
+    for endpoint in endpoints:
+        by_job.setdefault(endpoint.job, []).append(endpoint)
+    jobs = []
+    for job in sorted(by_job, key=lambda j: (JOB_ORDER.index(j) if j in JOB_ORDER else len(JOB_ORDER), j)):
+        config: dict[str, Any] = {"job_name": job, "static_configs": [_static(e) for e in by_job[job]]}
+        if job == "vllm":
+            config["metric_relabel_configs"] = [dict(VLLM_NAME_RELABEL)]
+        jobs.append(config)
+    return jobs
+
+
+def prometheus_config(profile: Profile, topology: Topology, host: Host) -> str:
+    """prometheus.yml for a monitoring host: intervals from the profile, every endpoint of the topology."""
+    mon = profile.monitoring
+    doc: dict[str, Any] = {
+        "global": {
+            "scrape_interval": f"{mon.scrape_interval_s}s",
+            "scrape_timeout": f"{min(10, mon.scrape_interval_s)}s",
+            "evaluation_interval": f"{mon.evaluation_interval_s}s",
+            "external_labels": {"profile": profile.name},
+        },
+        "rule_files": [RECORDING_FILE, ALERTS_FILE],
+        "scrape_configs": scrape_jobs([self_endpoint(host, mon.port), *topology.metrics_endpoints]),
+    }
+    return "# Managed by pdfleet (roles/monitoring): the topology's metrics endpoints.\n" + dump(doc)
+
+
+def listen_address(profile: Profile, host: Host) -> str:
+    """Where Prometheus listens: the host's inventory address and the profile's port."""
+    return f"{host.address}:{profile.monitoring.port}"
+
+
+def prometheus_args(profile: Profile, host: Host) -> list[str]:
+    """The daemon's flags (Debian's unit passes $ARGS from /etc/default/prometheus)."""
+    mon = profile.monitoring
+    args = [
+        f"--config.file={CONFIG_FILE}",
+        f"--storage.tsdb.path={STORAGE_DIR}",
+        f"--storage.tsdb.retention.time={mon.retention_days}d",
+        f"--web.listen-address={listen_address(profile, host)}",
+    ]
+    if mon.retention_size_gb is not None:
+        args.append(f"--storage.tsdb.retention.size={mon.retention_size_gb}GB")
+    return args
+
+
+def defaults_file(profile: Profile, host: Host) -> str:
+    """/etc/default/prometheus: ARGS only (each flag is built from validated numbers and an address)."""
+    args = " ".join(prometheus_args(profile, host))
+    if any(c in args for c in '"$\\`\n\r'):  # the inventory should refuse such an address; be sure
+        raise ValidationError(f"inventory: host {host.name}: address {host.address!r} cannot be written into "
+                              f"{DEFAULTS_FILE} (quotes, $, backslashes or newlines); use a plain IP or name")
+    return f'# Managed by pdfleet (roles/monitoring).\nARGS="{args}"\n'
+
+
+def dump(doc: Mapping[str, Any]) -> str:
+    """YAML as Prometheus reads it: block style, keys in the order given, any string safely quoted."""
+    return yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=False, allow_unicode=False,
+                          width=4096)

@@ -1,0 +1,244 @@
+"""The request chain as Prometheus recording rules, on vLLM's real metric names for the pinned release.
+
+vLLM's histograms carry no length class, so its figures are per pool (`colocated`, `disagg`) and role
+(`prefill`, `decode`, `colocated`: prefill and decode instances apart). Per length class come the
+gateway's own histograms (TTFT, chunk gaps, request time, stalls), which it labels with the class; a
+vLLM pool figure is a class figure only while the active stage sends that pool one class (e.g.
+`long-prompts`: the disaggregated pool serves long prompts only). Bench, rollout, doctor and
+`invoke monitor` read the recorded names from here, never spelling them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdfleet.model.monitoring import has_nixl_metrics
+from pdfleet.model.profile import Profile
+
+QUANTILES = (0.5, 0.95, 0.99)
+VLLM_BY = ("pool", "role")
+GATEWAY_BY = ("pool", "length_class")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One link of the chain: a source histogram and the labels its quantiles are recorded by."""
+
+    key: str  # short name used in recorded names and tables: ttft, queue, kv_transfer...
+    title: str
+    histogram: str
+    by: tuple[str, ...]
+    nixl: bool = False  # exported only by releases with the NixlConnector's Prometheus metrics
+
+    @property
+    def level(self) -> str:
+        return "_".join("class" if b == "length_class" else b for b in self.by)
+
+    @property
+    def source(self) -> str:
+        return "gateway" if self.histogram.startswith("pdfleet_gateway_") else "vllm"
+
+    def recorded(self, q: float) -> str:
+        """The recorded series of one quantile, e.g. `pool_role:vllm_ttft_seconds:p95`."""
+        return f"{self.level}:{self.source}_{self.key}_seconds:p{q * 100:g}"
+
+
+CHAIN: tuple[Step, ...] = (
+    Step("ttft", "TTFT at the gateway", "pdfleet_gateway_ttft_seconds", GATEWAY_BY),
+    Step(
+        "chunk_gap", "stream gap (ITL as the client sees it)", "pdfleet_gateway_chunk_gap_seconds", GATEWAY_BY
+    ),
+    Step("request", "request time at the gateway", "pdfleet_gateway_request_duration_seconds", GATEWAY_BY),
+    Step("ttft", "TTFT in vLLM", "vllm:time_to_first_token_seconds", VLLM_BY),
+    Step("queue", "queue time (WAITING)", "vllm:request_queue_time_seconds", VLLM_BY),
+    Step("prefill", "prefill time", "vllm:request_prefill_time_seconds", VLLM_BY),
+    Step("kv_transfer", "KV transfer (NIXL)", "vllm:nixl_xfer_time_seconds", VLLM_BY, nixl=True),
+    Step("decode", "decode time", "vllm:request_decode_time_seconds", VLLM_BY),
+    Step("tpot", "TPOT per request", "vllm:request_time_per_output_token_seconds", VLLM_BY),
+    Step("itl", "inter-token latency", "vllm:inter_token_latency_seconds", VLLM_BY),
+    Step("e2e", "end-to-end latency in vLLM", "vllm:e2e_request_latency_seconds", VLLM_BY),
+)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A recorded rate, count or gauge: its name, the expression, and what it means."""
+
+    name: str
+    expr: str
+    title: str
+    gateway: bool = False  # needs a gateway (its metrics) in the topology
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The labels the series keeps, as its name's level says (`pool_class:...` → pool, length_class)."""
+        level = self.name.split(":", 1)[0]
+        return tuple("length_class" if p == "class" else p for p in level.split("_") if p != "fleet")
+
+
+def _rate(counter: str, by: tuple[str, ...], window: str, per: int = 1, match: str = "") -> str:
+    scale = f"{per} * " if per != 1 else ""
+    return f"{scale}sum by ({', '.join(by)}) (rate({counter}{match}[{window}]))"
+
+
+def figures(window: str) -> tuple[Figure, ...]:
+    """The chain's rates and gauges: requests, errors, fallbacks, stalls, routing, queues, KV cache."""
+    gw = ("pool", "length_class")
+    return (
+        Figure(
+            "pool_class:gateway_requests:rate",
+            _rate("pdfleet_gateway_requests_total", gw, window),
+            "requests/s through the gateway",
+            gateway=True,
+        ),
+        Figure(
+            "pool_class:gateway_errors:rate",
+            _rate("pdfleet_gateway_requests_total", gw, window, match='{status=~"5.."}'),
+            "5xx answers/s",
+            gateway=True,
+        ),
+        Figure(
+            "pool:gateway_stream_errors:rate",
+            _rate("pdfleet_gateway_stream_errors_total", ("pool",), window),
+            "streams cut after the first byte /s",
+            gateway=True,
+        ),
+        Figure(
+            "reason:gateway_fallbacks:rate",
+            _rate("pdfleet_gateway_fallbacks_total", ("reason",), window),
+            "fallbacks to colocated /s",
+            gateway=True,
+        ),
+        Figure(
+            "fleet:gateway_fallback:ratio",
+            f"sum(rate(pdfleet_gateway_fallbacks_total[{window}])) / "
+            f"clamp_min(sum(rate(pdfleet_gateway_requests_total[{window}])), 1e-9)",
+            "fallbacks per request",
+            gateway=True,
+        ),
+        Figure(
+            "pool_class:gateway_stream_stalls:per_min",
+            _rate("pdfleet_gateway_stream_stalls_total", gw, window, per=60),
+            "stalls/min",
+            gateway=True,
+        ),
+        Figure(
+            "pool_class:gateway_chunk_gap_seconds:jitter",
+            "pool_class:gateway_chunk_gap_seconds:p99 - pool_class:gateway_chunk_gap_seconds:p50",
+            "stream jitter (gap P99 - P50)",
+            gateway=True,
+        ),
+        Figure(
+            "stage_class_pool_reason:gateway_routing_decisions:rate",
+            _rate(
+                "pdfleet_gateway_routing_decisions_total", ("stage", "length_class", "pool", "reason"), window
+            ),
+            "routing decisions/s",
+            gateway=True,
+        ),
+        Figure(
+            "pool_role:vllm_requests:rate",
+            _rate("vllm:request_success_total", VLLM_BY, window),
+            "finished requests/s in vLLM",
+        ),
+        Figure(
+            "pool_role:vllm_num_requests_running:sum",
+            "sum by (pool, role) (vllm:num_requests_running)",
+            "running",
+        ),
+        Figure(
+            "pool_role:vllm_num_requests_waiting:sum",
+            "sum by (pool, role) (vllm:num_requests_waiting)",
+            "waiting",
+        ),
+        Figure(
+            "pool_role:vllm_kv_cache_usage_perc:max",
+            "max by (pool, role) (vllm:kv_cache_usage_perc)",
+            "KV cache usage (busiest instance)",
+        ),
+        Figure(
+            "pool_role:vllm_num_preemptions:per_min",
+            _rate("vllm:num_preemptions_total", VLLM_BY, window, per=60),
+            "preemptions/min",
+        ),
+        Figure(
+            "pool_role:vllm_prompt_tokens:rate",
+            _rate("vllm:prompt_tokens_total", VLLM_BY, window),
+            "prompt tokens/s",
+        ),
+        Figure(
+            "pool_role:vllm_generation_tokens:rate",
+            _rate("vllm:generation_tokens_total", VLLM_BY, window),
+            "generated tokens/s",
+        ),
+    )
+
+
+NIXL_FIGURES = ("pool_role:vllm_nixl_failed_transfers:rate",)
+
+
+def nixl_figures(window: str) -> tuple[Figure, ...]:
+    """The NixlConnector's counters, for releases that export them."""
+    return (
+        Figure(
+            NIXL_FIGURES[0],
+            _rate("vllm:nixl_num_failed_transfers_total", VLLM_BY, window),
+            "failed KV transfers/s",
+        ),
+    )
+
+
+def window_of(profile: Profile) -> str:
+    return f"{profile.monitoring.rule_window_s}s"
+
+
+def chain_steps(profile: Profile, has_gateway: bool) -> list[Step]:
+    """The chain's steps this deployment has data for (no gateway steps without a gateway, no NIXL
+    steps on a release without NIXL metrics or a profile without NixlConnector)."""
+    nixl = (
+        profile.disaggregated
+        and profile.kv_transfer.connector == "NixlConnector"
+        and has_nixl_metrics(profile.vllm.engine, profile.vllm.version)
+    )
+    return [s for s in CHAIN if (has_gateway or s.source != "gateway") and (nixl or not s.nixl)]
+
+
+def chain_figures(profile: Profile, has_gateway: bool) -> list[Figure]:
+    """The rates and gauges this deployment has data for."""
+    window = window_of(profile)
+    found = [f for f in figures(window) if has_gateway or not f.gateway]
+    if any(s.nixl for s in chain_steps(profile, has_gateway)):
+        found += list(nixl_figures(window))
+    return found
+
+
+def quantile_expr(step: Step, q: float, window: str) -> str:
+    """histogram_quantile over the fleet's buckets, grouped by the step's labels."""
+    return (
+        f"histogram_quantile({q:g}, sum by ({', '.join(['le', *step.by])}) "
+        f"(rate({step.histogram}_bucket[{window}])))"
+    )
+
+
+def recording_rules(profile: Profile, has_gateway: bool) -> dict[str, object]:
+    """The rules file: quantiles of every chain step first (jitter reads them), then the figures."""
+    window = window_of(profile)
+    interval = f"{profile.monitoring.evaluation_interval_s}s"
+    quantiles = [
+        {"record": step.recorded(q), "expr": quantile_expr(step, q, window)}
+        for step in chain_steps(profile, has_gateway)
+        for q in QUANTILES
+    ]
+    rates = [{"record": f.name, "expr": f.expr} for f in chain_figures(profile, has_gateway)]
+    return {
+        "groups": [
+            {"name": "pdfleet-chain-quantiles", "interval": interval, "rules": quantiles},
+            {"name": "pdfleet-chain-rates", "interval": interval, "rules": rates},
+        ]
+    }
+
+
+def recorded_names(profile: Profile, has_gateway: bool) -> set[str]:
+    """Every series the recording rules produce."""
+    names = {s.recorded(q) for s in chain_steps(profile, has_gateway) for q in QUANTILES}
+    return names | {f.name for f in chain_figures(profile, has_gateway)}

@@ -1,0 +1,59 @@
+"""The profile's `monitoring:` section (Prometheus on the monitoring group) and the metric facts per release.
+
+Retention, scrape and rule-evaluation intervals, the port Prometheus listens on (the host's address),
+how long a condition must hold before an alert fires, and the alert thresholds the guide gives that
+the `slo:` section does not (KV transfer P95, prefill queue, preemptions, fallbacks, stalls).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pdfleet.model.connectors import parse_version
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+# vLLM exports the NixlConnector's vllm:nixl_* metrics from the release after 0.11.0 on: they arrived
+# with PR #26811 (opened 2025-10-14, after 0.11.0 was cut on 2025-10-02). The simulator always has them.
+NIXL_METRICS_AFTER = (0, 11, 0)
+
+
+class MonitoringSpec(BaseModel):
+    """Prometheus on the monitoring group: storage, intervals, and the guide's alert thresholds."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    port: Port = 9090
+    scrape_interval_s: int = Field(default=15, ge=1, le=300)
+    evaluation_interval_s: int = Field(default=15, ge=1, le=300)
+    retention_days: int = Field(default=15, ge=1, le=3650)
+    retention_size_gb: int | None = Field(default=None, ge=1, le=100_000)
+    # how long a condition must hold before its alert fires (Prometheus's `for:`)
+    alert_for_s: int = Field(default=300, ge=0, le=86_400)
+    # the window the recording rules' quantiles and rates look back over
+    rule_window_s: int = Field(default=300, ge=10, le=86_400)
+    # the guide: KV transfer P95 above 200 ms means the transport is the bottleneck
+    kv_transfer_p95_ms: float = Field(default=200, gt=0)
+    # prefill queue time P95 that, with prefill KV cache under-used, says the token budget is too small
+    prefill_queue_p95_ms: float = Field(default=500, gt=0)
+    prefill_kv_usage_below: float = Field(default=0.5, gt=0, le=1)
+    decode_preemptions_per_min: float = Field(default=1.0, gt=0)
+    fallback_ratio: float = Field(default=0.05, gt=0, le=1)  # fallbacks / requests through the gateway
+    stalls_per_min: float = Field(default=1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _window_covers_scrapes(self) -> MonitoringSpec:
+        """rate() needs at least two samples in its window; four scrapes make it robust to one missed."""
+        if self.rule_window_s < 4 * self.scrape_interval_s:
+            raise ValueError(f"rule_window_s ({self.rule_window_s}) must be at least 4 × scrape_interval_s "
+                             f"({4 * self.scrape_interval_s}): rates need several scrapes in their window")
+        return self
+
+
+def has_nixl_metrics(engine: str, version: str) -> bool:
+    """Whether the pools export vllm:nixl_* (the simulator always; vLLM only after 0.11.0)."""
+    if engine == "sim":
+        return True
+    parsed = parse_version(version)
+    return parsed is not None and parsed[:3] > NIXL_METRICS_AFTER

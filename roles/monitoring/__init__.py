@@ -1,0 +1,101 @@
+"""monitoring: Prometheus (Debian's package, from the site's apt repository) on the monitoring group.
+
+It listens on the host's inventory address, scrapes every metrics endpoint of the topology
+(`pdfleet.fleet.monitoring_config`), records the request chain (`pdfleet.fleet.recording`) and alerts
+on it (`pdfleet.fleet.alerts`); the Grafana dashboard (`pdfleet.fleet.dashboard`) is installed beside
+the rules for the operator to import. Files are written before the package is installed, so its first
+start already uses them (apt keeps our conffiles: --force-confold). A changed config or rule file is
+checked with promtool, then reloaded (SIGHUP), never restarted; only changed daemon flags restart it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pdfleet.fleet.alerts import alert_rules
+from pdfleet.fleet.dashboard import dashboard_json
+from pdfleet.fleet.monitoring_config import (
+    ALERTS_FILE,
+    CONFIG_DIR,
+    CONFIG_FILE,
+    DEFAULTS_FILE,
+    RECORDING_FILE,
+    RULES_DIR,
+    defaults_file,
+    dump,
+    listen_address,
+    prometheus_config,
+)
+from pdfleet.fleet.recording import recording_rules
+from pdfleet.fleet.render import RenderedFile
+from pdfleet.fleet.roles import ManagedUnit, RoleContext
+from pdfleet.ops.apt import AptPackage, AptPackages, AptUpdate
+from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
+from pdfleet.ops.files import Directory, File
+from pdfleet.ops.systemd import Service, restart_handler
+
+NAME = "monitoring"
+PACKAGE = "prometheus"
+APT_PACKAGES: tuple[str, ...] = (PACKAGE,)
+UNIT = "prometheus.service"
+DASHBOARD_FILE = f"{RULES_DIR}/grafana-dashboard.json"
+START_TIMEOUT_S = 120
+HEADER = "# Managed by pdfleet (roles/monitoring); checked with promtool before every reload.\n"
+
+
+def applies(ctx: RoleContext) -> bool:
+    return ctx.host.in_group("monitoring")
+
+
+def ready_url(ctx: RoleContext) -> str:
+    return f"http://{listen_address(ctx.profile, ctx.host)}/-/ready"
+
+
+def check_commands() -> tuple[Run, ...]:
+    """promtool on every file Prometheus reads (check config also loads the rule files it names)."""
+    return (Run(f"promtool check config {CONFIG_FILE}"),
+            Run(f"promtool check rules {RECORDING_FILE} {ALERTS_FILE}"))
+
+
+def files(ctx: RoleContext) -> list[RenderedFile]:
+    """The daemon's flags, its config, the recording and alert rules, and the dashboard."""
+    has_gateway = bool(ctx.topology.gateways)
+    profile = ctx.profile
+    return [
+        RenderedFile(DEFAULTS_FILE, defaults_file(profile, ctx.host)),
+        RenderedFile(CONFIG_FILE, prometheus_config(profile, ctx.topology, ctx.host)),
+        RenderedFile(RECORDING_FILE, HEADER + dump(recording_rules(profile, has_gateway))),
+        RenderedFile(ALERTS_FILE, HEADER + dump(alert_rules(profile, has_gateway))),
+        RenderedFile(DASHBOARD_FILE, dashboard_json(profile, ctx.topology)),
+    ]
+
+
+def units(ctx: RoleContext) -> list[ManagedUnit]:
+    return [ManagedUnit(UNIT, ctx.profile.monitoring.port, ready_url(ctx))]
+
+
+def handlers(ctx: RoleContext) -> tuple[Handler, Handler]:
+    """(restart for changed flags, reload for changed config or rules), each after promtool passes."""
+    restart = restart_handler(UNIT, ready_url(ctx), START_TIMEOUT_S)
+    restart = Handler(restart.name, (*check_commands(), *restart.commands), unit=UNIT)
+    reload = Handler(f"reload {UNIT}", (*check_commands(), Run(f"systemctl reload {UNIT}")), unit=UNIT)
+    return restart, reload
+
+
+def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
+    restart, reload = handlers(ctx)
+    yield Directory(CONFIG_DIR, mode="0755")
+    yield Directory(RULES_DIR, mode="0755")
+    for rendered in files(ctx):
+        if rendered.path == DEFAULTS_FILE:
+            notify: tuple[Handler, ...] = (restart,)
+        elif rendered.path == DASHBOARD_FILE:
+            notify = ()  # Prometheus does not read it
+        else:
+            notify = (reload,)
+        yield File(rendered.path, rendered.content.encode(), mode=rendered.mode, notify=notify)
+    if facts.get(AptPackages()).get(PACKAGE) is None:
+        yield AptUpdate(max_age_minutes=0)  # the mirror may have gained the package since the last update
+    yield AptPackage(PACKAGE)
+    yield Service(UNIT, enabled=True, running=True, health_url=ready_url(ctx), health_timeout=START_TIMEOUT_S)
+

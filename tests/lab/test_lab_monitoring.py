@@ -1,0 +1,213 @@
+"""Monitoring as `invoke provision --profile lab-cross` deploys it on lab-gw: every target up; after
+streamed traffic through the gateway to both pools each recording rule has a value per pool; a slowed
+KV link (the simulator's --sim-link) fires the KV-transfer alert and restoring it resolves it; a second
+provision changes nothing and a changed rule file is checked and reloaded, not restarted; `invoke
+monitor` shows the chain."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from pdfleet.fleet.deployment import load_deployment
+from pdfleet.fleet.recording import chain_figures, chain_steps
+from pdfleet.metrics.prometheus import PrometheusClient
+from roles import REGISTRY
+from tests.lab.helpers import REPO_ROOT, LabHandle
+
+INVOKE = [sys.executable, "-m", "invoke"]
+PROFILE = "lab-cross"
+MODEL = "llama-3.1-8b"
+PROMETHEUS_URL = "http://198.18.0.10:9090"
+POOL_HEADER = "X-Pdfleet-Pool"
+LONG_PROMPT = "word " * (16_000 * 4 // 5) # ≈ 16K tokens at 4 chars/token: a long-class prompt
+ALERT = "PdfleetKVTransferSlow"
+# Counters of events healthy traffic need not produce: the gateway exports a labelled counter only once
+# it counted one, so these rules have no value until then (absent, never a made-up zero).
+EVENT_RULES = {
+    "pool_class:gateway_errors:rate", "pool:gateway_stream_errors:rate", "reason:gateway_fallbacks:rate",
+    "fleet:gateway_fallback:ratio", "pool_class:gateway_stream_stalls:per_min",
+}
+
+
+def _invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def _provision(profile: str, report: Path, *extra: str) -> dict:  # type: ignore[type-arg]
+    proc = _invoke("provision", "--profile", profile, "--json", str(report), *extra)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return dict(json.loads(report.read_text()))
+
+
+def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(2)
+    raise AssertionError(f"{what} did not happen within {timeout:g} s")
+
+
+def _gw(lab: LabHandle):  # noqa: ANN202 - LabHost
+    return next(h for h in lab.hosts if h.name == "lab-gw")
+
+
+@pytest.fixture(scope="module")
+def provisioned(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """lab-cross provisioned; the client environment `invoke lab.env` prints."""
+    _provision(PROFILE, tmp_path_factory.mktemp("mon") / "first.json")
+    env_proc = _invoke("lab.env")
+    assert env_proc.returncode == 0, env_proc.stderr
+    env = {}
+    for line in env_proc.stdout.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = value.strip("'\"")
+    return env
+
+
+@pytest.fixture
+def prom(provisioned: dict[str, str]) -> PrometheusClient:
+    client = PrometheusClient(PROMETHEUS_URL)
+    _wait(client.ready, 120, "Prometheus on lab-gw answering")
+    return client
+
+
+@pytest.fixture
+def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Streamed chat requests through the gateway to both pools, short and long, until the test ends."""
+    for key, value in provisioned.items():
+        monkeypatch.setenv(key, value)
+    client = openai.OpenAI(max_retries=0, timeout=120)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def one(pool: str, prompt: str) -> None:
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=16, stream=True,
+            extra_headers={POOL_HEADER: pool})
+        for _ in stream:
+            pass
+
+    def loop(pool: str) -> None:
+        while not stop.is_set():
+            try:
+                one(pool, "hello, how are you?")
+                one(pool, LONG_PROMPT)
+            except BaseException as exc:  # noqa: BLE001 - reported by the test, not lost in a thread
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=loop, args=(pool,), daemon=True) for pool in ("colocated", "disagg")]
+    for t in threads:
+        t.start()
+    yield stop
+    stop.set()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors
+
+
+def _deployment(profile: str = PROFILE):  # noqa: ANN202 - Deployment
+    return load_deployment(profile, REPO_ROOT / "inventory" / "lab.yml", REPO_ROOT / "profiles",
+                           REPO_ROOT / "templates", REGISTRY)
+
+
+def test_every_target_is_up(prom: PrometheusClient) -> None:
+    topology = _deployment().topology
+    wanted = {(e.job, e.host) for e in topology.metrics_endpoints} | {("prometheus", "lab-gw")}
+
+    def all_up() -> bool:
+        targets = prom.targets()
+        seen = {(t["labels"]["job"], t["labels"]["host"]) for t in targets}
+        return seen == wanted and all(t["health"] == "up" for t in targets)
+
+    _wait(all_up, 120, "every scrape target up")
+    for target in prom.targets():
+        labels = target["labels"]
+        assert labels["instance"].startswith(labels["host"] + ":")
+        if labels["job"] in ("vllm", "vllm-router"):
+            assert labels["pool"] in ("colocated", "disagg") and labels["role"]
+
+
+def test_each_recording_rule_has_a_value_per_pool_after_streamed_traffic(
+        prom: PrometheusClient, traffic: threading.Event) -> None:
+    deployment = _deployment()
+    steps = chain_steps(deployment.profile, True)
+    figures = chain_figures(deployment.profile, True)
+    time.sleep(3 * deployment.profile.monitoring.evaluation_interval_s + 20)  # traffic in the window
+    missing: dict[str, object] = {}
+    for name in [s.recorded(q) for s in steps for q in (0.5, 0.95, 0.99)] + [f.name for f in figures]:
+        found = prom.instant(name)
+        pools = {s.labels.get("pool") for s in found if not math.isnan(s.value)}
+        if name in EVENT_RULES:
+            assert pools <= {"colocated", "disagg", None}, (name, pools)
+            continue
+        if name.startswith("fleet:"):
+            expected: set[str | None] = {None}
+        elif "kv_transfer" in name or "nixl" in name:
+            expected = {"disagg"}  # only the P/D pool moves KV
+        else:
+            expected = {"colocated", "disagg"}
+        if not expected <= pools:
+            missing[name] = sorted(str(p) for p in pools)
+    assert not missing, missing
+
+
+def test_second_provision_changes_nothing_and_a_changed_rule_file_reloads(
+        lab: LabHandle, prom: PrometheusClient, tmp_path: Path) -> None:
+    assert _provision(PROFILE, tmp_path / "again.json")["totals"]["changed"] == 0
+    gw = _gw(lab)
+    rc, pid_before, err = lab.ssh(gw, "systemctl show -p MainPID --value prometheus.service")
+    assert rc == 0, err
+    reloads = prom.instant("prometheus_config_last_reload_success_timestamp_seconds")[0].value
+    rc, _, err = lab.ssh(gw, "echo '# drift' | sudo tee -a /etc/prometheus/pdfleet/alerts.yml >/dev/null")
+    assert rc == 0, err
+    data = _provision(PROFILE, tmp_path / "drift.json", "--roles", "monitoring")
+    assert data["hosts"]["lab-gw"]["changed"] == 1, data["hosts"]["lab-gw"]
+    rc, pid_after, _ = lab.ssh(gw, "systemctl show -p MainPID --value prometheus.service")
+    assert pid_after.strip() == pid_before.strip(), "Prometheus was restarted, not reloaded"
+    _wait(lambda: prom.instant("prometheus_config_last_reload_success_timestamp_seconds")[0].value > reloads,
+          30, "a successful reload")
+    assert prom.instant("prometheus_config_last_reload_successful")[0].value == 1
+
+
+def _alert_state(prom: PrometheusClient) -> set[str]:
+    return {a["state"] for a in prom.alerts() if a["labels"].get("alertname") == ALERT}
+
+
+def test_slow_kv_link_fires_the_kv_transfer_alert_and_restoring_resolves_it(
+        prom: PrometheusClient, traffic: threading.Event, tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO_ROOT / "profiles", profiles)
+    # the simulator's --sim-link: KV over plain TCP (≈4 GB/s) instead of 400G RoCE
+    (profiles / "lab-cross-slow-kv.yml").write_text("extends: lab-cross\nvllm:\n  sim:\n    link: tcp\n")
+    try:
+        _provision(str(profiles / "lab-cross-slow-kv.yml"), tmp_path / "slow.json")
+        _wait(lambda: _alert_state(prom) == {"firing"}, 300, f"{ALERT} firing on the slow link")
+        (alert,) = [a for a in prom.alerts() if a["labels"]["alertname"] == ALERT]
+        assert "transport is the bottleneck" in alert["annotations"]["summary"]
+    finally:
+        _provision(PROFILE, tmp_path / "restore.json")
+    _wait(lambda: not _alert_state(prom), 300, f"{ALERT} resolved after the link was restored")
+
+
+def test_invoke_monitor_shows_the_chain(prom: PrometheusClient, traffic: threading.Event) -> None:
+    time.sleep(20)
+    proc = _invoke("monitor", "--profile", PROFILE, "--minutes", "5", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("TTFT at the gateway")]
+    pools = {r[4] for r in rows}
+    assert {"colocated", "disagg"} <= pools, proc.stdout
+    assert any("ms" in " ".join(r) or " s" in " ".join(r) for r in rows), proc.stdout

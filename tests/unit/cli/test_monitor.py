@@ -1,0 +1,85 @@
+"""`invoke monitor` against a real Prometheus running the rendered recording rules: the chain table
+shows the numbers, `no data` where there are none, and a clear error when Prometheus is down."""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+
+import pytest
+from invoke.exceptions import Exit
+from prometheus_client import Gauge, Histogram
+
+from pdfleet.bench.procs import free_port
+from pdfleet.cli.monitor import monitor
+from pdfleet.fleet.monitoring_config import dump
+from pdfleet.fleet.recording import recording_rules
+from pdfleet.sim.metrics import TTFT_BUCKETS
+from tests.unit.cli.helpers import REPO, project_context
+from tests.unit.fleet.helpers import fleet_of
+from tests.unit.metrics.helpers import exporter, prometheus, scrape_config, wait_for
+
+
+def test_the_table_shows_the_chain_from_the_recorded_series(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = fleet_of("lab-cross", REPO / "inventory" / "lab.yml")
+    rules = tmp_path / "recording.yml"
+    rules.write_text(dump(recording_rules(fleet.profile, True)))
+    stop = threading.Event()
+    with exporter() as exp:
+        ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", ["model_name", "engine"],
+                         buckets=TTFT_BUCKETS, registry=exp.registry).labels("m", "0")
+        Gauge("vllm:num_requests_waiting", "waiting", ["model_name", "engine"],
+              registry=exp.registry).labels("m", "0").set(3)
+
+        def traffic() -> None:
+            while not stop.wait(0.1):
+                ttft.observe(0.3)
+
+        labels = {"pool": "disagg", "role": "decode", "host": "lab-d1"}
+        config = scrape_config([(f"127.0.0.1:{exp.port}", labels)], rule_files=[str(rules)])
+        thread = threading.Thread(target=traffic, daemon=True)
+        thread.start()
+        try:
+            with prometheus(tmp_path / "prom", config) as prom:
+                def recorded() -> bool:
+                    found = prom.client.instant("pool_role:vllm_ttft_seconds:p50")
+                    return bool(found) and not math.isnan(found[0].value)
+
+                wait_for(recorded, 60, "the TTFT recording rule")
+                monitor(project_context(), profile="lab-cross", prometheus=prom.url, minutes="1")
+        finally:
+            stop.set()
+            thread.join(5)
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("TTFT in vLLM"))
+    cells = row.split()
+    assert cells[3:5] == ["disagg", "decode"], row
+    assert "ms" in row and "no data" not in row  # 0.3 s observations: P50..P99 in the 250-500 ms bucket
+    kv = next(line for line in out.splitlines() if line.startswith("KV transfer (NIXL)"))
+    assert "no data" in kv  # this exporter has no vllm:nixl_* series: said, not shown as zero
+    waiting = next(line for line in out.splitlines() if line.startswith("waiting"))
+    assert waiting.split()[-1] == "3" and "disagg decode" in waiting
+
+
+def test_prometheus_down_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(Exit) as exit_info:
+        monitor(project_context(), profile="lab-cross", prometheus=f"http://127.0.0.1:{free_port()}")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "is not answering" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"minutes": "abc"}, "--minutes: 'abc' is not a number"),
+    ({"minutes": "0.5"}, "--minutes: 0.5 is less than one minute"),
+    ({"interval": "0"}, "--interval: 0 s is less than 1 s"),
+    ({"prometheus": "ftp://x"}, "--prometheus: 'ftp://x' is not an http(s) URL"),
+])
+def test_bad_options_are_errors(options: dict[str, str], message: str,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    options = {"prometheus": f"http://127.0.0.1:{free_port()}", **options}
+    with pytest.raises(Exit):
+        monitor(project_context(), profile="lab-cross", **options)
+    assert message in capsys.readouterr().err

@@ -1,0 +1,186 @@
+"""Alert rules: they say what to change in the profile's terms, and a real Prometheus running the
+rendered rules fires the KV-transfer alert on slow transfers and resolves it when they stop."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import openai
+from prometheus_client import Histogram
+
+from pdfleet.bench.launch import RouterProcess, SimProcess
+from pdfleet.bench.procs import free_port
+from pdfleet.fleet.alerts import alert_rules
+from pdfleet.fleet.monitoring_config import dump
+from pdfleet.fleet.recording import recording_rules
+from pdfleet.model.profile import Profile
+from pdfleet.sim.metrics import XFER_BUCKETS
+from tests.unit.fleet.helpers import fleet_of
+from tests.unit.metrics.helpers import exporter, prometheus, scrape_config, wait_for
+from tests.unit.sim.helpers import MODEL, kv_config
+
+
+def _alerts(profile: Profile, has_gateway: bool) -> dict[str, dict[str, Any]]:
+    rules = alert_rules(profile, has_gateway)["groups"][0]["rules"]  # type: ignore[index]
+    return {r["alert"]: r for r in rules}
+
+
+def _sim(profile: Profile, **monitoring: Any) -> Profile:
+    return profile.model_copy(
+        update={
+            "vllm": profile.vllm.model_copy(update={"engine": "sim"}),
+            "monitoring": profile.monitoring.model_copy(update=monitoring),
+        }
+    )
+
+
+def test_advice_uses_the_profile_terms_and_values() -> None:
+    profile = _sim(fleet_of("cross-rdma").profile)
+    alerts = _alerts(profile, False)
+    budget = profile.pools.prefill.max_num_batched_tokens  # type: ignore[union-attr]
+    prefill = alerts["PdfleetPrefillQueueWithIdleGPUs"]["annotations"]["action"]
+    assert f"pools.prefill.max_num_batched_tokens: {budget} → {budget * 2}" in prefill
+    seqs = profile.pools.decode.max_num_seqs  # type: ignore[union-attr]
+    decode = alerts["PdfleetDecodePreemptions"]["annotations"]["action"]
+    assert f"pools.decode.max_num_seqs: {seqs} → {seqs // 2}" in decode and "fp8" in decode
+    kv = alerts["PdfleetKVTransferSlow"]
+    assert kv["expr"].endswith("> 0.2") and "transport is the bottleneck" in kv["annotations"]["summary"]
+    assert _alerts(profile, False)["PdfleetTPOTOverSLO"]["expr"].endswith(
+        f"> {profile.slo.tpot_p99_ms / 1000:g}"
+    )
+    assert {r["for"] for r in alerts.values()} == {f"{profile.monitoring.alert_for_s}s"}
+
+
+def test_gateway_alerts_only_with_a_gateway_and_kv_alerts_only_with_nixl_metrics() -> None:
+    colocated = fleet_of("colocated").profile
+    assert {"PdfleetFallbacks", "PdfleetStreamStalls"} <= set(_alerts(colocated, True))
+    assert not {"PdfleetFallbacks", "PdfleetStreamStalls"} & set(_alerts(colocated, False))
+    assert "PdfleetKVTransferSlow" not in _alerts(colocated, True)
+    cross = fleet_of("cross-rdma").profile  # engine vllm 0.11.0: no vllm:nixl_* to alert on
+    assert "PdfleetKVTransferSlow" not in _alerts(cross, False)
+    assert "PdfleetKVTransferSlow" in _alerts(_sim(cross), False)
+
+
+def _alert_states(client: Any, name: str) -> list[str]:
+    return [a["state"] for a in client.alerts() if a["labels"].get("alertname") == name]
+
+
+def test_kv_transfer_alert_fires_on_slow_transfers_and_resolves(tmp_path: Path) -> None:
+    profile = _sim(
+        fleet_of("cross-rdma").profile,
+        scrape_interval_s=1,
+        evaluation_interval_s=1,
+        rule_window_s=6,
+        alert_for_s=0,
+    )
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "recording.yml").write_text(dump(recording_rules(profile, False)))
+    (rules / "alerts.yml").write_text(dump(alert_rules(profile, False)))
+    stop = threading.Event()
+    with exporter() as exp:
+        xfer = Histogram(
+            "vllm:nixl_xfer_time_seconds",
+            "NIXL transfers",
+            ["model_name", "engine"],
+            buckets=XFER_BUCKETS,
+            registry=exp.registry,
+        ).labels("m", "0")
+
+        def slow_link() -> None:
+            while not stop.wait(0.1):
+                xfer.observe(0.45)  # 450 ms per transfer: over the guide's 200 ms at P95
+
+        labels = {"pool": "disagg", "role": "decode", "host": "lab-d1"}
+        config = scrape_config(
+            [(f"127.0.0.1:{exp.port}", labels)],
+            rule_files=[str(rules / "recording.yml"), str(rules / "alerts.yml")],
+        )
+        with prometheus(tmp_path / "prom", config) as prom:
+            thread = threading.Thread(target=slow_link, daemon=True)
+            thread.start()
+            try:
+                wait_for(
+                    lambda: _alert_states(prom.client, "PdfleetKVTransferSlow") == ["firing"],
+                    45,
+                    "PdfleetKVTransferSlow firing",
+                )
+            finally:
+                stop.set()
+                thread.join(5)
+            (alert,) = [
+                a for a in prom.client.alerts() if a["labels"]["alertname"] == "PdfleetKVTransferSlow"
+            ]
+            assert alert["labels"]["role"] == "decode" and alert["labels"]["severity"] == "critical"
+            assert "the transport is the bottleneck" in alert["annotations"]["summary"]
+            p95 = prom.client.instant('pool_role:vllm_kv_transfer_seconds:p95{role="decode"}')
+            assert p95 and 0.3 < p95[0].value <= 0.5
+            # the link is healthy again (no slow transfers in the window): the alert resolves
+            wait_for(
+                lambda: not _alert_states(prom.client, "PdfleetKVTransferSlow"),
+                45,
+                "PdfleetKVTransferSlow resolved",
+            )
+
+
+def test_a_slow_sim_link_fires_the_kv_alert_on_real_simulators(tmp_path: Path) -> None:
+    """The lab test's premise, on loopback: a P/D pair of simulators whose consumer models KV over TCP
+    (--sim-link tcp), driven through the real vllm-router, fires PdfleetKVTransferSlow."""
+    profile = _sim(
+        fleet_of("cross-rdma").profile,
+        scrape_interval_s=1,
+        evaluation_interval_s=1,
+        rule_window_s=10,
+        alert_for_s=0,
+    )
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "recording.yml").write_text(dump(recording_rules(profile, False)))
+    (rules / "alerts.yml").write_text(dump(alert_rules(profile, False)))
+    common = [MODEL, "--sim-time-scale", "0.1"]
+    side = free_port()
+    producer = SimProcess(
+        [*common, "--kv-transfer-config", kv_config("kv_producer")],
+        env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
+    )
+    consumer = SimProcess([*common, "--sim-link", "tcp", "--kv-transfer-config", kv_config("kv_consumer")])
+    with producer as p, consumer as d, RouterProcess([p.url], [d.url]) as router:
+        labels = {
+            "p": {"pool": "disagg", "role": "prefill", "host": "p"},
+            "d": {"pool": "disagg", "role": "decode", "host": "d"},
+        }
+        config = scrape_config(
+            [(p.url.removeprefix("http://"), labels["p"]), (d.url.removeprefix("http://"), labels["d"])],
+            rule_files=[str(rules / "recording.yml"), str(rules / "alerts.yml")],
+        )
+        client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def long_prompts() -> None:
+            while not stop.is_set():
+                try:
+                    client.completions.create(
+                        model=MODEL, prompt="word " * 8000, max_tokens=4
+                    )  # ≈ 10K tokens
+                except BaseException as exc:  # noqa: BLE001 - reported by the test, not lost in the thread
+                    errors.append(exc)
+                    return
+
+        with prometheus(tmp_path / "prom", config) as prom:
+            thread = threading.Thread(target=long_prompts, daemon=True)
+            thread.start()
+            try:
+                wait_for(
+                    lambda: bool(errors) or _alert_states(prom.client, "PdfleetKVTransferSlow") == ["firing"],
+                    90,
+                    "PdfleetKVTransferSlow firing on the TCP link",
+                )
+                assert not errors, errors
+                p95 = prom.client.instant('pool_role:vllm_kv_transfer_seconds:p95{role="decode"}')
+                assert p95 and p95[0].value > 0.2
+            finally:
+                stop.set()
+                thread.join(60)

@@ -1,0 +1,53 @@
+"""The chain table's pure parts: which Prometheus to read, how numbers and missing data are shown."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pdfleet.errors import ValidationError
+from pdfleet.fleet.chain_table import (
+    NO_DATA,
+    ChainTable,
+    FigureRows,
+    StepRows,
+    fmt_seconds,
+    format_table,
+    prometheus_url,
+)
+from pdfleet.fleet.recording import CHAIN, figures
+from tests.unit.fleet.helpers import REPO, fleet_of
+
+
+def test_the_inventory_monitoring_host_or_the_option() -> None:
+    fleet = fleet_of("lab-cross", REPO / "inventory" / "lab.yml")
+    assert prometheus_url(fleet.profile, fleet.inventory, None) == "http://198.18.0.10:9090"
+    assert prometheus_url(fleet.profile, fleet.inventory, "http://127.0.0.1:9999/") == "http://127.0.0.1:9999"
+    with pytest.raises(ValidationError, match="not an http"):
+        prometheus_url(fleet.profile, fleet.inventory, "127.0.0.1:9090")
+    inventory = dataclasses.replace(fleet.inventory, groups={k: v for k, v in fleet.inventory.groups.items()
+                                                             if k != "monitoring"})
+    with pytest.raises(ValidationError, match="no host in group `monitoring`"):
+        prometheus_url(fleet.profile, inventory, None)
+
+
+def test_durations_and_missing_data() -> None:
+    assert [fmt_seconds(v) for v in (0.0042, 0.25, 1.5, None)] == ["4.2 ms", "250 ms", "1.50 s", NO_DATA]
+
+
+def test_rows_per_group_and_no_data_rows() -> None:
+    ttft, queue = CHAIN[0], CHAIN[4]
+    steps = (StepRows(ttft, {("disagg", "long"): {0.5: 0.1, 0.95: 0.2, 0.99: None}},
+                      {("disagg", "long"): {0.5: 0.1, 0.95: 0.3, 0.99: 0.4}}),
+             StepRows(queue, {}, {}))
+    fig = figures("30s")[0]
+    text = format_table(ChainTable(steps, (FigureRows(fig, {("disagg", "long"): 2.5}),), 600, 30), "T")
+    lines = text.splitlines()
+    assert lines[0] == "T" and "10 min" in lines[1]
+    row = next(line for line in lines if line.startswith(ttft.title))
+    assert row.split()[4:] == ["disagg", "long", "100", "ms", "200", "ms", "no", "data", "100", "ms", "300",
+                               "ms", "400", "ms"]
+    assert next(line for line in lines if line.startswith(queue.title)).count(NO_DATA) == 6
+    figure_row = next(line for line in lines if line.startswith(fig.title))
+    assert figure_row.split()[-3:] == ["disagg", "long", "2.5"]
