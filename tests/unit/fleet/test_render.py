@@ -3,6 +3,7 @@ never outside OUT; every file reads back, by the program that reads it, as exact
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -123,7 +124,24 @@ def _check_file(scratch: Path, path: Path, deployment: Deployment) -> str:
     if path.name == Path(deployment.profile.gateway.keys_file).name:
         keys = KeysFile.model_validate(parse_yaml(text, path))
         return "" if {k.sha256 for k in keys.keys} == {"1" * 64, "2" * 64} else "keys: wrong hashes"
+    if path.parent.name == "default" and path.name == "prometheus":
+        bad = [ln for ln in lines if not re.match(r'^[A-Z_]+="[^"\n]*"$', ln)]
+        return f"not KEY=\"VALUE\": {bad}" if bad else ""
+    if path.name == "prometheus.yml":
+        return _promtool("config", "--syntax-only", path)
+    if path.parent.name == "pdfleet" and path.suffix == ".yml":
+        return _promtool("rules", path)
+    if path.name == "grafana-dashboard.json":
+        panels = json.loads(text).get("panels")
+        graphs = [p for p in panels or [] if p.get("type") != "row"]
+        return "" if graphs and all(p.get("targets") for p in graphs) else "a graph panel without a query"
     return f"no check for {path}"
+
+
+def _promtool(kind: str, *args: str | Path) -> str:
+    """What `promtool check KIND` says about a rendered Prometheus file; empty when it passes."""
+    proc = subprocess.run(["promtool", "check", kind, *map(str, args)], capture_output=True, text=True)
+    return "" if proc.returncode == 0 else f"promtool check {kind}: {proc.stdout}{proc.stderr}"
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
