@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pdfleet.sim.stream import FILLER
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
@@ -67,10 +69,7 @@ def chunk_events(frame: bytes) -> list[dict[str, Any]]:
 
 
 # ---- a small real tokenizer, built here (no download) ---------------------------------------------------
-WORDS = (
-    "the quick brown fox jumps over a lazy dog while tokens stream at the pace of a simulated GPU and "
-    "nothing here is real"
-).split()
+WORDS = tuple(w.strip() for w in FILLER)  # the simulator's own filler words
 
 
 def words_text(n_words: int, seed: int) -> str:
