@@ -203,6 +203,9 @@ def test_metrics_use_vllm_names_in_simulated_seconds(sim: SimProcess, client: op
     ):
         assert re.search(rf"^{re.escape(name)}{{", text, re.M), name
     assert "vllm:nixl_" not in text  # only on P/D instances
+    # the simulator's own lateness, for benches to flag disturbed windows: under its own prefix
+    for name in ("pdfleet_sim_step_lag_seconds_bucket", "pdfleet_sim_loop_lag_seconds_bucket"):
+        assert re.search(rf'^{name}{{le="0.1"}} ', text, re.M), name
 
 
 def test_api_key_guards_v1_only() -> None:
