@@ -203,6 +203,8 @@ class SimAPI:
             return exc.response
         body = prepared.body
         model, prompt_tokens, max_tokens, finish, stream, include_usage = prepared.parsed
+        if not prepared.counted:
+            runtime.metrics.prompt_counts_reused += 1
         kv = runtime.kv
         remote_decode, remote_prefill = kv.role_of(body) if kv is not None else (False, None)
         self._seq += 1

@@ -204,6 +204,7 @@ class SimMetrics:
         self.step_lag = Hist(LAG_BUCKETS)  # per step: token emission behind its scheduled wall time
         self.loop_lag = Hist(LAG_BUCKETS)  # per probe: a timer's lateness, whatever blocked the loop
         self.window_lag_s = 0.0  # worst of both since the last lag warning
+        self.prompt_counts_reused = 0  # consumer requests that took the producer's prompt count
 
 
 class SimCollector(Collector):
@@ -314,6 +315,11 @@ class SimCollector(Collector):
             "pdfleet_sim_lag_seconds",
             "Lateness of the latest step's token emission behind its scheduled wall time.",
             value=m.lag_s,
+        )
+        yield CounterMetricFamily(
+            "pdfleet_sim_prompt_counts_reused",
+            "P/D requests that took their prompt tokens from the producer (not tokenized again).",
+            value=m.prompt_counts_reused,
         )
         for name, doc, hist in (
             (

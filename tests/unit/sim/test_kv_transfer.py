@@ -195,6 +195,9 @@ def test_vllm_router_serves_a_streaming_chat_through_the_pair(pair: tuple[SimPro
     assert moved == prompt_tokens * KV_BYTES_8B
     assert after_d["vllm:nixl_num_failed_transfers_total"] == before_d["vllm:nixl_num_failed_transfers_total"]
     assert after_p["vllm:kv_cache_usage_perc"] == 0.0  # blocks freed after the consumer's notification
+    # the router forwards the producer's kv_transfer_params whole: the consumer did not re-tokenize
+    reused = "pdfleet_sim_prompt_counts_reused_total"
+    assert after_d[reused] == before_d[reused] + 1
     wait_for(lambda: "KV Transfer metrics: Num successful transfers=" in consumer.log())
 
 
