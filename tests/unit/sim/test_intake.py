@@ -203,4 +203,5 @@ def test_tokenizing_a_30k_token_prompt_does_not_stall_a_decode_instances_streams
     # the decode steps themselves grow by ~2 ms while the 30K-token context decodes (its KV is read)
     figures = f"worst gap before {1e3 * before:.1f} ms, after the 30K-token prompt came {1e3 * after:.1f} ms"
     print(figures)
-    assert after <= before + 0.015, figures
+    # before the intake thread: +40 to +170 ms here (the loop tokenized the prompt, ~2 ms per 1K tokens)
+    assert after <= before + 0.020, figures
