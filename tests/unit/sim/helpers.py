@@ -78,6 +78,13 @@ def words_text(n_words: int, seed: int) -> str:
     return " ".join(rng.choice(WORDS) + rng.choice(("", "s", "ed", "ing")) for _ in range(n_words))
 
 
+def random_words(n_words: int, seed: int) -> str:
+    """Text of `n_words` random lowercase words: few repeat, so a tokenizer's word cache does not help."""
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return " ".join("".join(rng.choices(letters, k=rng.randint(3, 7))) for _ in range(n_words))
+
+
 def make_tokenizer(path: Path, vocab_size: int = 300) -> Path:
     """Train a byte-level BPE tokenizer on filler-like text and save it as path (a tokenizer.json).
 

@@ -26,7 +26,7 @@ from pdfleet.sim.intake import (
     prompt_digest,
 )
 from pdfleet.tokens import make_counter
-from tests.unit.sim.helpers import MODEL, kv_config, make_tokenizer, post_json, words_text
+from tests.unit.sim.helpers import MODEL, kv_config, make_tokenizer, post_json, random_words, words_text
 
 # ---- the arrival stamp ----------------------------------------------------------------------------------
 
@@ -148,22 +148,24 @@ def test_counting_runs_in_the_intake_thread(tmp_path: Path) -> None:
 # ---- a 30K-token prompt does not stall a decode-only instance's streams ----------------------------------
 
 
-async def _gaps_around(
-    port: int, burst: dict[str, Any], before_s: float, after_s: float
-) -> tuple[float, float]:
-    """Worst inter-token gap of one stream in the window before the burst is sent and in the one after."""
-    short = {"model": MODEL, "prompt": words_text(145, 7), "max_tokens": 2000, "ignore_eos": True}
+async def _gaps_around(port: int, bursts: list[dict[str, Any]], window_s: float) -> list[tuple[float, float]]:
+    """Per burst, one stream's worst inter-token gap in the window before it is sent and in the one after."""
+    loop = asyncio.get_running_loop()
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    # the client's own first urlopen (opener, proxies, a thread) must not stall the stream it measures
+    await loop.run_in_executor(None, post_json, url, {"model": MODEL, "prompt": "hi", "max_tokens": 1})
+    short = {"model": MODEL, "prompt": words_text(145, 7), "max_tokens": 4000, "ignore_eos": True}
     raw = json.dumps({**short, "stream": True}).encode()
     client = StreamClient(port, request_bytes(port, "/v1/completions", raw), Stats(), False)
     span = Span(events=[])
     stream = asyncio.create_task(client.stream(span))
-    await asyncio.sleep(0.5 + before_s)  # settled into decoding
-    sent = time.perf_counter()
-    loop = asyncio.get_running_loop()
-    answer = loop.run_in_executor(None, post_json, f"http://127.0.0.1:{port}/v1/completions", burst)
-    await asyncio.sleep(after_s)
-    status, out = await answer
-    assert status == 200, out
+    await asyncio.sleep(0.5 + window_s)  # settled into decoding
+    sent = []
+    for burst in bursts:
+        sent.append(time.perf_counter())
+        status, out = await loop.run_in_executor(None, post_json, url, burst)
+        assert status == 200, out
+        await asyncio.sleep(max(0.0, sent[-1] + 2 * window_s - time.perf_counter()))
     stream.cancel()
     client.close()
     times = span.events or []
@@ -172,36 +174,44 @@ async def _gaps_around(
         inside = [t for t in times if lo <= t <= hi]
         return max(b - a for a, b in zip(inside, inside[1:], strict=False))
 
-    return worst(sent - before_s, sent), worst(sent, sent + after_s)
+    return [(worst(t - window_s, t), worst(t, t + window_s)) for t in sent]
 
 
 def test_tokenizing_a_30k_token_prompt_does_not_stall_a_decode_instances_streams(tmp_path: Path) -> None:
-    """A consumer (decode-only) streams; a 30K-token P/D request arrives and is tokenized there."""
+    """A consumer (decode-only) streams; 30K-token P/D requests arrive and are tokenized there.
+
+    Three times: before the intake thread, tokenizing on the loop grew the worst gap by 60-200 ms in at
+    least one of the three on every run here (~2-6 ms per 1K tokens on this busy box); since, CPU noise
+    on the shared box grows it by up to ~30 ms now and then.
+    """
     tokenizer = make_tokenizer(tmp_path / "tokenizer.json")
     common = ["--tokenizer", str(tokenizer), "--disable-log-stats", "--sim-link", "roce-400g"]
     env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
-    long_prompt = words_text(8700, 3)  # ~30K tokens of the test tokenizer
+    bursts = []
     with (
         SimProcess([MODEL, *common, "--kv-transfer-config", kv_config("kv_producer")], env=env) as p,
         SimProcess([MODEL, *common, "--kv-transfer-config", kv_config("kv_consumer")]) as d,
     ):
-        status, prefilled = post_json(
-            p.url + "/v1/completions",
-            {
-                "model": MODEL,
-                "prompt": long_prompt,
-                "max_tokens": 1,
-                "kv_transfer_params": {"do_remote_decode": True},
-            },
-        )
-        assert status == 200 and prefilled["usage"]["prompt_tokens"] > 28_000
-        params = {
-            k: v for k, v in prefilled["kv_transfer_params"].items() if not k.startswith("pdfleet_sim_")
-        }  # as a real vLLM producer sends them: the consumer tokenizes the prompt itself
-        burst = {"model": MODEL, "prompt": long_prompt, "max_tokens": 2, "kv_transfer_params": params}
-        before, after = asyncio.run(_gaps_around(d.port, burst, before_s=1.0, after_s=1.0))
+        for seed in (3, 4, 5):
+            long_prompt = random_words(5200, seed)  # ~30K tokens of the test tokenizer
+            status, prefilled = post_json(
+                p.url + "/v1/completions",
+                {
+                    "model": MODEL,
+                    "prompt": long_prompt,
+                    "max_tokens": 1,
+                    "kv_transfer_params": {"do_remote_decode": True},
+                },
+            )
+            assert status == 200 and prefilled["usage"]["prompt_tokens"] > 27_000
+            params = {
+                k: v for k, v in prefilled["kv_transfer_params"].items() if not k.startswith("pdfleet_sim_")
+            }  # as a real vLLM producer sends them: the consumer tokenizes the prompt itself
+            bursts.append(
+                {"model": MODEL, "prompt": long_prompt, "max_tokens": 2, "kv_transfer_params": params}
+            )
+        gaps = asyncio.run(_gaps_around(d.port, bursts, window_s=1.0))
+    figures = ", ".join(f"{1e3 * b:.1f} -> {1e3 * a:.1f} ms" for b, a in gaps)
+    print("worst gap before -> after a 30K-token prompt came:", figures)
     # the decode steps themselves grow by ~2 ms while the 30K-token context decodes (its KV is read)
-    figures = f"worst gap before {1e3 * before:.1f} ms, after the 30K-token prompt came {1e3 * after:.1f} ms"
-    print(figures)
-    # before the intake thread: +40 to +170 ms here (the loop tokenized the prompt, ~2 ms per 1K tokens)
-    assert after <= before + 0.020, figures
+    assert max(a - b for b, a in gaps) <= 0.040, figures
