@@ -4,7 +4,7 @@
 Runs it twice with real processes on loopback: a colocated simulator, then a producer + consumer pair
 behind the real `vllm-router`. Prints the streams' worst inter-token gap (converted to simulated ms)
 before and during the burst. The behaviour is asserted on the simulated clock by
-tests/unit/sim/test_sim_engine.py; this is the same effect seen by a client. Rerunnable, not a test.
+tests/unit/sim/test_des.py; this is the same effect seen by a client. Rerunnable, not a test.
 
     .venv/bin/python bench/sim_interference.py --time-scale 0.5
 """
@@ -25,6 +25,22 @@ from pdfleet.bench.workload import SIM_MODEL, completion_body, synthetic_prompt
 from pdfleet.metrics.scrape import scrape_histogram
 
 ITL = "vllm:inter_token_latency_seconds"
+LAGS = ("pdfleet_sim_loop_lag_seconds", "pdfleet_sim_step_lag_seconds")  # the simulator's own lateness
+DISTURBED_S = 0.1  # a probe or step later than this (wall seconds) marks its window disturbed
+
+
+def late_count(engine_url: str) -> float:
+    """Loop probes and steps that ran more than DISTURBED_S late so far (cumulative; take deltas)."""
+    total = 0.0
+    for name in LAGS:
+        hist = scrape_histogram(engine_url, name)
+        total += hist[math.inf] - hist[DISTURBED_S]
+    return total
+
+
+def disturbed(late: float) -> str:
+    """How a window is marked in the report."""
+    return f"  DISTURBED ({late:.0f} late probes/steps)" if late else ""
 
 
 def bucket_label(bound: float) -> str:
@@ -41,13 +57,17 @@ def completions_client(url: str, body: bytes) -> StreamClient:
 
 async def run(
     url: str, engine_url: str, streams: int, burst_tokens: int, window: float, scale: float
-) -> tuple[float, float, str, str]:
-    """Worst gap in the windows before and after the burst: client-side (simulated ms) and engine-side."""
+) -> tuple[float, float, str, str, float]:
+    """Worst gap in the windows before and after the burst: client-side (simulated ms) and engine-side.
+
+    The last figure: how many loop probes or steps of the simulator ran late in the two windows.
+    """
     client = completions_client(url, completion_body(synthetic_prompt(1024, "s"), 100000))
     spans = [Span(events=[]) for _ in range(streams)]
     tasks = [asyncio.create_task(client.stream(span)) for span in spans]
     await asyncio.sleep(window / 2)  # let every stream reach steady decoding
     b0 = scrape_histogram(engine_url, ITL)
+    late0 = late_count(engine_url)
     await asyncio.sleep(window / 2)
     b1 = scrape_histogram(engine_url, ITL)
     t_burst = time.perf_counter()
@@ -56,6 +76,7 @@ async def run(
     tasks.append(asyncio.create_task(burst.stream(Span())))
     await asyncio.sleep(window)
     b2 = scrape_histogram(engine_url, ITL)
+    late = late_count(engine_url) - late0
     client.close()
     burst.close()
     await asyncio.gather(*tasks)
@@ -69,19 +90,20 @@ async def run(
         worst(t_burst, t_burst + window),
         bucket_label(histogram_bound(b0, b1)),
         bucket_label(histogram_bound(b1, b2)),
+        late,
     )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--time-scale", type=float, default=0.5)
-    ap.add_argument("--streams", type=int, default=32)
-    ap.add_argument("--burst-tokens", type=int, default=30000)
+    ap.add_argument("--time-scale", type=float, default=0.5, help="the simulators' --sim-time-scale")
+    ap.add_argument("--streams", type=int, default=32, help="decoding streams")
+    ap.add_argument("--burst-tokens", type=int, default=30000, help="the arriving prompt's length")
     ap.add_argument("--window", type=float, default=3.0, help="wall seconds before and after the burst")
     args = ap.parse_args()
     common = [SIM_MODEL, "--sim-time-scale", str(args.time_scale), "--disable-log-stats"]
     with SimProcess(common) as colo:
-        colo_before, colo_after, colo_b, colo_a = asyncio.run(
+        colo_before, colo_after, colo_b, colo_a, colo_late = asyncio.run(
             run(colo.url, colo.url, args.streams, args.burst_tokens, args.window, args.time_scale)
         )
     side = free_port()
@@ -92,7 +114,7 @@ def main() -> int:
     )
     consumer = SimProcess([*common, "--sim-link", "roce-400g", "--kv-transfer-config", kv % "kv_consumer"])
     with producer as p, consumer as d, RouterProcess([p.url], [d.url]) as router:
-        pd_before, pd_after, pd_b, pd_a = asyncio.run(
+        pd_before, pd_after, pd_b, pd_a, pd_late = asyncio.run(
             run(router.url, d.url, args.streams, args.burst_tokens, args.window, args.time_scale)
         )
     print(
@@ -100,12 +122,16 @@ def main() -> int:
         f"(one {args.burst_tokens}-token prompt "
         f"arrives; time scale {args.time_scale}):"
     )
-    for name, before, after, hb, ha in (
-        ("colocated", colo_before, colo_after, colo_b, colo_a),
-        ("P/D pair ", pd_before, pd_after, pd_b, pd_a),
+    for name, before, after, hb, ha, late in (
+        ("colocated", colo_before, colo_after, colo_b, colo_a, colo_late),
+        ("P/D pair ", pd_before, pd_after, pd_b, pd_a, pd_late),
     ):
-        print(f"  {name}: client {before:7.1f} -> {after:7.1f}   engine ITL histogram {hb} -> {ha}")
-    print("(client = wall-clock gaps / time scale, incl. router and CPU jitter; engine = vLLM metric)")
+        print(
+            f"  {name}: client {before:7.1f} -> {after:7.1f}   engine ITL histogram {hb} -> {ha}"
+            + disturbed(late)
+        )
+    print("(client = wall-clock gaps / time scale, incl. router and CPU jitter; engine = vLLM metric;")
+    print(f" DISTURBED = the simulator itself ran > {1e3 * DISTURBED_S:.0f} ms late in those windows)")
     return 0
 
 

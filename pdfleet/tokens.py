@@ -54,7 +54,9 @@ class HFTokenizer:
     def count(self, text: str) -> int:
         if not text:
             return 0
-        return len(self._tok.encode(text, add_special_tokens=False).ids)
+        # encode_batch releases the GIL while it encodes (encode does not): counting in a worker thread
+        # then does not stall an event loop (the simulator's intake thread)
+        return len(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
 
 
 def make_counter(

@@ -30,6 +30,10 @@ class SimClock:
         assert self._loop is not None
         return (self._loop.time() - self.t0) / self.scale
 
+    def at_wall(self, wall_t: float) -> float:
+        """The simulated time at loop time `wall_t` (e.g. when a request's first byte was read)."""
+        return (wall_t - self.t0) / self.scale
+
     def wall_at(self, sim_t: float) -> float:
         """The loop time at which simulated time `sim_t` falls (a step's wall-clock deadline)."""
         return self.t0 + sim_t * self.scale

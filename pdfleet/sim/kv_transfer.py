@@ -131,6 +131,13 @@ class KVConnector:
         timing: dict[str, float] = {}
 
         async def wait_transfer(grant: ReadGrant) -> None:
+            if grant.num_tokens != req.prompt_tokens:
+                # another prompt, or a count the producer never made: these blocks are not this KV
+                raise PullError(
+                    f"the producer holds KV for {grant.num_tokens} prompt tokens, this request has "
+                    f"{req.prompt_tokens}",
+                    handshake=False,
+                )
             now = self.clock.now()
             end = self._link.reserve(now, grant.nbytes)
             # the modelled setup, not the real loopback handshake (which time scaling would inflate)

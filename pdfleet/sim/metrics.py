@@ -91,6 +91,8 @@ REQUEST_BUCKETS = (
     1920.0,
     7680.0,
 )
+# The simulator's own lateness, in wall seconds (not a vLLM metric).
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 XFER_BUCKETS = (0.001, 0.005, 0.0125, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 BYTES_BUCKETS = tuple(float(2**n) for n in range(20, 36))
 DESCRIPTOR_BUCKETS = (1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0)
@@ -154,6 +156,10 @@ class Hist:
         self.total += value
         self.n += 1
 
+    def count_above(self, bound: float) -> int:
+        """Observations above `bound` (a bucket bound: exact; otherwise those of the buckets above it)."""
+        return sum(self.counts[bisect.bisect_left(self.buckets, bound) + 1 :])
+
     def cumulative(self) -> list[tuple[str, float]]:
         acc = 0
         out = []
@@ -195,6 +201,10 @@ class SimMetrics:
         self.max_lag_s = 0.0
         self.resyncs = 0
         self.resync_lost_s = 0.0
+        self.step_lag = Hist(LAG_BUCKETS)  # per step: token emission behind its scheduled wall time
+        self.loop_lag = Hist(LAG_BUCKETS)  # per probe: a timer's lateness, whatever blocked the loop
+        self.window_lag_s = 0.0  # worst of both since the last lag warning
+        self.prompt_counts_reused = 0  # consumer requests that took the producer's prompt count
 
 
 class SimCollector(Collector):
@@ -306,6 +316,26 @@ class SimCollector(Collector):
             "Lateness of the latest step's token emission behind its scheduled wall time.",
             value=m.lag_s,
         )
+        yield CounterMetricFamily(
+            "pdfleet_sim_prompt_counts_reused",
+            "P/D requests that took their prompt tokens from the producer (not tokenized again).",
+            value=m.prompt_counts_reused,
+        )
+        for name, doc, hist in (
+            (
+                "pdfleet_sim_step_lag_seconds",
+                "Per step, wall seconds its token emission ran behind its scheduled wall time.",
+                m.step_lag,
+            ),
+            (
+                "pdfleet_sim_loop_lag_seconds",
+                "Wall seconds the event loop woke a periodic timer late (anything that blocked the loop).",
+                m.loop_lag,
+            ),
+        ):
+            fam = HistogramMetricFamily(name, doc)
+            fam.add_metric([], hist.cumulative(), hist.total)
+            yield fam
 
 
 def make_registry(collector: SimCollector) -> CollectorRegistry:

@@ -1,11 +1,19 @@
 """The engine paced in real time: the step loop, token emission to sinks, request settlement, stats lines.
 
 Steps are scheduled on absolute wall-clock targets (`SimClock.wall_at`), so sleep jitter never
-accumulates; if the process cannot keep up, the lag is exported as `pdfleet_sim_*` gauges (see
-bench/sim_capacity.py). Streaming writes go straight to each connection's transport from the step loop
-(one SSE event per token per request, no per-token task switch), which is what lets one core carry
-hundreds of streams: `_step_loop` and `_emit` are the hot path, kept free of per-step and per-token
-allocations, awaits and indirections beyond what the work needs.
+accumulates; if the process cannot keep up, the lag is exported as `pdfleet_sim_*` metrics (see
+bench/sim_capacity.py) and logged as a warning at most every `LAG_WARN_EVERY_S`. A probe also times the
+event loop itself (`pdfleet_sim_loop_lag_seconds`), so a window in which anything blocked the loop can be
+told apart by a bench even when no step was due.
+
+A request's arrival is when its first byte was read (`pdfleet.sim.intake`); when the engine was idle its
+first step starts then, not when parsing and tokenizing (done off the loop) finished, so that CPU work is
+never charged to simulated time.
+
+Streaming writes go straight to each connection's transport from the step loop (one SSE event per token
+per request, no per-token task switch), which is what lets one core carry hundreds of streams:
+`_step_loop` and `_emit` are the hot path, kept free of per-step and per-token allocations, awaits and
+indirections beyond what the work needs.
 """
 
 from __future__ import annotations
@@ -22,20 +30,26 @@ from pdfleet.sim.config import SimConfig
 from pdfleet.sim.engine import SimRequest, State, StepResult
 from pdfleet.sim.kv_transfer import KVConnector
 from pdfleet.sim.metrics import SimMetrics
-from pdfleet.sim.stream import FILLER_BYTES, Sink, chunk_frame
+from pdfleet.sim.stream import DEFAULT_FILLER, Filler, Sink, chunk_frame
 
 log = logging.getLogger("pdfleet.sim")
 
 # Wall seconds behind schedule before the simulated clock gives up catching up and jumps to now. Below it,
 # late steps run back to back without sleeping until the schedule is met again (bursts of HTTP work).
 RESYNC_AFTER_S = 1.0
+# Loop-lag probe period, the lateness (wall seconds) that counts as a disturbance, and how often at most a
+# warning about it is logged.
+LAG_PROBE_S = 0.05
+LAG_WARN_S = 0.1
+LAG_WARN_EVERY_S = 10.0
 
 
 class Runtime:
     """One simulated engine instance running: its clock, engine, metrics, KV connector and loops."""
 
-    def __init__(self, cfg: SimConfig) -> None:
+    def __init__(self, cfg: SimConfig, filler: Filler = DEFAULT_FILLER) -> None:
         self.cfg = cfg
+        self.filler = filler
         self.clock = SimClock(cfg.time_scale)
         self.engine = cfg.engine()
         kv = cfg.kv_transfer
@@ -46,6 +60,7 @@ class Runtime:
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._window_tokens = (0, 0)
+        self._ready_at: float | None = None  # latest time new work became runnable while the loop idled
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def open(self) -> None:
@@ -57,6 +72,7 @@ class Runtime:
     def start(self) -> None:
         """Start stepping (and the periodic stats lines unless --disable-log-stats)."""
         self._spawn(self._step_loop())
+        self._spawn(self._lag_probe())
         if not self.cfg.disable_log_stats:
             self._spawn(self._stats_loop())
 
@@ -81,18 +97,32 @@ class Runtime:
         return task
 
     # ---- requests in --------------------------------------------------------------------------------
-    def submit(self, req: SimRequest) -> None:
-        """Queue a request at the current simulated time and wake the step loop."""
-        self.engine.add(req, self.clock.now())
-        self._wake.set()
+    def submit(self, req: SimRequest, arrival: float | None = None) -> None:
+        """Queue a request that arrived at simulated time `arrival` (default: now) and wake the step loop."""
+        now = self.clock.now()
+        arrival = now if arrival is None else min(arrival, now)
+        self.engine.add(req, arrival)
+        self._mark_ready(arrival)
 
     def abort(self, req: SimRequest) -> None:
-        """Drop a request whose handler went away (the step loop may admit others)."""
+        """Drop a request whose client went away, counted as finished_reason abort (once)."""
+        if req.state is State.FINISHED:
+            return  # finished, failed or already aborted
         self.engine.abort(req.request_id)
-        self._wake.set()
+        self.metrics.success["abort"] += 1
+        sink: Sink | None = req.sink
+        if sink is not None:
+            sink.settle()
+        self._mark_ready(self.clock.now())
 
     def wake(self) -> None:
-        """Tell an idle step loop there is work."""
+        """Tell an idle step loop there is work from now on (KV arrived, blocks freed)."""
+        self._mark_ready(self.clock.now())
+
+    def _mark_ready(self, at: float) -> None:
+        """Work became runnable at simulated time `at`: an idle loop's next step may start then."""
+        if self._ready_at is None or at > self._ready_at:
+            self._ready_at = at
         self._wake.set()
 
     # ---- the step loop ------------------------------------------------------------------------------
@@ -106,13 +136,19 @@ class Runtime:
         sim_now, wall_at, scale = clock.now, clock.wall_at, clock.scale
         expire = kv.expire_leases if kv is not None else None  # only producers hold blocks
         last_end: float | None = None
+        idle_since = 0.0
         last_emit_wall = 0.0
         while True:
             now = sim_now()
-            if last_end is None or (now - last_end) * scale > RESYNC_AFTER_S:
-                if last_end is not None:
-                    m.resyncs += 1
-                    m.resync_lost_s += (now - last_end) * scale
+            if last_end is None:
+                # from idle: start when the work became runnable (a request's first byte), not after
+                # its parsing and tokenizing, unless the loop itself was late by more than that
+                ready, self._ready_at = self._ready_at, None
+                start = now if ready is None else min(now, max(idle_since, ready))
+                last_emit_wall = loop.time()
+            elif (now - last_end) * scale > RESYNC_AFTER_S:
+                m.resyncs += 1
+                m.resync_lost_s += (now - last_end) * scale
                 start = now
                 last_emit_wall = loop.time()
             else:
@@ -125,7 +161,9 @@ class Runtime:
                 self._spawn(kv.load(req))
             if not batch.entries:
                 last_end = None
+                idle_since = start
                 self._wake.clear()
+                self._ready_at = None
                 expiry = engine.next_expiry()
                 timeout = None if expiry is None else max(0.0, (expiry - sim_now()) * scale)
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -145,8 +183,11 @@ class Runtime:
             m.busy_wall_s += done_wall - last_emit_wall
             last_emit_wall = done_wall
             m.lag_s = lag
+            m.step_lag.observe(lag if lag > 0.0 else 0.0)
             if lag > m.max_lag_s:
                 m.max_lag_s = lag
+            if lag > m.window_lag_s:
+                m.window_lag_s = lag
             last_end = end
 
     def _emit(self, result: StepResult, now: float) -> None:
@@ -156,7 +197,8 @@ class Runtime:
         itl_sum = 0.0
         itl_n = 0
         bisect_left = bisect.bisect_left
-        nfill = len(FILLER_BYTES)
+        filler = self.filler.tokens
+        nfill = len(filler)
         finished_state = State.FINISHED
         for req in result.emitted:
             sink: Sink = req.sink
@@ -174,7 +216,7 @@ class Runtime:
             if transport is None or transport.is_closing():
                 self._client_gone(req)
                 continue
-            token = FILLER_BYTES[(req.generated - 1) % nfill]
+            token = filler[(req.generated - 1) % nfill]
             tail = token + (sink.last_suffix() if req.state is finished_state else sink.mid)
             if sink.role_sent:
                 # chunk_frame inlined: one SSE event per token, framed without building the event first
@@ -209,13 +251,42 @@ class Runtime:
         sink.settle()
 
     def _client_gone(self, req: SimRequest) -> None:
-        """A streaming client disconnected: abort the request (counted as finished_reason abort)."""
-        if req.state is State.FINISHED:
-            return  # its last token was just produced; the tail write will notice the closed connection
-        self.engine.abort(req.request_id)
-        self.metrics.success["abort"] += 1
-        sink: Sink = req.sink
-        sink.settle()
+        """A streaming client disconnected: abort the request (a just-finished one is left to its tail)."""
+        self.abort(req)
+
+    # ---- loop lag --------------------------------------------------------------------------------------
+    async def _lag_probe(self) -> None:
+        """Time how late the event loop wakes a timer; warn (rate-limited) when it or a step ran late."""
+        loop = asyncio.get_running_loop()
+        m = self.metrics
+        since = loop.time()  # start of the window the next warning covers
+        warned = False
+        late_steps_before = m.step_lag.count_above(LAG_WARN_S)
+        late_probes = 0
+        while True:
+            t = loop.time()
+            await asyncio.sleep(LAG_PROBE_S)
+            late = max(0.0, loop.time() - t - LAG_PROBE_S)
+            m.loop_lag.observe(late)
+            if late > m.window_lag_s:
+                m.window_lag_s = late
+            late_probes += late > LAG_WARN_S
+            now = loop.time()
+            if m.window_lag_s > LAG_WARN_S and (not warned or now - since >= LAG_WARN_EVERY_S):
+                late_steps = m.step_lag.count_above(LAG_WARN_S)
+                log.warning(
+                    "pdfleet-sim: the event loop ran up to %.0f ms behind schedule (in the last %.0f s: %d "
+                    "steps and %d loop probes late by more than %.0f ms); wall-clock timings a client "
+                    "measured then are disturbed, simulated metrics are not (pdfleet_sim_step_lag_seconds, "
+                    "pdfleet_sim_loop_lag_seconds)",
+                    1e3 * m.window_lag_s,
+                    now - since,
+                    late_steps - late_steps_before,
+                    late_probes,
+                    1e3 * LAG_WARN_S,
+                )
+                since, warned, late_steps_before, late_probes = now, True, late_steps, 0
+                m.window_lag_s = 0.0
 
     # ---- periodic log lines -----------------------------------------------------------------------------
     async def _stats_loop(self) -> None:

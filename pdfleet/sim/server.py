@@ -7,6 +7,8 @@ its side channel, the HTTP port, then the step loop. What each part does is in i
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 import os
 
@@ -14,8 +16,11 @@ from aiohttp import web
 
 from pdfleet.sim.api import SimAPI
 from pdfleet.sim.config import SimConfig, describe
+from pdfleet.sim.intake import ArrivalStamp
 from pdfleet.sim.metrics import SimCollector, make_registry
 from pdfleet.sim.runtime import Runtime
+from pdfleet.sim.stream import Filler
+from pdfleet.sim.vocab import filler_for
 from pdfleet.tokens import TextCounter, make_counter
 
 log = logging.getLogger("pdfleet.sim")
@@ -24,9 +29,12 @@ log = logging.getLogger("pdfleet.sim")
 class SimServer:
     """One simulated vLLM instance: HTTP API, step loop, metrics, and (for P/D) the KV side channel."""
 
-    def __init__(self, cfg: SimConfig, counter: TextCounter | None = None) -> None:
+    def __init__(
+        self, cfg: SimConfig, counter: TextCounter | None = None, filler: Filler | None = None
+    ) -> None:
         self.cfg = cfg
-        self.runtime = Runtime(cfg)
+        tokenizer = _tokenizer_file(cfg.tokenizer)
+        self.runtime = Runtime(cfg, filler or filler_for(tokenizer))
         self.engine = self.runtime.engine
         self.metrics = self.runtime.metrics
         cache_info = {
@@ -38,9 +46,10 @@ class SimServer:
         }
         model_name = cfg.served_model_names[0]
         self.registry = make_registry(SimCollector(self.metrics, self.engine, model_name, cache_info))
-        counter = counter or make_counter(_tokenizer_file(cfg.tokenizer), cfg.chars_per_token)
-        self.api = SimAPI(cfg, self.runtime, self.registry, counter)
+        counter = counter or make_counter(tokenizer, cfg.chars_per_token)
+        self.api = SimAPI(cfg, self.runtime, self.registry, counter, _counter_id(tokenizer, cfg))
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
 
     def app(self) -> web.Application:
         """The aiohttp application with vLLM's routes."""
@@ -51,26 +60,40 @@ class SimServer:
         cfg = self.cfg
         log.info("pdfleet-sim: simulating %s", describe(cfg))
         await self.runtime.open()
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        # handler_cancellation: a client that goes away cancels its handler, which aborts the request
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, handler_cancellation=True
+        )
         await self._runner.setup()
         bind_host = cfg.host if host is None else host
-        site = web.TCPSite(self._runner, bind_host, cfg.port if port is None else port, reuse_address=True)
-        await site.start()
+        loop = asyncio.get_running_loop()
+        factory = self._runner.server
+        assert factory is not None
+        # each connection's aiohttp protocol wrapped to stamp a request's first byte (its arrival)
+        self._listener = await loop.create_server(
+            lambda: ArrivalStamp(factory(), loop.time),
+            bind_host or None,
+            cfg.port if port is None else port,
+            reuse_address=True,
+        )
         self.runtime.start()
         log.info("Starting vLLM API server 0 on http://%s:%d", bind_host or "0.0.0.0", self.bound_port())
         log.info("Application startup complete.")
 
     def bound_port(self) -> int:
         """The HTTP port actually bound (useful with port 0)."""
-        assert self._runner is not None
-        addresses = self._runner.addresses
-        return int(addresses[0][1]) if addresses else self.cfg.port
+        assert self._listener is not None
+        sockets = self._listener.sockets
+        return int(sockets[0].getsockname()[1]) if sockets else self.cfg.port
 
     async def stop(self) -> None:
         """Stop stepping, fail whatever is in flight, close the ports."""
         await self.runtime.stop()
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        self.api.close()
 
 
 def _tokenizer_file(path: str | None) -> str | None:
@@ -81,3 +104,11 @@ def _tokenizer_file(path: str | None) -> str | None:
         candidate = os.path.join(path, "tokenizer.json")
         return candidate if os.path.isfile(candidate) else None
     return path if os.path.isfile(path) else None
+
+
+def _counter_id(tokenizer_file: str | None, cfg: SimConfig) -> str:
+    """What a prompt count depends on: the tokenizer file's content, or the character estimate's ratio."""
+    if tokenizer_file is None:
+        return f"chars/{cfg.chars_per_token}"
+    with open(tokenizer_file, "rb") as fh:
+        return "tokenizer/" + hashlib.file_digest(fh, "sha256").hexdigest()[:16]

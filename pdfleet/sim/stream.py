@@ -45,6 +45,31 @@ FILLER = tuple(
 )
 FILLER_BYTES = tuple(t.encode() for t in FILLER)
 
+
+class Filler:
+    """The output tokens a server cycles through: text pieces that go into a JSON string as they are.
+
+    With a tokenizer configured they are tokens of its vocabulary chosen so that the streamed text
+    re-tokenizes to exactly the reported count (`pdfleet.sim.vocab`); otherwise the filler words.
+    """
+
+    __slots__ = ("words", "tokens")
+
+    def __init__(self, words: tuple[str, ...]) -> None:
+        if not words:
+            raise ValueError("a filler needs at least one token")
+        self.words = words
+        self.tokens = tuple(w.encode() for w in words)
+
+    def text(self, n: int) -> str:
+        """The text of the first n output tokens."""
+        words = self.words
+        k = len(words)
+        return "".join(words[i % k] for i in range(n))
+
+
+DEFAULT_FILLER = Filler(FILLER)
+
 compact = functools.partial(json.dumps, separators=(",", ":"))  # JSON as FastAPI/pydantic writes it
 
 
@@ -59,8 +84,8 @@ def chunk_frame(data: bytes) -> bytes:
 
 
 def filler_text(n: int) -> str:
-    """The deterministic text of the first n output tokens."""
-    return "".join(FILLER[i % len(FILLER)] for i in range(n))
+    """The deterministic text of the first n output tokens (no tokenizer)."""
+    return DEFAULT_FILLER.text(n)
 
 
 class Sink:

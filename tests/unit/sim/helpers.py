@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from pdfleet.sim.stream import FILLER
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -62,3 +66,41 @@ def chunk_events(frame: bytes) -> list[dict[str, Any]]:
     events = [e for e in data.decode().split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events), events
     return [json.loads(e.removeprefix("data: ")) for e in events if e != "data: [DONE]"]
+
+
+# ---- a small real tokenizer, built here (no download) ---------------------------------------------------
+WORDS = tuple(w.strip() for w in FILLER)  # the simulator's own filler words
+
+
+def words_text(n_words: int, seed: int) -> str:
+    """Text of `n_words` words (some with suffixes), reproducible from the seed."""
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) + rng.choice(("", "s", "ed", "ing")) for _ in range(n_words))
+
+
+def random_words(n_words: int, seed: int) -> str:
+    """Text of `n_words` random lowercase words: few repeat, so a tokenizer's word cache does not help."""
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return " ".join("".join(rng.choices(letters, k=rng.randint(3, 7))) for _ in range(n_words))
+
+
+def make_tokenizer(path: Path, vocab_size: int = 300) -> Path:
+    """Train a byte-level BPE tokenizer on filler-like text and save it as path (a tokenizer.json).
+
+    Its small vocabulary makes it slow, about 2 ms per 1K tokens here, like a real tokenizer on a busy
+    host: enough to show when tokenizing blocks the event loop.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["[UNK]"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([words_text(50, i) for i in range(2000)], trainer)
+    tok.save(str(path))
+    return path

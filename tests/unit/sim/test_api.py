@@ -7,6 +7,7 @@ import concurrent.futures
 import http.client
 import json
 import re
+import socket
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -15,13 +16,14 @@ import openai
 import pytest
 from prometheus_client.core import CollectorRegistry
 
+from pdfleet.bench.client import request_bytes
 from pdfleet.bench.launch import SimProcess
 from pdfleet.metrics.scrape import scrape_metrics
 from pdfleet.sim.api import RequestError, SimAPI
 from pdfleet.sim.config import parse_serve_args
 from pdfleet.sim.runtime import Runtime
 from pdfleet.tokens import make_counter
-from tests.unit.sim.helpers import MODEL
+from tests.unit.sim.helpers import MODEL, wait_for
 
 # ---- validation, in process -------------------------------------------------------------------------
 
@@ -201,6 +203,9 @@ def test_metrics_use_vllm_names_in_simulated_seconds(sim: SimProcess, client: op
     ):
         assert re.search(rf"^{re.escape(name)}{{", text, re.M), name
     assert "vllm:nixl_" not in text  # only on P/D instances
+    # the simulator's own lateness, for benches to flag disturbed windows: under its own prefix
+    for name in ("pdfleet_sim_step_lag_seconds_bucket", "pdfleet_sim_loop_lag_seconds_bucket"):
+        assert re.search(rf'^{name}{{le="0.1"}} ', text, re.M), name
 
 
 def test_api_key_guards_v1_only() -> None:
@@ -242,3 +247,53 @@ def test_kv_pressure_preempts_and_still_completes_every_request() -> None:
         assert all(r.usage is not None and r.usage.completion_tokens == 400 for r in results)
         assert _metric(sim, "vllm:num_preemptions_total") >= 1
         assert _metric(sim, "vllm:kv_cache_usage_perc") == 0.0
+
+
+# ---- hostile bodies and clients that go away (issue 18 S1, S2) ---------------------------------------
+
+
+def _raw_post(port: int, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    status, data = resp.status, resp.read()
+    conn.close()
+    return status, json.loads(data)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "llama", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # past the parser's depth
+        b'{"model": "llama", "prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}",  # past 4300 digits
+        b'{"model": "llama", "prompt": ' + b"[" * 900 + b"1" + b"]" * 900 + b"}",  # parses, nests too deep
+        b'{"model": "llama", "messages": [{"role": "user", "content": "hi"}, 7]}',
+        b'{"model": "llama", "prompt": "hi", "max_tokens": 1e400}',
+        b'{"model": ["llama"], "prompt": "hi"}',
+        b"\xff\xfe not utf-8",
+    ],
+    ids=["deep-json", "long-int", "deep-prompt", "bad-message", "huge-float", "model-list", "bad-utf8"],
+)
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_hostile_bodies_get_a_400_never_a_500(sim: SimProcess, path: str, body: bytes) -> None:
+    status, out = _raw_post(sim.port, path, body)
+    assert status in (400, 404), (status, out)
+    assert out["error"]["code"] == status and out["error"]["type"] in ("BadRequestError", "NotFoundError")
+    status, _ = _raw_post(sim.port, "/tokenize", body)
+    assert status < 500
+    ok = b'{"model": "llama", "prompt": "hi", "max_tokens": 1}'
+    assert _raw_post(sim.port, "/v1/completions", ok)[0] == 200
+
+
+def test_a_non_streaming_request_is_aborted_when_its_client_goes_away(sim: SimProcess) -> None:
+    """vLLM aborts a request whose HTTP client disconnected, streamed or not."""
+    aborted = _metric(sim, "vllm:request_success_total")  # every reason; abort is one of them
+    body = json.dumps({"model": "llama", "prompt": "hi", "max_tokens": 100_000}).encode()
+    sock = socket.create_connection(("127.0.0.1", sim.port))
+    sock.sendall(request_bytes(sim.port, "/v1/completions", body))
+    wait_for(lambda: _metric(sim, "vllm:num_requests_running") == 1)
+    sock.close()
+    wait_for(lambda: _metric(sim, "vllm:num_requests_running") == 0)
+    text = urllib.request.urlopen(sim.url + "/metrics").read().decode()
+    (line,) = [s for s in text.splitlines() if s.startswith("vllm:request_success_total{") and "abort" in s]
+    assert float(line.rsplit(" ", 1)[1]) >= 1 and _metric(sim, "vllm:request_success_total") == aborted + 1

@@ -134,6 +134,32 @@ def test_a_consumer_loads_over_the_side_channel_then_logs_it(caplog: pytest.LogC
     assert len(lines) == 1 and lines[0].startswith("KV Transfer metrics: Num successful transfers=1, ")
 
 
+def test_kv_held_for_another_prompt_length_is_not_loaded() -> None:
+    """A prompt count that does not match the producer's (a forged or stale one) fails the load."""
+    kv, _ = _connector("kv_consumer")
+
+    async def run() -> Sink:
+        kv.clock.start(asyncio.get_running_loop())
+        grant = ReadGrant(500, 32, 500 * KV_BYTES_8B)
+        side = SideChannelServer("engine-p", kv.compat, lambda rid: grant, lambda rid: None)
+        await side.start("127.0.0.1", 0)
+        assert side._server is not None
+        port = side._server.sockets[0].getsockname()[1]
+        sink = Sink("completion", "cmpl-d", MODEL, False, False, asyncio.get_running_loop())
+        params = {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "p"}
+        req = SimRequest("d", 1, 3, remote_prefill=params, sink=sink)
+        kv.engine.add(req, 0.0)
+        kv.engine.schedule(0.0)
+        try:
+            await kv.load(req)
+        finally:
+            await side.close()
+        return sink
+
+    sink = asyncio.run(run())
+    assert sink.error is not None and kv.metrics.nixl_failed_transfers == 1
+
+
 def test_a_failed_load_fails_the_request_under_the_fail_policy() -> None:
     kv, woken = _connector("kv_consumer")
 
@@ -195,6 +221,9 @@ def test_vllm_router_serves_a_streaming_chat_through_the_pair(pair: tuple[SimPro
     assert moved == prompt_tokens * KV_BYTES_8B
     assert after_d["vllm:nixl_num_failed_transfers_total"] == before_d["vllm:nixl_num_failed_transfers_total"]
     assert after_p["vllm:kv_cache_usage_perc"] == 0.0  # blocks freed after the consumer's notification
+    # the router forwards the producer's kv_transfer_params whole: the consumer did not re-tokenize
+    reused = "pdfleet_sim_prompt_counts_reused_total"
+    assert after_d[reused] == before_d[reused] + 1
     wait_for(lambda: "KV Transfer metrics: Num successful transfers=" in consumer.log())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -126,3 +127,49 @@ def test_the_stats_loop_logs_vllms_engine_line(caplog: pytest.LogCaptureFixture)
     with caplog.at_level(logging.INFO, logger="pdfleet.sim"):
         _run(["--sim-time-scale", "0.01", "--sim-log-interval", "0.5"], body)
     assert any("Engine 000: Avg prompt throughput: " in r.getMessage() for r in caplog.records)
+
+
+def test_an_idle_engine_starts_at_the_arrival_not_when_the_request_was_ready() -> None:
+    """Parsing and tokenizing took 0.2 simulated s after the first byte: the TTFT does not include them."""
+
+    async def body(runtime: Runtime) -> float:
+        await runtime.clock.sleep(0.5)
+        req = _request("completion", 1, None)
+        runtime.submit(req, arrival=runtime.clock.now() - 0.2)
+        await req.sink.done
+        assert req.first_scheduled == pytest.approx(req.arrival)
+        return runtime.metrics.ttft.total
+
+    prefill = Runtime(parse_serve_args([MODEL, *FAST], env={})).engine.perf.prefill_only_time(40)
+    assert _run(["--sim-time-scale", "0.1", "--disable-log-stats"], body) == pytest.approx(prefill, rel=0.05)
+
+
+def test_an_abort_is_counted_once_wherever_it_comes_from() -> None:
+    async def body(runtime: Runtime) -> Runtime:
+        req = _request("completion", 100_000, None)  # ~65 wall s at this scale: aborted long before
+        runtime.submit(req)
+        await runtime.clock.sleep(0.05)
+        runtime.abort(req)  # the handler was cancelled
+        runtime.abort(req)  # and the step loop saw the closed connection
+        await req.sink.done
+        return runtime
+
+    runtime = _run(["--sim-time-scale", "0.1", "--disable-log-stats"], body)
+    assert runtime.metrics.success["abort"] == 1 and runtime.engine.num_running == 0
+
+
+def test_a_blocked_loop_is_measured_and_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:
+    async def body(runtime: Runtime) -> Runtime:
+        await asyncio.sleep(0.1)
+        time.sleep(0.3)  # something blocks the event loop
+        await asyncio.sleep(0.2)
+        time.sleep(0.3)  # again, within the warning interval: measured, not logged again
+        await asyncio.sleep(0.2)
+        return runtime
+
+    with caplog.at_level(logging.WARNING, logger="pdfleet.sim"):
+        runtime = _run(FAST, body)
+    lag = runtime.metrics.loop_lag
+    assert lag.count_above(0.25) == 2 and lag.total >= 0.5
+    warnings = [r.getMessage() for r in caplog.records if "behind schedule" in r.getMessage()]
+    assert len(warnings) == 1 and "1 loop probes late by more than 100 ms" in warnings[0], warnings

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
+import random
+import statistics
+import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from pdfleet.bench.arrivals import poisson_starts
+from pdfleet.bench.client import Span, Stats, StreamClient, request_bytes
+from pdfleet.bench.launch import SimProcess
+from pdfleet.metrics.scrape import scrape_histogram, scrape_metrics
 from pdfleet.sim.config import parse_serve_args
 from pdfleet.sim.server import SimServer, _tokenizer_file
-from tests.unit.sim.helpers import MODEL, kv_config
+from tests.unit.sim.helpers import MODEL, kv_config, make_tokenizer, words_text
 
 
 def test_start_serve_and_stop_on_an_ephemeral_port(caplog: pytest.LogCaptureFixture) -> None:
@@ -73,3 +82,84 @@ def test_the_tokenizer_file_is_found_in_a_directory_or_not_at_all(tmp_path: Path
     assert _tokenizer_file(str(tmp_path)) == str(tmp_path / "tokenizer.json")
     assert _tokenizer_file(str(tmp_path / "tokenizer.json")) == str(tmp_path / "tokenizer.json")
     assert _tokenizer_file(str(tmp_path / "missing.json")) is None
+
+
+# ---- what a wall-clock client sees vs what the simulator reports ---------------------------------------
+
+
+def _mix_bodies(n: int, seed: int) -> list[bytes]:
+    """The guide's long-prompt mix: 70% ~500-token prompts, 30% of 17.5K-29K tokens, ~190 output tokens.
+
+    Token counts are for the test tokenizer (about 3.45 tokens per word of `words_text`).
+    """
+    rng = random.Random(seed)
+    bodies = []
+    for i in range(n):
+        words = 145 if rng.random() < 0.7 else rng.randint(5070, 8400)
+        body = {
+            "model": MODEL,
+            "prompt": words_text(words, seed * 1000 + i),
+            "max_tokens": rng.randint(170, 210),
+            "ignore_eos": True,
+            "stream": True,
+        }
+        bodies.append(json.dumps(body).encode())
+    return bodies
+
+
+async def _drive(port: int, bodies: list[bytes], starts: list[float]) -> list[Span]:
+    """Send each body at its start time (open loop), one connection each; the spans with event times."""
+    spans = [Span(events=[]) for _ in bodies]
+
+    async def one(body: bytes, start: float, span: Span, t0: float) -> None:
+        await asyncio.sleep(max(0.0, t0 + start - time.perf_counter()))
+        client = StreamClient(port, request_bytes(port, "/v1/completions", body), Stats(), keepalive=False)
+        await client.stream(span)
+        client.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(b, s, sp, t0) for b, s, sp in zip(bodies, starts, spans, strict=True)))
+    return spans
+
+
+def _bucket_of(hist: dict[float, float], q: float) -> tuple[float, float]:
+    """The (lower, upper) bounds of the histogram bucket holding its q-quantile."""
+    bounds = sorted(hist)
+    rank = q * hist[math.inf]
+    lower = 0.0
+    for bound in bounds:
+        if hist[bound] >= rank:
+            return lower, bound
+        lower = bound
+    return lower, math.inf
+
+
+def test_a_wall_clock_client_sees_the_ttft_and_tpot_the_simulator_reports(tmp_path: Path) -> None:
+    """Open loop at 1.5 req/s on the long-prompt mix, a real (test-built) tokenizer on the simulator."""
+    tokenizer = make_tokenizer(tmp_path / "tokenizer.json")
+    bodies = _mix_bodies(30, seed=11)
+    starts = poisson_starts(1.5, 20.0, seed=11)
+    with SimProcess([MODEL, "--tokenizer", str(tokenizer), "--disable-log-stats"]) as sim:
+        spans = asyncio.run(_drive(sim.port, bodies, starts))
+        ttft_hist = scrape_histogram(sim.url, "vllm:time_to_first_token_seconds")
+        after = scrape_metrics(sim.url)
+    assert all(len(s.events or []) >= 170 for s in spans), [len(s.events or []) for s in spans]
+    ttfts = sorted((s.events or [])[0] - s.start for s in spans)
+    tpots = [((s.events or [])[-1] - (s.events or [])[0]) / (len(s.events or []) - 1) for s in spans]
+    n = after["vllm:time_to_first_token_seconds_count"]
+    assert n == len(spans) == after["vllm:request_time_per_output_token_seconds_count"]
+    sim_ttft = after["vllm:time_to_first_token_seconds_sum"] / n
+    sim_tpot = after["vllm:request_time_per_output_token_seconds_sum"] / n
+    figures = (
+        f"TTFT mean client {statistics.mean(ttfts):.4f} s / simulator {sim_ttft:.4f} s; "
+        f"TPOT mean client {statistics.mean(tpots):.5f} s / simulator {sim_tpot:.5f} s; "
+        f"median {statistics.median(ttfts):.4f} s, P95 {ttfts[round(0.95 * (len(ttfts) - 1))]:.4f} s, "
+        f"max loop lag {after['pdfleet_sim_max_lag_seconds']:.4f} s"
+    )
+    print(figures)
+    assert statistics.mean(ttfts) == pytest.approx(sim_ttft, rel=0.05), figures
+    assert statistics.mean(tpots) == pytest.approx(sim_tpot, rel=0.02), figures
+    for q in (0.5, 0.95):
+        lower, upper = _bucket_of(ttft_hist, q)
+        client = ttfts[round(q * (len(ttfts) - 1))]
+        assert 0.95 * lower <= client <= 1.05 * upper, (q, client, lower, upper, figures)
