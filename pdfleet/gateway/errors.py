@@ -12,8 +12,11 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout",
     413: "invalid_request_error",
     422: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "upstream_error",
     503: "service_unavailable",
     504: "timeout",
 }

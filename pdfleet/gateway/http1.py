@@ -8,7 +8,11 @@ its state lives on the connection, and it hands results to the connection's hook
 
 from __future__ import annotations
 
+import re
+
 MAX_HEAD = 64 * 1024
+# bytes no response head may hold: controls other than HTAB, and CR or LF outside a CRLF pair
+_BAD_HEAD_BYTE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n")
 
 
 class ResponseParser:
@@ -52,24 +56,39 @@ class ResponseParser:
         while True:
             end = self.head.find(b"\r\n\r\n")
             if end < 0:
+                # a head with bare LF line ends never gets its CRLFCRLF: refuse it now, not at the timeout
+                bad = _BAD_HEAD_BYTE.search(self.head)
+                if bad is not None and not (bad.start() == len(self.head) - 1 and self.head[-1] == 13):
+                    # (a CR as the last byte may have its LF still on the way)
+                    self._head_error("a control character, bare CR or bare LF in the response head")
                 return False
-            lines = bytes(self.head[:end]).decode("latin-1").split("\r\n")
+            block = bytes(self.head[:end])
             del self.head[: end + 4]
+            if _BAD_HEAD_BYTE.search(block):
+                # a bare CR or LF splits a header in two for some parsers and not others (smuggling),
+                # and none of these bytes may be relayed in a header to the client
+                self._head_error("a control character, bare CR or bare LF in the response head")
+                return False
+            lines = block.decode("latin-1").split("\r\n")
             version, _, rest = lines[0].partition(" ")
             code = rest[:3]
-            if not version.startswith("HTTP/1.") or not code.isdigit():
+            if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit() or rest[3:4] not in ("", " "):
                 self._head_error(f"not an HTTP/1.x response: {lines[0][:80]!r}")
                 return False
             status = int(code)
-            if 100 <= status < 200:
+            if not 100 <= status <= 599:
+                self._head_error(f"status {code} is outside 100-599")
+                return False
+            if status < 200:
                 continue
             headers: dict[str, str] = {}
             for line in lines[1:]:
                 name, sep, value = line.partition(":")
-                if not sep:
+                if not sep or not name or name[0] in " \t" or name[-1] in " \t":
+                    # no colon, a folded continuation line (obs-fold) or space before the colon
                     self._head_error("malformed response header line")
                     return False
-                headers[name.strip().lower()] = value.strip()
+                headers[name.lower()] = value.strip(" \t")
             return self._framing(version, status, headers)
 
     def _framing(self, version: str, status: int, headers: dict[str, str]) -> bool:
