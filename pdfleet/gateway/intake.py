@@ -18,7 +18,6 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.http_exceptions import ContentLengthError
 from aiohttp.web_protocol import RequestPayloadError
 
 from pdfleet.gateway.context import Endpoint, RequestContext
@@ -122,20 +121,18 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> b
         raise Reject(
             408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout"
         ) from None
-    except (aiohttp.ClientPayloadError, RequestPayloadError) as exc:
-        raise Reject(400, _payload_problem(request, exc), code="invalid_body") from None
+    except (aiohttp.ClientPayloadError, RequestPayloadError):
+        raise Reject(400, _payload_problem(request), code="invalid_body") from None
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _payload_problem(request: web.BaseRequest, exc: Exception) -> str:
+def _payload_problem(request: web.BaseRequest) -> str:
     """What was wrong with an unreadable body, in words that quote nothing the client sent."""
     if request.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
         return (
             "could not decode the request body by its Content-Encoding; send the body as JSON, "
             "uncompressed, or compressed as the header says"
         )
-    if isinstance(exc.__cause__ or exc, ContentLengthError):
-        return "the request body ended before its Content-Length"
     return "could not read the request body: its chunked Transfer-Encoding is malformed"
 
 

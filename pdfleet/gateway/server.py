@@ -61,7 +61,10 @@ def describe_protocol_error(exc: BaseException | None) -> str:
             break
     found = _PARSER_REASON.match(getattr(exc, "message", "") or "")
     if found:
-        text += f" (parser: {found.group(1)})"
+        reason = found.group(1)
+        if type(exc) is hx.BadHttpMessage and "chunk" in reason.lower():
+            text = "the chunked body framing is malformed"
+        text += f" (parser: {reason})"
     return f"malformed HTTP request: {text}; header values are not echoed"
 
 
@@ -209,6 +212,9 @@ class _ClientProtocol(RequestHandler):
         """The head that began `header_timeout_s` ago is still not complete: 408 and close."""
         self.head_timer = None
         if self._request_count != self.head_count or self.transport is None or self._force_close:
+            return
+        if self._request_in_progress:  # a pipelined head behind a response still going out: after it
+            self.head_timer = self._loop.call_later(self.limits.header_timeout_s, self._head_late)
             return
         t = self.limits.header_timeout_s
         self.transport.write(

@@ -129,6 +129,25 @@ def test_protocol_error_lines_are_rate_limited(tmp_path: Path) -> None:
     run(scenario())
 
 
+def test_a_broken_chunked_body_is_a_protocol_error_that_quotes_nothing(tmp_path: Path) -> None:
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" % USER_KEY.encode()
+    )
+
+    async def scenario() -> None:
+        async with Env(tmp_path) as env:
+            for chunks in (b'5\r\n{"mod\r\nzz\r\n', b"zz" + USER_KEY.encode() + b"\r\n"):
+                status, body = await asyncio.to_thread(raw_exchange, env.gw.port, head + chunks)
+                assert status == 400, body
+                err = error_of(body)
+                assert err["code"] == "invalid_http_request" and "chunked body framing" in err["message"]
+                assert_no_key(body)
+            assert not env.colo.seen and not env.dis.seen
+
+    run(scenario())
+
+
 # ---- D6: client deadlines and the connection cap ------------------------------------------------
 
 
