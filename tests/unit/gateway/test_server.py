@@ -198,6 +198,27 @@ def test_a_slow_request_head_gets_408_after_the_header_timeout(tmp_path: Path) -
     run(scenario())
 
 
+def test_a_slow_pipelined_head_is_cut_only_after_the_response_before_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.1, clients={"header_timeout_s": 0.3}) as env:
+            reader, writer = await asyncio.open_connection("127.0.0.1", env.gw.port)  # type: ignore[union-attr]
+            body = json.dumps(chat(stream=True, max_tokens=8)).encode()
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (USER_KEY.encode(), len(body), body)
+            )
+            await asyncio.sleep(0.05)
+            writer.write(b"GET /health HTTP/1.1\r\nHost: g")  # the next head, never finished
+            got = await _read_all(reader, 5)
+            writer.close()
+            stream, _, rest = got.partition(b"0\r\n\r\n")  # the stream's last chunk, then the 408
+            assert stream.startswith(b"HTTP/1.1 200") and stream.count(b"data: ") == 9  # whole
+            assert b"[DONE]" in stream and b"408" not in stream
+            assert rest.startswith(b"HTTP/1.1 408")
+
+    run(scenario())
+
+
 def test_a_slow_authenticated_body_gets_408_after_the_body_timeout(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with Env(tmp_path, clients={"body_timeout_s": 0.4}) as env:
