@@ -224,7 +224,7 @@ class Gateway:
             ctx = await admit(request, policy, endpoint, rid, t0, self.metrics)
         except Reject as rej:
             resp = rej.response({"X-Request-Id": rid})
-            if rej.status == 408:  # the body is still coming, slowly: answer and close, no lingering read
+            if rej.close:  # a body too slow or unreadable: answer and close, no lingering read of it
                 resp.force_close()
                 await resp.prepare(request)
                 await resp.write_eof()

@@ -46,11 +46,20 @@ def error_response(
 
 
 class Reject(Exception):
-    """A request the gateway answers itself with an OpenAI error (status, message, code, param)."""
+    """A request the gateway answers itself with an OpenAI error (status, message, code, param);
+    `close`: then close the connection, the rest of the request is not worth reading."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        close: bool = False,
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
+        self.close = close
 
     def response(self, headers: dict[str, str] | None = None) -> web.Response:
         """This rejection as an error response."""

@@ -119,10 +119,11 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> b
                 parts.append(chunk)
     except TimeoutError:
         raise Reject(
-            408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout"
+            408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout", close=True
         ) from None
     except (aiohttp.ClientPayloadError, RequestPayloadError):
-        raise Reject(400, _payload_problem(request), code="invalid_body") from None
+        # the rest of the body cannot be read either: close rather than read it to its end
+        raise Reject(400, _payload_problem(request), code="invalid_body", close=True) from None
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
