@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import http_exceptions as hx
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from pdfleet.gateway.errors import error_body, error_response
 from pdfleet.gateway.policy import ClientSpec
@@ -227,6 +227,16 @@ class _ClientProtocol(RequestHandler):
         self.force_close()
 
     # ---- protocol errors -------------------------------------------------------------------------
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp's log of a failure outside a handler. A request body that cannot be read (its
+        Content-Encoding does not decode, its framing is broken) shows up here when aiohttp reads the
+        rest of a body the handler did not want: one rate-limited line, no traceback."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, RequestPayloadError | hx.HttpProcessingError):
+            self.server.note("dropped the unreadable rest of a request body from %s", self.address)
+            return
+        super().log_exception(*args, **kw)
 
     def handle_error(
         self,
