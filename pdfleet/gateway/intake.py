@@ -108,15 +108,13 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> b
     declared = request.content_length
     if declared is not None and declared > limit:
         raise too_big
-    parts: list[bytes] = []
-    size = 0
+    content = request.content
     try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.content.iter_any():
-                size += len(chunk)
-                if size > limit:
-                    raise too_big
-                parts.append(chunk)
+        if content.is_eof():  # the whole body came with the head (the usual case): nothing to wait for
+            parts = await _chunks(content, limit, too_big)
+        else:
+            async with asyncio.timeout(timeout_s):
+                parts = await _chunks(content, limit, too_big)
     except TimeoutError:
         raise Reject(
             408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout", close=True
@@ -125,6 +123,18 @@ async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> b
         # the rest of the body cannot be read either: close rather than read it to its end
         raise Reject(400, _payload_problem(request), code="invalid_body", close=True) from None
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _chunks(content: aiohttp.StreamReader, limit: int, too_big: Reject) -> list[bytes]:
+    """The body's pieces as they arrive, `too_big` raised once they pass `limit` bytes."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        parts.append(chunk)
+    return parts
 
 
 def _payload_problem(request: web.BaseRequest) -> str:
