@@ -27,6 +27,7 @@ from pdfleet.gateway.keys import AuthResult
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.policy import ActivePolicy, load_policy, restart_only_changes
 from pdfleet.gateway.proxy import Proxy
+from pdfleet.gateway.server import ClientServer
 from pdfleet.gateway.upstream import UpstreamClient
 
 log = logging.getLogger("pdfleet.gateway")
@@ -55,6 +56,7 @@ class Gateway:
         self.upstream = UpstreamClient()
         self.proxy = Proxy(self.upstream, self.metrics)
         self._reload_lock = asyncio.Lock()
+        self._self_counting = (self._chat, self._completions)  # intake and the proxy count these
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -84,7 +86,12 @@ class Gateway:
         async def dispatch(request: web.BaseRequest) -> web.StreamResponse:
             return await self._dispatch(routes, request)
 
-        return web.Server(dispatch, handler_cancellation=True, access_log=None)
+        return ClientServer(dispatch, limits=lambda: self.policy.spec.clients, count=self._count)
+
+    def _count(self, status: int) -> None:
+        """Count a response that belongs to no model (unknown paths, small endpoints, protocol errors)."""
+        m = self.metrics
+        m.child(m.requests, "-", "none", "none", str(status)).inc()
 
     async def reload(self) -> tuple[bool, str]:
         """Load the policy file again and swap it in atomically; on any problem keep the old one."""
@@ -119,22 +126,29 @@ class Gateway:
         """Route by path and method; unknown paths, wrong methods and any unexpected error become
         OpenAI error objects."""
         methods = routes.get(request.path)
-        if methods is None:
-            return error_response(404, f"no such endpoint: {request.method} {request.path}")
-        handler = methods.get(request.method)
+        handler = None if methods is None else methods.get(request.method)
         if handler is None:
-            return error_response(
-                405,
-                f"method {request.method} is not allowed on {request.path}",
-                headers={"Allow": ",".join(methods)},
-            )
+            if methods is None:
+                resp = error_response(404, f"no such endpoint: {request.method} {request.path[:200]}")
+            else:
+                resp = error_response(
+                    405,
+                    f"method {request.method} is not allowed on {request.path}",
+                    headers={"Allow": ",".join(methods)},
+                )
+            self._count(resp.status)
+            return resp
         try:
-            return await handler(request)
+            resp = await handler(request)
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception:
-            log.exception("unexpected error handling %s %s", request.method, request.path)
+            log.exception("unexpected error handling %s %s", request.method, request.path[:200])
+            self._count(500)
             return error_response(500, "internal gateway error; see the gateway log", code="internal_error")
+        if handler not in self._self_counting:
+            self._count(resp.status)
+        return resp
 
     async def _guarded(
         self, request: web.BaseRequest, fn: Callable[[ActivePolicy, AuthResult], Any], admin: bool = False
@@ -209,7 +223,13 @@ class Gateway:
         try:
             ctx = await admit(request, policy, endpoint, rid, t0, self.metrics)
         except Reject as rej:
-            return rej.response({"X-Request-Id": rid})
+            resp = rej.response({"X-Request-Id": rid})
+            if rej.close:  # a body too slow or unreadable: answer and close, no lingering read of it
+                resp.force_close()
+                await resp.prepare(request)
+                await resp.write_eof()
+                request.protocol.force_close()
+            return resp
         policy.counts.in_flight += 1
         try:
             return await self.proxy.forward(request, ctx)

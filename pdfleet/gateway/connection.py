@@ -4,7 +4,8 @@ Why not aiohttp's client: its per-chunk reader hop (parser -> StreamReader -> wa
 -> writer) was most of the gateway's CPU per chunk. Here the response head is parsed once
 (http1.py) and each body piece goes from `data_received` straight to the client's transport, with no
 task switch per chunk. A failure before the first body byte is an `UpstreamError` (reason
-"disconnect" for a protocol error); after it, the relay ends with "upstream_error".
+"bad_response" when the origin sent something that is not a valid response); after it, the relay ends
+with "upstream_error".
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Literal, Protocol
 
 from pdfleet.gateway.http1 import MAX_HEAD, ResponseParser
 
-Reason = Literal["connect", "timeout", "disconnect"]
+Reason = Literal["connect", "timeout", "disconnect", "bad_response"]
 EndReason = Literal["timeout", "upstream_error", "client_gone"]
 
 # client write buffer bounds: above HIGH the upstream is paused until the client drains below LOW
@@ -139,7 +140,7 @@ class Connection(ResponseParser, asyncio.Protocol):
             self.head += data
             if not self._parse_head():
                 if len(self.head) > MAX_HEAD and self.head_waiter is not None:
-                    self._fail_head("disconnect", "response head too large")
+                    self._fail_head("bad_response", "response head too large")
                 return
             data = bytes(self.head)
             self.head = bytearray()
@@ -171,8 +172,8 @@ class Connection(ResponseParser, asyncio.Protocol):
         return self.head_waiter
 
     def _head_error(self, detail: str) -> None:
-        """A head the parser refuses fails the attempt like a dropped connection."""
-        self._fail_head("disconnect", detail)
+        """A head the parser refuses fails the attempt: the origin answered, but not validly."""
+        self._fail_head("bad_response", detail)
 
     def _fail_head(self, reason: Reason, detail: str) -> None:
         """The attempt failed before its first body byte: fail the waiter, drop the connection."""
@@ -266,7 +267,7 @@ class Connection(ResponseParser, asyncio.Protocol):
     def _protocol_error(self) -> None:
         """Broken body framing: before the first byte the attempt fails, after it the relay ends."""
         if self.head_waiter is not None:
-            self._fail_head("disconnect", "malformed response body framing")
+            self._fail_head("bad_response", "malformed response body framing")
         else:
             self._ended(b"", "upstream_error")
 

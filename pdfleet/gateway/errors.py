@@ -12,8 +12,11 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout",
     413: "invalid_request_error",
     422: "invalid_request_error",
+    429: "rate_limit_error",
+    502: "upstream_error",
     503: "service_unavailable",
     504: "timeout",
 }
@@ -43,11 +46,20 @@ def error_response(
 
 
 class Reject(Exception):
-    """A request the gateway answers itself with an OpenAI error (status, message, code, param)."""
+    """A request the gateway answers itself with an OpenAI error (status, message, code, param);
+    `close`: then close the connection, the rest of the request is not worth reading."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        close: bool = False,
+    ):
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
+        self.close = close
 
     def response(self, headers: dict[str, str] | None = None) -> web.Response:
         """This rejection as an error response."""

@@ -9,6 +9,17 @@ its state lives on the connection, and it hands results to the connection's hook
 from __future__ import annotations
 
 MAX_HEAD = 64 * 1024
+# every control byte but HTAB (CR and LF included): none may be left once the CRLF pairs are taken out
+_CTL = bytes([*range(0x00, 0x09), *range(0x0A, 0x20), 0x7F])
+
+
+def bad_head_bytes(block: bytes) -> bool:
+    """Whether a response head holds a control byte other than HTAB, or a CR or LF outside a CRLF pair.
+
+    (A bytes replace and translate: ~10x cheaper than a regular expression with look-arounds.)
+    """
+    rest = block.replace(b"\r\n", b"")
+    return len(rest.translate(None, _CTL)) != len(rest)
 
 
 class ResponseParser:
@@ -52,24 +63,40 @@ class ResponseParser:
         while True:
             end = self.head.find(b"\r\n\r\n")
             if end < 0:
+                # a head with bare LF line ends never gets its CRLFCRLF: refuse it now, not at the timeout
+                # (a CR as the last byte may have its LF still on the way)
+                if bad_head_bytes(bytes(self.head[:-1] if self.head.endswith(b"\r") else self.head)):
+                    self._head_error("a control character, bare CR or bare LF in the response head")
                 return False
-            lines = bytes(self.head[:end]).decode("latin-1").split("\r\n")
+            block = bytes(self.head[:end])
             del self.head[: end + 4]
+            if bad_head_bytes(block):
+                # a bare CR or LF splits a header in two for some parsers and not others (smuggling),
+                # and none of these bytes may be relayed in a header to the client
+                self._head_error("a control character, bare CR or bare LF in the response head")
+                return False
+            lines = block.decode("latin-1").split("\r\n")
             version, _, rest = lines[0].partition(" ")
             code = rest[:3]
-            if not version.startswith("HTTP/1.") or not code.isdigit():
+            if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit() or rest[3:4] not in ("", " "):
                 self._head_error(f"not an HTTP/1.x response: {lines[0][:80]!r}")
                 return False
             status = int(code)
-            if 100 <= status < 200:
+            if not 100 <= status <= 599:
+                self._head_error(f"status {code} is outside 100-599")
+                return False
+            if status < 200:
                 continue
+            if b"\n " in block or b"\n\t" in block:  # a folded continuation line (obs-fold)
+                self._head_error("malformed response header line")
+                return False
             headers: dict[str, str] = {}
             for line in lines[1:]:
                 name, sep, value = line.partition(":")
-                if not sep:
+                if not sep or name[-1:] in " \t":  # no colon, no name, or space before the colon
                     self._head_error("malformed response header line")
                     return False
-                headers[name.strip().lower()] = value.strip()
+                headers[name.lower()] = value.strip(" \t")
             return self._framing(version, status, headers)
 
     def _framing(self, version: str, status: int, headers: dict[str, str]) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from pdfleet.gateway.context import Endpoint, RequestContext
 from pdfleet.gateway.errors import Reject
@@ -31,6 +32,32 @@ def _std_dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def _std_loads(body: bytes) -> Any:
+    """The stdlib's parse, refusing what no tokenizer or UTF-8 encoder takes: an unpaired surrogate
+    escape such as "\\ud800" (JSON's grammar allows it; orjson refuses it)."""
+    data = json.loads(body)
+    stack = [data]
+    while stack:  # iterative: the document may be nested up to the parser's own limit
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode()
+                except UnicodeEncodeError:
+                    raise Reject(
+                        400,
+                        "request body has a string with an unpaired UTF-16 surrogate escape "
+                        "(\\ud800-\\udfff alone); send valid Unicode",
+                        code="invalid_body",
+                    ) from None
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return data
+
+
 try:  # orjson (a vllm-router dependency) parses long prompts ~10x faster than the stdlib
     import orjson
 
@@ -39,7 +66,7 @@ try:  # orjson (a vllm-router dependency) parses long prompts ~10x faster than t
             return orjson.loads(body)
         except orjson.JSONDecodeError:
             # orjson refuses some valid JSON (integers beyond 64 bits): let the stdlib decide
-            return json.loads(body)
+            return _std_loads(body)
 
     def _dumps(obj: Any) -> bytes:
         try:
@@ -48,7 +75,7 @@ try:  # orjson (a vllm-router dependency) parses long prompts ~10x faster than t
             return _std_dumps(obj)
 
 except ImportError:  # pragma: no cover - depends on the environment
-    _loads = json.loads
+    _loads = _std_loads
     _dumps = _std_dumps
 
 
@@ -72,25 +99,52 @@ def authorize(header: str | None, policy: ActivePolicy) -> AuthResult:
     return result
 
 
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
-    """The request body, or 413 as soon as it is known to exceed the limit."""
+async def read_body(request: web.BaseRequest, limit: int, timeout_s: float) -> bytes:
+    """The request body, or 413 as soon as it is known to exceed the limit, 408 when it has not all
+    arrived within `timeout_s`, 400 when its framing or Content-Encoding is broken."""
     too_big = Reject(
         413, f"request body is larger than the gateway's limit of {limit} bytes", code="request_too_large"
     )
     declared = request.content_length
     if declared is not None and declared > limit:
         raise too_big
+    content = request.content
+    try:
+        if content.is_eof():  # the whole body came with the head (the usual case): nothing to wait for
+            parts = await _chunks(content, limit, too_big)
+        else:
+            async with asyncio.timeout(timeout_s):
+                parts = await _chunks(content, limit, too_big)
+    except TimeoutError:
+        raise Reject(
+            408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout", close=True
+        ) from None
+    except (aiohttp.ClientPayloadError, RequestPayloadError):
+        # the rest of the body cannot be read either: close rather than read it to its end
+        raise Reject(400, _payload_problem(request), code="invalid_body", close=True) from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _chunks(content: aiohttp.StreamReader, limit: int, too_big: Reject) -> list[bytes]:
+    """The body's pieces as they arrive, `too_big` raised once they pass `limit` bytes."""
     parts: list[bytes] = []
     size = 0
-    try:
-        async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise too_big
-            parts.append(chunk)
-    except aiohttp.ClientPayloadError as exc:  # malformed chunked encoding and the like
-        raise Reject(400, f"could not read the request body: {exc}") from None
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    async for chunk in content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        parts.append(chunk)
+    return parts
+
+
+def _payload_problem(request: web.BaseRequest) -> str:
+    """What was wrong with an unreadable body, in words that quote nothing the client sent."""
+    if request.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
+        return (
+            "could not decode the request body by its Content-Encoding; send the body as JSON, "
+            "uncompressed, or compressed as the header says"
+        )
+    return "could not read the request body: its chunked Transfer-Encoding is malformed"
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
@@ -204,10 +258,18 @@ def sticky_key(headers: Mapping[str, str], policy: ActivePolicy, data: dict[str,
 
 
 def upstream_body(route: Route, alias: str, data: dict[str, Any], body: bytes) -> bytes:
-    """The bytes to forward: the client's own, unless the route renames the model upstream."""
+    """The bytes to forward: the client's own, unless the route renames the model upstream (then the
+    body is encoded again; one nested too deeply for that is a 400)."""
     if route.upstream_model is not None and route.upstream_model != alias:
         data["model"] = route.upstream_model
-        return _dumps(data)
+        try:
+            return _dumps(data)
+        except RecursionError:  # the stdlib encoder (orjson's limit is lower) ran out of stack
+            raise Reject(
+                400,
+                "request body is nested too deeply to forward it with the model renamed",
+                code="invalid_body",
+            ) from None
     return body
 
 
@@ -218,12 +280,13 @@ async def admit(
     alias = "-"
     try:
         auth = authorize(request.headers.get("Authorization"), policy)
-        body = await read_body(request, policy.spec.max_body_bytes)
+        body = await read_body(request, policy.spec.max_body_bytes, policy.spec.clients.body_timeout_s)
         data = parse_body(body)
         alias, route = route_for(policy, data)
         check_fields(endpoint, data)
         forced = forced_pool(request.headers, policy, route)
         tokens = await count_tokens(policy, data, len(body))
+        body = upstream_body(route, alias, data, body)
     except Reject as rej:
         m.child(m.requests, alias, "none", "none", str(rej.status)).inc()
         raise
@@ -236,7 +299,6 @@ async def admit(
     m.child(m.prompt_tokens, alias).observe(tokens)
     policy.counts.requests += 1
     policy.counts.decisions[cls][decision.pool] += 1
-    body = upstream_body(route, alias, data, body)
     stream = bool(data.get("stream", False))
     return RequestContext(
         rid, t0, policy, key, endpoint, alias, route, data, body, stream, tokens, cls, decision

@@ -25,7 +25,7 @@ class GatewayMetrics:
         r = self.registry
         self.requests = Counter(
             "pdfleet_gateway_requests",
-            "Requests answered, by model alias, pool, prompt length class and HTTP status",
+            "Every response, by model alias ('-': none known), pool, prompt length class and HTTP status",
             ["model", "pool", "length_class", "status"],
             registry=r,
         )

@@ -76,6 +76,21 @@ class TimeoutSpec(_Strict):
     idle_s: float = Field(300.0, gt=0)
 
 
+class ClientSpec(_Strict):
+    """Bounds on the gateway's own clients: how long a request head, a request body and an idle
+    keep-alive connection may take, and how many connections one client address may hold.
+
+    The idle default outlasts a 60 s load-balancer idle timeout, so the balancer closes first and never
+    races the gateway's close; the connection cap is high because a balancer or NAT puts many clients
+    behind one address. A reload applies to connections accepted (and bodies read) after it.
+    """
+
+    header_timeout_s: float = Field(10.0, gt=0)  # first byte of a request head to its blank line
+    body_timeout_s: float = Field(60.0, gt=0)  # end of the head to the end of the body
+    idle_timeout_s: float = Field(75.0, gt=0)  # keep-alive: a connection with no request is closed
+    max_connections_per_address: int = Field(4096, ge=1)
+
+
 class StickySpec(_Strict):
     """Where the sticky routing key comes from: session header, then the body's `user`, then the API key."""
 
@@ -107,6 +122,7 @@ class PolicySpec(_Strict):
     stall_threshold_ms: float = Field(500.0, gt=0)
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     timeouts: TimeoutSpec = TimeoutSpec()
+    clients: ClientSpec = ClientSpec()
     log_requests: bool = True
 
 

@@ -53,7 +53,8 @@ class _Failure:
     """An upstream attempt that failed before its first byte, and why."""
 
     pool: Pool
-    reason: str  # connect | timeout | status_5xx | disconnect
+    reason: str  # connect | timeout | status_5xx | disconnect | bad_response
+    detail: str = ""
 
 
 class _GapMeter:
@@ -128,7 +129,7 @@ class Proxy:
                 ctx.rid,
                 ctx.alias,
                 pool,
-                failure.reason,
+                failure.detail or failure.reason,
             )
             if not last and pool == "disagg":
                 m.child(m.fallbacks, ctx.alias, failure.reason).inc()
@@ -158,27 +159,25 @@ class Proxy:
                 base, path, headers, ctx.body, connect_s=t.connect_s, first_byte_s=t.first_byte_s
             )
         except UpstreamError as exc:
-            return _Failure(pool, exc.reason)
+            return _Failure(pool, exc.reason, str(exc))
         return _Upstream(pool, resp)
 
     def _unavailable(self, ctx: RequestContext, failure: _Failure) -> web.Response:
-        """503 (or 504 after a timeout) when no attempt produced a first byte."""
+        """When no attempt produced a first byte: 504 after a timeout, 502 after an invalid response
+        (nothing of it is relayed), else 503."""
         m = self.metrics
-        status = 504 if failure.reason == "timeout" else 503
-        msg = (
-            f"upstream timed out before responding (model {ctx.alias!r}, pool {failure.pool})"
-            if status == 504
-            else f"no pool can serve model {ctx.alias!r} right now "
-            f"(last tried: {failure.pool}, {failure.reason})"
-        )
+        where = f"model {ctx.alias!r}, pool {failure.pool}"
+        if failure.reason == "timeout":
+            status, code, msg = 504, "upstream_timeout", f"upstream timed out before responding ({where})"
+        elif failure.reason == "bad_response":
+            status, code, msg = 502, "upstream_error", f"the upstream sent an invalid HTTP response ({where})"
+        else:
+            status, code = 503, "upstream_unavailable"
+            last = f"last tried: {failure.pool}, {failure.reason}"
+            msg = f"no pool can serve model {ctx.alias!r} right now ({last})"
         m.child(m.requests, ctx.alias, failure.pool, ctx.cls, str(status)).inc()
         log_request(ctx, failure.pool, status, "failed")
-        return error_response(
-            status,
-            msg,
-            code="upstream_unavailable" if status == 503 else "upstream_timeout",
-            headers={"X-Request-Id": ctx.rid},
-        )
+        return error_response(status, msg, code=code, headers={"X-Request-Id": ctx.rid})
 
     async def _stream(
         self, request: web.BaseRequest, ctx: RequestContext, up: _Upstream, fell_back: bool

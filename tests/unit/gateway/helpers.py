@@ -5,10 +5,15 @@ that sends exactly the bytes a test chooses (for the upstream client)."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import logging
 import os
+import socket
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,12 +226,14 @@ def auth(key: str = USER_KEY) -> dict[str, str]:
 
 
 class Env:
-    """Two fake upstreams (colocated, disagg), a gateway in front of them and a client session."""
+    """Two fake upstreams (colocated, disagg), a gateway in front of them and a client session;
+    `upstream_model` renames the model alias upstream."""
 
-    def __init__(self, tmp: Path, delay: float = 0.0, **policy_over: Any) -> None:
+    def __init__(self, tmp: Path, delay: float = 0.0, upstream_model: str | None = None, **policy_over: Any):
         self.tmp = tmp
         self.colo = FakeUpstream("colo", delay=delay)
         self.dis = FakeUpstream("dis", delay=delay)
+        self.upstream_model = upstream_model
         self.policy_over = policy_over
         self.gw: Running | None = None
         self.session: Any = None
@@ -237,6 +244,8 @@ class Env:
         await self.colo.start()
         await self.dis.start()
         self.policy = policy_dict([self.colo.url], self.dis.url, **self.policy_over)
+        if self.upstream_model is not None:
+            self.policy["models"]["llama"]["upstream_model"] = self.upstream_model
         self.path = write_policy(self.tmp, self.policy)
         self.gw = await start(Gateway(self.path, load_policy(self.path), shutdown_timeout=5))
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
@@ -314,19 +323,95 @@ Malformed = tuple[str, str, str, dict[str, str] | None, bytes | None, int, str]
 async def check_malformed(tmp_path: Path, case: Malformed) -> None:
     """The gateway answers `case` with its documented status and message, reaches no upstream, stays up."""
     _name, method, path, headers, body, status, fragment = case
-    async with Env(tmp_path, max_body_bytes=65536) as env:
+    # a renaming route: every case also goes through re-encoding the body for the upstream
+    async with Env(tmp_path, upstream_model="meta/llama", max_body_bytes=65536) as env:
         hdrs = auth() if headers is None else headers
-        async with env.session.request(method, env.base + path, data=body, headers=hdrs) as r:
-            raw = await r.read()
-            assert r.status == status, raw
+        with LogCapture() as logs:
+            async with env.session.request(method, env.base + path, data=body, headers=hdrs) as r:
+                raw = await r.read()
+                assert r.status == status, raw
+            await asyncio.sleep(0.05)  # what the gateway logs after answering, too
         err = error_of(raw)
         assert fragment in err["message"]
-        assert USER_KEY not in err["message"]
+        assert_no_key(raw, logs.text)
+        assert "Traceback" not in logs.text, logs.text
         assert not env.colo.seen and not env.dis.seen  # nothing reached an upstream
         async with env.session.get(env.base + "/health") as r:
             assert r.status == 200
         st, _, _ = await env.post("/v1/chat/completions", chat())
         assert st == 200
+
+
+# ---- raw requests: bytes no HTTP client library would send --------------------------------------
+
+
+def raw_exchange(port: int, raw: bytes, timeout: float = 10.0) -> tuple[int, bytes]:
+    """Send `raw` to the gateway on 127.0.0.1 over a real socket; (status, body) of the one response
+    (status 0: the gateway closed the connection without one)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(raw)
+        resp = http.client.HTTPResponse(sock)
+        try:
+            resp.begin()
+        except http.client.RemoteDisconnected:
+            return 0, b""
+        return resp.status, resp.read()
+
+
+class LogCapture(logging.Handler):
+    """Every log record of every logger, formatted as the journal would show it (tracebacks too)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self.lines: list[str] = []
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self.lines.append(self.format(record))
+
+    def __enter__(self) -> LogCapture:
+        root = logging.getLogger()
+        self._level = root.level
+        root.addHandler(self)
+        root.setLevel(logging.DEBUG)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        root = logging.getLogger()
+        root.removeHandler(self)
+        root.setLevel(self._level)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def assert_no_key(*texts: bytes | str) -> None:
+    """Neither configured key appears in any of `texts` (response bodies, log text)."""
+    for text in texts:
+        raw = text if isinstance(text, bytes) else text.encode("utf-8", "replace")
+        for key in (USER_KEY, ADMIN_KEY):
+            assert key.encode() not in raw, f"a configured key leaked: {raw[:300]!r}"
+
+
+class LoopThread:
+    """An event loop in a background thread, for servers used by synchronous clients."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro_fn: Callable[[], Any], timeout: float = 30) -> Any:
+        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro_fn(), self.loop)
+        return fut.result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
 
 
 # ---- raw upstreams for the upstream client -------------------------------------------------------

@@ -8,11 +8,8 @@ import asyncio
 import http.client
 import json
 import os
-import threading
-from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import openai
@@ -25,11 +22,13 @@ from tests.unit.gateway.helpers import (
     LONG,
     USER_KEY,
     Env,
+    LoopThread,
     Malformed,
     auth,
     chat,
     check_malformed,
     error_of,
+    raw_exchange,
     run,
     sse_events,
 )
@@ -147,25 +146,45 @@ def test_malformed_requests_get_documented_status(tmp_path: Path, case: Malforme
     run(check_malformed(tmp_path, case))
 
 
+def test_every_response_is_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the gateway's own errors too: unknown paths, wrong methods, small endpoints, protocol errors and
+    # a failure inside the gateway (injected: no input is known to cause one)
+    async def scenario() -> None:
+        async with Env(tmp_path) as env:
+            total = "pdfleet_gateway_requests_total"
+            before = await env.metric(total)
+            answered = []
+            for method, path, headers in [
+                ("GET", "/nope", {}),
+                ("GET", "/v1/chat/completions", auth()),
+                ("GET", "/v1/models", auth()),
+                ("GET", "/v1/models", {}),
+                ("GET", "/health", {}),
+                ("GET", "/admin/policy", auth()),
+            ]:
+                async with env.session.request(method, env.base + path, headers=headers) as r:
+                    answered.append(r.status)
+            status, _ = await asyncio.to_thread(
+                raw_exchange, env.gw.port, b"GET /health HTTP/1.1\r\nBad Header: x\r\n\r\n"
+            )
+            answered.append(status)
+
+            async def boom(*_args: object) -> None:
+                raise RuntimeError("injected")
+
+            monkeypatch.setattr(env.gw.gateway.proxy, "forward", boom)
+            st, _, raw = await env.post("/v1/chat/completions", chat())
+            answered.append(st)
+            assert answered == [404, 405, 200, 401, 200, 403, 400, 500], answered
+            # + 1: the scrape that read `before` is counted once it is answered
+            assert await env.metric(total) == before + len(answered) + 1
+            assert await env.metric(total, status="500") == 1
+            assert await env.metric(total, model="-", status="404") == 1
+
+    run(scenario())
+
+
 # ---- real clients: the OpenAI SDK and random JSON bodies, against one shared gateway -------------
-
-
-class LoopThread:
-    """An event loop in a background thread, for servers used by synchronous clients."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro_fn: Callable[[], Awaitable[Any]], timeout: float = 30) -> Any:
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro_fn(), self.loop)  # type: ignore[arg-type]
-        return fut.result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")

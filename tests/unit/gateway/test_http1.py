@@ -92,6 +92,38 @@ def test_bad_heads_are_refused(head: bytes, fragment: str) -> None:
     assert event.startswith("head_error: ") and fragment in event
 
 
+_CTL = "a control character, bare CR or bare LF"
+BAD_STATUS_AND_BYTES = [  # (id, head, fragment): what the gateway must not relay to its client
+    ("status-000", b"HTTP/1.1 000 Zero\r\n\r\n", "outside 100-599"),
+    ("status-099", b"HTTP/1.1 099 X\r\n\r\n", "outside 100-599"),
+    ("status-999", b"HTTP/1.1 999 X\r\n\r\n", "outside 100-599"),
+    ("status-4-digits", b"HTTP/1.1 2000 OK\r\n\r\n", "not an HTTP/1.x response"),
+    ("version-1.7", b"HTTP/1.7 200 OK\r\n\r\n", "not an HTTP/1.x response"),
+    ("header-bare-lf", b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\nX: 1\r\n\r\n", _CTL),
+    ("header-bare-cr", b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\rX: 1\r\n\r\n", _CTL),
+    ("header-nul", b"HTTP/1.1 200 OK\r\nContent-Type: text/\x00plain\r\n\r\n", _CTL),
+    ("header-ctl", b"HTTP/1.1 200 OK\r\nContent-Encoding: gz\x01ip\r\n\r\n", _CTL),
+    ("status-line-lf", b"HTTP/1.1 200 OK\nContent-Length: 0\r\n\r\n", _CTL),
+    ("lf-only-head", b"HTTP/1.1 200 OK\nContent-Length: 0\n\n", _CTL),  # no CRLFCRLF ever comes
+    ("obs-fold", b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n ; x=1\r\n\r\n", "malformed"),
+    ("space-before-colon", b"HTTP/1.1 200 OK\r\nContent-Type : text/plain\r\n\r\n", "malformed"),
+]
+
+
+@pytest.mark.parametrize(
+    ("head", "fragment"), [c[1:] for c in BAD_STATUS_AND_BYTES], ids=[c[0] for c in BAD_STATUS_AND_BYTES]
+)
+def test_heads_with_impossible_status_or_control_bytes_are_refused(head: bytes, fragment: str) -> None:
+    events = _parsed(head).events
+    assert events and all(e.startswith("head_error: ") for e in events) and fragment in events[0]
+
+
+def test_a_head_split_between_cr_and_lf_is_not_a_bare_cr() -> None:
+    p = _parsed(b"HTTP/1.1 200 OK\r", b"\nX-Tab: a\tb\r\nContent-Length: 0\r", b"\n\r\n")
+    assert p.events == ["end"] and p.headers == {"x-tab": "a\tb", "content-length": "0"}
+    assert _parsed(b"HTTP/1.1 204\r\n\r\n").events == ["end"]  # no reason phrase is fine
+
+
 def test_chunked_payload_across_reads_with_extensions_and_trailers() -> None:
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     wire = head + b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nT: x\r\n\r\n"

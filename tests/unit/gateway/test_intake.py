@@ -3,6 +3,7 @@ and, end to end on loopback, routing by length class and session and every reque
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -332,6 +333,51 @@ MALFORMED: list[Malformed] = [
         "X-Pdfleet-Pool",
     ),
     (
+        "gzip on a plain body",
+        "POST",
+        "/v1/chat/completions",
+        {"Authorization": f"Bearer {USER_KEY}", "Content-Encoding": "gzip"},
+        GOOD,
+        400,
+        "Content-Encoding",
+    ),
+    (
+        "deflate on a plain body",
+        "POST",
+        "/v1/chat/completions",
+        {"Authorization": f"Bearer {USER_KEY}", "Content-Encoding": "deflate"},
+        GOOD,
+        400,
+        "Content-Encoding",
+    ),
+    (
+        "lone surrogate",
+        "POST",
+        "/v1/chat/completions",
+        None,
+        b'{"model": "llama", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+        400,
+        "unpaired UTF-16 surrogate",
+    ),
+    (
+        "lone low surrogate in a key",
+        "POST",
+        "/v1/completions",
+        None,
+        b'{"model": "llama", "prompt": "p", "\\udc00": 1}',
+        400,
+        "unpaired UTF-16 surrogate",
+    ),
+    (
+        "1020 deep beside the prompt",  # within orjson's parse limit, beyond every encoder's
+        "POST",
+        "/v1/completions",
+        None,
+        b'{"model": "llama", "prompt": "p", "x": ' + b"[" * 1020 + b"]" * 1020 + b"}",
+        400,
+        "nested too deeply",
+    ),
+    (
         "too large",
         "POST",
         "/v1/chat/completions",
@@ -350,3 +396,18 @@ def test_malformed_requests_get_documented_status(tmp_path: Path, case: Malforme
 
 def test_at_least_20_malformed_cases() -> None:
     assert len(MALFORMED) >= 20
+
+
+def test_a_gzip_body_is_decoded_and_a_deep_one_forwarded_when_it_can_be(tmp_path: Path) -> None:
+    # the happy side of the Content-Encoding and re-encoding cases above
+    async def scenario() -> None:
+        async with Env(tmp_path, upstream_model="meta/llama") as env:
+            st, _, _ = await env.post(
+                "/v1/chat/completions", None, {"Content-Encoding": "gzip"}, raw=gzip.compress(GOOD)
+            )
+            assert st == 200 and env.colo.seen[-1]["body"]["messages"] == chat()["messages"]
+            deep = b'{"model": "llama", "prompt": "p", "x": ' + b"[" * 300 + b"]" * 300 + b"}"
+            st, _, _ = await env.post("/v1/completions", None, raw=deep)  # past orjson's 255 to encode
+            assert st == 200 and env.colo.seen[-1]["body"]["model"] == "meta/llama"
+
+    run(scenario())

@@ -28,6 +28,10 @@ def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
     assert p.spec.stall_threshold_ms == 500
     assert len(p.keys) == 2
     assert len(p.sha256) == 64
+    # a policy rendered without a clients section still bounds its clients
+    c = p.spec.clients
+    assert (c.header_timeout_s, c.body_timeout_s, c.idle_timeout_s) == (10, 60, 75)
+    assert c.max_connections_per_address == 4096
 
 
 @pytest.mark.parametrize(
@@ -58,6 +62,12 @@ def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
             "long_prompt_tokens: must be >= 1 (got 0)",
         ),
         (lambda p: p.update(listen={"port": 8080, "admin_port": 8080}), "listen.admin_port: must differ"),
+        (lambda p: p.update(clients={"idle_timeout_s": 0}), "clients.idle_timeout_s: must be > 0.0 (got 0)"),
+        (
+            lambda p: p.update(clients={"max_connections_per_address": 0}),
+            "clients.max_connections_per_address: must be >= 1 (got 0)",
+        ),
+        (lambda p: p.update(clients={"header_s": 5}), "clients.header_s: unknown key"),
         (
             lambda p: (
                 p["estimator"].update(tokenizer="missing.json")

@@ -18,6 +18,7 @@ from tests.unit.gateway.helpers import (
     LONG,
     USER_KEY,
     Env,
+    RawServer,
     auth,
     chat,
     error_of,
@@ -222,5 +223,50 @@ def test_http10_client_gets_the_stream_unframed_then_close(tmp_path: Path) -> No
             events = sse_events(payload)
             assert len(events) == 6 and events[-1] == "[DONE]"
             assert all(json.loads(e)["choices"] for e in events[:-1])
+
+    run(scenario())
+
+
+_BODY = b'{"choices": []}'
+BAD_UPSTREAM_HEADS = [  # (id, what the colocated upstream answers): nothing of it may reach the client
+    (
+        "header-bare-lf",
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\nX-A: 1\r\nContent-Length: 15\r\n\r\n",
+    ),
+    (
+        "header-bare-cr",
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\rX-A: 1\r\nContent-Length: 15\r\n\r\n",
+    ),
+    ("header-nul", b"HTTP/1.1 200 OK\r\nContent-Type: application/\x00json\r\nContent-Length: 15\r\n\r\n"),
+    ("status-000", b"HTTP/1.1 000 Zero\r\nContent-Length: 15\r\n\r\n"),
+    ("status-099", b"HTTP/1.1 099 Low\r\nContent-Length: 15\r\n\r\n"),
+    ("status-999", b"HTTP/1.1 999 High\r\nContent-Length: 15\r\n\r\n"),
+]
+
+
+async def _point_at(env: Env, colocated: str, disagg: str) -> None:
+    """Reload the gateway with other pool URLs."""
+    env.policy["models"]["llama"].update(colocated=[colocated], disagg=disagg)
+    env.rewrite_policy(version=env.policy["version"] + 1)
+    async with env.session.post(env.base + "/admin/reload", headers=auth(ADMIN_KEY)) as r:
+        assert r.status == 200
+
+
+@pytest.mark.parametrize("head", [c[1] for c in BAD_UPSTREAM_HEADS], ids=[c[0] for c in BAD_UPSTREAM_HEADS])
+def test_an_invalid_upstream_head_is_a_counted_502_or_a_fallback(tmp_path: Path, head: bytes) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path) as env, RawServer(lambda _req: [head + _BODY]) as bad:
+            await _point_at(env, bad.url, env.dis.url)
+            for stream in (False, True):  # short prompts: the colocated pool, no other to fall back to
+                st, h, raw = await env.post("/v1/chat/completions", chat(stream=stream))
+                assert st == 502, raw
+                err = error_of(raw)
+                assert err["code"] == "upstream_error" and err["type"] == "upstream_error"
+                assert "invalid HTTP response" in err["message"] and h["X-Request-Id"]
+            assert await env.metric("pdfleet_gateway_requests_total", pool="colocated", status="502") == 2
+            await _point_at(env, env.colo.url, bad.url)  # the disaggregated pool answers badly: fall back
+            st, h, raw = await env.post("/v1/chat/completions", chat(LONG))
+            assert st == 200 and h["X-Pdfleet-Pool"] == "colocated" and h["X-Pdfleet-Fallback"] == "1"
+            assert await env.metric("pdfleet_gateway_fallbacks_total", reason="bad_response") == 1
 
     run(scenario())

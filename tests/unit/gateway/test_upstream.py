@@ -44,17 +44,20 @@ def test_failures_before_the_first_byte_name_their_reason() -> None:
         with pytest.raises(UpstreamError) as err:
             await client.post(dead, "/v1/completions", {}, b"{}", connect_s=1, first_byte_s=5)
         assert err.value.reason == "connect"
-        bad = {
-            "disconnect": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"],  # then closes
-            "garbage": [b"SSH-2.0-OpenSSH\r\n\r\n"],
-            "bad-length": [b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n"],
-            "bad-te": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"],
+        bad = {  # (what the origin sends, the reason)
+            "disconnect": ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"], "disconnect"),
+            "garbage": ([b"SSH-2.0-OpenSSH\r\n\r\n"], "bad_response"),
+            "bad-length": ([b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n"], "bad_response"),
+            "bad-te": ([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"], "bad_response"),
+            "status-999": ([b"HTTP/1.1 999 Nine\r\nContent-Length: 0\r\n\r\n"], "bad_response"),
+            "bare-lf": ([b"HTTP/1.1 200 OK\r\nX-A: 1\nContent-Length: 0\r\n\r\n"], "bad_response"),
         }
-        for kind, pieces in bad.items():
+        for kind, (pieces, reason) in bad.items():
             async with RawServer(lambda _req, p=pieces: p, close_after_reply=True) as srv:
                 with pytest.raises(UpstreamError) as err:
                     await client.post(srv.url, "/v1/completions", {}, b"{}", connect_s=1, first_byte_s=5)
-                assert err.value.reason == "disconnect", kind
+                assert err.value.reason == reason, kind
+                assert len(srv.requests) == 1, kind  # an invalid answer is not retried
         async with RawServer(lambda _req: [], gap=0) as srv:  # reads the request, never answers
             with pytest.raises(UpstreamError) as err:
                 await client.post(srv.url, "/v1/completions", {}, b"{}", connect_s=1, first_byte_s=0.2)
