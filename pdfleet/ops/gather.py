@@ -68,12 +68,14 @@ class HostFacts:
                 return
             token = secrets.token_hex(8)
             script, units = batch_script(missing, token)
-            out = self._run(script, any(f.sudo for f in missing))
+            sudo = any(f.sudo for f in missing)
+            out = self._run(script, sudo)
             result = split_batch(units, token, out.stdout, out.stderr)
             if not result.outputs and out.rc != 0:
+                how = " as root (sudo -n)" if sudo else ""
                 detail = " ".join(_stderr_tail(out.stderr))
-                raise FactError(
-                    f"gathering {len(missing)} facts failed before any ran (exit {out.rc}): {detail}")
+                raise FactError(f"gathering {len(missing)} facts{how} failed before any ran "
+                                f"(exit {out.rc}): {detail}")
             for fact, (stdout, rc) in result.outputs.items():
                 self._store(fact, stdout, rc, result.stderr.get(fact, ""))
 

@@ -47,8 +47,8 @@ def test_pip_list_fact_agrees_with_pip_on_a_real_venv() -> None:
     venv = sys.prefix
     value = HostFacts(LocalTransport()).get(PipList(venv))
     assert value is not None and "pytest" in value
-    pip = subprocess.run([sys.executable, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
-                         capture_output=True, text=True, check=True)
+    argv = [sys.executable, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"]
+    pip = subprocess.run(argv, capture_output=True, text=True, check=True)
     expected = {canonical_pip_name(r["name"]): Version(r["version"]) for r in json.loads(pip.stdout)}
     assert {name: Version(v) for name, v in value.items()} == expected
     assert HostFacts(LocalTransport()).get(PipList("/nonexistent/venv")) is None
