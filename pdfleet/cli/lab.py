@@ -35,12 +35,15 @@ def this_lab(inventory: str | None = None) -> Lab:
     inventory: the one given, else the one lab.up last booted, else inventory/lab.yml (never the
     invoke.yaml default)."""
     paths = LabPaths()
-    chosen = inventory or LabState.load(paths.state_file).inventory
-    path = Path(chosen) if chosen else REPO_ROOT / LAB_INVENTORY
-    if not path.is_absolute():
-        path = Path.cwd() / path
-    if not path.is_file():
-        raise PdfleetError(f"lab inventory {path} does not exist")
+    default = REPO_ROOT / LAB_INVENTORY
+    if inventory:
+        path = Path(inventory) if Path(inventory).is_absolute() else Path.cwd() / inventory
+        if not path.is_file():
+            raise PdfleetError(f"lab inventory {path} does not exist")
+        return Lab(paths, path, apt_packages(REGISTRY))
+    booted = LabState.load(paths.state_file).inventory
+    # a booted inventory deleted since (a temporary one) must not stop lab.down or lab.status
+    path = Path(booted) if booted and Path(booted).is_file() else default
     return Lab(paths, path, apt_packages(REGISTRY))
 
 
