@@ -69,14 +69,28 @@ def child(tree: Path, counts_path: Path, argv: list[str]) -> int:
     paramiko.Channel.exec_command = counted_exec  # type: ignore[method-assign]
     paramiko.SFTPClient.from_transport = classmethod(counted_sftp)  # type: ignore[method-assign,assignment]
     os.chdir(tree)
-    sys.path.insert(0, str(tree))
     code = 0
     try:
         program.run(["invoke", *argv], exit=False)
     except SystemExit as exc:
         code = int(exc.code or 0)
-    counts_path.write_text(json.dumps({k: dict(v) for k, v in counts.items()}))
+    import pdfleet.ops.runner  # already loaded by the run: which tree's engine ran
+
+    engine = str(Path(pdfleet.ops.runner.__file__).resolve())
+    counts_path.write_text(json.dumps({"engine": engine, "hosts": {k: dict(v) for k, v in counts.items()}}))
     return code
+
+
+def engine_python(work: Path) -> Path:
+    """A venv interpreter sharing this venv's packages through a .pth line but not its editable pdfleet
+    (whose import hook would win over PYTHONPATH), so PYTHONPATH picks the engine's tree."""
+    import site
+
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site_dir,) = (venv / "lib").glob("python*/site-packages")
+    (site_dir / "pdfleet-bench-shared.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return venv / "bin" / "python"
 
 
 def export_tree(ref: str, into: Path, files: list[str]) -> Path:
@@ -110,6 +124,7 @@ def host_cpu(inits: dict[str, int]) -> dict[str, float]:
 
 
 def one_run(
+    python: Path,
     tree: Path,
     argv: list[str],
     hosts: dict[str, str],
@@ -123,7 +138,7 @@ def one_run(
     t0 = time.monotonic()
     proc = subprocess.run(
         [
-            sys.executable,
+            str(python),
             __file__,
             "--child",
             str(tree),
@@ -144,7 +159,10 @@ def one_run(
     totals = json.loads(report_path.read_text())["totals"]
     if totals["changed"] or totals["failed"]:
         raise SystemExit(f"not a no-op converge ({totals}); provision the fleet first (see --help)")
-    by_address = json.loads(counts_path.read_text())
+    counted = json.loads(counts_path.read_text())
+    if not counted["engine"].startswith(str(tree.resolve()) + "/"):
+        raise SystemExit(f"the run in {tree} loaded the engine from {counted['engine']}")
+    by_address = counted["hosts"]
     per_host = {}
     for name, address in hosts.items():
         c = by_address.get(address, {})
@@ -233,16 +251,23 @@ def main() -> int:
     )
     parser.add_argument("--idle-seconds", type=float, default=5.0, help="idle window for the hosts' idle CPU")
     parser.add_argument("--out", default="out/bench/converge.json", help="where the JSON result goes")
-    parser.add_argument("--cycle", action="store_true",
-                        help="lab.up the inventory and provision it first, lab.down at the end")
+    parser.add_argument(
+        "--cycle",
+        action="store_true",
+        help="lab.up the inventory and provision it first, lab.down at the end",
+    )
     args = parser.parse_args()
     if args.cycle:
         invoke = [sys.executable, "-m", "invoke"]
         t0 = time.monotonic()
         subprocess.run([*invoke, "lab.up", "--inventory", args.inventory], cwd=REPO, check=True)
         t1 = time.monotonic()
-        subprocess.run([*invoke, "provision", "--profile", args.profile, "--inventory", args.inventory],
-                       cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [*invoke, "provision", "--profile", args.profile, "--inventory", args.inventory],
+            cwd=REPO,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         print(f"lab.up {t1 - t0:.0f} s, first provision {time.monotonic() - t1:.0f} s", file=sys.stderr)
         try:
             return measure(args)
@@ -256,7 +281,6 @@ def main() -> int:
 def measure(args: argparse.Namespace) -> int:
     """The interleaved rounds, the JSON result and the table."""
 
-    sys.path.insert(0, str(REPO))
     from pdfleet.model.inventory import load_inventory
 
     inventory = load_inventory(REPO / args.inventory)
@@ -277,6 +301,7 @@ def measure(args: argparse.Namespace) -> int:
         len(all_hosts): (base, all_hosts),
     }
     with tempfile.TemporaryDirectory(prefix="pdfleet-bench-converge-") as tmp:
+        python = engine_python(Path(tmp))
         trees = {"new": REPO}
         if args.baseline:
             trees["baseline"] = export_tree(
@@ -290,7 +315,7 @@ def measure(args: argparse.Namespace) -> int:
             for k in range(len(configs)):
                 engine, n = configs[(k + r) % len(configs)]
                 argv, hosts = fleets[n]
-                result = one_run(trees[engine], argv, hosts, inits, idle, Path(tmp))
+                result = one_run(python, trees[engine], argv, hosts, inits, idle, Path(tmp))
                 runs[f"{engine}@{n}"].append(result)
                 print(f"round {r + 1}: {engine} {n} hosts {result['wall_s']:.2f} s", file=sys.stderr)
     results = {key: summarize(rs) for key, rs in runs.items()}
