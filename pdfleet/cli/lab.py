@@ -18,6 +18,7 @@ from pdfleet.errors import PdfleetError
 from pdfleet.fleet.roles import apt_packages
 from pdfleet.lab.control import Lab, down, find_host, status, up
 from pdfleet.lab.paths import LOGIN_USER, LabPaths
+from pdfleet.lab.state import LabState
 from pdfleet.lab.system import preflight
 from pdfleet.model.profile_loader import load_profile
 from roles import REGISTRY
@@ -25,10 +26,25 @@ from roles import REGISTRY
 LAB_INVENTORY = "inventory/lab.yml"
 
 
-def this_lab() -> Lab:
-    """The lab of this clone: fixed state root, the lab inventory (never the invoke.yaml default), and a
-    mirror carrying every role's apt packages."""
-    return Lab(LabPaths(), REPO_ROOT / LAB_INVENTORY, apt_packages(REGISTRY))
+INVENTORY_HELP = ("the lab inventory whose hosts to boot (default: the one lab.up last booted, else "
+                  f"{LAB_INVENTORY}); every ansible_host must be in 198.18.0.0/24")
+
+
+def this_lab(inventory: str | None = None) -> Lab:
+    """The lab of this clone: fixed state root, a mirror carrying every role's apt packages, and its
+    inventory: the one given, else the one lab.up last booted, else inventory/lab.yml (never the
+    invoke.yaml default)."""
+    paths = LabPaths()
+    default = REPO_ROOT / LAB_INVENTORY
+    if inventory:
+        path = Path(inventory) if Path(inventory).is_absolute() else Path.cwd() / inventory
+        if not path.is_file():
+            raise PdfleetError(f"lab inventory {path} does not exist")
+        return Lab(paths, path, apt_packages(REGISTRY))
+    booted = LabState.load(paths.state_file).inventory
+    # a booted inventory deleted since (a temporary one) must not stop lab.down or lab.status
+    path = Path(booted) if booted and Path(booted).is_file() else default
+    return Lab(paths, path, apt_packages(REGISTRY))
 
 
 def lab_progress(console: Console) -> Callable[[str], None]:
@@ -36,12 +52,12 @@ def lab_progress(console: Console) -> Callable[[str], None]:
     return lambda message: console.print(f"[dim]lab:[/dim] {message}", highlight=False, soft_wrap=True)
 
 
-@task(name="up")
+@task(name="up", help={"inventory": INVENTORY_HELP.replace("the one lab.up last booted, else ", "")})
 @user_errors
-def up_task(c: Context) -> None:
-    """Bring the lab up: image, mirrors, bridge, hosts; waits until every host answers SSH."""
+def up_task(c: Context, inventory: str | None = None) -> None:
+    """Bring the lab up: image, mirrors, bridge, the inventory's hosts (others stopped); waits for SSH."""
     console = Console(stderr=True)
-    result = up(this_lab(), lab_progress(console))
+    result = up(this_lab(inventory or str(REPO_ROOT / LAB_INVENTORY)), lab_progress(console))
     console.print(f"lab up in {result.seconds:.0f} s: {', '.join(h.name for h in result.hosts)}; "
                   f"host wheel {result.host_version}")
     if result.apt_unavailable:
@@ -57,11 +73,11 @@ def down_task(c: Context, purge: bool = False) -> None:
     console.print("lab down")
 
 
-@task(name="status")
+@task(name="status", help={"inventory": INVENTORY_HELP})
 @user_errors
-def status_task(c: Context) -> None:
+def status_task(c: Context, inventory: str | None = None) -> None:
     """Show each lab host (running, address, SSH) and the mirrors; exits 1 unless all are healthy."""
-    report = status(this_lab())
+    report = status(this_lab(inventory))
     console = Console()
     table = Table(title=f"pdfleet lab (bridge {'up' if report.bridge else 'absent'})")
     for column in ("host", "address", "groups", "running", "ssh"):

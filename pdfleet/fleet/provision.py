@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from rich.console import Console
 
 from pdfleet.fleet.deployment import Deployment
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import role_files
+from pdfleet.hw.gpu_facts import DriverFact, KernelFact, NvidiaPciFact, SecureBootFact
+from pdfleet.hw.rdma_facts import RdmaSysfsFact
 from pdfleet.model.inventory import Host
-from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.ops.apt import AptPackages
+from pdfleet.ops.base import Fact, FactSource, Operation, Skip
+from pdfleet.ops.kernel import LoadedModules
 from pdfleet.ops.report import console_progress
 from pdfleet.ops.runner import Report, RunOptions, run_fleet
+
+# What roles read about every host before they yield operations (base: installed packages).
+HOST_FACTS: tuple[Fact[Any], ...] = (AptPackages(),)
+# What the hardware roles read on hosts running vLLM (gpu_driver, rdma, kv_transfer detect first).
+POOL_HOST_FACTS: tuple[Fact[Any], ...] = (
+    SecureBootFact(), NvidiaPciFact(), DriverFact(), KernelFact(), LoadedModules(), RdmaSysfsFact(),
+)
 
 
 def plan_host(deployment: Deployment, host: Host, facts: FactSource) -> Iterator[Operation | Skip]:
@@ -24,6 +36,13 @@ def plan_host(deployment: Deployment, host: Host, facts: FactSource) -> Iterator
             yield from role.operations(ctx, facts)
 
 
+def host_facts(deployment: Deployment, host: Host) -> tuple[Fact[Any], ...]:
+    """The facts worth gathering in a host's first batch: those its roles read before any operation.
+    A fact missing here still works (gathered when read), at the cost of one more round trip."""
+    pool = bool(deployment.topology.on_host(host.name))
+    return HOST_FACTS + (POOL_HOST_FACTS if pool else ())
+
+
 def render_fleet(deployment: Deployment, hosts: Iterable[Host]) -> dict[str, list[RenderedFile]]:
     """Every fact-independent file provision would install, per host."""
     return {host.name: role_files(deployment.roles, deployment.context(host)) for host in hosts}
@@ -32,4 +51,5 @@ def render_fleet(deployment: Deployment, hosts: Iterable[Host]) -> dict[str, lis
 def provision(deployment: Deployment, hosts: Sequence[Host], options: RunOptions, console: Console) -> Report:
     """Plan and (unless options.check) apply every host, showing per-host progress on `console`."""
     planner = functools.partial(plan_host, deployment)
-    return run_fleet(hosts, planner, options, progress=console_progress(console))
+    prefetch = functools.partial(host_facts, deployment)
+    return run_fleet(hosts, planner, options, progress=console_progress(console), prefetch=prefetch)

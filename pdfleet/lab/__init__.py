@@ -1,8 +1,10 @@
 """The lab: local "bare-metal" hosts for pdfleet, as systemd-nspawn containers on a private bridge.
 
-`invoke lab.up` builds what is missing and boots the hosts of `inventory/lab.yml`; `lab.down`
-removes exactly what up created. Needs Linux and root. Nothing outside 198.18.0.0/24 is addressed:
-the hosts have no default route and there is no NAT; they reach only the control machine's mirrors.
+`invoke lab.up` builds what is missing and boots the hosts of `inventory/lab.yml` (or of
+`--inventory FILE`, e.g. the 16 hosts of inventory/lab-16.yml, stopping lab hosts it does not list;
+refused before booting when they would not fit in memory); `lab.down` removes exactly what up
+created. Needs Linux and root. Nothing outside 198.18.0.0/24 is addressed: the hosts have no default
+route and there is no NAT; they reach only the control machine's mirrors.
 
 Layout on disk (the state root, `/var/lib/pdfleet-lab/`):
 
@@ -33,5 +35,6 @@ Layout on disk (the state root, `/var/lib/pdfleet-lab/`):
     gateway-client.key         the gateway client key provisioning leaves for `lab.env` (0600)
 
 Modules: paths (locations, addresses), system (preflight, processes), state, network (bridge),
-image (debootstrap cache), sshkeys, hosts (nspawn), mirrors (apt + PyPI), control (up/down/status).
+image (debootstrap cache), sshkeys, hosts (nspawn), mirrors (apt + PyPI), control (up/down/status),
+capacity (memory per host), usage (a host's CPU, for bench/converge.py).
 """

@@ -13,6 +13,7 @@ from pathlib import Path
 from pdfleet.errors import ValidationError
 from pdfleet.lab import hosts as labhosts
 from pdfleet.lab import mirrors
+from pdfleet.lab.capacity import available_mib, memory_problem
 from pdfleet.lab.hosts import LabHost
 from pdfleet.lab.image import default_recipe, ensure_image, prune_images
 from pdfleet.lab.network import ensure_bridge, link_exists, remove_link
@@ -72,11 +73,17 @@ class UpResult:
 
 
 def up(lab: Lab, progress: Progress = quiet_progress) -> UpResult:
-    """Build or reuse the image and mirrors, then boot every host and wait until each answers SSH."""
+    """Build or reuse the image and mirrors, then boot every host the inventory lists (stopping lab hosts
+    it does not list) and wait until each answers SSH; refuse first when they would not fit in memory."""
     started = time.monotonic()
     preflight()
     hosts = lab.hosts()
     with exclusive(progress):
+        state = LabState.load(lab.paths.state_file)
+        booting = [h for h in hosts if not labhosts.host_running(state.hosts.get(h.name))]
+        problem = memory_problem(str(lab.inventory), len(booting), available_mib())
+        if problem:
+            raise LabError(problem)
         return _up(lab, hosts, started, progress)
 
 
@@ -86,6 +93,8 @@ def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> U
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.root.chmod(0o755)
     state = LabState.load(paths.state_file)
+    _stop_unlisted(paths, state, {h.name for h in hosts}, progress)
+    state.inventory = str(lab.inventory)
     recipe = default_recipe()
     # The wheel download needs nothing from the image, so it runs while debootstrap does.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -148,6 +157,27 @@ def _bring_up_host(lab: Lab, state: LabState, host: LabHost, image_key: str, ima
     state.save()
 
 
+def _stop_unlisted(paths: LabPaths, state: LabState, listed: set[str], progress: Progress) -> None:
+    """Remove lab hosts of an earlier lab.up that this inventory does not list (their /etc/hosts and the
+    known_hosts file would no longer describe the fleet)."""
+    names = set(state.hosts)
+    if paths.hosts_dir.exists():
+        names |= {p.name for p in paths.hosts_dir.iterdir() if p.is_dir()}
+    for name in sorted(names - listed):
+        progress(f"{name}: not in this inventory, removing it")
+        _remove_host(paths, state, name)
+
+
+def _remove_host(paths: LabPaths, state: LabState, name: str) -> None:
+    """Stop a host (recorded or not), delete its overlay, forget it."""
+    hd = labhosts.dirs(paths, name)
+    labhosts.stop_host(state.hosts.get(name), name)
+    labhosts.stop_host(labhosts.unrecorded_container(hd), name)
+    labhosts.wipe_host(hd)
+    state.hosts.pop(name, None)
+    state.save()
+
+
 def _write_known_hosts(paths: LabPaths, hosts: Sequence[LabHost]) -> None:
     """known_hosts from the keys in each host's overlay: nothing is trusted on first use."""
     entries = [((h.address, h.name), labhosts.host_public_keys(labhosts.dirs(paths, h.name))) for h in hosts]
@@ -198,12 +228,7 @@ def _down(lab: Lab, purge: bool, progress: Progress) -> None:
         names |= {p.name for p in paths.hosts_dir.iterdir() if p.is_dir()}
     for name in sorted(names):
         progress(f"{name}: stopping")
-        hd = labhosts.dirs(paths, name)
-        labhosts.stop_host(state.hosts.get(name), name)
-        labhosts.stop_host(labhosts.unrecorded_container(hd), name)
-        labhosts.wipe_host(hd)
-        state.hosts.pop(name, None)
-        state.save()
+        _remove_host(paths, state, name)
     for kind, ref in list(state.servers.items()):
         ref.stop(5.0)
         state.servers.pop(kind)

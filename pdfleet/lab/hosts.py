@@ -117,6 +117,13 @@ def write_host_files(hd: HostDirs, host: LabHost, all_hosts: Sequence[LabHost], 
     atomic_write(root / "etc/hostname", host.name + "\n")
     atomic_write(root / "etc/hosts", hosts_file(all_hosts))
     atomic_write(root / "etc/systemd/network/10-pdfleet-lab.network", network_file(host.address))
+    # Lingering keeps the login user's systemd manager running from boot on. Without it, each login
+    # after the last one ended starts user@UID.service and, UserStopDelaySec later, stops it; on this
+    # kind of machine that stop hangs (the cgroup kill fails) and a login arriving meanwhile waits in
+    # pam_systemd until the 90 s stop timeout: the ~100 s stalls of provision and the slow first verify.
+    linger = root / "var/lib/systemd/linger"
+    linger.mkdir(parents=True, exist_ok=True)
+    atomic_write(linger / LOGIN_USER, "")
     home = root / "home" / LOGIN_USER
     uid, gid = _ids(root, LOGIN_USER)
     ssh_dir = home / ".ssh"

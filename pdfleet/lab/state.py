@@ -32,6 +32,7 @@ class LabState:
 
     path: Path
     bridge: bool = False
+    inventory: str | None = None  # the inventory lab.up booted (status, ssh and env default to it)
     hosts: dict[str, HostRecord] = field(default_factory=dict)
     servers: dict[str, ProcessRef] = field(default_factory=dict)
 
@@ -42,7 +43,9 @@ class LabState:
             data = json.loads(path.read_text())
         except (FileNotFoundError, ValueError):
             return cls(path)
-        state = cls(path, bridge=bool(data.get("bridge")))
+        inventory = data.get("inventory")
+        state = cls(path, bridge=bool(data.get("bridge")),
+                    inventory=inventory if isinstance(inventory, str) else None)
         for name, rec in (data.get("hosts") or {}).items():
             state.hosts[name] = HostRecord.from_json(rec)
         for name, ref in (data.get("servers") or {}).items():
@@ -55,6 +58,7 @@ class LabState:
         """Write the state atomically."""
         data = {
             "bridge": self.bridge,
+            "inventory": self.inventory,
             "hosts": {name: rec.to_json() for name, rec in self.hosts.items()},
             "servers": {name: ref.to_json() for name, ref in self.servers.items()},
         }

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pdfleet.ops.base import Change, Fact, FactSource, Handler, Operation, Run, relabel
 from pdfleet.ops.errors import FactError, OperationError
@@ -97,12 +98,18 @@ class AptUpdate(Operation):
     def describe(self) -> str:
         return "apt-get update"
 
-    def plan(self, facts: FactSource) -> list[Change]:
-        fresh = (
+    def fresh_check(self) -> CommandRc:
+        """Exit 0 when some package list is younger than max_age_minutes."""
+        return CommandRc(
             "find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' "
             f"-mmin -{self.max_age_minutes} 2>/dev/null | grep -q ."
         )
-        if facts.get(CommandRc(fresh)) == 0:
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (self.fresh_check(),)
+
+    def plan(self, facts: FactSource) -> list[Change]:
+        if facts.get(self.fresh_check()) == 0:
             return []
         diff = f"package lists older than {self.max_age_minutes} min"
         return [Change(self.describe(), diff, (Run(f"{APT_ENV} apt-get update -q"),))]
@@ -120,6 +127,9 @@ class AptPackage(Operation):
     def describe(self) -> str:
         pin = f"={self.version}" if self.version else ""
         return f"apt package {self.name}{pin}{' (held)' if self.hold else ''}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (AptPackages(), AptHolds()) if self.hold else (AptPackages(),)
 
     def plan(self, facts: FactSource) -> list[Change]:
         installed = facts.get(AptPackages()).get(self.name)
@@ -154,6 +164,11 @@ class AptRepo(Operation):
 
     def describe(self) -> str:
         return f"apt repo {self.name}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        keyring = self.keyring_path()
+        listed = FileState(f"/etc/apt/sources.list.d/{self.name}.list")
+        return (FileState(keyring), listed) if keyring else (listed,)
 
     def keyring_path(self) -> str | None:
         """Where the signing key lives (armored keys need the .asc suffix for apt)."""

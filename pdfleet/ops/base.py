@@ -9,7 +9,7 @@ runner runs once per host after the host's changes, daemon-reload first.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -82,11 +82,29 @@ class Skip:
     reason: str
 
 
+# What a fact's command printed and its exit code, as `Fact.parse` reads them.
+RawOutput = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Combined:
+    """One command answering several facts of a kind (one `stat` for many paths, one `systemctl
+    show` for many units); `split` turns its (stdout, rc) into what each fact's own command gives."""
+
+    command: str
+    split: Callable[[str, int], dict[Fact[Any], RawOutput]]
+
+
 class Fact(ABC, Generic[T]):
     """A command plus a parser. Subclasses are frozen dataclasses whose fields are the arguments,
     so a fact instance is its own cache key."""
 
     sudo: ClassVar[bool] = False
+
+    @classmethod
+    def combine(cls, facts: Sequence[Fact[Any]]) -> Combined | None:
+        """One command for several facts of this class, or None: each runs its own command."""
+        return None
 
     @abstractmethod
     def command(self) -> str:
@@ -125,3 +143,8 @@ class Operation(ABC):
     @abstractmethod
     def plan(self, facts: FactSource) -> list[Change]:
         """The changes needed given the host's facts."""
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        """The facts `plan` reads on a converged host, so the runner gathers them in one round trip
+        with every other operation's; facts not named here are gathered when `plan` asks."""
+        return ()

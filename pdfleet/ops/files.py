@@ -9,10 +9,22 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from pdfleet.ops.base import Change, Command, Fact, FactSource, Handler, Operation, Run, Upload
+from pdfleet.ops.base import (
+    Change,
+    Combined,
+    Command,
+    Fact,
+    FactSource,
+    Handler,
+    Operation,
+    RawOutput,
+    Run,
+    Upload,
+)
 from pdfleet.ops.diff import as_text, unified
 from pdfleet.ops.errors import FactError, OperationError
 
@@ -76,6 +88,50 @@ def parse_stat(stdout: str) -> PathInfo | None:
 
 
 _STAT = "stat -c '%F|%a|%U|%G|%s' -- {p}"
+_STAT_NAMED = "stat -c '%n|%F|%a|%U|%G|%s'"
+
+
+def _combinable(path: str) -> bool:
+    """Whether a path prints as itself in `stat %n` and `sha256sum` lines (no newline, no backslash)."""
+    return path.startswith("/") and "\n" not in path and "\\" not in path
+
+
+def _path_lists(paths: Sequence[str], follow: bool) -> str:
+    """Shell printing `e|PATH` for paths that exist, `f|PATH` for regular files, `l|PATH` for dangling
+    links (printf and test are builtins: no process per path), then one stat for all that exist."""
+    words = " ".join(shlex.quote(p) for p in paths)
+    exists = '[ -e "$p" ]' if follow else '[ -e "$p" ] || [ -L "$p" ]'
+    stat = _STAT_NAMED.replace("stat ", "stat -L ", 1) if follow else _STAT_NAMED
+    return (
+        f'set --; for p in {words}; do if {exists}; then printf "e|%s\\n" "$p"; set -- "$@" "$p"; '
+        + ('elif [ -L "$p" ]; then printf "l|%s\\n" "$p"; ' if follow else "")
+        + 'fi; if [ -f "$p" ] && [ ! -L "$p" ]; then printf "f|%s\\n" "$p"; fi; done; '
+        + f'if [ $# -gt 0 ]; then {stat} -- "$@"; fi'
+    )
+
+
+SHA_MARK = "@@sha256"
+
+
+def _split_stats(stdout: str) -> tuple[dict[str, set[str]], dict[str, str], dict[str, str]]:
+    """Of a combined path command's output, by path: the e/f/l flags, the stat line without the name,
+    and the sha256 (lines after SHA_MARK)."""
+    flags: dict[str, set[str]] = {}
+    stats: dict[str, str] = {}
+    shas: dict[str, str] = {}
+    in_shas = False
+    for line in stdout.splitlines():
+        if line == SHA_MARK:
+            in_shas = True
+        elif in_shas:
+            digest, _, name = line.partition("  ")
+            shas[name] = digest
+        elif line[:2] in ("e|", "f|", "l|"):
+            flags.setdefault(line[2:], set()).add(line[0])
+        elif line.count("|") >= 5:
+            name, *rest = line.rsplit("|", 5)
+            stats[name] = "|".join(rest)
+    return flags, stats, shas
 
 
 @dataclass(frozen=True)
@@ -97,6 +153,37 @@ class FileState(Fact[PathInfo | None]):
             raise FactError(f"cannot stat {self.path} (exit {rc})")
         return parse_stat(stdout)
 
+    @classmethod
+    def combine(cls, facts: Sequence[Fact[Any]]) -> Combined | None:
+        """One stat for every path and one sha256sum for every regular file among them."""
+        paths = [f.path for f in facts if isinstance(f, FileState) and _combinable(f.path)]
+        if len(paths) < 2 or len(paths) != len(facts):
+            return None
+        command = (
+            _path_lists(paths, follow=False)
+            + '; set --; for p in '
+            + " ".join(shlex.quote(p) for p in paths)
+            + '; do if [ -f "$p" ] && [ ! -L "$p" ]; then set -- "$@" "$p"; fi; done; '
+            + f'echo {SHA_MARK}; if [ $# -gt 0 ]; then sha256sum -- "$@"; fi'
+        )
+
+        def split(stdout: str, rc: int) -> dict[Fact[Any], RawOutput]:
+            flags, stats, shas = _split_stats(stdout)
+            out: dict[Fact[Any], RawOutput] = {}
+            for fact in facts:
+                assert isinstance(fact, FileState)
+                have = flags.get(fact.path, set())
+                line, digest = stats.get(fact.path), shas.get(fact.path)
+                if "e" not in have:
+                    out[fact] = ("", 0)
+                elif line is None or ("f" in have and digest is None):
+                    out[fact] = ("", 1)  # it exists but stat or sha256sum failed on it
+                else:
+                    out[fact] = (line + "\n" + (f"{digest}  {fact.path}\n" if "f" in have else ""), 0)
+            return out
+
+        return Combined(command, split)
+
 
 @dataclass(frozen=True)
 class DirectoryState(Fact[PathInfo | None]):
@@ -117,6 +204,30 @@ class DirectoryState(Fact[PathInfo | None]):
         if rc != 0:
             raise FactError(f"cannot stat {self.path} (exit {rc})")
         return parse_stat(stdout)
+
+    @classmethod
+    def combine(cls, facts: Sequence[Fact[Any]]) -> Combined | None:
+        """One `stat -L` for every existing path (a dangling link gets its own plain stat)."""
+        paths = [f.path for f in facts if isinstance(f, DirectoryState) and _combinable(f.path)]
+        if len(paths) < 2 or len(paths) != len(facts):
+            return None
+
+        def split(stdout: str, rc: int) -> dict[Fact[Any], RawOutput]:
+            flags, stats, _ = _split_stats(stdout)
+            out: dict[Fact[Any], RawOutput] = {}
+            for fact in facts:
+                assert isinstance(fact, DirectoryState)
+                have = flags.get(fact.path, set())
+                if "l" in have:
+                    continue  # a dangling link: left to its own command (`get`), which stats the link
+                if "e" in have:
+                    line = stats.get(fact.path, "")
+                    out[fact] = (line + "\n", 0 if line else 1)
+                else:
+                    out[fact] = ("", 0)
+            return out
+
+        return Combined(_path_lists(paths, follow=True), split)
 
 
 @dataclass(frozen=True)
@@ -189,6 +300,9 @@ class File(Operation):
     def describe(self) -> str:
         return f"file {self.path}"
 
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (FileState(self.path),)
+
     def plan(self, facts: FactSource) -> list[Change]:
         state = facts.get(FileState(self.path))
         data = as_bytes(self.content)
@@ -250,6 +364,9 @@ class Directory(Operation):
 
     def describe(self) -> str:
         return f"directory {self.path}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (DirectoryState(self.path),)
 
     def plan(self, facts: FactSource) -> list[Change]:
         state = facts.get(DirectoryState(self.path))

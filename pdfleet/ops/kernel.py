@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from pdfleet.ops.base import Change, Fact, FactSource, Operation, Run, relabel
 from pdfleet.ops.errors import FactError
@@ -48,6 +50,14 @@ class KernelModule(Operation):
 
     def describe(self) -> str:
         return f"kernel module {self.name}{'' if self.present else ' (absent)'}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        paths = [self.load_path]
+        if self.present and self.options is not None:
+            paths.append(f"/etc/modprobe.d/pdfleet-{self.name}.conf")
+        if not self.present and self.blacklist:
+            paths.append(f"/etc/modprobe.d/blacklist-pdfleet-{self.name}.conf")
+        return (LoadedModules(), *(FileState(p) for p in paths))
 
     @property
     def load_path(self) -> str:

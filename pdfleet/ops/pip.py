@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 
@@ -21,34 +21,51 @@ def canonical_pip_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def parse_pip_list_json(stdout: str) -> dict[str, str]:
-    """`pip list --format=json` → {canonical name: version}."""
-    try:
-        rows = json.loads(stdout or "[]")
-    except json.JSONDecodeError as exc:
-        raise FactError(f"pip list did not print JSON: {stdout.strip()[:200]!r}") from exc
-    return {canonical_pip_name(row["name"]): str(row["version"]) for row in rows}
+_EGG_PY = re.compile(r"-py\d+(\.\d+)*$")
+
+
+def parse_metadata_dirs(stdout: str) -> dict[str, str]:
+    """Installed-distribution directory names, one a line (`NAME-VERSION.dist-info`, or setuptools'
+    `NAME-VERSION[-pyX.Y].egg-info`) → {canonical name: version}. The name part never holds `-` after
+    escaping and a PEP 440 version never does, so the last `-` splits them; versionless names are skipped."""
+    found: dict[str, str] = {}
+    for line in stdout.splitlines():
+        entry = line.strip()
+        for suffix in (".dist-info", ".egg-info"):
+            if entry.endswith(suffix):
+                stem = entry[: -len(suffix)]
+                stem = _EGG_PY.sub("", stem) if suffix == ".egg-info" else stem
+                name, sep, version = stem.rpartition("-")
+                if sep and name and version:
+                    found[canonical_pip_name(name)] = version
+    return found
 
 
 @dataclass(frozen=True)
 class PipList(Fact[dict[str, str] | None]):
-    """Distributions installed in a venv {canonical name: version}; None when the venv has no python."""
+    """Distributions installed in a venv {canonical name: version}; None when the venv has no python.
+
+    Read from the names of the venv's `*.dist-info`/`*.egg-info` directories (what `pip list` reads
+    too, from their METADATA) with shell builtins only: no Python start-up on the host per run.
+    """
 
     venv: str
 
     def command(self) -> str:
-        py = shlex.quote(f"{self.venv.rstrip('/')}/bin/python")
+        root = self.venv.rstrip("/")
+        py = shlex.quote(f"{root}/bin/python")
+        site = shlex.quote(f"{root}/lib") + "/python*/site-packages/"
         return (
-            f"[ -x {py} ] || exit 3; "
-            f"{py} -m pip list --format=json --disable-pip-version-check --no-input 2>/dev/null"
+            f"[ -x {py} ] || exit 3; for d in {site}*.dist-info {site}*.egg-info; do "
+            '[ -e "$d" ] && printf \'%s\\n\' "${d##*/}"; done; true'
         )
 
     def parse(self, stdout: str, rc: int) -> dict[str, str] | None:
         if rc == 3:
             return None
         if rc != 0:
-            raise FactError(f"pip list in {self.venv} failed (exit {rc}); is pip installed in the venv?")
-        return parse_pip_list_json(stdout)
+            raise FactError(f"listing the distributions in {self.venv} failed (exit {rc})")
+        return parse_metadata_dirs(stdout)
 
 
 @dataclass(frozen=True)
@@ -83,6 +100,9 @@ class PipRequirements(Operation):
 
     def describe(self) -> str:
         return f"pip in {self.venv}: {', '.join(self.requirements)}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (PipList(self.venv),)
 
     def pip_options(self) -> list[str]:
         """Index/mirror options for pip install."""

@@ -9,13 +9,12 @@ reason and never stops another host. The caller decides the exit code from the r
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -33,14 +32,16 @@ from pdfleet.ops.base import (
     Skip,
     Upload,
 )
-from pdfleet.ops.files import DirectoryState, FileContent, FileState, PathInfo
-from pdfleet.ops.gather import HostFacts
+from pdfleet.ops.gather import HostFacts, PlannedFacts, gather_for
 from pdfleet.ops.ssh import Transport, open_connection
 
 if TYPE_CHECKING:
     from pdfleet.model.inventory import Host
 
 Planner = Callable[["Host", FactSource], Iterable[Operation | Skip]]
+# The host-wide facts a planner reads before it yields operations (hardware, installed packages): they
+# go in a host's first fact batch, with the sudo check that batch implies.
+Prefetch = Callable[["Host"], Iterable[Fact[Any]]]
 Progress = Callable[[str, str], None]  # (host name, message)
 Connector = Callable[["Host", "RunOptions"], Transport]
 
@@ -189,44 +190,14 @@ def execute(transport: Transport, cmd: Command, timeout: float | None) -> None:
 
 
 def _connect(host: Host, options: RunOptions) -> Transport:
-    """The default connector: SSH with the run's known_hosts and timeout."""
-    return open_connection(host, options.known_hosts, options.connect_timeout)
+    """The default connector: SSH with the run's known_hosts and timeout (the first fact batch, run
+    through sudo, is the sudo check)."""
+    return open_connection(host, options.known_hosts, options.connect_timeout, check_sudo=False)
 
 
-class PlannedFacts:
-    """Facts as they will be once the changes planned so far are applied (for uploaded files).
-
-    Plans are made before anything is applied; this overlay lets an op that reads a file an
-    earlier op in the same run writes (the same path written twice) plan against that content.
-    """
-
-    def __init__(self, base: FactSource) -> None:
-        self._base = base
-        self._overrides: dict[Fact[Any], Any] = {}
-
-    def get(self, fact: Fact[T]) -> T:
-        """The planned value when an earlier change decided it, else the host's fact."""
-        if fact in self._overrides:
-            return self._overrides[fact]  # type: ignore[no-any-return]
-        return self._base.get(fact)
-
-    def record(self, changes: Iterable[Change]) -> None:
-        """Remember the state the changes' uploads leave behind."""
-        for change in changes:
-            for cmd in change.commands:
-                if isinstance(cmd, Upload):
-                    digest = hashlib.sha256(cmd.content).hexdigest()
-                    info = PathInfo("file", cmd.mode, cmd.owner, cmd.group, len(cmd.content), digest)
-                    self._overrides[FileState(cmd.dest)] = info
-                    self._overrides[DirectoryState(cmd.dest)] = replace(info, sha256=None)
-                    try:
-                        text: str | None = cmd.content.decode("utf-8")
-                    except UnicodeDecodeError:
-                        text = None
-                    self._overrides[FileContent(cmd.dest)] = text
-
-
-def _plan_host(run: _HostRun, planner: Planner, options: RunOptions, connect: Connector) -> None:
+def _plan_host(
+    run: _HostRun, planner: Planner, options: RunOptions, connect: Connector, prefetch: Prefetch | None
+) -> None:
     """Connect and plan every operation for one host; failures land in its report."""
     report = run.report
     try:
@@ -237,16 +208,19 @@ def _plan_host(run: _HostRun, planner: Planner, options: RunOptions, connect: Co
     except Exception as exc:  # any connect failure is this host's failure only
         report.fail(f"cannot connect to {run.host.name}: {exc}")
         return
-    _plan_connected(run, planner, options)
+    _plan_connected(run, planner, options, prefetch)
 
 
-def _plan_connected(run: _HostRun, planner: Planner, options: RunOptions) -> None:
-    """Plan every operation on an open connection, against freshly gathered facts."""
+def _plan_connected(run: _HostRun, planner: Planner, options: RunOptions, prefetch: Prefetch | None) -> None:
+    """Plan every operation on an open connection, against freshly gathered facts (batched first)."""
     report = run.report
     assert run.transport is not None
-    facts = PlannedFacts(HostFacts(run.transport, timeout=options.command_timeout))
-    current = "planner"
+    host_facts = HostFacts(run.transport, timeout=options.command_timeout)
+    facts = PlannedFacts(host_facts)
+    current = "gathering facts"
     try:
+        gather_for(host_facts, planner, run.host, prefetch)
+        current = "planner"
         for item in planner(run.host, facts):
             if isinstance(item, Skip):
                 report.skipped += 1
@@ -310,11 +284,16 @@ BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
 
 
 def _reboot_and_converge(
-    run: _HostRun, planner: Planner, options: RunOptions, connect: Connector, progress: Progress | None
+    run: _HostRun,
+    planner: Planner,
+    options: RunOptions,
+    connect: Connector,
+    progress: Progress | None,
+    prefetch: Prefetch | None = None,
 ) -> None:
     """After applying: if the host now needs a reboot, reboot it, wait for SSH on a new boot, converge."""
     check = _HostRun(run.host, HostReport(run.host.name), transport=run.transport)
-    _plan_connected(check, planner, options)
+    _plan_connected(check, planner, options, prefetch)
     reasons = check.report.reboot_reasons
     if check.report.error or not reasons:
         run.report.skips = check.report.skips  # the state after this run, not before it
@@ -330,7 +309,7 @@ def _reboot_and_converge(
     run.transport = _wait_for_new_boot(run.host, options, connect, old_boot)
     run.report.rebooted = True
     after = _HostRun(run.host, HostReport(run.host.name), transport=run.transport)
-    _plan_connected(after, planner, options)
+    _plan_connected(after, planner, options, prefetch)
     if after.report.error is None:
         _apply_host(after, options, progress)
     _merge_after_reboot(run.report, after.report)
@@ -403,6 +382,7 @@ def run_fleet(
     options: RunOptions,
     progress: Progress | None = None,
     connect: Connector | None = None,
+    prefetch: Prefetch | None = None,
 ) -> Report:
     """Plan every host (parallel), then apply unless `check` (parallel, in waves of `serial`)."""
     connector = connect or _connect
@@ -412,7 +392,7 @@ def run_fleet(
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdfleet-plan") as pool:
 
             def plan_one(run: _HostRun) -> None:
-                _plan_host(run, planner, options, connector)
+                _plan_host(run, planner, options, connector, prefetch)
                 if progress:
                     msg = _summary(run.report, True) if run.report.error or options.check else None
                     progress(run.host.name, msg or f"planned: {len(run.plan)} operation(s) to change")
@@ -426,7 +406,7 @@ def run_fleet(
                         _apply_host(run, options, progress)
                         if options.reboot and run.report.error is None:
                             try:
-                                _reboot_and_converge(run, planner, options, connector, progress)
+                                _reboot_and_converge(run, planner, options, connector, progress, prefetch)
                             except Exception as exc:  # this host's failure only
                                 run.report.fail(f"reboot: {exc}")
                         if progress:

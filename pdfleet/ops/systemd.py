@@ -9,23 +9,25 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pdfleet.ops.base import (
     DAEMON_RELOAD,
     Change,
+    Combined,
     Command,
     Fact,
     FactSource,
     Handler,
     Operation,
+    RawOutput,
     Run,
     relabel,
 )
 from pdfleet.ops.errors import FactError, OperationError
-from pdfleet.ops.files import File
+from pdfleet.ops.files import File, FileState
 
 q = shlex.quote
 
@@ -91,6 +93,26 @@ class SystemdUnitState(Fact[UnitState]):
             raise FactError(f"systemctl show {self.unit} failed (exit {rc}); is systemd running?")
         return parse_systemctl_show(stdout)
 
+    @classmethod
+    def combine(cls, facts: Sequence[Fact[Any]]) -> Combined | None:
+        """One `systemctl show` for every unit (it prints one block per unit, in order, separated by a
+        blank line)."""
+        units = [f.unit for f in facts if isinstance(f, SystemdUnitState)]
+        if len(units) != len(facts):
+            return None
+        command = (
+            "systemctl show -p Id -p LoadState -p ActiveState -p SubState -p UnitFileState -- "
+            + " ".join(shlex.quote(u) for u in units)
+        )
+
+        def split(stdout: str, rc: int) -> dict[Fact[Any], RawOutput]:
+            blocks = [b for b in stdout.strip("\n").split("\n\n")] if stdout.strip() else []
+            if rc != 0 or len(blocks) != len(facts):
+                return {f: (stdout, rc or 1) for f in facts}  # each fact reports the failure itself
+            return {f: (block + "\n", 0) for f, block in zip(facts, blocks, strict=True)}
+
+        return Combined(command, split)
+
 
 def journal_cmd(unit: str, lines: int = 30) -> str:
     """The diagnostic whose output joins a failed start/restart: the unit's last journal lines."""
@@ -141,6 +163,9 @@ class SystemdUnit(Operation):
     def describe(self) -> str:
         return f"systemd unit {self.name}"
 
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (FileState(f"{self.directory}/{self.name}"),)
+
     def plan(self, facts: FactSource) -> list[Change]:
         notify = (DAEMON_RELOAD,) + ((self.restart,) if self.restart else ())
         target = File(f"{self.directory}/{self.name}", self.content, "0644", notify=notify)
@@ -159,6 +184,9 @@ class Service(Operation):
 
     def describe(self) -> str:
         return f"service {self.unit}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (SystemdUnitState(self.unit),)
 
     def plan(self, facts: FactSource) -> list[Change]:
         state = facts.get(SystemdUnitState(self.unit))

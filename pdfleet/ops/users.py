@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from pdfleet.ops.base import Change, Fact, FactSource, Operation, Run
 from pdfleet.ops.errors import FactError
@@ -106,6 +108,9 @@ class Group(Operation):
     def describe(self) -> str:
         return f"group {self.name}"
 
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (GroupInfo(self.name),)
+
     def plan(self, facts: FactSource) -> list[Change]:
         entry = facts.get(GroupInfo(self.name))
         if entry is None:
@@ -133,6 +138,9 @@ class User(Operation):
 
     def describe(self) -> str:
         return f"user {self.name}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (UserInfo(self.name), GroupInfo(self.group or self.name), UserGroups(self.name))
 
     def plan(self, facts: FactSource) -> list[Change]:
         entry = facts.get(UserInfo(self.name))

@@ -210,3 +210,12 @@ def test_down_then_up_several_times_in_a_row_logs_in_at_once(lab: LabHandle) -> 
             after, sessions_up, sshd_start = out.split("\n")[:3]
             assert "systemd-user-sessions.service" in after.split()
             assert 0 < int(sessions_up) <= int(sshd_start), f"{host.name}: sshd started before logins"
+
+
+def test_login_user_lingers_so_logins_never_wait_for_its_manager(lab: LabHandle) -> None:
+    """The lab user's systemd manager runs from boot and stays: a login never starts or waits for it."""
+    for host in lab.hosts:
+        check = "loginctl show-user ops -p Linger --value; systemctl is-active user@1000.service"
+        rc, out, err = lab.ssh(host, check)
+        assert rc == 0, err
+        assert out.split() == ["yes", "active"], (host.name, out)

@@ -1,4 +1,4 @@
-"""`invoke lab.*` tasks that need no root: lab.env's exports and errors."""
+"""`invoke lab.*` tasks that need no root: lab.env's exports and errors, lab.up's --inventory errors."""
 
 from __future__ import annotations
 
@@ -38,3 +38,13 @@ def test_lab_env_prints_exports_or_says_the_gateway_is_not_provisioned(
     with pytest.raises(Exit):
         cli_lab.env_task(ctx, profile="no-such-profile")
     assert "no-such-profile" in capsys.readouterr().err
+
+
+def test_lab_up_with_an_inventory_that_does_not_exist_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "fleet.yml"
+    with pytest.raises(Exit) as exc:
+        cli_lab.up_task(project_context(), inventory=str(missing))
+    assert exc.value.code != 0
+    err = capsys.readouterr().err
+    assert f"lab inventory {missing} does not exist" in err and "Traceback" not in err

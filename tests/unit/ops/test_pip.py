@@ -1,44 +1,56 @@
-"""venvs: `pip list` on real outputs and this project's venv, PipRequirements plans."""
+"""venvs: the installed-distributions fact on real outputs and this project's venv, PipRequirements plans."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
+from packaging.version import Version
 
 from pdfleet.ops.base import FakeFacts
 from pdfleet.ops.errors import FactError, OperationError
 from pdfleet.ops.gather import HostFacts
-from pdfleet.ops.pip import PipList, PipRequirements, parse_pip_list_json
+from pdfleet.ops.pip import PipList, PipRequirements, canonical_pip_name, parse_metadata_dirs
 from pdfleet.ops.ssh import LocalTransport
 from tests.unit.ops.helpers import commands
 
-PIP_JSON = (
-    '[{"name": "aiohttp", "version": "3.14.5"}, {"name": "nixl", "version": "0.3.1"}, '
-    '{"name": "Jinja2", "version": "3.1.6"}, {"name": "vllm_router", "version": "0.1.17"}, '
-    '{"name": "pdfleet", "version": "0.1.0", "editable_project_location": "/work/main"}]'
-)
+SITE_DIRS = "\n".join([
+    "aiohttp-3.14.5.dist-info",
+    "nixl-0.3.1.dist-info",
+    "Jinja2-3.1.6.dist-info",
+    "vllm_router-0.1.17.dist-info",
+    "pdfleet-0.1.0+h4be40c7a72c0.dist-info",
+    "legacy_thing-2.0-py3.11.egg-info",
+    "develop.egg-info",  # no version: not a distribution pip would list by it
+])
 
 
-def test_pip_list_json() -> None:
-    listed = parse_pip_list_json(PIP_JSON)
+def test_pip_list_from_metadata_dir_names() -> None:
+    listed = parse_metadata_dirs(SITE_DIRS)
     assert listed == {
         "aiohttp": "3.14.5",
         "nixl": "0.3.1",
         "jinja2": "3.1.6",
         "vllm-router": "0.1.17",
-        "pdfleet": "0.1.0",
+        "pdfleet": "0.1.0+h4be40c7a72c0",
+        "legacy-thing": "2.0",
     }
     assert PipList("/opt/v").parse("", 3) is None
     with pytest.raises(FactError):
-        PipList("/opt/v").parse("Traceback", 1)
+        PipList("/opt/v").parse("", 1)
 
 
-def test_pip_list_fact_on_a_real_venv() -> None:
-    """PipList's command works against this project's own venv."""
-    import sys
-
+def test_pip_list_fact_agrees_with_pip_on_a_real_venv() -> None:
+    """PipList's command on this project's own venv finds what `pip list` finds, at the same versions."""
     venv = sys.prefix
     value = HostFacts(LocalTransport()).get(PipList(venv))
     assert value is not None and "pytest" in value
+    argv = [sys.executable, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"]
+    pip = subprocess.run(argv, capture_output=True, text=True, check=True)
+    expected = {canonical_pip_name(r["name"]): Version(r["version"]) for r in json.loads(pip.stdout)}
+    assert {name: Version(v) for name, v in value.items()} == expected
     assert HostFacts(LocalTransport()).get(PipList("/nonexistent/venv")) is None
 
 

@@ -47,6 +47,28 @@ def tree_planner(root: Path):
     return planner
 
 
+class CountingTransport(LocalTransport):
+    """This machine as a host, counting the commands sent to it (the runner's round trips)."""
+
+    sent: dict[str, int] = {}
+
+    def run(self, cmd: str, sudo: bool = False, timeout: float | None = None) -> Output:
+        CountingTransport.sent[self.name] = CountingTransport.sent.get(self.name, 0) + 1
+        return super().run(cmd, sudo, timeout)
+
+
+def test_a_converged_host_costs_one_fact_batch(tmp_path: Path) -> None:
+    """Planning gathers every operation's facts in one remote command; a converged host gets no other."""
+    hosts = [host("h1"), host("h2")]
+    first = run_fleet(hosts, tree_planner(tmp_path), RunOptions(), connect=local)
+    assert first.totals["changed"] == 10
+    CountingTransport.sent = {}
+    second = run_fleet(hosts, tree_planner(tmp_path), RunOptions(),
+                       connect=lambda h, o: CountingTransport(h.name))
+    assert second.totals == {"ok": 10, "changed": 0, "skipped": 2, "failed": 0}
+    assert CountingTransport.sent == {"h1": 1, "h2": 1}
+
+
 def test_apply_then_converged(tmp_path: Path) -> None:
     events: list[tuple[str, str]] = []
     hosts = [host("h1"), host("h2")]
