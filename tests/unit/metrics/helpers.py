@@ -1,0 +1,124 @@
+"""A real Prometheus (Debian's package) on 127.0.0.1 for the tests, and an exporter whose numbers they set."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, start_http_server
+
+from pdfleet.bench.procs import free_port, stop_processes, wait_http
+from pdfleet.fleet.monitoring_config import VLLM_NAME_RELABEL
+from pdfleet.metrics.prometheus import PrometheusClient
+
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
+
+
+def need_prometheus() -> None:
+    """Skip (with how to fix it) when Debian's prometheus package is not installed."""
+    if not (shutil.which(PROMETHEUS) and shutil.which(PROMTOOL)):
+        pytest.skip("prometheus/promtool not installed (./dev setup installs Debian's prometheus package)")
+
+
+@dataclass
+class Exporter:
+    """A prometheus_client registry served on 127.0.0.1:port."""
+
+    registry: CollectorRegistry
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+
+@contextmanager
+def exporter() -> Iterator[Exporter]:
+    """A fresh registry on a free loopback port."""
+    registry = CollectorRegistry()
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        yield Exporter(registry, port)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@dataclass
+class RunningPrometheus:
+    """A Prometheus server the test started, and a client for it."""
+
+    port: int
+    proc: subprocess.Popen[bytes]
+    config: Path
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def client(self) -> PrometheusClient:
+        return PrometheusClient(self.url)
+
+
+def scrape_config(targets: list[tuple[str, Mapping[str, str]]], interval_s: int = 1,
+                  rule_files: list[str] | None = None) -> str:
+    """A minimal prometheus.yml scraping `host:port` targets with their labels (vLLM's names restored
+    as the monitoring role's config does: prometheus_client's OpenMetrics output writes `vllm_`)."""
+    doc = {
+        "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"},
+        "rule_files": rule_files or [],
+        "scrape_configs": [{"job_name": "test", "static_configs": [
+            {"targets": [address], "labels": dict(labels)} for address, labels in targets],
+            "metric_relabel_configs": [VLLM_NAME_RELABEL]}],
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+@contextmanager
+def prometheus(tmp: Path, config_text: str) -> Iterator[RunningPrometheus]:
+    """Run Prometheus on a free loopback port with this config until the block ends."""
+    need_prometheus()
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = tmp / "prometheus.yml"
+    config.write_text(config_text)
+    port = free_port()
+    log = tmp / "prometheus.log"
+    argv = [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc, log=log)
+        yield RunningPrometheus(port, proc, config, log)
+    finally:
+        stop_processes([proc])
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 30.0, what: str = "the condition") -> None:
+    """Poll check() until it is true; fail the test with `what` after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what} did not happen within {timeout:g} s")
+
+
+def samples_seen(client: PrometheusClient, expr: str, at_least: int) -> Callable[[], bool]:
+    """A check: Prometheus holds at least `at_least` scraped samples of expr (a plain selector) in 30 s."""
+    def check() -> bool:
+        found = client.instant(f"count_over_time({expr}[30s])")
+        return bool(found) and min(s.value for s in found) >= at_least
+    return check
