@@ -10,6 +10,7 @@ from tests.lab.helpers import REPO_ROOT, LabHandle
 UNITS = {
     "lab-gw": ("vllm-router-pd.service", "pdfleet-gateway.service"),
     "lab-colo1": ("vllm-colocated.service",),
+    "lab-colo2": ("vllm-colocated.service",),
     "lab-p1": ("vllm-prefill.service",),
     "lab-d1": ("vllm-decode.service",),
 }
