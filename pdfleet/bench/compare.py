@@ -18,7 +18,7 @@ from pdfleet.bench.runner import Gateway, PoolDown, PoolRun, Progress, Schedule,
 from pdfleet.bench.openai_stream import StreamingClient
 from pdfleet.bench.serve_metrics import Bounds, summarize
 from pdfleet.bench.server_side import chain, kv_peak
-from pdfleet.bench.workloads import Item, WorkloadSpec, build
+from pdfleet.bench.workloads import Item, WorkloadSpec, build, check_spec
 from pdfleet.errors import ValidationError
 from pdfleet.metrics.source import MetricsError, MetricsSource
 
@@ -83,6 +83,7 @@ def check_plan(plan: BenchPlan) -> None:
     unknown = [p for p in plan.pools if p not in POOLS]
     if unknown or not plan.pools:
         raise ValidationError(f"--pools {','.join(plan.pools)}: pools are {', '.join(POOLS)}")
+    check_spec(plan.workload)
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,8 @@ def _ranged(rng: random.Random, length: int, ratio: float) -> int:
     return rng.randint(lo, hi)
 
 
-def _check(spec: WorkloadSpec) -> None:
+def check_spec(spec: WorkloadSpec) -> None:
+    """Options that make no workload, and a dataset that cannot be read (a ValidationError names it)."""
     if spec.name not in WORKLOADS:
         raise ValidationError(f"--workload {spec.name!r}: not a workload; choose one of {', '.join(WORKLOADS)}")
     if spec.input_len < 1 or spec.output_len < 1:
@@ -82,11 +83,13 @@ def _check(spec: WorkloadSpec) -> None:
     if spec.name in ("sharegpt", "trace") and not spec.dataset:
         raise ValidationError(f"--workload {spec.name} needs --dataset PATH (a "
                               f"{'ShareGPT JSON' if spec.name == 'sharegpt' else 'Mooncake trace JSONL'} file)")
+    if spec.name in ("sharegpt", "trace") and not Path(str(spec.dataset)).expanduser().is_file():
+        raise ValidationError(f"--dataset {spec.dataset}: cannot read the file (not found)")
 
 
 def build(spec: WorkloadSpec, n: int, seed: int) -> list[Item]:
     """`n` requests of the workload, the same for the same seed (a ValidationError names a bad option)."""
-    _check(spec)
+    check_spec(spec)
     rng = random.Random(seed)
     if spec.name == "random":
         return [_item(i, _ranged(rng, spec.input_len, spec.range_ratio),

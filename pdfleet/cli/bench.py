@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pdfleet.bench.compare import POOLS, BenchPlan, BenchResult, run_compare
+from pdfleet.bench.compare import POOLS, BenchPlan, BenchResult, check_plan, run_compare
 from pdfleet.bench.compare_report import HEADLINE, headline_rows, write_all
 from pdfleet.bench.fleet_targets import gateway_of, metrics_source, pool_targets, pools_of, read_client_key
 from pdfleet.bench.serve_metrics import Bounds
@@ -100,13 +100,15 @@ def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan
         raise ValidationError(f"--pools: profile {profile.name} has no {', '.join(missing)} pool behind its gateway "
                               f"(it has: {', '.join(have) or 'none'})")
     scale = profile.vllm.sim.time_scale if profile.vllm.engine == "sim" else 1.0
-    return BenchPlan(workload, seed=_number(opts["seed"], int, "seed") or 0, rate=rate,
+    plan = BenchPlan(workload, seed=_number(opts["seed"], int, "seed") or 0, rate=rate,
                      burstiness=_number(opts["burstiness"], float, "burstiness") or 1.0, concurrency=conc,
                      duration_s=duration, num_prompts=num, pools=pools,
                      warmup=_number(opts["warmup"], int, "warmup") if opts["warmup"] is not None else 4,
                      time_scale=scale, long_prompt_tokens=profile.gateway.long_prompt_tokens,
                      bounds=Bounds(slo.ttft_p99_ms, slo.tpot_p99_ms, slo.stall_ms),
                      attainment_pct=slo.attainment_pct, sweep=bool(opts["sweep"]))
+    check_plan(plan)  # before anything is contacted or written
+    return plan
 
 
 def thresholds_of(deployment: Deployment) -> Thresholds:

@@ -83,5 +83,5 @@ def test_bad_options_and_files_are_clear_errors(tmp_path: Path, spec: WorkloadSp
 
 
 def test_a_missing_dataset_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match=f"--dataset {tmp_path / 'nope.jsonl'}: cannot read"):
+    with pytest.raises(ValidationError, match=f"--dataset {tmp_path / 'nope.jsonl'}: cannot read the file"):
         build(WorkloadSpec("trace", dataset=str(tmp_path / "nope.jsonl")), 3, 0)
