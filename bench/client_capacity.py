@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How many concurrent streams `invoke bench`'s client (pdfleet.bench.openai_stream) keeps on schedule on one core.
+"""How many concurrent streams the bench client (pdfleet.bench.openai_stream) keeps on time on one core.
 
 For each N: a `pdfleet-sim serve` pinned to one core, this client pinned to another. N long streams start
 over --ramp seconds (scheduled starts), then for --hold seconds short probe requests keep arriving at
@@ -40,8 +40,9 @@ def items(n: int, probes: int, max_tokens: int) -> list[Item]:
     import random
 
     rng = random.Random(0)
-    return ([Item(i, words(16, rng), 16, max_tokens) for i in range(n)] +
-            [Item(n + i, words(16, rng), 16, 2) for i in range(probes)])
+    return [Item(i, words(16, rng), 16, max_tokens) for i in range(n)] + [
+        Item(n + i, words(16, rng), 16, 2) for i in range(probes)
+    ]
 
 
 async def measure(port: int, n: int, ramp: float, hold: float, probe_rate: float, max_tokens: int) -> dict:
@@ -50,8 +51,11 @@ async def measure(port: int, n: int, ramp: float, hold: float, probe_rate: float
     starts = [ramp * i / n for i in range(n)] + [ramp + i / probe_rate for i in range(probes)]
     stop = asyncio.Event()
     gw = Gateway("127.0.0.1", port, None, SIM_MODEL)
-    task = asyncio.create_task(run_pool(gw, "colocated", items(n, probes, max_tokens),
-                                        Schedule(starts=starts, drain_s=0.0), 8192, stop))
+    task = asyncio.create_task(
+        run_pool(
+            gw, "colocated", items(n, probes, max_tokens), Schedule(starts=starts, drain_s=0.0), 8192, stop
+        )
+    )
     await asyncio.sleep(ramp)
     cpu0 = own_cpu_seconds()
     loop = asyncio.get_running_loop()
@@ -66,10 +70,16 @@ async def measure(port: int, n: int, ramp: float, hold: float, probe_rate: float
     late = sorted(run.lateness)
     lag = sorted(run.loop_lag)
     streaming = sum(1 for r in in_hold if r.chunks and r.chunks[-1] >= run.t0 + ramp + hold * 0.9)
-    return {"streams": n, "streaming_at_end": streaming, "events_per_s": events / hold,
-            "late_p99_ms": 1000 * quantile(late, 0.99), "late_max_ms": 1000 * late[-1] if late else float("nan"),
-            "lag_p99_ms": 1000 * quantile(lag, 0.99), "client_cpu_pct": 100 * cpu / elapsed,
-            "failed": sum(1 for r in run.records if r.error and not r.cancelled)}
+    return {
+        "streams": n,
+        "streaming_at_end": streaming,
+        "events_per_s": events / hold,
+        "late_p99_ms": 1000 * quantile(late, 0.99),
+        "late_max_ms": 1000 * late[-1] if late else float("nan"),
+        "lag_p99_ms": 1000 * quantile(lag, 0.99),
+        "client_cpu_pct": 100 * cpu / elapsed,
+        "failed": sum(1 for r in run.records if r.error and not r.cancelled),
+    }
 
 
 def main() -> int:
@@ -82,9 +92,13 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--sim-cpu", type=int, default=1)
-    ap.add_argument("--nice", type=int, default=-10,
-                    help="the client's nice value (root only; default -10): on a shared machine other processes "
-                         "would otherwise show up as the client's lateness; it still uses only what it needs")
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=-10,
+        help="the client's nice value (root only; default -10): on a shared machine other processes "
+        "would otherwise show up as the client's lateness; it still uses only what it needs",
+    )
     args = ap.parse_args()
     os.sched_setaffinity(0, {args.client_cpu})
     if args.nice and os.geteuid() == 0:
@@ -92,13 +106,24 @@ def main() -> int:
     print(f"client on CPU {args.client_cpu}, simulator on CPU {args.sim_cpu}, time scale {args.time_scale:g}")
     print("streams  streaming  events/s  late P99 ms  late max ms  loop lag P99 ms  client CPU %  failed  ok")
     for n in (int(x) for x in args.streams.split(",")):
-        sim_args = [SIM_MODEL, "--sim-gpu", "H200", "--max-num-seqs", str(max(256, 2 * n)), "--disable-log-stats",
-                    "--sim-time-scale", str(args.time_scale)]
+        sim_args = [
+            SIM_MODEL,
+            "--sim-gpu",
+            "H200",
+            "--max-num-seqs",
+            str(max(256, 2 * n)),
+            "--disable-log-stats",
+            "--sim-time-scale",
+            str(args.time_scale),
+        ]
         with SimProcess(sim_args, cpu=args.sim_cpu) as sim:
             r = run(measure(sim.port, n, args.ramp, args.hold, args.probe_rate, args.max_tokens))
         ok = "yes" if r["late_p99_ms"] < TARGET_MS else "no"
-        print(f"{r['streams']:7d}  {r['streaming_at_end']:9d}  {r['events_per_s']:8.0f}  {r['late_p99_ms']:11.2f}  "
-              f"{r['late_max_ms']:11.2f}  {r['lag_p99_ms']:15.2f}  {r['client_cpu_pct']:12.0f}  {r['failed']:6d}  {ok}")
+        print(
+            f"{r['streams']:7d}  {r['streaming_at_end']:9d}  {r['events_per_s']:8.0f}  "
+            f"{r['late_p99_ms']:11.2f}  {r['late_max_ms']:11.2f}  {r['lag_p99_ms']:15.2f}  "
+            f"{r['client_cpu_pct']:12.0f}  {r['failed']:6d}  {ok}"
+        )
     return 0
 
 

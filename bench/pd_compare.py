@@ -33,18 +33,29 @@ def main() -> int:
     ap.add_argument("--long-share", type=float, default=0.1)
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--colocated-budget", type=int, default=2048,
-                    help="max-num-batched-tokens of the colocated simulators (lab-cross: 2048)")
+    ap.add_argument(
+        "--colocated-budget",
+        type=int,
+        default=2048,
+        help="max-num-batched-tokens of the colocated simulators (lab-cross: 2048)",
+    )
     ap.add_argument("--out", default="out/pd-compare")
     args = ap.parse_args()
-    plan = BenchPlan(WorkloadSpec(args.workload, input_len=512, output_len=256, long_share=args.long_share),
-                     seed=args.seed, rate=args.rate, duration_s=args.duration, time_scale=args.time_scale,
-                     bounds=Bounds(3000.0, 60.0, 500.0))
+    plan = BenchPlan(
+        WorkloadSpec(args.workload, input_len=512, output_len=256, long_share=args.long_share),
+        seed=args.seed,
+        rate=args.rate,
+        duration_s=args.duration,
+        time_scale=args.time_scale,
+        bounds=Bounds(3000.0, 60.0, 500.0),
+    )
     thresholds = Thresholds(3000.0, 60.0, 500.0, 100.0)
     sim_args = ["--sim-time-scale", str(args.time_scale)]
     with LocalFleet(colocated=2, sim_args=sim_args, colocated_budget=args.colocated_budget) as fleet:
-        targets = {p: PoolTarget(p, fleet.gpus(p), DirectScrape(fleet.targets(p)), DirectScrape(fleet.targets(p)))
-                   for p in ("colocated", "disagg")}
+        targets = {
+            p: PoolTarget(p, fleet.gpus(p), DirectScrape(fleet.targets(p)), DirectScrape(fleet.targets(p)))
+            for p in ("colocated", "disagg")
+        }
         result = asyncio.run(run_compare(plan, fleet.gateway, targets, asyncio.Event()))
     doc, verdict = write_all(Path(args.out), result, fleet.gateway.model, "local (loopback)", thresholds)
     print("\n".join(markdown_table(HEADLINE, headline_rows(doc))))

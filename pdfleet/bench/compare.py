@@ -9,13 +9,14 @@ server side over its run window, and keeps going when a pool is down (its error 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pdfleet.bench.arrivals import gamma_starts
-from pdfleet.bench.runner import Gateway, PoolDown, PoolRun, Progress, Schedule, run_pool, warm_up
 from pdfleet.bench.openai_stream import StreamingClient
+from pdfleet.bench.runner import Gateway, PoolDown, PoolRun, Progress, Schedule, run_pool, warm_up
 from pdfleet.bench.serve_metrics import Bounds, summarize
 from pdfleet.bench.server_side import chain, kv_peak
 from pdfleet.bench.workloads import Item, WorkloadSpec, build, check_spec
@@ -122,14 +123,19 @@ def _scrape_start(source: MetricsSource | None) -> None:
     """A direct scrape needs a baseline at the window's start; Prometheus keeps its own history."""
     scrape = getattr(source, "scrape", None)
     if callable(scrape):
-        try:
+        with contextlib.suppress(MetricsError):  # the figures will then say the source is unavailable
             scrape()
-        except MetricsError:
-            pass  # the figures will say the source is unavailable
 
 
-async def run_one(plan: BenchPlan, gw: Gateway, target: PoolTarget, items: Sequence[Item],
-                  schedule: Schedule, stop: asyncio.Event, progress: Progress | None) -> PoolResult:
+async def run_one(
+    plan: BenchPlan,
+    gw: Gateway,
+    target: PoolTarget,
+    items: Sequence[Item],
+    schedule: Schedule,
+    stop: asyncio.Event,
+    progress: Progress | None,
+) -> PoolResult:
     """Warm up, run and read one pool; a pool that is down becomes a result with its error."""
     result = PoolResult(target)
     client = StreamingClient(gw.host, gw.port)
@@ -144,10 +150,13 @@ async def run_one(plan: BenchPlan, gw: Gateway, target: PoolTarget, items: Seque
     kv_source = target.kv_metrics or target.metrics
     background = None
     if kv_source is not None:
+
         def background(ev: asyncio.Event, src: MetricsSource = kv_source) -> object:
             return kv_peak(src, target.name, ev)
-    run = await run_pool(gw, target.name, items, schedule, plan.long_prompt_tokens, stop, progress,
-                         background)  # type: ignore[arg-type]
+
+    run = await run_pool(
+        gw, target.name, items, schedule, plan.long_prompt_tokens, stop, progress, background
+    )  # type: ignore[arg-type]
     result.run, result.kv_peak = run, run.samples
     if target.metrics is not None:
         window = max(1.0, run.wall_s)
@@ -155,8 +164,13 @@ async def run_one(plan: BenchPlan, gw: Gateway, target: PoolTarget, items: Seque
     return result
 
 
-async def run_compare(plan: BenchPlan, gw: Gateway, targets: dict[str, PoolTarget], stop: asyncio.Event,
-                      progress: Callable[[str], Progress | None] | None = None) -> BenchResult:
+async def run_compare(
+    plan: BenchPlan,
+    gw: Gateway,
+    targets: dict[str, PoolTarget],
+    stop: asyncio.Event,
+    progress: Callable[[str], Progress | None] | None = None,
+) -> BenchResult:
     """Each pool of the plan in turn, the same items and schedule; stops early (partial) on `stop`."""
     check_plan(plan)
     items = build(plan.workload, plan.request_count(), plan.seed)
@@ -165,7 +179,9 @@ async def run_compare(plan: BenchPlan, gw: Gateway, targets: dict[str, PoolTarge
     for name in plan.pools:
         if stop.is_set():
             break
-        res = await run_one(plan, gw, targets[name], items, schedule, stop, progress(name) if progress else None)
+        res = await run_one(
+            plan, gw, targets[name], items, schedule, stop, progress(name) if progress else None
+        )
         if plan.sweep and res.run is not None and not stop.is_set():
             res.sweep = await sweep(plan, gw, targets[name], stop, None)
         out.pools[name] = res
@@ -178,8 +194,14 @@ def attainment(run: PoolRun, plan: BenchPlan) -> float:
     return float(summarize(run.records, run.wall_s, plan.bounds, plan.time_scale)["slo_attainment_pct"])
 
 
-async def sweep(plan: BenchPlan, gw: Gateway, target: PoolTarget, stop: asyncio.Event,
-                progress: Progress | None = None, steps: int = 6) -> list[dict[str, float]]:
+async def sweep(
+    plan: BenchPlan,
+    gw: Gateway,
+    target: PoolTarget,
+    stop: asyncio.Event,
+    progress: Progress | None = None,
+    steps: int = 6,
+) -> list[dict[str, float]]:
     """The largest rate meeting the attainment target, as DistServe measures goodput: double the rate from
     `plan.rate` until attainment drops below the target, then bisect between the last good and first bad.
 
@@ -199,10 +221,16 @@ async def sweep(plan: BenchPlan, gw: Gateway, target: PoolTarget, stop: asyncio.
             break
         s = summarize(res.run.records, res.run.wall_s, p.bounds, p.time_scale)
         ok = float(s["slo_attainment_pct"]) >= plan.attainment_pct
-        rows.append({"rate": rate, "rate_per_gpu": rate / max(1, target.gpus),
-                     "slo_attainment_pct": float(s["slo_attainment_pct"]),
-                     "p95_ttft_ms": float(s["p95_ttft_ms"]), "p95_tpot_ms": float(s["p95_tpot_ms"]),
-                     "met": 1.0 if ok else 0.0})
+        rows.append(
+            {
+                "rate": rate,
+                "rate_per_gpu": rate / max(1, target.gpus),
+                "slo_attainment_pct": float(s["slo_attainment_pct"]),
+                "p95_ttft_ms": float(s["p95_ttft_ms"]),
+                "p95_tpot_ms": float(s["p95_tpot_ms"]),
+                "met": 1.0 if ok else 0.0,
+            }
+        )
         if ok:
             lo = rate
         else:

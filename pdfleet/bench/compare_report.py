@@ -41,12 +41,31 @@ def headline_rows(doc: dict[str, Any]) -> list[list[str]]:
             rows.append([pool, "all", "-", "-", "down", "-", "-", "-"])
             continue
         for cls, c in [*s["pdfleet"]["classes"].items(), ("all", s)]:
-            rows.append([pool, cls, fmt(c["completed"] + c["failed"]), fmt(c["failed"]), fmt(c["p95_ttft_ms"], 0),
-                         fmt(c["p99_itl_ms"]), fmt(c["stalls_per_100_streams"]), fmt(c["p95_tpot_ms"])])
+            rows.append(
+                [
+                    pool,
+                    cls,
+                    fmt(c["completed"] + c["failed"]),
+                    fmt(c["failed"]),
+                    fmt(c["p95_ttft_ms"], 0),
+                    fmt(c["p99_itl_ms"]),
+                    fmt(c["stalls_per_100_streams"]),
+                    fmt(c["p95_tpot_ms"]),
+                ]
+            )
     return rows
 
 
-HEADLINE = ["pool", "class", "requests", "failed", "TTFT P95 ms", "ITL P99 ms", "stalls/100 streams", "TPOT P95 ms"]
+HEADLINE = [
+    "pool",
+    "class",
+    "requests",
+    "failed",
+    "TTFT P95 ms",
+    "ITL P99 ms",
+    "stalls/100 streams",
+    "TPOT P95 ms",
+]
 
 
 def fair_rows(doc: dict[str, Any]) -> list[list[str]]:
@@ -58,9 +77,17 @@ def fair_rows(doc: dict[str, Any]) -> list[list[str]]:
             continue
         g, gpus = s["pdfleet"]["per_gpu"], s["pdfleet"]["gpus"]
         best = s["pdfleet"].get("max_rate_meeting_slo")
-        rows.append([pool, fmt(gpus), fmt(s["request_throughput"], 2), fmt(g["request_throughput_per_gpu"], 2),
-                     fmt(g["request_goodput_per_gpu"], 2), fmt(s["slo_attainment_pct"]),
-                     "-" if best is None else f"{best:g} ({best / max(1, gpus):g}/GPU)"])
+        rows.append(
+            [
+                pool,
+                fmt(gpus),
+                fmt(s["request_throughput"], 2),
+                fmt(g["request_throughput_per_gpu"], 2),
+                fmt(g["request_goodput_per_gpu"], 2),
+                fmt(s["slo_attainment_pct"]),
+                "-" if best is None else f"{best:g} ({best / max(1, gpus):g}/GPU)",
+            ]
+        )
     return rows
 
 
@@ -102,8 +129,10 @@ def _pair(p95: Any, p99: Any, stage: str) -> str:
     return "n/a"
 
 
-BUCKET_NOTE = ("queue, prefill and decode come from vLLM's request-time histograms, whose first bucket ends "
-               "at 300 ms: '<300' is all they can say below it; KV transfer buckets start at 1 ms")
+BUCKET_NOTE = (
+    "queue, prefill and decode come from vLLM's request-time histograms, whose first bucket ends "
+    "at 300 ms: '<300' is all they can say below it; KV transfer buckets start at 1 ms"
+)
 SERVER = ["pool", "role", "queue P95/P99 ms", "prefill", "KV transfer", "decode", "preemptions", "peak KV"]
 
 
@@ -126,8 +155,11 @@ def client_notes(doc: dict[str, Any]) -> list[str]:
             continue
         c = s["pdfleet"]["client"]
         late = c.get("p99_schedule_lateness_ms")
-        line = (f"{pool}: schedule lateness P99 {fmt(late, 2)} ms (max {fmt(c.get('max_schedule_lateness_ms'), 1)}"
-                f" ms), event-loop lag P99 {fmt(c.get('p99_loop_lag_ms'), 2)} ms")
+        line = (
+            f"{pool}: schedule lateness P99 {fmt(late, 2)} ms "
+            f"(max {fmt(c.get('max_schedule_lateness_ms'), 1)}"
+            f" ms), event-loop lag P99 {fmt(c.get('p99_loop_lag_ms'), 2)} ms"
+        )
         if isinstance(late, int | float) and late > LATE_MS:
             line += f" -- THE CLIENT WAS LATE (P99 > {LATE_MS:g} ms): offered load was lower than asked"
         out.append(line)
@@ -137,7 +169,11 @@ def client_notes(doc: dict[str, Any]) -> list[str]:
 def interference_note(doc: dict[str, Any]) -> str | None:
     """What the long prompts did to the short streams: colocated against P/D ITL P99 and stalls."""
     pools = doc["pools"]
-    if "colocated" not in pools or "disagg" not in pools or any("error" in pools[p] for p in ("colocated", "disagg")):
+    if (
+        "colocated" not in pools
+        or "disagg" not in pools
+        or any("error" in pools[p] for p in ("colocated", "disagg"))
+    ):
         return None
     c, d = pools["colocated"]["pdfleet"]["classes"], pools["disagg"]["pdfleet"]["classes"]
     if "short" not in c or "short" not in d:
@@ -147,10 +183,14 @@ def interference_note(doc: dict[str, Any]) -> str | None:
     if not all(isinstance(v, int | float) for v in (ci, di, cs, ds)):
         return None
     if ci > di and cs >= ds:
-        return (f"Long-prompt interference shows on the colocated pool: short streams' ITL P99 {ci:.0f} ms vs "
-                f"{di:.0f} ms on P/D, stalls per 100 streams {cs:.1f} vs {ds:.1f}.")
-    return (f"No long-prompt interference on the colocated pool at this load: short streams' ITL P99 {ci:.0f} ms "
-            f"vs {di:.0f} ms on P/D, stalls per 100 streams {cs:.1f} vs {ds:.1f}.")
+        return (
+            f"Long-prompt interference shows on the colocated pool: short streams' ITL P99 {ci:.0f} ms vs "
+            f"{di:.0f} ms on P/D, stalls per 100 streams {cs:.1f} vs {ds:.1f}."
+        )
+    return (
+        f"No long-prompt interference on the colocated pool at this load: short streams' ITL P99 {ci:.0f} ms "
+        f"vs {di:.0f} ms on P/D, stalls per 100 streams {cs:.1f} vs {ds:.1f}."
+    )
 
 
 def error_lines(doc: dict[str, Any]) -> list[str]:
@@ -186,7 +226,11 @@ def markdown(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> st
     lines += [note, ""] if note else []
     lines += ["## Verdict", "", *verdict_lines(verdict), ""]
     lines += ["## Fair comparison (per GPU)", "", *markdown_table(FAIR, fair_rows(doc)), ""]
-    lines += ["## Server side (run window, via the metrics source)", "", *markdown_table(SERVER, server_rows(doc))]
+    lines += [
+        "## Server side (run window, via the metrics source)",
+        "",
+        *markdown_table(SERVER, server_rows(doc)),
+    ]
     lines += ["", *[f"- {n}" for n in server_notes(doc)], f"- {BUCKET_NOTE}", ""]
     lines += ["## Client", "", *[f"- {n}" for n in client_notes(doc)], ""]
     errs = error_lines(doc)
@@ -222,10 +266,14 @@ def html_page(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> s
     for p in plots:
         data = base64.b64encode(p.read_bytes()).decode()
         parts.append(f'<p><img alt="{esc(p.stem)}" src="data:image/png;base64,{data}"></p>')
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>{style}</style>"
-            f"</head><body>{''.join(parts)}</body></html>\n")
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>{style}</style>"
+        f"</head><body>{''.join(parts)}</body></html>\n"
+    )
 
 
 def write_report(out_dir: Path, doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> None:
@@ -234,7 +282,9 @@ def write_report(out_dir: Path, doc: dict[str, Any], verdict: Verdict, plots: Se
     (out_dir / "report.html").write_text(html_page(doc, verdict, plots), encoding="utf-8")
 
 
-def write_all(out_dir: Path, result: Any, model: str, profile: str, thresholds: Any) -> tuple[dict[str, Any], Verdict]:
+def write_all(
+    out_dir: Path, result: Any, model: str, profile: str, thresholds: Any
+) -> tuple[dict[str, Any], Verdict]:
     """Every output of a bench into out_dir: results, per-request lines, plots, report.md and report.html."""
     from pdfleet.bench.plots import all_plots  # matplotlib only when writing a report
     from pdfleet.bench.results import write_results

@@ -25,14 +25,19 @@ def read_client_key(path: str) -> str:
     """The gateway client key from its file on the control machine; never created here, never echoed."""
     file = Path(path).expanduser()
     if not file.exists():
-        raise ValidationError(f"no gateway client key at {file}: provision the gateway first "
-                              "(invoke provision --profile P)")
+        raise ValidationError(
+            f"no gateway client key at {file}: provision the gateway first (invoke provision --profile P)"
+        )
     if stat.S_IMODE(file.stat().st_mode) & 0o077:
-        raise ValidationError(f"{file}: a key file must be readable by its owner only; run `chmod 600 {file}`")
+        raise ValidationError(
+            f"{file}: a key file must be readable by its owner only; run `chmod 600 {file}`"
+        )
     try:
         key = file.read_text().strip()
     except PermissionError:
-        raise ValidationError(f"{file} is not readable by this user (the lab's keys are root's: use sudo)") from None
+        raise ValidationError(
+            f"{file} is not readable by this user (the lab's keys are root's: use sudo)"
+        ) from None
     if not key:
         raise ValidationError(f"{file}: the key file is empty")
     return key
@@ -42,7 +47,9 @@ def gateway_of(profile: Profile, topology: Topology, key: str) -> Gateway:
     """The first gateway of the topology, with the model alias clients use (an error when there is none)."""
     if not topology.gateways:
         why = topology.no_gateway_reason or "the inventory has no host in group gateway"
-        raise ValidationError(f"profile {profile.name}: bench sends through the gateway, and there is none: {why}")
+        raise ValidationError(
+            f"profile {profile.name}: bench sends through the gateway, and there is none: {why}"
+        )
     gw = topology.gateways[0]
     return Gateway(gw.address, gw.port, key, profile.gateway.model_alias or profile.model.id)
 
@@ -62,11 +69,14 @@ def gpu_count(topology: Topology, pool: str) -> int:
 
 def direct_targets(topology: Topology) -> list[Target]:
     """Every vLLM (and router) metrics endpoint with its pool/role/host labels."""
-    return [Target(e.url, dict(e.labels)) for e in topology.metrics_endpoints if e.job in ("vllm", "vllm-router")]
+    return [
+        Target(e.url, dict(e.labels)) for e in topology.metrics_endpoints if e.job in ("vllm", "vllm-router")
+    ]
 
 
-def metrics_source(inventory: Inventory, topology: Topology,
-                   note: Callable[[str], None]) -> tuple[MetricsSource, MetricsSource, str]:
+def metrics_source(
+    inventory: Inventory, topology: Topology, note: Callable[[str], None]
+) -> tuple[MetricsSource, MetricsSource, str]:
     """(source for windowed figures, source for KV sampling, what it is): Prometheus on the monitoring host
     when it answers, else direct scrapes of the topology's endpoints (a fresh one for sampling, so that its
     scrapes never become the window's baseline)."""
@@ -81,7 +91,8 @@ def metrics_source(inventory: Inventory, topology: Topology,
     return DirectScrape(targets), DirectScrape(targets), f"direct scrape of {len(targets)} endpoint(s)"
 
 
-def pool_targets(topology: Topology, pools: tuple[str, ...], source: MetricsSource,
-                 kv_source: MetricsSource) -> dict[str, PoolTarget]:
+def pool_targets(
+    topology: Topology, pools: tuple[str, ...], source: MetricsSource, kv_source: MetricsSource
+) -> dict[str, PoolTarget]:
     """PoolTarget per pool asked for."""
     return {p: PoolTarget(p, gpu_count(topology, p), source, kv_source) for p in pools}

@@ -46,8 +46,15 @@ log_requests: false
 class LocalFleet:
     """Start everything on enter (stopping what started if a later part fails), stop it all on exit."""
 
-    def __init__(self, colocated: int = 2, sim_args: Sequence[str] = (), with_disagg: bool = True,
-                 link: str = "roce-400g", long_tokens: int = 8192, colocated_budget: int = 2048) -> None:
+    def __init__(
+        self,
+        colocated: int = 2,
+        sim_args: Sequence[str] = (),
+        with_disagg: bool = True,
+        link: str = "roce-400g",
+        long_tokens: int = 8192,
+        colocated_budget: int = 2048,
+    ) -> None:
         self.n_colo, self.sim_args, self.with_disagg = colocated, list(sim_args), with_disagg
         self.link, self.long_tokens, self.budget = link, long_tokens, colocated_budget
         self.stack = contextlib.ExitStack()
@@ -69,12 +76,23 @@ class LocalFleet:
             self.colo = [self._sim(budget) for _ in range(self.n_colo)]
             if self.with_disagg:
                 side = free_port()
-                self.prefill = self._sim(["--max-num-batched-tokens", "8192", "--kv-transfer-config",
-                                          KV % "kv_producer"],
-                                         env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                                              "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)})
-                self.decode = self._sim(["--max-num-batched-tokens", "2048", "--sim-link", self.link,
-                                         "--kv-transfer-config", KV % "kv_consumer"])
+                self.prefill = self._sim(
+                    ["--max-num-batched-tokens", "8192", "--kv-transfer-config", KV % "kv_producer"],
+                    env={
+                        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side),
+                    },
+                )
+                self.decode = self._sim(
+                    [
+                        "--max-num-batched-tokens",
+                        "2048",
+                        "--sim-link",
+                        self.link,
+                        "--kv-transfer-config",
+                        KV % "kv_consumer",
+                    ]
+                )
                 self.router = self.stack.enter_context(RouterProcess([self.prefill.url], [self.decode.url]))
             self._start_gateway()
         except BaseException:
@@ -90,13 +108,23 @@ class LocalFleet:
         colocated = ", ".join(f'"{s.url}"' for s in self.colo)
         disagg = f'    disagg: "{self.router.url}"\n' if self.router else ""
         policy = self.tmp / "policy.yaml"
-        policy.write_text(POLICY.format(port=port, keys=keys, model=SIM_MODEL, colocated=colocated,
-                                        disagg=disagg, long_tokens=self.long_tokens))
+        policy.write_text(
+            POLICY.format(
+                port=port,
+                keys=keys,
+                model=SIM_MODEL,
+                colocated=colocated,
+                disagg=disagg,
+                long_tokens=self.long_tokens,
+            )
+        )
         log = (self.tmp / "gateway.log").open("wb")
         self.stack.callback(log.close)
         self.gateway_proc = subprocess.Popen(
             [sys.executable, "-m", "pdfleet.gateway.cli", "--config", str(policy), "--log-level", "WARNING"],
-            stdout=log, stderr=subprocess.STDOUT)
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         self.stack.callback(self._stop_gateway)
         wait_http(f"http://127.0.0.1:{port}/health", 30, self.gateway_proc, self.tmp / "gateway.log")
         self.gateway = Gateway("127.0.0.1", port, KEY, SIM_MODEL)
@@ -111,7 +139,9 @@ class LocalFleet:
                 proc.kill()
                 proc.wait(5)
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stack.close()
 
     def gpus(self, pool: str) -> int:
@@ -121,8 +151,10 @@ class LocalFleet:
     def targets(self, pool: str) -> list[Target]:
         """The metrics endpoints of a pool's instances, labelled as the topology labels them."""
         if pool == "colocated":
-            return [Target(s.url + "/metrics", {"pool": "colocated", "role": "colocated", "host": f"colo{i + 1}"})
-                    for i, s in enumerate(self.colo)]
+            return [
+                Target(s.url + "/metrics", {"pool": "colocated", "role": "colocated", "host": f"colo{i + 1}"})
+                for i, s in enumerate(self.colo)
+            ]
         out = []
         for role, sim in (("prefill", self.prefill), ("decode", self.decode)):
             if sim is not None:

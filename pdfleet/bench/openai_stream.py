@@ -42,7 +42,9 @@ class Record:
     output_tokens: int | None = None  # usage.completion_tokens
     status: int = 0
     error: str = ""
-    cancelled: bool = False  # stopped by the operator (Ctrl-C) or abandoned after the drain: not the server's fault
+    cancelled: bool = (
+        False  # stopped by the operator (Ctrl-C) or abandoned after the drain: not the server's fault
+    )
 
     @property
     def success(self) -> bool:
@@ -55,11 +57,18 @@ class Record:
         return self.chunks[-1] - self.start if self.chunks else NAN
 
 
-def completion_request(host: str, port: int, key: str | None, pool: str | None, body: dict[str, Any]) -> bytes:
+def completion_request(
+    host: str, port: int, key: str | None, pool: str | None, body: dict[str, Any]
+) -> bytes:
     """A streaming /v1/completions POST (keep-alive); `pool` goes in X-Pdfleet-Pool for the gateway."""
     payload = json.dumps(body).encode()
-    head = [f"POST /v1/completions HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json",
-            "Accept: text/event-stream", f"Content-Length: {len(payload)}"]
+    head = [
+        "POST /v1/completions HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Content-Type: application/json",
+        "Accept: text/event-stream",
+        f"Content-Length: {len(payload)}",
+    ]
     if key:
         head.append(f"Authorization: Bearer {key}")
     if pool:
@@ -69,8 +78,14 @@ def completion_request(host: str, port: int, key: str | None, pool: str | None, 
 
 def completion_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     """What `vllm bench serve` sends for the random dataset: exact output length, usage in the stream."""
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 def _content(event: dict[str, Any]) -> bool:
@@ -249,8 +264,11 @@ class _Conn(asyncio.Protocol):
             rec = self.rec
             self.stale = not self.got
             if not rec.error:
-                rec.error = ("the connection closed before an answer" if not self.got else
-                             f"the connection closed mid-stream after {len(rec.chunks)} token event(s)")
+                rec.error = (
+                    "the connection closed before an answer"
+                    if not self.got
+                    else f"the connection closed mid-stream after {len(rec.chunks)} token event(s)"
+                )
             self._end()
 
 

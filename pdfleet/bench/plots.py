@@ -45,8 +45,11 @@ def cdfs(result: BenchResult, out: Path) -> list[Path]:
                 continue
             for cls in ("short", "long"):
                 done = [r for r in res.run.records if r.success and r.length_class == cls]
-                xs = ([1000 * r.ttft / s for r in done] if metric == "ttft"
-                      else [1000 * g for r in done for g in gaps(r, s)])
+                xs = (
+                    [1000 * r.ttft / s for r in done]
+                    if metric == "ttft"
+                    else [1000 * g for r in done for g in gaps(r, s)]
+                )
                 _cdf(ax, xs, f"{pool} {cls}", COLORS.get(pool, "gray"), STYLES[cls])
         ax.set_xlabel(f"{metric.upper()} (ms)")
         ax.set_ylabel("share of " + ("requests" if metric == "ttft" else "gaps"))
@@ -67,8 +70,9 @@ def timeline(result: BenchResult, out: Path, window_s: float = 20.0) -> Path:
     runs = [(p, r.run) for p, r in result.pools.items() if r.run is not None]
     fig, axes = plt.subplots(len(runs) or 1, 1, figsize=(8, 2.6 * max(1, len(runs))), squeeze=False)
     for ax, (pool, run) in zip(axes[:, 0], runs, strict=False):
-        longs = sorted((r.start - run.t0) / s for r in run.records if r.length_class == "long" and
-                       math.isfinite(r.start))
+        longs = sorted(
+            (r.start - run.t0) / s for r in run.records if r.length_class == "long" and math.isfinite(r.start)
+        )
         first = longs[0] if longs else 0.0
         lo, hi = max(0.0, first - window_s / 4), first + window_s * 3 / 4
         xs, ys = [], []
@@ -96,8 +100,11 @@ def timeline(result: BenchResult, out: Path, window_s: float = 20.0) -> Path:
 
 def class_bars(summaries: dict[str, dict[str, Any]], out: Path) -> Path:
     """class_bars.png: TTFT P95, ITL P99 and stalls per 100 streams per pool and length class."""
-    panels = (("p95_ttft_ms", "TTFT P95 (ms)"), ("p99_itl_ms", "ITL P99 (ms)"),
-              ("stalls_per_100_streams", "stalls / 100 streams"))
+    panels = (
+        ("p95_ttft_ms", "TTFT P95 (ms)"),
+        ("p99_itl_ms", "ITL P99 (ms)"),
+        ("stalls_per_100_streams", "stalls / 100 streams"),
+    )
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
     pools = [p for p, s in summaries.items() if "error" not in s]
     for ax, (key, title) in zip(axes, panels, strict=False):
@@ -105,8 +112,12 @@ def class_bars(summaries: dict[str, dict[str, Any]], out: Path) -> Path:
             for j, pool in enumerate(pools):
                 v = summaries[pool]["pdfleet"]["classes"].get(cls, {}).get(key)
                 v = v if isinstance(v, int | float) and math.isfinite(v) else 0.0
-                ax.bar(i * (len(pools) + 1) + j, v, color=COLORS.get(pool, "gray"),
-                       label=pool if i == 0 else None)
+                ax.bar(
+                    i * (len(pools) + 1) + j,
+                    v,
+                    color=COLORS.get(pool, "gray"),
+                    label=pool if i == 0 else None,
+                )
         ax.set_xticks([(len(pools) - 1) / 2 + i * (len(pools) + 1) for i in range(2)], ["short", "long"])
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
@@ -123,8 +134,14 @@ def server_chain(summaries: dict[str, dict[str, Any]], out: Path) -> Path:
         if "error" in s:
             continue
         server = s["pdfleet"]["server"]
-        roles = sorted({r for st in stages for r, v in server.get(f"{st}_p95_ms", {}).items()
-                        if isinstance(v, int | float)})
+        roles = sorted(
+            {
+                r
+                for st in stages
+                for r, v in server.get(f"{st}_p95_ms", {}).items()
+                if isinstance(v, int | float)
+            }
+        )
         for role in roles:
             bottom = 0.0
             for k, st in enumerate(stages):
@@ -144,4 +161,9 @@ def server_chain(summaries: dict[str, dict[str, Any]], out: Path) -> Path:
 
 def all_plots(result: BenchResult, summaries: dict[str, dict[str, Any]], out: Path) -> list[Path]:
     """Every plot of the report, written into `out`."""
-    return [*cdfs(result, out), timeline(result, out), class_bars(summaries, out), server_chain(summaries, out)]
+    return [
+        *cdfs(result, out),
+        timeline(result, out),
+        class_bars(summaries, out),
+        server_chain(summaries, out),
+    ]

@@ -16,8 +16,8 @@ from typing import Any
 
 from pdfleet.bench.compare import BenchResult, PoolResult, best_rate
 from pdfleet.bench.serve_metrics import PERCENTILES, gaps, output_len, per_gpu, summarize, tpot
-from pdfleet.bench.stats import quantile
 from pdfleet.bench.server_side import value_of
+from pdfleet.bench.stats import quantile
 from pdfleet.bench.verdict import PoolFigures, Thresholds, Verdict, decide
 
 CLASSES = ("short", "long")
@@ -65,7 +65,7 @@ def lateness(res: PoolResult) -> dict[str, float]:
 
 
 def pool_summary(result: BenchResult, name: str) -> dict[str, Any]:
-    """One pool's figures: vLLM's keys at the top, pdfleet's (classes, per GPU, server side) under `pdfleet`."""
+    """One pool's figures: vLLM's keys at the top, pdfleet's (classes, per GPU, server) under `pdfleet`."""
     res = result.pools[name]
     plan = result.plan
     base: dict[str, Any] = {"pool": name, "gpus": res.target.gpus}
@@ -73,8 +73,10 @@ def pool_summary(result: BenchResult, name: str) -> dict[str, Any]:
         return {**base, "error": res.error}
     recs = res.run.records
     overall = summarize(recs, res.run.wall_s, plan.bounds, plan.time_scale)
-    classes = {c: summarize([r for r in recs if r.length_class == c], res.run.wall_s, plan.bounds,
-                            plan.time_scale) for c in CLASSES}
+    classes = {
+        c: summarize([r for r in recs if r.length_class == c], res.run.wall_s, plan.bounds, plan.time_scale)
+        for c in CLASSES
+    }
     errors: dict[str, int] = {}
     for r in recs:
         if r.error and not r.cancelled:
@@ -140,15 +142,25 @@ def request_lines(result: BenchResult) -> list[dict[str, Any]]:
         if res.run is None:
             continue
         for r in res.run.records:
-            out.append({
-                "pool": name, "index": r.index, "length_class": r.length_class, "input_len": r.prompt_tokens,
-                "max_tokens": r.max_tokens, "output_len": output_len(r) if r.success else 0,
-                "start_time": (r.start - res.run.t0) / s if math.isfinite(r.start) else None,
-                "due": r.due / s if math.isfinite(r.due) else None,
-                "ttft": r.ttft / s if r.success else None, "latency": r.latency / s if r.success else None,
-                "tpot": tpot(r, s) if r.success else None, "itl": gaps(r, s),
-                "success": r.success, "error": r.error, "cancelled": r.cancelled,
-            })
+            out.append(
+                {
+                    "pool": name,
+                    "index": r.index,
+                    "length_class": r.length_class,
+                    "input_len": r.prompt_tokens,
+                    "max_tokens": r.max_tokens,
+                    "output_len": output_len(r) if r.success else 0,
+                    "start_time": (r.start - res.run.t0) / s if math.isfinite(r.start) else None,
+                    "due": r.due / s if math.isfinite(r.due) else None,
+                    "ttft": r.ttft / s if r.success else None,
+                    "latency": r.latency / s if r.success else None,
+                    "tpot": tpot(r, s) if r.success else None,
+                    "itl": gaps(r, s),
+                    "success": r.success,
+                    "error": r.error,
+                    "cancelled": r.cancelled,
+                }
+            )
     return out
 
 
@@ -158,17 +170,22 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_results(out_dir: Path, result: BenchResult, model: str, profile: str,
-                  thresholds: Thresholds) -> tuple[dict[str, Any], Verdict]:
+def write_results(
+    out_dir: Path, result: BenchResult, model: str, profile: str, thresholds: Thresholds
+) -> tuple[dict[str, Any], Verdict]:
     """results.json, vllm-<pool>.json per pool and requests.jsonl in out_dir; the document and verdict."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = {name: pool_summary(result, name) for name in result.pools}
     verdict = verdict_of(summaries, thresholds)
     setup = setup_keys(result, model)
     doc = {
-        "profile": profile, "partial": result.partial, "seed": result.plan.seed,
-        "workload": result.plan.workload.__dict__, "time_scale": result.plan.time_scale,
-        "percentiles": list(PERCENTILES), "slo_bounds_ms": result.plan.bounds.__dict__,
+        "profile": profile,
+        "partial": result.partial,
+        "seed": result.plan.seed,
+        "workload": result.plan.workload.__dict__,
+        "time_scale": result.plan.time_scale,
+        "percentiles": list(PERCENTILES),
+        "slo_bounds_ms": result.plan.bounds.__dict__,
         "pools": {name: {**setup, **s} for name, s in summaries.items()},
         "verdict": verdict.__dict__,
     }

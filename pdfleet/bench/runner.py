@@ -1,4 +1,4 @@
-"""One pool's run of a workload: warm-up, then open-loop arrivals or a fixed concurrency, every request a Record.
+"""One pool's run: warm-up, then open-loop arrivals or a fixed concurrency, every request a Record.
 
 Open loop: each request starts at its due time (gamma/Poisson arrivals, or a trace's own times),
 however many are in flight; its lateness (began - due) says whether the client kept up. Fixed
@@ -69,7 +69,9 @@ class PoolRun:
 
 
 def _request(gw: Gateway, pool: str, item: Item) -> bytes:
-    return completion_request(gw.host, gw.port, gw.key, pool, completion_body(gw.model, item.prompt, item.output_tokens))
+    return completion_request(
+        gw.host, gw.port, gw.key, pool, completion_body(gw.model, item.prompt, item.output_tokens)
+    )
 
 
 def _record(item: Item, pool: str, long_tokens: int) -> Record:
@@ -83,13 +85,26 @@ async def warm_up(client: StreamingClient, gw: Gateway, pool: str, items: Sequen
         return
     recs = [Record(-1, pool, "warmup", 0, 4) for _ in range(count)]
     prompts = [it.prompt for it in sorted(items, key=lambda it: it.prompt_tokens)[:count]] or ["warm up"]
-    await asyncio.gather(*(
-        client.run(completion_request(gw.host, gw.port, gw.key, pool,
-                                      completion_body(gw.model, prompts[i % len(prompts)][:2000], 4)), rec)
-        for i, rec in enumerate(recs)))
+    await asyncio.gather(
+        *(
+            client.run(
+                completion_request(
+                    gw.host,
+                    gw.port,
+                    gw.key,
+                    pool,
+                    completion_body(gw.model, prompts[i % len(prompts)][:2000], 4),
+                ),
+                rec,
+            )
+            for i, rec in enumerate(recs)
+        )
+    )
     if all(r.error for r in recs):
-        raise PoolDown(f"pool {pool} is down: every warm-up request through the gateway at "
-                       f"{gw.host}:{gw.port} failed; the first: {recs[0].error}")
+        raise PoolDown(
+            f"pool {pool} is down: every warm-up request through the gateway at "
+            f"{gw.host}:{gw.port} failed; the first: {recs[0].error}"
+        )
 
 
 async def _lag_monitor(out: list[float], stop: asyncio.Event) -> None:
@@ -156,7 +171,9 @@ async def run_pool(
         for rec in records:
             if id(rec) not in ended:
                 rec.cancelled = True
-                rec.error = "interrupted (Ctrl-C)" if stop.is_set() else "abandoned: still running after the drain"
+                rec.error = (
+                    "interrupted (Ctrl-C)" if stop.is_set() else "abandoned: still running after the drain"
+                )
         finished.set()
         sampler_stop.set()
         samples = await sampler if sampler else {}
@@ -176,8 +193,14 @@ async def _drain(tasks: set[asyncio.Task[None]], stop: asyncio.Event, drain_s: f
     stopper.cancel()
 
 
-async def _open_loop(items: Sequence[Item], starts: Sequence[float], one: Callable[[Item, float], Awaitable[None]],
-                     tasks: set[asyncio.Task[None]], base: float, stop: asyncio.Event) -> None:
+async def _open_loop(
+    items: Sequence[Item],
+    starts: Sequence[float],
+    one: Callable[[Item, float], Awaitable[None]],
+    tasks: set[asyncio.Task[None]],
+    base: float,
+    stop: asyncio.Event,
+) -> None:
     for item, due in zip(items, starts, strict=False):
         # a timer may fire early (uvloop rounds to 1 ms): sleep again until due, never early
         while (left := due - (time.perf_counter() - base)) > 0:
@@ -191,16 +214,25 @@ async def _open_loop(items: Sequence[Item], starts: Sequence[float], one: Callab
         task.add_done_callback(tasks.discard)
 
 
-async def _closed_loop(items: Sequence[Item], schedule: Schedule, one: Callable[[Item, None], Awaitable[None]],
-                       tasks: set[asyncio.Task[None]], base: float, stop: asyncio.Event) -> None:
+async def _closed_loop(
+    items: Sequence[Item],
+    schedule: Schedule,
+    one: Callable[[Item, None], Awaitable[None]],
+    tasks: set[asyncio.Task[None]],
+    base: float,
+    stop: asyncio.Event,
+) -> None:
     queue = iter(range(10**9))
     deadline = None if schedule.duration_s is None else base + schedule.duration_s
     limit = len(items) if deadline is None else None
 
     async def worker() -> None:
         for i in queue:
-            if stop.is_set() or (limit is not None and i >= limit) or \
-                    (deadline is not None and time.perf_counter() >= deadline):
+            if (
+                stop.is_set()
+                or (limit is not None and i >= limit)
+                or (deadline is not None and time.perf_counter() >= deadline)
+            ):
                 return
             await one(items[i % len(items)], None)
 

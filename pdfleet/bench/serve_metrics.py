@@ -1,4 +1,4 @@
-"""Client-side figures exactly as `vllm bench serve` computes them (`calculate_metrics`), plus stalls and SLOs.
+"""Client-side figures as `vllm bench serve` computes them (`calculate_metrics`), plus stalls and SLOs.
 
 Per successful request: TTFT (to the first content event), E2E (to the last content event), TPOT =
 (E2E - TTFT) / (n - 1) with n = usage.completion_tokens, only when n > 1 (0 for goodput when n <= 1);
@@ -22,8 +22,16 @@ PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
 METRICS = ("ttft", "tpot", "itl", "e2el")
 # What `vllm bench serve --save-result` writes (results part; setup keys are added by results.py).
 VLLM_RESULT_KEYS = (
-    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
-    "request_goodput", "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_output_tokens_per_s",
     "max_concurrent_requests",
 )
 
@@ -50,7 +58,9 @@ def _std(xs: Sequence[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
 
 
-def distribution(metric: str, xs_s: Sequence[float], percentiles: Sequence[float] = PERCENTILES) -> dict[str, float]:
+def distribution(
+    metric: str, xs_s: Sequence[float], percentiles: Sequence[float] = PERCENTILES
+) -> dict[str, float]:
     """mean/median/std and each percentile of seconds, in ms, under vLLM's key names (NaN when empty)."""
     xs = sorted(xs_s)
     out = {
@@ -100,7 +110,9 @@ def _peaks(done: Sequence[Record], scale: float) -> tuple[float, int]:
         for t in r.chunks:
             b = int((t - t0) / scale)
             bins[b] = bins.get(b, 0) + 1
-    edges = sorted([(r.start, 1) for r in done] + [(r.chunks[-1], -1) for r in done], key=lambda e: (e[0], e[1]))
+    edges = sorted(
+        [(r.start, 1) for r in done] + [(r.chunks[-1], -1) for r in done], key=lambda e: (e[0], e[1])
+    )
     now = peak = 0
     for _, step in edges:
         now += step
@@ -108,8 +120,13 @@ def _peaks(done: Sequence[Record], scale: float) -> tuple[float, int]:
     return float(max(bins.values(), default=0)), peak
 
 
-def summarize(records: Iterable[Record], duration_s: float, bounds: Bounds, scale: float = 1.0,
-              percentiles: Sequence[float] = PERCENTILES) -> dict[str, float | int]:
+def summarize(
+    records: Iterable[Record],
+    duration_s: float,
+    bounds: Bounds,
+    scale: float = 1.0,
+    percentiles: Sequence[float] = PERCENTILES,
+) -> dict[str, float | int]:
     """vLLM's result figures over `records` (cancelled ones left out) and pdfleet's stalls and attainment.
 
     `duration_s` is the run's length in wall seconds (divided by `scale` here, like every time).
@@ -144,8 +161,9 @@ def summarize(records: Iterable[Record], duration_s: float, bounds: Bounds, scal
         out.update(distribution(metric, xs, percentiles))
     out["stalls"] = stalls
     out["stalls_per_100_streams"] = 100 * stalls / len(recs) if recs else math.nan
-    out["streams_with_stall_pct"] = (100 * sum(any(g > stall_s for g in gaps(r, scale)) for r in done) / len(recs)
-                                     if recs else math.nan)
+    out["streams_with_stall_pct"] = (
+        100 * sum(any(g > stall_s for g in gaps(r, scale)) for r in done) / len(recs) if recs else math.nan
+    )
     out["slo_attainment_pct"] = 100 * n_good / len(recs) if recs else math.nan
     out["good_requests"] = n_good
     return out

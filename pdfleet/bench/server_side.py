@@ -50,13 +50,15 @@ def chain(source: MetricsSource, pool: str, window_s: float) -> dict[str, dict[s
         for q in QUANTILES:
             key = f"{stage}_p{int(q * 100)}_ms"
             got = _try(lambda m=metric, q=q: source.quantile(q, m, window_s, by=("role",), match=match))
-            out[key] = ({k[0]: 1000 * v for k, v in got.items()} if isinstance(got, dict) else {"*": got})
+            out[key] = {k[0]: 1000 * v for k, v in got.items()} if isinstance(got, dict) else {"*": got}
     got = _try(lambda: source.increase(PREEMPTIONS, window_s, by=("role",), match=match))
     out["preemptions"] = {k[0]: v for k, v in got.items()} if isinstance(got, dict) else {"*": got}
     return out
 
 
-async def kv_peak(source: MetricsSource, pool: str, stop: asyncio.Event, every_s: float = 2.0) -> dict[str, float]:
+async def kv_peak(
+    source: MetricsSource, pool: str, stop: asyncio.Event, every_s: float = 2.0
+) -> dict[str, float]:
     """Sample KV-cache usage of `pool`'s instances until `stop`; the peak per role (0..1), in a thread so
     that a scrape never holds up the client's event loop."""
     peak: dict[str, float] = {}

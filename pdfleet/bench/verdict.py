@@ -48,15 +48,23 @@ class Verdict:
     warnings: list[str] = field(default_factory=list)
 
 
-TUNE_TTFT = ("TTFT misses its bound while TPOT meets it: give prefill more of each step "
-             "(raise pools.colocated.max_num_batched_tokens), turn on prefix caching for repeated context")
-TUNE_TPOT = ("TPOT misses its bound while TTFT meets it: lower pools.colocated.max_num_batched_tokens so "
-             "prefill chunks hold decode steps up for less time")
-CAPACITY = ("the colocated pool misses both bounds without long queues on both phases: the load is above "
-            "what tuning can fix; add colocated GPUs or rate-limit at the gateway, and cap prompt length "
-            "(prompt control) before splitting")
-GENERAL = ("what to try before splitting: the chunked prefill budget (max_num_batched_tokens), prefix "
-           "caching, rate limits at the gateway, prompt control (trim or cap long documents)")
+TUNE_TTFT = (
+    "TTFT misses its bound while TPOT meets it: give prefill more of each step "
+    "(raise pools.colocated.max_num_batched_tokens), turn on prefix caching for repeated context"
+)
+TUNE_TPOT = (
+    "TPOT misses its bound while TTFT meets it: lower pools.colocated.max_num_batched_tokens so "
+    "prefill chunks hold decode steps up for less time"
+)
+CAPACITY = (
+    "the colocated pool misses both bounds without long queues on both phases: the load is above "
+    "what tuning can fix; add colocated GPUs or rate-limit at the gateway, and cap prompt length "
+    "(prompt control) before splitting"
+)
+GENERAL = (
+    "what to try before splitting: the chunked prefill budget (max_num_batched_tokens), prefix "
+    "caching, rate limits at the gateway, prompt control (trim or cap long documents)"
+)
 
 
 def _meets(f: PoolFigures, t: Thresholds) -> tuple[bool | None, bool | None]:
@@ -68,51 +76,105 @@ def _meets(f: PoolFigures, t: Thresholds) -> tuple[bool | None, bool | None]:
 def _kv_warning(disagg: PoolFigures | None) -> list[str]:
     if disagg is None or disagg.kv_transfer_p95_ms is None or disagg.kv_transfer_p95_ms <= KV_WARN_MS:
         return []
-    return [f"KV transfer P95 is {disagg.kv_transfer_p95_ms:.0f} ms (> {KV_WARN_MS:.0f} ms): the link between "
-            "prefill and decode eats the TTFT budget; check the connector's transport (RDMA, not TCP), the "
-            "NIC and GPUDirect before trusting the P/D figures"]
+    return [
+        f"KV transfer P95 is {disagg.kv_transfer_p95_ms:.0f} ms (> {KV_WARN_MS:.0f} ms): the link between "
+        "prefill and decode eats the TTFT budget; check the connector's transport (RDMA, not TCP), the "
+        "NIC and GPUDirect before trusting the P/D figures"
+    ]
 
 
 def decide(colo: PoolFigures, disagg: PoolFigures | None, t: Thresholds) -> Verdict:
     """The rule (module docstring) on measured figures."""
     warnings = _kv_warning(disagg)
     deciding: dict[str, float | None] = {
-        "colocated_ttft_p95_ms": colo.ttft_p95_ms, "ttft_p95_bound_ms": t.ttft_p95_ms,
-        "colocated_tpot_p95_ms": colo.tpot_p95_ms, "tpot_p95_bound_ms": t.tpot_p95_ms,
+        "colocated_ttft_p95_ms": colo.ttft_p95_ms,
+        "ttft_p95_bound_ms": t.ttft_p95_ms,
+        "colocated_tpot_p95_ms": colo.tpot_p95_ms,
+        "tpot_p95_bound_ms": t.tpot_p95_ms,
     }
     ttft_ok, tpot_ok = _meets(colo, t)
     if ttft_ok is None or tpot_ok is None:
-        return Verdict("undecided", "undecided: the colocated pool's TTFT/TPOT could not be measured "
-                       "(no request succeeded)", deciding, [GENERAL], warnings)
+        return Verdict(
+            "undecided",
+            "undecided: the colocated pool's TTFT/TPOT could not be measured (no request succeeded)",
+            deciding,
+            [GENERAL],
+            warnings,
+        )
     if ttft_ok and tpot_ok:
-        return Verdict("do not split", f"do not split: colocated meets both bounds (TTFT P95 "
-                       f"{colo.ttft_p95_ms:.0f} <= {t.ttft_p95_ms:g} ms, TPOT P95 {colo.tpot_p95_ms:.1f} <= "
-                       f"{t.tpot_p95_ms:g} ms)", deciding, [GENERAL], warnings)
+        return Verdict(
+            "do not split",
+            f"do not split: colocated meets both bounds (TTFT P95 "
+            f"{colo.ttft_p95_ms:.0f} <= {t.ttft_p95_ms:g} ms, TPOT P95 {colo.tpot_p95_ms:.1f} <= "
+            f"{t.tpot_p95_ms:g} ms)",
+            deciding,
+            [GENERAL],
+            warnings,
+        )
     if ttft_ok != tpot_ok:
         tip = TUNE_TPOT if ttft_ok else TUNE_TTFT
-        return Verdict("do not split", "do not split yet: colocated misses only the "
-                       f"{'TPOT' if ttft_ok else 'TTFT'} bound; the chunked prefill budget trades one for the "
-                       "other", deciding, [tip, GENERAL], warnings)
-    deciding.update({"colocated_prefill_queue_p95_ms": colo.prefill_queue_p95_ms,
-                     "prefill_queue_p95_threshold_ms": t.prefill_queue_p95_ms,
-                     "colocated_decode_queue_p95_ms": colo.decode_queue_p95_ms,
-                     "decode_queue_p95_threshold_ms": t.decode_queue_p95_ms})
+        return Verdict(
+            "do not split",
+            "do not split yet: colocated misses only the "
+            f"{'TPOT' if ttft_ok else 'TTFT'} bound; the chunked prefill budget trades one for the "
+            "other",
+            deciding,
+            [tip, GENERAL],
+            warnings,
+        )
+    deciding.update(
+        {
+            "colocated_prefill_queue_p95_ms": colo.prefill_queue_p95_ms,
+            "prefill_queue_p95_threshold_ms": t.prefill_queue_p95_ms,
+            "colocated_decode_queue_p95_ms": colo.decode_queue_p95_ms,
+            "decode_queue_p95_threshold_ms": t.decode_queue_p95_ms,
+        }
+    )
     if colo.prefill_queue_p95_ms is None or colo.decode_queue_p95_ms is None:
-        return Verdict("undecided", "undecided: colocated misses both bounds but its queue times could not be "
-                       "read from the metrics source", deciding, [GENERAL], warnings)
-    queues_high = (colo.prefill_queue_p95_ms > t.prefill_queue_p95_ms
-                   and colo.decode_queue_p95_ms > t.decode_queue_p95_ms)
+        return Verdict(
+            "undecided",
+            "undecided: colocated misses both bounds but its queue times could not be "
+            "read from the metrics source",
+            deciding,
+            [GENERAL],
+            warnings,
+        )
+    queues_high = (
+        colo.prefill_queue_p95_ms > t.prefill_queue_p95_ms
+        and colo.decode_queue_p95_ms > t.decode_queue_p95_ms
+    )
     if not queues_high:
-        return Verdict("do not split", "do not split: colocated misses both bounds, but its queues are not both "
-                       "long", deciding, [CAPACITY, GENERAL], warnings)
+        return Verdict(
+            "do not split",
+            "do not split: colocated misses both bounds, but its queues are not both long",
+            deciding,
+            [CAPACITY, GENERAL],
+            warnings,
+        )
     if disagg is None:
-        return Verdict("undecided", "undecided: colocated misses both bounds with both queues long, and no P/D "
-                       "pool was measured to compare", deciding, [GENERAL], warnings)
+        return Verdict(
+            "undecided",
+            "undecided: colocated misses both bounds with both queues long, and no P/D "
+            "pool was measured to compare",
+            deciding,
+            [GENERAL],
+            warnings,
+        )
     d_ttft, d_tpot = _meets(disagg, t)
     deciding.update({"disagg_ttft_p95_ms": disagg.ttft_p95_ms, "disagg_tpot_p95_ms": disagg.tpot_p95_ms})
     if d_ttft and d_tpot:
-        return Verdict("split", "split: colocated misses both bounds with both queues long, and the P/D pool "
-                       f"meets them (TTFT P95 {disagg.ttft_p95_ms:.0f} ms, TPOT P95 {disagg.tpot_p95_ms:.1f} ms)",
-                       deciding, ["move long prompts first: `invoke rollout --stage canary-long`"], warnings)
-    return Verdict("do not split", "do not split: the P/D pool misses the bounds too at this load; splitting "
-                   "does not pay here", deciding, [CAPACITY, GENERAL], warnings)
+        return Verdict(
+            "split",
+            "split: colocated misses both bounds with both queues long, and the P/D pool "
+            f"meets them (TTFT P95 {disagg.ttft_p95_ms:.0f} ms, TPOT P95 {disagg.tpot_p95_ms:.1f} ms)",
+            deciding,
+            ["move long prompts first: `invoke rollout --stage canary-long`"],
+            warnings,
+        )
+    return Verdict(
+        "do not split",
+        "do not split: the P/D pool misses the bounds too at this load; splitting does not pay here",
+        deciding,
+        [CAPACITY, GENERAL],
+        warnings,
+    )

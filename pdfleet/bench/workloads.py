@@ -20,12 +20,108 @@ from pdfleet.errors import ValidationError
 WORKLOADS = ("random", "long-prompt-mix", "sharegpt", "trace", "prefix-repetition")
 # Three-letter words plus a space: four characters, about one token for Llama's tokenizer and exactly one
 # for the simulator's and the gateway's chars/4 estimate; drawn at random so prompts share no prefix.
-_WORDS = (
-    "the and for are but not you all any can had her was one our out day get has him his how man new now "
-    "old see two way who boy did its let put say she too use art big car cat dog eye far fun god hat job "
-    "key law map net oil pay red run sea sky sun top war win yes air arm bed box cup cut end few fix fly "
-    "gas hot ice kid lot low mix nor odd own pen pie pig raw row set sit six son tea ten tie toy van web"
-).split()
+_WORDS = [
+    "the",
+    "and",
+    "for",
+    "are",
+    "but",
+    "not",
+    "you",
+    "all",
+    "any",
+    "can",
+    "had",
+    "her",
+    "was",
+    "one",
+    "our",
+    "out",
+    "day",
+    "get",
+    "has",
+    "him",
+    "his",
+    "how",
+    "man",
+    "new",
+    "now",
+    "old",
+    "see",
+    "two",
+    "way",
+    "who",
+    "boy",
+    "did",
+    "its",
+    "let",
+    "put",
+    "say",
+    "she",
+    "too",
+    "use",
+    "art",
+    "big",
+    "car",
+    "cat",
+    "dog",
+    "eye",
+    "far",
+    "fun",
+    "god",
+    "hat",
+    "job",
+    "key",
+    "law",
+    "map",
+    "net",
+    "oil",
+    "pay",
+    "red",
+    "run",
+    "sea",
+    "sky",
+    "sun",
+    "top",
+    "war",
+    "win",
+    "yes",
+    "air",
+    "arm",
+    "bed",
+    "box",
+    "cup",
+    "cut",
+    "end",
+    "few",
+    "fix",
+    "fly",
+    "gas",
+    "hot",
+    "ice",
+    "kid",
+    "lot",
+    "low",
+    "mix",
+    "nor",
+    "odd",
+    "own",
+    "pen",
+    "pie",
+    "pig",
+    "raw",
+    "row",
+    "set",
+    "sit",
+    "six",
+    "son",
+    "tea",
+    "ten",
+    "tie",
+    "toy",
+    "van",
+    "web",
+]
 TRACE_BLOCK_TOKENS = 512  # Mooncake traces: one hash_id per 512-token prefix block
 SHAREGPT_MAX_PROMPT = 1024  # vLLM's is_valid_sequence: prompt <= 1024 tokens, prompt + output <= 2048
 SHAREGPT_MAX_TOTAL = 2048
@@ -73,7 +169,9 @@ def _ranged(rng: random.Random, length: int, ratio: float) -> int:
 def check_spec(spec: WorkloadSpec) -> None:
     """Options that make no workload, and a dataset that cannot be read (a ValidationError names it)."""
     if spec.name not in WORKLOADS:
-        raise ValidationError(f"--workload {spec.name!r}: not a workload; choose one of {', '.join(WORKLOADS)}")
+        raise ValidationError(
+            f"--workload {spec.name!r}: not a workload; choose one of {', '.join(WORKLOADS)}"
+        )
     if spec.input_len < 1 or spec.output_len < 1:
         raise ValidationError("--input-len and --output-len must be at least 1 token")
     if not 0 <= spec.range_ratio < 1:
@@ -81,8 +179,10 @@ def check_spec(spec: WorkloadSpec) -> None:
     if not 0 <= spec.long_share <= 1:
         raise ValidationError(f"--long-share {spec.long_share}: must be between 0 and 1")
     if spec.name in ("sharegpt", "trace") and not spec.dataset:
-        raise ValidationError(f"--workload {spec.name} needs --dataset PATH (a "
-                              f"{'ShareGPT JSON' if spec.name == 'sharegpt' else 'Mooncake trace JSONL'} file)")
+        raise ValidationError(
+            f"--workload {spec.name} needs --dataset PATH (a "
+            f"{'ShareGPT JSON' if spec.name == 'sharegpt' else 'Mooncake trace JSONL'} file)"
+        )
     if spec.name in ("sharegpt", "trace") and not Path(str(spec.dataset)).expanduser().is_file():
         raise ValidationError(f"--dataset {spec.dataset}: cannot read the file (not found)")
 
@@ -92,8 +192,15 @@ def build(spec: WorkloadSpec, n: int, seed: int) -> list[Item]:
     check_spec(spec)
     rng = random.Random(seed)
     if spec.name == "random":
-        return [_item(i, _ranged(rng, spec.input_len, spec.range_ratio),
-                      _ranged(rng, spec.output_len, spec.range_ratio), rng) for i in range(n)]
+        return [
+            _item(
+                i,
+                _ranged(rng, spec.input_len, spec.range_ratio),
+                _ranged(rng, spec.output_len, spec.range_ratio),
+                rng,
+            )
+            for i in range(n)
+        ]
     if spec.name == "long-prompt-mix":
         return [_mix_item(i, spec, rng) for i in range(n)]
     if spec.name == "prefix-repetition":
@@ -147,11 +254,18 @@ def sharegpt(path: Path, n: int, rng: random.Random) -> list[Item]:
         if isinstance(conv, list) and len(conv) >= 2 and all(isinstance(c, dict) for c in conv[:2]):
             prompt, answer = str(conv[0].get("value", "")), str(conv[1].get("value", ""))
             p, o = estimate_tokens(prompt), estimate_tokens(answer)
-            if p >= SHAREGPT_MIN and o >= SHAREGPT_MIN and p <= SHAREGPT_MAX_PROMPT and p + o <= SHAREGPT_MAX_TOTAL:
+            if (
+                p >= SHAREGPT_MIN
+                and o >= SHAREGPT_MIN
+                and p <= SHAREGPT_MAX_PROMPT
+                and p + o <= SHAREGPT_MAX_TOTAL
+            ):
                 turns.append((prompt, p, o))
     if not turns:
-        raise ValidationError(f"--dataset {path}: no conversation with a first turn vLLM's filter keeps "
-                              f"(prompt {SHAREGPT_MIN}-{SHAREGPT_MAX_PROMPT} tokens, total <= {SHAREGPT_MAX_TOTAL})")
+        raise ValidationError(
+            f"--dataset {path}: no conversation with a first turn vLLM's filter keeps "
+            f"(prompt {SHAREGPT_MIN}-{SHAREGPT_MAX_PROMPT} tokens, total <= {SHAREGPT_MAX_TOTAL})"
+        )
     rng.shuffle(turns)
     return [Item(i, *turns[i % len(turns)]) for i in range(n)]
 
@@ -168,8 +282,10 @@ def _trace_row(row: Any, where: str) -> tuple[float, int, int, list[int]]:
     try:
         ts, inp, out = float(row["timestamp"]), int(row["input_length"]), int(row["output_length"])
     except KeyError as err:
-        raise ValidationError(f"{where}: missing {err.args[0]!r} (Mooncake trace: timestamp, input_length, "
-                              "output_length, hash_ids)") from None
+        raise ValidationError(
+            f"{where}: missing {err.args[0]!r} (Mooncake trace: timestamp, input_length, "
+            "output_length, hash_ids)"
+        ) from None
     except (TypeError, ValueError):
         raise ValidationError(f"{where}: timestamp, input_length and output_length must be numbers") from None
     hashes = row.get("hash_ids", [])

@@ -18,16 +18,24 @@ from pdfleet.bench.workloads import WorkloadSpec
 from pdfleet.errors import ValidationError
 from pdfleet.metrics.direct import DirectScrape
 
-PLAN = BenchPlan(WorkloadSpec("random", input_len=64, output_len=8), seed=1, rate=10.0, num_prompts=20,
-                 warmup=2, bounds=Bounds(3000, 60))
+PLAN = BenchPlan(
+    WorkloadSpec("random", input_len=64, output_len=8),
+    seed=1,
+    rate=10.0,
+    num_prompts=20,
+    warmup=2,
+    bounds=Bounds(3000, 60),
+)
 
 
 def test_a_down_pool_is_named_and_the_other_pools_results_are_written(tmp_path: Path) -> None:
     with LocalFleet(colocated=1) as fleet:
         assert fleet.router is not None
         fleet.router.stop()  # the P/D pool is down; the gateway does not fall back for a forced pool
-        targets = {p: PoolTarget(p, fleet.gpus(p), DirectScrape(fleet.targets(p)), DirectScrape(fleet.targets(p)))
-                   for p in ("colocated", "disagg")}
+        targets = {
+            p: PoolTarget(p, fleet.gpus(p), DirectScrape(fleet.targets(p)), DirectScrape(fleet.targets(p)))
+            for p in ("colocated", "disagg")
+        }
         result = asyncio.run(run_compare(PLAN, fleet.gateway, targets, asyncio.Event()))
     doc, verdict = write_all(tmp_path, result, fleet.gateway.model, "local", Thresholds(3000, 60, 500, 500))
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -46,20 +54,23 @@ def test_a_down_pool_is_named_and_the_other_pools_results_are_written(tmp_path: 
     report = (tmp_path / "report.md").read_text()
     assert "disagg: pool disagg is down" in report and "## Verdict" in report
     page = (tmp_path / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 5 and "src=\"http" not in page
+    assert page.count("data:image/png;base64,") == 5 and 'src="http' not in page
     for png in ("ttft_cdf", "itl_cdf", "itl_timeline", "class_bars", "server_chain"):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000
     assert verdict.decision in ("do not split", "undecided")
     assert not doc["partial"]
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"rate": 1.0, "concurrency": 2}, "give --rate R or --concurrency C, not both"),
-    ({"rate": 0.0}, "--rate 0.0: must be > 0"),
-    ({"duration_s": 5.0, "num_prompts": 3}, "give --duration S or --num-prompts N, not both"),
-    ({"pools": ("colocated", "pd")}, "pools are colocated, disagg"),
-    ({"burstiness": 0.0}, "--burstiness 0.0"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"rate": 1.0, "concurrency": 2}, "give --rate R or --concurrency C, not both"),
+        ({"rate": 0.0}, "--rate 0.0: must be > 0"),
+        ({"duration_s": 5.0, "num_prompts": 3}, "give --duration S or --num-prompts N, not both"),
+        ({"pools": ("colocated", "pd")}, "pools are colocated, disagg"),
+        ({"burstiness": 0.0}, "--burstiness 0.0"),
+    ],
+)
 def test_contradicting_options_are_refused(changes: dict[str, object], message: str) -> None:
     import dataclasses
 

@@ -12,21 +12,32 @@ from tests.unit.bench.helpers import built_result
 
 
 def _doc(tmp_path: Path, partial: bool = False):  # noqa: ANN202
-    return write_results(tmp_path, built_result(partial), "llama", "lab-cross", Thresholds(1000, 100, 500, 500))
+    return write_results(
+        tmp_path, built_result(partial), "llama", "lab-cross", Thresholds(1000, 100, 500, 500)
+    )
 
 
 def test_markdown_has_every_section_and_says_where_the_interference_is(tmp_path: Path) -> None:
     doc, verdict = _doc(tmp_path)
     text = markdown(doc, verdict, [tmp_path / "ttft_cdf.png"])
-    for section in ("## Headline", "## Verdict", "## Fair comparison (per GPU)", "## Server side", "## Client",
-                    "## Errors", "![ttft_cdf](ttft_cdf.png)"):
+    for section in (
+        "## Headline",
+        "## Verdict",
+        "## Fair comparison (per GPU)",
+        "## Server side",
+        "## Client",
+        "## Errors",
+        "![ttft_cdf](ttft_cdf.png)",
+    ):
         assert section in text
     assert "Long-prompt interference shows on the colocated pool" in text
     assert "colocated: 1 request(s) failed: the connection closed mid-stream" in text
     assert "n/a: no observation" in text and "'<300'" in text
     assert verdict.headline in text and "schedule lateness P99 0.50 ms" in text
     rows = {(r[0], r[1]): r for r in headline_rows(doc)}
-    assert rows[("colocated", "short")][6] == "80.0" and rows[("disagg", "short")][6] == "0.0"  # 4 stalls, 5 streams
+    assert (
+        rows[("colocated", "short")][6] == "80.0" and rows[("disagg", "short")][6] == "0.0"
+    )  # 4 stalls, 5 streams
     assert rows[("colocated", "all")][3] == "1"
 
 

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.bench.fleet_targets import direct_targets, gateway_of, gpu_count, metrics_source, pools_of, read_client_key
+from pdfleet.bench.fleet_targets import (
+    direct_targets,
+    gateway_of,
+    gpu_count,
+    metrics_source,
+    pools_of,
+    read_client_key,
+)
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.deployment import load_deployment
 from pdfleet.metrics.direct import DirectScrape
@@ -27,7 +34,12 @@ def test_lab_cross_compares_two_colocated_gpus_with_one_prefill_and_one_decode()
     gw = gateway_of(d.profile, d.topology, "sk-x")
     assert (gw.host, gw.port, gw.model) == ("198.18.0.10", 8080, "llama-3.1-8b")
     labels = {(t.labels["pool"], t.labels["role"]) for t in direct_targets(d.topology)}
-    assert labels == {("colocated", "colocated"), ("disagg", "prefill"), ("disagg", "decode"), ("disagg", "router")}
+    assert labels == {
+        ("colocated", "colocated"),
+        ("disagg", "prefill"),
+        ("disagg", "decode"),
+        ("disagg", "router"),
+    }
 
 
 def test_a_colocated_profile_has_only_the_colocated_pool() -> None:

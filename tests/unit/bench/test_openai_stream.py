@@ -32,13 +32,16 @@ def run(respond, n: int = 1) -> tuple[list[Record], ScriptedServer, StreamingCli
                 recs.append(r)
             client.close()
             return recs, server, client
+
     return asyncio.run(main())
 
 
 def test_ttft_at_the_first_content_event_and_usage_gives_n() -> None:
     async def respond(reply: Reply) -> bool:
         await reply.write(SSE_HEAD)
-        await reply.write(chunk(b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'))
+        await reply.write(
+            chunk(b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n')
+        )
         await asyncio.sleep(0.05)
         for t in ("a", "b", "c"):
             await reply.write(text_event(t))
@@ -78,8 +81,10 @@ def test_events_split_across_reads_and_chunks_are_parsed_once() -> None:
 def test_http_error_is_a_failed_record_with_the_servers_message() -> None:
     async def respond(reply: Reply) -> bool:
         body = b'{"error":{"message":"disaggregated pool unavailable","type":"x"}}'
-        await reply.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                          % (len(body), body))
+        await reply.write(
+            b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
         return True
 
     [r], _, _ = run(respond)
@@ -119,5 +124,7 @@ def test_kept_alive_connection_is_reused() -> None:
 def test_a_refused_connection_is_a_failed_record() -> None:
     port = free_port()
     r = Record(0, "colocated", "short", 1, 1)
-    asyncio.run(StreamingClient("127.0.0.1", port).run(completion_request("127.0.0.1", port, None, None, {}), r))
+    asyncio.run(
+        StreamingClient("127.0.0.1", port).run(completion_request("127.0.0.1", port, None, None, {}), r)
+    )
     assert not r.success and r.error.startswith(f"cannot connect to 127.0.0.1:{port}")

@@ -17,8 +17,20 @@ def test_results_json_has_vllm_keys_per_pool_and_pdfleets_extras(tmp_path: Path)
     doc, verdict = write_results(tmp_path, built_result(), "llama", "lab-cross", T)
     saved = json.loads((tmp_path / "results.json").read_text())
     colo = saved["pools"]["colocated"]
-    for key in ("mean_ttft_ms", "p99_itl_ms", "p99.9_itl_ms", "request_goodput", "max_concurrent_requests",
-                "date", "backend", "model_id", "request_rate", "burstiness", "max_concurrency", "num_prompts"):
+    for key in (
+        "mean_ttft_ms",
+        "p99_itl_ms",
+        "p99.9_itl_ms",
+        "request_goodput",
+        "max_concurrent_requests",
+        "date",
+        "backend",
+        "model_id",
+        "request_rate",
+        "burstiness",
+        "max_concurrency",
+        "num_prompts",
+    ):
         assert key in colo, key
     assert colo["completed"] == 5 and colo["failed"] == 1
     assert colo["pdfleet"]["errors"] == {"the connection closed mid-stream after 1 token event(s)": 1}

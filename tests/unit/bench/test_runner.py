@@ -30,8 +30,9 @@ def prompt_of(server: ScriptedServer, reply: Reply) -> str:
     return json.loads(server.requests[reply.number].split(b"\r\n\r\n", 1)[1])["prompt"]
 
 
-async def _run(schedule: Schedule, fail_prompt: str | None = None, stop_after: float | None = None,
-               delay: float = 0.02):  # noqa: ANN202
+async def _run(
+    schedule: Schedule, fail_prompt: str | None = None, stop_after: float | None = None, delay: float = 0.02
+):  # noqa: ANN202
     server_ref: list[ScriptedServer] = []
 
     async def respond(reply: Reply) -> bool:
@@ -49,8 +50,15 @@ async def _run(schedule: Schedule, fail_prompt: str | None = None, stop_after: f
         if stop_after is not None:
             asyncio.get_running_loop().call_later(stop_after, stop.set)
         seen: list[tuple[int, int | None]] = []
-        run = await run_pool(Gateway("127.0.0.1", server.port, "sk", "m"), "colocated", ITEMS, schedule, 8192,
-                             stop, lambda d, t: seen.append((d, t)))
+        run = await run_pool(
+            Gateway("127.0.0.1", server.port, "sk", "m"),
+            "colocated",
+            ITEMS,
+            schedule,
+            8192,
+            stop,
+            lambda d, t: seen.append((d, t)),
+        )
         return run, seen, server
 
 
@@ -83,14 +91,18 @@ def test_fixed_concurrency_runs_num_prompts_with_at_most_c_in_flight() -> None:
 def test_stop_cancels_requests_in_flight_and_marks_the_run_interrupted() -> None:
     run, _, _ = asyncio.run(_run(Schedule(starts=[0.0, 0.0, 5.0, 5.0, 5.0, 5.0]), stop_after=0.01, delay=1.0))
     assert run.interrupted
-    assert len(run.records) == 2 and all(r.cancelled and r.error == "interrupted (Ctrl-C)" for r in run.records)
+    assert len(run.records) == 2 and all(
+        r.cancelled and r.error == "interrupted (Ctrl-C)" for r in run.records
+    )
     assert run.wall_s < 2.0
 
 
 def test_a_pool_that_answers_no_warm_up_is_pool_down_naming_it() -> None:
     async def respond(reply: Reply) -> bool:
         body = b'{"error":{"message":"no healthy upstream"}}'
-        await reply.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await reply.write(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         return True
 
     async def main() -> None:
@@ -101,6 +113,8 @@ def test_a_pool_that_answers_no_warm_up_is_pool_down_naming_it() -> None:
             finally:
                 client.close()
 
-    with pytest.raises(PoolDown, match=re.escape("pool disagg is down: every warm-up request") + ".*HTTP 503: no "
-                       "healthy upstream"):
+    with pytest.raises(
+        PoolDown,
+        match=re.escape("pool disagg is down: every warm-up request") + ".*HTTP 503: no healthy upstream",
+    ):
         asyncio.run(main())

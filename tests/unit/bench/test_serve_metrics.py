@@ -1,5 +1,5 @@
 """vLLM bench serve's figures from hand-built timings: TTFT, TPOT from usage, pooled ITL, E2E, percentiles,
-goodput, attainment with failures counted bad, stalls per 100 streams, peaks, per GPU, and vLLM's key names."""
+goodput, attainment (failures count bad), stalls per 100 streams, peaks, per GPU, and vLLM's key names."""
 
 from __future__ import annotations
 
@@ -23,21 +23,46 @@ from pdfleet.bench.serve_metrics import (
     tpot,
 )
 
-# `vllm bench serve --save-result` keys (vllm/benchmarks/serve.py: results + per-metric for ttft,tpot,itl,e2el)
+# `vllm bench serve --save-result` keys (vllm/benchmarks/serve.py: results, then ttft/tpot/itl/e2el figures)
 VLLM_KEYS = {
-    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
-    "request_goodput", "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_output_tokens_per_s",
     "max_concurrent_requests",
     *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "std")),
     *(f"p{p}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for p in ("50", "90", "95", "99", "99.9")),
 }
 
 
-def rec(start: float, chunks: list[float], n: int | None, error: str = "", cls: str = "short",
-        prompt: int = 100, index: int = 0) -> Record:
+def rec(
+    start: float,
+    chunks: list[float],
+    n: int | None,
+    error: str = "",
+    cls: str = "short",
+    prompt: int = 100,
+    index: int = 0,
+) -> Record:
     """A request that started at `start` and got content events at `chunks` (perf_counter s)."""
-    r = Record(index, "colocated", cls, prompt, 8, start=start, chunks=list(chunks), output_tokens=n, error=error,
-               status=200 if not error else 500)
+    r = Record(
+        index,
+        "colocated",
+        cls,
+        prompt,
+        8,
+        start=start,
+        chunks=list(chunks),
+        output_tokens=n,
+        error=error,
+        status=200 if not error else 500,
+    )
     if chunks:
         r.ttft = chunks[0] - start
     return r
@@ -120,7 +145,7 @@ def test_peak_output_tokens_per_second_and_requests_in_flight() -> None:
 
 
 def test_time_scale_divides_every_time() -> None:
-    """A simulator at time scale 2: wall times are twice the simulated ones; reported figures are simulated."""
+    """Time scale 2: wall times are twice the simulated ones; the figures reported are simulated."""
     s = summarize([A], 2.0, Bounds(1000, 1000), scale=2.0)
     assert s["mean_ttft_ms"] == pytest.approx(50.0) and s["duration"] == pytest.approx(1.0)
     assert s["mean_itl_ms"] == pytest.approx(10.0)
@@ -133,7 +158,7 @@ def test_empty_run_gives_nan_not_an_exception() -> None:
 
 def test_keys_are_vllm_bench_serves() -> None:
     s = summarize([A, B], 2.0, Bounds(1000, 1000))
-    assert VLLM_KEYS <= set(s), VLLM_KEYS - set(s)
+    assert set(s) >= VLLM_KEYS, VLLM_KEYS - set(s)
     assert set(VLLM_RESULT_KEYS) <= VLLM_KEYS
     assert pct_key("ttft", 99) == "p99_ttft_ms" and pct_key("itl", 99.9) == "p99.9_itl_ms"
 

@@ -14,8 +14,13 @@ LE = ("0.3", "0.5", "0.8", "1.0", "+Inf")
 
 def page(queued: int, kv: float, preempted: int) -> str:
     """A vLLM-like exposition: `queued` requests waited 0.3-0.5 s; KV usage; preemptions."""
-    lines = [f'vllm:request_queue_time_seconds_bucket{{le="{le}"}} {0 if le == "0.3" else queued}' for le in LE]
-    lines += [f"vllm:request_queue_time_seconds_count {queued}", f"vllm:request_queue_time_seconds_sum {0.4 * queued}"]
+    lines = [
+        f'vllm:request_queue_time_seconds_bucket{{le="{le}"}} {0 if le == "0.3" else queued}' for le in LE
+    ]
+    lines += [
+        f"vllm:request_queue_time_seconds_count {queued}",
+        f"vllm:request_queue_time_seconds_sum {0.4 * queued}",
+    ]
     lines += [f"vllm:kv_cache_usage_perc {kv}", f"vllm:num_preemptions_total {preempted}"]
     return "\n".join(lines) + "\n"
 
@@ -24,8 +29,10 @@ def test_chain_per_role_over_the_window_and_reasons_for_what_is_missing() -> Non
     clock = [0.0]
     pages = {"/metrics": page(0, 0.1, 0)}
     with text_server(pages) as url:
-        source = DirectScrape([Target(url + "/metrics", {"pool": "colocated", "role": "colocated", "host": "c1"})],
-                              clock=lambda: clock[0])
+        source = DirectScrape(
+            [Target(url + "/metrics", {"pool": "colocated", "role": "colocated", "host": "c1"})],
+            clock=lambda: clock[0],
+        )
         source.scrape()
         pages["/metrics"] = page(10, 0.6, 3)
         clock[0] = 30.0

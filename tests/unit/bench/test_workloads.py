@@ -44,8 +44,12 @@ def test_prefix_repetition_shares_prefixes() -> None:
 def test_sharegpt_first_turns_through_vllms_filter(tmp_path: Path) -> None:
     data = [
         {"conversations": [{"from": "human", "value": "q" * 400}, {"from": "gpt", "value": "a" * 800}]},
-        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "a" * 800}]},  # prompt < 4
-        {"conversations": [{"from": "human", "value": "q" * 5000}, {"from": "gpt", "value": "a" * 40}]},  # > 1024
+        {
+            "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "a" * 800}]
+        },  # prompt < 4
+        {
+            "conversations": [{"from": "human", "value": "q" * 5000}, {"from": "gpt", "value": "a" * 40}]
+        },  # > 1024
         {"conversations": [{"from": "human", "value": "only one turn"}]},
     ]
     path = tmp_path / "sg.json"
@@ -55,8 +59,10 @@ def test_sharegpt_first_turns_through_vllms_filter(tmp_path: Path) -> None:
 
 
 def test_mooncake_trace_keeps_times_lengths_and_prefix_blocks(tmp_path: Path) -> None:
-    rows = [{"timestamp": 1000, "input_length": 600, "output_length": 10, "hash_ids": [7, 8]},
-            {"timestamp": 1500, "input_length": 700, "output_length": 20, "hash_ids": [7, 9]}]
+    rows = [
+        {"timestamp": 1000, "input_length": 600, "output_length": 10, "hash_ids": [7, 8]},
+        {"timestamp": 1500, "input_length": 700, "output_length": 20, "hash_ids": [7, 9]},
+    ]
     path = tmp_path / "trace.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     a, b = build(WorkloadSpec("trace", dataset=str(path)), 10, 0)
@@ -65,16 +71,20 @@ def test_mooncake_trace_keeps_times_lengths_and_prefix_blocks(tmp_path: Path) ->
     assert estimate_tokens(a.prompt) == 600
 
 
-@pytest.mark.parametrize(("spec", "text", "message"), [
-    (WorkloadSpec("nope"), None, "not a workload; choose one of random, long-prompt-mix"),
-    (WorkloadSpec("sharegpt"), None, "--workload sharegpt needs --dataset PATH"),
-    (WorkloadSpec("random", range_ratio=1.5), None, "--range-ratio 1.5"),
-    (WorkloadSpec("trace"), '{"timestamp": 1, "output_length": 3}\n', ":1: missing 'input_length'"),
-    (WorkloadSpec("trace"), "not json\n", ":1: not a JSON line"),
-    (WorkloadSpec("sharegpt"), "{}", "a ShareGPT file is a JSON list"),
-])
-def test_bad_options_and_files_are_clear_errors(tmp_path: Path, spec: WorkloadSpec, text: str | None,
-                                                message: str) -> None:
+@pytest.mark.parametrize(
+    ("spec", "text", "message"),
+    [
+        (WorkloadSpec("nope"), None, "not a workload; choose one of random, long-prompt-mix"),
+        (WorkloadSpec("sharegpt"), None, "--workload sharegpt needs --dataset PATH"),
+        (WorkloadSpec("random", range_ratio=1.5), None, "--range-ratio 1.5"),
+        (WorkloadSpec("trace"), '{"timestamp": 1, "output_length": 3}\n', ":1: missing 'input_length'"),
+        (WorkloadSpec("trace"), "not json\n", ":1: not a JSON line"),
+        (WorkloadSpec("sharegpt"), "{}", "a ShareGPT file is a JSON list"),
+    ],
+)
+def test_bad_options_and_files_are_clear_errors(
+    tmp_path: Path, spec: WorkloadSpec, text: str | None, message: str
+) -> None:
     if text is not None:
         (tmp_path / "d").write_text(text)
         spec = WorkloadSpec(spec.name, dataset=str(tmp_path / "d"))
