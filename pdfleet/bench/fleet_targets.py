@@ -67,32 +67,49 @@ def gpu_count(topology: Topology, pool: str) -> int:
     return sum(len(i.gpus) for i in topology.instances if GATEWAY_POOL[i.pool] == pool)
 
 
-def direct_targets(topology: Topology) -> list[Target]:
-    """Every vLLM (and router) metrics endpoint with its pool/role/host labels."""
+def direct_targets(topology: Topology, pool: str | None = None) -> list[Target]:
+    """The vLLM metrics endpoints (of one gateway pool, or all) with their pool/role/host labels.
+
+    The router's endpoint is left out: it listens on its gateway host's loopback, out of reach from here.
+    """
     return [
-        Target(e.url, dict(e.labels)) for e in topology.metrics_endpoints if e.job in ("vllm", "vllm-router")
+        Target(e.url, dict(e.labels))
+        for e in topology.metrics_endpoints
+        if e.job == "vllm" and (pool is None or e.labels.get("pool") == pool)
     ]
 
 
-def metrics_source(
+Sources = Callable[[str], tuple[MetricsSource, MetricsSource]]  # pool -> (window figures, KV sampling)
+
+
+def metrics_sources(
     inventory: Inventory, topology: Topology, note: Callable[[str], None]
-) -> tuple[MetricsSource, MetricsSource, str]:
-    """(source for windowed figures, source for KV sampling, what it is): Prometheus on the monitoring host
-    when it answers, else direct scrapes of the topology's endpoints (a fresh one for sampling, so that its
-    scrapes never become the window's baseline)."""
+) -> tuple[Sources, str]:
+    """Per pool: (source for windowed figures, source for KV sampling), and what they are.
+
+    Prometheus on the monitoring host when it answers; else direct scrapes of the pool's own endpoints (one
+    pool down leaves the other's figures alone), a fresh scraper for sampling so that its scrapes never
+    become the window's baseline.
+    """
     monitoring = inventory.group("monitoring")
     if monitoring:
         url = f"http://{monitoring[0].address}:{PROMETHEUS_PORT}"
         prom = PrometheusClient(url, timeout=5)
         if prom.ready():
-            return prom, prom, f"Prometheus at {url}"
+            return (lambda _pool: (prom, prom)), f"Prometheus at {url}"
         note(f"Prometheus at {url} is not answering; reading the services' /metrics directly")
-    targets = direct_targets(topology)
-    return DirectScrape(targets), DirectScrape(targets), f"direct scrape of {len(targets)} endpoint(s)"
+
+    def direct(pool: str) -> tuple[MetricsSource, MetricsSource]:
+        targets = direct_targets(topology, pool)
+        return DirectScrape(targets), DirectScrape(targets)
+
+    return direct, f"direct scrape of {len(direct_targets(topology))} vLLM endpoint(s)"
 
 
-def pool_targets(
-    topology: Topology, pools: tuple[str, ...], source: MetricsSource, kv_source: MetricsSource
-) -> dict[str, PoolTarget]:
+def pool_targets(topology: Topology, pools: tuple[str, ...], sources: Sources) -> dict[str, PoolTarget]:
     """PoolTarget per pool asked for."""
-    return {p: PoolTarget(p, gpu_count(topology, p), source, kv_source) for p in pools}
+    out = {}
+    for p in pools:
+        source, kv = sources(p)
+        out[p] = PoolTarget(p, gpu_count(topology, p), source, kv)
+    return out

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from pdfleet.bench.compare import POOLS, BenchPlan, BenchResult, check_plan, run_compare
 from pdfleet.bench.compare_report import HEADLINE, headline_rows, write_all
-from pdfleet.bench.fleet_targets import gateway_of, metrics_source, pool_targets, pools_of, read_client_key
+from pdfleet.bench.fleet_targets import gateway_of, metrics_sources, pool_targets, pools_of, read_client_key
 from pdfleet.bench.serve_metrics import Bounds
 from pdfleet.bench.verdict import Thresholds, Verdict
 from pdfleet.bench.workloads import WORKLOADS, WorkloadSpec
@@ -152,9 +152,9 @@ async def _run(plan: BenchPlan, deployment: Deployment, key: str, console: Conso
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
     topology = deployment.topology
-    source, kv_source, what = metrics_source(deployment.inventory, topology, lambda m: console.print(m))
+    sources, what = metrics_sources(deployment.inventory, topology, lambda m: console.print(m))
     console.print(f"server side: {what}")
-    targets = pool_targets(topology, plan.pools, source, kv_source)
+    targets = pool_targets(topology, plan.pools, sources)
     gw = gateway_of(deployment.profile, topology, key)
     bars = Progress(
         TextColumn("{task.description}"),

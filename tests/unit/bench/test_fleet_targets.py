@@ -12,7 +12,7 @@ from pdfleet.bench.fleet_targets import (
     direct_targets,
     gateway_of,
     gpu_count,
-    metrics_source,
+    metrics_sources,
     pools_of,
     read_client_key,
 )
@@ -38,7 +38,6 @@ def test_lab_cross_compares_two_colocated_gpus_with_one_prefill_and_one_decode()
         ("colocated", "colocated"),
         ("disagg", "prefill"),
         ("disagg", "decode"),
-        ("disagg", "router"),
     }
 
 
@@ -50,9 +49,11 @@ def test_no_monitoring_answering_falls_back_to_direct_scrapes() -> None:
     d = _lab()
     notes: list[str] = []
     # 198.18.0.10:9090 is the lab's monitoring host; here nothing answers there
-    source, kv, what = metrics_source(d.inventory.limit("colocated"), d.topology, notes.append)
+    sources, what = metrics_sources(d.inventory.limit("colocated"), d.topology, notes.append)
+    source, kv = sources("disagg")
     assert isinstance(source, DirectScrape) and isinstance(kv, DirectScrape) and source is not kv
-    assert what.startswith("direct scrape of") and not notes
+    assert [t.labels["role"] for t in source.targets] == ["prefill", "decode"]  # that pool's own endpoints
+    assert what == "direct scrape of 4 vLLM endpoint(s)" and not notes
 
 
 def test_client_key_is_read_never_created(tmp_path: Path) -> None:
