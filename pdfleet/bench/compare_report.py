@@ -38,7 +38,7 @@ def headline_rows(doc: dict[str, Any]) -> list[list[str]]:
     rows = []
     for pool, s in doc["pools"].items():
         if "error" in s:
-            rows.append([pool, "all", "-", "-", "down", "-", "-", "-"])
+            rows.append([pool, "all", "-", "-", "down", "-", "-", "-", "-"])
             continue
         for cls, c in [*s["pdfleet"]["classes"].items(), ("all", s)]:
             rows.append(
@@ -49,6 +49,7 @@ def headline_rows(doc: dict[str, Any]) -> list[list[str]]:
                     fmt(c["failed"]),
                     fmt(c["p95_ttft_ms"], 0),
                     fmt(c["p99_itl_ms"]),
+                    fmt(c["p99.9_itl_ms"]),
                     fmt(c["stalls_per_100_streams"]),
                     fmt(c["p95_tpot_ms"]),
                 ]
@@ -63,6 +64,7 @@ HEADLINE = [
     "failed",
     "TTFT P95 ms",
     "ITL P99 ms",
+    "ITL P99.9 ms",
     "stalls/100 streams",
     "TPOT P95 ms",
 ]

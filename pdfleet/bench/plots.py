@@ -63,36 +63,39 @@ def cdfs(result: BenchResult, out: Path) -> list[Path]:
     return paths
 
 
-def timeline(result: BenchResult, out: Path, window_s: float = 20.0) -> Path:
-    """itl_timeline.png: every short stream's gaps against time around the first long prompt's arrival,
-    one panel per pool, the long prompts' starts as vertical lines (a stall shows as a spike after one)."""
+def _short_gaps(run: Any, s: float) -> list[tuple[float, float]]:
+    """(time since the run began, gap ms) of every short stream's inter-token gap."""
+    out = []
+    for r in run.records:
+        if r.length_class == "short" and r.chunks:
+            out += [((t - run.t0) / s, 1000 * g) for t, g in zip(r.chunks[1:], gaps(r, s), strict=False)]
+    return out
+
+
+def timeline(result: BenchResult, out: Path, window_s: float = 12.0) -> Path:
+    """itl_timeline.png: short streams' gaps against time, one panel per pool, around the colocated pool's
+    longest gap (the same window for every pool); long prompts' starts as dashed lines, the stall threshold
+    dotted. A stall shows as a spike just after a long prompt lands."""
     s = result.plan.time_scale
     runs = [(p, r.run) for p, r in result.pools.items() if r.run is not None]
+    points = {p: _short_gaps(run, s) for p, run in runs}
+    ref = points.get("colocated") or next(iter(points.values()), [])
+    worst = max(ref, key=lambda xy: xy[1])[0] if ref else 0.0
+    lo, hi = max(0.0, worst - window_s / 3), max(0.0, worst - window_s / 3) + window_s
     fig, axes = plt.subplots(len(runs) or 1, 1, figsize=(8, 2.6 * max(1, len(runs))), squeeze=False)
     for ax, (pool, run) in zip(axes[:, 0], runs, strict=False):
-        longs = sorted(
-            (r.start - run.t0) / s for r in run.records if r.length_class == "long" and math.isfinite(r.start)
-        )
-        first = longs[0] if longs else 0.0
-        lo, hi = max(0.0, first - window_s / 4), first + window_s * 3 / 4
-        xs, ys = [], []
+        shown = [(x, y) for x, y in points[pool] if lo <= x <= hi]
+        ax.scatter([x for x, _ in shown], [y for _, y in shown], s=2, color=COLORS.get(pool, "gray"),
+                   label=f"{pool}: short streams' gaps")
         for r in run.records:
-            if r.length_class != "short" or not r.chunks:
-                continue
-            for t, g in zip(r.chunks[1:], gaps(r, s), strict=False):
-                x = (t - run.t0) / s
-                if lo <= x <= hi:
-                    xs.append(x)
-                    ys.append(1000 * g)
-        ax.scatter(xs, ys, s=2, color=COLORS.get(pool, "gray"), label=f"{pool}: short streams' gaps")
-        for t in longs:
-            if lo <= t <= hi:
+            t = (r.start - run.t0) / s
+            if r.length_class == "long" and math.isfinite(t) and lo <= t <= hi:
                 ax.axvline(t, color="k", lw=0.8, ls="--")
         ax.axhline(result.plan.bounds.stall_ms, color="gray", lw=0.8, ls=":")
         ax.set_yscale("log")
         ax.set_xlim(lo, hi)
         ax.set_ylabel("ITL (ms)")
-        ax.set_title(f"{pool}: inter-token gaps; dashed lines: a long prompt arrives", fontsize=9)
+        ax.set_title(f"{pool}: inter-token gaps of short streams; dashed: a long prompt arrives", fontsize=9)
         ax.legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("time since the run started (s)")
     return _save(fig, out / "itl_timeline.png")

@@ -36,7 +36,7 @@ def test_markdown_has_every_section_and_says_where_the_interference_is(tmp_path:
     assert verdict.headline in text and "schedule lateness P99 0.50 ms" in text
     rows = {(r[0], r[1]): r for r in headline_rows(doc)}
     assert (
-        rows[("colocated", "short")][6] == "80.0" and rows[("disagg", "short")][6] == "0.0"
+        rows[("colocated", "short")][7] == "80.0" and rows[("disagg", "short")][7] == "0.0"
     )  # 4 stalls, 5 streams
     assert rows[("colocated", "all")][3] == "1"
 
