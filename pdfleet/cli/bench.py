@@ -222,10 +222,13 @@ def run_bench(
 
 def print_outcome(doc: dict[str, Any], verdict: Verdict, out_dir: Path, console: Console) -> list[str]:
     """Headline table and verdict on stdout; the pools that were down (their errors) are returned."""
-    Console().print(headline_table(doc))
-    Console().print(f"verdict: {verdict.headline}")
+    out = Console()
+    if not out.is_terminal:  # a pipe or a file: no wrapping of the table's columns at 80 characters
+        out = Console(width=160)
+    out.print(headline_table(doc))
+    out.print(f"verdict: {verdict.headline}")
     for warning in verdict.warnings:
-        Console().print(f"[yellow]warning: {warning}[/]")
+        out.print(f"[yellow]warning: {warning}[/]")
     console.print(f"written: {out_dir}/results.json, report.md, report.html, requests.jsonl")
     return [f"{p}: {s['error']}" for p, s in doc["pools"].items() if "error" in s]
 

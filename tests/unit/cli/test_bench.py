@@ -3,6 +3,7 @@ is contacted or written (no traceback, no output directory)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,141 @@ def test_a_pool_the_profile_lacks_is_refused() -> None:
         "error: --pools: profile lab-colocated has no disagg pool behind its gateway (it has: colocated)"
         in proc.stderr
     )
+
+
+def _fleet_files(tmp: Path, ports: dict[str, int]) -> tuple[Path, Path]:
+    """A same-host P/D profile with its colocated baseline, every host on a loopback address of its own."""
+    profiles = tmp / "profiles"
+    profiles.mkdir()
+    for name in ("_base", "same-host-pcie"):
+        (profiles / f"{name}.yml").write_text((REPO / "profiles" / f"{name}.yml").read_text())
+    (profiles / "loop.yml").write_text(f"""extends: same-host-pcie
+vllm: {{engine: sim, sim: {{time_scale: 1.0}}}}
+kv_transfer: {{side_channel_port: {ports["side"]}}}
+pools:
+  prefill: {{port: {ports["prefill"]}}}
+  decode: {{port: {ports["decode"]}}}
+  colocated: {{port: {ports["colocated"]}, max_num_batched_tokens: 2048}}
+gateway:
+  port: {ports["gateway"]}
+  router_port: {ports["router"]}
+  router_prometheus_port: {ports["router_prom"]}
+  client_key_file: {tmp}/client.key
+  admin_key_file: {tmp}/admin.key
+""")
+    inventory = tmp / "inv.yml"
+    inventory.write_text("""all:
+  children:
+    gateway: {hosts: {gw: {ansible_host: 127.0.0.1}}}
+    colocated: {hosts: {c1: {ansible_host: 127.0.0.2, gpus: [0]}}}
+    prefill: {hosts: {pd1: {ansible_host: 127.0.0.3, gpus: [0, 1]}}}
+    decode: {hosts: {pd1: }}
+""")
+    return profiles / "loop.yml", inventory
+
+
+def test_invoke_bench_end_to_end_on_loopback(tmp_path: Path) -> None:
+    """The task itself against simulators, the real vllm-router and pdfleet-gateway on loopback addresses
+    laid out by a profile and an inventory: progress, results, report, verdict, exit 0."""
+    import os
+
+    from pdfleet.bench.launch import RouterProcess, _Proc
+    from pdfleet.bench.local_fleet import KEY
+    from pdfleet.bench.procs import free_port
+    from pdfleet.gateway.keys import hash_key
+
+    ports = {
+        k: free_port() for k in ("side", "prefill", "decode", "colocated", "gateway", "router", "router_prom")
+    }
+    profile, inventory = _fleet_files(tmp_path, ports)
+    key = tmp_path / "client.key"
+    key.write_text(KEY + "\n")
+    os.chmod(key, 0o600)
+    names = ["--served-model-name", "llama-3.1-8b", "--disable-log-stats"]
+
+    def sim(host: str, port: int, *extra: str, env: dict[str, str] | None = None) -> _Proc:
+        argv = [
+            sys.executable,
+            "-m",
+            "pdfleet.sim.cli",
+            "serve",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            *names,
+            *extra,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
+        return _Proc(argv, env, f"http://{host}:{port}/health", 60)
+
+    kv = '{"kv_connector":"NixlConnector","kv_role":"%s"}'
+    side = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.3", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports["side"])}
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"keys:\n  - name: bench\n    sha256: {hash_key(KEY)}\n")
+    os.chmod(keys, 0o600)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"""version: 1
+listen: {{host: 127.0.0.1, port: {ports["gateway"]}}}
+keys_file: {keys}
+models:
+  llama-3.1-8b: {{colocated: ["http://127.0.0.2:{ports["colocated"]}"], disagg: "http://127.0.0.1:{ports["router"]}"}}
+stage: colocated
+stages: {{colocated: {{short: 0, long: 0}}}}
+log_requests: false
+""")
+    gateway = _Proc(
+        [sys.executable, "-m", "pdfleet.gateway.cli", "--config", str(policy)],
+        None,
+        f"http://127.0.0.1:{ports['gateway']}/health",
+        30,
+    )
+    with (
+        sim("127.0.0.2", ports["colocated"], "--max-num-batched-tokens", "2048"),
+        sim("127.0.0.3", ports["prefill"], "--kv-transfer-config", kv % "kv_producer", env=side),
+        sim("127.0.0.3", ports["decode"], "--kv-transfer-config", kv % "kv_consumer"),
+        RouterProcess(
+            [f"http://127.0.0.3:{ports['prefill']}"],
+            [f"http://127.0.0.3:{ports['decode']}"],
+            port=ports["router"],
+        ),
+        gateway,
+    ):
+        out = tmp_path / "out"
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "invoke",
+                "bench",
+                "--profile",
+                str(profile),
+                "--inventory",
+                str(inventory),
+                "--workload",
+                "long-prompt-mix",
+                "--long-share",
+                "0.2",
+                "--rate",
+                "4",
+                "--num-prompts",
+                "20",
+                "--out",
+                str(out),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "server side: direct scrape of 3 vLLM endpoint(s)" in proc.stderr
+    assert "TTFT P95 ms" in proc.stdout and "verdict: " in proc.stdout
+    doc = json.loads((out / "results.json").read_text())
+    assert {p: (s["completed"], s["failed"], s["pdfleet"]["gpus"]) for p, s in doc["pools"].items()} == {
+        "colocated": (20, 0, 1),
+        "disagg": (20, 0, 2),
+    }
+    assert isinstance(doc["pools"]["disagg"]["pdfleet"]["server"]["kv_transfer_p95_ms"]["decode"], float)
+    assert (out / "report.html").exists() and (out / "vllm-disagg.json").exists()
