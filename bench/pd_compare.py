@@ -36,8 +36,8 @@ def main() -> int:
     ap.add_argument(
         "--colocated-budget",
         type=int,
-        default=2048,
-        help="max-num-batched-tokens of the colocated simulators (lab-cross: 2048)",
+        default=8192,
+        help="max-num-batched-tokens of the colocated simulators (lab-cross: 8192)",
     )
     ap.add_argument("--out", default="out/pd-compare")
     args = ap.parse_args()

@@ -53,7 +53,7 @@ class LocalFleet:
         with_disagg: bool = True,
         link: str = "roce-400g",
         long_tokens: int = 8192,
-        colocated_budget: int = 2048,
+        colocated_budget: int = 8192,
     ) -> None:
         self.n_colo, self.sim_args, self.with_disagg = colocated, list(sim_args), with_disagg
         self.link, self.long_tokens, self.budget = link, long_tokens, colocated_budget
