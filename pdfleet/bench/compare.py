@@ -152,6 +152,7 @@ async def run_one(
     if kv_source is not None:
 
         def background(ev: asyncio.Event, src: MetricsSource = kv_source) -> object:
+            """The KV-usage sampler run beside the pool's load."""
             return kv_peak(src, target.name, ev)
 
     run = await run_pool(

@@ -126,6 +126,7 @@ def _ms(v: float, stage: str) -> str:
 
 
 def _pair(p95: Any, p99: Any, stage: str) -> str:
+    """A P95 / P99 cell of the server table."""
     if isinstance(p95, int | float):
         return f"{_ms(p95, stage)} / {_ms(p99, stage)}" if isinstance(p99, int | float) else _ms(p95, stage)
     return "n/a"
@@ -242,6 +243,7 @@ def markdown(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> st
 
 
 def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """An escaped HTML table."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"

@@ -100,6 +100,7 @@ def metrics_sources(
         note(f"Prometheus at {url} is not answering; reading the services' /metrics directly")
 
     def direct(pool: str) -> tuple[MetricsSource, MetricsSource]:
+        """Direct scrapers over one pool's endpoints."""
         targets = direct_targets(topology, pool)
         return DirectScrape(targets), DirectScrape(targets)
 

@@ -67,6 +67,7 @@ class LocalFleet:
         self.gateway = Gateway("127.0.0.1", 0, KEY, SIM_MODEL)
 
     def _sim(self, extra: Sequence[str], env: dict[str, str] | None = None) -> SimProcess:
+        """A simulator started within the fleet's exit stack."""
         args = [SIM_MODEL, "--disable-log-stats", *self.sim_args, *extra]
         return self.stack.enter_context(SimProcess(args, env=env, timeout=60))
 
@@ -101,6 +102,7 @@ class LocalFleet:
         return self
 
     def _start_gateway(self) -> None:
+        """pdfleet-gateway with this fleet's policy and key, once its /health answers."""
         port = free_port()
         keys = self.tmp / "keys.yaml"
         keys.write_text(f"keys:\n  - name: bench\n    sha256: {hash_key(KEY)}\n")
@@ -130,6 +132,7 @@ class LocalFleet:
         self.gateway = Gateway("127.0.0.1", port, KEY, SIM_MODEL)
 
     def _stop_gateway(self) -> None:
+        """SIGTERM, then SIGKILL after 15 s."""
         proc = self.gateway_proc
         if proc is not None and proc.poll() is None:
             proc.terminate()

@@ -148,6 +148,7 @@ class _Conn(asyncio.Protocol):
                     self._end()
 
     def _head(self) -> bool:
+        """Parse the response head once it is complete; False while it is not."""
         end = self.buf.find(b"\r\n\r\n")
         if end < 0:
             return False
@@ -171,6 +172,7 @@ class _Conn(asyncio.Protocol):
         return True
 
     def _dechunk(self, now: float) -> None:
+        """Decode the chunked transfer encoding: payload bytes to _payload, the last chunk to _end."""
         while self.rec is not None:
             if self.left > 0:
                 piece = bytes(self.buf[: self.left])
@@ -212,6 +214,7 @@ class _Conn(asyncio.Protocol):
             self._event(event, now)
 
     def _event(self, event: bytes, now: float) -> None:
+        """One SSE event: content events are timed, usage kept, an error event recorded."""
         rec = self.rec
         assert rec is not None
         if not event.startswith(b"data:"):
@@ -238,6 +241,7 @@ class _Conn(asyncio.Protocol):
             rec.error = f"error event: {str(doc['error'].get('message', doc['error']))[:200]}"
 
     def _end(self) -> None:
+        """The response is over: settle the record's outcome and wake the sender."""
         rec, waiter = self.rec, self.waiter
         self.rec = self.waiter = None
         if rec is None or waiter is None or waiter.done():
@@ -251,6 +255,7 @@ class _Conn(asyncio.Protocol):
         waiter.set_result(None)
 
     def _close(self) -> None:
+        """Close the connection (never reused after an error)."""
         if self.transport is not None:
             self.transport.close()
         self.open = False
@@ -324,6 +329,7 @@ class StreamingClient:
             rec.error, rec.status = "", 0
 
     def _take_idle(self) -> _Conn | None:
+        """The most recently used open idle connection, if any."""
         while self.idle:
             conn = self.idle.pop()
             if conn.open:

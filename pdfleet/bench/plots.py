@@ -20,6 +20,7 @@ STYLES = {"short": "-", "long": "--"}
 
 
 def _cdf(ax: Any, xs: list[float], label: str, color: str, style: str) -> None:
+    """One empirical CDF curve."""
     if not xs:
         return
     xs = sorted(xs)
@@ -28,6 +29,7 @@ def _cdf(ax: Any, xs: list[float], label: str, color: str, style: str) -> None:
 
 
 def _save(fig: Any, path: Path) -> Path:
+    """Write a figure as PNG and free it."""
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

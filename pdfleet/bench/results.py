@@ -106,6 +106,7 @@ def figures_for_verdict(summary: dict[str, Any], pool: str) -> PoolFigures | Non
     server = summary["pdfleet"]["server"]
 
     def queue(role_choice: tuple[str, ...]) -> float | None:
+        """The largest queue P95 over these roles."""
         figs = server.get("queue_p95_ms", {})
         vals = [v for r in role_choice if (v := value_of(figs, r)) is not None]
         return max(vals) if vals else None
@@ -122,6 +123,7 @@ def figures_for_verdict(summary: dict[str, Any], pool: str) -> PoolFigures | Non
 
 
 def _num(v: Any) -> float | None:
+    """A finite number, else None."""
     return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
 
 
@@ -165,6 +167,7 @@ def request_lines(result: BenchResult) -> list[dict[str, Any]]:
 
 
 def _write(path: Path, text: str) -> None:
+    """Write a file atomically (a reader never sees half of it)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

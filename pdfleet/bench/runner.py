@@ -69,12 +69,14 @@ class PoolRun:
 
 
 def _request(gw: Gateway, pool: str, item: Item) -> bytes:
+    """The request bytes of one item, through the gateway to `pool`."""
     return completion_request(
         gw.host, gw.port, gw.key, pool, completion_body(gw.model, item.prompt, item.output_tokens)
     )
 
 
 def _record(item: Item, pool: str, long_tokens: int) -> Record:
+    """A fresh record for one item."""
     return Record(item.index, pool, length_class(item, long_tokens), item.prompt_tokens, item.output_tokens)
 
 
@@ -108,6 +110,7 @@ async def warm_up(client: StreamingClient, gw: Gateway, pool: str, items: Sequen
 
 
 async def _lag_monitor(out: list[float], stop: asyncio.Event) -> None:
+    """Sample how late a 5 ms sleep wakes up: the event loop's own lag."""
     while not stop.is_set():
         t = time.perf_counter()
         await asyncio.sleep(LAG_TICK_S)
@@ -137,6 +140,7 @@ async def run_pool(
     done = 0
 
     async def one(item: Item, due: float | None) -> None:
+        """Run one item and record its lateness."""
         nonlocal done
         rec = _record(item, pool, long_tokens)
         records.append(rec)
@@ -201,6 +205,7 @@ async def _open_loop(
     base: float,
     stop: asyncio.Event,
 ) -> None:
+    """Start each item at its due time (never early), until done or stopped."""
     for item, due in zip(items, starts, strict=False):
         # a timer may fire early (uvloop rounds to 1 ms): sleep again until due, never early
         while (left := due - (time.perf_counter() - base)) > 0:
@@ -222,11 +227,13 @@ async def _closed_loop(
     base: float,
     stop: asyncio.Event,
 ) -> None:
+    """C workers, each running one request after another, until the items or the time run out."""
     queue = iter(range(10**9))
     deadline = None if schedule.duration_s is None else base + schedule.duration_s
     limit = len(items) if deadline is None else None
 
     async def worker() -> None:
+        """One closed-loop worker."""
         for i in queue:
             if (
                 stop.is_set()

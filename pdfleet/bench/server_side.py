@@ -31,6 +31,7 @@ Figure = float | str  # a number, or why there is none
 
 
 def _try(read: Callable[[], Any]) -> Any:
+    """A figure, or its source's reason for not having one."""
     try:
         return read()
     except MetricsError as err:

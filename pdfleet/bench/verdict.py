@@ -68,12 +68,14 @@ GENERAL = (
 
 
 def _meets(f: PoolFigures, t: Thresholds) -> tuple[bool | None, bool | None]:
+    """Whether a pool meets the TTFT and TPOT bounds (None: not measured)."""
     ttft = None if f.ttft_p95_ms is None else f.ttft_p95_ms <= t.ttft_p95_ms
     tpot = None if f.tpot_p95_ms is None else f.tpot_p95_ms <= t.tpot_p95_ms
     return ttft, tpot
 
 
 def _kv_warning(disagg: PoolFigures | None) -> list[str]:
+    """The KV-transfer warning when the P/D pool's P95 is over 200 ms."""
     if disagg is None or disagg.kv_transfer_p95_ms is None or disagg.kv_transfer_p95_ms <= KV_WARN_MS:
         return []
     return [

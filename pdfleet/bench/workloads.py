@@ -162,6 +162,7 @@ def words(tokens: int, rng: random.Random) -> str:
 
 
 def _ranged(rng: random.Random, length: int, ratio: float) -> int:
+    """A length uniform in [length * (1 - ratio), length * (1 + ratio)]."""
     lo, hi = max(1, int(length * (1 - ratio))), max(1, int(length * (1 + ratio)))
     return rng.randint(lo, hi)
 
@@ -213,6 +214,7 @@ def build(spec: WorkloadSpec, n: int, seed: int) -> list[Item]:
 
 
 def _item(index: int, prompt_tokens: int, output_tokens: int, rng: random.Random) -> Item:
+    """An item with a random-word prompt of `prompt_tokens` tokens."""
     return Item(index, words(prompt_tokens, rng), prompt_tokens, output_tokens)
 
 
@@ -224,11 +226,13 @@ def _mix_item(index: int, spec: WorkloadSpec, rng: random.Random) -> Item:
 
 
 def _prefixed(index: int, prefix: str, spec: WorkloadSpec, rng: random.Random) -> Item:
+    """A shared prefix plus a random suffix."""
     suffix = words(spec.suffix_len, rng)
     return Item(index, f"{prefix} {suffix}", spec.prefix_len + spec.suffix_len, spec.output_len)
 
 
 def _read(path: Path, what: str) -> str:
+    """A dataset file's text, or an error naming it."""
     try:
         return path.read_text(encoding="utf-8")
     except OSError as err:
@@ -277,6 +281,7 @@ def _block(hash_id: int) -> list[str]:
 
 
 def _trace_row(row: Any, where: str) -> tuple[float, int, int, list[int]]:
+    """One Mooncake trace line's fields, checked."""
     if not isinstance(row, dict):
         raise ValidationError(f"{where}: a trace line is a JSON object")
     try:

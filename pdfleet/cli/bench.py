@@ -166,9 +166,11 @@ async def _run(plan: BenchPlan, deployment: Deployment, key: str, console: Conso
     )
 
     def progress_for(pool: str) -> Callable[[int, int | None], None]:
+        """A progress bar for one pool and its update callback."""
         task_id = bars.add_task(f"{pool} ({targets[pool].gpus} GPU)", total=None)
 
         def update(done: int, total: int | None) -> None:
+            """Move the bar."""
             bars.update(task_id, completed=done, total=total)
 
         return update

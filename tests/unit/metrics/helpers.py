@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from pdfleet.fleet.monitoring_config import VLLM_NAME_RELABEL
 from prometheus_client import CollectorRegistry, start_http_server
 
 from pdfleet.bench.procs import free_port, stop_processes, wait_http
+from pdfleet.fleet.monitoring_config import VLLM_NAME_RELABEL
 from pdfleet.metrics.prometheus import PrometheusClient
 
 PROMETHEUS = "/usr/bin/prometheus"
