@@ -4,6 +4,7 @@ down: a clear error naming it, and the colocated pool's results, report and plot
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -72,7 +73,48 @@ def test_a_down_pool_is_named_and_the_other_pools_results_are_written(tmp_path: 
     ],
 )
 def test_contradicting_options_are_refused(changes: dict[str, object], message: str) -> None:
-    import dataclasses
-
     with pytest.raises(ValidationError, match=message):
         check_plan(dataclasses.replace(PLAN, **changes))  # type: ignore[arg-type]
+
+
+def test_sweep_finds_the_largest_rate_meeting_the_attainment_target() -> None:
+    """A scripted gateway whose TTFT grows with the offered rate (1 ms per request started in the last
+    second): with a 25 ms TTFT bound, low rates meet 90% attainment and high ones do not."""
+    import time
+
+    from pdfleet.bench.compare import best_rate, sweep
+    from pdfleet.bench.runner import Gateway
+    from tests.unit.bench.helpers import DONE, SSE_HEAD, Reply, ScriptedServer, chunk
+
+    started: list[float] = []
+
+    async def respond(reply: Reply) -> bool:
+        now = time.perf_counter()
+        started.append(now)
+        await asyncio.sleep(0.001 * sum(1 for t in started if now - t < 1.0))
+        ev = b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'
+        await reply.write(
+            SSE_HEAD + chunk(ev) + chunk(ev) + chunk(b'data: {"usage":{"completion_tokens":2}}\n\n')
+        )
+        await reply.write(DONE)
+        return True
+
+    async def main() -> list[dict[str, float]]:
+        async with ScriptedServer(respond) as server:
+            plan = dataclasses.replace(
+                PLAN, rate=8.0, num_prompts=None, duration_s=2.0, bounds=Bounds(25, 1000)
+            )
+            return await sweep(
+                plan,
+                Gateway("127.0.0.1", server.port, None, "m"),
+                PoolTarget("colocated", 2),
+                asyncio.Event(),
+                steps=5,
+            )
+
+    rows = asyncio.run(main())
+    assert rows[0]["rate"] == 8.0 and rows[1]["rate"] == 16.0
+    assert any(r["met"] for r in rows) and not all(r["met"] for r in rows)
+    best = best_rate(rows)
+    assert best is not None and 8.0 <= best < 64.0
+    assert all(r["rate_per_gpu"] == r["rate"] / 2 for r in rows)
