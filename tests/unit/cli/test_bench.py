@@ -4,8 +4,12 @@ is contacted or written (no traceback, no output directory)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -104,16 +108,16 @@ gateway:
     return profiles / "loop.yml", inventory
 
 
-def test_invoke_bench_end_to_end_on_loopback(tmp_path: Path) -> None:
-    """The task itself against simulators, the real vllm-router and pdfleet-gateway on loopback addresses
-    laid out by a profile and an inventory: progress, results, report, verdict, exit 0."""
-    import os
-
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """Simulators, the real vllm-router and pdfleet-gateway on loopback addresses laid out by a same-host
+    P/D profile (with its colocated baseline) and an inventory: (profile file, inventory file)."""
     from pdfleet.bench.launch import RouterProcess, _Proc
     from pdfleet.bench.local_fleet import KEY
     from pdfleet.bench.procs import free_port
     from pdfleet.gateway.keys import hash_key
 
+    tmp_path = tmp_path_factory.mktemp("loopback")
     ports = {
         k: free_port() for k in ("side", "prefill", "decode", "colocated", "gateway", "router", "router_prom")
     }
@@ -145,11 +149,14 @@ def test_invoke_bench_end_to_end_on_loopback(tmp_path: Path) -> None:
     keys.write_text(f"keys:\n  - name: bench\n    sha256: {hash_key(KEY)}\n")
     os.chmod(keys, 0o600)
     policy = tmp_path / "policy.yaml"
+    routes = (
+        f'colocated: ["http://127.0.0.2:{ports["colocated"]}"], disagg: "http://127.0.0.1:{ports["router"]}"'
+    )
     policy.write_text(f"""version: 1
 listen: {{host: 127.0.0.1, port: {ports["gateway"]}}}
 keys_file: {keys}
 models:
-  llama-3.1-8b: {{colocated: ["http://127.0.0.2:{ports["colocated"]}"], disagg: "http://127.0.0.1:{ports["router"]}"}}
+  llama-3.1-8b: {{{routes}}}
 stage: colocated
 stages: {{colocated: {{short: 0, long: 0}}}}
 log_requests: false
@@ -160,45 +167,40 @@ log_requests: false
         f"http://127.0.0.1:{ports['gateway']}/health",
         30,
     )
+    prefill, decode = f"http://127.0.0.3:{ports['prefill']}", f"http://127.0.0.3:{ports['decode']}"
     with (
-        sim("127.0.0.2", ports["colocated"], "--max-num-batched-tokens", "2048"),
+        sim("127.0.0.2", ports["colocated"], "--max-num-batched-tokens", "8192"),
         sim("127.0.0.3", ports["prefill"], "--kv-transfer-config", kv % "kv_producer", env=side),
         sim("127.0.0.3", ports["decode"], "--kv-transfer-config", kv % "kv_consumer"),
-        RouterProcess(
-            [f"http://127.0.0.3:{ports['prefill']}"],
-            [f"http://127.0.0.3:{ports['decode']}"],
-            port=ports["router"],
-        ),
+        RouterProcess([prefill], [decode], port=ports["router"]),
         gateway,
     ):
-        out = tmp_path / "out"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "invoke",
-                "bench",
-                "--profile",
-                str(profile),
-                "--inventory",
-                str(inventory),
-                "--workload",
-                "long-prompt-mix",
-                "--long-share",
-                "0.2",
-                "--rate",
-                "4",
-                "--num-prompts",
-                "20",
-                "--out",
-                str(out),
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        yield profile, inventory
+
+
+def _bench_argv(loop: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "invoke",
+        "bench",
+        "--profile",
+        str(loop[0]),
+        "--inventory",
+        str(loop[1]),
+        "--workload",
+        "long-prompt-mix",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def test_invoke_bench_end_to_end_on_loopback(loopback: tuple[Path, Path], tmp_path: Path) -> None:
+    """The task itself through the gateway to both pools: progress, results, report, verdict, exit 0."""
+    out = tmp_path / "out"
+    argv = _bench_argv(loopback, out, "--long-share", "0.2", "--rate", "4", "--num-prompts", "20")
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "server side: direct scrape of 3 vLLM endpoint(s)" in proc.stderr
     assert "TTFT P95 ms" in proc.stdout and "verdict: " in proc.stdout
@@ -209,3 +211,30 @@ log_requests: false
     }
     assert isinstance(doc["pools"]["disagg"]["pdfleet"]["server"]["kv_transfer_p95_ms"]["decode"], float)
     assert (out / "report.html").exists() and (out / "vllm-disagg.json").exists()
+
+
+def test_ctrl_c_stops_cleanly_and_writes_a_partial_report(
+    loopback: tuple[Path, Path], tmp_path: Path
+) -> None:
+    out, err = tmp_path / "out", tmp_path / "stderr"
+    with err.open("w") as sink:
+        proc = subprocess.Popen(
+            _bench_argv(loopback, out, "--rate", "2", "--duration", "60"),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+        )
+        deadline = time.monotonic() + 120
+        while "server side:" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(4)  # into the colocated pool's run
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stdout[-2000:] + err.read_text()[-2000:]
+    assert "interrupted; the report is partial" in err.read_text() and "Traceback" not in err.read_text()
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["partial"] and list(doc["pools"]) == ["colocated"]
+    colo = doc["pools"]["colocated"]
+    assert colo["pdfleet"]["interrupted"] and colo["failed"] == 0
+    assert "(PARTIAL: interrupted)" in (out / "report.md").read_text().splitlines()[0]
