@@ -10,7 +10,6 @@ run early: requests in flight are cancelled and marked so, and the run is marked
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -147,10 +146,9 @@ async def run_pool(
         request = requests[item.index] if item.index in requests else _request(gw, pool, item)
         if due is not None:
             rec.due = due
+            lateness.append(time.perf_counter() - base - due)  # at the start: a cancelled request counts too
         await client.run(request, rec)
         ended.add(id(rec))
-        if due is not None and not math.isnan(rec.start):
-            lateness.append(rec.start - base - due)
         done += 1
         if progress:
             progress(done, total)
