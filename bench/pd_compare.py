@@ -39,6 +39,7 @@ def main() -> int:
         default=8192,
         help="max-num-batched-tokens of the colocated simulators (lab-cross: 8192)",
     )
+    ap.add_argument("--stall-ms", type=float, default=500.0, help="a stall: a gap over this (lab-cross: 250)")
     ap.add_argument("--out", default="out/pd-compare")
     args = ap.parse_args()
     plan = BenchPlan(
@@ -47,7 +48,7 @@ def main() -> int:
         rate=args.rate,
         duration_s=args.duration,
         time_scale=args.time_scale,
-        bounds=Bounds(3000.0, 60.0, 500.0),
+        bounds=Bounds(3000.0, 60.0, args.stall_ms),
     )
     thresholds = Thresholds(3000.0, 60.0, 500.0, 100.0)
     sim_args = ["--sim-time-scale", str(args.time_scale)]

@@ -88,7 +88,7 @@ def test_long_prompts_interfere_on_the_colocated_pool_and_the_report_says_so(ben
     colo = doc["pools"]["colocated"]["pdfleet"]["classes"]
     pd = doc["pools"]["disagg"]["pdfleet"]["classes"]
     assert colo["short"]["p99_itl_ms"] > pd["short"]["p99_itl_ms"]
-    assert colo["short"]["stalls_per_100_streams"] >= pd["short"]["stalls_per_100_streams"]
+    assert colo["short"]["stalls_per_100_streams"] > pd["short"]["stalls_per_100_streams"]  # slo.stall_ms 250
     # short streams are the ones the long prefills hold up: their ITL tail grows most on the colocated pool
     assert colo["short"]["p99_itl_ms"] / pd["short"]["p99_itl_ms"] > 1.0
     report = (bench_out / "report.md").read_text()
