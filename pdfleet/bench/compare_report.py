@@ -164,7 +164,7 @@ def client_notes(doc: dict[str, Any]) -> list[str]:
             f" ms), event-loop lag P99 {fmt(c.get('p99_loop_lag_ms'), 2)} ms"
         )
         if isinstance(late, int | float) and late > LATE_MS:
-            line += f" -- THE CLIENT WAS LATE (P99 > {LATE_MS:g} ms): offered load was lower than asked"
+            line += f" -- THE CLIENT WAS LATE (P99 > {LATE_MS:g} ms): starts slipped behind the schedule"
         out.append(line)
     return out
 
