@@ -33,3 +33,22 @@ def stagger_offsets(workers: int, stagger: float, seed: int) -> list[float]:
 def even_offsets(workers: int, spread: float) -> list[float]:
     """Closed loop: workers' first starts evenly spread over [0, spread), the steady state of a long run."""
     return [spread * i / workers for i in range(workers)]
+
+
+def gamma_starts(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Start times of `n` requests at `rate`/s as `vllm bench serve` draws them: gamma inter-arrivals.
+
+    Shape `burstiness` (1 = Poisson; lower is burstier), scale 1 / (rate * burstiness), so the mean gap is
+    1 / rate; the first request starts at 0. An infinite rate starts everything at once.
+    """
+    if n <= 0:
+        return []
+    if rate == float("inf"):
+        return [0.0] * n
+    rng = random.Random(seed)
+    theta = 1.0 / (rate * burstiness)
+    out, t = [0.0], 0.0
+    for _ in range(n - 1):
+        t += rng.gammavariate(burstiness, theta)
+        out.append(t)
+    return out

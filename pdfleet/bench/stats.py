@@ -15,10 +15,23 @@ NAN = float("nan")
 
 
 def pct_ms(sorted_s: Sequence[float], q: float) -> float:
-    """The q-quantile of sorted seconds, in ms: the element at index round(q * (n - 1)); NaN if empty."""
-    if not sorted_s:
+    """The q-quantile of sorted seconds, in ms, as numpy.percentile's default (linear) computes it; NaN if
+    empty.
+
+    `vllm bench serve` takes its percentiles with np.percentile: the rank h = q * (n - 1) interpolated
+    linearly between the elements at floor(h) and floor(h) + 1.
+    """
+    return 1000 * quantile(sorted_s, q)
+
+
+def quantile(sorted_xs: Sequence[float], q: float) -> float:
+    """numpy.percentile(xs, 100 * q) of sorted values (method "linear"); NaN if empty."""
+    if not sorted_xs:
         return NAN
-    return sorted_s[min(len(sorted_s) - 1, int(q * (len(sorted_s) - 1) + 0.5))] * 1000
+    h = q * (len(sorted_xs) - 1)
+    lo = min(int(math.floor(h)), len(sorted_xs) - 1)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (h - lo) * (sorted_xs[hi] - sorted_xs[lo])
 
 
 def mean_ms(xs: Sequence[float]) -> float:

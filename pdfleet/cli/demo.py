@@ -1,4 +1,5 @@
-"""`invoke demo`: the whole toolkit on one machine: lab up, provision lab-cross, show what runs."""
+"""`invoke demo`: the whole toolkit on one machine: lab up, provision lab-cross, show what runs, then a short
+bench of the long-prompt mix (colocated vs P/D) with its headline table and verdict."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from invoke.exceptions import Exit
 from rich.console import Console
 from rich.table import Table
 
+from pdfleet.cli.bench import print_outcome, run_bench
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.lab import LAB_INVENTORY, lab_progress, this_lab
 from pdfleet.cli.options import deployment_from_options, run_options, with_host_wheel
@@ -17,6 +19,7 @@ from pdfleet.lab.control import up
 from pdfleet.ops.report import print_report
 
 DEMO_PROFILE = "lab-cross"
+BENCH_SECONDS = 25  # per pool: with warm-up and drain, about a minute for both
 
 
 def _status_table(rows: list[UnitStatus]) -> Table:
@@ -29,10 +32,12 @@ def _status_table(rows: list[UnitStatus]) -> Table:
     return table
 
 
-@task(help={"profile": f"Lab profile to provision (default {DEMO_PROFILE})."})
+@task(help={"profile": f"Lab profile to provision (default {DEMO_PROFILE}).",
+            "bench_seconds": f"Seconds of long-prompt-mix load per pool in the closing bench (default "
+                             f"{BENCH_SECONDS}; 0: no bench)."})
 @user_errors
-def demo(ctx: Context, profile: str = DEMO_PROFILE) -> None:
-    """Bring the lab up, provision it with a P/D profile, and show every unit's state and health."""
+def demo(ctx: Context, profile: str = DEMO_PROFILE, bench_seconds: int = BENCH_SECONDS) -> None:
+    """Bring the lab up, provision it with a P/D profile, show every unit's state, then bench both pools."""
     console = Console(stderr=True)
     up(this_lab(), lab_progress(console))
     deployment, hosts = deployment_from_options(ctx, profile, str(REPO_ROOT / LAB_INVENTORY))
@@ -47,3 +52,21 @@ def demo(ctx: Context, profile: str = DEMO_PROFILE) -> None:
         console.print(f"[red]demo: {failed} host(s) failed, {len(unhealthy)} unit(s) unhealthy[/]")
         raise Exit(code=1)
     console.print("[green]demo: every unit active and healthy[/]")
+    if bench_seconds > 0:
+        _bench(ctx, profile, bench_seconds, console)
+    console.print("reach the gateway with an OpenAI client: eval \"$(invoke lab.env)\"; "
+                  "take the lab down: invoke lab.down")
+
+
+def _bench(ctx: Context, profile: str, seconds: int, console: Console) -> None:
+    """The closing bench: long-prompt mix through the gateway to each pool; headline table and verdict."""
+    console.print(f"demo: bench, long-prompt mix, {seconds} s per pool (colocated, then P/D)")
+    opts = {"workload": "long-prompt-mix", "rate": None, "concurrency": None, "duration": str(seconds),
+            "num_prompts": None, "pools": None, "sweep": False, "seed": None, "burstiness": None,
+            "dataset": None, "input_len": None, "output_len": None, "range_ratio": None, "long_share": None,
+            "warmup": None}
+    doc, verdict, out_dir = run_bench(ctx, profile, str(REPO_ROOT / LAB_INVENTORY), opts, None, console)
+    down = print_outcome(doc, verdict, out_dir, console)
+    if down:
+        console.print("[red]demo: " + "; ".join(down) + "[/]")
+        raise Exit(code=1)

@@ -20,6 +20,7 @@ def check_against_inventory(profile: Profile, inventory: Inventory) -> None:
 def inventory_problems(profile: Profile, inventory: Inventory) -> list[Problem]:
     """Problems of this profile on these hosts: groups, GPU indices, RDMA devices, port/GPU clashes."""
     problems = list(_group_problems(profile, inventory))
+    problems += _gateway_problems(profile, inventory)
     for pool, spec in profile.pools.items():
         for host in inventory.group(pool):
             problems += _host_gpu_problems(pool, spec, host, inventory)
@@ -73,6 +74,19 @@ def _group_problems(profile: Profile, inventory: Inventory) -> Iterable[Problem]
             "topology",
             f"cross-host needs distinct prefill and decode hosts; {', '.join(both)} in {src} is in both "
             "(use a same-host profile for that)",
+        )
+
+
+def _gateway_problems(profile: Profile, inventory: Inventory) -> Iterable[Problem]:
+    """A gateway host needs a colocated pool to route to: without one it would silently get nothing."""
+    if profile.pools.colocated is not None:
+        return
+    for host in inventory.group("gateway"):
+        yield Problem(
+            "pools.colocated",
+            f"host {host.name} is in group gateway of {inventory.source}, but without a colocated pool it "
+            "would get no gateway (the gateway routes between the colocated and the P/D pool); add "
+            f"pools.colocated with hosts in group colocated, or take {host.name} out of group gateway",
         )
 
 

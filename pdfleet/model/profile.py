@@ -282,12 +282,31 @@ class GatewaySpec(_Model):
 
 
 class SloSpec(_Model):
-    """P99 targets the rollout gates on."""
+    """P99 targets the rollout gates on; bench's per-request goodput bounds, verdict bounds and stall gap."""
 
     ttft_p99_ms: float = Field(gt=0)
     tpot_p99_ms: float = Field(gt=0)
     itl_p99_ms: float = Field(gt=0)
     kv_transfer_p99_ms: float = Field(gt=0)
+    # `invoke bench`: the verdict compares each pool's TTFT/TPOT P95 with these (unset: the P99 target)
+    ttft_p95_ms: float | None = Field(default=None, gt=0)
+    tpot_p95_ms: float | None = Field(default=None, gt=0)
+    # ... and splitting pays only when both queues' P95 (vllm:request_queue_time_seconds) exceed these;
+    # that histogram's first bucket ends at 0.3 s, so a bound below 300 ms cannot be judged from it
+    prefill_queue_p95_ms: float = Field(default=500.0, gt=0)
+    decode_queue_p95_ms: float = Field(default=500.0, gt=0)
+    stall_ms: float = Field(default=500.0, gt=0)  # an inter-token gap this long: "the typewriter stopped"
+    attainment_pct: float = Field(default=90.0, gt=0, le=100)  # --sweep: share of good requests (DistServe)
+
+    @property
+    def ttft_bound_ms(self) -> float:
+        """The TTFT P95 bound of bench's verdict."""
+        return self.ttft_p95_ms if self.ttft_p95_ms is not None else self.ttft_p99_ms
+
+    @property
+    def tpot_bound_ms(self) -> float:
+        """The TPOT P95 bound of bench's verdict."""
+        return self.tpot_p95_ms if self.tpot_p95_ms is not None else self.tpot_p99_ms
 
 
 class Profile(_Model):

@@ -1,4 +1,5 @@
-"""`invoke demo`, the README's first command after setup: lab up, provision lab-cross, every unit healthy."""
+"""`invoke demo`, the README's first command after setup: lab up, provision lab-cross, every unit healthy,
+then a short bench whose headline table and verdict it prints."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from tests.lab.helpers import REPO_ROOT, LabHandle
 UNITS = {
     "lab-gw": ("vllm-router-pd.service", "pdfleet-gateway.service"),
     "lab-colo1": ("vllm-colocated.service",),
+    "lab-colo2": ("vllm-colocated.service",),
     "lab-p1": ("vllm-prefill.service",),
     "lab-d1": ("vllm-decode.service",),
 }
@@ -20,6 +22,8 @@ def test_demo_ends_with_every_unit_active_and_healthy(lab: LabHandle) -> None:
                           text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "every unit active and healthy" in proc.stderr
+    assert "TTFT P95 ms" in proc.stdout and "stalls/100 streams" in proc.stdout and "verdict: " in proc.stdout
+    assert "invoke lab.env" in proc.stderr and "invoke lab.down" in proc.stderr
     rows = [line.split("│") for line in proc.stdout.splitlines() if line.startswith("│")]
     seen = {(cells[1].strip(), cells[2].strip()): (cells[3].strip(), cells[5].strip()) for cells in rows}
     for host, units in UNITS.items():

@@ -29,7 +29,7 @@ OUTSIDE = "192.0.2.1"
 def test_every_host_answers_ssh_as_ops_with_sudo(lab: LabHandle) -> None:
     """pdfleet's own SSH layer logs in as ops with the lab's known_hosts, and sudo needs no password."""
     inventory = lab.inventory
-    assert [h.name for h in lab.hosts] == ["lab-gw", "lab-colo1", "lab-p1", "lab-d1"]
+    assert [h.name for h in lab.hosts] == ["lab-gw", "lab-colo1", "lab-colo2", "lab-p1", "lab-d1"]
     for host in inventory.hosts.values():
         conn = open_connection(host, str(lab.paths.known_hosts), 10.0)
         try:

@@ -136,3 +136,38 @@ def text_server(pages: dict[str, str]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def built_result(partial: bool = False):  # noqa: ANN201 - pdfleet.bench.compare.BenchResult
+    """A two-pool BenchResult from hand-built records: colocated's short streams stall when a long prompt
+    lands (a 700 ms gap), P/D's do not; one colocated request failed; server figures as a source gives."""
+    from pdfleet.bench.compare import BenchPlan, BenchResult, PoolResult, PoolTarget
+    from pdfleet.bench.openai_stream import Record
+    from pdfleet.bench.runner import PoolRun
+    from pdfleet.bench.serve_metrics import Bounds
+    from pdfleet.bench.workloads import Item, WorkloadSpec
+
+    def rec(i: int, pool: str, cls: str, start: float, chunks: list[float], error: str = "") -> Record:
+        r = Record(i, pool, cls, 30000 if cls == "long" else 500, len(chunks), due=start, start=start,
+                   chunks=chunks, output_tokens=len(chunks) if not error else None, status=200, error=error)
+        r.ttft = chunks[0] - start if chunks else float("nan")
+        return r
+
+    def pool(name: str, stall: float) -> PoolResult:
+        recs = [rec(0, name, "long", 1.0, [1.9, 1.91, 1.92])]
+        for i in range(1, 5):
+            ticks = [0.1 * i + 0.05 + 0.02 * k for k in range(80)]  # 20 ms gaps, past the long prompt
+            recs.append(rec(i, name, "short", 0.1 * i, [t + stall if t > 1.2 else t for t in ticks]))
+        if name == "colocated":
+            cut = "the connection closed mid-stream after 1 token event(s)"
+            recs.append(rec(5, name, "short", 0.6, [0.7], error=cut))
+        run = PoolRun(name, recs, 0.0, 3.0, 1.7e9, lateness=[0.0001, 0.0005], loop_lag=[0.0002])
+        server = {"queue_p95_ms": {name if name == "colocated" else "prefill": 350.0},
+                  "prefill_p95_ms": {"*": "n/a: no observation"},
+                  "kv_transfer_p95_ms": {"decode": 12.0} if name == "disagg" else {}}
+        return PoolResult(PoolTarget(name, 2), run, server, {name: 0.4})
+
+    plan = BenchPlan(WorkloadSpec("long-prompt-mix"), rate=2.0, num_prompts=6, bounds=Bounds(1000, 100, 500))
+    items = [Item(i, "x", 500, 6) for i in range(6)]
+    pools = {"colocated": pool("colocated", 0.7), "disagg": pool("disagg", 0.0)}
+    return BenchResult(plan, items, pools, partial)

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from pdfleet.bench.arrivals import even_offsets, poisson_starts, stagger_offsets
+from pdfleet.bench.arrivals import even_offsets, gamma_starts, poisson_starts, stagger_offsets
 
 
 def test_poisson_starts_are_reproducible_from_the_seed() -> None:
@@ -48,3 +48,16 @@ def test_even_offsets_spread_workers_evenly() -> None:
     """Worker i starts at spread * i / workers."""
     assert even_offsets(4, 2.0) == [0.0, 0.5, 1.0, 1.5]
     assert even_offsets(0, 2.0) == []
+
+
+def test_gamma_starts_have_the_rate_and_the_seed() -> None:
+    starts = gamma_starts(4000, rate=10.0, burstiness=1.0, seed=3)
+    assert starts[0] == 0.0 and starts == sorted(starts)
+    assert starts[-1] / 3999 == pytest.approx(0.1, rel=0.05)  # mean gap 1 / rate
+    assert starts == gamma_starts(4000, 10.0, 1.0, 3) and starts != gamma_starts(4000, 10.0, 1.0, 4)
+    bursty = gamma_starts(4000, 10.0, 0.25, 3)
+    gaps = [b - a for a, b in zip(bursty, bursty[1:], strict=False)]
+    mean = sum(gaps) / len(gaps)
+    cv2 = sum((g - mean) ** 2 for g in gaps) / len(gaps) / mean**2
+    assert cv2 == pytest.approx(4.0, rel=0.2)  # gamma shape k: squared coefficient of variation 1/k
+    assert gamma_starts(3, float("inf"), 1.0, 0) == [0.0, 0.0, 0.0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from pdfleet.bench.client import Span
@@ -17,18 +18,27 @@ FIVE = [0.001, 0.002, 0.003, 0.004, 0.005]  # seconds, sorted
     ("xs", "q", "ms"),
     [
         (FIVE, 0.0, 1.0),
-        (FIVE, 0.25, 2.0),  # index round(0.25 * 4) = 1
-        (FIVE, 0.5, 3.0),  # index 2
-        (FIVE, 0.99, 5.0),  # index round(3.96) = 4
+        (FIVE, 0.25, 2.0),  # rank 0.25 * 4 = 1: an element
+        (FIVE, 0.5, 3.0),  # rank 2
+        (FIVE, 0.99, 4.96),  # rank 3.96: 4 + 0.96 * (5 - 4)
         (FIVE, 1.0, 5.0),
-        ([0.010, 0.020, 0.030, 0.040], 0.5, 30.0),  # index round(1.5) = 2: halves round up
-        ([0.010, 0.020, 0.030, 0.040], 0.3, 20.0),  # index round(0.9) = 1
+        ([0.010, 0.020, 0.030, 0.040], 0.5, 25.0),  # rank 1.5: halfway between 20 and 30
+        ([0.010, 0.020, 0.030, 0.040], 0.3, 19.0),  # rank 0.9: 10 + 0.9 * 10
+        ([0.010, 0.020, 0.030, 0.040], 0.999, 39.97),  # rank 2.997
         ([0.007], 0.99, 7.0),
     ],
 )
-def test_pct_ms_takes_the_element_at_the_rounded_index(xs: list[float], q: float, ms: float) -> None:
-    """The q-quantile is sorted[round(q * (n - 1))], in ms."""
+def test_pct_ms_interpolates_linearly_between_ranks(xs: list[float], q: float, ms: float) -> None:
+    """The q-quantile at rank q * (n - 1), linear between the neighbours (numpy's default), in ms."""
     assert pct_ms(xs, q) == pytest.approx(ms)
+
+
+@pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0])
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 101, 1000])
+def test_pct_ms_is_what_vllm_bench_serve_gets_from_numpy(n: int, q: float) -> None:
+    """vllm bench serve: np.percentile(ttfts, p); the same number here for any sample and percentile."""
+    xs = sorted((i * 7919 % 1009) / 1e4 for i in range(n))
+    assert pct_ms(xs, q) == pytest.approx(float(np.percentile(np.array(xs), 100 * q)) * 1000)
 
 
 def test_empty_samples_give_nan() -> None:

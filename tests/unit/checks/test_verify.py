@@ -116,14 +116,17 @@ def test_table_rows_keep_run_order() -> None:
     assert checks == ["x", "y"] and hosts == ["a", "b"] and cells[("x", "b")].detail == "why"
 
 
-def _loopback_inventory(tmp_path: Path, sshd) -> Path:  # type: ignore[no-untyped-def]
+def _loopback_inventory(tmp_path: Path, sshd, colocated: bool = False) -> Path:  # type: ignore[no-untyped-def]
     inv = tmp_path / "inv.yml"
+    host = (f"          ansible_host: 127.0.0.1\n          ansible_port: {sshd.port}\n"
+            f"          ansible_user: root\n          ansible_ssh_private_key_file: {sshd.key_file}\n"
+            f"          pdfleet_known_hosts_file: {sshd.known_hosts}\n")
     inv.write_text(
-        "all:\n  children:\n    prefill:\n      hosts:\n        loop:\n"
-        f"          ansible_host: 127.0.0.1\n          ansible_port: {sshd.port}\n"
-        f"          ansible_user: root\n          ansible_ssh_private_key_file: {sshd.key_file}\n"
-        f"          pdfleet_known_hosts_file: {sshd.known_hosts}\n          gpus: [0, 1]\n"
+        "all:\n  children:\n    prefill:\n      hosts:\n        loop:\n" + host + "          gpus: [0, 1]\n"
         "    decode:\n      hosts:\n        loop: {}\n"
+        # the profile's colocated baseline pool needs a host of its own (the same sshd) to pass the checks
+        + ("    colocated:\n      hosts:\n        colo:\n" + host + "          gpus: [0]\n"
+           if colocated else "")
     )
     return inv
 
@@ -187,7 +190,7 @@ def test_invoke_verify_cli_table_and_exit_codes(tmp_path: Path, sshd) -> None:  
     import subprocess
     import sys
 
-    inv = _loopback_inventory(tmp_path, sshd)
+    inv = _loopback_inventory(tmp_path, sshd, colocated=True)
     base = [sys.executable, "-m", "invoke", "verify", "--profile", "same-host-pcie", "--inventory", str(inv)]
     ok = subprocess.run([*base, "--checks", "gpu"], cwd=REPO, capture_output=True, text=True, timeout=300)
     text = " ".join(ok.stdout.split())

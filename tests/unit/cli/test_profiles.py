@@ -50,9 +50,10 @@ def test_invoke_profiles_with_inventory_runs_semantic_checks() -> None:
     ok = _invoke("profiles", "--inventory", inv, "--profile", "cross-rdma")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert f"ok (fits {inv})" in ok.stdout
-    bad = _invoke("profiles", "--inventory", inv, "--profile", "colocated")
+    bad = _invoke("profiles", "--inventory", inv, "--profile", "same-host-pcie")
     assert bad.returncode == 1
-    assert f"profiles/colocated.yml: topology: colocated needs hosts in group colocated; {inv}" in bad.stdout
+    assert (f"profiles/same-host-pcie.yml: topology: same-host needs a host in both groups prefill and "
+            f"decode; in {inv}") in bad.stdout
 
 
 def test_invoke_profiles_unknown_inventory_is_one_clean_error() -> None:

@@ -179,7 +179,7 @@ def test_rendered_gateway_policy_and_keys_load_in_the_real_gateway(tmp_path: Pat
         "/etc/pdfleet/gateway/keys.yaml", str(keys)))
     active = load_policy(policy)
     route = active.routes["llama-3.1-8b"]
-    assert route.colocated == ("http://198.18.0.11:8000",)
+    assert route.colocated == ("http://198.18.0.11:8000", "http://198.18.0.12:8000")
     assert route.disagg == "http://127.0.0.1:8090"
     assert active.spec.stage == "colocated"
     assert set(active.keys) == {"1" * 64, "2" * 64}

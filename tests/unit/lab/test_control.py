@@ -18,6 +18,7 @@ def test_lab_inventory_has_the_agreed_hosts_and_connection_vars() -> None:
     assert {h.name: (h.address, sorted(h.groups)) for h in inv.hosts.values()} == {
         "lab-gw": ("198.18.0.10", ["gateway", "monitoring"]),
         "lab-colo1": ("198.18.0.11", ["colocated"]),
+        "lab-colo2": ("198.18.0.12", ["colocated"]),
         "lab-p1": ("198.18.0.21", ["prefill"]),
         "lab-d1": ("198.18.0.31", ["decode"]),
     }
@@ -26,7 +27,7 @@ def test_lab_inventory_has_the_agreed_hosts_and_connection_vars() -> None:
         assert host.key_file == str(LabPaths().key_file)
         assert host.known_hosts_file == str(LabPaths().known_hosts)
     hosts = lab_of(LAB_YML).hosts()
-    assert [h.name for h in hosts] == ["lab-gw", "lab-colo1", "lab-p1", "lab-d1"]
+    assert [h.name for h in hosts] == ["lab-gw", "lab-colo1", "lab-colo2", "lab-p1", "lab-d1"]
 
 
 def test_same_host_inventory_uses_the_lab_hosts_as_lab_yml_declares_them() -> None:
@@ -61,5 +62,5 @@ def test_lab_refuses_hosts_off_the_lab_network(tmp_path: Path, hosts: str, messa
 def test_find_host_names_the_known_hosts() -> None:
     lab = lab_of(LAB_YML)
     assert find_host(lab, "lab-p1").address == "198.18.0.21"
-    with pytest.raises(ValidationError, match="lab hosts: lab-gw, lab-colo1, lab-p1, lab-d1"):
+    with pytest.raises(ValidationError, match="lab hosts: lab-gw, lab-colo1, lab-colo2, lab-p1, lab-d1"):
         find_host(lab, "lab-x")

@@ -81,7 +81,8 @@ def test_limit_unknown_name_lists_known_ones() -> None:
         inv.limit("pf-01,nosuch")
     message = str(err.value)
     assert "unknown host or group nosuch" in message
-    assert "pf-01, pf-02, dc-01, dc-02, gw-01" in message and "prefill" in message
+    assert "pf-01, pf-02, dc-01, dc-02, colo-01, colo-02, colo-03, colo-04, gw-01" in message
+    assert "prefill" in message
 
 
 def test_vars_are_read_only() -> None:

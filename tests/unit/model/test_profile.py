@@ -26,7 +26,7 @@ def test_operator_values_for_prefill_and_decode() -> None:
     assert (decode.port, decode.max_num_batched_tokens, decode.gpu_memory_utilization) == (8200, 2048, 0.90)
     assert prefill.enable_chunked_prefill and decode.enable_chunked_prefill
     assert (prefill.kv_role, decode.kv_role) == ("kv_producer", "kv_consumer")
-    assert profile.pools.colocated is None
+    assert profile.pools.colocated is not None and profile.pools.colocated.port == 8000  # the baseline
     assert profile.rdma.enabled and profile.topology == "cross-host"
     colocated = load_profile("colocated", PROFILES)
     assert colocated.pools.colocated is not None and colocated.pools.colocated.port == 8000

@@ -488,7 +488,7 @@ def test_lab_profiles_extend_the_real_ones_with_sim_and_mirrors(
     assert lab.topology == real.topology
     assert (lab.pools.prefill, lab.pools.decode) == (real.pools.prefill, real.pools.decode)
     # lab-cross adds the colocated baseline beside its P/D pair (what the gateway routes between)
-    assert (lab.pools.colocated is not None) == (profile in ("lab-colocated", "lab-cross"))
+    assert lab.pools.colocated is not None  # every profile has the colocated baseline the gateway needs
     assert lab.kv_transfer == real.kv_transfer
     assert lab.vllm.sim == real.vllm.sim
     check_against_inventory(lab, load_inventory(REPO / "inventory" / inventory))

@@ -22,5 +22,5 @@ def test_survey_reports_each_profile(tmp_path: Path) -> None:
     assert not statuses["broken"].ok and statuses["broken"].topology == "cross-host"
     assert any("pools.prefill: required key is missing" in p for p in statuses["broken"].problems)
     inv = load_inventory(REPO / "inventory/examples/cross-rdma.yml")
-    fitted = {s.name: s.ok for s in survey_profiles(tmp_path, inv, ["cross-rdma", "colocated"])}
-    assert fitted == {"cross-rdma": True, "colocated": False}
+    fitted = {s.name: s.ok for s in survey_profiles(tmp_path, inv, ["cross-rdma", "same-host-pcie"])}
+    assert fitted == {"cross-rdma": True, "same-host-pcie": False}

@@ -1,0 +1,246 @@
+"""Colocated against disaggregated: the same seeded workload through the gateway to each pool in turn.
+
+`BenchPlan` says what to send (workload, seed, rate or concurrency, how much) and `PoolTarget` what each
+pool is (its GPU count, where its metrics are). `run_compare` warms each pool up, runs it, reads the
+server side over its run window, and keeps going when a pool is down (its error is kept, naming it).
+`sweep` finds each pool's largest rate meeting the SLO attainment target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from pdfleet.bench.arrivals import gamma_starts
+from pdfleet.bench.openai_stream import StreamingClient
+from pdfleet.bench.runner import Gateway, PoolDown, PoolRun, Progress, Schedule, run_pool, warm_up
+from pdfleet.bench.serve_metrics import Bounds, summarize
+from pdfleet.bench.server_side import chain, kv_peak
+from pdfleet.bench.workloads import Item, WorkloadSpec, build, check_spec
+from pdfleet.errors import ValidationError
+from pdfleet.metrics.source import MetricsError, MetricsSource
+
+POOLS = ("colocated", "disagg")
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What one bench sends; rates and durations are in the profile's (simulated) seconds."""
+
+    workload: WorkloadSpec
+    seed: int = 0
+    rate: float | None = None  # requests/s (open loop), None with concurrency
+    burstiness: float = 1.0
+    concurrency: int | None = None
+    duration_s: float | None = None
+    num_prompts: int | None = None
+    pools: tuple[str, ...] = POOLS
+    warmup: int = 4
+    time_scale: float = 1.0  # the simulator's: wall seconds per simulated second
+    long_prompt_tokens: int = 8192
+    bounds: Bounds = Bounds(3000.0, 60.0)
+    attainment_pct: float = 90.0
+    sweep: bool = False
+
+    def request_count(self) -> int:
+        """How many requests the workload holds (concurrency + duration: enough to cycle through)."""
+        if self.num_prompts is not None:
+            return self.num_prompts
+        if self.rate is not None and self.duration_s is not None:
+            return max(1, round(self.rate * self.duration_s))
+        return max(100, 20 * (self.concurrency or 1))
+
+    def schedule(self, items: Sequence[Item]) -> Schedule:
+        """Wall-clock starts (trace times, or gamma arrivals at `rate`) or a fixed concurrency."""
+        s = self.time_scale
+        if self.workload.name == "trace" and self.rate is None and self.concurrency is None:
+            return Schedule(starts=[(it.at or 0.0) * s for it in items])
+        if self.rate is not None:
+            starts = gamma_starts(len(items), self.rate, self.burstiness, self.seed)
+            return Schedule(starts=[t * s for t in starts], concurrency=self.concurrency)
+        duration = None if self.num_prompts is not None else (self.duration_s or 60.0) * s
+        return Schedule(concurrency=self.concurrency or 1, duration_s=duration)
+
+
+def check_plan(plan: BenchPlan) -> None:
+    """Options that contradict each other or make no run (a ValidationError names the option)."""
+    if plan.rate is not None and plan.concurrency is not None:
+        raise ValidationError("give --rate R or --concurrency C, not both")
+    if plan.rate is not None and not plan.rate > 0:
+        raise ValidationError(f"--rate {plan.rate}: must be > 0 requests/s")
+    if plan.concurrency is not None and plan.concurrency < 1:
+        raise ValidationError(f"--concurrency {plan.concurrency}: must be at least 1")
+    if plan.duration_s is not None and plan.num_prompts is not None:
+        raise ValidationError("give --duration S or --num-prompts N, not both")
+    if plan.duration_s is not None and not plan.duration_s > 0:
+        raise ValidationError(f"--duration {plan.duration_s}: must be > 0 s")
+    if plan.num_prompts is not None and plan.num_prompts < 1:
+        raise ValidationError(f"--num-prompts {plan.num_prompts}: must be at least 1")
+    if not plan.burstiness > 0:
+        raise ValidationError(f"--burstiness {plan.burstiness}: must be > 0 (1 = Poisson)")
+    unknown = [p for p in plan.pools if p not in POOLS]
+    if unknown or not plan.pools:
+        raise ValidationError(f"--pools {','.join(plan.pools)}: pools are {', '.join(POOLS)}")
+    check_spec(plan.workload)
+
+
+@dataclass(frozen=True)
+class PoolTarget:
+    """One pool as the bench sees it: its GPUs, and the metrics source for its server side (None: none)."""
+
+    name: str
+    gpus: int
+    metrics: MetricsSource | None = None
+    kv_metrics: MetricsSource | None = None  # sampled during the run (a source of its own for direct scrapes)
+
+
+@dataclass
+class PoolResult:
+    """One pool's outcome: its run and server figures, or the error that kept it from running."""
+
+    target: PoolTarget
+    run: PoolRun | None = None
+    server: dict[str, dict[str, float | str]] = field(default_factory=dict)
+    kv_peak: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    sweep: list[dict[str, float]] = field(default_factory=list)  # --sweep: per rate, the figures that gate
+
+
+@dataclass
+class BenchResult:
+    """Every pool's result, the items sent, and whether the run was cut short."""
+
+    plan: BenchPlan
+    items: list[Item]
+    pools: dict[str, PoolResult]
+    partial: bool = False
+
+
+def _scrape_start(source: MetricsSource | None) -> None:
+    """A direct scrape needs a baseline at the window's start; Prometheus keeps its own history."""
+    scrape = getattr(source, "scrape", None)
+    if callable(scrape):
+        with contextlib.suppress(MetricsError):  # the figures will then say the source is unavailable
+            scrape()
+
+
+async def run_one(
+    plan: BenchPlan,
+    gw: Gateway,
+    target: PoolTarget,
+    items: Sequence[Item],
+    schedule: Schedule,
+    stop: asyncio.Event,
+    progress: Progress | None,
+) -> PoolResult:
+    """Warm up, run and read one pool; a pool that is down becomes a result with its error."""
+    result = PoolResult(target)
+    client = StreamingClient(gw.host, gw.port)
+    try:
+        await warm_up(client, gw, target.name, items, plan.warmup)
+    except PoolDown as err:
+        result.error = str(err)
+        return result
+    finally:
+        client.close()
+    _scrape_start(target.metrics)
+    kv_source = target.kv_metrics or target.metrics
+    background = None
+    if kv_source is not None:
+
+        def background(ev: asyncio.Event, src: MetricsSource = kv_source) -> object:
+            """The KV-usage sampler run beside the pool's load."""
+            return kv_peak(src, target.name, ev)
+
+    run = await run_pool(
+        gw, target.name, items, schedule, plan.long_prompt_tokens, stop, progress, background
+    )  # type: ignore[arg-type]
+    result.run, result.kv_peak = run, run.samples
+    if target.metrics is not None:
+        window = max(1.0, run.wall_s)
+        result.server = await asyncio.to_thread(chain, target.metrics, target.name, window)
+    return result
+
+
+async def run_compare(
+    plan: BenchPlan,
+    gw: Gateway,
+    targets: dict[str, PoolTarget],
+    stop: asyncio.Event,
+    progress: Callable[[str], Progress | None] | None = None,
+) -> BenchResult:
+    """Each pool of the plan in turn, the same items and schedule; stops early (partial) on `stop`."""
+    check_plan(plan)
+    items = build(plan.workload, plan.request_count(), plan.seed)
+    schedule = plan.schedule(items)
+    out = BenchResult(plan, items, {})
+    for name in plan.pools:
+        if stop.is_set():
+            break
+        res = await run_one(
+            plan, gw, targets[name], items, schedule, stop, progress(name) if progress else None
+        )
+        if plan.sweep and res.run is not None and not stop.is_set():
+            res.sweep = await sweep(plan, gw, targets[name], stop, None)
+        out.pools[name] = res
+    out.partial = stop.is_set()
+    return out
+
+
+def attainment(run: PoolRun, plan: BenchPlan) -> float:
+    """SLO attainment (%) of a run: good requests over all, failed ones counted as bad."""
+    return float(summarize(run.records, run.wall_s, plan.bounds, plan.time_scale)["slo_attainment_pct"])
+
+
+async def sweep(
+    plan: BenchPlan,
+    gw: Gateway,
+    target: PoolTarget,
+    stop: asyncio.Event,
+    progress: Progress | None = None,
+    steps: int = 6,
+) -> list[dict[str, float]]:
+    """The largest rate meeting the attainment target, as DistServe measures goodput: double the rate from
+    `plan.rate` until attainment drops below the target, then bisect between the last good and first bad.
+
+    Returns one row per rate tried: rate, rate_per_gpu, attainment, ttft/tpot P95 and whether it met.
+    """
+    rows: list[dict[str, float]] = []
+    lo, hi = 0.0, None
+    rate = plan.rate or 1.0
+    for _ in range(steps):
+        if stop.is_set():
+            break
+        p = dataclasses.replace(plan, rate=rate, concurrency=None, sweep=False, warmup=0)
+        items = build(p.workload, p.request_count(), p.seed)
+        res = await run_one(p, gw, target, items, p.schedule(items), stop, progress)
+        if res.run is None:
+            rows.append({"rate": rate, "error": 1.0})
+            break
+        s = summarize(res.run.records, res.run.wall_s, p.bounds, p.time_scale)
+        ok = float(s["slo_attainment_pct"]) >= plan.attainment_pct
+        rows.append(
+            {
+                "rate": rate,
+                "rate_per_gpu": rate / max(1, target.gpus),
+                "slo_attainment_pct": float(s["slo_attainment_pct"]),
+                "p95_ttft_ms": float(s["p95_ttft_ms"]),
+                "p95_tpot_ms": float(s["p95_tpot_ms"]),
+                "met": 1.0 if ok else 0.0,
+            }
+        )
+        if ok:
+            lo = rate
+        else:
+            hi = rate
+        rate = rate * 2 if hi is None else (lo + hi) / 2 if lo else hi / 2
+    return rows
+
+
+def best_rate(rows: Sequence[dict[str, float]]) -> float | None:
+    """The largest rate of a sweep that met the target (None: none did)."""
+    met = [r["rate"] for r in rows if r.get("met")]
+    return max(met) if met else None

@@ -1,0 +1,96 @@
+"""Server-side figures of one pool's run window, read only through a `MetricsSource` (Prometheus or a
+direct scrape of the topology's metrics endpoints): the request chain (queue, prefill, decode), KV
+transfer P95/P99, preemptions and peak KV-cache usage, per pool and role.
+
+A figure the source cannot give (no observation, a series not exported, a source not answering) is kept
+as its reason, never as a zero; the report prints the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from pdfleet.metrics.source import MetricsError, MetricsSource
+
+# (figure, vLLM histogram) of the request chain, in the order a request goes through it
+CHAIN = (
+    ("queue", "vllm:request_queue_time_seconds"),
+    ("prefill", "vllm:request_prefill_time_seconds"),
+    ("kv_transfer", "vllm:nixl_xfer_time_seconds"),
+    ("decode", "vllm:request_decode_time_seconds"),
+)
+PREEMPTIONS = "vllm:num_preemptions_total"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+QUANTILES = (0.95, 0.99)
+# vLLM's request-time histograms (queue, prefill, decode) start at 0.3 s: Prometheus's histogram_quantile
+# interpolates from 0 inside that bucket, so a figure below it only says "under 300 ms"
+FIRST_REQUEST_BUCKET_MS = 300.0
+Figure = float | str  # a number, or why there is none
+
+
+def _try(read: Callable[[], Any]) -> Any:
+    """A figure, or its source's reason for not having one."""
+    try:
+        return read()
+    except MetricsError as err:
+        return f"n/a: {err}"
+
+
+def chain(source: MetricsSource, pool: str, window_s: float) -> dict[str, dict[str, Figure]]:
+    """P95/P99 of each chain stage per role of `pool` (ms), preemptions and the KV-transfer tail.
+
+    Returns {"<stage>_p95_ms": {role: value or reason}, ..., "preemptions": {role: count}}.
+    """
+    out: dict[str, dict[str, Figure]] = {}
+    match = {"pool": pool}
+    for stage, metric in CHAIN:
+        if stage == "kv_transfer" and pool == "colocated":
+            continue  # no KV connector on a colocated pool
+        for q in QUANTILES:
+            key = f"{stage}_p{int(q * 100)}_ms"
+            got = _try(lambda m=metric, q=q: source.quantile(q, m, window_s, by=("role",), match=match))
+            out[key] = {k[0]: 1000 * v for k, v in got.items()} if isinstance(got, dict) else {"*": got}
+    got = _try(lambda: source.increase(PREEMPTIONS, window_s, by=("role",), match=match))
+    out["preemptions"] = {k[0]: v for k, v in got.items()} if isinstance(got, dict) else {"*": got}
+    return out
+
+
+async def kv_peak(
+    source: MetricsSource, pool: str, stop: asyncio.Event, every_s: float = 2.0
+) -> dict[str, float]:
+    """Sample KV-cache usage of `pool`'s instances until `stop`; the peak per role (0..1), in a thread so
+    that a scrape never holds up the client's event loop."""
+    peak: dict[str, float] = {}
+    errors: list[str] = []
+    while True:
+        try:
+            got = await asyncio.to_thread(source.value, KV_USAGE, ("role", "host"), {"pool": pool})
+            for (role, _host), v in got.items():
+                peak[role] = max(peak.get(role, 0.0), v)
+        except MetricsError as err:
+            errors.append(str(err))
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+            break
+        except TimeoutError:
+            continue
+    if not peak and errors:
+        return {"error": errors[-1]}  # type: ignore[dict-item]
+    return peak
+
+
+def value_of(figures: dict[str, Figure], role: str | None = None) -> float | None:
+    """The number of a chain figure for a role (the largest over roles when None); None when absent."""
+    nums = {k: v for k, v in figures.items() if isinstance(v, float | int)}
+    if role is not None:
+        v = nums.get(role)
+        return None if v is None else float(v)
+    return max(nums.values()) if nums else None
+
+
+def reason_of(figures: dict[str, Figure]) -> str | None:
+    """Why a figure has no number (its source's message), or None."""
+    texts = [v for v in figures.values() if isinstance(v, str)]
+    return texts[0] if texts else None

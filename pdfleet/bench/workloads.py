@@ -1,0 +1,333 @@
+"""`invoke bench`'s workloads: seeded lists of prompts with input and output lengths, and their length class.
+
+`random` (fixed or ranged lengths, as `vllm bench serve --dataset-name random`), `long-prompt-mix`
+(mostly short chat turns plus a steady share of 16K-30K-token documents), `sharegpt` (a ShareGPT JSON
+file, first turns, vLLM's length filter), `trace` (a Mooncake trace JSONL: timestamp ms, input_length,
+output_length, hash_ids of 512-token prefix blocks) and `prefix-repetition` (shared prefixes). The same
+seed gives the same list, so every pool of a run gets exactly the same requests.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pdfleet.errors import ValidationError
+
+WORKLOADS = ("random", "long-prompt-mix", "sharegpt", "trace", "prefix-repetition")
+# Three-letter words plus a space: four characters, about one token for Llama's tokenizer and exactly one
+# for the simulator's and the gateway's chars/4 estimate; drawn at random so prompts share no prefix.
+_WORDS = [
+    "the",
+    "and",
+    "for",
+    "are",
+    "but",
+    "not",
+    "you",
+    "all",
+    "any",
+    "can",
+    "had",
+    "her",
+    "was",
+    "one",
+    "our",
+    "out",
+    "day",
+    "get",
+    "has",
+    "him",
+    "his",
+    "how",
+    "man",
+    "new",
+    "now",
+    "old",
+    "see",
+    "two",
+    "way",
+    "who",
+    "boy",
+    "did",
+    "its",
+    "let",
+    "put",
+    "say",
+    "she",
+    "too",
+    "use",
+    "art",
+    "big",
+    "car",
+    "cat",
+    "dog",
+    "eye",
+    "far",
+    "fun",
+    "god",
+    "hat",
+    "job",
+    "key",
+    "law",
+    "map",
+    "net",
+    "oil",
+    "pay",
+    "red",
+    "run",
+    "sea",
+    "sky",
+    "sun",
+    "top",
+    "war",
+    "win",
+    "yes",
+    "air",
+    "arm",
+    "bed",
+    "box",
+    "cup",
+    "cut",
+    "end",
+    "few",
+    "fix",
+    "fly",
+    "gas",
+    "hot",
+    "ice",
+    "kid",
+    "lot",
+    "low",
+    "mix",
+    "nor",
+    "odd",
+    "own",
+    "pen",
+    "pie",
+    "pig",
+    "raw",
+    "row",
+    "set",
+    "sit",
+    "six",
+    "son",
+    "tea",
+    "ten",
+    "tie",
+    "toy",
+    "van",
+    "web",
+]
+TRACE_BLOCK_TOKENS = 512  # Mooncake traces: one hash_id per 512-token prefix block
+SHAREGPT_MAX_PROMPT = 1024  # vLLM's is_valid_sequence: prompt <= 1024 tokens, prompt + output <= 2048
+SHAREGPT_MAX_TOTAL = 2048
+SHAREGPT_MIN = 4
+
+
+@dataclass(frozen=True)
+class Item:
+    """One request of a workload: the prompt, its token count, the output length, a trace's own time."""
+
+    index: int
+    prompt: str
+    prompt_tokens: int
+    output_tokens: int
+    at: float | None = None  # trace replay: seconds from the trace's first request
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What to generate; lengths in tokens. Defaults are `vllm bench serve`'s where it has one."""
+
+    name: str = "long-prompt-mix"
+    input_len: int = 1024
+    output_len: int = 128
+    range_ratio: float = 0.0  # random: lengths uniform in [len * (1 - r), len * (1 + r)]
+    long_share: float = 0.1  # long-prompt-mix: share of 16K-30K-token documents
+    long_min: int = 16000
+    long_max: int = 30000
+    dataset: str | None = None  # sharegpt JSON or trace JSONL
+    prefix_len: int = 256  # prefix-repetition (vLLM's defaults)
+    suffix_len: int = 256
+    num_prefixes: int = 10
+
+
+def words(tokens: int, rng: random.Random) -> str:
+    """A prompt of `tokens` random words, 4 characters each (no trailing space)."""
+    return " ".join(rng.choice(_WORDS) for _ in range(max(1, tokens)))
+
+
+def _ranged(rng: random.Random, length: int, ratio: float) -> int:
+    """A length uniform in [length * (1 - ratio), length * (1 + ratio)]."""
+    lo, hi = max(1, int(length * (1 - ratio))), max(1, int(length * (1 + ratio)))
+    return rng.randint(lo, hi)
+
+
+def check_spec(spec: WorkloadSpec) -> None:
+    """Options that make no workload, and a dataset that cannot be read (a ValidationError names it)."""
+    if spec.name not in WORKLOADS:
+        raise ValidationError(
+            f"--workload {spec.name!r}: not a workload; choose one of {', '.join(WORKLOADS)}"
+        )
+    if spec.input_len < 1 or spec.output_len < 1:
+        raise ValidationError("--input-len and --output-len must be at least 1 token")
+    if not 0 <= spec.range_ratio < 1:
+        raise ValidationError(f"--range-ratio {spec.range_ratio}: must be in [0, 1)")
+    if not 0 <= spec.long_share <= 1:
+        raise ValidationError(f"--long-share {spec.long_share}: must be between 0 and 1")
+    if spec.name in ("sharegpt", "trace") and not spec.dataset:
+        raise ValidationError(
+            f"--workload {spec.name} needs --dataset PATH (a "
+            f"{'ShareGPT JSON' if spec.name == 'sharegpt' else 'Mooncake trace JSONL'} file)"
+        )
+    if spec.name in ("sharegpt", "trace") and not Path(str(spec.dataset)).expanduser().is_file():
+        raise ValidationError(f"--dataset {spec.dataset}: cannot read the file (not found)")
+
+
+def build(spec: WorkloadSpec, n: int, seed: int) -> list[Item]:
+    """`n` requests of the workload, the same for the same seed (a ValidationError names a bad option)."""
+    check_spec(spec)
+    rng = random.Random(seed)
+    if spec.name == "random":
+        return [
+            _item(
+                i,
+                _ranged(rng, spec.input_len, spec.range_ratio),
+                _ranged(rng, spec.output_len, spec.range_ratio),
+                rng,
+            )
+            for i in range(n)
+        ]
+    if spec.name == "long-prompt-mix":
+        return [_mix_item(i, spec, rng) for i in range(n)]
+    if spec.name == "prefix-repetition":
+        prefixes = [words(spec.prefix_len, rng) for _ in range(max(1, spec.num_prefixes))]
+        return [_prefixed(i, prefixes[i % len(prefixes)], spec, rng) for i in range(n)]
+    path = Path(str(spec.dataset)).expanduser()
+    if spec.name == "sharegpt":
+        return sharegpt(path, n, rng)
+    return trace(path, n)
+
+
+def _item(index: int, prompt_tokens: int, output_tokens: int, rng: random.Random) -> Item:
+    """An item with a random-word prompt of `prompt_tokens` tokens."""
+    return Item(index, words(prompt_tokens, rng), prompt_tokens, output_tokens)
+
+
+def _mix_item(index: int, spec: WorkloadSpec, rng: random.Random) -> Item:
+    """A short chat turn (input_len ± 50%), or with probability long_share a 16K-30K-token document."""
+    if rng.random() < spec.long_share:
+        return _item(index, rng.randint(spec.long_min, spec.long_max), spec.output_len, rng)
+    return _item(index, _ranged(rng, spec.input_len, 0.5), _ranged(rng, spec.output_len, 0.5), rng)
+
+
+def _prefixed(index: int, prefix: str, spec: WorkloadSpec, rng: random.Random) -> Item:
+    """A shared prefix plus a random suffix."""
+    suffix = words(spec.suffix_len, rng)
+    return Item(index, f"{prefix} {suffix}", spec.prefix_len + spec.suffix_len, spec.output_len)
+
+
+def _read(path: Path, what: str) -> str:
+    """A dataset file's text, or an error naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValidationError(f"--dataset {path}: cannot read the {what} ({err.strerror})") from None
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens of a text as the simulator and the gateway count without a tokenizer (4 characters each)."""
+    return -(-len(text) // 4)
+
+
+def sharegpt(path: Path, n: int, rng: random.Random) -> list[Item]:
+    """First turns of a ShareGPT JSON file, shuffled by the seed, filtered as vLLM's is_valid_sequence."""
+    try:
+        data = json.loads(_read(path, "ShareGPT JSON file"))
+    except ValueError as err:
+        raise ValidationError(f"--dataset {path}: not JSON ({err})") from None
+    if not isinstance(data, list):
+        raise ValidationError(f"--dataset {path}: a ShareGPT file is a JSON list of conversations")
+    turns = []
+    for entry in data:
+        conv = entry.get("conversations") if isinstance(entry, dict) else None
+        if isinstance(conv, list) and len(conv) >= 2 and all(isinstance(c, dict) for c in conv[:2]):
+            prompt, answer = str(conv[0].get("value", "")), str(conv[1].get("value", ""))
+            p, o = estimate_tokens(prompt), estimate_tokens(answer)
+            if (
+                p >= SHAREGPT_MIN
+                and o >= SHAREGPT_MIN
+                and p <= SHAREGPT_MAX_PROMPT
+                and p + o <= SHAREGPT_MAX_TOTAL
+            ):
+                turns.append((prompt, p, o))
+    if not turns:
+        raise ValidationError(
+            f"--dataset {path}: no conversation with a first turn vLLM's filter keeps "
+            f"(prompt {SHAREGPT_MIN}-{SHAREGPT_MAX_PROMPT} tokens, total <= {SHAREGPT_MAX_TOTAL})"
+        )
+    rng.shuffle(turns)
+    return [Item(i, *turns[i % len(turns)]) for i in range(n)]
+
+
+def _block(hash_id: int) -> list[str]:
+    """The 512 words of one trace prefix block: the same hash_id, the same text (prefix reuse kept)."""
+    rng = random.Random(f"mooncake-block-{hash_id}")
+    return [rng.choice(_WORDS) for _ in range(TRACE_BLOCK_TOKENS)]
+
+
+def _trace_row(row: Any, where: str) -> tuple[float, int, int, list[int]]:
+    """One Mooncake trace line's fields, checked."""
+    if not isinstance(row, dict):
+        raise ValidationError(f"{where}: a trace line is a JSON object")
+    try:
+        ts, inp, out = float(row["timestamp"]), int(row["input_length"]), int(row["output_length"])
+    except KeyError as err:
+        raise ValidationError(
+            f"{where}: missing {err.args[0]!r} (Mooncake trace: timestamp, input_length, "
+            "output_length, hash_ids)"
+        ) from None
+    except (TypeError, ValueError):
+        raise ValidationError(f"{where}: timestamp, input_length and output_length must be numbers") from None
+    hashes = row.get("hash_ids", [])
+    if not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
+        raise ValidationError(f"{where}: hash_ids must be a list of integers")
+    if inp < 1 or out < 1:
+        raise ValidationError(f"{where}: input_length and output_length must be at least 1")
+    return ts, inp, out, hashes
+
+
+def trace(path: Path, n: int) -> list[Item]:
+    """The first `n` requests of a Mooncake trace JSONL, with their own arrival times (s from the first)."""
+    items: list[Item] = []
+    t0: float | None = None
+    for lineno, line in enumerate(_read(path, "trace JSONL file").splitlines(), 1):
+        if not line.strip():
+            continue
+        if len(items) >= n:
+            break
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise ValidationError(f"{where}: not a JSON line") from None
+        ts, inp, out, hashes = _trace_row(row, where)
+        t0 = ts if t0 is None else t0
+        text: list[str] = []
+        for h in hashes:
+            text += _block(h)
+        rest = random.Random(f"{path.name}-{lineno}")
+        text = (text + [rest.choice(_WORDS) for _ in range(max(0, inp - len(text)))])[:inp]
+        items.append(Item(len(items), " ".join(text), inp, out, (ts - t0) / 1000))
+    if not items:
+        raise ValidationError(f"--dataset {path}: the trace has no request")
+    return items
+
+
+def length_class(item: Item, long_prompt_tokens: int) -> str:
+    """`long` when the prompt reaches the gateway's threshold (gateway.long_prompt_tokens), else `short`."""
+    return "long" if item.prompt_tokens >= long_prompt_tokens else "short"

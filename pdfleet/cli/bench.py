@@ -1,0 +1,287 @@
+"""`invoke bench`: colocated against disaggregated on one seeded workload, through the gateway, with a report.
+
+Thin wiring: options -> BenchPlan, the deployment's topology -> gateway, pools and metrics source, then
+pdfleet.bench.compare runs each pool and pdfleet.bench.compare_report writes the files. A rich progress
+bar per pool; Ctrl-C stops cleanly and the report is written, marked partial.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from invoke import Context, task
+from invoke.exceptions import Exit
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pdfleet.bench.compare import POOLS, BenchPlan, BenchResult, check_plan, run_compare
+from pdfleet.bench.compare_report import HEADLINE, headline_rows, write_all
+from pdfleet.bench.fleet_targets import gateway_of, metrics_sources, pool_targets, pools_of, read_client_key
+from pdfleet.bench.serve_metrics import Bounds
+from pdfleet.bench.verdict import Thresholds, Verdict
+from pdfleet.bench.workloads import WORKLOADS, WorkloadSpec
+from pdfleet.cli import lab_site
+from pdfleet.cli.exits import user_errors
+from pdfleet.cli.options import HELP as COMMON_HELP
+from pdfleet.cli.settings import Settings, repo_path
+from pdfleet.errors import ValidationError
+from pdfleet.fleet.deployment import Deployment, load_deployment
+
+DEFAULT_RATE = 2.0
+DEFAULT_DURATION_S = 60.0
+
+HELP = {
+    "profile": COMMON_HELP["profile"],
+    "inventory": COMMON_HELP["inventory"],
+    "workload": f"Workload: {', '.join(WORKLOADS)} (default long-prompt-mix).",
+    "rate": f"Open-loop arrivals per second, Poisson or gamma (default {DEFAULT_RATE:g}; or --concurrency).",
+    "concurrency": "Fixed concurrency: this many requests in flight, one after another (instead of --rate).",
+    "duration": f"Seconds of load per pool (default {DEFAULT_DURATION_S:g}; or --num-prompts).",
+    "num_prompts": "Requests per pool (instead of --duration).",
+    "pools": "Pools to run, comma-separated, in order (default: every pool the profile has).",
+    "sweep": "Also find each pool's largest rate (per GPU) meeting slo.attainment_pct of requests.",
+    "out": "Directory for results.json, requests.jsonl, report.md/html, plots (default: output_dir/bench-*).",
+    "seed": "Seed of the workload and the arrivals (the same for every pool).",
+    "burstiness": "Gamma shape of inter-arrivals: 1 = Poisson, < 1 burstier (as vllm bench serve's).",
+    "dataset": "ShareGPT JSON (--workload sharegpt) or Mooncake trace JSONL (--workload trace).",
+    "input_len": "random: prompt tokens; long-prompt-mix: the short turns' mean (default 1024 / 512).",
+    "output_len": "Output tokens per request (default 128; long-prompt-mix short turns: mean, ±50%).",
+    "range_ratio": "random: lengths uniform in [len*(1-r), len*(1+r)] (default 0).",
+    "long_share": "long-prompt-mix: share of 16K-30K-token document prompts (default 0.1).",
+    "warmup": "Warm-up requests per pool before the measured run (default 4).",
+}
+
+
+def _number(value: str | None, kind: type, option: str) -> Any:
+    """An option's value as int/float (invoke passes strings for optional values), else a clear error."""
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValidationError(
+            f"--{option} {value!r}: not a {'whole ' if kind is int else ''}number"
+        ) from None
+
+
+def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan:
+    """The BenchPlan of the task's options and the profile's SLOs, time scale and length threshold."""
+    profile = deployment.profile
+    slo = profile.slo
+    defaults = WorkloadSpec()
+    workload = WorkloadSpec(
+        name=opts["workload"],
+        input_len=_number(opts["input_len"], int, "input-len")
+        or (512 if opts["workload"] == "long-prompt-mix" else defaults.input_len),
+        output_len=_number(opts["output_len"], int, "output-len") or defaults.output_len,
+        range_ratio=_number(opts["range_ratio"], float, "range-ratio") or 0.0,
+        long_share=_number(opts["long_share"], float, "long-share")
+        if opts["long_share"] is not None
+        else 0.1,
+        dataset=str(repo_path(opts["dataset"])) if opts["dataset"] else None,
+    )
+    rate, conc = _number(opts["rate"], float, "rate"), _number(opts["concurrency"], int, "concurrency")
+    duration, num = (
+        _number(opts["duration"], float, "duration"),
+        _number(opts["num_prompts"], int, "num-prompts"),
+    )
+    if rate is None and conc is None and opts["workload"] != "trace":
+        rate = DEFAULT_RATE
+    if duration is None and num is None and opts["workload"] != "trace":
+        duration = DEFAULT_DURATION_S
+    have = pools_of(deployment.topology)
+    pools = tuple(p.strip() for p in opts["pools"].split(",") if p.strip()) if opts["pools"] else have
+    unknown = [p for p in pools if p not in POOLS]
+    if unknown:
+        raise ValidationError(
+            f"--pools {opts['pools']}: {', '.join(unknown)} is not a pool; pools are {', '.join(POOLS)}"
+        )
+    missing = [p for p in pools if p not in have]
+    if missing:
+        raise ValidationError(
+            f"--pools: profile {profile.name} has no {', '.join(missing)} pool behind its gateway "
+            f"(it has: {', '.join(have) or 'none'})"
+        )
+    scale = profile.vllm.sim.time_scale if profile.vllm.engine == "sim" else 1.0
+    plan = BenchPlan(
+        workload,
+        seed=_number(opts["seed"], int, "seed") or 0,
+        rate=rate,
+        burstiness=_number(opts["burstiness"], float, "burstiness") or 1.0,
+        concurrency=conc,
+        duration_s=duration,
+        num_prompts=num,
+        pools=pools,
+        warmup=_number(opts["warmup"], int, "warmup") if opts["warmup"] is not None else 4,
+        time_scale=scale,
+        long_prompt_tokens=profile.gateway.long_prompt_tokens,
+        bounds=Bounds(slo.ttft_p99_ms, slo.tpot_p99_ms, slo.stall_ms),
+        attainment_pct=slo.attainment_pct,
+        sweep=bool(opts["sweep"]),
+    )
+    check_plan(plan)  # before anything is contacted or written
+    return plan
+
+
+def thresholds_of(deployment: Deployment) -> Thresholds:
+    """The verdict's bounds from the profile's slo."""
+    slo = deployment.profile.slo
+    return Thresholds(slo.ttft_bound_ms, slo.tpot_bound_ms, slo.prefill_queue_p95_ms, slo.decode_queue_p95_ms)
+
+
+def headline_table(doc: dict[str, Any]) -> Table:
+    """The headline (TTFT P95, ITL P99, stalls per 100 streams, per class, per pool) as a rich table."""
+    table = Table(title="bench: colocated vs P/D" + (" (PARTIAL)" if doc["partial"] else ""))
+    for column in HEADLINE:
+        table.add_column(column, justify="left" if column in ("pool", "class") else "right")
+    for row in headline_rows(doc):
+        table.add_row(*row)
+    return table
+
+
+async def _run(plan: BenchPlan, deployment: Deployment, key: str, console: Console) -> BenchResult:
+    """Run every pool with a progress bar; SIGINT sets the stop event instead of killing the run."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    topology = deployment.topology
+    sources, what = metrics_sources(deployment.inventory, topology, lambda m: console.print(m))
+    console.print(f"server side: {what}")
+    targets = pool_targets(topology, plan.pools, sources)
+    gw = gateway_of(deployment.profile, topology, key)
+    bars = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+    def progress_for(pool: str) -> Callable[[int, int | None], None]:
+        """A progress bar for one pool and its update callback."""
+        task_id = bars.add_task(f"{pool} ({targets[pool].gpus} GPU)", total=None)
+
+        def update(done: int, total: int | None) -> None:
+            """Move the bar."""
+            bars.update(task_id, completed=done, total=total)
+
+        return update
+
+    try:
+        with bars:
+            return await run_compare(plan, gw, targets, stop, progress_for)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+def _event_loop_run(coro: Any) -> Any:
+    """uvloop when installed (a third of asyncio's CPU per event: the client must not be the bottleneck)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - depends on the platform
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def run_bench(
+    ctx: Context, profile: str, inventory: str | None, opts: dict[str, Any], out: str | None, console: Console
+) -> tuple[dict[str, Any], Verdict, Path]:
+    """Load the deployment, run the bench, write every file; (results document, verdict, out dir)."""
+    settings = Settings.of(ctx)
+    deployment = load_deployment(
+        profile,
+        repo_path(inventory) if inventory else settings.inventory,
+        settings.profiles_dir,
+        settings.templates_dir,
+        (),
+        lab_site.LAB_NETWORK,
+    )
+    plan = plan_from_options(deployment, opts)
+    key = read_client_key(deployment.profile.gateway.client_key_file)
+    out_dir = (
+        repo_path(out)
+        if out
+        else settings.output_dir / f"bench-{deployment.profile.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    result = _event_loop_run(_run(plan, deployment, key, console))
+    doc, verdict = write_all(
+        out_dir,
+        result,
+        deployment.profile.gateway.model_alias or deployment.profile.model.id,
+        deployment.profile.name,
+        thresholds_of(deployment),
+    )
+    return doc, verdict, out_dir
+
+
+def print_outcome(doc: dict[str, Any], verdict: Verdict, out_dir: Path, console: Console) -> list[str]:
+    """Headline table and verdict on stdout; the pools that were down (their errors) are returned."""
+    out = Console()
+    if not out.is_terminal:  # a pipe or a file: no wrapping of the table's columns at 80 characters
+        out = Console(width=160)
+    out.print(headline_table(doc))
+    out.print(f"verdict: {verdict.headline}")
+    for warning in verdict.warnings:
+        out.print(f"[yellow]warning: {warning}[/]")
+    console.print(f"written: {out_dir}/results.json, report.md, report.html, requests.jsonl")
+    return [f"{p}: {s['error']}" for p, s in doc["pools"].items() if "error" in s]
+
+
+@task(help=HELP, auto_shortflags=False)  # 18 options: short flags would collide
+@user_errors
+def bench(
+    ctx: Context,
+    profile: str,
+    inventory: str | None = None,
+    workload: str = "long-prompt-mix",
+    rate: str | None = None,
+    concurrency: str | None = None,
+    duration: str | None = None,
+    num_prompts: str | None = None,
+    pools: str | None = None,
+    sweep: bool = False,
+    out: str | None = None,
+    seed: str | None = None,
+    burstiness: str | None = None,
+    dataset: str | None = None,
+    input_len: str | None = None,
+    output_len: str | None = None,
+    range_ratio: str | None = None,
+    long_share: str | None = None,
+    warmup: str | None = None,
+) -> None:
+    """Send the same seeded workload through the gateway to each pool; results, report and the verdict."""
+    console = Console(stderr=True)
+    opts = {
+        "workload": workload,
+        "rate": rate,
+        "concurrency": concurrency,
+        "duration": duration,
+        "num_prompts": num_prompts,
+        "pools": pools,
+        "sweep": sweep,
+        "seed": seed,
+        "burstiness": burstiness,
+        "dataset": dataset,
+        "input_len": input_len,
+        "output_len": output_len,
+        "range_ratio": range_ratio,
+        "long_share": long_share,
+        "warmup": warmup,
+    }
+    doc, verdict, out_dir = run_bench(ctx, profile, inventory, opts, out, console)
+    down = print_outcome(doc, verdict, out_dir, console)
+    if doc["partial"]:
+        console.print("[yellow]bench: interrupted; the report is partial[/]")
+    if down:
+        for line in down:
+            print(f"error: {line}", file=sys.stderr)
+        raise Exit(code=1)

@@ -1,0 +1,96 @@
+"""`invoke bench --profile lab-cross --workload long-prompt-mix` on the lab: the files it writes, two
+colocated GPUs against one prefill + one decode GPU, and the long-prompt interference on the colocated
+pool (short streams' ITL P99 and stalls higher than on P/D), said so in the report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.lab.helpers import REPO_ROOT, LabHandle
+
+PROFILE = "lab-cross"
+FILES = (
+    "results.json",
+    "vllm-colocated.json",
+    "vllm-disagg.json",
+    "requests.jsonl",
+    "report.md",
+    "report.html",
+    "ttft_cdf.png",
+    "itl_cdf.png",
+    "itl_timeline.png",
+    "class_bars.png",
+    "server_chain.png",
+)
+
+
+def _invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def bench_out(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """lab-cross provisioned (two colocated hosts, a P/D pair), then one bench of the long-prompt mix."""
+    report = tmp_path_factory.mktemp("provision") / "report.json"
+    proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path_factory.mktemp("bench")
+    proc = _invoke(
+        "bench",
+        "--profile",
+        PROFILE,
+        "--workload",
+        "long-prompt-mix",
+        "--rate",
+        "4",
+        "--duration",
+        "90",
+        "--out",
+        str(out),
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "verdict:" in proc.stdout and "TTFT P95" in proc.stdout
+    return out
+
+
+def test_bench_writes_every_file(bench_out: Path) -> None:
+    for name in FILES:
+        assert (bench_out / name).stat().st_size > 0, name
+    doc = json.loads((bench_out / "results.json").read_text())
+    assert doc["profile"] == PROFILE and not doc["partial"]
+    assert {p: s["pdfleet"]["gpus"] for p, s in doc["pools"].items()} == {"colocated": 2, "disagg": 2}
+    for pool in ("colocated", "disagg"):
+        s = doc["pools"][pool]
+        assert s["completed"] > 0 and s["failed"] == 0, s["pdfleet"]["errors"]
+        assert set(s["pdfleet"]["classes"]) == {"short", "long"}
+        assert isinstance(
+            s["pdfleet"]["server"]["decode_p95_ms"].get("decode" if pool == "disagg" else "colocated"), float
+        )
+    assert isinstance(doc["pools"]["disagg"]["pdfleet"]["server"]["kv_transfer_p95_ms"]["decode"], float)
+    assert doc["verdict"]["decision"] in ("split", "do not split", "undecided")
+
+
+def test_long_prompts_interfere_on_the_colocated_pool_and_the_report_says_so(bench_out: Path) -> None:
+    doc = json.loads((bench_out / "results.json").read_text())
+    colo = doc["pools"]["colocated"]["pdfleet"]["classes"]
+    pd = doc["pools"]["disagg"]["pdfleet"]["classes"]
+    assert colo["short"]["p99_itl_ms"] > pd["short"]["p99_itl_ms"]
+    assert colo["short"]["stalls_per_100_streams"] > pd["short"]["stalls_per_100_streams"]  # slo.stall_ms 250
+    # short streams are the ones the long prefills hold up: their ITL tail grows most on the colocated pool
+    assert colo["short"]["p99_itl_ms"] / pd["short"]["p99_itl_ms"] > 1.0
+    report = (bench_out / "report.md").read_text()
+    assert "Long-prompt interference shows on the colocated pool" in report
+    assert "## Verdict" in report and "per GPU" in report

@@ -1,0 +1,120 @@
+"""A bench end to end on loopback (simulators, the real vllm-router, pdfleet-gateway), with the P/D pool
+down: a clear error naming it, and the colocated pool's results, report and plots still written."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from pdfleet.bench.compare import BenchPlan, PoolTarget, check_plan, run_compare
+from pdfleet.bench.compare_report import write_all
+from pdfleet.bench.local_fleet import LocalFleet
+from pdfleet.bench.serve_metrics import Bounds
+from pdfleet.bench.verdict import Thresholds
+from pdfleet.bench.workloads import WorkloadSpec
+from pdfleet.errors import ValidationError
+from pdfleet.metrics.direct import DirectScrape
+
+PLAN = BenchPlan(
+    WorkloadSpec("random", input_len=64, output_len=8),
+    seed=1,
+    rate=10.0,
+    num_prompts=20,
+    warmup=2,
+    bounds=Bounds(3000, 60),
+)
+
+
+def test_a_down_pool_is_named_and_the_other_pools_results_are_written(tmp_path: Path) -> None:
+    with LocalFleet(colocated=1) as fleet:
+        assert fleet.router is not None
+        fleet.router.stop()  # the P/D pool is down; the gateway does not fall back for a forced pool
+        targets = {
+            p: PoolTarget(p, fleet.gpus(p), DirectScrape(fleet.targets(p)), DirectScrape(fleet.targets(p)))
+            for p in ("colocated", "disagg")
+        }
+        result = asyncio.run(run_compare(PLAN, fleet.gateway, targets, asyncio.Event()))
+    doc, verdict = write_all(tmp_path, result, fleet.gateway.model, "local", Thresholds(3000, 60, 500, 500))
+    saved = json.loads((tmp_path / "results.json").read_text())
+    colo, disagg = saved["pools"]["colocated"], saved["pools"]["disagg"]
+    assert colo["completed"] == 20 and colo["failed"] == 0 and colo["p99_ttft_ms"] > 0
+    assert colo["pdfleet"]["gpus"] == 1 and colo["request_rate"] == 10.0 and colo["num_prompts"] == 20
+    assert disagg["error"].startswith("pool disagg is down: every warm-up request through the gateway")
+    assert "HTTP 503" in disagg["error"]
+    assert (tmp_path / "vllm-colocated.json").exists() and not (tmp_path / "vllm-disagg.json").exists()
+    assert json.loads((tmp_path / "vllm-colocated.json").read_text())["completed"] == 20
+    lines = (tmp_path / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == 20 and all(json.loads(x)["success"] for x in lines)
+    server = colo["pdfleet"]["server"]
+    assert isinstance(server["queue_p95_ms"]["colocated"], float)  # read over the run window, direct scrape
+    assert colo["pdfleet"]["kv_cache_usage_peak"]["colocated"] >= 0
+    report = (tmp_path / "report.md").read_text()
+    assert "disagg: pool disagg is down" in report and "## Verdict" in report
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 5 and 'src="http' not in page
+    for png in ("ttft_cdf", "itl_cdf", "itl_timeline", "class_bars", "server_chain"):
+        assert (tmp_path / f"{png}.png").stat().st_size > 1000
+    assert verdict.decision in ("do not split", "undecided")
+    assert not doc["partial"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"rate": 1.0, "concurrency": 2}, "give --rate R or --concurrency C, not both"),
+        ({"rate": 0.0}, "--rate 0.0: must be > 0"),
+        ({"duration_s": 5.0, "num_prompts": 3}, "give --duration S or --num-prompts N, not both"),
+        ({"pools": ("colocated", "pd")}, "pools are colocated, disagg"),
+        ({"burstiness": 0.0}, "--burstiness 0.0"),
+    ],
+)
+def test_contradicting_options_are_refused(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        check_plan(dataclasses.replace(PLAN, **changes))  # type: ignore[arg-type]
+
+
+def test_sweep_finds_the_largest_rate_meeting_the_attainment_target() -> None:
+    """A scripted gateway whose TTFT grows with the offered rate (1 ms per request started in the last
+    second): with a 25 ms TTFT bound, low rates meet 90% attainment and high ones do not."""
+    import time
+
+    from pdfleet.bench.compare import best_rate, sweep
+    from pdfleet.bench.runner import Gateway
+    from tests.unit.bench.helpers import DONE, SSE_HEAD, Reply, ScriptedServer, chunk
+
+    started: list[float] = []
+
+    async def respond(reply: Reply) -> bool:
+        now = time.perf_counter()
+        started.append(now)
+        await asyncio.sleep(0.001 * sum(1 for t in started if now - t < 1.0))
+        ev = b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'
+        await reply.write(
+            SSE_HEAD + chunk(ev) + chunk(ev) + chunk(b'data: {"usage":{"completion_tokens":2}}\n\n')
+        )
+        await reply.write(DONE)
+        return True
+
+    async def main() -> list[dict[str, float]]:
+        async with ScriptedServer(respond) as server:
+            plan = dataclasses.replace(
+                PLAN, rate=8.0, num_prompts=None, duration_s=2.0, bounds=Bounds(25, 1000)
+            )
+            return await sweep(
+                plan,
+                Gateway("127.0.0.1", server.port, None, "m"),
+                PoolTarget("colocated", 2),
+                asyncio.Event(),
+                steps=5,
+            )
+
+    rows = asyncio.run(main())
+    assert rows[0]["rate"] == 8.0 and rows[1]["rate"] == 16.0
+    assert any(r["met"] for r in rows) and not all(r["met"] for r in rows)
+    best = best_rate(rows)
+    assert best is not None and 8.0 <= best < 64.0
+    assert all(r["rate_per_gpu"] == r["rate"] / 2 for r in rows)

@@ -1,0 +1,70 @@
+"""What bench takes from a deployment: the gateway, the pools and their GPU counts (2 colocated GPUs meet
+1 prefill + 1 decode GPU in the lab), the metrics endpoints, and the client key read, never created."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pdfleet.bench.fleet_targets import (
+    direct_targets,
+    gateway_of,
+    gpu_count,
+    metrics_sources,
+    pools_of,
+    read_client_key,
+)
+from pdfleet.errors import ValidationError
+from pdfleet.fleet.deployment import load_deployment
+from pdfleet.metrics.direct import DirectScrape
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _lab(profile: str = "lab-cross"):  # noqa: ANN202
+    return load_deployment(profile, REPO / "inventory" / "lab.yml", REPO / "profiles", REPO / "templates", ())
+
+
+def test_lab_cross_compares_two_colocated_gpus_with_one_prefill_and_one_decode() -> None:
+    d = _lab()
+    assert pools_of(d.topology) == ("colocated", "disagg")
+    assert (gpu_count(d.topology, "colocated"), gpu_count(d.topology, "disagg")) == (2, 2)
+    gw = gateway_of(d.profile, d.topology, "sk-x")
+    assert (gw.host, gw.port, gw.model) == ("198.18.0.10", 8080, "llama-3.1-8b")
+    labels = {(t.labels["pool"], t.labels["role"]) for t in direct_targets(d.topology)}
+    assert labels == {
+        ("colocated", "colocated"),
+        ("disagg", "prefill"),
+        ("disagg", "decode"),
+    }
+
+
+def test_a_colocated_profile_has_only_the_colocated_pool() -> None:
+    assert pools_of(_lab("lab-colocated").topology) == ("colocated",)
+
+
+def test_no_monitoring_answering_falls_back_to_direct_scrapes() -> None:
+    d = _lab()
+    notes: list[str] = []
+    # 198.18.0.10:9090 is the lab's monitoring host; here nothing answers there
+    sources, what = metrics_sources(d.inventory.limit("colocated"), d.topology, notes.append)
+    source, kv = sources("disagg")
+    assert isinstance(source, DirectScrape) and isinstance(kv, DirectScrape) and source is not kv
+    assert [t.labels["role"] for t in source.targets] == ["prefill", "decode"]  # that pool's own endpoints
+    assert what == "direct scrape of 4 vLLM endpoint(s)" and not notes
+
+
+def test_client_key_is_read_never_created(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="no gateway client key at .*provision the gateway first"):
+        read_client_key(str(tmp_path / "nope.key"))
+    assert not (tmp_path / "nope.key").exists()
+    key = tmp_path / "k"
+    key.write_text("sk-pdfleet-abc\n")
+    os.chmod(key, 0o644)
+    with pytest.raises(ValidationError, match="readable by its owner only") as err:
+        read_client_key(str(key))
+    assert "sk-pdfleet-abc" not in str(err.value)
+    os.chmod(key, 0o600)
+    assert read_client_key(str(key)) == "sk-pdfleet-abc"

@@ -1,0 +1,64 @@
+"""Server figures over a run window through a real DirectScrape of /metrics pages: the chain per role in ms,
+preemptions, peak KV usage sampled, and a missing series kept as its reason, never a zero."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pdfleet.bench.server_side import chain, kv_peak, reason_of, value_of
+from pdfleet.metrics.direct import DirectScrape, Target
+from tests.unit.bench.helpers import text_server
+
+LE = ("0.3", "0.5", "0.8", "1.0", "+Inf")
+
+
+def page(queued: int, kv: float, preempted: int) -> str:
+    """A vLLM-like exposition: `queued` requests waited 0.3-0.5 s; KV usage; preemptions."""
+    lines = [
+        f'vllm:request_queue_time_seconds_bucket{{le="{le}"}} {0 if le == "0.3" else queued}' for le in LE
+    ]
+    lines += [
+        f"vllm:request_queue_time_seconds_count {queued}",
+        f"vllm:request_queue_time_seconds_sum {0.4 * queued}",
+    ]
+    lines += [f"vllm:kv_cache_usage_perc {kv}", f"vllm:num_preemptions_total {preempted}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_chain_per_role_over_the_window_and_reasons_for_what_is_missing() -> None:
+    clock = [0.0]
+    pages = {"/metrics": page(0, 0.1, 0)}
+    with text_server(pages) as url:
+        source = DirectScrape(
+            [Target(url + "/metrics", {"pool": "colocated", "role": "colocated", "host": "c1"})],
+            clock=lambda: clock[0],
+        )
+        source.scrape()
+        pages["/metrics"] = page(10, 0.6, 3)
+        clock[0] = 30.0
+        figs = chain(source, "colocated", 30.0)
+    q95 = figs["queue_p95_ms"]["colocated"]
+    assert isinstance(q95, float) and 300 < q95 <= 500  # inside the 0.3-0.5 s bucket, in ms
+    assert figs["preemptions"] == {"colocated": 3.0}
+    assert "kv_transfer_p95_ms" not in figs  # a colocated pool has no KV connector
+    assert str(reason_of(figs["prefill_p95_ms"])).startswith("n/a: ")  # not exported: a reason, not 0
+    assert value_of(figs["prefill_p95_ms"]) is None and value_of(figs["queue_p95_ms"], "colocated") == q95
+
+
+def test_kv_peak_keeps_the_highest_sample_until_stopped() -> None:
+    pages = {"/metrics": page(0, 0.2, 0)}
+    with text_server(pages) as url:
+        source = DirectScrape([Target(url + "/metrics", {"pool": "disagg", "role": "decode", "host": "d1"})])
+
+        async def main() -> dict[str, float]:
+            stop = asyncio.Event()
+            task = asyncio.create_task(kv_peak(source, "disagg", stop, every_s=0.05))
+            await asyncio.sleep(0.2)
+            pages["/metrics"] = page(0, 0.9, 0)
+            await asyncio.sleep(0.2)
+            pages["/metrics"] = page(0, 0.3, 0)
+            await asyncio.sleep(0.2)
+            stop.set()
+            return await task
+
+        assert asyncio.run(main()) == {"decode": 0.9}

@@ -1,0 +1,97 @@
+"""Workloads: seeded and equal for equal seeds, lengths as asked, ShareGPT's filter, Mooncake traces with
+prefix reuse, shared prefixes, and clear errors for bad options and files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdfleet.bench.workloads import WorkloadSpec, build, estimate_tokens, length_class
+from pdfleet.errors import ValidationError
+
+
+def test_same_seed_same_requests_other_seed_others() -> None:
+    spec = WorkloadSpec("long-prompt-mix", long_share=0.2)
+    assert build(spec, 50, 7) == build(spec, 50, 7)
+    assert build(spec, 50, 7) != build(spec, 50, 8)
+
+
+def test_random_lengths_fixed_or_ranged_and_counted_as_the_simulator_counts() -> None:
+    fixed = build(WorkloadSpec("random", input_len=100, output_len=20), 5, 0)
+    assert {(it.prompt_tokens, it.output_tokens) for it in fixed} == {(100, 20)}
+    assert all(estimate_tokens(it.prompt) == 100 for it in fixed)
+    ranged = build(WorkloadSpec("random", input_len=100, output_len=20, range_ratio=0.5), 200, 0)
+    assert min(it.prompt_tokens for it in ranged) >= 50 and max(it.prompt_tokens for it in ranged) <= 150
+    assert len({it.prompt[:40] for it in ranged}) > 150  # random words: no shared prefix
+
+
+def test_long_prompt_mix_has_the_share_of_long_documents() -> None:
+    items = build(WorkloadSpec("long-prompt-mix", long_share=0.1), 1000, 1)
+    longs = [it for it in items if length_class(it, 8192) == "long"]
+    assert 60 <= len(longs) <= 140
+    assert all(16000 <= it.prompt_tokens <= 30000 for it in longs)
+    assert all(512 <= it.prompt_tokens <= 1536 for it in items if it not in longs)  # input_len 1024 ± 50%
+
+
+def test_prefix_repetition_shares_prefixes() -> None:
+    items = build(WorkloadSpec("prefix-repetition", prefix_len=50, suffix_len=10, num_prefixes=3), 9, 0)
+    prefixes = {it.prompt[: 4 * 50 - 1] for it in items}
+    assert len(prefixes) == 3 and all(it.prompt_tokens == 60 for it in items)
+
+
+def test_sharegpt_first_turns_through_vllms_filter(tmp_path: Path) -> None:
+    data = [
+        {"conversations": [{"from": "human", "value": "q" * 400}, {"from": "gpt", "value": "a" * 800}]},
+        {
+            "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "a" * 800}]
+        },  # prompt < 4
+        {
+            "conversations": [{"from": "human", "value": "q" * 5000}, {"from": "gpt", "value": "a" * 40}]
+        },  # > 1024
+        {"conversations": [{"from": "human", "value": "only one turn"}]},
+    ]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    items = build(WorkloadSpec("sharegpt", dataset=str(path)), 3, 0)
+    assert {(it.prompt_tokens, it.output_tokens) for it in items} == {(100, 200)}
+
+
+def test_mooncake_trace_keeps_times_lengths_and_prefix_blocks(tmp_path: Path) -> None:
+    rows = [
+        {"timestamp": 1000, "input_length": 600, "output_length": 10, "hash_ids": [7, 8]},
+        {"timestamp": 1500, "input_length": 700, "output_length": 20, "hash_ids": [7, 9]},
+    ]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    a, b = build(WorkloadSpec("trace", dataset=str(path)), 10, 0)
+    assert (a.at, b.at) == (0.0, 0.5) and (a.prompt_tokens, b.output_tokens) == (600, 20)
+    assert a.prompt[: 512 * 4 - 1] == b.prompt[: 512 * 4 - 1]  # hash_id 7: the same first block
+    assert estimate_tokens(a.prompt) == 600
+
+
+@pytest.mark.parametrize(
+    ("spec", "text", "message"),
+    [
+        (WorkloadSpec("nope"), None, "not a workload; choose one of random, long-prompt-mix"),
+        (WorkloadSpec("sharegpt"), None, "--workload sharegpt needs --dataset PATH"),
+        (WorkloadSpec("random", range_ratio=1.5), None, "--range-ratio 1.5"),
+        (WorkloadSpec("trace"), '{"timestamp": 1, "output_length": 3}\n', ":1: missing 'input_length'"),
+        (WorkloadSpec("trace"), "not json\n", ":1: not a JSON line"),
+        (WorkloadSpec("sharegpt"), "{}", "a ShareGPT file is a JSON list"),
+    ],
+)
+def test_bad_options_and_files_are_clear_errors(
+    tmp_path: Path, spec: WorkloadSpec, text: str | None, message: str
+) -> None:
+    if text is not None:
+        (tmp_path / "d").write_text(text)
+        spec = WorkloadSpec(spec.name, dataset=str(tmp_path / "d"))
+    with pytest.raises(ValidationError, match=message.replace("[", r"\[")):
+        build(spec, 3, 0)
+
+
+def test_a_missing_dataset_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match=f"--dataset {tmp_path / 'nope.jsonl'}: cannot read the file"):
+        build(WorkloadSpec("trace", dataset=str(tmp_path / "nope.jsonl")), 3, 0)

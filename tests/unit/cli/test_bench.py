@@ -1,0 +1,240 @@
+"""`invoke bench` at the task layer: every option has help; bad options are one clear error before anything
+is contacted or written (no traceback, no output directory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_bench_is_listed_and_every_option_has_help() -> None:
+    assert any(ln.strip().startswith("bench ") for ln in _invoke("--list").stdout.splitlines())
+    out = _invoke("--help", "bench").stdout
+    options = [ln for ln in out.splitlines() if ln.strip().startswith("--")]
+    assert len(options) >= 18
+    for line in options:
+        assert len(line.split("  ", 1)) == 2 and line.split("  ", 1)[1].strip(), f"no help: {line}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rate", "1", "--concurrency", "2"], "error: give --rate R or --concurrency C, not both"),
+        (
+            ["--workload", "nope"],
+            "error: --workload 'nope': not a workload; choose one of random, long-prompt-mix",
+        ),
+        (
+            ["--pools", "colocated,pd"],
+            "error: --pools colocated,pd: pd is not a pool; pools are colocated, disagg",
+        ),
+        (["--rate", "fast"], "error: --rate 'fast': not a number"),
+        (["--duration", "10", "--num-prompts", "5"], "error: give --duration S or --num-prompts N, not both"),
+        (
+            ["--workload", "trace"],
+            "error: --workload trace needs --dataset PATH (a Mooncake trace JSONL file)",
+        ),
+        (["--workload", "trace", "--dataset", "no/such.jsonl"], "error: --dataset"),
+    ],
+)
+def test_bad_options_are_one_clear_error_and_write_nothing(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    out = tmp_path / "out"
+    proc = _invoke("bench", "--profile", "lab-cross", "--out", str(out), *args)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_a_pool_the_profile_lacks_is_refused() -> None:
+    proc = _invoke("bench", "--profile", "lab-colocated", "--pools", "disagg")
+    assert proc.returncode != 0
+    assert (
+        "error: --pools: profile lab-colocated has no disagg pool behind its gateway (it has: colocated)"
+        in proc.stderr
+    )
+
+
+def _fleet_files(tmp: Path, ports: dict[str, int]) -> tuple[Path, Path]:
+    """A same-host P/D profile with its colocated baseline, every host on a loopback address of its own."""
+    profiles = tmp / "profiles"
+    profiles.mkdir()
+    for name in ("_base", "same-host-pcie"):
+        (profiles / f"{name}.yml").write_text((REPO / "profiles" / f"{name}.yml").read_text())
+    (profiles / "loop.yml").write_text(f"""extends: same-host-pcie
+vllm: {{engine: sim, sim: {{time_scale: 1.0}}}}
+kv_transfer: {{side_channel_port: {ports["side"]}}}
+pools:
+  prefill: {{port: {ports["prefill"]}}}
+  decode: {{port: {ports["decode"]}}}
+  colocated: {{port: {ports["colocated"]}, max_num_batched_tokens: 2048}}
+gateway:
+  port: {ports["gateway"]}
+  router_port: {ports["router"]}
+  router_prometheus_port: {ports["router_prom"]}
+  client_key_file: {tmp}/client.key
+  admin_key_file: {tmp}/admin.key
+""")
+    inventory = tmp / "inv.yml"
+    inventory.write_text("""all:
+  children:
+    gateway: {hosts: {gw: {ansible_host: 127.0.0.1}}}
+    colocated: {hosts: {c1: {ansible_host: 127.0.0.2, gpus: [0]}}}
+    prefill: {hosts: {pd1: {ansible_host: 127.0.0.3, gpus: [0, 1]}}}
+    decode: {hosts: {pd1: }}
+""")
+    return profiles / "loop.yml", inventory
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """Simulators, the real vllm-router and pdfleet-gateway on loopback addresses laid out by a same-host
+    P/D profile (with its colocated baseline) and an inventory: (profile file, inventory file)."""
+    from pdfleet.bench.launch import RouterProcess, _Proc
+    from pdfleet.bench.local_fleet import KEY
+    from pdfleet.bench.procs import free_port
+    from pdfleet.gateway.keys import hash_key
+
+    tmp_path = tmp_path_factory.mktemp("loopback")
+    ports = {
+        k: free_port() for k in ("side", "prefill", "decode", "colocated", "gateway", "router", "router_prom")
+    }
+    profile, inventory = _fleet_files(tmp_path, ports)
+    key = tmp_path / "client.key"
+    key.write_text(KEY + "\n")
+    os.chmod(key, 0o600)
+    names = ["--served-model-name", "llama-3.1-8b", "--disable-log-stats"]
+
+    def sim(host: str, port: int, *extra: str, env: dict[str, str] | None = None) -> _Proc:
+        argv = [
+            sys.executable,
+            "-m",
+            "pdfleet.sim.cli",
+            "serve",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            *names,
+            *extra,
+            "--host",
+            host,
+            "--port",
+            str(port),
+        ]
+        return _Proc(argv, env, f"http://{host}:{port}/health", 60)
+
+    kv = '{"kv_connector":"NixlConnector","kv_role":"%s"}'
+    side = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.3", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports["side"])}
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"keys:\n  - name: bench\n    sha256: {hash_key(KEY)}\n")
+    os.chmod(keys, 0o600)
+    policy = tmp_path / "policy.yaml"
+    routes = (
+        f'colocated: ["http://127.0.0.2:{ports["colocated"]}"], disagg: "http://127.0.0.1:{ports["router"]}"'
+    )
+    policy.write_text(f"""version: 1
+listen: {{host: 127.0.0.1, port: {ports["gateway"]}}}
+keys_file: {keys}
+models:
+  llama-3.1-8b: {{{routes}}}
+stage: colocated
+stages: {{colocated: {{short: 0, long: 0}}}}
+log_requests: false
+""")
+    gateway = _Proc(
+        [sys.executable, "-m", "pdfleet.gateway.cli", "--config", str(policy)],
+        None,
+        f"http://127.0.0.1:{ports['gateway']}/health",
+        30,
+    )
+    prefill, decode = f"http://127.0.0.3:{ports['prefill']}", f"http://127.0.0.3:{ports['decode']}"
+    with (
+        sim("127.0.0.2", ports["colocated"], "--max-num-batched-tokens", "8192"),
+        sim("127.0.0.3", ports["prefill"], "--kv-transfer-config", kv % "kv_producer", env=side),
+        sim("127.0.0.3", ports["decode"], "--kv-transfer-config", kv % "kv_consumer"),
+        RouterProcess([prefill], [decode], port=ports["router"]),
+        gateway,
+    ):
+        yield profile, inventory
+
+
+def _bench_argv(loop: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "invoke",
+        "bench",
+        "--profile",
+        str(loop[0]),
+        "--inventory",
+        str(loop[1]),
+        "--workload",
+        "long-prompt-mix",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def test_invoke_bench_end_to_end_on_loopback(loopback: tuple[Path, Path], tmp_path: Path) -> None:
+    """The task itself through the gateway to both pools: progress, results, report, verdict, exit 0."""
+    out = tmp_path / "out"
+    argv = _bench_argv(loopback, out, "--long-share", "0.2", "--rate", "4", "--num-prompts", "20")
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "server side: direct scrape of 3 vLLM endpoint(s)" in proc.stderr
+    assert "TTFT P95 ms" in proc.stdout and "verdict: " in proc.stdout
+    doc = json.loads((out / "results.json").read_text())
+    assert {p: (s["completed"], s["failed"], s["pdfleet"]["gpus"]) for p, s in doc["pools"].items()} == {
+        "colocated": (20, 0, 1),
+        "disagg": (20, 0, 2),
+    }
+    assert isinstance(doc["pools"]["disagg"]["pdfleet"]["server"]["kv_transfer_p95_ms"]["decode"], float)
+    assert (out / "report.html").exists() and (out / "vllm-disagg.json").exists()
+
+
+def test_ctrl_c_stops_cleanly_and_writes_a_partial_report(
+    loopback: tuple[Path, Path], tmp_path: Path
+) -> None:
+    out, err = tmp_path / "out", tmp_path / "stderr"
+    with err.open("w") as sink:
+        proc = subprocess.Popen(
+            _bench_argv(loopback, out, "--rate", "2", "--duration", "60"),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+        )
+        deadline = time.monotonic() + 120
+        while "server side:" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(4)  # into the colocated pool's run
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stdout[-2000:] + err.read_text()[-2000:]
+    assert "interrupted; the report is partial" in err.read_text() and "Traceback" not in err.read_text()
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["partial"] and list(doc["pools"]) == ["colocated"]
+    colo = doc["pools"]["colocated"]
+    assert colo["pdfleet"]["interrupted"] and colo["failed"] == 0
+    assert "(PARTIAL: interrupted)" in (out / "report.md").read_text().splitlines()[0]
