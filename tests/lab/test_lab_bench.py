@@ -56,7 +56,7 @@ def bench_out(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--rate",
         "4",
         "--duration",
-        "90",
+        "45",
         "--out",
         str(out),
         timeout=1200,
@@ -87,10 +87,11 @@ def test_long_prompts_interfere_on_the_colocated_pool_and_the_report_says_so(ben
     doc = json.loads((bench_out / "results.json").read_text())
     colo = doc["pools"]["colocated"]["pdfleet"]["classes"]
     pd = doc["pools"]["disagg"]["pdfleet"]["classes"]
-    assert colo["short"]["p99_itl_ms"] > pd["short"]["p99_itl_ms"]
+    # A long prompt's chunks hold the colocated pool's decode steps for 250-450 ms, about once per short
+    # stream at this rate: well under 1% of its ~190 gaps, so the pooled ITL P99 barely moves (seen both
+    # ways in the lab: 22.9 vs 24.3 ms); the stalls and the ITL P99.9 are where the typewriter stops.
     assert colo["short"]["stalls_per_100_streams"] > pd["short"]["stalls_per_100_streams"]  # slo.stall_ms 250
-    # short streams are the ones the long prefills hold up: their ITL tail grows most on the colocated pool
-    assert colo["short"]["p99_itl_ms"] / pd["short"]["p99_itl_ms"] > 1.0
+    assert colo["short"]["p99.9_itl_ms"] > 2 * pd["short"]["p99.9_itl_ms"]
     report = (bench_out / "report.md").read_text()
     assert "Long-prompt interference shows on the colocated pool" in report
     assert "## Verdict" in report and "per GPU" in report

@@ -21,7 +21,8 @@ from tests.lab.helpers import REPO_ROOT, LabHandle
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
 MODEL = "llama-3.1-8b"
-COLOCATED_URL = "http://198.18.0.11:8000"
+# the colocated pool has two instances (lab-colo1, lab-colo2); the gateway balances across them
+COLOCATED_URLS = ("http://198.18.0.11:8000", "http://198.18.0.12:8000")
 DECODE_URL = "http://198.18.0.31:8200"
 GATEWAY_URL = "http://198.18.0.10:8080"
 POOL_HEADER = "X-Pdfleet-Pool"
@@ -32,9 +33,10 @@ def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-def _sample_sum(base_url: str, name: str) -> float:
-    """A metric summed over its label sets, from a server's /metrics."""
-    return scrape_metrics(base_url).get(name, 0.0)
+def _sample_sum(base_url: str | tuple[str, ...], name: str) -> float:
+    """A metric summed over its label sets, from a server's /metrics (or summed over a pool's servers)."""
+    urls = (base_url,) if isinstance(base_url, str) else base_url
+    return sum(scrape_metrics(url).get(name, 0.0) for url in urls)
 
 
 def _chat(client: openai.OpenAI, pool: str | None = None, **kwargs: object):  # noqa: ANN202
@@ -85,9 +87,10 @@ def test_openai_sdk_streams_and_non_streams_through_the_gateway(client: openai.O
 
 
 @pytest.mark.parametrize(
-    ("pool", "pool_url"), [("colocated", COLOCATED_URL), ("disagg", DECODE_URL)]
+    ("pool", "pool_url"), [("colocated", COLOCATED_URLS), ("disagg", DECODE_URL)]
 )
-def test_override_header_reaches_each_pool(client: openai.OpenAI, pool: str, pool_url: str) -> None:
+def test_override_header_reaches_each_pool(client: openai.OpenAI, pool: str,
+                                           pool_url: str | tuple[str, ...]) -> None:
     before = _sample_sum(pool_url, "vllm:request_success_total")
     for _ in range(3):
         _chat(client, pool, max_tokens=4)
@@ -134,11 +137,11 @@ def test_stage_change_reloads_without_restart_and_a_dead_router_falls_back(
         rc, _, err = lab.ssh(gw, "sudo -n systemctl stop vllm-router-pd.service")
         assert rc == 0, err
         fallbacks = _sample_sum(GATEWAY_URL, "pdfleet_gateway_fallbacks_total")
-        colocated = _sample_sum(COLOCATED_URL, "vllm:request_success_total")
+        colocated = _sample_sum(COLOCATED_URLS, "vllm:request_success_total")
         reply = _chat(client, max_tokens=4)
         assert reply.usage.completion_tokens == 4
         assert _sample_sum(GATEWAY_URL, "pdfleet_gateway_fallbacks_total") - fallbacks == 1
-        assert _sample_sum(COLOCATED_URL, "vllm:request_success_total") - colocated == 1
+        assert _sample_sum(COLOCATED_URLS, "vllm:request_success_total") - colocated == 1
     finally:
         report = tmp_path / "restore.json"
         restore = _invoke("provision", "--profile", PROFILE, "--limit", "lab-gw", "--json", str(report))
