@@ -30,8 +30,10 @@ from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN, TextCounter, make_counter
 POOLS: tuple[str, ...] = ("colocated", "disagg")
 BUCKETS = 100
 ENDPOINTS: tuple[str, ...] = ("chat", "completions", "messages")
-# vllm-router 0.1.17 in P/D mode runs the prefill->decode protocol for these only; it has no
-# /v1/messages route (tests/unit/gateway/test_router_messages.py asks the real router)
+# What a P/D pool carries by default. vllm-router 0.1.17 forwards /v1/messages in P/D mode too (prefill
+# leg max_tokens=1 with kv_transfer_params, then decode), but vLLM's Messages route ignores
+# kv_transfer_params before vLLM PR #37535 (2026-03): there the decode instance silently redoes the
+# whole prefill. A fleet on a vLLM with it can add "messages" to a route's disagg_endpoints.
 ROUTER_PD_ENDPOINTS: tuple[str, ...] = ("chat", "completions")
 
 Pool = Literal["colocated", "disagg"]
