@@ -1,6 +1,13 @@
-"""The per-key limiter on a fake clock: bursts, refill, concurrency, reloads that keep counts sane."""
+"""The per-key limiter on a fake clock (bursts, refill, concurrency, reloads that keep counts sane), then
+over HTTP through a real gateway: 429s with Retry-After in each route's shape, slots released however a
+request ends, prompt-token 400s, limits reloaded with the policy."""
 
 from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -13,6 +20,9 @@ from pdfleet.gateway.limits import (
     check_limit_names,
     prompt_limit,
 )
+from tests.unit.gateway.helpers import ADMIN_KEY, LONG, USER_KEY, Env, auth, chat, error_of, run
+
+MESSAGES = {"model": "llama", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 
 
 class Clock:
@@ -166,3 +176,132 @@ def test_limits_are_validated() -> None:
         "policy.yaml: limits.keys.nobody: no key of that name in the keys file (names: admin, user)",
         "policy.yaml: limits.models.gpt: not a model alias (aliases: llama)",
     ]
+
+
+# ---- over HTTP: a real gateway in front of fake upstreams ---------------------------------------
+
+
+def _rejections(env: Env, reason: str) -> Any:
+    return env.metric("pdfleet_gateway_limit_rejections_total", key="user", reason=reason)
+
+
+def test_rate_limit_is_a_429_with_retry_after_in_each_routes_shape(tmp_path: Path) -> None:
+    limits = {"keys": {"user": {"requests_per_second": 0.5, "burst": 2}}}
+
+    async def scenario() -> None:
+        async with Env(tmp_path, limits=limits) as env:
+            for _ in range(2):
+                st, _, _ = await env.post("/v1/chat/completions", chat())
+                assert st == 200
+            st, h, raw = await env.post("/v1/chat/completions", chat())
+            assert st == 429 and h["Retry-After"] == "2"
+            err = error_of(raw)
+            assert err["type"] == "rate_limit_error" and err["code"] == "rate_limit_exceeded"
+            assert "0.5 requests per second" in err["message"] and USER_KEY not in err["message"]
+            st, h, raw = await env.post("/v1/messages", MESSAGES, headers={"x-api-key": USER_KEY})
+            assert st == 429 and h["Retry-After"] == "2"
+            assert json.loads(raw)["error"]["type"] == "rate_limit_error"
+            assert json.loads(raw)["type"] == "error"
+            st, _, _ = await env.post("/v1/chat/completions", chat(), headers=auth(ADMIN_KEY))
+            assert st == 200  # the admin key has no limit
+            assert await _rejections(env, "rate") == 2
+            assert await env.metric("pdfleet_gateway_requests_total", status="429") == 2
+            assert len(env.colo.seen) + len(env.dis.seen) == 3  # nothing refused reached a pool
+
+    run(scenario())
+
+
+def test_concurrency_is_released_when_streams_end_the_client_leaves_or_the_upstream_fails(
+    tmp_path: Path,
+) -> None:
+    limits = {"default": {"concurrent_streams": 2}}
+
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.05, limits=limits) as env:
+            limiter = env.gw.gateway.limiter  # type: ignore[union-attr]
+            url = env.base + "/v1/chat/completions"
+            a = await env.session.post(url, json=chat(stream=True, max_tokens=100), headers=auth())
+            b = await env.session.post(url, json=chat(stream=True, max_tokens=100), headers=auth())
+            assert a.status == b.status == 200 and limiter.in_flight == {"user": 2}
+            st, h, raw = await env.post("/v1/chat/completions", chat())
+            assert (
+                st == 429 and h["Retry-After"] == "1" and "2 requests in flight" in error_of(raw)["message"]
+            )
+            await a.content.readline()
+            a.close()  # the client goes away mid-stream
+            await _until(lambda: limiter.in_flight.get("user") == 1)
+            b.close()
+            await _until(lambda: "user" not in limiter.in_flight)
+            env.colo.mode = env.dis.mode = "500"  # the upstream fails: the slot comes back all the same
+            for _ in range(3):
+                st, _, _ = await env.post("/v1/chat/completions", chat())
+                assert st == 500  # relayed from the last attempt
+            env.colo.mode = env.dis.mode = "cut"  # and when it breaks mid-stream
+            for _ in range(3):
+                st, _, _ = await env.post("/v1/chat/completions", chat(stream=True, max_tokens=5))
+                assert st == 200
+            assert "user" not in limiter.in_flight
+            assert await _rejections(env, "concurrency") == 1
+
+    run(scenario())
+
+
+def test_max_prompt_tokens_is_a_400_with_the_limit_and_the_estimate(tmp_path: Path) -> None:
+    limits = {"keys": {"user": {"max_prompt_tokens": 1200}}, "models": {"llama": {"max_prompt_tokens": 2000}}}
+
+    async def scenario() -> None:
+        async with Env(tmp_path, limits=limits) as env:
+            st, _, raw = await env.post("/v1/chat/completions", chat(LONG))
+            err = error_of(raw)
+            assert st == 400 and err["code"] == "prompt_too_long"
+            assert "about 1504 tokens" in err["message"] and "limit for this key is 1200" in err["message"]
+            st, _, raw = await env.post("/v1/chat/completions", chat(LONG), headers=auth(ADMIN_KEY))
+            assert st == 200  # the admin key has only the alias's limit
+            st, _, raw = await env.post("/v1/chat/completions", chat(LONG + LONG), headers=auth(ADMIN_KEY))
+            assert st == 400 and "limit for this model 'llama' is 2000" in error_of(raw)["message"]
+            assert await _rejections(env, "prompt_tokens") == 1
+            assert env.gw.gateway.limiter.in_flight == {}  # type: ignore[union-attr]
+
+    run(scenario())
+
+
+def test_limits_reload_with_the_policy_and_keep_counts(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.05) as env:
+            limiter = env.gw.gateway.limiter  # type: ignore[union-attr]
+            url = env.base + "/v1/chat/completions"
+            held = await env.session.post(url, json=chat(stream=True, max_tokens=100), headers=auth())
+            assert held.status == 200 and limiter.in_flight == {"user": 1}
+            slow = {"default": {"concurrent_streams": 1, "requests_per_second": 0.2}}  # a token per 5 s
+            env.rewrite_policy(version=2, limits=slow)
+            async with env.session.post(env.base + "/admin/reload", headers=auth(ADMIN_KEY)) as r:
+                assert r.status == 200
+            st, _, _ = await env.post("/v1/chat/completions", chat())
+            assert st == 429  # the stream from before the reload still counts
+            held.close()
+            await _until(lambda: "user" not in limiter.in_flight)
+            st, _, _ = await env.post("/v1/chat/completions", chat())
+            assert st == 200  # takes the bucket's one token (the concurrency 429 took none)
+            st, h, _ = await env.post("/v1/chat/completions", chat())
+            assert st == 429 and h["Retry-After"] == "5"
+            env.rewrite_policy(version=3, limits=slow)
+            async with env.session.post(env.base + "/admin/reload", headers=auth(ADMIN_KEY)) as r:
+                assert r.status == 200
+            st, _, _ = await env.post("/v1/chat/completions", chat())
+            assert st == 429  # a reload is not a fresh burst
+            async with env.session.get(env.base + "/admin/policy", headers=auth(ADMIN_KEY)) as r:
+                info = await r.json()
+            assert info["limits"]["spec"]["default"] == {"requests_per_second": 0.2, "concurrent_streams": 1}
+            env.rewrite_policy(version=4, limits={"keys": {"nobody": {"burst": 1}}})
+            async with env.session.post(env.base + "/admin/reload", headers=auth(ADMIN_KEY)) as r:
+                assert r.status == 422
+                assert "limits.keys.nobody: no key of that name" in error_of(await r.read())["message"]
+
+    run(scenario())
+
+
+async def _until(pred: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
