@@ -69,6 +69,23 @@ def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
         ),
         (lambda p: p.update(clients={"header_s": 5}), "clients.header_s: unknown key"),
         (
+            lambda p: p["models"]["llama"].update(disagg_endpoints=["chat", "embeddings"]),
+            "models.llama.disagg_endpoints[1]: must be one of 'chat', 'completions' or 'messages' (got",
+        ),
+        (
+            lambda p: p.update(limits={"default": {"requests_per_second": 0}}),
+            "limits.default.requests_per_second: must be > 0",
+        ),
+        (lambda p: p.update(limits={"keys": {"user": {"rps": 1}}}), "limits.keys.user.rps: unknown key"),
+        (
+            lambda p: p.update(limits={"keys": {"nobody": {"burst": 2}}}),
+            "limits.keys.nobody: no key of that name in the keys file (names: admin, user)",
+        ),
+        (
+            lambda p: p.update(limits={"models": {"gpt": {"max_prompt_tokens": 2}}}),
+            "limits.models.gpt: not a model alias (aliases: llama)",
+        ),
+        (
             lambda p: (
                 p["estimator"].update(tokenizer="missing.json")
                 if "estimator" in p
