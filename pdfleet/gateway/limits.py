@@ -1,6 +1,7 @@
 """Per-key limits: requests per second (a token bucket), concurrent requests, prompt tokens per key/alias.
 
-The policy file's `limits:` section says what is allowed (`LimitsSpec`, off by default); the `Limiter`
+The policy file's `limits:` section says what is allowed (`pdfleet.model.limits.LimitsSpec`, off by
+default); the `Limiter`
 holds what is used and outlives a policy reload: in-flight requests stay counted, and a bucket keeps
 its level (capped at a lower new burst) instead of refilling to a burst-allowing state.
 Keys are named by their `name` in the keys file, never by the key or its hash.
@@ -13,46 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class KeyLimits(_Strict):
-    """One key's limits; an unset field is no limit.
-
-    `concurrent_streams` counts every proxied request of the key from admission until its response
-    ends (a non-streaming request holds a GPU slot as long as a stream does).
-    """
-
-    requests_per_second: float | None = Field(None, gt=0)
-    burst: int | None = Field(None, ge=1)  # bucket size; default: one second's worth, at least 1
-    concurrent_streams: int | None = Field(None, ge=1)
-    max_prompt_tokens: int | None = Field(None, ge=1)
-
-
-class ModelLimits(_Strict):
-    """One model alias's limits."""
-
-    max_prompt_tokens: int | None = Field(None, ge=1)
-
-
-class LimitsSpec(_Strict):
-    """The policy's `limits:` section: a default for every key, per-key overrides, per-alias limits."""
-
-    default: KeyLimits = KeyLimits()
-    keys: dict[str, KeyLimits] = {}
-    models: dict[str, ModelLimits] = {}
-
-    def for_key(self, name: str) -> KeyLimits:
-        """The key's own limits when listed (each unset field falls back to the default), else the default."""
-        own = self.keys.get(name)
-        if own is None:
-            return self.default
-        merged = {k: v if v is not None else getattr(self.default, k) for k, v in own}
-        return KeyLimits(**merged)
+from pdfleet.model.limits import KeyLimits, LimitsSpec
 
 
 def check_limit_names(limits: LimitsSpec, key_names: set[str], aliases: set[str], source: str) -> list[str]:

@@ -12,14 +12,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from pdfleet.gateway.limits import (
-    KeyLimits,
-    Limiter,
-    LimitsSpec,
-    ModelLimits,
-    check_limit_names,
-    prompt_limit,
-)
+from pdfleet.gateway.limits import Limiter, check_limit_names, prompt_limit
+from pdfleet.model.limits import KeyLimits, LimitsSpec, ModelLimits
 from tests.unit.gateway.helpers import ADMIN_KEY, LONG, USER_KEY, Env, auth, chat, error_of, run
 
 MESSAGES = {"model": "llama", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
