@@ -263,7 +263,9 @@ async def count_tokens(
     return await loop.run_in_executor(None, count, data, policy.counter)
 
 
-def check_prompt_limit(policy: ActivePolicy, limiter: Limiter, key: str, alias: str, tokens: int) -> None:
+def check_prompt_limit(
+    policy: ActivePolicy, limiter: Limiter, key: str, alias: str, tokens: int, endpoint: Endpoint = "chat"
+) -> None:
     """400 when the prompt estimate is over the key's or the alias's max_prompt_tokens."""
     found = prompt_limit(policy.spec.limits, limiter.limits(key), alias)
     if found is not None and tokens > found[0]:
@@ -273,7 +275,7 @@ def check_prompt_limit(policy: ActivePolicy, limiter: Limiter, key: str, alias: 
             f"the prompt is about {tokens} tokens (the gateway's estimate); the limit for this {whose} "
             f"is {limit} prompt tokens. Shorten the prompt.",
             code="prompt_too_long",
-            param="messages",
+            param="prompt" if endpoint == "completions" else "messages",
         )
 
 
@@ -348,7 +350,7 @@ async def admit(
         check_fields(endpoint, data)
         forced = forced_pool(request.headers, policy, route, endpoint)
         tokens = await count_tokens(policy, data, len(body), endpoint)
-        check_prompt_limit(policy, limiter, held, alias, tokens)
+        check_prompt_limit(policy, limiter, held, alias, tokens, endpoint)
         body = upstream_body(route, alias, data, body)
     except Reject as rej:
         if held is not None:
