@@ -186,7 +186,7 @@ class SimAPI:
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         """/v1/messages (Anthropic Messages API)."""
-        return await messages.handle(self, request)
+        return await messages.handle(self.runtime, self.intake, request)
 
     def _check_model(self, body: dict[str, Any]) -> str:
         """The requested model if served, else vLLM's 404 (a RequestError)."""

@@ -15,17 +15,15 @@ import asyncio
 import contextlib
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from pdfleet.sim.engine import SimRequest
-from pdfleet.sim.intake import RequestError, json_response, parse_json, take_arrival
+from pdfleet.sim.intake import Intake, RequestError, json_response, parse_json, take_arrival
+from pdfleet.sim.runtime import Runtime
 from pdfleet.sim.stream import Sink, chunk_frame, compact
 from pdfleet.tokens import messages_as_chat
-
-if TYPE_CHECKING:
-    from pdfleet.sim.api import SimAPI
 
 # vLLM's stop_reason_map
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -115,13 +113,12 @@ class MessagesSink(Sink):
         )
 
 
-async def handle(api: SimAPI, request: web.Request) -> web.StreamResponse:
+async def handle(runtime: Runtime, intake: Intake, request: web.Request) -> web.StreamResponse:
     """Run one Messages request through the engine; stream its events or answer with one message."""
-    runtime = api.runtime
     loop = asyncio.get_running_loop()
     arrival = runtime.clock.at_wall(take_arrival(request, loop.time()))
     try:
-        prepared = await api.intake.prepare(to_chat(await request.read()), "chat")
+        prepared = await intake.prepare(to_chat(await request.read()), "chat")
     except RequestError as exc:
         return translate(exc)
     model, prompt_tokens, max_tokens, finish, stream, _usage = prepared.parsed
