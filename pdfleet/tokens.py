@@ -4,11 +4,13 @@ With a `tokenizer.json` (HF `tokenizers`, optional extra) the count is the model
 the count is a deterministic estimate: ceil(characters / chars_per_token), at least 1. Chat
 messages are counted over the text the chat template would see: for each message its role and its
 content joined by newlines (text parts of multi-part content only), plus a fixed 3 tokens per
-message for the template's role markers, which is what Llama-3 templates add.
+message for the template's role markers, which is what Llama-3 templates add. An Anthropic Messages
+body is counted over the chat messages vLLM builds from it (`messages_as_chat`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,3 +109,53 @@ def count_request_tokens(body: dict[str, Any], counter: TextCounter) -> int:
         msgs = body["messages"]
         return count_chat_tokens(msgs if isinstance(msgs, list) else [], counter)
     return count_completion_tokens(body.get("prompt"), counter)
+
+
+def _block_text(blocks: Any) -> str:
+    """The text of an Anthropic content value: a string, or its text blocks concatenated."""
+    if isinstance(blocks, str):
+        return blocks
+    if isinstance(blocks, list):
+        return "".join(
+            b["text"]
+            for b in blocks
+            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        )
+    return ""
+
+
+def messages_as_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The OpenAI chat messages an Anthropic Messages body becomes in vLLM: `system` first, each message's
+    text blocks as its content, a tool_use block's input as JSON text, a tool_result as a `tool` message."""
+    out: list[dict[str, Any]] = []
+    system = _block_text(body.get("system"))
+    if system:
+        out.append({"role": "system", "content": system})
+    msgs = body.get("messages")
+    for msg in msgs if isinstance(msgs, list) else []:
+        if not isinstance(msg, dict):
+            continue
+        role, content = msg.get("role"), msg.get("content")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        parts: list[dict[str, Any]] = []
+        for block in content if isinstance(content, list) else []:
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "text" and isinstance(block.get("text"), str) and block["text"]:
+                parts.append({"type": "text", "text": block["text"]})
+            elif kind == "tool_use":
+                parts.append({"type": "text", "text": json.dumps(block.get("input") or {})})
+            elif kind == "tool_result":
+                out.append({"role": "tool", "content": _block_text(block.get("content"))})
+        if parts:
+            one = len(parts) == 1
+            out.append({"role": role, "content": parts[0]["text"] if one else parts})
+    return out
+
+
+def count_messages_tokens(body: dict[str, Any], counter: TextCounter) -> int:
+    """Prompt tokens of an Anthropic Messages request body (system + messages content blocks)."""
+    return count_chat_tokens(messages_as_chat(body), counter)

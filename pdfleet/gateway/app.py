@@ -24,6 +24,7 @@ from pdfleet.gateway.context import Endpoint
 from pdfleet.gateway.errors import Reject, error_response
 from pdfleet.gateway.intake import admit, authorize, request_id
 from pdfleet.gateway.keys import AuthResult
+from pdfleet.gateway.limits import Limiter, limits_summary
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.policy import ActivePolicy, load_policy, restart_only_changes
 from pdfleet.gateway.proxy import Proxy
@@ -55,8 +56,13 @@ class Gateway:
         # no connection cap: the pools apply their own
         self.upstream = UpstreamClient()
         self.proxy = Proxy(self.upstream, self.metrics)
+        self.limiter = Limiter(policy.spec.limits)  # outlives reloads: what each key uses now
         self._reload_lock = asyncio.Lock()
-        self._self_counting = (self._chat, self._completions)  # intake and the proxy count these
+        self._self_counting = (
+            self._chat,
+            self._completions,
+            self._messages,
+        )  # intake and the proxy count these
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -66,6 +72,7 @@ class Gateway:
         main: Routes = {
             "/v1/chat/completions": {"POST": self._chat},
             "/v1/completions": {"POST": self._completions},
+            "/v1/messages": {"POST": self._messages},
             "/v1/models": dict.fromkeys(get_head, self._models),
             "/health": dict.fromkeys(get_head, self._health),
             "/metrics": dict.fromkeys(get_head, self._metrics),
@@ -110,6 +117,7 @@ class Gateway:
                 log.error("%s", msg.replace("\n", "; "))  # one journal line per reload
                 return False, msg
             self.policy = new
+            self.limiter.configure(new.spec.limits)
             self.metrics.reloads.labels("ok").inc()
             self.metrics.set_policy(new.spec.version, new.spec.stage, new.sha256)
             self.last_reload = {"ok": True, "at": new.loaded_at, "error": None}
@@ -127,14 +135,18 @@ class Gateway:
         OpenAI error objects."""
         methods = routes.get(request.path)
         handler = None if methods is None else methods.get(request.method)
+        style = "anthropic" if request.path.startswith("/v1/messages") else "openai"
         if handler is None:
             if methods is None:
-                resp = error_response(404, f"no such endpoint: {request.method} {request.path[:200]}")
+                resp = error_response(
+                    404, f"no such endpoint: {request.method} {request.path[:200]}", style=style
+                )
             else:
                 resp = error_response(
                     405,
                     f"method {request.method} is not allowed on {request.path}",
                     headers={"Allow": ",".join(methods)},
+                    style=style,
                 )
             self._count(resp.status)
             return resp
@@ -145,7 +157,9 @@ class Gateway:
         except Exception:
             log.exception("unexpected error handling %s %s", request.method, request.path[:200])
             self._count(500)
-            return error_response(500, "internal gateway error; see the gateway log", code="internal_error")
+            return error_response(
+                500, "internal gateway error; see the gateway log", code="internal_error", style=style
+            )
         if handler not in self._self_counting:
             self._count(resp.status)
         return resp
@@ -189,7 +203,8 @@ class Gateway:
         """The active policy's version, stage, pools and counts (admin key)."""
 
         async def body(policy: ActivePolicy, _auth: AuthResult) -> web.Response:
-            return web.json_response({**policy.summary(), "last_reload": self.last_reload})
+            summary = {**policy.summary(), "limits": limits_summary(self.limiter)}
+            return web.json_response({**summary, "last_reload": self.last_reload})
 
         return await self._guarded(request, body, admin=True)
 
@@ -215,15 +230,21 @@ class Gateway:
     async def _completions(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._proxy(request, "completions")
 
+    async def _messages(self, request: web.BaseRequest) -> web.StreamResponse:
+        return await self._proxy(request, "messages")
+
     async def _proxy(self, request: web.BaseRequest, endpoint: Endpoint) -> web.StreamResponse:
-        """Admit, then forward; every gateway-made error is an OpenAI error object."""
+        """Admit, then forward; every gateway-made error is an OpenAI (on /v1/messages: Anthropic) error
+        object. The key's in-flight slot is released however the request ends (client gone, upstream
+        error, cancellation)."""
         t0 = time.perf_counter()  # uvloop's loop.time() has 1 ms resolution: too coarse for TTFT
         policy = self.policy  # captured: a reload never changes this request
         rid = request_id(request.headers.get("X-Request-Id"))
+        limiter = self.limiter
         try:
-            ctx = await admit(request, policy, endpoint, rid, t0, self.metrics)
+            ctx = await admit(request, policy, endpoint, rid, t0, self.metrics, limiter)
         except Reject as rej:
-            resp = rej.response({"X-Request-Id": rid})
+            resp = rej.response({"X-Request-Id": rid}, "anthropic" if endpoint == "messages" else "openai")
             if rej.close:  # a body too slow or unreadable: answer and close, no lingering read of it
                 resp.force_close()
                 await resp.prepare(request)
@@ -235,6 +256,7 @@ class Gateway:
             return await self.proxy.forward(request, ctx)
         finally:
             policy.counts.in_flight -= 1
+            limiter.release(ctx.key.name)
 
 
 @dataclass

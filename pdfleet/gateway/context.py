@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pdfleet.gateway.errors import Style as ErrorStyle
 from pdfleet.gateway.keys import KeyEntry
 from pdfleet.gateway.policy import ActivePolicy, Decision, LengthClass, Route
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "messages"]
 
 
 @dataclass(slots=True)
@@ -33,3 +34,4 @@ class RequestContext:
     tokens: int  # estimated prompt tokens
     cls: LengthClass
     decision: Decision
+    style: ErrorStyle = "openai"  # the shape of the gateway's own errors on this route

@@ -20,12 +20,14 @@ import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from pdfleet.gateway.anthropic import authorize_anthropic, check_messages_fields
 from pdfleet.gateway.context import Endpoint, RequestContext
-from pdfleet.gateway.errors import Reject
+from pdfleet.gateway.errors import Reject, anthropic_status
 from pdfleet.gateway.keys import AuthResult, authenticate
+from pdfleet.gateway.limits import Limiter, prompt_limit
 from pdfleet.gateway.metrics import GatewayMetrics
-from pdfleet.gateway.policy import POOLS, ActivePolicy, Pool, Route, decide, length_class
-from pdfleet.tokens import CharEstimate, count_request_tokens
+from pdfleet.gateway.policy import POOLS, ActivePolicy, Decision, Pool, Route, decide, length_class
+from pdfleet.tokens import CharEstimate, count_messages_tokens, count_request_tokens
 
 
 def _std_dumps(obj: Any) -> bytes:
@@ -198,6 +200,9 @@ def _check_prompt(prompt: Any) -> bool:
 
 def check_fields(endpoint: Endpoint, data: dict[str, Any]) -> None:
     """400 for a missing or mistyped field the gateway needs (the rest is the upstream's business)."""
+    if endpoint == "messages":
+        check_messages_fields(data)
+        return
     if endpoint == "chat":
         msgs = data.get("messages")
         if msgs is None:
@@ -220,7 +225,9 @@ def check_fields(endpoint: Endpoint, data: dict[str, Any]) -> None:
         raise Reject(400, "'stream' must be true or false", param="stream")
 
 
-def forced_pool(headers: Mapping[str, str], policy: ActivePolicy, route: Route) -> Pool | None:
+def forced_pool(
+    headers: Mapping[str, str], policy: ActivePolicy, route: Route, endpoint: Endpoint = "chat"
+) -> Pool | None:
     """The pool named by the override header, if the policy enables one and the request sends it."""
     name = policy.spec.override_header
     if name is None:
@@ -235,15 +242,54 @@ def forced_pool(headers: Mapping[str, str], policy: ActivePolicy, route: Route) 
         raise Reject(
             400, f"model {route.alias!r} has no disagg pool; header {name} cannot force it", param=name
         )
+    if value == "disagg" and endpoint not in route.disagg_endpoints:
+        raise Reject(
+            400,
+            f"model {route.alias!r}: its disagg pool does not carry the {endpoint} endpoint "
+            f"(disagg_endpoints: {', '.join(sorted(route.disagg_endpoints))}); header {name} cannot force it",
+            param=name,
+        )
     return value  # type: ignore[return-value]
 
 
-async def count_tokens(policy: ActivePolicy, data: dict[str, Any], size: int) -> int:
+async def count_tokens(
+    policy: ActivePolicy, data: dict[str, Any], size: int, endpoint: Endpoint = "chat"
+) -> int:
     """Prompt tokens by the policy's estimator (a real tokenizer on a long prompt runs in a thread)."""
+    count = count_messages_tokens if endpoint == "messages" else count_request_tokens
     if isinstance(policy.counter, CharEstimate) or size < _EXECUTOR_COUNT_BYTES:
-        return count_request_tokens(data, policy.counter)
+        return count(data, policy.counter)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, count_request_tokens, data, policy.counter)
+    return await loop.run_in_executor(None, count, data, policy.counter)
+
+
+def check_prompt_limit(
+    policy: ActivePolicy, limiter: Limiter, key: str, alias: str, tokens: int, endpoint: Endpoint = "chat"
+) -> None:
+    """400 when the prompt estimate is over the key's or the alias's max_prompt_tokens."""
+    found = prompt_limit(policy.spec.limits, limiter.limits(key), alias)
+    if found is not None and tokens > found[0]:
+        limit, whose = found
+        raise Reject(
+            400,
+            f"the prompt is about {tokens} tokens (the gateway's estimate); the limit for this {whose} "
+            f"is {limit} prompt tokens. Shorten the prompt.",
+            code="prompt_too_long",
+            param="prompt" if endpoint == "completions" else "messages",
+        )
+
+
+def admit_key(limiter: Limiter, name: str, m: GatewayMetrics) -> None:
+    """Count the key's request in flight, or a 429 with Retry-After when it is over a limit."""
+    rejected = limiter.acquire(name)
+    if rejected is not None:
+        m.child(m.limit_rejections, name, rejected.reason).inc()
+        raise Reject(
+            429,
+            rejected.message,
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(rejected.retry_after_s)},
+        )
 
 
 def sticky_key(headers: Mapping[str, str], policy: ActivePolicy, data: dict[str, Any], digest: str) -> str:
@@ -274,32 +320,65 @@ def upstream_body(route: Route, alias: str, data: dict[str, Any], body: bytes) -
 
 
 async def admit(
-    request: web.BaseRequest, policy: ActivePolicy, endpoint: Endpoint, rid: str, t0: float, m: GatewayMetrics
+    request: web.BaseRequest,
+    policy: ActivePolicy,
+    endpoint: Endpoint,
+    rid: str,
+    t0: float,
+    m: GatewayMetrics,
+    limiter: Limiter,
 ) -> RequestContext:
-    """Authenticate, read, validate, classify and decide; count the decision (or the rejection)."""
+    """Authenticate, limit, read, validate, classify and decide; count the decision (or the rejection).
+
+    An admitted request is counted in flight for its key: the caller releases it when the response
+    ends (`limiter.release(ctx.key.name)`); a rejection here releases it itself.
+    """
     alias = "-"
+    held: str | None = None
+    style = "anthropic" if endpoint == "messages" else "openai"
     try:
-        auth = authorize(request.headers.get("Authorization"), policy)
+        if endpoint == "messages":
+            auth = authorize_anthropic(request.headers, policy)
+        else:
+            auth = authorize(request.headers.get("Authorization"), policy)
+        assert auth.entry is not None
+        admit_key(limiter, auth.entry.name, m)
+        held = auth.entry.name
         body = await read_body(request, policy.spec.max_body_bytes, policy.spec.clients.body_timeout_s)
         data = parse_body(body)
         alias, route = route_for(policy, data)
         check_fields(endpoint, data)
-        forced = forced_pool(request.headers, policy, route)
-        tokens = await count_tokens(policy, data, len(body))
+        forced = forced_pool(request.headers, policy, route, endpoint)
+        tokens = await count_tokens(policy, data, len(body), endpoint)
+        check_prompt_limit(policy, limiter, held, alias, tokens, endpoint)
         body = upstream_body(route, alias, data, body)
     except Reject as rej:
-        m.child(m.requests, alias, "none", "none", str(rej.status)).inc()
+        if held is not None:
+            limiter.release(held)
+        if rej.code == "prompt_too_long":
+            m.child(m.limit_rejections, held or "-", "prompt_tokens").inc()
+        status = rej.status if style == "openai" else anthropic_status(rej.status)[0]
+        m.child(m.requests, alias, "none", "none", str(status)).inc()
+        raise
+    except BaseException:
+        if held is not None:
+            limiter.release(held)
         raise
     key, digest = auth.entry, auth.digest
     assert key is not None and digest is not None  # authorize() raised otherwise
     cls = length_class(tokens, policy.spec.long_prompt_tokens)
     sticky = sticky_key(request.headers, policy, data, digest)
-    decision = decide(policy.stage, cls, sticky, route.disagg is not None, forced)
+    carried = endpoint in route.disagg_endpoints
+    decision = decide(policy.stage, cls, sticky, route.disagg is not None and carried, forced)
+    if decision.reason == "no_disagg" and route.disagg is not None:
+        # the stage sends it to disagg, but the router cannot carry this endpoint: counted, kept colocated
+        decision = Decision("colocated", "endpoint_not_on_disagg", decision.bucket)
+        m.child(m.kept_colocated, alias, endpoint, "router_lacks_endpoint").inc()
     m.child(m.decisions, policy.spec.stage, cls, decision.pool, decision.reason).inc()
     m.child(m.prompt_tokens, alias).observe(tokens)
     policy.counts.requests += 1
     policy.counts.decisions[cls][decision.pool] += 1
     stream = bool(data.get("stream", False))
     return RequestContext(
-        rid, t0, policy, key, endpoint, alias, route, data, body, stream, tokens, cls, decision
+        rid, t0, policy, key, endpoint, alias, route, data, body, stream, tokens, cls, decision, style
     )

@@ -112,6 +112,34 @@ def authenticate(header: str | None, keys: Mapping[str, KeyEntry]) -> AuthResult
         return AuthResult(
             None, None, "the API key has leading or trailing whitespace; send exactly 'Bearer <key>'"
         )
+    return _lookup(key, keys)
+
+
+def authenticate_anthropic(
+    api_key: str | None, authorization: str | None, keys: Mapping[str, KeyEntry]
+) -> AuthResult:
+    """Check an Anthropic client's key: `x-api-key` (ANTHROPIC_API_KEY), else `Authorization: Bearer`
+    (ANTHROPIC_AUTH_TOKEN); the message never contains the key."""
+    if api_key is None:
+        if authorization is None:
+            return AuthResult(
+                None,
+                None,
+                "missing API key; send it as 'x-api-key: <key>' (ANTHROPIC_API_KEY) or "
+                "'Authorization: Bearer <key>' (ANTHROPIC_AUTH_TOKEN)",
+            )
+        return authenticate(authorization, keys)
+    if not api_key.strip():
+        return AuthResult(None, None, "the x-api-key header is empty")
+    if api_key != api_key.strip():
+        return AuthResult(
+            None, None, "the x-api-key header has leading or trailing whitespace around the key"
+        )
+    return _lookup(api_key, keys)
+
+
+def _lookup(key: str, keys: Mapping[str, KeyEntry]) -> AuthResult:
+    """The entry of a well-formed key, or 'not valid'."""
     digest = hash_key(key)
     entry = keys.get(digest)
     if entry is None:

@@ -87,6 +87,20 @@ class GatewayMetrics:
             ["pool"],
             registry=r,
         )
+        self.limit_rejections = Counter(
+            "pdfleet_gateway_limit_rejections",
+            "Requests refused by a per-key limit, by key name (never the key) and reason "
+            "(rate, concurrency: 429; prompt_tokens: 400)",
+            ["key", "reason"],
+            registry=r,
+        )
+        self.kept_colocated = Counter(
+            "pdfleet_gateway_kept_colocated",
+            "Requests the stage would send to the disagg pool, kept on the colocated pool because the "
+            "disagg pool's router cannot carry their endpoint",
+            ["model", "endpoint", "reason"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "pdfleet_gateway_in_flight_requests", "Requests being proxied now", ["pool"], registry=r
         )

@@ -21,6 +21,7 @@ from yarl import URL
 
 from pdfleet.errors import ValidationError
 from pdfleet.gateway.keys import KeyEntry, load_keys
+from pdfleet.gateway.limits import LimitsSpec, check_limit_names
 from pdfleet.model.schema_errors import schema_problems
 from pdfleet.model.stages import LENGTH_CLASSES, StageSpec
 from pdfleet.model.yamlfile import parse_yaml
@@ -28,9 +29,16 @@ from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN, TextCounter, make_counter
 
 POOLS: tuple[str, ...] = ("colocated", "disagg")
 BUCKETS = 100
+ENDPOINTS: tuple[str, ...] = ("chat", "completions", "messages")
+# What a P/D pool carries by default. vllm-router 0.1.17 forwards /v1/messages in P/D mode too (prefill
+# leg max_tokens=1 with kv_transfer_params, then decode), but vLLM's Messages route ignores
+# kv_transfer_params before vLLM PR #37535 (2026-03): there the decode instance silently redoes the
+# whole prefill. A fleet on a vLLM with it can add "messages" to a route's disagg_endpoints.
+ROUTER_PD_ENDPOINTS: tuple[str, ...] = ("chat", "completions")
 
 Pool = Literal["colocated", "disagg"]
 LengthClass = Literal["short", "long"]
+EndpointName = Literal["chat", "completions", "messages"]
 
 
 def _base_url(value: str) -> str:
@@ -104,6 +112,8 @@ class ModelRoute(_Strict):
     colocated: list[BaseUrl] = Field(min_length=1)
     disagg: BaseUrl | None = None
     upstream_model: str | None = Field(None, min_length=1)
+    # the endpoints the disagg pool (vllm-router in P/D mode) carries; the others stay colocated
+    disagg_endpoints: tuple[EndpointName, ...] = ROUTER_PD_ENDPOINTS
 
 
 class PolicySpec(_Strict):
@@ -123,6 +133,7 @@ class PolicySpec(_Strict):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     timeouts: TimeoutSpec = TimeoutSpec()
     clients: ClientSpec = ClientSpec()
+    limits: LimitsSpec = LimitsSpec()
     log_requests: bool = True
 
 
@@ -135,6 +146,7 @@ class Route:
     disagg: str | None
     upstream_model: str | None
     _rr: Iterator[int] = field(compare=False, repr=False)
+    disagg_endpoints: frozenset[str] = frozenset(ROUTER_PD_ENDPOINTS)
 
     def next_colocated(self) -> tuple[str, str | None]:
         """The next colocated URL and, when there is another one, the one to retry on."""
@@ -195,7 +207,12 @@ class ActivePolicy:
             "long_prompt_tokens": self.spec.long_prompt_tokens,
             "estimator": "tokenizer" if self.spec.estimator.tokenizer else "chars_per_token",
             "models": {
-                a: {"colocated": list(r.colocated), "disagg": r.disagg, "upstream_model": r.upstream_model}
+                a: {
+                    "colocated": list(r.colocated),
+                    "disagg": r.disagg,
+                    "upstream_model": r.upstream_model,
+                    "disagg_endpoints": sorted(r.disagg_endpoints),
+                }
                 for a, r in self.routes.items()
             },
             "keys": len(self.keys),
@@ -272,6 +289,9 @@ def load_policy(path: str | Path) -> ActivePolicy:
     if not keys_path.is_absolute():
         keys_path = source.parent / keys_path
     keys = load_keys(keys_path)
+    problems = check_limit_names(spec.limits, {k.name for k in keys.values()}, set(spec.models), str(source))
+    if problems:
+        raise ValidationError("\n".join(problems))
     tok = spec.estimator.tokenizer
     if tok is not None:
         tok_path = Path(tok) if Path(tok).is_absolute() else source.parent / tok
@@ -284,7 +304,14 @@ def load_policy(path: str | Path) -> ActivePolicy:
     else:
         counter = make_counter(None, spec.estimator.chars_per_token)
     routes = {
-        alias: Route(alias, tuple(r.colocated), r.disagg, r.upstream_model, itertools.count())
+        alias: Route(
+            alias,
+            tuple(r.colocated),
+            r.disagg,
+            r.upstream_model,
+            itertools.count(),
+            frozenset(r.disagg_endpoints),
+        )
         for alias, r in spec.models.items()
     }
     return ActivePolicy(

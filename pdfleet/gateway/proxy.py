@@ -25,7 +25,7 @@ from pdfleet.gateway.upstream import UpstreamClient
 
 log = logging.getLogger("pdfleet.gateway")
 
-_ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "messages": "/v1/messages"}
 _SSE_TYPE = "text/event-stream"
 
 
@@ -175,9 +175,10 @@ class Proxy:
             status, code = 503, "upstream_unavailable"
             last = f"last tried: {failure.pool}, {failure.reason}"
             msg = f"no pool can serve model {ctx.alias!r} right now ({last})"
-        m.child(m.requests, ctx.alias, failure.pool, ctx.cls, str(status)).inc()
-        log_request(ctx, failure.pool, status, "failed")
-        return error_response(status, msg, code=code, headers={"X-Request-Id": ctx.rid})
+        resp = error_response(status, msg, code=code, headers={"X-Request-Id": ctx.rid}, style=ctx.style)
+        m.child(m.requests, ctx.alias, failure.pool, ctx.cls, str(resp.status)).inc()
+        log_request(ctx, failure.pool, resp.status, "failed")
+        return resp
 
     async def _stream(
         self, request: web.BaseRequest, ctx: RequestContext, up: _Upstream, fell_back: bool
@@ -247,7 +248,9 @@ class Proxy:
                 await out.write(
                     b"\n\n"
                     + sse_error_event(
-                        f"upstream {what} mid-stream (request {ctx.rid})", 504 if error == "timeout" else 502
+                        f"upstream {what} mid-stream (request {ctx.rid})",
+                        504 if error == "timeout" else 502,
+                        ctx.style,
                     )
                 )
                 await out.write_eof()

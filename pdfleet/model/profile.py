@@ -24,6 +24,7 @@ from pydantic import (
 from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
 from pdfleet.model.connectors import MOONCAKE, NIXL, NIXL_SIDE_CHANNEL_PORT
+from pdfleet.model.limits import KeyLimits
 from pdfleet.model.monitoring import MonitoringSpec
 from pdfleet.model.stages import StageSpec
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
@@ -257,6 +258,15 @@ def _one_or_per_pool(value: Any) -> Any:
     raise ValueError(f"must be a policy name (both pools) or {{prefill: NAME, decode: NAME}} (got {value!r})")
 
 
+class GatewayLimits(_Model):
+    """Per-key limits the gateway's policy gets (`limits:`): a default for every key, overrides for the
+    two keys provision makes (`client`, `admin`), and a prompt-token cap on the model alias."""
+
+    default: KeyLimits = Field(default_factory=KeyLimits)
+    keys: dict[Literal["client", "admin"], KeyLimits] = Field(default_factory=dict)
+    model_max_prompt_tokens: Positive | None = None
+
+
 class GatewaySpec(_Model):
     """The OpenAI-compatible gateway: ports, keys, long-prompt threshold and rollout stages."""
 
@@ -279,6 +289,7 @@ class GatewaySpec(_Model):
     # Only their SHA-256 hashes reach the gateway host.
     client_key_file: str = "~/.config/pdfleet/gateway-client.key"
     admin_key_file: str = "~/.config/pdfleet/gateway-admin.key"
+    limits: GatewayLimits = Field(default_factory=GatewayLimits)  # all off unless set
 
 
 class SloSpec(_Model):

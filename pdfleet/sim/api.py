@@ -1,7 +1,8 @@
 """The simulator's HTTP API: vLLM's OpenAI-compatible routes over a `Runtime`, with vLLM's wire shapes.
 
 Routes: /health, /ping, /version, /metrics, /v1/models, /tokenize, /detokenize, /v1/completions,
-/v1/chat/completions. A generation request is parsed and validated as vLLM's protocol models do, turned
+/v1/chat/completions, /v1/messages (Anthropic's Messages API: pdfleet.sim.messages).
+A generation request is parsed and validated as vLLM's protocol models do, turned
 into a `SimRequest` with a `Sink`, and submitted at its arrival (`pdfleet.sim.intake`: first byte read;
 parsing and tokenizing off the event loop); a streamed response's tokens are written by the step
 loop (`pdfleet.sim.runtime`), the handler only opens the stream and writes its tail (usage, `[DONE]`).
@@ -21,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from pdfleet.sim import messages
 from pdfleet.sim.config import SimConfig
 from pdfleet.sim.engine import SimRequest
 from pdfleet.sim.intake import (
@@ -75,6 +77,7 @@ class SimAPI:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         return app
@@ -180,6 +183,10 @@ class SimAPI:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         """/v1/chat/completions."""
         return await self._generate(request, "chat")
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """/v1/messages (Anthropic Messages API)."""
+        return await messages.handle(self.runtime, self.intake, request)
 
     def _check_model(self, body: dict[str, Any]) -> str:
         """The requested model if served, else vLLM's 404 (a RequestError)."""

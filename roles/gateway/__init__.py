@@ -8,13 +8,14 @@ under /etc/pdfleet/gateway (0600); a policy change reloads the gateway (SIGHUP),
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway
 from pdfleet.model.connectors import MOONCAKE, NIXL
-from pdfleet.model.profile import RouterPolicy
+from pdfleet.model.profile import GatewayLimits, RouterPolicy
 from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.files import Directory, File
 from pdfleet.ops.pip import PipRequirements
@@ -79,6 +80,20 @@ def router_argv(ctx: RoleContext, gateway: Gateway) -> list[str]:
     return argv
 
 
+def policy_limits(limits: GatewayLimits, alias: str) -> dict[str, Any]:
+    """The policy's `limits:` section from the profile's (empty when none is set: limits default to off)."""
+    out: dict[str, Any] = {}
+    default = limits.default.model_dump(exclude_none=True)
+    if default:
+        out["default"] = default
+    keys = {name: lim.model_dump(exclude_none=True) for name, lim in limits.keys.items()}
+    if any(keys.values()):
+        out["keys"] = {name: lim for name, lim in keys.items() if lim}
+    if limits.model_max_prompt_tokens is not None:
+        out["models"] = {alias: {"max_prompt_tokens": limits.model_max_prompt_tokens}}
+    return out
+
+
 def files(ctx: RoleContext) -> list[RenderedFile]:
     if _why_not(ctx):
         return []
@@ -104,6 +119,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
         long_prompt_tokens=gw.long_prompt_tokens,
         stage=gw.stage,
         stages=gw.stages,
+        limits=policy_limits(gw.limits, gw.model_alias or model.id),
     )
     keys = ctx.render(
         "gateway-keys.yaml.j2", client_sha256=secrets.client_sha256, admin_sha256=secrets.admin_sha256

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pdfleet.errors import ValidationError
-from pdfleet.gateway.keys import authenticate, hash_key, load_keys
+from pdfleet.gateway.keys import authenticate, authenticate_anthropic, hash_key, load_keys
 from tests.unit.gateway.helpers import (
     ADMIN_KEY,
     COLO,
@@ -80,3 +80,23 @@ def test_authenticate_messages_never_echo_the_key(tmp_path: Path) -> None:
     ok = authenticate(f"Bearer {USER_KEY}", keys)
     assert ok.entry is not None and ok.entry.name == "user" and not ok.entry.admin
     assert authenticate(f"bearer {ADMIN_KEY}", keys).entry.admin  # type: ignore[union-attr]
+
+
+def test_anthropic_clients_send_x_api_key_or_bearer(tmp_path: Path) -> None:
+    keys = load_test_policy(tmp_path).keys
+    ok = authenticate_anthropic(USER_KEY, None, keys)
+    assert ok.entry is not None and ok.entry.name == "user"
+    assert authenticate_anthropic(None, f"Bearer {ADMIN_KEY}", keys).entry.admin  # type: ignore[union-attr]
+    # x-api-key wins over Authorization, as the key an Anthropic client means
+    assert authenticate_anthropic("sk-wrong", f"Bearer {USER_KEY}", keys).entry is None
+    cases = {
+        (None, None): "missing API key; send it as 'x-api-key: <key>'",
+        ("", None): "the x-api-key header is empty",
+        (f" {USER_KEY}", None): "leading or trailing whitespace",
+        ("sk-wrong-key-123", None): "not valid for this gateway",
+        (None, "sk-wrong-key-123"): "must use the Bearer scheme",
+    }
+    for (api_key, authorization), expected in cases.items():
+        result = authenticate_anthropic(api_key, authorization, keys)
+        assert result.entry is None and result.error is not None and expected in result.error
+        assert USER_KEY not in result.error and "sk-wrong" not in result.error

@@ -1,14 +1,19 @@
-"""Policy file validation and the routing decision."""
+"""Policy file validation and the routing decision; what the real vllm-router does with /v1/messages."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
+from pdfleet.bench.launch import RouterProcess
 from pdfleet.errors import ValidationError
 from pdfleet.gateway.policy import (
+    ROUTER_PD_ENDPOINTS,
     StageSpec,
     bucket_of,
     decide,
@@ -17,7 +22,7 @@ from pdfleet.gateway.policy import (
     restart_only_changes,
 )
 from pdfleet.tokens import HFTokenizer
-from tests.unit.gateway.helpers import COLO, DIS, load_test_policy, policy_dict, policy_error
+from tests.unit.gateway.helpers import COLO, DIS, LoopThread, load_test_policy, policy_dict, policy_error
 
 
 def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
@@ -68,6 +73,23 @@ def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
             "clients.max_connections_per_address: must be >= 1 (got 0)",
         ),
         (lambda p: p.update(clients={"header_s": 5}), "clients.header_s: unknown key"),
+        (
+            lambda p: p["models"]["llama"].update(disagg_endpoints=["chat", "embeddings"]),
+            "models.llama.disagg_endpoints[1]: must be one of 'chat', 'completions' or 'messages' (got",
+        ),
+        (
+            lambda p: p.update(limits={"default": {"requests_per_second": 0}}),
+            "limits.default.requests_per_second: must be > 0",
+        ),
+        (lambda p: p.update(limits={"keys": {"user": {"rps": 1}}}), "limits.keys.user.rps: unknown key"),
+        (
+            lambda p: p.update(limits={"keys": {"nobody": {"burst": 2}}}),
+            "limits.keys.nobody: no key of that name in the keys file (names: admin, user)",
+        ),
+        (
+            lambda p: p.update(limits={"models": {"gpt": {"max_prompt_tokens": 2}}}),
+            "limits.models.gpt: not a model alias (aliases: llama)",
+        ),
         (
             lambda p: (
                 p["estimator"].update(tokenizer="missing.json")
@@ -165,3 +187,71 @@ def test_tokenizer_estimator_counts_with_the_model_tokenizer(tmp_path: Path) -> 
     assert isinstance(p.counter, HFTokenizer)
     # 4 words -> 4 tokens by the tokenizer; the chars estimate would say ceil(23/4) = 6
     assert p.counter.count("hello world hello world") == 4
+
+
+def test_the_real_vllm_router_forwards_messages_in_pd_mode_with_kv_transfer_params() -> None:
+    """Why `disagg_endpoints` is the policy's to say: vllm-router (P/D mode) does carry /v1/messages, a
+    prefill leg (max_tokens 1, do_remote_decode) then a decode leg with the prefill's kv_transfer_params;
+    a P/D split needs vLLM's Messages route to honour them (vLLM PR #37535), which the router cannot see."""
+    seen: list[tuple[str, str, dict]] = []
+    ROLE = web.AppKey("role", str)  # noqa: N806
+    remote = {
+        "do_remote_prefill": True,
+        "remote_engine_id": "e",
+        "remote_block_ids": [1],
+        "remote_host": "127.0.0.1",
+        "remote_port": 1,
+    }
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.method != "POST":
+            return web.Response(text="ok")
+        seen.append((request.app[ROLE], request.path, await request.json()))
+        return web.json_response(
+            {
+                "id": "msg-1",
+                "type": "message",
+                "role": "assistant",
+                "content": [],
+                "model": "m",
+                "kv_transfer_params": remote,
+            }
+        )
+
+    async def serve(role: str) -> tuple[web.AppRunner, str]:
+        app = web.Application()
+        app[ROLE] = role
+        app.router.add_route("*", "/{tail:.*}", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    loop = LoopThread()
+    (p_runner, p_url), (d_runner, d_url) = (
+        loop.run(lambda: serve("prefill")),
+        loop.run(lambda: serve("decode")),
+    )
+    try:
+        with RouterProcess([p_url], [d_url]) as router:
+            body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+            req = urllib.request.Request(
+                router.url + "/v1/messages",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                assert resp.status == 200
+    finally:
+        loop.run(p_runner.cleanup)
+        loop.run(d_runner.cleanup)
+        loop.close()
+    assert [(role, path) for role, path, _ in seen] == [
+        ("prefill", "/v1/messages"),
+        ("decode", "/v1/messages"),
+    ]
+    prefill, decode = seen[0][2], seen[1][2]
+    assert prefill["max_tokens"] == 1 and prefill["kv_transfer_params"]["do_remote_decode"] is True
+    assert decode["max_tokens"] == 5 and decode["kv_transfer_params"] == remote
+    assert "messages" not in ROUTER_PD_ENDPOINTS  # so by default the gateway keeps them colocated

@@ -13,9 +13,13 @@ from vllm_router.launch_router import parse_router_args
 from vllm_router.router_args import RouterArgs
 
 import roles.gateway as gateway_role
+from pdfleet.errors import PdfleetError
 from pdfleet.fleet.deployment import Deployment, load_deployment
 from pdfleet.fleet.host_wheel import wheel_name
 from pdfleet.fleet.provision import render_fleet
+from pdfleet.gateway.limits import check_limit_names
+from pdfleet.gateway.policy import parse_policy
+from pdfleet.model.limits import KeyLimits, LimitsSpec
 from pdfleet.model.profile import ROUTER_POLICIES
 from pdfleet.ops.base import FakeFacts, Run
 from pdfleet.ops.files import File
@@ -118,3 +122,53 @@ def test_per_pool_policies_render_prefill_and_decode_flags(tmp_path: Path) -> No
     assert argv[argv.index("--decode-policy") + 1] == "power_of_two"
     args = _real_router_args(argv)
     assert (args.prefill_policy, args.decode_policy) == ("cache_aware", "power_of_two")
+
+
+def _rendered_policy(fleet: Deployment) -> str:
+    rendered = render_fleet(fleet, fleet.inventory.hosts.values())
+    (policy,) = [f for files in rendered.values() for f in files if f.path == gateway_role.POLICY_FILE]
+    return policy.content
+
+
+def _lab_cross_gateway(tmp_path: Path, gateway_yaml: str) -> Deployment:
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", profiles)
+    (profiles / "lim.yml").write_text(f"extends: lab-cross\ngateway: {gateway_yaml}\n")
+    return load_deployment("lim", REPO / "inventory" / "lab.yml", profiles, REPO / "templates", REGISTRY,
+                           gateway_secrets=TEST_SECRETS)
+
+
+def test_profile_limits_reach_the_policy_and_the_gateway_accepts_them(tmp_path: Path) -> None:
+    fleet = _lab_cross_gateway(
+        tmp_path,
+        "{limits: {default: {requests_per_second: 20, burst: 40, concurrent_streams: 64},"
+        " keys: {admin: {requests_per_second: 100}}, model_max_prompt_tokens: 30000}}",
+    )
+    text = _rendered_policy(fleet)
+    spec = parse_policy(Path("policy.yaml"), text)  # the gateway's own schema
+    alias = fleet.profile.gateway.model_alias or fleet.profile.model.id
+    assert spec.limits.default == KeyLimits(requests_per_second=20, burst=40, concurrent_streams=64)
+    assert spec.limits.for_key("admin").requests_per_second == 100
+    assert spec.limits.for_key("admin").concurrent_streams == 64
+    assert spec.limits.models[alias].max_prompt_tokens == 30000
+    assert check_limit_names(spec.limits, {"client", "admin"}, set(spec.models), "policy.yaml") == []
+
+
+def test_no_profile_limits_render_no_limits_section(tmp_path: Path) -> None:
+    text = _rendered_policy(_lab_cross_gateway(tmp_path, "{limits: {}}"))
+    assert "limits:" not in text and parse_policy(Path("policy.yaml"), text).limits == LimitsSpec()
+
+
+@pytest.mark.parametrize(
+    ("gateway_yaml", "expected"),
+    [
+        ("{limits: {keys: {user: {burst: 1}}}}", "gateway.limits.keys.user"),
+        ("{limits: {default: {requests_per_second: 0}}}", "gateway.limits.default.requests_per_second"),
+        ("{limits: {default: {rps: 1}}}", "gateway.limits.default.rps: unknown key"),
+        ("{limits: {model_max_prompt_tokens: 0}}", "gateway.limits.model_max_prompt_tokens"),
+    ],
+)
+def test_bad_profile_limits_name_the_key_path(tmp_path: Path, gateway_yaml: str, expected: str) -> None:
+    with pytest.raises(PdfleetError) as exc:
+        _lab_cross_gateway(tmp_path, gateway_yaml)
+    assert expected in str(exc.value)

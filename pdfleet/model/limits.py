@@ -1,0 +1,47 @@
+"""Per-key limits as the gateway's policy file and the profile's `gateway.limits` state them (all off by
+default): requests per second with a burst, concurrent requests, and maximum prompt tokens per key or
+model alias. One definition for both files, as `stages` is; `pdfleet.gateway.limits` enforces them.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class KeyLimits(_Strict):
+    """One key's limits; an unset field is no limit.
+
+    `concurrent_streams` counts every proxied request of the key from admission until its response
+    ends (a non-streaming request holds a GPU slot as long as a stream does).
+    """
+
+    requests_per_second: float | None = Field(None, gt=0)
+    burst: int | None = Field(None, ge=1)  # bucket size; default: one second's worth, at least 1
+    concurrent_streams: int | None = Field(None, ge=1)
+    max_prompt_tokens: int | None = Field(None, ge=1)
+
+
+class ModelLimits(_Strict):
+    """One model alias's limits."""
+
+    max_prompt_tokens: int | None = Field(None, ge=1)
+
+
+class LimitsSpec(_Strict):
+    """The policy's `limits:` section: a default for every key, per-key overrides, per-alias limits."""
+
+    default: KeyLimits = KeyLimits()
+    keys: dict[str, KeyLimits] = {}
+    models: dict[str, ModelLimits] = {}
+
+    def for_key(self, name: str) -> KeyLimits:
+        """The key's own limits when listed (each unset field falls back to the default), else the default."""
+        own = self.keys.get(name)
+        if own is None:
+            return self.default
+        merged = {k: v if v is not None else getattr(self.default, k) for k, v in own}
+        return KeyLimits(**merged)
