@@ -23,7 +23,8 @@ INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
 MODEL = "llama-3.1-8b"
 GATEWAY_URL = "http://198.18.0.10:8080"
-COLOCATED_URL = "http://198.18.0.11:8000"
+# the colocated pool: lab-colo1 and lab-colo2, balanced by the gateway
+COLOCATED_URLS = ("http://198.18.0.11:8000", "http://198.18.0.12:8000")
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
@@ -74,7 +75,7 @@ def test_anthropic_sdk_streams_and_non_streams_with_the_labs_key(
     lab_key: str, monkeypatch: pytest.MonkeyPatch, variable: str
 ) -> None:
     client = _anthropic(monkeypatch, **{variable: lab_key})
-    colocated = scrape_metrics(COLOCATED_URL).get("vllm:request_success_total", 0.0)
+    colocated = _colocated_successes()
     msg = client.messages.create(
         model=MODEL, max_tokens=8, system="be brief", messages=[{"role": "user", "content": "hello"}]
     )
@@ -87,7 +88,7 @@ def test_anthropic_sdk_streams_and_non_streams_with_the_labs_key(
         final = stream.get_final_message()
     assert text and final.usage.output_tokens == 8
     # the lab's stage keeps short prompts colocated, and the Messages route always stays there
-    assert scrape_metrics(COLOCATED_URL).get("vllm:request_success_total", 0.0) - colocated == 2
+    assert _colocated_successes() - colocated == 2
 
 
 def test_a_wrong_anthropic_key_is_the_sdks_authentication_error(
@@ -171,3 +172,8 @@ def test_profile_limits_reload_and_refuse_in_each_routes_shape(
         restore = _invoke("provision", "--profile", PROFILE, "--limit", "lab-gw")
     assert restore.returncode == 0, restore.stderr[-2000:]
     assert _admin_policy()["limits"]["spec"] == {}
+
+
+def _colocated_successes() -> float:
+    """Requests the colocated pool's instances finished, summed over the pool."""
+    return sum(scrape_metrics(url).get("vllm:request_success_total", 0.0) for url in COLOCATED_URLS)

@@ -58,7 +58,8 @@ def test_summary_rows_pair_each_target_with_round_robin() -> None:
     assert rows[BASELINE]["added_p50_ms"] == 0.0 and rows[BASELINE]["router_cpu_ms"] == pytest.approx(1.0)
     row = rows["cache_aware"]
     assert (row["samples"], row["failed"]) == (3, 1)
-    assert row["added_p50_ms"] == pytest.approx(30.0) and row["added_p90_ms"] == pytest.approx(54.0)  # numpy-style: 30 + 0.8 x 30
+    # p90 of +30, +30, +60 interpolated as numpy does: 30 + 0.8 x 30
+    assert row["added_p50_ms"] == pytest.approx(30.0) and row["added_p90_ms"] == pytest.approx(54.0)
     assert row["added_p50_first_half_ms"] == pytest.approx(30.0)  # rounds 1-2: +30, +30
     assert row["added_p50_second_half_ms"] == pytest.approx(60.0)  # round 3 failed; round 4: +60
     assert row["router_cpu_ms"] == pytest.approx(30.0) and row["ttft_p50_ms"] == pytest.approx(150.0)
