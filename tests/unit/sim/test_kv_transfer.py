@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import openai
@@ -371,3 +372,45 @@ def test_recompute_policy_and_lease_expiry() -> None:
         )
         assert status == 200 and out["usage"]["completion_tokens"] == 3  # recomputed locally
         assert scrape_metrics(d.url)["vllm:nixl_num_failed_transfers_total"] == 1
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.11.0"])
+def test_a_waiting_consumer_keeps_a_0_33_lease_alive_a_0_11_timeout_runs_out(version: str) -> None:
+    """The consumer is busy (max_num_seqs 1, a 2000-token decode, ~13 simulated s) while the second
+    request's KV waits on the producer with a 6 s hold: 0.33's heartbeats renew the lease and the KV
+    is read; 0.11's fixed timeout frees it first, and the consumer recomputes (0.11 has no policy)."""
+    side = free_port()
+    lease = {"kv_connector_extra_config": {"kv_lease_duration": 6}} if version == "0.33.0" else {}
+    common = [MODEL, "--sim-time-scale", "0.1", "--sim-vllm-version", version]
+    producer = SimProcess(
+        [*common, "--kv-transfer-config", kv_config("kv_producer", **lease)],
+        env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side),
+             "VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "6"},
+    )
+    consumer = SimProcess(
+        [*common, "--max-num-seqs", "1", "--kv-transfer-config", kv_config("kv_consumer", **lease)]
+    )
+    with producer as p, consumer as d:
+        leg = {"X-Request-Id": f"busy-{version}"}
+        body = {"model": MODEL, "prompt": "q" * 400, "max_tokens": 1,
+                "kv_transfer_params": {"do_remote_decode": True}}
+        _, prefill = post_json(p.url + "/v1/completions", body, leg)
+        busy = {"model": MODEL, "prompt": "b", "max_tokens": 2000, "ignore_eos": True}
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(post_json, d.url + "/v1/completions", busy)
+            wait_for(lambda: scrape_metrics(d.url)["vllm:num_requests_running"] == 1)
+            status, out = post_json(
+                d.url + "/v1/completions",
+                {"model": MODEL, "prompt": "q" * 400, "max_tokens": 3,
+                 "kv_transfer_params": prefill["kv_transfer_params"]},
+                leg,
+            )
+            assert first.result()[0] == 200
+        assert status == 200 and out["usage"]["completion_tokens"] == 3
+        expired = "Releasing expired KV blocks for request" in p.log()
+        if version == "0.33.0":
+            assert not expired and scrape_metrics(d.url)["vllm:nixl_num_failed_transfers_total"] == 0
+            assert scrape_metrics(p.url)["vllm:nixl_num_kv_expired_reqs_total"] == 0
+        else:
+            assert expired and "NIXL transfer failed for request" in d.log()
+        assert scrape_metrics(p.url)["vllm:kv_cache_usage_perc"] == 0.0
