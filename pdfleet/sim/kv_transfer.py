@@ -31,6 +31,14 @@ log = logging.getLogger("pdfleet.sim")
 FINISH_STATUS = {"length": "FINISHED_LENGTH_CAPPED", "stop": "FINISHED_STOPPED", "abort": "FINISHED_ABORTED"}
 
 
+def _hashed_version(cfg: SimConfig, kv: KVTransfer) -> str | None:
+    """The release's version when its compatibility hash includes it and the check is not switched off
+    (`kv_connector_extra_config.enforce_handshake_compat: false`)."""
+    if "vllm_version" not in cfg.release.handshake.hash_factors:
+        return None
+    return None if kv.extra_config.get("enforce_handshake_compat") is False else cfg.release.version
+
+
 def _lease_of(kv: KVTransfer) -> float | None:
     """The consumer's own kv_lease_duration (it times its heartbeats by it), None for the default."""
     value = kv.extra_config.get("kv_lease_duration")
@@ -55,7 +63,8 @@ class KVConnector:
         self.metrics = metrics
         self.clock = clock
         self.wake = wake  # the engine's state changed: an idle step loop should look again
-        self.compat = compat_hash(cfg.model_spec.name, cfg.kv_cache_dtype, cfg.block_size)
+        version = _hashed_version(cfg, kv)
+        self.compat = compat_hash(cfg.model_spec.name, cfg.kv_cache_dtype, cfg.block_size, version)
         self._side: SideChannelServer | None = None
         self._link = LinkQueue(cfg.link)
         self._window: list[tuple[float, float, int, int]] = []  # (xfer s, post s, bytes, descriptors)

@@ -38,9 +38,12 @@ HANDSHAKE_TIMEOUT_S = 5.0  # NIXL's handshake receive timeout [VLLM-PD §2.4]; w
 MAX_LINE = 1 << 20
 
 
-def compat_hash(model: str, kv_cache_dtype: str, block_size: int) -> str:
-    """What must match between P and D for the KV layout to be readable (NIXL's compatibility hash)."""
-    return hashlib.sha256(f"pdfleet-sim/1|{model}|{kv_cache_dtype}|{block_size}".encode()).hexdigest()[:16]
+def compat_hash(model: str, kv_cache_dtype: str, block_size: int, vllm_version: str | None = None) -> str:
+    """What must match between P and D for the KV layout to be readable (NIXL's compatibility hash),
+    with the vLLM version where the release hashes it (0.33: P and D on different releases fail)."""
+    text = f"pdfleet-sim/1|{model}|{kv_cache_dtype}|{block_size}"
+    text += f"|{vllm_version}" if vllm_version else ""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -414,3 +414,13 @@ def test_a_waiting_consumer_keeps_a_0_33_lease_alive_a_0_11_timeout_runs_out(ver
         else:
             assert expired and "NIXL transfer failed for request" in d.log()
         assert scrape_metrics(p.url)["vllm:kv_cache_usage_perc"] == 0.0
+
+
+def test_p_and_d_on_different_releases_fail_the_handshake_unless_compat_is_not_enforced() -> None:
+    """0.33 hashes the vLLM version (handshake.hash_factors): P on 0.11 and D on 0.33 do not match;
+    enforce_handshake_compat: false leaves the version out; two 0.33 instances match."""
+    old, _ = _connector("kv_producer", "--sim-vllm-version", "0.11.0")
+    new, _ = _connector("kv_consumer")
+    lax, _ = _connector("kv_consumer", kv_connector_extra_config={"enforce_handshake_compat": False})
+    assert new.compat != old.compat and lax.compat == old.compat
+    assert new.compat == _connector("kv_producer")[0].compat
