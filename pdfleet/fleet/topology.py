@@ -160,7 +160,7 @@ def build_topology(
 def _instance(profile: Profile, host: Host, pool: str) -> Instance:
     spec = profile.pools.get(pool)
     kv = profile.kv_transfer
-    sc_port = kv.side_channel_port_for(pool)  # None for the colocated pool and non-NIXL connectors
+    sc_port = profile.side_channel_port_for(pool)  # None for the colocated pool and non-NIXL connectors
     sc_host = None
     if sc_port is not None:
         sc_host = host.address if kv.side_channel_host == "auto" else kv.side_channel_host

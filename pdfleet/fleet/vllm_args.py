@@ -9,6 +9,8 @@ from pdfleet.fleet.topology import Instance
 from pdfleet.hw.kv import kv_connector_extra_config
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
+from pdfleet.model.vllm_release_data import RELEASES
+from pdfleet.model.vllm_releases import find_release
 
 
 def kv_transfer_config(profile: Profile, host: Host, inst: Instance) -> dict[str, Any] | None:
@@ -27,6 +29,9 @@ def kv_transfer_config(profile: Profile, host: Host, inst: Instance) -> dict[str
     extra.update(kv_connector_extra_config(profile, host))  # Mooncake's protocol and the host's NICs
     if extra:
         config["kv_connector_extra_config"] = extra
+    rel = find_release(profile.vllm.version, RELEASES)
+    if rel is not None:  # a key the pin has no field for: refused (0.33) or silently ignored (0.11)
+        config = {key: value for key, value in config.items() if key in rel.config_keys()}
     return config
 
 
@@ -68,6 +73,7 @@ def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
         argv += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
     if profile.vllm.engine == "sim":
         sim = profile.vllm.sim
-        argv += ["--sim-gpu", sim.gpu, "--sim-link", sim.link, "--sim-time-scale", str(sim.time_scale)]
+        argv += ["--sim-gpu", sim.gpu, "--sim-link", sim.link, "--sim-time-scale", str(sim.time_scale),
+                 "--sim-vllm-version", profile.vllm.version]
     argv += list(spec.extra_args)
     return argv

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 from pdfleet.hw.gpu import cuda_major
 from pdfleet.hw.rdma import ucx_net_devices
 from pdfleet.model.connectors import MOONCAKE, NIXL
+from pdfleet.model.vllm_release_data import RELEASES
+from pdfleet.model.vllm_releases import find_release
 from pdfleet.ops.systemd import env_value
 
 if TYPE_CHECKING:
@@ -37,6 +39,9 @@ def kv_requirement(profile: Profile) -> str | None:
     connector = profile.kv_transfer.connector
     cuda = cuda_major(profile.gpu)
     if connector == NIXL:
+        rel = find_release(profile.vllm.version, RELEASES)
+        if rel is not None and rel.handshake.min_nixl:  # checked at worker start; the cuXX extras are no-ops
+            return f"nixl>={rel.handshake.min_nixl}"
         return f"nixl[cu{cuda}]"
     if connector == MOONCAKE:
         return "mooncake-transfer-engine-cuda13" if cuda == 13 else "mooncake-transfer-engine"

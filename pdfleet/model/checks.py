@@ -15,6 +15,9 @@ from pdfleet.model import connectors
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import DEFAULT_KV_ROLES, PoolSpec, Profile, ProfileError
+from pdfleet.model.release_checks import release_problems
+from pdfleet.model.vllm_release_data import NEWEST, RELEASES
+from pdfleet.model.vllm_releases import Release, find_release
 
 # vllm serve flags pdfleet renders from pool keys; extra_args must not set them a second time.
 MANAGED_FLAGS: dict[str, str] = {
@@ -51,10 +54,13 @@ def profile_problems(profile: Profile) -> list[Problem]:
     """Every problem visible from the profile alone (no inventory)."""
     version = connectors.parse_version(profile.vllm.version)
     problems = list(_version_problems(profile, version))
+    rel = find_release(profile.vllm.version, RELEASES) if version is not None else None
+    if rel is not None:
+        problems += [Problem(path, message) for path, message in release_problems(profile, rel)]
     problems += _topology_problems(profile)
     problems += _kv_role_problems(profile)
-    if profile.disaggregated and version is not None and version >= connectors.MIN_VLLM:
-        problems += _connector_problems(profile, version)
+    if profile.disaggregated and rel is not None:
+        problems += _connector_problems(profile, rel)
     problems += _side_channel_host_problems(profile)
     for pool, spec in profile.pools.items():
         problems += _pool_problems(profile, pool, spec)
@@ -78,10 +84,10 @@ def stage_problem(profile: Profile, stage: str) -> str | None:
 
 
 def _version_problems(profile: Profile, version: connectors.Version | None) -> Iterable[Problem]:
-    """The pin must be an exact release pdfleet knows, and version-gated keys must exist in it."""
+    """The pin must be an exact release the facts table has (`vllm_release_data`)."""
     if version is None:
         yield Problem(
-            "vllm.version", f"must be an exact vLLM release like 0.11.0 (got {profile.vllm.version!r})"
+            "vllm.version", f"must be an exact vLLM release like {NEWEST} (got {profile.vllm.version!r})"
         )
         return
     if version < connectors.MIN_VLLM:
@@ -90,13 +96,13 @@ def _version_problems(profile: Profile, version: connectors.Version | None) -> I
             f"vLLM {profile.vllm.version} is older than pdfleet supports "
             f"(>= {connectors.fmt(connectors.MIN_VLLM)})",
         )
-    policy = profile.kv_transfer.load_failure_policy
-    if policy is not None and version <= connectors.LOAD_FAILURE_POLICY_ABSENT_UNTIL:
+        return
+    if find_release(profile.vllm.version, RELEASES) is None:
         yield Problem(
-            "kv_transfer.load_failure_policy",
-            f"vLLM {profile.vllm.version} has no kv_load_failure_policy (added after "
-            f"{connectors.fmt(connectors.LOAD_FAILURE_POLICY_ABSENT_UNTIL)}); "
-            "remove it or pin a newer vllm.version",
+            "vllm.version",
+            f"pdfleet has no facts for vLLM {profile.vllm.version} (it knows {', '.join(RELEASES)}); "
+            f"pin one of those, or derive the table for it: python -m tools.vllm_facts "
+            f"{profile.vllm.version} --write",
         )
 
 
@@ -148,10 +154,10 @@ def _kv_role_problems(profile: Profile) -> Iterable[Problem]:
             )
 
 
-def _connector_problems(profile: Profile, version: connectors.Version) -> Iterable[Problem]:
+def _connector_problems(profile: Profile, rel: Release) -> Iterable[Problem]:
     """The connector must be real for the pinned vLLM, renderable by pdfleet, and fit the engine."""
     kv = profile.kv_transfer
-    problem = connectors.check_connector(kv.connector, version)
+    problem = connectors.check_connector(kv.connector, rel)
     if problem is not None:
         yield Problem("kv_transfer.connector", problem.message)
         return
@@ -292,8 +298,13 @@ def _host_ports(profile: Profile, pools: list[str], gateway: bool) -> list[tuple
         ports.append((spec.port, f"pools.{pool}.port"))
         side = profile.side_channel_port_for(pool)
         if side is not None:
-            label = "kv_transfer.side_channel_port" + ("+1" if pool == "decode" else "")
-            ports.append((side, f"{label} ({pool} side channel)"))
+            base = profile.kv_transfer.side_channel_port
+            label = "kv_transfer.side_channel_port" + (f"+{side - base}" if side != base else "")
+            rel = find_release(profile.vllm.version, RELEASES)
+            bound = rel.side_channel_ports(side, spec.tensor_parallel_size) if rel else (side,)
+            for rank, port in enumerate(bound):
+                what = f"{pool} side channel" + (f", TP rank {rank}" if rank else "")
+                ports.append((port, f"{label} ({what})"))
         boot = profile.kv_transfer.bootstrap_port_for(pool) if profile.disaggregated else None
         if boot is not None:
             ports.append((boot, "kv_transfer.mooncake_bootstrap_port"))

@@ -1,9 +1,8 @@
-"""vLLM KV connector names per pinned vLLM version, and "did you mean" suggestions for wrong ones.
+"""vLLM KV connector names, and "did you mean" suggestions for wrong ones.
 
-Facts come from /work/shared/reference/vllm-pd.md §1.1-1.3 (the registered names in
-`vllm/distributed/kv_transfer/kv_connector/factory.py`). Where the exact first release of a name is not
-verified we use the first release it is *verified* in, so we never claim a name exists where it may not;
-the cost is that a pin in an unverified window is refused with a message saying which pin works.
+Which names a release registers is the facts table's registry row (`vllm_release_data`, from
+`vllm/distributed/kv_transfer/kv_connector/factory.py` of that wheel); this module holds the names
+pdfleet renders and every name some release registered, for suggestions.
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ import difflib
 import re
 from dataclasses import dataclass
 
+from pdfleet.model.vllm_releases import Release
+
 Version = tuple[int, int, int]
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:(?:rc|a|b)\d+|\.post\d+|\.dev\d+)?$")
@@ -19,43 +20,9 @@ _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:(?:rc|a|b)\d+|\.post\d+|\.dev\d+)
 # The oldest vLLM whose connector registry we know (factory @007c643, ~v0.10.2).
 MIN_VLLM: Version = (0, 10, 0)
 
-# Connectors pdfleet can render P/D units for, with the first vLLM release each is verified in.
-# MooncakeConnector (PR #24718, late 2025) is absent from the v0.11 factory and documented in v0.15.0.
-SUPPORTED: dict[str, Version] = {
-    "NixlConnector": (0, 10, 0),
-    "MooncakeConnector": (0, 15, 0),
-}
-
-# Registered names by era: (first release of the era, names registered then).
-_ERAS: tuple[tuple[Version, frozenset[str]], ...] = (
-    (
-        (0, 10, 0),
-        frozenset(
-            {
-                "SharedStorageConnector",
-                "P2pNcclConnector",
-                "LMCacheConnectorV1",
-                "NixlConnector",
-                "MultiConnector",
-            }
-        ),
-    ),
-    (
-        (0, 11, 0),
-        frozenset(
-            {
-                "SharedStorageConnector",
-                "P2pNcclConnector",
-                "LMCacheConnectorV1",
-                "NixlConnector",
-                "MultiConnector",
-                "LMCacheMPConnector",
-                "OffloadingConnector",
-                "DecodeBenchConnector",
-            }
-        ),
-    ),
-)
+# Connectors pdfleet can render P/D units for; which release registers each is the facts table's
+# registry row (`vllm_releases.Release.has_connector`).
+SUPPORTED: tuple[str, ...] = ("NixlConnector", "MooncakeConnector")
 
 # Every name that is a registered vLLM connector in some version (2026 main plus removed/renamed ones).
 ALL_KNOWN: frozenset[str] = frozenset(
@@ -99,10 +66,6 @@ MOONCAKE = "MooncakeConnector"
 NIXL_SIDE_CHANNEL_HOST = "localhost"
 NIXL_SIDE_CHANNEL_PORT = 5600
 
-# kv_load_failure_policy arrived in PR #26813 (Oct 2025), after v0.11.0 was cut.
-LOAD_FAILURE_POLICY_ABSENT_UNTIL: Version = (0, 11, 0)
-
-
 @dataclass(frozen=True)
 class ConnectorProblem:
     """Why a connector name cannot be used with a pinned vLLM version."""
@@ -133,20 +96,10 @@ def suggest(name: str) -> str | None:
     return close[0] if close else None
 
 
-def registered(version: Version) -> frozenset[str] | None:
-    """Connector names registered in that vLLM release where verified (0.10.x, 0.11.x), else None.
-
-    Newer registries are only partly verified, so for them pdfleet relies on SUPPORTED alone.
-    """
-    if version < MIN_VLLM or version >= (0, 12, 0):
-        return None
-    return [names for first, names in _ERAS if first <= version][-1]
-
-
-def check_connector(name: str, version: Version) -> ConnectorProblem | None:
-    """None if pdfleet can render `name` for that vLLM version, else what is wrong and what to use."""
+def check_connector(name: str, rel: Release) -> ConnectorProblem | None:
+    """None if pdfleet can render `name` for that vLLM release, else what is wrong and what to use."""
     supported = ", ".join(SUPPORTED)
-    if name not in ALL_KNOWN:
+    if name not in ALL_KNOWN and not rel.has_connector(name):
         hint = suggest(name)
         tail = f"; did you mean {hint}?" if hint else f"; pdfleet renders {supported}"
         return ConnectorProblem(f"{name!r} is not a vLLM connector{tail}")
@@ -154,11 +107,11 @@ def check_connector(name: str, version: Version) -> ConnectorProblem | None:
         return ConnectorProblem(
             f"{name} is a vLLM connector but not one pdfleet renders P/D units for; use one of {supported}"
         )
-    first = SUPPORTED[name]
-    if version < first:
+    if not rel.has_connector(name):
+        others = [other for other in SUPPORTED if other != name and rel.has_connector(other)]
         return ConnectorProblem(
-            f"{name} is not in vLLM {fmt(version)} (pdfleet knows it from vLLM {fmt(first)}); "
-            f"pin vllm.version >= {fmt(first)} or use "
-            + ", ".join(other for other, since in SUPPORTED.items() if since <= version and other != name)
+            f"{name} is not registered in vLLM {rel.version} "
+            f"(vllm/distributed/kv_transfer/kv_connector/factory.py); pin a release that has it "
+            f"or use {', '.join(others) or 'another connector'}"
         )
     return None

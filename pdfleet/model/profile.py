@@ -27,6 +27,8 @@ from pdfleet.model.connectors import MOONCAKE, NIXL, NIXL_SIDE_CHANNEL_PORT
 from pdfleet.model.limits import KeyLimits
 from pdfleet.model.monitoring import MonitoringSpec
 from pdfleet.model.stages import StageSpec
+from pdfleet.model.vllm_release_data import RELEASES
+from pdfleet.model.vllm_releases import find_release
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
 POOL_NAMES = ("prefill", "decode", "colocated")
@@ -351,8 +353,20 @@ class Profile(_Model):
         return self.topology != "colocated"
 
     def side_channel_port_for(self, pool: str) -> int | None:
-        """See KVTransferSpec.side_channel_port_for; None for every pool of a colocated profile."""
-        return self.kv_transfer.side_channel_port_for(pool) if self.disaggregated else None
+        """See KVTransferSpec.side_channel_port_for; None for every pool of a colocated profile.
+
+        vLLM 0.11 binds one port per TP rank (base .. base+tp-1), so the decode instance starts past
+        the prefill instance's last port: a same-host pair with TP >= 2 would collide on base+1.
+        """
+        if not self.disaggregated:
+            return None
+        port = self.kv_transfer.side_channel_port_for(pool)
+        rel = find_release(self.vllm.version, RELEASES)
+        prefill = self.pools.prefill
+        if pool == "decode" and port is not None and rel is not None and prefill is not None:
+            base = self.kv_transfer.side_channel_port
+            return base + len(rel.side_channel_ports(base, prefill.tensor_parallel_size))
+        return port
 
     def kv_role_for(self, pool: str) -> str | None:
         """The kv_role rendered for a pool's instances (None: no --kv-transfer-config)."""

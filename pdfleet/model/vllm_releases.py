@@ -10,6 +10,13 @@ Not tabled, with the reason: the `vllm serve` flag set (built at run time from c
 `get_kwargs`; the simulator's accepted-flags row is the next addition), speculative-decoding metrics
 (pdfleet renders none), and what the `nixl` wheel's cu12/cu13 extras install (PyPI metadata of nixl,
 not vLLM source: the minimum version vLLM checks is `handshake.min_nixl`).
+
+Issue 12's rows that are not a profile check, with the reason: P and D on different releases — a
+profile has one `vllm.version` for every pool, so no profile can pin them apart; the mismatch arises
+only mid-upgrade, and the simulator models it (the compatibility hash carries the version where
+`handshake.hash_factors` has it). The side-channel default port (5557 vs 5600) — pdfleet always
+renders `VLLM_NIXL_SIDE_CHANNEL_PORT` (the profile's `kv_transfer.side_channel_port`), so vLLM's default
+never applies to a unit; the simulator uses the release's default when the variable is unset.
 """
 
 from __future__ import annotations

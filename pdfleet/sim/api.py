@@ -219,6 +219,11 @@ class SimAPI:
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{base}"
         sink = Sink(kind, rid, model, stream, include_usage, asyncio.get_running_loop())
         sink.finish_reason = finish
+        kv_id = ""
+        if kv is not None and kv.pairs_by_request_id():
+            kv_id = f"{rid}-0"  # vLLM 0.11's engine request id for the one prompt of a request
+            if remote_prefill is not None:
+                remote_prefill = {**remote_prefill, "remote_request_id": kv_id}
         req = SimRequest(
             f"{rid}-{self._seq}",
             prompt_tokens,
@@ -226,6 +231,7 @@ class SimAPI:
             remote_decode=remote_decode,
             remote_prefill=remote_prefill,
             sink=sink,
+            kv_id=kv_id,
         )
         runtime.metrics.max_tokens_hist.observe(max_tokens)
         resp: web.StreamResponse | None = None
@@ -330,7 +336,7 @@ class SimAPI:
         if kind == "chat":
             body.update({"service_tier": None, "system_fingerprint": None})
         kv = self.runtime.kv
-        kv_params = kv.params_out(req) if kv is not None else None
+        kv_params = kv.params_out(req, sink.finish_reason) if kv is not None else None
         if kv_params is not None and digest is not None:
             # sim-private: lets a simulated consumer skip tokenizing the same prompt again
             kv_params[PROMPT_TOKENS_KEY] = req.prompt_tokens

@@ -20,33 +20,16 @@ from typing import Any
 from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
 from pdfleet.model.catalog import GpuSpec, LinkSpec, ModelSpec
-from pdfleet.model.connectors import (  # connector names some vLLM version registers; vLLM's NIXL defaults
-    ALL_KNOWN,
-    NIXL_SIDE_CHANNEL_HOST,
-    NIXL_SIDE_CHANNEL_PORT,
-)
-from pdfleet.sim.engine import DEFAULT_HOLD_TIMEOUT_S, Engine, EngineLimits
+from pdfleet.model.vllm_release_data import NEWEST, RELEASES
+from pdfleet.model.vllm_releases import Release, find_release
+from pdfleet.sim.engine import Engine, EngineLimits
 from pdfleet.sim.perf import PerfModel
 from pdfleet.sim.serve_options import parse_argv
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
-KV_TRANSFER_FIELDS = frozenset(
-    {
-        "kv_connector",
-        "engine_id",
-        "kv_buffer_device",
-        "kv_buffer_size",
-        "kv_role",
-        "kv_rank",
-        "kv_parallel_size",
-        "kv_ip",
-        "kv_port",
-        "kv_connector_extra_config",
-        "kv_connector_module_path",
-        "enable_permute_local_kv",
-        "kv_load_failure_policy",
-    }
-)
+# What vLLM 0.11 does with a failed KV load (no kv_load_failure_policy field yet): it marks the blocks
+# invalid and the scheduler recomputes them.
+NO_POLICY_FIELD = "recompute"
 
 
 @dataclass(frozen=True)
@@ -103,6 +86,7 @@ class SimConfig:
     disable_log_stats: bool
     log_interval_s: float
     visible_devices: tuple[str, ...] | None
+    release: Release = field(default=RELEASES[NEWEST], repr=False)  # modelled (--sim-vllm-version)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -162,12 +146,16 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
             f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
             f"(max_position_embeddings={spec.max_model_len}) of {spec.name}"
         )
-    big_gpu = gpu.memory_bytes >= 70 * catalog.GIB and "a100" not in gpu.name.lower()
+    rel = _release(ns.sim_vllm_version)
+    tier = rel.batch_tier(gpu.memory_bytes / catalog.GIB, gpu.name)  # get_batch_defaults, API server
     chunked = True if ns.enable_chunked_prefill is None else ns.enable_chunked_prefill
-    max_seqs = ns.max_num_seqs or (1024 if big_gpu else 256)  # vLLM get_batch_defaults, API server
+    if rel.chunked_prefill.forced_on:
+        chunked = True  # EngineArgs sets it back on for generative models, whatever the flag said
     batched = ns.max_num_batched_tokens
     if batched is None:
-        batched = (8192 if big_gpu else 2048) if chunked else max(max_model_len, 2048)
+        batched = tier.max_num_batched_tokens if chunked else max(max_model_len, tier.max_num_batched_tokens)
+    # a defaulted max_num_seqs is capped by max_num_batched_tokens (the table's max_num_seqs_rule)
+    max_seqs = ns.max_num_seqs or min(tier.max_num_seqs, batched)
     if not chunked and batched < max_model_len:
         raise ValidationError(
             f"max_num_batched_tokens ({batched}) is smaller than max_model_len ({max_model_len}). This "
@@ -180,8 +168,8 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         )
     kv_dtype_bytes = catalog.KV_CACHE_DTYPES[ns.kv_cache_dtype]
     num_blocks = _num_blocks(ns, spec, gpu, tp, kv_dtype_bytes, max_model_len)
-    kv = _kv_transfer(ns.kv_transfer_config)
-    timeout = _abort_timeout(env, kv)
+    kv = _kv_transfer(ns.kv_transfer_config, rel)
+    timeout = _hold_s(env, kv, rel)
     keys = tuple(ns.api_key or ([env["VLLM_API_KEY"]] if env.get("VLLM_API_KEY") else []))
     return SimConfig(
         model=model_id,
@@ -204,15 +192,31 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         link=link,
         model_spec=spec,
         time_scale=ns.sim_time_scale,
-        side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", NIXL_SIDE_CHANNEL_HOST),
-        side_channel_port=_env_int(env, "VLLM_NIXL_SIDE_CHANNEL_PORT", NIXL_SIDE_CHANNEL_PORT),
+        side_channel_host=env.get(
+            "VLLM_NIXL_SIDE_CHANNEL_HOST", str(rel.env_default("VLLM_NIXL_SIDE_CHANNEL_HOST"))
+        ),
+        side_channel_port=_env_int(
+            env, "VLLM_NIXL_SIDE_CHANNEL_PORT", int(rel.env_default("VLLM_NIXL_SIDE_CHANNEL_PORT"))  # type: ignore[arg-type]
+        ),
         abort_timeout_s=timeout,
         tokenizer=ns.tokenizer,
         chars_per_token=ns.sim_chars_per_token,
         disable_log_stats=ns.disable_log_stats,
         log_interval_s=ns.sim_log_interval,
         visible_devices=visible,
+        release=rel,
     )
+
+
+def _release(version: str) -> Release:
+    """The facts-table row --sim-vllm-version names (an exact release or a patch of a tabled minor)."""
+    rel = find_release(version, RELEASES)
+    if rel is None:
+        raise ValidationError(
+            f"--sim-vllm-version {version}: the simulator models vLLM {', '.join(RELEASES)} "
+            "(the facts table, pdfleet/model/vllm_release_data.py)"
+        )
+    return rel
 
 
 def _visible_devices(env: Mapping[str, str]) -> tuple[str, ...] | None:
@@ -270,8 +274,8 @@ def _num_blocks(
     return blocks
 
 
-def _kv_transfer(raw: str | None) -> KVTransfer | None:
-    """Validate --kv-transfer-config as vLLM's KVTransferConfig does."""
+def _kv_transfer(raw: str | None, rel: Release) -> KVTransfer | None:
+    """Validate --kv-transfer-config as the release's KVTransferConfig does."""
     if raw is None:
         return None
     try:
@@ -280,11 +284,14 @@ def _kv_transfer(raw: str | None) -> KVTransfer | None:
         raise ValidationError(f"--kv-transfer-config: not valid JSON ({exc.msg} at char {exc.pos})") from exc
     if not isinstance(data, dict):
         raise ValidationError("--kv-transfer-config: must be a JSON object")
-    unknown = sorted(set(data) - KV_TRANSFER_FIELDS)
-    if unknown:
+    fields = set(rel.config_keys())
+    unknown = sorted(set(data) - fields)
+    if unknown and rel.kv_transfer_config.unknown_keys == "forbid":
         raise ValidationError(
-            f"--kv-transfer-config: unknown field(s) {', '.join(unknown)} for KVTransferConfig"
+            f"--kv-transfer-config: unknown field(s) {', '.join(unknown)} for KVTransferConfig "
+            f"(vLLM {rel.version})"
         )
+    data = {key: value for key, value in data.items() if key in fields}  # 0.11: ignored silently
     connector = data.get("kv_connector")
     role = data.get("kv_role")
     if connector is None:
@@ -296,33 +303,44 @@ def _kv_transfer(raw: str | None) -> KVTransfer | None:
         )
     if role not in KV_ROLES:
         raise ValidationError(f"--kv-transfer-config: kv_role {role!r}: supported roles are {list(KV_ROLES)}")
-    if connector not in ALL_KNOWN and not data.get("kv_connector_module_path"):
+    if not rel.has_connector(connector) and not data.get("kv_connector_module_path"):
         raise ValidationError(f"--kv-transfer-config: Unsupported connector type: {connector}")
-    policy = data.get("kv_load_failure_policy", "fail")
+    default_policy = "fail" if "kv_load_failure_policy" in fields else NO_POLICY_FIELD
+    policy = data.get("kv_load_failure_policy", default_policy)
     if policy not in ("recompute", "fail"):
         raise ValidationError(
             f"--kv-transfer-config: kv_load_failure_policy {policy!r}: must be recompute or fail"
         )
     device = data.get("kv_buffer_device", "cuda")
-    if device not in ("cuda", "cpu", "xpu"):
-        raise ValidationError(f"--kv-transfer-config: kv_buffer_device {device!r}: must be cuda, cpu or xpu")
+    allowed = rel.buffer_devices_on("cuda")
+    if device not in allowed:
+        raise ValidationError(
+            f"--kv-transfer-config: kv_buffer_device {device!r} is not supported by NixlConnector on cuda "
+            f"(vLLM {rel.version} supports {', '.join(allowed)})"
+        )
     extra = data.get("kv_connector_extra_config") or {}
     if not isinstance(extra, dict):
         raise ValidationError("--kv-transfer-config: kv_connector_extra_config must be an object")
     return KVTransfer(connector, role, str(data.get("engine_id") or uuid.uuid4()), device, policy, extra)
 
 
-def _abort_timeout(env: Mapping[str, str], kv: KVTransfer | None) -> float:
-    """How long a producer holds blocks for its consumer: kv_lease_duration, else the abort-timeout env."""
-    if kv is not None and "kv_lease_duration" in kv.extra_config:
-        return float(kv.extra_config["kv_lease_duration"])
-    raw = env.get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT")
-    if raw:
-        try:
-            return float(raw)
-        except ValueError as exc:
-            raise ValidationError(f"VLLM_NIXL_ABORT_REQUEST_TIMEOUT={raw!r}: not a number") from exc
-    return DEFAULT_HOLD_TIMEOUT_S
+def _hold_s(env: Mapping[str, str], kv: KVTransfer | None, rel: Release) -> float:
+    """How long a producer holds blocks for its consumer: the release's abort timeout (0.11, env var) or
+    lease (0.33, kv_connector_extra_config.kv_lease_duration, renewed by the consumer's heartbeats)."""
+    kind, default = rel.kv_hold_s()
+    if kind == "lease":
+        raw: Any = (kv.extra_config if kv is not None else {}).get("kv_lease_duration", default)
+        name = "kv_connector_extra_config.kv_lease_duration"
+    else:
+        raw = env.get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT") or default
+        name = "VLLM_NIXL_ABORT_REQUEST_TIMEOUT"
+    try:
+        value = float(raw)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"{name}={raw!r}: not a number") from exc
+    if not value > 0:
+        raise ValidationError(f"{name}={raw!r}: must be > 0")
+    return value
 
 
 def describe(cfg: SimConfig) -> str:

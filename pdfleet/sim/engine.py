@@ -59,6 +59,7 @@ class SimRequest:
     last_token: float | None = None
     finish_reason: str | None = None
     num_preemptions: int = 0
+    kv_id: str = ""  # what the producer holds the blocks under for the consumer (default: request_id)
 
 
 @dataclass(slots=True)
@@ -319,8 +320,9 @@ class Engine:
         req.state = State.FINISHED
         req.finish_reason = "length"  # the engine has no EOS; the server maps its simulated EOS to "stop"
         if req.remote_decode:
-            self.held[req.request_id] = (req, end + self.limits.hold_timeout_s)
-            self._held_order.append(req.request_id)
+            key = req.kv_id or req.request_id
+            self.held[key] = (req, end + self.limits.hold_timeout_s)
+            self._held_order.append(key)
         else:
             self._free_blocks(req)
 
@@ -351,6 +353,24 @@ class Engine:
         """The finished producer request whose blocks are still held, if any."""
         entry = self.held.get(request_id)
         return entry[0] if entry else None
+
+    def held_until(self, request_id: str) -> float | None:
+        """When a held request's blocks expire (simulated seconds), None if not held."""
+        entry = self.held.get(request_id)
+        return entry[1] if entry else None
+
+    def extend_held(self, request_id: str, until: float) -> bool:
+        """A consumer's heartbeat: keep the held blocks at least until `until` (False if not held)."""
+        entry = self.held.get(request_id)
+        if entry is None:
+            return False
+        if until > entry[1]:
+            self.held[request_id] = (entry[0], until)
+            self._held_order.remove(request_id)  # keep the order sorted by expiry for expire_held
+            index = next((i for i, rid in enumerate(self._held_order)
+                          if rid in self.held and self.held[rid][1] > until), len(self._held_order))
+            self._held_order.insert(index, request_id)
+        return True
 
     def release_held(self, request_id: str) -> SimRequest | None:
         """The consumer has read the blocks: free them."""

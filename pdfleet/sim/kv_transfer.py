@@ -19,13 +19,30 @@ from typing import Any
 
 from pdfleet.sim.clock import SimClock
 from pdfleet.sim.config import KVTransfer, SimConfig
-from pdfleet.sim.engine import Engine, SimRequest
+from pdfleet.sim.engine import Engine, SimRequest, State
 from pdfleet.sim.metrics import SimMetrics
 from pdfleet.sim.perf import LinkQueue
-from pdfleet.sim.side_channel import PullError, ReadGrant, SideChannelServer, compat_hash, pull
+from pdfleet.sim.side_channel import PullError, ReadGrant, SideChannelServer, compat_hash, heartbeat, pull
 from pdfleet.sim.stream import Sink
 
 log = logging.getLogger("pdfleet.sim")
+
+# The API's finish_reason as vLLM's RequestStatus (the table's finish_statuses are RequestStatus names).
+FINISH_STATUS = {"length": "FINISHED_LENGTH_CAPPED", "stop": "FINISHED_STOPPED", "abort": "FINISHED_ABORTED"}
+
+
+def _hashed_version(cfg: SimConfig, kv: KVTransfer) -> str | None:
+    """The release's version when its compatibility hash includes it and the check is not switched off
+    (`kv_connector_extra_config.enforce_handshake_compat: false`)."""
+    if "vllm_version" not in cfg.release.handshake.hash_factors:
+        return None
+    return None if kv.extra_config.get("enforce_handshake_compat") is False else cfg.release.version
+
+
+def _lease_of(kv: KVTransfer) -> float | None:
+    """The consumer's own kv_lease_duration (it times its heartbeats by it), None for the default."""
+    value = kv.extra_config.get("kv_lease_duration")
+    return float(value) if isinstance(value, int | float) else None
 
 
 class KVConnector:
@@ -46,7 +63,8 @@ class KVConnector:
         self.metrics = metrics
         self.clock = clock
         self.wake = wake  # the engine's state changed: an idle step loop should look again
-        self.compat = compat_hash(cfg.model_spec.name, cfg.kv_cache_dtype, cfg.block_size)
+        version = _hashed_version(cfg, kv)
+        self.compat = compat_hash(cfg.model_spec.name, cfg.kv_cache_dtype, cfg.block_size, version)
         self._side: SideChannelServer | None = None
         self._link = LinkQueue(cfg.link)
         self._window: list[tuple[float, float, int, int]] = []  # (xfer s, post s, bytes, descriptors)
@@ -60,7 +78,8 @@ class KVConnector:
         log.info("Initializing NIXL wrapper")
         log.info("Initializing NIXL worker %s", kv.engine_id)
         if kv.is_producer:
-            self._side = SideChannelServer(kv.engine_id, self.compat, self.grant, self.release)
+            renew = self.renew if cfg.release.lease_timing() is not None else None
+            self._side = SideChannelServer(kv.engine_id, self.compat, self.grant, self.release, renew)
             await self._side.start(cfg.side_channel_host, cfg.side_channel_port)
             log.info("KV side channel listening on %s:%d", cfg.side_channel_host, cfg.side_channel_port)
 
@@ -78,24 +97,50 @@ class KVConnector:
         if params.get("do_remote_decode") and self.kv.is_producer:
             return True, None
         if params.get("do_remote_prefill") and self.kv.is_consumer:
-            return False, params
+            needed = ["remote_engine_id", "remote_host", "remote_port"]
+            if "remote_request_id" in self.cfg.release.kv_transfer_params.produced:
+                needed.append("remote_request_id")  # 0.11 pairs by the X-Request-Id both legs carry
+            if params.get("remote_block_ids") and all(key in params for key in needed):
+                return False, params
+            log.warning("Got invalid KVTransferParams: %s. This request will not utilize KVTransfer", params)
         return False, None
 
-    def params_out(self, req: SimRequest) -> dict[str, Any] | None:
-        """What a producer returns for the decode side (vLLM NixlConnector request_finished)."""
+    def pairs_by_request_id(self) -> bool:
+        """vLLM 0.11: P returns no remote_request_id; D names P's request by the id both derive from
+        the X-Request-Id header the proxy sends on both legs."""
+        return "remote_request_id" not in self.cfg.release.kv_transfer_params.produced
+
+    def params_out(self, req: SimRequest, finish_reason: str | None) -> dict[str, Any] | None:
+        """What a producer returns for the decode side (NixlConnector's request_finished, per release):
+        the release's keys only, only for the finish statuses it hands blocks over for; otherwise the
+        held blocks are freed at once."""
         if not req.remote_decode:
             return None
-        cfg = self.cfg
-        return {
+        cfg, facts = self.cfg, self.cfg.release.kv_transfer_params
+        key = req.kv_id or req.request_id
+        if FINISH_STATUS.get(finish_reason or "") not in facts.finish_statuses:
+            if self.engine.release_held(key) is not None:
+                self.wake()
+            return None
+        blocks = list(req.block_ids)
+        values: dict[str, Any] = {
             "do_remote_prefill": True,
             "do_remote_decode": False,
-            "remote_block_ids": list(req.block_ids),
+            # one list per KV-cache group where the release nests them (the simulated model has one group)
+            "remote_block_ids": blocks if facts.block_ids_type == "list[int]" else [blocks],
             "remote_engine_id": self.kv.engine_id,
-            "remote_request_id": req.request_id,
+            "remote_request_id": key,
             "remote_host": cfg.side_channel_host,
             "remote_port": cfg.side_channel_port,
             "tp_size": cfg.tensor_parallel_size,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": req.prompt_tokens,
+            "remote_blocks_expiry_time": self.engine.held_until(key),  # simulated seconds
+            "remote_registration_generation": 0,
+            "transfer_mode": "pull",
         }
+        return {name: values[name] for name in facts.produced if name in values}
 
     # ---- producer ---------------------------------------------------------------------------------
     def grant(self, rid: str) -> ReadGrant | None:
@@ -111,6 +156,29 @@ class KVConnector:
         """Side channel: the consumer read the blocks; free them and maybe admit waiting work."""
         if self.engine.release_held(rid) is not None:
             self.wake()
+        else:
+            self.metrics.nixl_after_expiry += 1
+
+    def renew(self, rid: str) -> bool:
+        """Side channel: a consumer's heartbeat extends the lease on a held request's blocks."""
+        timing = self.cfg.release.lease_timing(self.cfg.abort_timeout_s)
+        if timing is None:
+            return False
+        return self.engine.extend_held(rid, self.clock.now() + timing[2])
+
+    async def keep_alive(self, req: SimRequest) -> None:
+        """Consumer: while the request waits for its turn, renew the producer's lease every heartbeat
+        interval (vLLM 0.33's decoder heartbeats); nothing on a release without leases."""
+        timing = self.cfg.release.lease_timing(_lease_of(self.kv))
+        params = req.remote_prefill
+        if timing is None or params is None:
+            return
+        interval = max(timing[1], 1.0)
+        while True:
+            await self.clock.sleep(interval)
+            if req.state is not State.WAITING or req.remote_prefill is None:
+                return
+            await heartbeat(params)
 
     def expire_leases(self, now: float) -> None:
         """Free producer blocks whose consumer never came, logging as vLLM does (once per step)."""

@@ -21,6 +21,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from pdfleet.model.vllm_release_data import NEWEST, RELEASES
+from pdfleet.model.vllm_releases import Release
 from pdfleet.sim.engine import Engine
 
 TTFT_BUCKETS = (
@@ -93,9 +95,6 @@ REQUEST_BUCKETS = (
 )
 # The simulator's own lateness, in wall seconds (not a vLLM metric).
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-XFER_BUCKETS = (0.001, 0.005, 0.0125, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
-BYTES_BUCKETS = tuple(float(2**n) for n in range(20, 36))
-DESCRIPTOR_BUCKETS = (1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0)
 
 
 def one_two_five(limit: int) -> tuple[float, ...]:
@@ -169,11 +168,24 @@ class Hist:
         return out
 
 
+def _buckets(release: Release, name: str) -> tuple[float, ...]:
+    """A histogram's bounds as the release registers them (the last tabled release's where it has none,
+    so the engine can still observe; such a release exports none of them)."""
+    table = release if name in release.metric_names() else RELEASES[NEWEST]
+    return tuple(float(b) for b in table.metric(name).buckets or ())
+
+
+XFER_BUCKETS = _buckets(RELEASES[NEWEST], "vllm:nixl_xfer_time_seconds")
+
+
 class SimMetrics:
     """All the numbers the server exports; the engine's own counters are read at scrape time."""
 
-    def __init__(self, max_model_len: int, pd: bool) -> None:
-        self.pd = pd
+    def __init__(self, max_model_len: int, pd: bool, release: Release | None = None) -> None:
+        release = release or RELEASES[NEWEST]
+        # vllm:nixl_* are registered by NixlPromMetrics where the release has it (0.33; 0.11 logs only)
+        self.pd = pd and "vllm:nixl_xfer_time_seconds" in release.metric_names()
+        self.after_expiry = "vllm:nixl_num_notifications_after_expiry" in release.metric_names()
         self.ttft = Hist(TTFT_BUCKETS)
         self.itl = Hist(ITL_BUCKETS)
         self.tpot = Hist(ITL_BUCKETS)
@@ -186,13 +198,14 @@ class SimMetrics:
         self.generation_tokens_hist = Hist(one_two_five(max_model_len))
         self.max_tokens_hist = Hist(one_two_five(max_model_len))
         self.success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
-        self.nixl_xfer = Hist(XFER_BUCKETS)
-        self.nixl_post = Hist(XFER_BUCKETS)
-        self.nixl_bytes = Hist(BYTES_BUCKETS)
-        self.nixl_descriptors = Hist(DESCRIPTOR_BUCKETS)
+        self.nixl_xfer = Hist(_buckets(release, "vllm:nixl_xfer_time_seconds"))
+        self.nixl_post = Hist(_buckets(release, "vllm:nixl_post_time_seconds"))
+        self.nixl_bytes = Hist(_buckets(release, "vllm:nixl_bytes_transferred"))
+        self.nixl_descriptors = Hist(_buckets(release, "vllm:nixl_num_descriptors"))
         self.nixl_failed_transfers = 0
         self.nixl_failed_notifications = 0
         self.nixl_expired = 0
+        self.nixl_after_expiry = 0  # a consumer's notification for blocks that had already expired
         # simulator health: how far real time lags the simulated schedule
         self.steps = 0
         self.busy_sim_s = 0.0
@@ -286,6 +299,12 @@ class SimCollector(Collector):
                 "Number of requests that had their KV expire.",
                 m.nixl_expired,
             )
+            if m.after_expiry:
+                yield self._counter(
+                    "vllm:nixl_num_notifications_after_expiry",
+                    "Number of NIXL notifications received after the request's KV had expired.",
+                    m.nixl_after_expiry,
+                )
         # not vLLM metrics: the simulator's own schedule-keeping, in wall seconds vs simulated seconds
         yield GaugeMetricFamily("pdfleet_sim_steps", "Engine steps run.", value=m.steps)
         yield GaugeMetricFamily(

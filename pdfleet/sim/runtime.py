@@ -53,7 +53,7 @@ class Runtime:
         self.clock = SimClock(cfg.time_scale)
         self.engine = cfg.engine()
         kv = cfg.kv_transfer
-        self.metrics = SimMetrics(cfg.max_model_len, pd=kv is not None)
+        self.metrics = SimMetrics(cfg.max_model_len, pd=kv is not None, release=cfg.release)
         self._wake = asyncio.Event()
         self.kv = (
             None if kv is None else KVConnector(cfg, kv, self.engine, self.metrics, self.clock, self.wake)
@@ -103,6 +103,8 @@ class Runtime:
         arrival = now if arrival is None else min(arrival, now)
         self.engine.add(req, arrival)
         self._mark_ready(arrival)
+        if self.kv is not None and req.remote_prefill is not None:
+            self._spawn(self.kv.keep_alive(req))
 
     def abort(self, req: SimRequest) -> None:
         """Drop a request whose client went away, counted as finished_reason abort (once)."""

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
+from pdfleet.model.vllm_release_data import NEWEST, RELEASES
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
 TIME_SCALE_HELP = (
@@ -206,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"link KV blocks travel over (consumer side): {', '.join(catalog.LINKS)}",
     )
     sim.add_argument("--sim-time-scale", type=float, default=1.0, help=TIME_SCALE_HELP)
+    sim.add_argument(
+        "--sim-vllm-version",
+        default=NEWEST,
+        help=f"the vLLM release to behave as (its facts table row): {', '.join(RELEASES)}; default {NEWEST}",
+    )
     sim.add_argument(
         "--sim-chars-per-token",
         type=float,

@@ -59,6 +59,9 @@ class SimServer:
         """Bind the HTTP port (and the side channel on producers) and start the step loop."""
         cfg = self.cfg
         log.info("pdfleet-sim: simulating %s", describe(cfg))
+        warning = cfg.release.chunked_prefill.disable_warning
+        if not cfg.enable_chunked_prefill and warning:
+            log.warning(warning)  # the release honours --no-enable-chunked-prefill, with vLLM's warning
         await self.runtime.open()
         # handler_cancellation: a client that goes away cancels its handler, which aborts the request
         self._runner = web.AppRunner(

@@ -10,6 +10,10 @@ kv_transfer_params advertise):
   consumer → {"op": "done", "remote_request_id"}      (NIXL's notification; the producer frees the blocks)
   producer → {"ok": true}
 
+On a release with KV leases (vLLM 0.33), a consumer whose request still waits for its turn renews the
+producer's lease on its own connection, every heartbeat interval:
+  consumer → {"op": "heartbeat", "remote_request_id"}  producer → {"ok": held}
+
 A failed `done` does not undo the read: the consumer keeps the KV and counts a failed notification
 (vLLM's nixl_num_failed_notifications, apart from failed transfers); the producer's blocks stay held
 until their lease expires.
@@ -34,9 +38,12 @@ HANDSHAKE_TIMEOUT_S = 5.0  # NIXL's handshake receive timeout [VLLM-PD §2.4]; w
 MAX_LINE = 1 << 20
 
 
-def compat_hash(model: str, kv_cache_dtype: str, block_size: int) -> str:
-    """What must match between P and D for the KV layout to be readable (NIXL's compatibility hash)."""
-    return hashlib.sha256(f"pdfleet-sim/1|{model}|{kv_cache_dtype}|{block_size}".encode()).hexdigest()[:16]
+def compat_hash(model: str, kv_cache_dtype: str, block_size: int, vllm_version: str | None = None) -> str:
+    """What must match between P and D for the KV layout to be readable (NIXL's compatibility hash),
+    with the vLLM version where the release hashes it (0.33: P and D on different releases fail)."""
+    text = f"pdfleet-sim/1|{model}|{kv_cache_dtype}|{block_size}"
+    text += f"|{vllm_version}" if vllm_version else ""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -57,11 +64,13 @@ class SideChannelServer:
         compat: str,
         grant: Callable[[str], ReadGrant | None],
         release: Callable[[str], None],
+        renew: Callable[[str], bool] | None = None,
     ) -> None:
         self.engine_id = engine_id
         self.compat = compat
         self._grant = grant
         self._release = release
+        self._renew = renew
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
@@ -119,6 +128,8 @@ class SideChannelServer:
         if op == "done":
             self._release(rid)
             return {"ok": True}
+        if op == "heartbeat" and self._renew is not None:
+            return {"ok": self._renew(rid)}
         return {"ok": False, "error": f"unknown op {op!r}"}
 
 
@@ -177,6 +188,25 @@ async def _read(
         return ReadGrant(int(reply["num_tokens"]), int(reply["num_blocks"]), int(reply["bytes"]))
     except (TimeoutError, OSError, json.JSONDecodeError, KeyError) as exc:
         raise PullError(f"KV side channel {where} failed: {exc}", handshake=False) from exc
+
+
+async def heartbeat(params: dict[str, Any]) -> bool:
+    """Consumer side: renew the producer's lease on one request's blocks (False: gone or unreachable)."""
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(params["remote_host"], int(params["remote_port"]), limit=MAX_LINE),
+            HANDSHAKE_TIMEOUT_S,
+        )
+    except (TimeoutError, OSError, ValueError, KeyError):
+        return False
+    try:
+        msg = {"op": "heartbeat", "remote_request_id": params.get("remote_request_id")}
+        reply = await _ask(reader, writer, msg)
+        return bool(reply.get("ok"))
+    except (TimeoutError, OSError, json.JSONDecodeError):
+        return False
+    finally:
+        writer.close()
 
 
 async def _notify(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request_id: Any) -> bool:

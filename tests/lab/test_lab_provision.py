@@ -189,3 +189,39 @@ def test_a_host_powered_off_mid_fleet_fails_alone_then_rejoins(converged: LabHan
     assert data["totals"]["failed"] == 0
     again = _provision(PROFILE, lab.lab.inventory, tmp_path / "again.json")
     assert again["totals"]["changed"] == 0
+
+
+def test_a_profile_pinned_to_0_11_provisions_and_serves_p_d(lab: LabHandle, tmp_path: Path) -> None:
+    """lab-same-host pins vLLM 0.11.0 (the default pin is 0.33.0, lab-cross above): its units render the
+    simulator as 0.11, converge in two runs, and a prefill → decode request over the side channel works
+    the way 0.11 pairs them (one X-Request-Id on both legs, no remote_request_id, no vllm:nixl_*)."""
+    inventory = REPO_ROOT / "inventory" / "lab-same-host.yml"
+    _provision("lab-same-host", inventory, tmp_path / "first.json")
+    second = _provision("lab-same-host", inventory, tmp_path / "second.json")
+    assert second["totals"]["changed"] == 0, {h: v["changes"] for h, v in second["hosts"].items()}
+    prof = load_profile("lab-same-host", REPO_ROOT / "profiles")
+    assert prof.vllm.version == "0.11.0"
+    topology = build_topology(prof, load_inventory(inventory))
+    p1 = next(h for h in lab.hosts if h.name == "lab-p1")
+    by_pool = {i.pool: i for i in topology.on_host("lab-p1")}
+    prefill, decode = by_pool["prefill"], by_pool["decode"]
+    rc, out, err = lab.ssh(p1, f"systemctl cat {prefill.unit}")
+    assert rc == 0 and "--sim-vllm-version 0.11.0" in out, err
+    model = prof.model.served_model_name or prof.model.id
+    ask = {"model": model, "prompt": "x" * 400, "max_tokens": 1,
+           "kv_transfer_params": {"do_remote_decode": True}}
+    curl = "curl -fsS -H 'Content-Type: application/json' -H 'X-Request-Id: lab-011' --data-binary @-"
+    p_url, d_url = (f"http://{i.address}:{i.port}" for i in (prefill, decode))
+    rc, out, err = lab.ssh(p1, f"echo '{json.dumps(ask)}' | {curl} {p_url}/v1/completions")
+    assert rc == 0, err
+    params = json.loads(out)["kv_transfer_params"]
+    assert "remote_request_id" not in params and isinstance(params["remote_block_ids"][0], int)
+    follow = {"model": model, "prompt": "x" * 400, "max_tokens": 3, "kv_transfer_params": params}
+    rc, out, err = lab.ssh(p1, f"echo '{json.dumps(follow)}' | {curl} {d_url}/v1/completions")
+    assert rc == 0 and json.loads(out)["usage"]["completion_tokens"] == 3, err
+    rc, out, _ = lab.ssh(p1, f"curl -fsS {d_url}/metrics")
+    assert rc == 0 and "vllm:nixl_" not in out and "vllm:request_success_total" in out
+    # the 0.11 producer freed the blocks on the consumer's notification (no 120 s wait)
+    rc, out, _ = lab.ssh(p1, f"curl -fsS {p_url}/metrics")
+    assert rc == 0 and any(line.startswith("vllm:kv_cache_usage_perc{") and line.endswith(" 0.0")
+                           for line in out.splitlines())

@@ -28,8 +28,9 @@ def test_invoke_profiles_lists_and_exits_zero() -> None:
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["PROFILE", "TOPOLOGY", "ENGINE", "CONNECTOR", "VLLM", "STATUS"]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:] if line.strip()}
-    assert rows["cross-rdma"] == ["cross-host", "vllm", "NixlConnector", "0.11.0", "ok"]
-    assert rows["colocated"] == ["colocated", "vllm", "-", "0.11.0", "ok"]
+    assert rows["cross-rdma"] == ["cross-host", "vllm", "NixlConnector", "0.33.0", "ok"]
+    assert rows["colocated"] == ["colocated", "vllm", "-", "0.33.0", "ok"]
+    assert rows["lab-same-host"] == ["same-host", "sim", "NixlConnector", "0.11.0", "ok"]
     assert "_base" not in rows
 
 

@@ -58,8 +58,10 @@ def test_gateway_alerts_only_with_a_gateway_and_kv_alerts_only_with_nixl_metrics
     assert {"PdfleetFallbacks", "PdfleetStreamStalls"} <= set(_alerts(colocated, True))
     assert not {"PdfleetFallbacks", "PdfleetStreamStalls"} & set(_alerts(colocated, False))
     assert "PdfleetKVTransferSlow" not in _alerts(colocated, True)
-    cross = fleet_of("cross-rdma").profile  # engine vllm 0.11.0: no vllm:nixl_* to alert on
-    assert "PdfleetKVTransferSlow" not in _alerts(cross, False)
+    cross = fleet_of("cross-rdma").profile  # engine vllm 0.33.0: vllm:nixl_* to alert on
+    assert "PdfleetKVTransferSlow" in _alerts(cross, False)
+    old = cross.model_copy(update={"vllm": cross.vllm.model_copy(update={"version": "0.11.0"})})
+    assert "PdfleetKVTransferSlow" not in _alerts(old, False)  # 0.11 registers none
     assert "PdfleetKVTransferSlow" in _alerts(_sim(cross), False)
 
 

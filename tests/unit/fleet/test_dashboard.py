@@ -36,10 +36,13 @@ def test_panels_follow_the_topology() -> None:
     assert "TTFT at the gateway — disagg pool" in titles and "TTFT at the gateway — colocated pool" in titles
     assert "KV transfer time (vllm:nixl_xfer_time_seconds)" in titles  # the lab runs the simulator
     assert "Routing decisions by stage" in titles
-    cross = fleet_of("cross-rdma")  # real vLLM 0.11.0 exports no vllm:nixl_*: no NIXL panel
+    same = fleet_of("lab-same-host", REPO / "inventory" / "lab-same-host.yml")  # the sim as vLLM 0.11.0
+    titles = [p["title"] for p in dashboard(same.profile, same.topology)["panels"]]
+    assert not any("KV transfer time" in t for t in titles)  # 0.11 registers no vllm:nixl_*
+    cross = fleet_of("cross-rdma")  # real vLLM 0.33.0: a NIXL panel; its colocated baseline has a gateway
     titles = [p["title"] for p in dashboard(cross.profile, cross.topology)["panels"]]
-    assert not any("KV transfer time" in t for t in titles)
-    assert "TTFT at the gateway — colocated pool" in titles  # its colocated baseline pool has a gateway
+    assert "TTFT at the gateway — colocated pool" in titles
+    assert "KV transfer time (vllm:nixl_xfer_time_seconds)" in titles
     assert "queue time (WAITING) — prefill instances" in titles
     assert "queue time (WAITING) — decode instances" in titles
 

@@ -64,7 +64,7 @@ def test_an_edit_to_host_code_changes_the_host_version(tree: Path, edited: str) 
 def test_host_code_is_the_host_packages_and_what_they_import() -> None:
     files = {p.relative_to(PACKAGE_DIR).as_posix() for p in host_files()}
     assert {"gateway/cli.py", "sim/cli.py", "__init__.py", "errors.py", "tokens.py"} <= files
-    assert "model/connectors.py" in files  # release facts the simulator models
+    assert {"model/vllm_releases.py", "model/vllm_release_data.py"} <= files  # the release the sim models
     assert "model/profile.py" not in files and "model/profile_loader.py" not in files
     leaked = sorted(f for f in files if f.split("/")[0] in OPERATOR_PACKAGES)
     assert not leaked, f"host code imports operator code: {leaked}"

@@ -75,9 +75,10 @@ def test_kv_transfer_is_recorded_only_where_the_release_exports_nixl_metrics() -
     keys = lambda p: {s.key for s in chain_steps(p, False)}  # noqa: E731
     assert "kv_transfer" not in keys(_with(cross, "vllm", "0.11.0"))  # NIXL metrics came after 0.11.0
     assert "kv_transfer" in keys(_with(cross, "vllm", "0.12.0"))
-    assert "kv_transfer" in keys(_with(cross, "sim", "0.11.0"))  # the simulator exports them
-    assert "kv_transfer" not in keys(_with(_profile("colocated"), "sim", "0.11.0"))  # nothing to transfer
-    names = recorded_names(_with(cross, "sim", "0.11.0"), False)
+    assert "kv_transfer" in keys(_with(cross, "sim", "0.33.0"))  # the simulator exports them as 0.33 does
+    assert "kv_transfer" not in keys(_with(cross, "sim", "0.11.0"))  # and not as 0.11 does
+    assert "kv_transfer" not in keys(_with(_profile("colocated"), "sim", "0.33.0"))  # nothing to transfer
+    names = recorded_names(_with(cross, "sim", "0.33.0"), False)
     assert {f"pool_role:vllm_kv_transfer_seconds:p{q * 100:g}" for q in QUANTILES} <= names
 
 
@@ -144,7 +145,7 @@ def test_every_recording_rule_has_a_value_per_pool_on_a_real_stack(tmp_path: Pat
     real gateway to both pools gives every rule (but rare-event counters) a value for each pool."""
     need_prometheus()
     fast = {"scrape_interval_s": 1, "evaluation_interval_s": 1, "rule_window_s": 10, "alert_for_s": 0}
-    base = _with(fleet_of("lab-cross", REPO / "inventory" / "lab.yml").profile, "sim", "0.11.0")
+    base = fleet_of("lab-cross", REPO / "inventory" / "lab.yml").profile  # the sims model its pin, 0.33.0
     profile = base.model_copy(update={"monitoring": base.monitoring.model_copy(update=fast)})
     common = [MODEL, "--served-model-name", "llama", "--sim-time-scale", "0.1"]
     side = free_port()

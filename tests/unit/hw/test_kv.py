@@ -21,8 +21,11 @@ def env_of(ops):  # type: ignore[no-untyped-def]
 
 
 def test_requirement_matches_driver_cuda() -> None:
-    assert kv_requirement(pinned()) == "nixl[cu12]"  # R570 → CUDA 12
-    assert kv_requirement(profile("cross-rdma")) == "nixl[cu13]"  # R580 → CUDA 13
+    old = {"version": "0.11.0"}
+    assert kv_requirement(profile("cross-rdma", vllm=old, gpu={"driver_branch": "570"})) == "nixl[cu12]"
+    assert kv_requirement(profile("cross-rdma", vllm=old)) == "nixl[cu13]"  # R580 → CUDA 13
+    # 0.33 checks NIXL >= 1.5.0 at worker start, and the cu12/cu13 extras no longer do anything
+    assert kv_requirement(pinned()) == kv_requirement(profile("cross-rdma")) == "nixl>=1.5.0"
     assert kv_requirement(pinned(kv_transfer=MOONCAKE)) == "mooncake-transfer-engine"
     assert kv_requirement(profile("cross-rdma", kv_transfer=MOONCAKE)) == "mooncake-transfer-engine-cuda13"
 
@@ -40,7 +43,7 @@ def test_h100_nixl_env_has_ucx_devices_and_computed_gid() -> None:
     }
     assert [h.unit for h in f.notify] == ["vllm-prefill.service"]
     [pip] = [op for op in ops if isinstance(op, PipRequirements)]
-    assert pip.requirements == ("nixl[cu12]",) and pip.venv == "/opt/pdfleet/venv"
+    assert pip.requirements == ("nixl>=1.5.0",) and pip.venv == "/opt/pdfleet/venv"
 
 
 def test_env_values_are_quoted_for_systemd() -> None:

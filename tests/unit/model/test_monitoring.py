@@ -54,5 +54,6 @@ def test_nixl_metrics_arrived_after_0_11_0() -> None:
     assert not has_nixl_metrics("vllm", "0.11.0")
     assert not has_nixl_metrics("vllm", "0.10.2")
     assert has_nixl_metrics("vllm", "0.12.0") and has_nixl_metrics("vllm", "0.11.1")
-    assert has_nixl_metrics("sim", "0.11.0")  # the simulator exports them whatever it models
+    assert has_nixl_metrics("sim", "0.33.0")  # the simulator exports them as the release it models does
+    assert not has_nixl_metrics("sim", "0.11.0")
     assert not has_nixl_metrics("vllm", "main")  # not an exact pin: not assumed

@@ -9,13 +9,14 @@ import pytest
 from pdfleet.errors import ValidationError
 from pdfleet.model.profile import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 from pdfleet.model.profile_loader import load_profile
+from pdfleet.model.vllm_release_data import NEWEST
 from tests.unit.model.helpers import GOOD, PROFILES
 
 
 def test_operator_values_for_prefill_and_decode() -> None:
     profile = load_profile("cross-rdma", PROFILES)
     assert profile.model.id == "meta-llama/Llama-3.1-8B-Instruct"
-    assert profile.vllm.version == "0.11.0" and profile.kv_transfer.connector == "NixlConnector"
+    assert profile.vllm.version == NEWEST == "0.33.0" and profile.kv_transfer.connector == "NixlConnector"
     prefill, decode = profile.pools.prefill, profile.pools.decode
     assert prefill is not None and decode is not None
     assert (prefill.port, prefill.max_num_batched_tokens, prefill.gpu_memory_utilization) == (

@@ -38,7 +38,7 @@ pools:
     # mappings merge key by key: the child's gateway.port, the base's router_port and stages
     assert profile.gateway.port == 9080 and profile.gateway.router_port == 8090
     assert "long-prompts" in profile.gateway.stages
-    assert profile.vllm.engine == "sim" and profile.vllm.version == "0.11.0"
+    assert profile.vllm.engine == "sim" and profile.vllm.version == "0.33.0"
     assert profile.vllm.sim.link == "pcie-gen5"
     assert list_profiles(tmp_path) == ["mine"]
 
@@ -98,8 +98,9 @@ CASES: list[tuple[str, str, str, str]] = [
         "mooncake_predates_pinned_vllm",
         "extends: _good\nkv_transfer: {connector: MooncakeConnector}\n",
         "kv_transfer.connector",
-        "MooncakeConnector is not in vLLM 0.11.0 (pdfleet knows it from vLLM 0.15.0); "
-        "pin vllm.version >= 0.15.0 or use NixlConnector",
+        "MooncakeConnector is not registered in vLLM 0.11.0 "
+        "(vllm/distributed/kv_transfer/kv_connector/factory.py); pin a release that has it "
+        "or use NixlConnector",
     ),
     (
         "real_connector_pdfleet_does_not_render",
@@ -180,7 +181,7 @@ CASES: list[tuple[str, str, str, str]] = [
         "unpinned_vllm",
         "extends: _good\nvllm: {version: latest}\n",
         "vllm.version",
-        "must be an exact vLLM release like 0.11.0 (got 'latest')",
+        "must be an exact vLLM release like 0.33.0 (got 'latest')",
     ),
     (
         "vllm_older_than_supported",
@@ -192,7 +193,8 @@ CASES: list[tuple[str, str, str, str]] = [
         "load_failure_policy_before_it_existed",
         "extends: _good\nkv_transfer: {load_failure_policy: fail}\n",
         "kv_transfer.load_failure_policy",
-        "vLLM 0.11.0 has no kv_load_failure_policy",
+        "vLLM 0.11.0 has no kv_transfer_config.kv_load_failure_policy (vllm/config/kv_transfer.py) "
+        "and ignores it without a word",
     ),
     (
         "colocated_topology_with_prefill_pool",
@@ -210,7 +212,7 @@ CASES: list[tuple[str, str, str, str]] = [
     ),
     (
         "sim_engine_with_mooncake",
-        "extends: _good\nvllm: {version: '0.15.0', engine: sim}\n"
+        "extends: _good\nvllm: {version: '0.33.0', engine: sim}\n"
         "kv_transfer: {connector: MooncakeConnector}\n",
         "kv_transfer.connector",
         "the simulator (vllm.engine: sim) speaks NixlConnector's protocol only",
@@ -330,7 +332,7 @@ CASES: list[tuple[str, str, str, str]] = [
     ),
     (
         "mooncake_rdma_without_rdma",
-        "extends: _good\nvllm: {version: '0.15.0'}\nrdma: {enabled: false}\n"
+        "extends: _good\nvllm: {version: '0.33.0'}\nrdma: {enabled: false}\n"
         "kv_transfer: {connector: MooncakeConnector}\n",
         "kv_transfer.mooncake_protocol",
         "rdma needs rdma.enabled: true; enable RDMA or use mooncake_protocol: tcp",
@@ -367,7 +369,7 @@ def test_good_base_is_valid(tmp_path: Path) -> None:
     (tmp_path / "same.yml").write_text(SAME_HOST)
     assert load_profile("ok", tmp_path).topology == "cross-host"
     assert load_profile("same", tmp_path).topology == "same-host"
-    mooncake = "extends: _good\nvllm: {version: '0.15.0'}\nkv_transfer: {connector: MooncakeConnector}\n"
+    mooncake = "extends: _good\nvllm: {version: '0.33.0'}\nkv_transfer: {connector: MooncakeConnector}\n"
     (tmp_path / "mooncake.yml").write_text(mooncake)
     profile = load_profile("mooncake", tmp_path)
     assert profile.kv_transfer.bootstrap_port_for("prefill") == 8998

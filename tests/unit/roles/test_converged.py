@@ -54,7 +54,7 @@ def converged_state(ops: list[Any]) -> dict[Any, Any]:
                 "loaded", "active", "running", "enabled"
             )
         elif isinstance(op, PipRequirements):
-            table[PipList(op.venv)] = {"nixl": "0.8.0"}
+            table[PipList(op.venv)] = {"nixl": "1.5.0"}  # what vLLM 0.33's nixl>=1.5.0 installs
     table[AptPackages()] = packages
     table[AptHolds()] = frozenset(holds)
     table[LoadedModules()] = frozenset(modules)
@@ -89,3 +89,13 @@ def test_second_run_on_converged_h100_plans_no_change() -> None:
         _, skips, changes = run_role(role, ctx, facts)
         assert changes == [], f"{role.NAME} is not idempotent: {[c.diff for c in changes]}"
         assert not any(s.what == REBOOT_REQUIRED for s in skips)
+
+
+def test_a_host_with_an_older_nixl_is_upgraded_for_the_pinned_release() -> None:
+    """vLLM 0.33 checks NIXL >= 1.5.0 at start: a venv holding 0.8.0 (enough for 0.11) gets a change."""
+    ctx = context(pinned(), host())
+    ops, _, _ = run_role(kv_role, ctx, fixture_facts(H100))
+    state = converged_state(ops)
+    state[PipList("/opt/pdfleet/venv")] = {"nixl": "0.8.0"}
+    _, _, changes = run_role(kv_role, ctx, fixture_facts(H100, {**state, **converged_nics()}))
+    assert [c.op for c in changes] == ["pip in /opt/pdfleet/venv: nixl>=1.5.0"]

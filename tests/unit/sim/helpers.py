@@ -21,10 +21,12 @@ def kv_config(role: str, **extra: Any) -> str:
     return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, **extra})
 
 
-def post_json(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """POST a JSON body; (status, JSON answer), error statuses included."""
+def post_json(
+    url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    """POST a JSON body (with extra headers); (status, JSON answer), error statuses included."""
     req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
     )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:

@@ -179,10 +179,36 @@ def test_engine_limits_and_start_up_line_follow_the_options() -> None:
     assert line.startswith("Llama-3.1-8B on 1x H100-SXM: ") and line.endswith("kv_role=kv_consumer")
 
 
-def test_lease_comes_from_kv_lease_duration_then_the_abort_timeout_env() -> None:
+def test_the_hold_follows_the_release_lease_on_0_33_abort_timeout_on_0_11() -> None:
+    """0.33 reads kv_lease_duration (default 30 s) and not the removed env var; 0.11 the reverse (120 s)."""
     leased = kv_config("kv_producer", kv_connector_extra_config={"kv_lease_duration": 10})
-    env = {"VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "30"}
-    assert parse_serve_args([MODEL, "--kv-transfer-config", leased], env=env).abort_timeout_s == 10.0
     plain = kv_config("kv_producer")
+    env = {"VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "40"}
+    assert parse_serve_args([MODEL, "--kv-transfer-config", leased], env=env).abort_timeout_s == 10.0
     assert parse_serve_args([MODEL, "--kv-transfer-config", plain], env=env).abort_timeout_s == 30.0
-    assert parse_serve_args([MODEL], env={}).abort_timeout_s == 480.0
+    old = ["--sim-vllm-version", "0.11.0", "--kv-transfer-config"]
+    assert parse_serve_args([MODEL, *old, plain], env=env).abort_timeout_s == 40.0
+    assert parse_serve_args([MODEL, *old, plain], env={}).abort_timeout_s == 120.0
+
+
+def test_release_rules_of_kv_transfer_config_and_defaults() -> None:
+    """Unknown keys refused on 0.33, ignored on 0.11; cpu buffers fail on 0.11; ports, batch defaults."""
+    legacy = kv_config("kv_producer", kv_buffer_size=1e9)
+    with pytest.raises(ValidationError, match=r"unknown field\(s\) kv_buffer_size for KVTransferConfig"):
+        parse_serve_args([MODEL, "--kv-transfer-config", legacy], env={})
+    old = parse_serve_args([MODEL, "--sim-vllm-version", "0.11.0", "--kv-transfer-config", legacy], env={})
+    assert old.kv_transfer is not None and old.kv_transfer.load_failure_policy == "recompute"
+    assert old.side_channel_port == 5557 and old.release.version == "0.11.0"
+    cpu = kv_config("kv_producer", kv_buffer_device="cpu")
+    assert parse_serve_args([MODEL, "--kv-transfer-config", cpu], env={}).kv_transfer is not None
+    with pytest.raises(ValidationError, match="kv_buffer_device 'cpu' is not supported by NixlConnector"):
+        parse_serve_args([MODEL, "--sim-vllm-version", "0.11.0", "--kv-transfer-config", cpu], env={})
+    new = parse_serve_args([MODEL, "--sim-gpu", "H200"], env={})
+    assert (new.max_num_batched_tokens, new.max_num_seqs) == (8192, 1024)  # 141 GB: below the 160 GiB tier
+    small = parse_serve_args([MODEL, "--max-num-batched-tokens", "128"], env={})
+    assert small.max_num_seqs == 128  # min(default, max_num_batched_tokens)
+    off = ["--no-enable-chunked-prefill", "--max-model-len", "8192"]
+    assert not parse_serve_args([MODEL, *off], env={}).enable_chunked_prefill
+    assert parse_serve_args([MODEL, *off, "--sim-vllm-version", "0.11.0"], env={}).enable_chunked_prefill
+    with pytest.raises(ValidationError, match="--sim-vllm-version 0.20.0: the simulator models vLLM 0.11"):
+        parse_serve_args([MODEL, "--sim-vllm-version", "0.20.0"], env={})

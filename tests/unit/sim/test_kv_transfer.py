@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import openai
@@ -40,6 +41,10 @@ def _connector(role: str, *args: str, **extra: Any) -> tuple[KVConnector, list[N
     return KVConnector(cfg, cfg.kv_transfer, engine, metrics, clock, lambda: woken.append(None)), woken
 
 
+FULL = {"do_remote_prefill": True, "remote_block_ids": [[1]], "remote_engine_id": "e", "remote_host": "h",
+        "remote_port": 1, "remote_request_id": "r"}
+
+
 def _held(kv: KVConnector, rid: str, prompt: int, now: float = 0.0) -> SimRequest:
     """Prefill a remote-decode request on the producer's engine until its blocks are held."""
     req = SimRequest(rid, prompt, 1, remote_decode=True)
@@ -54,7 +59,9 @@ def _held(kv: KVConnector, rid: str, prompt: int, now: float = 0.0) -> SimReques
     [
         ("kv_producer", {"do_remote_decode": True}, (True, None)),
         ("kv_producer", {"do_remote_prefill": True}, (False, None)),
-        ("kv_consumer", {"do_remote_prefill": True, "x": 1}, (False, {"do_remote_prefill": True, "x": 1})),
+        ("kv_consumer", FULL, (False, FULL)),
+        ("kv_consumer", {**FULL, "remote_request_id": None} | {"remote_block_ids": []}, (False, None)),
+        ("kv_consumer", {k: v for k, v in FULL.items() if k != "remote_request_id"}, (False, None)),
         ("kv_consumer", {"do_remote_decode": True}, (False, None)),
         ("kv_both", {"do_remote_decode": True}, (True, None)),
         ("kv_producer", "not-an-object", (False, None)),
@@ -66,13 +73,44 @@ def test_kv_transfer_params_decide_the_requests_role_here(role: str, params: Any
 
 
 def test_a_producer_returns_what_the_consumer_needs_to_read() -> None:
+    """0.33: the release's produced keys in its order, block ids one list per KV-cache group."""
     kv, _ = _connector("kv_producer")
     req = _held(kv, "cmpl-1", 100)
-    out = kv.params_out(req)
-    assert out is not None and out["remote_block_ids"] == req.block_ids and len(req.block_ids) == 7
+    out = kv.params_out(req, "length")
+    assert out is not None and list(out) == list(kv.cfg.release.kv_transfer_params.produced)
+    assert out["remote_block_ids"] == [req.block_ids] and len(req.block_ids) == 7
     assert out["remote_engine_id"] == kv.kv.engine_id and out["remote_request_id"] == "cmpl-1"
     assert (out["remote_host"], out["remote_port"], out["tp_size"]) == ("localhost", 5600, 1)
-    assert kv.params_out(SimRequest("plain", 10, 1)) is None
+    assert (out["remote_num_tokens"], out["transfer_mode"]) == (100, "pull")
+    assert kv.params_out(SimRequest("plain", 10, 1), "length") is None
+    stopped = _held(kv, "cmpl-2", 100)
+    assert kv.params_out(stopped, "stop") is not None  # 0.33 hands blocks over for stopped requests too
+
+
+def test_a_0_11_producer_returns_its_release_s_keys_only_for_length_capped_finishes() -> None:
+    """0.11: flat block ids, no remote_request_id; a stopped request's blocks are freed, not handed over."""
+    kv, woken = _connector("kv_producer", "--sim-vllm-version", "0.11.0")
+    req = _held(kv, "cmpl-1", 100)
+    out = kv.params_out(req, "length")
+    assert out == {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": req.block_ids,
+                   "remote_engine_id": kv.kv.engine_id, "remote_host": "localhost", "remote_port": 5557,
+                   "tp_size": 1}
+    stopped = _held(kv, "cmpl-2", 100)
+    assert kv.params_out(stopped, "stop") is None
+    assert kv.engine.held_request("cmpl-2") is None and woken == [None]
+    assert kv.pairs_by_request_id() and not _connector("kv_consumer")[0].pairs_by_request_id()
+
+
+def test_a_0_33_lease_is_renewed_by_heartbeats_a_0_11_timeout_is_not() -> None:
+    """0.33: a heartbeat extends the hold by kv_lease_duration * 2 // 3; 0.11 holds 120 s, no renewal."""
+    kv, _ = _connector("kv_producer")
+    assert kv.cfg.abort_timeout_s == 30.0
+    _held(kv, "cmpl-1", 100)
+    kv.clock.start(asyncio.new_event_loop())
+    assert kv.renew("cmpl-1") and kv.engine.held_until("cmpl-1") == pytest.approx(30.1)
+    assert not kv.renew("gone")
+    old, _ = _connector("kv_producer", "--sim-vllm-version", "0.11.0")
+    assert old.cfg.abort_timeout_s == 120.0 and not old.renew("cmpl-1")
 
 
 def test_grants_and_release_of_held_blocks() -> None:
@@ -90,6 +128,7 @@ def test_grants_and_release_of_held_blocks() -> None:
 def test_leases_expire_with_vllms_warning(caplog: pytest.LogCaptureFixture) -> None:
     kv, _ = _connector("kv_producer", kv_connector_extra_config={"kv_lease_duration": 30})
     _held(kv, "cmpl-1", 100)
+    assert kv.engine.held_until("cmpl-1") == pytest.approx(30.1)
     kv.expire_leases(29.0)
     assert kv.metrics.nixl_expired == 0
     with caplog.at_level(logging.WARNING, logger="pdfleet.sim"):
@@ -179,10 +218,11 @@ def test_a_failed_load_fails_the_request_under_the_fail_policy() -> None:
 # ---- two simulator processes ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[tuple[SimProcess, SimProcess]]:
+@pytest.fixture(scope="module", params=["0.33.0", "0.11.0"])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[SimProcess, SimProcess]]:
+    """A producer and a consumer modelling one vLLM release (each release the table has)."""
     side = free_port()
-    common = ["--sim-time-scale", "0.1", "--sim-log-interval", "1"]
+    common = ["--sim-time-scale", "0.1", "--sim-log-interval", "1", "--sim-vllm-version", request.param]
     producer = SimProcess(
         [MODEL, *common, "--kv-transfer-config", kv_config("kv_producer")],
         env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
@@ -216,10 +256,16 @@ def test_vllm_router_serves_a_streaming_chat_through_the_pair(pair: tuple[SimPro
     after_p, after_d = scrape_metrics(producer.url), scrape_metrics(consumer.url)
     # the producer prefilled (one token, max_tokens=1 from the router); the consumer pulled exactly that KV
     assert after_p["vllm:request_success_total"] == before_p["vllm:request_success_total"] + 1
-    assert after_d["vllm:nixl_bytes_transferred_count"] == before_d["vllm:nixl_bytes_transferred_count"] + 1
-    moved = after_d["vllm:nixl_bytes_transferred_sum"] - before_d["vllm:nixl_bytes_transferred_sum"]
-    assert moved == prompt_tokens * KV_BYTES_8B
-    assert after_d["vllm:nixl_num_failed_transfers_total"] == before_d["vllm:nixl_num_failed_transfers_total"]
+    if "--sim-vllm-version" in consumer.argv and "0.11.0" in consumer.argv:
+        # 0.11 registers no vllm:nixl_* metrics (its transfers show in the log line only)
+        assert not any(name.startswith("vllm:nixl_") for name in after_d)
+    else:
+        count = "vllm:nixl_bytes_transferred_count"
+        assert after_d[count] == before_d[count] + 1
+        moved = after_d["vllm:nixl_bytes_transferred_sum"] - before_d["vllm:nixl_bytes_transferred_sum"]
+        assert moved == prompt_tokens * KV_BYTES_8B
+        failed = "vllm:nixl_num_failed_transfers_total"
+        assert after_d[failed] == before_d[failed]
     assert after_p["vllm:kv_cache_usage_perc"] == 0.0  # blocks freed after the consumer's notification
     # the router forwards the producer's kv_transfer_params whole: the consumer did not re-tokenize
     reused = "pdfleet_sim_prompt_counts_reused_total"
@@ -228,7 +274,10 @@ def test_vllm_router_serves_a_streaming_chat_through_the_pair(pair: tuple[SimPro
 
 
 def test_kv_transfer_params_round_trip_without_router(pair: tuple[SimProcess, SimProcess]) -> None:
+    """Both legs carry one X-Request-Id, as a proxy sends (0.11 pairs P and D by it)."""
     producer, consumer = pair
+    old = "0.11.0" in consumer.argv
+    leg = {"X-Request-Id": "round-trip-1"}
     status, prefill = post_json(
         producer.url + "/v1/completions",
         {
@@ -245,36 +294,35 @@ def test_kv_transfer_params_round_trip_without_router(pair: tuple[SimProcess, Si
                 "remote_port": None,
             },
         },
+        leg,
     )
     assert status == 200
     params = prefill["kv_transfer_params"]
-    assert set(params) >= {
-        "do_remote_prefill",
-        "do_remote_decode",
-        "remote_engine_id",
-        "remote_block_ids",
-        "remote_request_id",
-        "remote_host",
-        "remote_port",
-        "tp_size",
-    }
+    keys = {"do_remote_prefill", "do_remote_decode", "remote_engine_id", "remote_block_ids", "remote_host",
+            "remote_port", "tp_size", "pdfleet_sim_prompt_tokens", "pdfleet_sim_prompt_digest"}
+    if old:
+        assert set(params) == keys
+        blocks = params["remote_block_ids"]
+    else:
+        assert set(params) == keys | {"remote_request_id", "dcp_size", "pp_size", "remote_num_tokens",
+                                      "remote_blocks_expiry_time", "remote_registration_generation",
+                                      "transfer_mode"}
+        (blocks,) = params["remote_block_ids"]  # one list per KV-cache group
     assert params["do_remote_prefill"] is True and params["tp_size"] == 1
-    assert len(params["remote_block_ids"]) == 2000 // 16
+    assert len(blocks) == 2000 // 16
     assert scrape_metrics(producer.url)["vllm:kv_cache_usage_perc"] > 0  # held for the consumer
-    status, out = post_json(
-        consumer.url + "/v1/completions",
-        {"model": MODEL, "prompt": "z" * 8000, "max_tokens": 5, "kv_transfer_params": params},
-    )
+    body = {"model": MODEL, "prompt": "z" * 8000, "max_tokens": 5, "kv_transfer_params": params}
+    status, out = post_json(consumer.url + "/v1/completions", body, leg)
     assert status == 200 and out["usage"]["completion_tokens"] == 5
     assert scrape_metrics(producer.url)["vllm:kv_cache_usage_perc"] == 0.0
-    # a second pull of the same blocks fails: they were freed (policy "fail" is the default)
-    failed_before = scrape_metrics(consumer.url)["vllm:nixl_num_failed_transfers_total"]
-    status, err = post_json(
-        consumer.url + "/v1/completions",
-        {"model": MODEL, "prompt": "z" * 8000, "max_tokens": 5, "kv_transfer_params": params},
-    )
-    assert status == 500 and "KV transfer" in err["error"]["message"]
-    assert scrape_metrics(consumer.url)["vllm:nixl_num_failed_transfers_total"] == failed_before + 1
+    # a second pull of the same blocks fails: they were freed (a load failure's default on each release:
+    # 0.33 kv_load_failure_policy "fail" answers 500; 0.11 has no policy and recomputes)
+    status, err = post_json(consumer.url + "/v1/completions", body, leg)
+    if old:
+        assert status == 200 and err["usage"]["completion_tokens"] == 5
+        assert "NIXL transfer failed for request" in consumer.log() or "Handshake failed" in consumer.log()
+    else:
+        assert status == 500 and "KV transfer" in err["error"]["message"]
 
 
 def test_recompute_policy_and_lease_expiry() -> None:
@@ -324,3 +372,55 @@ def test_recompute_policy_and_lease_expiry() -> None:
         )
         assert status == 200 and out["usage"]["completion_tokens"] == 3  # recomputed locally
         assert scrape_metrics(d.url)["vllm:nixl_num_failed_transfers_total"] == 1
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.11.0"])
+def test_a_waiting_consumer_keeps_a_0_33_lease_alive_a_0_11_timeout_runs_out(version: str) -> None:
+    """The consumer is busy (max_num_seqs 1, a 2000-token decode, ~13 simulated s) while the second
+    request's KV waits on the producer with a 6 s hold: 0.33's heartbeats renew the lease and the KV
+    is read; 0.11's fixed timeout frees it first, and the consumer recomputes (0.11 has no policy)."""
+    side = free_port()
+    lease = {"kv_connector_extra_config": {"kv_lease_duration": 6}} if version == "0.33.0" else {}
+    common = [MODEL, "--sim-time-scale", "0.1", "--sim-vllm-version", version]
+    producer = SimProcess(
+        [*common, "--kv-transfer-config", kv_config("kv_producer", **lease)],
+        env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side),
+             "VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "6"},
+    )
+    consumer = SimProcess(
+        [*common, "--max-num-seqs", "1", "--kv-transfer-config", kv_config("kv_consumer", **lease)]
+    )
+    with producer as p, consumer as d:
+        leg = {"X-Request-Id": f"busy-{version}"}
+        body = {"model": MODEL, "prompt": "q" * 400, "max_tokens": 1,
+                "kv_transfer_params": {"do_remote_decode": True}}
+        _, prefill = post_json(p.url + "/v1/completions", body, leg)
+        busy = {"model": MODEL, "prompt": "b", "max_tokens": 2000, "ignore_eos": True}
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(post_json, d.url + "/v1/completions", busy)
+            wait_for(lambda: scrape_metrics(d.url)["vllm:num_requests_running"] == 1)
+            status, out = post_json(
+                d.url + "/v1/completions",
+                {"model": MODEL, "prompt": "q" * 400, "max_tokens": 3,
+                 "kv_transfer_params": prefill["kv_transfer_params"]},
+                leg,
+            )
+            assert first.result()[0] == 200
+        assert status == 200 and out["usage"]["completion_tokens"] == 3
+        expired = "Releasing expired KV blocks for request" in p.log()
+        if version == "0.33.0":
+            assert not expired and scrape_metrics(d.url)["vllm:nixl_num_failed_transfers_total"] == 0
+            assert scrape_metrics(p.url)["vllm:nixl_num_kv_expired_reqs_total"] == 0
+        else:
+            assert expired and "NIXL transfer failed for request" in d.log()
+        assert scrape_metrics(p.url)["vllm:kv_cache_usage_perc"] == 0.0
+
+
+def test_p_and_d_on_different_releases_fail_the_handshake_unless_compat_is_not_enforced() -> None:
+    """0.33 hashes the vLLM version (handshake.hash_factors): P on 0.11 and D on 0.33 do not match;
+    enforce_handshake_compat: false leaves the version out; two 0.33 instances match."""
+    old, _ = _connector("kv_producer", "--sim-vllm-version", "0.11.0")
+    new, _ = _connector("kv_consumer")
+    lax, _ = _connector("kv_consumer", kv_connector_extra_config={"enforce_handshake_compat": False})
+    assert new.compat != old.compat and lax.compat == old.compat
+    assert new.compat == _connector("kv_producer")[0].compat

@@ -163,3 +163,15 @@ def test_a_wall_clock_client_sees_the_ttft_and_tpot_the_simulator_reports(tmp_pa
         lower, upper = _bucket_of(ttft_hist, q)
         client = ttfts[round(q * (len(ttfts) - 1))]
         assert 0.95 * lower <= client <= 1.05 * upper, (q, client, lower, upper, figures)
+
+
+@pytest.mark.parametrize(("version", "warned"), [("0.33.0", True), ("0.11.0", False)])
+def test_disabled_chunked_prefill_is_warned_about_where_the_release_honours_it(
+    version: str, warned: bool
+) -> None:
+    """0.33 honours --no-enable-chunked-prefill with vLLM's warning; 0.11 forces chunking back on."""
+    argv = [MODEL, "--sim-vllm-version", version, "--no-enable-chunked-prefill", "--max-model-len", "8192"]
+    with SimProcess(argv) as sim:
+        log = sim.log()
+    assert ("This model does not officially support disabling chunked prefill" in log) is warned
+    assert f"chunked_prefill={not warned}" in log
