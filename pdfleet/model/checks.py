@@ -15,6 +15,7 @@ from pdfleet.model import connectors
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import DEFAULT_KV_ROLES, PoolSpec, Profile, ProfileError
+from pdfleet.model.rollout import rollout_problems
 
 # vllm serve flags pdfleet renders from pool keys; extra_args must not set them a second time.
 MANAGED_FLAGS: dict[str, str] = {
@@ -59,6 +60,7 @@ def profile_problems(profile: Profile) -> list[Problem]:
     for pool, spec in profile.pools.items():
         problems += _pool_problems(profile, pool, spec)
     problems += _gateway_problems(profile)
+    problems += [Problem(p, m) for p, m in rollout_problems(profile.rollout, profile.gateway.stages)]
     problems += _driver_problems(profile)
     problems += _mirror_problems(profile)
     if profile.topology == "same-host":

@@ -25,6 +25,7 @@ from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
 from pdfleet.model.connectors import MOONCAKE, NIXL, NIXL_SIDE_CHANNEL_PORT
 from pdfleet.model.monitoring import MonitoringSpec
+from pdfleet.model.rollout import RolloutSpec
 from pdfleet.model.stages import StageSpec
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
@@ -308,6 +309,7 @@ class Profile(_Model):
     gateway: GatewaySpec
     slo: SloSpec
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     # key path -> file that set it (this file or a base), so later errors point at the file to edit
     _origins: dict[tuple[str, ...], Path] = PrivateAttr(default_factory=dict)
 
