@@ -118,6 +118,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
                 "pdfleet-gateway.service.j2",
                 service_user=SERVICE_USER,
                 router_unit=ROUTER_UNIT if gateway.router_url else None,
+                config_dir=CONFIG_DIR,
                 argv=[f"{VENV}/bin/pdfleet-gateway", "--config", POLICY_FILE,
                       "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)],
                 check_argv=[f"{VENV}/bin/pdfleet-gateway", "--config", POLICY_FILE, "--check"],
