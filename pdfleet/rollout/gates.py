@@ -8,11 +8,10 @@ gates are measured and reported, never decide.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pdfleet.model.profile import SloSpec
 from pdfleet.model.rollout import SLO_FIELD, GateSpec
 
 Outcome = Literal["pass", "fail", "inconclusive", "error"]
@@ -66,14 +65,18 @@ class AnalysisVerdict:
     reason: str
 
 
-def absolute_bound(gate: GateSpec, slo: SloSpec) -> float | None:
+# The profile's `slo:` section as field -> ms (ttft_p99_ms, ...): host code does not import the profile.
+Slo = Mapping[str, float]
+
+
+def absolute_bound(gate: GateSpec, slo: Slo) -> float | None:
     """The gate's absolute bound in its own unit (`slo`: the profile's P99 target for the metric)."""
     if gate.max == "slo":
-        return float(getattr(slo, SLO_FIELD[gate.metric]))
+        return float(slo[SLO_FIELD[gate.metric]])
     return gate.max
 
 
-def evaluate_gate(gate: GateSpec, obs: Observation, slo: SloSpec) -> GateResult:
+def evaluate_gate(gate: GateSpec, obs: Observation, slo: Slo) -> GateResult:
     """Hold one observation to its gate: the absolute bound first, then the ratio to the baseline."""
 
     def result(outcome: Outcome, threshold: float | None, message: str) -> GateResult:

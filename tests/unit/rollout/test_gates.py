@@ -3,7 +3,6 @@ a tick and of an analysis step (Argo's failure limit, consecutive-error limit, i
 
 from __future__ import annotations
 
-from pdfleet.model.profile import SloSpec
 from pdfleet.model.rollout import GateSpec
 from pdfleet.rollout.gates import (
     Counters,
@@ -16,7 +15,7 @@ from pdfleet.rollout.gates import (
     evaluate_gate,
 )
 
-SLO = SloSpec(ttft_p99_ms=3000, tpot_p99_ms=60, itl_p99_ms=200, kv_transfer_p99_ms=500)
+SLO = {"ttft_p99_ms": 3000.0, "tpot_p99_ms": 60.0, "itl_p99_ms": 200.0, "kv_transfer_p99_ms": 500.0}
 RATIO = GateSpec(name="ttft-vs", metric="ttft", max_ratio=1.5)
 BOTH = GateSpec(name="ttft-both", metric="ttft", max_ratio=1.5, max="slo")
 KV = GateSpec(name="kv", metric="kv_transfer", max="slo")
