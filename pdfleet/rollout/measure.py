@@ -18,6 +18,8 @@ from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.gates import Observation
 
 REQUESTS = "pdfleet_gateway_requests_total"
+# requests the gateway sent to a pool (a fallback still counts for the pool it was sent to first)
+DECISIONS = "pdfleet_gateway_routing_decisions_total"
 HISTOGRAMS = {
     "ttft": "pdfleet_gateway_ttft_seconds",
     "itl": "pdfleet_gateway_chunk_gap_seconds",
@@ -93,7 +95,7 @@ def figure(source: MetricsSource, gate: GateSpec, cls: str, window_s: float) -> 
         stalls = _per_pool(source, "increase", "pdfleet_gateway_stream_stalls_total", window_s, cls)
         return {p: None if requests[p] is None else (stalls[p] or 0.0) * 60.0 / window_s for p in POOLS}
     # fallback_rate: fallbacks carry no class or pool; per request the gateway sent to disagg
-    decisions = _per_pool(source, "increase", "pdfleet_gateway_routing_decisions_total", window_s, cls)
+    decisions = _per_pool(source, "increase", DECISIONS, window_s, cls)
     try:
         fallbacks = sum(source.increase("pdfleet_gateway_fallbacks_total", window_s).values())
     except SeriesAbsent:
@@ -105,7 +107,8 @@ def observe(
     source: MetricsSource, gates: Sequence[GateSpec], weights: StageSpec, classes: Sequence[str],
     window_s: float, kv_transfer_metrics: bool = True,
 ) -> tuple[list[tuple[GateSpec, Observation]], int]:
-    """Every gate's observation per gated class, and the disaggregated pool's requests in those classes.
+    """Every gate's observation per gated class, and the requests routed to the disaggregated pool in
+    those classes (the samples).
 
     Per-pool metrics (vLLM's) are measured once, under the first gated class. A KV transfer gate on a
     release without NIXL metrics is left out.
@@ -115,7 +118,7 @@ def observe(
     for i, cls in enumerate(classes):
         weight = getattr(weights, cls)
         with contextlib.suppress(MetricsError):  # each gate below reports the error itself
-            samples += int(_per_pool(source, "increase", REQUESTS, window_s, cls)["disagg"] or 0)
+            samples += int(_per_pool(source, "increase", DECISIONS, window_s, cls)["disagg"] or 0)
         for gate in gates:
             if gate.metric not in CLASS_METRICS and gate.metric != "fallback_rate" and i > 0:
                 continue
