@@ -34,11 +34,12 @@ class Deployment:
     host_version: str
     gateway_secrets: GatewaySecrets | None = None
     host_wheel: Path | None = None  # uploaded by the roles of hosts that run pdfleet code
+    stage_override: str | None = None  # `invoke provision --stage S`
 
     def context(self, host: Host) -> RoleContext:
         """What the roles see for one host."""
         return RoleContext(host, self.profile, self.topology, self.renderer, self.host_version,
-                           self.gateway_secrets, self.host_wheel)
+                           self.gateway_secrets, self.host_wheel, self.stage_override)
 
     def needs_gateway_keys(self, hosts: Iterable[Host]) -> bool:
         """Whether the gateway role runs on one of these hosts: only then are the keys read or generated."""
