@@ -137,3 +137,42 @@ def test_an_unreachable_gateway_halts_the_rollout(tmp_path: Path,
             assert (gw0.stage, gw0.version) == ("colocated", 1)  # no split brain: nothing was applied
             (halt,) = _events(controller, "halted")
             assert "gw1" in str(halt["reason"]) and "not answering" in str(halt["reason"])
+
+
+def test_dry_run_measures_and_changes_nothing_then_abort_goes_back(tmp_path: Path,
+                                                                   colocated: SimProcess) -> None:
+    steps = [{"set_weight": {"short": 0, "long": 50}}, {"pause": {}},
+             {"set_weight": {"short": 0, "long": 100}}]
+    with SimProcess(SIM_ARGS) as disagg, fleet(tmp_path, colocated.url, disagg.url) as f:
+        controller = f.controller(_rollout(steps))
+        load = Load([g.port for g in f.gateways]).start()
+        try:
+            with running(controller):
+                wait_until(lambda: controller.store.load(), 10, "the controller's first state")
+                commands.submit_rollout(controller, "long-prompts")
+                wait_until(lambda: _phase(controller, "paused"), 30, "the pause at 50%")
+                wait_until(lambda: [e for e in _events(controller, "measurement") if e["samples"]], 30,
+                           "requests on the disaggregated pool in the window")
+            # the controller stopped: nothing but the dry run could write now
+            state_file = (f.state_dir / "state.json").read_bytes()
+            if True:  # the dry run, with no controller ticking
+                versions = [r.version for r in f.reports(controller)]
+                dry = commands.evaluate(controller, "long-prompts")
+                assert (f.state_dir / "state.json").read_bytes() == state_file
+                assert [r.version for r in f.reports(controller)] == versions
+                by_gate = {r["gate"]: r for r in dry["results"]}
+                assert dry["dry_run"] and set(by_gate) == {g["name"] for g in GATES}, dry
+                assert dry["samples"] > 0, dry["results"]
+                ttft = by_gate["ttft-vs-colocated"]
+                assert ttft["outcome"] == "pass" and ttft["value"] > 0 and ttft["threshold"] > 0
+            with running(controller):
+                commands.flag(controller, "abort")
+                state = wait_until(lambda: _phase(controller, "aborted"), 10, "the abort")
+        finally:
+            load.stop()
+        assert (state.stage, state.weights.long) == ("colocated", 0)
+        assert {(r.version, r.stage) for r in f.reports(controller)} == {(state.version, "colocated")}
+        assert _events(controller, "abort") and _events(controller, "aborted")
+        assert load.failed == 0, load.errors[:3]
+        with pytest.raises(Exception, match="no rollout is active"):
+            commands.flag(controller, "promote")
