@@ -106,6 +106,20 @@ class Controller:
                 state = state.model_copy(update={"phase": "halted", "reason": f"halted: {problem}"})
                 events.append({"at": now, "event": "halted", "reason": problem})
             return state, events
+        foreign = [r for r in reports if r.version > state.version]
+        if foreign and state.phase in ACTIVE:
+            if state.abort:  # take what the top gateway runs, so the rollback outranks it everywhere
+                top = max(foreign, key=lambda r: r.version)
+                state = state.model_copy(update={"version": top.version, "stage": top.stage,
+                                                 "weights": top.weights})
+            elif state.phase != "halted" or not state.reason.startswith("halted: foreign"):
+                r = foreign[0]
+                why = (f"foreign policy: gateway {r.name} runs version {r.version} (stage {r.stage}), "
+                       "not written by the controller (invoke provision --stage?); rollout.abort to go back")
+                state = state.model_copy(update={"phase": "halted", "reason": f"halted: {why}"})
+                return state, [{"at": now, "event": "halted", "reason": why}]
+            else:
+                return state, []
         if state.phase == "halted":
             state = state.model_copy(update={"phase": "progressing", "reason": "every gateway answers again"})
             events.append({"at": now, "event": "resumed"})

@@ -75,6 +75,9 @@ def submit(state: RolloutState, target: str, stages: Mapping[str, StageSpec], sp
     if target == state.stage and state.phase in ("idle", "succeeded"):
         raise ValueError(f"traffic is already at stage {target!r}")
     stable = state.stage if state.phase in ("idle", "succeeded") else state.stable_stage
+    if stable not in stages:
+        raise ValueError(f"traffic is at {stable!r}, not a stage of gateway.stages; set one first "
+                         "(invoke provision --stage S)")
     return state.model_copy(update={
         "phase": "progressing", "target": target, "stable_stage": stable, "step_index": 0,
         "step_started_at": now, "started_at": now, "reason": f"rollout to {target} submitted",

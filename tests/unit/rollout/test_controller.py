@@ -176,3 +176,23 @@ def test_dry_run_measures_and_changes_nothing_then_abort_goes_back(tmp_path: Pat
         assert load.failed == 0, load.errors[:3]
         with pytest.raises(Exception, match="no rollout is active"):
             commands.flag(controller, "promote")
+
+
+def test_a_foreign_policy_halts_the_rollout_and_abort_outranks_it(tmp_path: Path,
+                                                                  colocated: SimProcess) -> None:
+    steps = [{"pause": {}}, {"set_weight": {"short": 0, "long": 100}}]
+    with fleet(tmp_path, colocated.url, colocated.url) as f:
+        controller = f.controller(_rollout(steps))
+        with running(controller):
+            wait_until(lambda: controller.store.load(), 10, "the controller's first state")
+            commands.submit_rollout(controller, "long-prompts")
+            wait_until(lambda: _phase(controller, "paused"), 10, "the pause")
+            # what `invoke provision --stage long-prompts` does to one gateway behind the controller's back
+            target = controller.config.gateways[0]
+            controller.gateways.apply(target, 10, "long-prompts", controller.config.stages)
+            state = wait_until(lambda: _phase(controller, "halted"), 10, "the halt")
+            assert "foreign policy: gateway gw0 runs version 10" in state.reason
+            commands.flag(controller, "abort")
+            state = wait_until(lambda: _phase(controller, "aborted"), 10, "the abort")
+        assert state.version == 11 and state.stage == "colocated"
+        assert {(r.version, r.stage) for r in f.reports(controller)} == {(11, "colocated")}

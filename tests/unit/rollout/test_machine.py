@@ -60,6 +60,9 @@ def test_submit_refuses_a_second_rollout_an_unknown_plan_and_the_current_stage()
     idle = initial_state("colocated", STAGES["colocated"], 1)
     with pytest.raises(ValueError, match="no rollout plan for stage 'all-disagg'"):
         submit(idle, "all-disagg", STAGES, SPEC, 0.0)
+    at_step = initial_state("long-prompts@2", StageSpec(short=0, long=50), 1)
+    with pytest.raises(ValueError, match="not a stage of gateway.stages"):
+        submit(at_step, "long-prompts", STAGES, SPEC, 0.0)
     at_target = initial_state("long-prompts", STAGES["long-prompts"], 1)
     with pytest.raises(ValueError, match="already at stage"):
         submit(at_target, "long-prompts", STAGES, SPEC, 0.0)
