@@ -55,9 +55,9 @@ def _remote(ctx: Context, profile: str | None, inventory: str | None) -> tuple[D
         deployment = load_deployment(profile, path, settings.profiles_dir, settings.templates_dir, REGISTRY,
                                      lab_network=lab_site.LAB_NETWORK)
     host = monitoring_host(deployment.inventory if deployment else load_inventory(path))
-    lab_site.require_routable([host])
 
     def run(args: list[str]) -> str:
+        lab_site.require_routable([host])  # at the first connection: bad input is refused before it
         conn = open_connection(host, settings.known_hosts, settings.connect_timeout)
         try:
             out = conn.run(remote_argv(args), timeout=60)
