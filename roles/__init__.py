@@ -1,12 +1,15 @@
 """Roles: one concern each (pdfleet.fleet.roles describes the contract), listed here in the order they run.
 
 Drivers and NICs come before the KV libraries, the venv before the units using it, the pools before
-the gateway in front of them, and monitoring last (it scrapes them all).
+the gateway in front of them, monitoring (it scrapes them all), and the rollout controller last (it reads
+Prometheus and drives the gateways).
 """
 
 from __future__ import annotations
 
 from pdfleet.fleet.roles import Role
-from roles import base, gateway, gpu_driver, kv_transfer, monitoring, rdma, services, vllm
+from roles import base, gateway, gpu_driver, kv_transfer, monitoring, rdma, rollout, services, vllm
 
-REGISTRY: tuple[Role, ...] = (base, gpu_driver, rdma, kv_transfer, vllm, services, gateway, monitoring)
+REGISTRY: tuple[Role, ...] = (
+    base, gpu_driver, rdma, kv_transfer, vllm, services, gateway, monitoring, rollout,
+)

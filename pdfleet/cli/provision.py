@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from invoke import Context, task
 from invoke.exceptions import Exit
 from rich.console import Console
@@ -11,6 +13,7 @@ from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP, deployment_from_options, run_options, with_host_wheel
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.provision import provision as run_provision
+from pdfleet.model.checks import stage_problem
 from pdfleet.ops.report import print_report
 
 
@@ -23,6 +26,9 @@ from pdfleet.ops.report import print_report
         "serial": "Apply in waves of N hosts (0: all hosts at once).",
         "roles": HELP["roles"],
         "json": "Also write the JSON report (hosts, changes, totals) to this path.",
+        "stage": "Set the gateways to this stage of gateway.stages (an explicit override). Without it the "
+                 "stage the gateways run now is kept (the rollout controller's); gateway.stage is only "
+                 "the initial one.",
         "reboot": "Reboot hosts whose roles report 'reboot required' (e.g. a new driver), wave by wave "
                   "with --serial, wait for SSH, then converge them. Without it the need is only reported.",
     }
@@ -30,11 +36,16 @@ from pdfleet.ops.report import print_report
 @user_errors
 def provision(ctx: Context, profile: str, inventory: str | None = None, check: bool = False,
               limit: str | None = None, serial: int = 0, roles: str | None = None,
-              json: str | None = None, reboot: bool = False) -> None:
+              json: str | None = None, reboot: bool = False, stage: str | None = None) -> None:
     """Converge hosts to the profile: packages, venv, env files, units; 0 changes when converged."""
     if serial < 0:
         raise ValidationError(f"--serial must be 0 (all at once) or a positive wave size, not {serial}")
     deployment, hosts = deployment_from_options(ctx, profile, inventory, roles, limit)
+    if stage is not None:
+        problem = stage_problem(deployment.profile, stage)
+        if problem:
+            raise ValidationError(f"--stage: {problem}")
+        deployment = dataclasses.replace(deployment, stage_override=stage)
     lab_site.require_routable(hosts)
     console = Console(stderr=True)
     deployment = with_host_wheel(deployment, lambda msg: console.print(msg, highlight=False))

@@ -19,6 +19,7 @@ from pdfleet.model.profile import Profile
 from pdfleet.model.profile_loader import load_profile
 
 GATEWAY_ROLE = "gateway"  # the role that installs the gateway's keys (roles/gateway)
+ROLLOUT_ROLE = "rollout"  # installs the admin key for the rollout controller (roles/rollout)
 
 
 @dataclass(frozen=True)
@@ -33,16 +34,20 @@ class Deployment:
     host_version: str
     gateway_secrets: GatewaySecrets | None = None
     host_wheel: Path | None = None  # uploaded by the roles of hosts that run pdfleet code
+    stage_override: str | None = None  # `invoke provision --stage S`
 
     def context(self, host: Host) -> RoleContext:
         """What the roles see for one host."""
         return RoleContext(host, self.profile, self.topology, self.renderer, self.host_version,
-                           self.gateway_secrets, self.host_wheel)
+                           self.gateway_secrets, self.host_wheel, self.stage_override)
 
     def needs_gateway_keys(self, hosts: Iterable[Host]) -> bool:
         """Whether the gateway role runs on one of these hosts: only then are the keys read or generated."""
-        runs_role = any(role.NAME == GATEWAY_ROLE for role in self.roles)
-        return runs_role and any(self.topology.gateway_on(host.name) for host in hosts)
+        names = {role.NAME for role in self.roles}
+        if GATEWAY_ROLE in names and any(self.topology.gateway_on(host.name) for host in hosts):
+            return True
+        return (ROLLOUT_ROLE in names and bool(self.topology.gateways)
+                and any(host.in_group("monitoring") for host in hosts))
 
 
 def load_deployment(

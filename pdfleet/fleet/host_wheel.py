@@ -1,4 +1,5 @@
-"""The host wheel: what runs on hosts (gateway, simulator) with its own version, built on the control machine.
+"""The host wheel: what runs on hosts (gateway, simulator, rollout controller) with its own version,
+built on the control machine.
 
 Host code is the host programs' packages plus every pdfleet module they import, found from the
 sources' own import statements, so the set cannot drift from the code. Its version is
@@ -32,8 +33,9 @@ DIST_NAME = "pdfleet"
 ENTRY_POINTS: tuple[tuple[str, str], ...] = (
     ("pdfleet-gateway", "pdfleet.gateway.cli:main"),
     ("pdfleet-sim", "pdfleet.sim.cli:main"),
+    ("pdfleet-rollout", "pdfleet.rollout.cli:main"),
 )
-HOST_PACKAGES: tuple[str, ...] = ("gateway", "sim")
+HOST_PACKAGES: tuple[str, ...] = ("gateway", "sim", "rollout")
 # Third-party distributions host code imports; their version specifiers are pdfleet's own (pyproject).
 HOST_DEPENDENCIES: tuple[str, ...] = ("aiohttp", "uvloop", "prometheus-client", "pyyaml", "pydantic")
 HOST_EXTRAS: tuple[str, ...] = ("tokenizer",)

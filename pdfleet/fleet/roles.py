@@ -37,6 +37,8 @@ class RoleContext:
     # the host wheel on the control machine, uploaded to the hosts that install it (None: the hosts'
     # PyPI index must serve it)
     host_wheel: Path | None = None
+    # `invoke provision --stage S`: the gateways' stage, over the live one (None: keep the live stage)
+    stage_override: str | None = None
 
     @property
     def instances(self) -> list[Instance]:

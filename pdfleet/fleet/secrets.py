@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdfleet.errors import ValidationError
@@ -21,10 +21,12 @@ KEY_PREFIX = "sk-pdfleet-"
 
 @dataclass(frozen=True)
 class GatewaySecrets:
-    """What the gateway role needs of the keys: their hashes, never the keys."""
+    """What the gateway role needs of the keys: their hashes, never the keys; and the admin key itself for
+    the rollout controller's 0600 file on the monitoring host (it calls the gateways' admin endpoints)."""
 
     client_sha256: str
     admin_sha256: str
+    admin_key: str | None = field(default=None, repr=False, compare=False)
 
 
 def existing_key(file: Path) -> str | None:
@@ -88,4 +90,4 @@ def gateway_secrets(client_key_file: str, admin_key_file: str) -> GatewaySecrets
                               f"client key (delete {admin} to have a new one generated)")
     client_key = client_key if client_key is not None else _create_key_file(client)
     admin_key = admin_key if admin_key is not None else _create_key_file(admin)
-    return GatewaySecrets(hash_key(client_key), hash_key(admin_key))
+    return GatewaySecrets(hash_key(client_key), hash_key(admin_key), admin_key)

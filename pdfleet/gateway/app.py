@@ -25,6 +25,7 @@ from pdfleet.gateway.errors import Reject, error_response
 from pdfleet.gateway.intake import admit, authorize, request_id
 from pdfleet.gateway.keys import AuthResult
 from pdfleet.gateway.limits import Limiter, limits_summary
+from pdfleet.gateway.live import StageConflict, is_noop, parse_update, rewritten, write_atomically
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.policy import ActivePolicy, load_policy, restart_only_changes
 from pdfleet.gateway.proxy import Proxy
@@ -58,6 +59,7 @@ class Gateway:
         self.proxy = Proxy(self.upstream, self.metrics)
         self.limiter = Limiter(policy.spec.limits)  # outlives reloads: what each key uses now
         self._reload_lock = asyncio.Lock()
+        self._stage_lock = asyncio.Lock()  # one /admin/stage write at a time
         self._self_counting = (
             self._chat,
             self._completions,
@@ -84,6 +86,7 @@ class Gateway:
             target = admin
         target["/admin/policy"] = dict.fromkeys(get_head, self._admin_policy)
         target["/admin/reload"] = {"POST": self._admin_reload}
+        target["/admin/stage"] = {"POST": self._admin_stage}
         return main, admin
 
     def server(self, routes: Routes) -> web.Server:
@@ -219,6 +222,37 @@ class Gateway:
             return web.json_response(
                 {"ok": True, "message": msg, "version": p.spec.version, "stage": p.spec.stage}
             )
+
+        return await self._guarded(request, body, admin=True)
+
+    async def _admin_stage(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Set the live stage (admin key): rewrite the policy file's version, stage and stages, reload."""
+
+        async def body(policy: ActivePolicy, _auth: AuthResult) -> web.Response:
+            try:
+                update = parse_update(await request.json())
+            except ValueError:
+                return error_response(400, "the body is not JSON", code="invalid_request")
+            except PdfleetError as exc:
+                return error_response(400, str(exc), code="invalid_request")
+            async with self._stage_lock:
+                active = self.policy.spec
+                if not is_noop(active, update):
+                    try:
+                        if update.version <= active.version:
+                            raise StageConflict(f"version {update.version} does not rise above the active "
+                                                f"version {active.version} (stage {active.stage})")
+                        text = rewritten(self.config_path, self.config_path.read_text("utf-8"), update)
+                        write_atomically(self.config_path, text)
+                    except StageConflict as exc:
+                        return error_response(409, str(exc), code="policy_version_conflict")
+                    except (PdfleetError, OSError) as exc:
+                        return error_response(422, f"stage not applied: {exc}", code="policy_rejected")
+                    ok, msg = await self.reload()
+                    if not ok:
+                        return error_response(422, msg, code="policy_rejected")
+            p = self.policy.spec
+            return web.json_response({"ok": True, "version": p.version, "stage": p.stage})
 
         return await self._guarded(request, body, admin=True)
 

@@ -18,6 +18,7 @@ from pdfleet.model.profile import DEFAULT_KV_ROLES, PoolSpec, Profile, ProfileEr
 from pdfleet.model.release_checks import release_problems
 from pdfleet.model.vllm_release_data import NEWEST, RELEASES
 from pdfleet.model.vllm_releases import Release, find_release
+from pdfleet.model.rollout import rollout_problems
 
 # vllm serve flags pdfleet renders from pool keys; extra_args must not set them a second time.
 MANAGED_FLAGS: dict[str, str] = {
@@ -65,6 +66,7 @@ def profile_problems(profile: Profile) -> list[Problem]:
     for pool, spec in profile.pools.items():
         problems += _pool_problems(profile, pool, spec)
     problems += _gateway_problems(profile)
+    problems += [Problem(p, m) for p, m in rollout_problems(profile.rollout, profile.gateway.stages)]
     problems += _driver_problems(profile)
     problems += _mirror_problems(profile)
     if profile.topology == "same-host":

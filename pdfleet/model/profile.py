@@ -26,6 +26,7 @@ from pdfleet.model import catalog
 from pdfleet.model.connectors import MOONCAKE, NIXL, NIXL_SIDE_CHANNEL_PORT
 from pdfleet.model.limits import KeyLimits
 from pdfleet.model.monitoring import MonitoringSpec
+from pdfleet.model.rollout import RolloutSpec
 from pdfleet.model.stages import StageSpec
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
@@ -340,6 +341,7 @@ class Profile(_Model):
     gateway: GatewaySpec
     slo: SloSpec
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     # key path -> file that set it (this file or a base), so later errors point at the file to edit
     _origins: dict[tuple[str, ...], Path] = PrivateAttr(default_factory=dict)
 

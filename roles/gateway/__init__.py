@@ -1,8 +1,10 @@
 """gateway: pdfleet-gateway (one key, one base URL) and vllm-router in P/D mode on the gateway group.
 
 The gateway routes each request to the colocated pool or, through the router, to the P/D pool, by
-the profile's active stage; the router runs the prefill→decode protocol. Policy and key hashes live
-under /etc/pdfleet/gateway (0600); a policy change reloads the gateway (SIGHUP), never restarts it.
+the live stage; the router runs the prefill→decode protocol. Policy and key hashes live under
+/etc/pdfleet/gateway (0600); a policy change reloads the gateway (SIGHUP), never restarts it. The
+profile's `gateway.stage` is only the initial stage: provision keeps the stage the host runs (set by the
+rollout controller through /admin/stage) unless `invoke provision --stage S` overrides it.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
+from pdfleet.fleet.provision import live_policy, policy_stage, policy_version
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.profile import GatewayLimits, RouterPolicy
+from pdfleet.model.stages import StageSpec
 from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
-from pdfleet.ops.files import Directory, File
+from pdfleet.ops.files import Directory, File, FileContent
 from pdfleet.ops.pip import PipRequirements
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 
@@ -94,18 +98,15 @@ def policy_limits(limits: GatewayLimits, alias: str) -> dict[str, Any]:
     return out
 
 
-def files(ctx: RoleContext) -> list[RenderedFile]:
-    if _why_not(ctx):
-        return []
+def policy_text(ctx: RoleContext, version: int, stage: str, stages: dict[str, StageSpec]) -> str:
+    """The gateway's policy file for this host at a version and stage."""
     gw = ctx.profile.gateway
     gateway = _gateway(ctx)
     model = ctx.profile.model
-    secrets = ctx.gateway_secrets
-    assert secrets is not None
-    policy = ctx.render(
+    return ctx.render(
         "gateway-policy.yaml.j2",
         profile_name=ctx.profile.name,
-        version=gw.policy_version,
+        version=version,
         listen_host=gateway.address,
         port=gw.port,
         admin_port=gw.admin_port,
@@ -117,10 +118,31 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
         upstream_model=None,
         chars_per_token=gw.chars_per_token,
         long_prompt_tokens=gw.long_prompt_tokens,
-        stage=gw.stage,
-        stages=gw.stages,
+        stage=stage,
+        stages=stages,
         limits=policy_limits(gw.limits, gw.model_alias or model.id),
     )
+
+
+def live_policy_text(ctx: RoleContext, facts: FactSource) -> str:
+    """The policy file provision installs: the live stage kept (or `--stage`), the version bumped only
+    when the policy's meaning changes (pdfleet.fleet.provision's rule)."""
+    live = live_policy(facts.get(FileContent(POLICY_FILE)))
+    stage, stages = policy_stage(ctx.profile, live, ctx.stage_override)
+    version = policy_version(ctx.profile, live, lambda v: policy_text(ctx, v, stage, stages))
+    return policy_text(ctx, version, stage, stages)
+
+
+def files(ctx: RoleContext) -> list[RenderedFile]:
+    """The files at the profile's initial stage and version (`invoke render` has no live policy)."""
+    if _why_not(ctx):
+        return []
+    gw = ctx.profile.gateway
+    gateway = _gateway(ctx)
+    secrets = ctx.gateway_secrets
+    assert secrets is not None
+    stage = ctx.stage_override or gw.stage
+    policy = policy_text(ctx, gw.policy_version, stage, dict(gw.stages))
     keys = ctx.render(
         "gateway-keys.yaml.j2", client_sha256=secrets.client_sha256, admin_sha256=secrets.admin_sha256
     )
@@ -134,6 +156,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
                 "pdfleet-gateway.service.j2",
                 service_user=SERVICE_USER,
                 router_unit=ROUTER_UNIT if gateway.router_url else None,
+                config_dir=CONFIG_DIR,
                 argv=[f"{VENV}/bin/pdfleet-gateway", "--config", POLICY_FILE,
                       "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)],
                 check_argv=[f"{VENV}/bin/pdfleet-gateway", "--config", POLICY_FILE, "--check"],
@@ -198,9 +221,10 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         name = rendered.path.rsplit("/", 1)[1]
         if rendered.path.startswith(UNIT_DIR):
             yield SystemdUnit(name, rendered.content.encode(), restart=restarts[name])
-        else:
-            yield File(rendered.path, rendered.content.encode(), mode=rendered.mode, owner=rendered.owner,
-                       group=rendered.group, secret=rendered.secret, notify=(reload,))
+            continue
+        content = live_policy_text(ctx, facts) if rendered.path == POLICY_FILE else rendered.content
+        yield File(rendered.path, content.encode(), mode=rendered.mode, owner=rendered.owner,
+                   group=rendered.group, secret=rendered.secret, notify=(reload,))
     for unit in units(ctx):
         yield Service(unit.unit, enabled=True, running=True, health_url=unit.health_url,
                       health_timeout=START_TIMEOUT_S)

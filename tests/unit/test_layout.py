@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("model",),  # what operators write: profiles, inventories, release facts, the hardware catalog
     ("gateway", "sim"),  # host programs (the host wheel); they see only the layers above
     ("ops", "metrics"),  # the operations engine; reading metrics
+    ("rollout",),  # the rollout controller (host program on the monitoring host): gates read metrics
     ("hw",),  # hardware facts and decisions
     ("fleet",),  # topology, deployment, the role contract, rendering, provisioning, the host wheel
     ("checks", "bench", "lab"),  # verify, benchmarks, the local lab

@@ -22,7 +22,7 @@ from pdfleet.gateway.policy import parse_policy
 from pdfleet.model.limits import KeyLimits, LimitsSpec
 from pdfleet.model.profile import ROUTER_POLICIES
 from pdfleet.ops.base import FakeFacts, Run
-from pdfleet.ops.files import File
+from pdfleet.ops.files import File, FileContent
 from pdfleet.ops.pip import PipList, PipRequirements
 from roles import REGISTRY
 from tests.unit.fleet.helpers import profile_inventory_pairs
@@ -37,7 +37,8 @@ def test_gateway_role_uploads_the_wheel_and_pip_installs_from_it(tmp_path: Path)
     wheel.write_bytes(b"PK-not-really-a-wheel")
     fleet = dataclasses.replace(fleet, host_wheel=wheel)
     host = fleet.inventory.hosts["lab-gw"]
-    ops = list(gateway_role.operations(fleet.context(host), FakeFacts()))
+    no_policy = {FileContent(gateway_role.POLICY_FILE): None}  # a new host: no policy yet
+    ops = list(gateway_role.operations(fleet.context(host), FakeFacts(no_policy)))
     uploads = [op for op in ops if isinstance(op, File) and op.path == f"/opt/pdfleet/wheels/{wheel.name}"]
     assert len(uploads) == 1 and uploads[0].content == wheel.read_bytes() and uploads[0].mode == "0644"
     pips = [op for op in ops if isinstance(op, PipRequirements) and op.venv == "/opt/pdfleet/gateway"]
@@ -48,7 +49,7 @@ def test_gateway_role_uploads_the_wheel_and_pip_installs_from_it(tmp_path: Path)
     assert f"--find-links /opt/pdfleet/wheels pdfleet=={fleet.host_version}" in cmd.replace("'", "")
     # without a wheel (a site whose index serves it) nothing is uploaded
     plain = list(gateway_role.operations(dataclasses.replace(fleet, host_wheel=None).context(host),
-                                         FakeFacts()))
+                                         FakeFacts(no_policy)))
     assert not any(isinstance(op, File) and op.path.startswith("/opt/pdfleet/wheels/") for op in plain)
 
 

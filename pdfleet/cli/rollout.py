@@ -1,0 +1,198 @@
+"""`invoke rollout --stage S` and `rollout.status|abort|promote|history`: the operator's side of the
+rollout, as Argo's CLI is: each edits the controller's state or reads it, on the monitoring host over
+SSH (`pdfleet-rollout ...` as the service user); the controller does the rest by itself. Ctrl-C while
+watching stops the watching, not the rollout."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable
+from typing import Any
+
+from invoke import Collection, Context, task
+
+from pdfleet.cli import lab_site
+from pdfleet.cli.exits import user_errors
+from pdfleet.cli.options import HELP
+from pdfleet.cli.settings import Settings, repo_path
+from pdfleet.errors import ConnectError, ValidationError
+from pdfleet.fleet.deployment import Deployment, load_deployment
+from pdfleet.fleet.host_layout import SERVICE_USER
+from pdfleet.model.inventory import Host, Inventory, load_inventory
+from pdfleet.ops.ssh import open_connection
+from roles import REGISTRY
+from roles.rollout import BIN, CONFIG_FILE
+
+WATCH_EVERY_S = 1.0
+ENDED = ("succeeded", "degraded", "aborted", "idle")
+
+Remote = Callable[[list[str]], str]
+
+
+def remote_argv(args: list[str]) -> str:
+    """The command line run on the monitoring host: pdfleet-rollout as the service user (sudo -n)."""
+    argv = ["sudo", "-n", "-u", SERVICE_USER, BIN, "--config", CONFIG_FILE, *args]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def monitoring_host(inventory: Inventory) -> Host:
+    """The inventory's monitoring host (where the controller runs)."""
+    hosts = [h for h in inventory.hosts.values() if h.in_group("monitoring")]
+    if not hosts:
+        raise ValidationError("the inventory has no host in the `monitoring` group: no rollout controller")
+    return hosts[0]
+
+
+def _remote(ctx: Context, profile: str | None, inventory: str | None) -> tuple[Deployment | None, Remote]:
+    """The deployment (when a profile is given: checked against the inventory) and a runner of
+    pdfleet-rollout commands on the inventory's monitoring host."""
+    settings = Settings.of(ctx)
+    path = repo_path(inventory) if inventory else settings.inventory
+    deployment = None
+    if profile is not None:
+        deployment = load_deployment(profile, path, settings.profiles_dir, settings.templates_dir, REGISTRY,
+                                     lab_network=lab_site.LAB_NETWORK)
+    host = monitoring_host(deployment.inventory if deployment else load_inventory(path))
+
+    def run(args: list[str]) -> str:
+        lab_site.require_routable([host])  # at the first connection: bad input is refused before it
+        conn = open_connection(host, settings.known_hosts, settings.connect_timeout)
+        try:
+            out = conn.run(remote_argv(args), timeout=60)
+        finally:
+            conn.close()
+        if out.rc != 0:
+            message = out.stderr.strip().removeprefix("error: ") or f"exit {out.rc}"
+            raise ConnectError(f"{host.name}: pdfleet-rollout {args[0]}: {message}")
+        return out.stdout
+
+    return deployment, run
+
+
+def _number(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value:.4g}{unit}"
+
+
+def format_status(doc: dict[str, Any]) -> str:
+    """The live view: phase, step, weights, version, each gate against its threshold, time to next step."""
+    weights = doc.get("weights") or {}
+    lines = [
+        f"rollout to {doc.get('target') or '-'}: {doc.get('phase')} "
+        f"(step {doc.get('step_index', 0) + 1} of {doc.get('steps', 0)})",
+        f"stage {doc.get('stage')} (version {doc.get('version')}, applied {doc.get('applied_version')}), "
+        f"disaggregated: short {weights.get('short')}%, long {weights.get('long')}%; "
+        f"stable stage {doc.get('stable_stage')}",
+    ]
+    if doc.get("reason"):
+        lines.append(f"reason: {doc['reason']}")
+    nxt = doc.get("time_to_next_step_s")
+    if doc.get("phase") in ("progressing", "paused"):
+        when = "on rollout.promote" if nxt is None else f"in {nxt:.0f} s at the earliest"
+        lines.append(f"next step: {when}")
+    results = doc.get("last_results") or []
+    if results:
+        lines.append(f"{'gate':<28} {'class':<6} {'value':>10} {'threshold':>10}  outcome")
+        for r in results:
+            tag = " (dry run)" if r.get("dry_run") else ""
+            lines.append(f"{r['gate']:<28} {r['length_class']:<6} {_number(r.get('value')):>10} "
+                         f"{_number(r.get('threshold')):>10}  {r['outcome']}{tag}")
+    return "\n".join(lines) + "\n"
+
+
+def format_evaluation(doc: dict[str, Any]) -> str:
+    """A dry run's gates."""
+    head = (f"dry run for {doc['target']} at stage {doc['stage']} (version {doc['version']}), "
+            f"{doc['samples']} samples in the window; nothing changed\n")
+    return head + format_status({"phase": "dry-run", "last_results": doc["results"]}).split("\n", 2)[-1]
+
+
+def follow(run: Remote, out: Callable[[str], None], every_s: float = WATCH_EVERY_S) -> dict[str, Any]:
+    """Print the live view until the rollout ends; Ctrl-C stops watching only."""
+    doc: dict[str, Any] = {}
+    try:
+        while True:
+            doc = json.loads(run(["status"]))
+            out("\033[H\033[2J" + format_status(doc))
+            if doc.get("phase") in ENDED:
+                return doc
+            time.sleep(every_s)
+    except KeyboardInterrupt:
+        out("\nstopped watching; the rollout goes on on the monitoring host (invoke rollout.status)\n")
+        return doc
+
+
+def _print(text: str) -> None:
+    print(text, end="", flush=True)
+
+
+PROFILE_HELP = {
+    "profile": "Optional: " + HELP["profile"] + " Given, --stage is checked against its rollout.plans.",
+    "inventory": HELP["inventory"],
+}
+
+
+@task(default=True, help={
+    **PROFILE_HELP,
+    "stage": "The target stage (a plan in the profile's rollout.plans, e.g. long-prompts).",
+    "dry_run": "Measure the gates a rollout to the stage would use, now; change nothing.",
+    "watch": "Follow the live view until the rollout ends (default on; --no-watch submits and returns).",
+})
+@user_errors
+def start(ctx: Context, stage: str, profile: str | None = None, inventory: str | None = None,
+          dry_run: bool = False, watch: bool = True) -> None:
+    """Submit a rollout to a stage and follow it (Ctrl-C stops watching, not the rollout)."""
+    deployment, run = _remote(ctx, profile, inventory)
+    plans = deployment.profile.rollout.plans if deployment else None
+    if plans is not None and stage not in plans:
+        raise ValidationError(f"--stage: no rollout plan for {stage!r}; plans: {', '.join(plans) or 'none'}")
+    if dry_run:
+        _print(format_evaluation(json.loads(run(["evaluate", "--stage", stage]))))
+        return
+    run(["submit", "--stage", stage])
+    if watch:
+        follow(run, _print)
+
+
+@task(help=PROFILE_HELP)
+@user_errors
+def status(ctx: Context, profile: str | None = None, inventory: str | None = None) -> None:
+    """The live state: step, weights, each gate's value against its threshold."""
+    _, run = _remote(ctx, profile, inventory)
+    _print(format_status(json.loads(run(["status"]))))
+
+
+@task(help=PROFILE_HELP)
+@user_errors
+def abort(ctx: Context, profile: str | None = None, inventory: str | None = None) -> None:
+    """Go back to the last stable stage now."""
+    _, run = _remote(ctx, profile, inventory)
+    doc = json.loads(run(["abort"]))
+    _print(f"abort requested: the controller returns to stage {doc['stable_stage']} at its next tick\n")
+
+
+@task(help={**PROFILE_HELP, "full": "Skip every remaining step and analysis (Argo's promote --full)."})
+@user_errors
+def promote(ctx: Context, profile: str | None = None, inventory: str | None = None,
+            full: bool = False) -> None:
+    """End the current pause (or an inconclusive analysis); --full skips the rest."""
+    _, run = _remote(ctx, profile, inventory)
+    run(["promote", *(["--full"] if full else [])])
+    _print("promoted: " + ("every remaining step skipped\n" if full else "the current pause ends\n"))
+
+
+@task(help={**PROFILE_HELP, "last": "Only the last N events (default 0: all)."})
+@user_errors
+def history(ctx: Context, profile: str | None = None, inventory: str | None = None, last: int = 0) -> None:
+    """The audit log: every transition and measurement, one JSON object a line."""
+    if last < 0:
+        raise ValidationError(f"--last must be 0 (all) or a positive count, not {last}")
+    _, run = _remote(ctx, profile, inventory)
+    _print(run(["history", "--last", str(last)]))
+
+
+def collection() -> Collection:
+    """`rollout` (submit and watch) with status, abort, promote and history under it."""
+    return Collection("rollout", start, status, abort, promote, history)
+

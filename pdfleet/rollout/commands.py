@@ -1,0 +1,77 @@
+"""The operator's commands as edits of the saved state (Argo's CLI patches): submit, abort, promote,
+and the read-only views (status, history, a dry-run evaluation). The controller acts on them at its
+next tick; a command never talks to a gateway itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdfleet.errors import PdfleetError, ValidationError
+from pdfleet.rollout.controller import Controller, finite, time_to_next_step
+from pdfleet.rollout.machine import ACTIVE, RolloutState, submit
+from pdfleet.rollout.store import Store
+
+
+def _saved(store: Store) -> RolloutState:
+    state = store.load()
+    if state is None:
+        raise PdfleetError("the controller has not saved a state yet (is pdfleet-rollout.service running?)")
+    return state
+
+
+def submit_rollout(controller: Controller, target: str) -> RolloutState:
+    """Start a rollout to `target` (one at a time)."""
+    config = controller.config
+    if target not in config.stages:
+        raise ValidationError(f"--stage: {target!r} is not a stage; stages: {', '.join(config.stages)}")
+    with controller.store.locked():
+        state = _saved(controller.store)
+        now = controller.clock()
+        try:
+            new = submit(state, target, config.stages, config.rollout, now)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+        controller.store.save(new)
+        controller.store.record([{"at": now, "event": "submitted", "target": target,
+                                  "stable_stage": new.stable_stage}])
+    return new
+
+
+def flag(controller: Controller, name: str) -> RolloutState:
+    """Set `abort`, `promote` or `promote_full` on the active rollout."""
+    with controller.store.locked():
+        state = _saved(controller.store)
+        if state.phase not in ACTIVE:
+            what = name.replace("_", " ")
+            raise ValidationError(f"no rollout is active (phase {state.phase}); nothing to {what}")
+        new = state.model_copy(update={name: True})
+        controller.store.save(new)
+        controller.store.record([{"at": controller.clock(), "event": name, "target": state.target}])
+    return new
+
+
+def status(controller: Controller) -> dict[str, Any]:
+    """The saved state plus the time to the next step, as JSON-ready data."""
+    state = _saved(controller.store)
+    doc = state.model_dump()
+    doc["weights"] = state.weights.model_dump()
+    doc["time_to_next_step_s"] = time_to_next_step(state, controller.config, controller.clock())
+    doc["steps"] = (len(controller.config.rollout.plans[state.target].steps)
+                    if state.target in controller.config.rollout.plans else 0)
+    return doc
+
+
+def evaluate(controller: Controller, target: str) -> dict[str, Any]:
+    """Dry run: the gates measured now for the classes a rollout to `target` moves; nothing is written."""
+    config = controller.config
+    if target not in config.stages:
+        raise ValidationError(f"--stage: {target!r} is not a stage; stages: {', '.join(config.stages)}")
+    state = _saved(controller.store)
+    results, samples = controller.measure(state, moving=config.stages[target])
+    return {
+        "dry_run": True, "target": target, "stage": state.stage, "version": state.version,
+        "samples": samples,
+        "results": [{"gate": r.gate, "length_class": r.length_class, "outcome": r.outcome,
+                     "value": finite(r.value), "threshold": finite(r.threshold), "message": r.message}
+                    for r in results],
+    }

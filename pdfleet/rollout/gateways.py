@@ -1,0 +1,85 @@
+"""How the controller talks to gateways: their admin endpoints over HTTP with the admin key.
+
+`GET /admin/policy` says which version and stage a gateway runs; `POST /admin/stage` sets a new one (the
+gateway rewrites its own policy file and reloads, no restart). The key travels only in the
+Authorization header; no error message here carries it.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pdfleet.errors import PdfleetError
+from pdfleet.model.stages import StageSpec
+from pdfleet.rollout.config import GatewayTarget
+
+
+class GatewayError(PdfleetError):
+    """A gateway did not answer, or refused the policy; the message names the gateway."""
+
+
+class GatewayConflict(GatewayError):
+    """The gateway runs a version at or above the one sent, with other content (409)."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one gateway runs."""
+
+    name: str
+    version: int
+    stage: str
+    weights: StageSpec
+
+
+class GatewayClient:
+    """The admin endpoints of every gateway host."""
+
+    def __init__(self, admin_key: str, timeout_s: float = 2.0) -> None:
+        self._auth = f"Bearer {admin_key}"
+        self.timeout_s = timeout_s
+
+    def _call(self, target: GatewayTarget, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{target.admin_url}{path}", data=data, method=method,
+                                     headers={"Authorization": self._auth,
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            message = _error_message(err.read())
+            kind = GatewayConflict if err.code == 409 else GatewayError
+            raise kind(f"gateway {target.name}: {method} {path} answered {err.code}: {message}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, ValueError) as err:
+            reason = getattr(err, "reason", err)
+            raise GatewayError(f"gateway {target.name} ({target.admin_url}) is not answering: "
+                               f"{reason}") from None
+
+    def report(self, target: GatewayTarget) -> Report:
+        """The version and stage a gateway runs now."""
+        doc = self._call(target, "GET", "/admin/policy")
+        try:
+            return Report(target.name, int(doc["version"]), str(doc["stage"]),
+                          StageSpec.model_validate(doc["stage_percent_disagg"]))
+        except (KeyError, TypeError, ValueError):
+            raise GatewayError(f"gateway {target.name}: /admin/policy is not a pdfleet gateway's "
+                               "answer") from None
+
+    def apply(self, target: GatewayTarget, version: int, stage: str, stages: Mapping[str, StageSpec]) -> None:
+        """Make a gateway run `stage` as `version` (a no-op when it already does)."""
+        body = {"version": version, "stage": stage, "stages": {k: v.model_dump() for k, v in stages.items()}}
+        self._call(target, "POST", "/admin/stage", body)
+
+
+def _error_message(raw: bytes) -> str:
+    """The message of an OpenAI-shaped error body (bounded), or a placeholder."""
+    try:
+        return str(json.loads(raw)["error"]["message"])[:500]
+    except (ValueError, KeyError, TypeError):
+        return "(no error message)"

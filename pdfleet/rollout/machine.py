@@ -1,0 +1,211 @@
+"""The rollout's state and its pure transitions: one controller tick maps (state, gate results, now) to a
+new state plus the audit events, as Argo's controller reconciles a Rollout's status.
+
+The state says which policy the gateways must run (`stage`, `weights`, `version`); the controller
+applies it and records `applied_version` only once every gateway reports that version, and a
+`set_weight` step counts as done only then. The operator's commands are flags on the state
+(`abort`, `promote`, `promote_full`), consumed by the next tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pdfleet.model.rollout import Analysis, Pause, PlanSpec, RolloutSpec, SetWeight
+from pdfleet.model.stages import LENGTH_CLASSES, StageSpec
+from pdfleet.rollout.gates import Counters, GateResult, Limits, decide_analysis, decide_tick
+
+Phase = Literal["idle", "progressing", "paused", "inconclusive", "halted", "degraded", "aborted", "succeeded"]
+ACTIVE: tuple[str, ...] = ("progressing", "paused", "inconclusive", "halted")
+STEP_STAGE_SEP = "@"  # a step's stage in the policy: `long-prompts@2`
+
+
+class RolloutState(BaseModel):
+    """The live state, as the controller keeps it in its state file (every field has a meaning at rest)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    phase: Phase = "idle"
+    target: str | None = None
+    stable_stage: str  # where traffic goes back to: the last stage a rollout completed (or the initial)
+    stage: str  # the stage name the gateways run
+    weights: StageSpec
+    version: int = Field(ge=1)  # the policy version the gateways must report
+    applied_version: int = 0  # the version every gateway reported last
+    step_index: int = 0
+    step_started_at: float = 0.0
+    started_at: float = 0.0
+    reason: str = ""
+    failed_checks: int = 0
+    consecutive_errors: int = 0
+    abort: bool = False
+    promote: bool = False
+    promote_full: bool = False
+    last_results: list[dict[str, Any]] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Tick:
+    """What one tick saw: gate results (empty when nothing was measured) and the window's samples."""
+
+    now: float
+    results: Sequence[GateResult] = ()
+    samples: int = 0
+
+
+Event = dict[str, Any]
+
+
+def initial_state(stage: str, weights: StageSpec, version: int) -> RolloutState:
+    """No rollout yet: traffic at the given stage, which is also the stable one."""
+    return RolloutState(stable_stage=stage, stage=stage, weights=weights, version=version)
+
+
+def submit(state: RolloutState, target: str, stages: Mapping[str, StageSpec], spec: RolloutSpec,
+           now: float) -> RolloutState:
+    """Start a rollout to `target` from the stable stage; refused (ValueError) while one is active."""
+    if state.phase in ACTIVE:
+        raise ValueError(f"a rollout to {state.target} is {state.phase}; abort it first (rollout.abort)")
+    if target not in spec.plans:
+        raise ValueError(f"no rollout plan for stage {target!r}; plans: {', '.join(spec.plans) or 'none'}")
+    if target == state.stage and state.phase in ("idle", "succeeded"):
+        raise ValueError(f"traffic is already at stage {target!r}")
+    stable = state.stage if state.phase in ("idle", "succeeded") else state.stable_stage
+    if stable not in stages:
+        raise ValueError(f"traffic is at {stable!r}, not a stage of gateway.stages; set one first "
+                         "(invoke provision --stage S)")
+    return state.model_copy(update={
+        "phase": "progressing", "target": target, "stable_stage": stable, "step_index": 0,
+        "step_started_at": now, "started_at": now, "reason": f"rollout to {target} submitted",
+        "failed_checks": 0, "consecutive_errors": 0, "abort": False, "promote": False,
+        "promote_full": False, "last_results": [],
+    })
+
+
+def gated_classes(weights: StageSpec, stable: StageSpec) -> list[str]:
+    """The length classes the rollout moved (more disaggregated share than the stable stage)."""
+    return [c for c in LENGTH_CLASSES if getattr(weights, c) > getattr(stable, c)]
+
+
+def _moved(state: RolloutState, stage: str, weights: StageSpec) -> dict[str, Any]:
+    """The update that points the gateways at another policy (a new version, unless nothing changes)."""
+    if stage == state.stage and weights == state.weights:
+        return {}
+    return {"stage": stage, "weights": weights, "version": state.version + 1}
+
+
+def _rollback(state: RolloutState, stages: Mapping[str, StageSpec], phase: Phase, reason: str,
+              now: float) -> tuple[RolloutState, list[Event]]:
+    stable = state.stable_stage
+    update = {"phase": phase, "reason": reason, "abort": False, "promote": False, "promote_full": False,
+              **_moved(state, stable, stages[stable])}
+    new = state.model_copy(update=update)
+    return new, [{"at": now, "event": phase, "target": state.target, "stage": stable, "reason": reason,
+                  "version": new.version}]
+
+
+def _finish(state: RolloutState, stages: Mapping[str, StageSpec],
+            now: float) -> tuple[RolloutState, list[Event]]:
+    target = state.target or state.stage
+    update = {"phase": "succeeded", "stable_stage": target, "reason": f"rollout to {target} complete",
+              "promote": False, "promote_full": False, **_moved(state, target, stages[target])}
+    new = state.model_copy(update=update)
+    return new, [{"at": now, "event": "succeeded", "target": target, "version": new.version}]
+
+
+def _advance(state: RolloutState, now: float, why: str) -> tuple[RolloutState, list[Event]]:
+    new = state.model_copy(update={"step_index": state.step_index + 1, "step_started_at": now,
+                                   "phase": "progressing", "reason": why, "promote": False,
+                                   "failed_checks": 0})
+    return new, [{"at": now, "event": "step", "step": new.step_index, "reason": why}]
+
+
+def advance(state: RolloutState, plan: PlanSpec, spec: RolloutSpec, stages: Mapping[str, StageSpec],
+            tick: Tick) -> tuple[RolloutState, list[Event]]:
+    """One controller tick of an active rollout (a no-op otherwise)."""
+    if state.phase not in ACTIVE or state.target is None:
+        return state, []
+    now = tick.now
+    if state.abort:
+        return _rollback(state, stages, "aborted", "aborted by the operator (rollout.abort)", now)
+    events: list[Event] = []
+    results = [_result_dict(r) for r in tick.results]
+    if results:
+        state = state.model_copy(update={"last_results": results})
+        events.append({"at": now, "event": "measurement", "step": state.step_index, "samples": tick.samples,
+                       "results": results})
+    if state.phase == "halted":
+        return state, events  # a gateway did not take the policy: nothing moves until it does
+    if state.promote_full:
+        new, more = _finish(state, stages, now)
+        return new, [*events, {"at": now, "event": "promote_full"}, *more]
+    limits = Limits(spec.failure_limit, spec.consecutive_error_limit)
+    counters = Counters(state.failed_checks, state.consecutive_errors)
+    step = plan.steps[state.step_index] if state.step_index < len(plan.steps) else None
+    if tick.results and not isinstance(step, Analysis):  # background analysis between analysis steps
+        verdict = decide_tick(tick.results, counters, limits, samples=tick.samples,
+                              min_samples=spec.min_samples)
+        if verdict.verdict in ("failed", "error"):
+            new, more = _rollback(state, stages, "degraded", verdict.reason, now)
+            return new, [*events, *more]
+        state = state.model_copy(update={"failed_checks": verdict.counters.failed_checks,
+                                         "consecutive_errors": verdict.counters.consecutive_errors})
+    new, more = _step(state, step, spec, stages, tick, limits)
+    return new, [*events, *more]
+
+
+def _step(state: RolloutState, step: SetWeight | Pause | Analysis | None, spec: RolloutSpec,
+          stages: Mapping[str, StageSpec], tick: Tick, limits: Limits) -> tuple[RolloutState, list[Event]]:
+    """The current step's own rule: weights applied, a pause over, an analysis decided."""
+    now = tick.now
+    if step is None:
+        return _finish(state, stages, now)
+    elapsed = now - state.step_started_at
+    if isinstance(step, SetWeight):
+        name = f"{state.target}{STEP_STAGE_SEP}{state.step_index}"
+        update = _moved(state, name, step.set_weight)
+        if update:
+            new = state.model_copy(update={**update, "reason": f"applying {step.set_weight.model_dump()}"})
+            return new, [{"at": now, "event": "set_weight", "step": state.step_index,
+                          "weights": step.set_weight.model_dump(), "version": new.version}]
+        if state.applied_version < state.version:
+            return state, []
+        return _advance(state, now, f"weights {step.set_weight.model_dump()} on every gateway")
+    if isinstance(step, Pause):
+        if state.promote:
+            return _advance(state, now, "pause ended by rollout.promote")
+        if step.pause.duration_s is not None and elapsed >= step.pause.duration_s:
+            return _advance(state, now, f"paused {step.pause.duration_s:g} s")
+        reason = ("paused until rollout.promote" if step.pause.duration_s is None
+                  else f"paused, {step.pause.duration_s - elapsed:.0f} s left")
+        return state.model_copy(update={"phase": "paused", "reason": reason}), []
+    if state.phase == "inconclusive":
+        if state.promote:
+            return _advance(state, now, "inconclusive analysis accepted by rollout.promote")
+        return state, []
+    a = step.analysis
+    counters = Counters(state.failed_checks, state.consecutive_errors)
+    deadline = a.max_duration_s if a.max_duration_s is not None else 4 * a.min_duration_s
+    verdict = decide_analysis(tick.results, counters, limits, samples=tick.samples, min_samples=a.min_samples,
+                              elapsed_s=elapsed, min_duration_s=a.min_duration_s, deadline_s=deadline)
+    if verdict.verdict in ("failed", "error"):
+        return _rollback(state, stages, "degraded", verdict.reason, now)
+    counted = state.model_copy(update={"failed_checks": verdict.counters.failed_checks,
+                                       "consecutive_errors": verdict.counters.consecutive_errors})
+    if verdict.verdict == "successful":
+        return _advance(counted, now, f"analysis of step {state.step_index}: {verdict.reason}")
+    if verdict.verdict == "inconclusive":
+        new = counted.model_copy(update={"phase": "inconclusive", "reason": verdict.reason})
+        return new, [{"at": now, "event": "inconclusive", "step": state.step_index, "reason": verdict.reason}]
+    if state.promote:
+        return _advance(counted, now, "analysis skipped by rollout.promote")
+    return counted.model_copy(update={"phase": "progressing", "reason": verdict.reason or "analysing"}), []
+
+
+def _result_dict(r: GateResult) -> dict[str, Any]:
+    return {"gate": r.gate, "length_class": r.length_class, "outcome": r.outcome, "value": r.value,
+            "threshold": r.threshold, "message": r.message, "dry_run": r.dry_run}

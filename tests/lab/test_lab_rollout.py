@@ -1,0 +1,242 @@
+"""`invoke rollout` on the lab (lab-cross): the controller on lab-gw walks long prompts to the
+disaggregated pool step by step with traffic running, rolls back by itself on a fault, keeps going when
+the operator's process is killed, and a plain provision leaves its stage alone; abort, promote, a dry run
+and an inconclusive pause each do what they say. Written for the lead's lab; not run by the helpers.
+
+Traffic: streamed chat requests from a few threads through the gateway's one key and base URL (the
+bench's load generator, `invoke bench`, is being built beside this; swap it in when it lands).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.lab.helpers import REPO_ROOT, LabHandle
+
+INVOKE = [sys.executable, "-m", "invoke"]
+PROFILE = "lab-cross"
+MODEL = "llama-3.1-8b"
+LONG_PROMPT = "word " * (16_000 * 4 // 5)  # ≈ 16K tokens at 4 chars/token: long class
+GATEWAY_METRICS = "http://198.18.0.10:8080/metrics"
+ROLLBACK_S = 5.0
+
+
+def _invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def _ok(*args: str, timeout: float = 900) -> str:
+    proc = _invoke(*args, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _wait(check: Callable[[], Any], timeout: float, what: str, every: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"{what} did not happen within {timeout:g} s")
+
+
+def _host(lab: LabHandle, name: str):  # noqa: ANN202 - LabHost
+    return next(h for h in lab.hosts if h.name == name)
+
+
+def _remote(lab: LabHandle, *args: str) -> Any:
+    """pdfleet-rollout on lab-gw as the service user; its JSON answer."""
+    cmd = "sudo -n -u pdfleet /opt/pdfleet/rollout/bin/pdfleet-rollout --config " \
+          "/etc/pdfleet/rollout/controller.json " + " ".join(args)
+    rc, out, err = lab.ssh(_host(lab, "lab-gw"), cmd)
+    assert rc == 0, err
+    return json.loads(out) if args[0] != "history" else [json.loads(x) for x in out.splitlines() if x]
+
+
+def _status(lab: LabHandle) -> dict[str, Any]:
+    return dict(_remote(lab, "status"))
+
+
+def _decisions() -> dict[tuple[str, str], float]:
+    """The gateway's routing decisions of long prompts per (stage, pool)."""
+    import urllib.request
+
+    with urllib.request.urlopen(GATEWAY_METRICS, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "pdfleet_gateway_routing_decisions_total" and s.labels["length_class"] == "long":
+                key = (s.labels["stage"], s.labels["pool"])
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+@pytest.fixture(scope="module")
+def provisioned(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """lab-cross provisioned (the controller included); the client environment of `invoke lab.env`."""
+    report = tmp_path_factory.mktemp("rollout") / "provision.json"
+    _ok("provision", "--profile", PROFILE, "--json", str(report))
+    env = {}
+    for line in _ok("lab.env").splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = value.strip("'\"")
+    return env
+
+
+@pytest.fixture
+def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """Streamed long and short chat requests, each with its own session, until the test ends; every
+    failed request is kept (fallbacks are not failures: the client sees a whole stream)."""
+    for key, value in provisioned.items():
+        monkeypatch.setenv(key, value)
+    client = openai.OpenAI(max_retries=0, timeout=120)
+    stop = threading.Event()
+    seen: dict[str, Any] = {"sent": 0, "failed": []}
+    lock = threading.Lock()
+
+    def loop(worker: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            prompt = LONG_PROMPT if n % 2 else "hello, how are you?"
+            try:
+                stream = client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=16, stream=True,
+                    extra_headers={"X-Session-Id": f"w{worker}-{n}"})
+                for _ in stream:
+                    pass
+                with lock:
+                    seen["sent"] += 1
+            except Exception as exc:  # noqa: BLE001 - counted and reported by the test
+                with lock:
+                    seen["failed"].append(repr(exc))
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(6)]
+    for t in threads:
+        t.start()
+    yield seen
+    stop.set()
+    for t in threads:
+        t.join(180)
+
+
+@pytest.fixture
+def at_colocated(provisioned: dict[str, str], lab: LabHandle) -> None:
+    """Each test starts from the colocated stage with no rollout active."""
+    if _status(lab)["phase"] in ("progressing", "paused", "inconclusive", "halted"):
+        _ok("rollout.abort")
+        _wait(lambda: _status(lab)["phase"] == "aborted", 30, "the abort")
+    if _status(lab)["stage"] != "colocated":
+        _ok("provision", "--profile", PROFILE, "--roles", "gateway", "--stage", "colocated")
+        _wait(lambda: _status(lab)["stage"] == "colocated", 30, "the controller adopting colocated")
+
+
+def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
+        lab: LabHandle, at_colocated: None, traffic: dict[str, Any]) -> None:
+    before = _decisions()
+    _ok("rollout", "--stage", "long-prompts", timeout=1200)  # follows the live view until the end
+    status = _status(lab)
+    assert (status["phase"], status["stage"], status["weights"]["long"]) == ("succeeded", "long-prompts", 100)
+    history = _remote(lab, "history")
+    applied = [e for e in history if e["event"] == "applied"]
+    assert [e["weights"]["long"] for e in applied][-5:] == [10, 25, 50, 100, 100]
+    # each step's share of long prompts on the disaggregated pool, from the gateway's decision counters
+    decisions = {k: v - before.get(k, 0.0) for k, v in _decisions().items()}
+    for step, weight in ((0, 10), (2, 25), (4, 50), (6, 100)):
+        stage = f"long-prompts@{step}"
+        total = decisions.get((stage, "disagg"), 0) + decisions.get((stage, "colocated"), 0)
+        assert total > 0, stage
+        share = 100 * decisions.get((stage, "disagg"), 0) / total
+        assert abs(share - weight) <= 5, f"{stage}: {share:.1f}% on disagg, wanted {weight}%"
+    assert traffic["failed"] == [], traffic["failed"][:3]
+
+
+def test_a_stopped_decode_service_rolls_back_within_5_s(lab: LabHandle, at_colocated: None,
+                                                         traffic: dict[str, Any]) -> None:
+    _ok("rollout", "--stage", "long-prompts", "--no-watch")
+    _wait(lambda: _status(lab)["weights"]["long"] >= 25, 300, "the rollout past its first step")
+    rc, _, err = lab.ssh(_host(lab, "lab-d1"), "sudo systemctl stop vllm-decode.service")
+    assert rc == 0, err
+    try:
+        fault_at = time.time()
+        status = _wait(lambda: (s := _status(lab))["phase"] == "degraded" and s, 120, "the rollback")
+        rollback = [e for e in _remote(lab, "history") if e["event"] == "degraded"][-1]
+        # measurable: the first scrape after the fault (2 s in lab-cross) plus the window filling
+        assert rollback["at"] - fault_at <= ROLLBACK_S + 2 * 2, rollback
+        assert status["stage"] == "colocated" and status["reason"]
+        failed = [r for r in status["last_results"] if r["outcome"] == "fail"]
+        assert failed and failed[0]["gate"] in status["reason"] and failed[0]["value"] is not None
+        assert "colocated" in _ok("rollout.status")
+    finally:
+        lab.ssh(_host(lab, "lab-d1"), "sudo systemctl start vllm-decode.service")
+    assert traffic["failed"] == [], traffic["failed"][:3]  # fallbacks are counted, not failed
+
+
+def test_killing_the_operator_process_leaves_the_controller_going_and_provision_keeps_the_stage(
+        lab: LabHandle, at_colocated: None, traffic: dict[str, Any], tmp_path: Path) -> None:
+    watcher = subprocess.Popen([*INVOKE, "rollout", "--stage", "long-prompts"], cwd=REPO_ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait(lambda: _status(lab)["phase"] == "progressing", 60, "the rollout started")
+    watcher.send_signal(signal.SIGKILL)
+    watcher.wait(30)
+    status = _wait(lambda: (s := _status(lab))["phase"] == "succeeded" and s, 1200, "the rollout to finish")
+    _ok("provision", "--profile", PROFILE)
+    after = _status(lab)
+    assert (after["stage"], after["version"]) == (status["stage"], status["version"])
+    assert "long-prompts" in _ok("rollout.status")
+
+
+def test_abort_goes_back_now_and_promote_ends_a_pause(lab: LabHandle, at_colocated: None,
+                                                      traffic: dict[str, Any]) -> None:
+    _ok("rollout", "--stage", "all-disagg", "--no-watch")  # its third step is a pause until promote
+    _wait(lambda: _status(lab)["phase"] == "paused", 600, "the pause of all-disagg")
+    _ok("rollout.promote")
+    _wait(lambda: _status(lab)["step_index"] >= 3, 30, "the step after the pause")
+    _ok("rollout.abort")
+    status = _wait(lambda: (s := _status(lab))["phase"] == "aborted" and s, 10, "the abort")
+    assert status["stage"] == status["stable_stage"]
+    assert traffic["failed"] == [], traffic["failed"][:3]
+
+
+def test_promote_full_skips_the_remaining_steps(lab: LabHandle, at_colocated: None,
+                                                traffic: dict[str, Any]) -> None:
+    _ok("rollout", "--stage", "long-prompts", "--no-watch")
+    _wait(lambda: _status(lab)["weights"]["long"] > 0, 60, "the first step")
+    _ok("rollout.promote", "--full")
+    status = _wait(lambda: (s := _status(lab))["phase"] == "succeeded" and s, 30, "the full promotion")
+    assert status["weights"]["long"] == 100
+
+
+def test_dry_run_measures_the_gates_and_changes_nothing(lab: LabHandle, at_colocated: None,
+                                                        traffic: dict[str, Any]) -> None:
+    before = _status(lab)
+    out = _ok("rollout", "--stage", "long-prompts", "--dry-run")
+    assert "nothing changed" in out and "ttft-p99-vs-colocated" in out
+    after = _status(lab)
+    assert (after["phase"], after["stage"], after["version"]) == (before["phase"], before["stage"],
+                                                                  before["version"])
+
+
+def test_too_little_traffic_pauses_inconclusive_and_says_why(lab: LabHandle, at_colocated: None) -> None:
+    # no traffic fixture: the first analysis never sees its minimum samples
+    _ok("rollout", "--stage", "long-prompts", "--no-watch")
+    status = _wait(lambda: (s := _status(lab))["phase"] == "inconclusive" and s, 300,
+                   "the inconclusive pause")
+    assert "too little traffic" in status["reason"]
+    assert "inconclusive" in _ok("rollout.status")
+    _ok("rollout.abort")

@@ -1,0 +1,80 @@
+"""`POST /admin/stage` on a real gateway: the stage, version and stages are written into the policy file
+(0600, the rest untouched), reloaded with no restart and reported in the header and /admin/policy; a retry
+is a no-op; a version that does not rise, a bad body or a user key change nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from pdfleet.gateway.live import StageUpdate, is_noop, parse_update, rewritten
+from pdfleet.gateway.policy import parse_policy
+from tests.unit.gateway.helpers import ADMIN_KEY, LONG, Env, auth, chat, error_of, run
+
+STAGES = {"off": {"short": 0, "long": 0}, "long-all": {"short": 0, "long": 100},
+          "long-all@0": {"short": 0, "long": 0}}
+
+
+def test_the_controller_sets_the_live_stage_and_the_gateway_reports_its_version(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path) as env:
+            before = yaml.safe_load(env.path.read_text())
+            body = {"version": 2, "stage": "long-all@0", "stages": STAGES}
+            status, _, raw = await env.post("/admin/stage", body, headers=auth(ADMIN_KEY))
+            assert status == 200 and json.loads(raw) == {"ok": True, "version": 2, "stage": "long-all@0"}
+            on_disk = yaml.safe_load(env.path.read_text())
+            assert (on_disk["version"], on_disk["stage"], on_disk["stages"]) == (2, "long-all@0", STAGES)
+            assert {k: v for k, v in on_disk.items() if k not in ("version", "stage", "stages")} == {
+                k: v for k, v in before.items() if k not in ("version", "stage", "stages")}
+            assert os.stat(env.path).st_mode & 0o777 == 0o600
+            status, headers, _ = await env.post("/v1/chat/completions", chat(LONG))
+            assert status == 200 and headers["X-Pdfleet-Policy-Version"] == "2"
+            assert env.colo.seen and not env.dis.seen  # long-all@0 sends no long prompt to disagg
+            async with env.session.get(env.base + "/admin/policy", headers=auth(ADMIN_KEY)) as r:
+                info = await r.json()
+            assert (info["version"], info["stage"]) == (2, "long-all@0")
+            # a retry of the same update is a no-op; a lower or equal version with other content is refused
+            assert (await env.post("/admin/stage", body, headers=auth(ADMIN_KEY)))[0] == 200
+            stale = {"version": 2, "stage": "off", "stages": STAGES}
+            status, _, raw = await env.post("/admin/stage", stale, headers=auth(ADMIN_KEY))
+            assert status == 409 and "does not rise above the active version 2" in error_of(raw)["message"]
+            assert yaml.safe_load(env.path.read_text())["stage"] == "long-all@0"
+
+    run(scenario())
+
+
+def test_bad_updates_change_nothing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path) as env:
+            text = env.path.read_text()
+            cases = [
+                (auth(), {"version": 2, "stage": "off", "stages": STAGES}, 403, "admin key"),
+                (auth(ADMIN_KEY), {"version": 2, "stage": "nope", "stages": STAGES}, 400, "not in stages"),
+                (auth(ADMIN_KEY), {"version": 2, "stage": "off", "stages": {"off": {"short": 0,
+                                                                                     "long": 101}}},
+                 400, "stages.off.long"),
+                (auth(ADMIN_KEY), [1, 2], 400, "JSON object"),
+                (auth(ADMIN_KEY), {"version": 2, "stage": "off", "stages": STAGES, "x": 1}, 400, "x"),
+            ]
+            for headers, body, status, fragment in cases:
+                got, _, raw = await env.post("/admin/stage", body, headers=headers)
+                assert got == status and fragment in error_of(raw)["message"], (body, raw)
+            got, _, raw = await env.post("/admin/stage", None, headers=auth(ADMIN_KEY), raw=b"{not json")
+            assert got == 400 and "not JSON" in error_of(raw)["message"]
+            assert env.path.read_text() == text
+
+    run(scenario())
+
+
+def test_rewritten_changes_three_keys_and_validates(tmp_path: Path) -> None:
+    source = tmp_path / "policy.yaml"
+    text = "version: 1\nkeys_file: k.yaml\nmodels: {m: {colocated: ['http://127.0.0.1:1']}}\n" \
+           "stage: off\nstages: {off: {short: 0, long: 0}}\n"
+    update = parse_update({"version": 5, "stage": "half", "stages": {"half": {"short": 50, "long": 50}}})
+    spec = parse_policy(source, rewritten(source, text, update))
+    assert (spec.version, spec.stage, spec.stages["half"].short, spec.keys_file) == (5, "half", 50, "k.yaml")
+    assert is_noop(spec, update) and not is_noop(spec, StageUpdate(version=6, stage="half",
+                                                                    stages=update.stages))

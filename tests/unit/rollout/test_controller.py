@@ -1,0 +1,198 @@
+"""The controller against a real fleet on loopback: simulators as the pools, two real gateways, a real
+Prometheus. A rollout walks every step to 100% of long prompts with no failed request, every gateway
+reporting each new version; a fault (the disaggregated pool stopped) makes the fallback gate fail and
+the controller roll back by itself, within seconds; an unreachable gateway halts the rollout."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from pdfleet.bench.launch import SimProcess
+from pdfleet.rollout import commands
+from pdfleet.rollout.controller import Controller
+from tests.unit.rollout.helpers import MODEL, Load, fleet, wait_until
+
+SIM_ARGS = [MODEL, "--served-model-name", "llama", "--sim-time-scale", "0.02"]
+GATES = [
+    {"name": "fallback-rate", "metric": "fallback_rate", "max": 0.05},
+    {"name": "error-rate", "metric": "error_rate", "max": 0.01},
+    {"name": "ttft-vs-colocated", "metric": "ttft", "max_ratio": 20.0, "max": "slo"},
+]
+
+
+def _rollout(steps: list[dict[str, object]]) -> dict[str, object]:
+    return {"interval_s": 0.5, "window_s": 8, "min_samples": 3, "gates": GATES,
+            "plans": {"long-prompts": {"steps": steps}}}
+
+
+@pytest.fixture(scope="module")
+def colocated() -> Iterator[SimProcess]:
+    with SimProcess(SIM_ARGS) as sim:
+        yield sim
+
+
+@contextmanager
+def running(controller: Controller) -> Iterator[Controller]:
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield controller
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def _phase(controller: Controller, *phases: str) -> object:
+    state = controller.store.load()
+    return state if state is not None and state.phase in phases else None
+
+
+def _events(controller: Controller, kind: str) -> list[dict[str, object]]:
+    return [e for e in controller.store.history() if e["event"] == kind]
+
+
+def test_a_rollout_walks_every_step_and_every_gateway_reports_each_version(
+    tmp_path: Path, colocated: SimProcess,
+) -> None:
+    steps = [{"set_weight": {"short": 0, "long": 50}},
+             {"analysis": {"min_duration_s": 3, "min_samples": 3}},
+             {"set_weight": {"short": 0, "long": 100}},
+             {"analysis": {"min_duration_s": 3, "min_samples": 3}}]
+    with SimProcess(SIM_ARGS) as disagg, fleet(tmp_path, colocated.url, disagg.url) as f:
+        controller = f.controller(_rollout(steps))
+        load = Load([g.port for g in f.gateways]).start()
+        try:
+            with running(controller):
+                wait_until(lambda: controller.store.load(), 10, "the controller's first state")
+                commands.submit_rollout(controller, "long-prompts")
+                state = wait_until(lambda: _phase(controller, "succeeded", "degraded", "inconclusive"), 90,
+                                   "the rollout to end")
+        finally:
+            load.stop()
+        assert state.phase == "succeeded", state.reason
+        assert (state.stage, state.stable_stage, state.weights.long) == ("long-prompts", "long-prompts", 100)
+        applied = _events(controller, "applied")
+        assert [e["weights"]["long"] for e in applied] == [50, 100, 100]
+        assert all(e["gateways"] == ["gw0", "gw1"] for e in applied)
+        assert len(_events(controller, "measurement")) >= 4
+        reports = f.reports(controller)
+        assert {(r.version, r.stage) for r in reports} == {(state.version, "long-prompts")}
+        assert load.failed == 0 and load.sent > 20, load.errors[:3]
+        status = commands.status(controller)
+        assert status["phase"] == "succeeded" and status["time_to_next_step_s"] is None
+
+
+def test_a_fault_mid_rollout_rolls_back_by_itself(tmp_path: Path, colocated: SimProcess) -> None:
+    steps = [{"set_weight": {"short": 0, "long": 50}}, {"pause": {}},
+             {"set_weight": {"short": 0, "long": 100}}]
+    disagg = SimProcess(SIM_ARGS).__enter__()
+    try:
+        with fleet(tmp_path, colocated.url, disagg.url) as f:
+            controller = f.controller(_rollout(steps))
+            load = Load([g.port for g in f.gateways]).start()
+            try:
+                with running(controller):
+                    wait_until(lambda: controller.store.load(), 10, "the controller's first state")
+                    commands.submit_rollout(controller, "long-prompts")
+                    wait_until(lambda: _phase(controller, "paused"), 30, "the pause at 50%")
+                    time.sleep(2)  # a clean window first: the gates pass at 50%
+                    assert _phase(controller, "paused")
+                    disagg.stop()  # the fault: the disaggregated pool goes away
+                    fault_at = time.time()
+                    state = wait_until(lambda: _phase(controller, "degraded"), 30, "the rollback")
+            finally:
+                load.stop()
+            (rollback,) = _events(controller, "degraded")
+            assert rollback["at"] - fault_at < 5 + 2, "rolled back within 5 s of the breach being scraped"
+            assert "fallback-rate" in state.reason and (state.stage, state.weights.long) == ("colocated", 0)
+            fallback = [r for r in state.last_results if r["gate"] == "fallback-rate"][0]
+            assert fallback["outcome"] == "fail" and fallback["value"] > 0.05
+            assert {(r.version, r.stage) for r in f.reports(controller)} == {(state.version, "colocated")}
+            assert load.failed == 0, load.errors[:3]  # fallbacks are counted, not failed
+    finally:
+        disagg.stop()
+
+
+def test_an_unreachable_gateway_halts_the_rollout(tmp_path: Path,
+                                                                   colocated: SimProcess) -> None:
+    steps = [{"pause": {}}, {"set_weight": {"short": 0, "long": 100}}]
+    with fleet(tmp_path, colocated.url, colocated.url) as f:
+        controller = f.controller(_rollout(steps))
+        with running(controller):
+            wait_until(lambda: controller.store.load(), 10, "the controller's first state")
+            commands.submit_rollout(controller, "long-prompts")
+            wait_until(lambda: _phase(controller, "paused"), 10, "the pause")
+            f.gateways[1].stop()
+            commands.flag(controller, "promote")
+            state = wait_until(lambda: _phase(controller, "halted"), 10, "the halt")
+            assert "gw1" in state.reason and state.weights.long == 0
+            gw0 = controller.gateways.report(controller.config.gateways[0])
+            assert (gw0.stage, gw0.version) == ("colocated", 1)  # no split brain: nothing was applied
+            (halt,) = _events(controller, "halted")
+            assert "gw1" in str(halt["reason"]) and "not answering" in str(halt["reason"])
+
+
+def test_dry_run_measures_and_changes_nothing_then_abort_goes_back(tmp_path: Path,
+                                                                   colocated: SimProcess) -> None:
+    steps = [{"set_weight": {"short": 0, "long": 50}}, {"pause": {}},
+             {"set_weight": {"short": 0, "long": 100}}]
+    with SimProcess(SIM_ARGS) as disagg, fleet(tmp_path, colocated.url, disagg.url) as f:
+        controller = f.controller(_rollout(steps))
+        load = Load([g.port for g in f.gateways]).start()
+        try:
+            with running(controller):
+                wait_until(lambda: controller.store.load(), 10, "the controller's first state")
+                commands.submit_rollout(controller, "long-prompts")
+                wait_until(lambda: _phase(controller, "paused"), 30, "the pause at 50%")
+                wait_until(lambda: [e for e in _events(controller, "measurement") if e["samples"]], 30,
+                           "requests on the disaggregated pool in the window")
+            # the controller stopped: nothing but the dry run could write now
+            state_file = (f.state_dir / "state.json").read_bytes()
+            if True:  # the dry run, with no controller ticking
+                versions = [r.version for r in f.reports(controller)]
+                dry = commands.evaluate(controller, "long-prompts")
+                assert (f.state_dir / "state.json").read_bytes() == state_file
+                assert [r.version for r in f.reports(controller)] == versions
+                by_gate = {r["gate"]: r for r in dry["results"]}
+                assert dry["dry_run"] and set(by_gate) == {g["name"] for g in GATES}, dry
+                assert dry["samples"] > 0, dry["results"]
+                ttft = by_gate["ttft-vs-colocated"]
+                assert ttft["outcome"] == "pass" and ttft["value"] > 0 and ttft["threshold"] > 0
+            with running(controller):
+                commands.flag(controller, "abort")
+                state = wait_until(lambda: _phase(controller, "aborted"), 10, "the abort")
+        finally:
+            load.stop()
+        assert (state.stage, state.weights.long) == ("colocated", 0)
+        assert {(r.version, r.stage) for r in f.reports(controller)} == {(state.version, "colocated")}
+        assert _events(controller, "abort") and _events(controller, "aborted")
+        assert load.failed == 0, load.errors[:3]
+        with pytest.raises(Exception, match="no rollout is active"):
+            commands.flag(controller, "promote")
+
+
+def test_a_foreign_policy_halts_the_rollout_and_abort_outranks_it(tmp_path: Path,
+                                                                  colocated: SimProcess) -> None:
+    steps = [{"pause": {}}, {"set_weight": {"short": 0, "long": 100}}]
+    with fleet(tmp_path, colocated.url, colocated.url) as f:
+        controller = f.controller(_rollout(steps))
+        with running(controller):
+            wait_until(lambda: controller.store.load(), 10, "the controller's first state")
+            commands.submit_rollout(controller, "long-prompts")
+            wait_until(lambda: _phase(controller, "paused"), 10, "the pause")
+            # what `invoke provision --stage long-prompts` does to one gateway behind the controller's back
+            target = controller.config.gateways[0]
+            controller.gateways.apply(target, 10, "long-prompts", controller.config.stages)
+            state = wait_until(lambda: _phase(controller, "halted"), 10, "the halt")
+            assert "foreign policy: gateway gw0 runs version 10" in state.reason
+            commands.flag(controller, "abort")
+            state = wait_until(lambda: _phase(controller, "aborted"), 10, "the abort")
+        assert state.version == 11 and state.stage == "colocated"
+        assert {(r.version, r.stage) for r in f.reports(controller)} == {(11, "colocated")}

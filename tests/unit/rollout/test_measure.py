@@ -1,0 +1,105 @@
+"""The gates' figures from a real Prometheus scraping exporters that carry the gateway's and vLLM's
+series: per pool in the gated class, in the gate's unit (ms, fractions, per minute); counters that never
+moved are zero when the class has requests; a source that does not answer is an error observation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client import Counter, Histogram
+
+from pdfleet.metrics.prometheus import PrometheusClient
+from pdfleet.model.rollout import GateSpec
+from pdfleet.model.stages import StageSpec
+from pdfleet.rollout.measure import figure, observe
+from tests.unit.metrics.helpers import exporter, prometheus, samples_seen, scrape_config, wait_for
+
+WINDOW = 60
+BUCKETS = (0.1, 0.5, 1.0, 5.0)
+
+
+def _gate(metric: str, **kw: object) -> GateSpec:
+    return GateSpec.model_validate({"name": metric.replace("_", "-"), "metric": metric, "max": 1e9, **kw})
+
+
+@dataclass
+class World:
+    client: PrometheusClient
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    with ExitStack() as stack:
+        gw, dec, colo = (stack.enter_context(exporter()) for _ in range(3))
+        ttft = Histogram("pdfleet_gateway_ttft_seconds", "t", ["pool", "length_class"], buckets=BUCKETS,
+                         registry=gw.registry)
+        requests = Counter("pdfleet_gateway_requests", "r", ["model", "pool", "length_class", "status"],
+                           registry=gw.registry)
+        decisions = Counter("pdfleet_gateway_routing_decisions", "d",
+                            ["stage", "length_class", "pool", "reason"], registry=gw.registry)
+        fallbacks = Counter("pdfleet_gateway_fallbacks", "f", ["model", "reason"], registry=gw.registry)
+        stalls = Counter("pdfleet_gateway_stream_stalls", "s", ["pool", "length_class"], registry=gw.registry)
+        tpot = [Histogram("vllm:request_time_per_output_token_seconds", "t", buckets=BUCKETS,
+                          registry=e.registry) for e in (dec, colo)]
+        kv = Histogram("vllm:nixl_xfer_time_seconds", "k", buckets=BUCKETS, registry=dec.registry)
+        children = [requests.labels("m", "disagg", "long", "200"),
+                    requests.labels("m", "disagg", "long", "503"),
+                    requests.labels("m", "colocated", "long", "200"),
+                    decisions.labels("s", "long", "disagg", "weight"),
+                    fallbacks.labels("m", "connect"), stalls.labels("colocated", "long"),
+                    ttft.labels("disagg", "long"), ttft.labels("colocated", "long")]  # at zero first
+        targets = [(f"127.0.0.1:{gw.port}", {"role": "gateway"}),
+                   (f"127.0.0.1:{dec.port}", {"pool": "disagg", "role": "decode"}),
+                   (f"127.0.0.1:{colo.port}", {"pool": "colocated", "role": "colocated"})]
+        prom = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), scrape_config(targets)))
+        client = prom.client
+        wait_for(samples_seen(client, "pdfleet_gateway_requests_total", 2), what="two scrapes at zero")
+        for _ in range(40):
+            ttft.labels("disagg", "long").observe(0.3)
+            ttft.labels("colocated", "long").observe(3.0)
+            tpot[0].observe(0.05)
+            tpot[1].observe(0.3)
+            kv.observe(0.2)
+        children[0].inc(36)
+        children[1].inc(4)
+        children[2].inc(40)
+        children[3].inc(40)
+        children[4].inc(8)
+        children[5].inc(10)
+        wait_for(lambda: [s.value for s in client.instant("pdfleet_gateway_fallbacks_total")] == [8.0],
+                 what="the observations scraped")
+        wait_for(samples_seen(client, "pdfleet_gateway_fallbacks_total", 6), what="a few scrapes after them")
+        yield World(client)
+
+
+def test_each_metric_per_pool_in_its_unit(world: World) -> None:
+    src = world.client
+    ttft = figure(src, _gate("ttft", quantile=0.5), "long", WINDOW)
+    assert ttft["disagg"] is not None and 100 < ttft["disagg"] < 500  # ms, in the 0.1-0.5 s bucket
+    assert ttft["colocated"] is not None and 1000 < ttft["colocated"] < 5000
+    tpot = figure(src, _gate("tpot", quantile=0.5), "long", WINDOW)
+    assert tpot["disagg"] is not None and tpot["disagg"] < 100 and tpot["colocated"] is not None
+    kv = figure(src, _gate("kv_transfer", quantile=0.5), "long", WINDOW)
+    assert kv["disagg"] is not None and 100 < kv["disagg"] < 500 and kv["colocated"] is None
+    errors = figure(src, _gate("error_rate"), "long", WINDOW)
+    assert errors["disagg"] == pytest.approx(0.1, rel=0.05) and errors["colocated"] == 0.0
+    fallback = figure(src, _gate("fallback_rate"), "long", WINDOW)
+    assert fallback["disagg"] == pytest.approx(0.2, rel=0.05) and fallback["colocated"] is None
+    stall = figure(src, _gate("stalls"), "long", WINDOW)
+    assert stall["disagg"] == 0.0 and stall["colocated"] is not None and stall["colocated"] > 0
+    nothing = figure(src, _gate("ttft"), "short", WINDOW)
+    assert nothing == {"disagg": None, "colocated": None}
+
+
+def test_observe_counts_samples_and_leaves_out_kv_without_nixl_metrics(world: World) -> None:
+    gates = [_gate("ttft", max_ratio=1.0), _gate("kv_transfer"), _gate("tpot")]
+    observed, samples = observe(world.client, gates, StageSpec(short=0, long=50), ["long"], WINDOW,
+                                kv_transfer_metrics=False)
+    assert samples in range(38, 46)  # increase() extrapolates over the window
+    assert [(g.metric, o.weight) for g, o in observed] == [("ttft", 50), ("tpot", 50)]
+    down = PrometheusClient("http://127.0.0.1:9", timeout=1.0)
+    observed, samples = observe(down, gates[:1], StageSpec(short=0, long=50), ["long"], WINDOW)
+    assert samples == 0 and observed[0][1].error is not None and "not answering" in observed[0][1].error
