@@ -16,9 +16,9 @@ from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import DEFAULT_KV_ROLES, PoolSpec, Profile, ProfileError
 from pdfleet.model.release_checks import release_problems
+from pdfleet.model.rollout import rollout_problems
 from pdfleet.model.vllm_release_data import NEWEST, RELEASES
 from pdfleet.model.vllm_releases import Release, find_release
-from pdfleet.model.rollout import rollout_problems
 
 # vllm serve flags pdfleet renders from pool keys; extra_args must not set them a second time.
 MANAGED_FLAGS: dict[str, str] = {

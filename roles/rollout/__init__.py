@@ -61,7 +61,7 @@ def controller_config(ctx: RoleContext) -> str:
         "rollout": profile.rollout.model_dump(mode="json"),
         "stages": {k: v.model_dump() for k, v in profile.gateway.stages.items()},
         "initial_stage": profile.gateway.stage,
-        "slo": profile.slo.model_dump(),
+        "slo": profile.slo.model_dump(exclude_none=True),  # unset P95 bounds fall back to P99 in bench only
         "gateways": gateways,
         "prometheus_url": f"http://{listen_address(profile, ctx.host)}",
         "admin_key_file": KEY_FILE,
