@@ -52,7 +52,7 @@ class GatewayMetrics:
         self.fallbacks = Counter(
             "pdfleet_gateway_fallbacks",
             "Requests retried on the colocated pool: the disaggregated pool failed before the first byte",
-            ["model", "reason"],
+            ["model", "length_class", "reason"],
             registry=r,
         )
         self.decisions = Counter(

@@ -132,7 +132,7 @@ class Proxy:
                 failure.detail or failure.reason,
             )
             if not last and pool == "disagg":
-                m.child(m.fallbacks, ctx.alias, failure.reason).inc()
+                m.child(m.fallbacks, ctx.alias, ctx.cls, failure.reason).inc()
                 fallbacks = ctx.policy.counts.fallbacks
                 fallbacks[failure.reason] = fallbacks.get(failure.reason, 0) + 1
         if up is None:

@@ -94,10 +94,11 @@ def figure(source: MetricsSource, gate: GateSpec, cls: str, window_s: float) -> 
     if gate.metric == "stalls":
         stalls = _per_pool(source, "increase", "pdfleet_gateway_stream_stalls_total", window_s, cls)
         return {p: None if requests[p] is None else (stalls[p] or 0.0) * 60.0 / window_s for p in POOLS}
-    # fallback_rate: fallbacks carry no class or pool; per request the gateway sent to disagg
+    # fallback_rate: only the disaggregated pool falls back; per request of the class sent to it
     decisions = _per_pool(source, "increase", DECISIONS, window_s, cls)
     try:
-        fallbacks = sum(source.increase("pdfleet_gateway_fallbacks_total", window_s).values())
+        fallbacks = sum(source.increase("pdfleet_gateway_fallbacks_total", window_s,
+                                        match={"length_class": cls}).values())
     except SeriesAbsent:
         fallbacks = 0.0
     return {"disagg": _ratio(fallbacks, decisions["disagg"]), "colocated": None}

@@ -40,7 +40,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                            registry=gw.registry)
         decisions = Counter("pdfleet_gateway_routing_decisions", "d",
                             ["stage", "length_class", "pool", "reason"], registry=gw.registry)
-        fallbacks = Counter("pdfleet_gateway_fallbacks", "f", ["model", "reason"], registry=gw.registry)
+        fallbacks = Counter("pdfleet_gateway_fallbacks", "f", ["model", "length_class", "reason"],
+                            registry=gw.registry)
         stalls = Counter("pdfleet_gateway_stream_stalls", "s", ["pool", "length_class"], registry=gw.registry)
         tpot = [Histogram("vllm:request_time_per_output_token_seconds", "t", buckets=BUCKETS,
                           registry=e.registry) for e in (dec, colo)]
@@ -49,8 +50,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                     requests.labels("m", "disagg", "long", "503"),
                     requests.labels("m", "colocated", "long", "200"),
                     decisions.labels("s", "long", "disagg", "weight"),
-                    fallbacks.labels("m", "connect"), stalls.labels("colocated", "long"),
-                    ttft.labels("disagg", "long"), ttft.labels("colocated", "long")]  # at zero first
+                    fallbacks.labels("m", "long", "connect"), stalls.labels("colocated", "long"),
+                    ttft.labels("disagg", "long"), ttft.labels("colocated", "long"),
+                    fallbacks.labels("m", "short", "connect")]  # at zero first
         targets = [(f"127.0.0.1:{gw.port}", {"role": "gateway"}),
                    (f"127.0.0.1:{dec.port}", {"pool": "disagg", "role": "decode"}),
                    (f"127.0.0.1:{colo.port}", {"pool": "colocated", "role": "colocated"})]
@@ -69,8 +71,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         children[3].inc(40)
         children[4].inc(8)
         children[5].inc(10)
-        wait_for(lambda: [s.value for s in client.instant("pdfleet_gateway_fallbacks_total")] == [8.0],
-                 what="the observations scraped")
+        children[8].inc(5)  # another class's fallbacks: not the long class's rate
+        fallback_values = lambda: sorted(s.value for s in client.instant("pdfleet_gateway_fallbacks_total"))  # noqa: E731
+        wait_for(lambda: fallback_values() == [5.0, 8.0], what="the observations scraped")
         wait_for(samples_seen(client, "pdfleet_gateway_fallbacks_total", 6), what="a few scrapes after them")
         yield World(client)
 
