@@ -8,11 +8,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 # TTFT spans sub-ms (short prompts on an idle simulator) to tens of seconds (long prefills queued)
-TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
-# inter-chunk gaps: one decode step is ~5-50 ms; the "typewriter stopped" region is 0.5 s and up
-GAP_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10)
+# The rollout's gates compare P99s read from these (1.5x the colocated pool's, the SLO): between 0.1 s
+# and 5 s a bucket is at most ~25% wider than the one below, so an estimate is off by less than a gate's
+# margin; with 1 s → 2.5 s buckets a single 1.1 s request read as a 2.4 s P99.
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75,
+                0.9, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 4, 5, 7.5, 10, 20, 40, 80)
+# inter-chunk gaps: one decode step is ~5-50 ms; the "typewriter stopped" region is 0.25-0.5 s and up
+GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+               0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 PROMPT_TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
-DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 2.5, 3, 4, 5, 7.5, 10, 15, 20, 30, 60, 120,
+                    300)
 
 
 class GatewayMetrics:

@@ -3,12 +3,15 @@ disaggregated pool step by step with traffic running, rolls back by itself on a 
 the operator's process is killed, and a plain provision leaves its stage alone; abort, promote, a dry run
 and an inconclusive pause each do what they say. Written for the lead's lab; not run by the helpers.
 
-Traffic: streamed chat requests from a few threads through the gateway's one key and base URL (the
-bench's load generator, `invoke bench`, is being built beside this; swap it in when it lands).
+Traffic: streamed chat requests from a few threads through the gateway's one key and base URL, most of
+them long; the long ones walk the sticky buckets 0..99 in an order that spreads the low buckets evenly,
+so each step's share of long prompts on the disaggregated pool is its weight within a request or two
+(not a coin's luck), and never arrives as a burst of one pool's requests.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -23,18 +26,16 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdfleet.gateway.policy import bucket_of
 from tests.lab.helpers import REPO_ROOT, LabHandle
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
 MODEL = "llama-3.1-8b"
-LONG_PROMPT = "word " * (16_000 * 4 // 5)  # ≈ 16K tokens at 4 chars/token: long class
+LONG_PROMPT = "word " * 7_000  # ≈ 8.75K tokens at 4 chars/token: just over the long class's 8192
 GATEWAY_METRICS = "http://198.18.0.10:8080/metrics"
 ROLLBACK_S = 5.0
 
-# Written with the controller, first run in the lab at the end of session 4: the walk did not finish
-# within the session. Skipped until someone runs and fixes it (issue 15's note says what is left).
-pytestmark = pytest.mark.skip(reason="issue 15: the rollout lab tests have not passed in the lab yet")
 
 
 def _invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -90,6 +91,22 @@ def _decisions() -> dict[tuple[str, str], float]:
     return out
 
 
+def _session_per_bucket() -> list[str]:
+    """A session id per sticky bucket 0..99, as the gateway buckets its `X-Session-Id`."""
+    out: dict[int, str] = {}
+    for i in itertools.count():
+        out.setdefault(bucket_of(f"s:long-{i}"), f"long-{i}")
+        if len(out) == 100:
+            return [out[b] for b in range(100)]
+    raise AssertionError("unreachable")
+
+
+def _spread(turn: int) -> int:
+    """The bucket of a turn: its two decimal digits swapped, so turns 0, 10, 20… take buckets 0, 1, 2…
+    and every ten turns hold each tenth of the buckets once."""
+    return (turn % 10) * 10 + (turn // 10) % 10
+
+
 @pytest.fixture(scope="module")
 def provisioned(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """lab-cross provisioned (the controller included); the client environment of `invoke lab.env`."""
@@ -112,16 +129,19 @@ def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Ite
     stop = threading.Event()
     seen: dict[str, Any] = {"sent": 0, "failed": []}
     lock = threading.Lock()
+    sessions = _session_per_bucket()
+    turn = itertools.count()
 
     def loop(worker: int) -> None:
         n = 0
         while not stop.is_set():
             n += 1
-            prompt = LONG_PROMPT if n % 2 else "hello, how are you?"
+            long = n % 4 != 0
+            session = sessions[_spread(next(turn))] if long else f"short-w{worker}-{n}"
             try:
                 stream = client.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=16, stream=True,
-                    extra_headers={"X-Session-Id": f"w{worker}-{n}"})
+                    model=MODEL, messages=[{"role": "user", "content": LONG_PROMPT if long else "hello"}],
+                    max_tokens=16, stream=True, extra_headers={"X-Session-Id": session})
                 for _ in stream:
                     pass
                 with lock:
@@ -130,7 +150,7 @@ def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Ite
                 with lock:
                     seen["failed"].append(repr(exc))
 
-    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(6)]
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(3)]
     for t in threads:
         t.start()
     yield seen
@@ -155,7 +175,8 @@ def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
     before = _decisions()
     _ok("rollout", "--stage", "long-prompts", timeout=1200)  # follows the live view until the end
     status = _status(lab)
-    assert (status["phase"], status["stage"], status["weights"]["long"]) == ("succeeded", "long-prompts", 100)
+    walked = (status["phase"], status["stage"], status["weights"]["long"])
+    assert walked == ("succeeded", "long-prompts", 100), (status.get("reason"), status.get("last_results"))
     history = _remote(lab, "history")
     applied = [e for e in history if e["event"] == "applied"]
     assert [e["weights"]["long"] for e in applied][-5:] == [10, 25, 50, 100, 100]

@@ -47,6 +47,9 @@ def test_every_outcome_of_one_gate() -> None:
     assert evaluate_gate(RATIO, _obs(value=250.0, weight=50), SLO).outcome == "inconclusive"
     at_full = evaluate_gate(BOTH, _obs(value=250.0, weight=100), SLO)
     assert at_full.outcome == "pass" and "no colocated baseline at 100%" in at_full.message
+    # the window still holds the colocated pool's figures from before the last step: not a baseline
+    stale = evaluate_gate(BOTH, _obs(value=2500.0, baseline=900.0, weight=100), SLO)
+    assert stale.outcome == "pass" and "no colocated baseline at 100%" in stale.message
     assert evaluate_gate(GateSpec(name="d", metric="ttft", max=1, dry_run=True), _obs(value=5.0), SLO).dry_run
 
 
