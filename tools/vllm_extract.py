@@ -47,6 +47,7 @@ from tools.vllm_connectors import (
     mooncake_protocol,
     side_channel,
 )
+from tools.vllm_flags import serve_flags
 
 KV = "vllm/distributed/kv_transfer/kv_connector"
 FACTORY = f"{KV}/factory.py"
@@ -268,4 +269,5 @@ def extract(src: Sources) -> Release:
         prefix_caching=prefix_caching(src),
         batch_defaults=batch_defaults(src),
         metrics=metrics,
+        serve_flags=serve_flags(src),
     )

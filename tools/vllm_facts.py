@@ -166,6 +166,9 @@ def summary(release: Release) -> list[str]:
         + f"; max_num_seqs = {r.batch_defaults.max_num_seqs_rule}",
         f"  metrics ({len(r.metrics)}, {sum(m.name.startswith('vllm:nixl_') for m in r.metrics)} nixl): "
         + ", ".join(m.name.removeprefix("vllm:") for m in r.metrics),
+        f"  vllm serve options ({', '.join(g.source for g in r.serve_flags.groups)}): "
+        f"{sum(len(g.flags) for g in r.serve_flags.groups)}, abbreviations "
+        f"{'accepted' if r.serve_flags.allow_abbrev else 'refused'} ({r.serve_flags.source})",
         "  mooncake extra config: "
         + (", ".join(f"{k.name}={k.default!r}" for k in r.mooncake_extra_config.keys)
            if r.mooncake_extra_config else "(no MooncakeConnector)"),
