@@ -152,6 +152,8 @@ V0_11_0 = Release(
         default='True',
         when="model_config.runner_type != 'pooling' and self.enable_prefix_caching is None",
         source='vllm/engine/arg_utils.py',
+        preempted_apart=False,
+        stats_source='vllm/v1/metrics/stats.py',
     ),
     batch_defaults=BatchDefaults(
         tiers=(
@@ -1266,6 +1268,8 @@ V0_33_0 = Release(
         default='model_config.is_prefix_caching_supported',
         when='self.enable_prefix_caching is None',
         source='vllm/engine/arg_utils.py',
+        preempted_apart=True,
+        stats_source='vllm/v1/metrics/stats.py',
     ),
     batch_defaults=BatchDefaults(
         tiers=(

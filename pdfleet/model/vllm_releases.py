@@ -174,6 +174,10 @@ class PrefixCaching:
     default: str  # "True", or what it depends on (0.33: model_config.is_prefix_caching_supported)
     when: str  # the conditions of that default
     source: str
+    # PrefixCacheStats keeps a preempted request's lookups apart (preempted_queries/hits, 0.33), out of
+    # vllm:prefix_cache_queries/hits; False: every lookup counts (0.11)
+    preempted_apart: bool
+    stats_source: str
 
 
 @dataclass(frozen=True)

@@ -232,6 +232,7 @@ class SimAPI:
             remote_prefill=remote_prefill,
             sink=sink,
             kv_id=kv_id,
+            block_hashes=prepared.hashes,
         )
         runtime.metrics.max_tokens_hist.observe(max_tokens)
         resp: web.StreamResponse | None = None

@@ -69,6 +69,7 @@ class SimConfig:
     max_num_batched_tokens: int
     gpu_memory_utilization: float
     enable_chunked_prefill: bool
+    enable_prefix_caching: bool
     kv_cache_dtype: str
     block_size: int
     num_blocks: int
@@ -109,6 +110,8 @@ class SimConfig:
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             hold_timeout_s=self.abort_timeout_s,
             recompute_on_load_failure=bool(kv and kv.load_failure_policy == "recompute"),
+            enable_prefix_caching=self.enable_prefix_caching,
+            prefix_stats_skip_preempted=self.release.prefix_caching.preempted_apart,
         )
 
     def engine(self) -> Engine:
@@ -183,6 +186,9 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         max_num_batched_tokens=batched,
         gpu_memory_utilization=ns.gpu_memory_utilization,
         enable_chunked_prefill=chunked,
+        # unset: the release's default (0.11 True; 0.33 is_prefix_caching_supported, True for the
+        # decoder-only models the simulator knows)
+        enable_prefix_caching=True if ns.enable_prefix_caching is None else ns.enable_prefix_caching,
         kv_cache_dtype=ns.kv_cache_dtype,
         block_size=ns.block_size,
         num_blocks=num_blocks,
