@@ -159,7 +159,9 @@ def summary(release: Release) -> list[str]:
         f"factors {', '.join(r.handshake.hash_factors) or '(no check)'}; min NIXL {r.handshake.min_nixl}",
         f"  chunked prefill ({r.chunked_prefill.source}): forced on {r.chunked_prefill.forced_on}, "
         f"warning {r.chunked_prefill.disable_warning!r}",
-        f"  prefix caching default: {r.prefix_caching.default} (when {r.prefix_caching.when})",
+        f"  prefix caching default: {r.prefix_caching.default} (when {r.prefix_caching.when}); "
+        f"preempted lookups {'apart' if r.prefix_caching.preempted_apart else 'counted'} "
+        f"({r.prefix_caching.stats_source})",
         "  batch defaults (max_num_batched_tokens/max_num_seqs): "
         + "; ".join(f">= {t.min_gib} GiB{' not ' + '/'.join(t.excluded) if t.excluded else ''}"
                     f" {t.max_num_batched_tokens}/{t.max_num_seqs}" for t in r.batch_defaults.tiers)
