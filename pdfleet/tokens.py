@@ -53,6 +53,12 @@ class HFTokenizer:
             ) from exc
         self._tok = Tokenizer.from_file(str(path))
 
+    def encode(self, text: str) -> list[int]:
+        """The token ids `count` counts (the simulator's prefix cache hashes them)."""
+        if not text:
+            return []
+        return list(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
+
     def count(self, text: str) -> int:
         if not text:
             return 0

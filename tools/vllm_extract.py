@@ -47,6 +47,7 @@ from tools.vllm_connectors import (
     mooncake_protocol,
     side_channel,
 )
+from tools.vllm_flags import serve_flags
 
 KV = "vllm/distributed/kv_transfer/kv_connector"
 FACTORY = f"{KV}/factory.py"
@@ -54,6 +55,7 @@ KV_CONFIG = "vllm/config/kv_transfer.py"
 CONFIG_UTILS = "vllm/config/utils.py"
 ENVS = "vllm/envs.py"
 ARG_UTILS = "vllm/engine/arg_utils.py"
+STATS = "vllm/v1/metrics/stats.py"
 MOONCAKE = "MooncakeConnector"
 # env vars of the KV-transfer path: NIXL's and Mooncake's own, and the KV layout NIXL forces
 ENV_MARKERS = ("NIXL", "MOONCAKE")
@@ -197,8 +199,18 @@ def prefix_caching(src: Sources) -> PrefixCaching:
                 and "self.enable_prefix_caching is None" in conditions
             ):
                 value = local.get(ast.unparse(node.value), node.value)
-                return PrefixCaching(ast.unparse(value), " and ".join(conditions), ARG_UTILS)
+                return PrefixCaching(ast.unparse(value), " and ".join(conditions), ARG_UTILS,
+                                     _preempted_apart(src), STATS)
     raise KeyError(f"vLLM {src.version}: {ARG_UTILS} sets no default for enable_prefix_caching")
+
+
+def _preempted_apart(src: Sources) -> bool:
+    """Whether PrefixCacheStats counts a preempted request's lookups in fields of their own."""
+    cls = find_class(src.tree(STATS), "PrefixCacheStats")
+    if cls is None:
+        raise KeyError(f"{STATS}: no class PrefixCacheStats")
+    fields = [ast.unparse(n.target) for n in cls.body if isinstance(n, ast.AnnAssign)]
+    return "preempted_queries" in fields
 
 
 def batch_defaults(src: Sources) -> BatchDefaults:
@@ -268,4 +280,5 @@ def extract(src: Sources) -> Release:
         prefix_caching=prefix_caching(src),
         batch_defaults=batch_defaults(src),
         metrics=metrics,
+        serve_flags=serve_flags(src),
     )

@@ -159,13 +159,18 @@ def summary(release: Release) -> list[str]:
         f"factors {', '.join(r.handshake.hash_factors) or '(no check)'}; min NIXL {r.handshake.min_nixl}",
         f"  chunked prefill ({r.chunked_prefill.source}): forced on {r.chunked_prefill.forced_on}, "
         f"warning {r.chunked_prefill.disable_warning!r}",
-        f"  prefix caching default: {r.prefix_caching.default} (when {r.prefix_caching.when})",
+        f"  prefix caching default: {r.prefix_caching.default} (when {r.prefix_caching.when}); "
+        f"preempted lookups {'apart' if r.prefix_caching.preempted_apart else 'counted'} "
+        f"({r.prefix_caching.stats_source})",
         "  batch defaults (max_num_batched_tokens/max_num_seqs): "
         + "; ".join(f">= {t.min_gib} GiB{' not ' + '/'.join(t.excluded) if t.excluded else ''}"
                     f" {t.max_num_batched_tokens}/{t.max_num_seqs}" for t in r.batch_defaults.tiers)
         + f"; max_num_seqs = {r.batch_defaults.max_num_seqs_rule}",
         f"  metrics ({len(r.metrics)}, {sum(m.name.startswith('vllm:nixl_') for m in r.metrics)} nixl): "
         + ", ".join(m.name.removeprefix("vllm:") for m in r.metrics),
+        f"  vllm serve options ({', '.join(g.source for g in r.serve_flags.groups)}): "
+        f"{sum(len(g.flags) for g in r.serve_flags.groups)}, abbreviations "
+        f"{'accepted' if r.serve_flags.allow_abbrev else 'refused'} ({r.serve_flags.source})",
         "  mooncake extra config: "
         + (", ".join(f"{k.name}={k.default!r}" for k in r.mooncake_extra_config.keys)
            if r.mooncake_extra_config else "(no MooncakeConnector)"),

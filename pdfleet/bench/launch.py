@@ -108,18 +108,20 @@ class RouterProcess(_Proc):
         port: int | None = None,
         timeout: float = 60.0,
         extra: Sequence[str] = (),
+        kv_connector: str = "nixl",
+        bootstrap_ports: Sequence[int] = (),
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         exe = Path(sys.executable).with_name("vllm-router")
         argv = [str(exe), "--vllm-pd-disaggregation"]
-        for url in prefill:
-            argv += ["--prefill", url]
+        for i, url in enumerate(prefill):  # `--prefill URL BOOTSTRAP_PORT` for mooncake
+            argv += ["--prefill", url, *([str(bootstrap_ports[i])] if i < len(bootstrap_ports) else [])]
         for url in decode:
             argv += ["--decode", url]
         argv += [
             "--kv-connector",
-            "nixl",
+            kv_connector,
             "--host",
             "127.0.0.1",
             "--port",

@@ -156,6 +156,9 @@ def _kv_role_problems(profile: Profile) -> Iterable[Problem]:
             )
 
 
+SIM_CONNECTORS = (NIXL, MOONCAKE)  # the P/D protocols pdfleet-sim plays (docs/sim.md)
+
+
 def _connector_problems(profile: Profile, rel: Release) -> Iterable[Problem]:
     """The connector must be real for the pinned vLLM, renderable by pdfleet, and fit the engine."""
     kv = profile.kv_transfer
@@ -163,10 +166,11 @@ def _connector_problems(profile: Profile, rel: Release) -> Iterable[Problem]:
     if problem is not None:
         yield Problem("kv_transfer.connector", problem.message)
         return
-    if profile.vllm.engine == "sim" and kv.connector != NIXL:
+    if profile.vllm.engine == "sim" and kv.connector not in SIM_CONNECTORS:
         yield Problem(
             "kv_transfer.connector",
-            f"the simulator (vllm.engine: sim) speaks NixlConnector's protocol only (got {kv.connector})",
+            f"the simulator (vllm.engine: sim) speaks {' and '.join(SIM_CONNECTORS)}'s protocols only "
+            f"(got {kv.connector})",
         )
     if kv.connector == MOONCAKE and kv.mooncake_protocol == "rdma" and not profile.rdma.enabled:
         yield Problem(

@@ -6,8 +6,9 @@ comes from (`source`, a path inside the wheel). This module holds the row types 
 rendering (`fleet.vllm_args`), profile checks (`model.checks`) and the simulator (`sim`) ask of a pin.
 Values are kept as vLLM spells them (names, env vars, defaults), so nothing is translated twice.
 
-Not tabled, with the reason: the `vllm serve` flag set (built at run time from config dataclasses by
-`get_kwargs`; the simulator's accepted-flags row is the next addition), speculative-decoding metrics
+`serve_flags` is the `vllm serve` option set, read as `get_kwargs` would build it from the config
+dataclasses' field annotations (plugins and `current_platform.pre_register_and_update` can add more at
+run time; those are not tabled). Not tabled, with the reason: speculative-decoding metrics
 (pdfleet renders none), and what the `nixl` wheel's cu12/cu13 extras install (PyPI metadata of nixl,
 not vLLM source: the minimum version vLLM checks is `handshake.min_nixl`).
 
@@ -173,6 +174,10 @@ class PrefixCaching:
     default: str  # "True", or what it depends on (0.33: model_config.is_prefix_caching_supported)
     when: str  # the conditions of that default
     source: str
+    # PrefixCacheStats keeps a preempted request's lookups apart (preempted_queries/hits, 0.33), out of
+    # vllm:prefix_cache_queries/hits; False: every lookup counts (0.11)
+    preempted_apart: bool
+    stats_source: str
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,32 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class ServeFlag:
+    """One `vllm serve` option: its option strings (negative forms included) and the values it takes."""
+
+    names: tuple[str, ...]
+    nargs: str  # "0" a switch, "1" one value, "?" an optional value, "+" / "*" a list
+    negatives: tuple[str, ...] = ()  # the names that set a switch False (--no-x; 0.33: --disable-x)
+
+
+@dataclass(frozen=True)
+class ServeFlagGroup:
+    """The options one vLLM file registers on the `vllm serve` parser."""
+
+    flags: tuple[ServeFlag, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class ServeFlags:
+    """Every option `vllm serve` accepts, and whether its parser takes unambiguous abbreviations."""
+
+    groups: tuple[ServeFlagGroup, ...]
+    allow_abbrev: bool  # argparse's allow_abbrev: FlexibleArgumentParser keeps argparse's True
+    source: str  # where the parser class is defined
+
+
+@dataclass(frozen=True)
 class Release:
     """Everything pdfleet knows about one vLLM release, each part with its source file."""
 
@@ -227,6 +258,7 @@ class Release:
     prefix_caching: PrefixCaching
     batch_defaults: BatchDefaults
     metrics: tuple[Metric, ...]
+    serve_flags: ServeFlags
 
     def has_connector(self, name: str) -> bool:
         """Whether `kv_connector: name` is registered in this release."""
@@ -297,6 +329,14 @@ class Release:
             if metric.name == name:
                 return metric
         raise KeyError(f"vLLM {self.version} registers no metric {name}")
+
+    def serve_flag(self, name: str) -> ServeFlag | None:
+        """The `vllm serve` option one of whose option strings is `name` (None: the release has none)."""
+        for group in self.serve_flags.groups:
+            for flag in group.flags:
+                if name in flag.names:
+                    return flag
+        return None
 
     def metric_names(self, include_conditional: bool = False) -> tuple[str, ...]:
         """Names registered on every start (and, if asked, those behind a condition too)."""

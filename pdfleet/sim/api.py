@@ -219,11 +219,9 @@ class SimAPI:
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{base}"
         sink = Sink(kind, rid, model, stream, include_usage, asyncio.get_running_loop())
         sink.finish_reason = finish
-        kv_id = ""
-        if kv is not None and kv.pairs_by_request_id():
-            kv_id = f"{rid}-0"  # vLLM 0.11's engine request id for the one prompt of a request
-            if remote_prefill is not None:
-                remote_prefill = {**remote_prefill, "remote_request_id": kv_id}
+        kv_id = kv.hold_key(body, rid) if kv is not None else ""  # what P holds the blocks under
+        if kv is not None and kv_id and remote_prefill is not None and not kv.mooncake:
+            remote_prefill = {**remote_prefill, "remote_request_id": kv_id}  # 0.11: the id both legs derive
         req = SimRequest(
             f"{rid}-{self._seq}",
             prompt_tokens,
@@ -232,6 +230,7 @@ class SimAPI:
             remote_prefill=remote_prefill,
             sink=sink,
             kv_id=kv_id,
+            block_hashes=prepared.hashes,
         )
         runtime.metrics.max_tokens_hist.observe(max_tokens)
         resp: web.StreamResponse | None = None

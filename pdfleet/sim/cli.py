@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from pdfleet.errors import PdfleetError
 from pdfleet.sim.config import SimConfig, parse_serve_args
-from pdfleet.sim.serve_options import TIME_SCALE_HELP, build_parser
+from pdfleet.sim.serve_options import TIME_SCALE_HELP, build_parser, release_of
 from pdfleet.sim.server import SimServer
 
 USAGE = (
@@ -58,10 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] != "serve":
         sys.stderr.write(f"pdfleet-sim: unknown command {args[0]!r}\n{USAGE}")
         return 2
-    if any(a in ("-h", "--help") for a in args[1:]):
-        build_parser().print_help()
-        return 0
     try:
+        if any(a in ("-h", "--help") for a in args[1:]):
+            build_parser(release_of(args[1:])).print_help()  # the options of the pinned release
+            return 0
         cfg = parse_serve_args(args[1:])
     except PdfleetError as exc:
         sys.stderr.write(f"{exc}\n")

@@ -30,6 +30,8 @@ KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 # What vLLM 0.11 does with a failed KV load (no kv_load_failure_policy field yet): it marks the blocks
 # invalid and the scheduler recomputes them.
 NO_POLICY_FIELD = "recompute"
+MOONCAKE_PORT_ENV = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
+MOONCAKE_TIMEOUT_ENV = "VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class SimConfig:
     max_num_batched_tokens: int
     gpu_memory_utilization: float
     enable_chunked_prefill: bool
+    enable_prefix_caching: bool
     kv_cache_dtype: str
     block_size: int
     num_blocks: int
@@ -86,6 +89,7 @@ class SimConfig:
     disable_log_stats: bool
     log_interval_s: float
     visible_devices: tuple[str, ...] | None
+    mooncake_bootstrap_port: int = 8998  # VLLM_MOONCAKE_BOOTSTRAP_PORT (a Mooncake producer's)
     release: Release = field(default=RELEASES[NEWEST], repr=False)  # modelled (--sim-vllm-version)
 
     @property
@@ -109,6 +113,8 @@ class SimConfig:
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             hold_timeout_s=self.abort_timeout_s,
             recompute_on_load_failure=bool(kv and kv.load_failure_policy == "recompute"),
+            enable_prefix_caching=self.enable_prefix_caching,
+            prefix_stats_skip_preempted=self.release.prefix_caching.preempted_apart,
         )
 
     def engine(self) -> Engine:
@@ -183,6 +189,9 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         max_num_batched_tokens=batched,
         gpu_memory_utilization=ns.gpu_memory_utilization,
         enable_chunked_prefill=chunked,
+        # unset: the release's default (0.11 True; 0.33 is_prefix_caching_supported, True for the
+        # decoder-only models the simulator knows)
+        enable_prefix_caching=True if ns.enable_prefix_caching is None else ns.enable_prefix_caching,
         kv_cache_dtype=ns.kv_cache_dtype,
         block_size=ns.block_size,
         num_blocks=num_blocks,
@@ -204,6 +213,8 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         disable_log_stats=ns.disable_log_stats,
         log_interval_s=ns.sim_log_interval,
         visible_devices=visible,
+        mooncake_bootstrap_port=_env_int(env, MOONCAKE_PORT_ENV, int(rel.env_default(MOONCAKE_PORT_ENV)))
+        if rel.has_env(MOONCAKE_PORT_ENV) else 8998,
         release=rel,
     )
 
@@ -313,7 +324,7 @@ def _kv_transfer(raw: str | None, rel: Release) -> KVTransfer | None:
         )
     device = data.get("kv_buffer_device", "cuda")
     allowed = rel.buffer_devices_on("cuda")
-    if device not in allowed:
+    if connector == "NixlConnector" and device not in allowed:
         raise ValidationError(
             f"--kv-transfer-config: kv_buffer_device {device!r} is not supported by NixlConnector on cuda "
             f"(vLLM {rel.version} supports {', '.join(allowed)})"
@@ -328,8 +339,12 @@ def _hold_s(env: Mapping[str, str], kv: KVTransfer | None, rel: Release) -> floa
     """How long a producer holds blocks for its consumer: the release's abort timeout (0.11, env var) or
     lease (0.33, kv_connector_extra_config.kv_lease_duration, renewed by the consumer's heartbeats)."""
     kind, default = rel.kv_hold_s()
-    if kind == "lease":
-        raw: Any = (kv.extra_config if kv is not None else {}).get("kv_lease_duration", default)
+    raw: Any
+    if kv is not None and kv.connector == "MooncakeConnector":  # its own fixed hold (mooncake_connector.py)
+        raw = env.get(MOONCAKE_TIMEOUT_ENV) or rel.env_default(MOONCAKE_TIMEOUT_ENV)
+        name = MOONCAKE_TIMEOUT_ENV
+    elif kind == "lease":
+        raw = (kv.extra_config if kv is not None else {}).get("kv_lease_duration", default)
         name = "kv_connector_extra_config.kv_lease_duration"
     else:
         raw = env.get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT") or default

@@ -23,6 +23,7 @@ from enum import Enum
 from typing import Any
 
 from pdfleet.model.catalog import DEFAULT_BLOCK_SIZE
+from pdfleet.sim.blocks import BlockPool
 from pdfleet.sim.perf import PerfModel
 
 # How long a producer holds finished blocks for its consumer: VLLM_NIXL_ABORT_REQUEST_TIMEOUT's default
@@ -60,6 +61,7 @@ class SimRequest:
     finish_reason: str | None = None
     num_preemptions: int = 0
     kv_id: str = ""  # what the producer holds the blocks under for the consumer (default: request_id)
+    block_hashes: tuple[bytes, ...] = ()  # the prompt's full blocks, chained (pdfleet.sim.blocks)
 
 
 @dataclass(slots=True)
@@ -93,6 +95,8 @@ class EngineLimits:
     long_prefill_token_threshold: int = 0
     hold_timeout_s: float = DEFAULT_HOLD_TIMEOUT_S
     recompute_on_load_failure: bool = False
+    enable_prefix_caching: bool = False
+    prefix_stats_skip_preempted: bool = False  # 0.33: a preempted request's lookups are not counted
 
 
 class Engine:
@@ -106,7 +110,9 @@ class Engine:
         self.loading: dict[str, SimRequest] = {}
         self.held: dict[str, tuple[SimRequest, float]] = {}
         self._held_order: deque[str] = deque()
-        self._free: list[int] = list(range(limits.num_blocks - 1, -1, -1))
+        self.pool = BlockPool(limits.num_blocks, limits.enable_prefix_caching)
+        self.prefix_cache_queries = 0  # tokens looked up in the prefix cache, as vLLM counts them
+        self.prefix_cache_hits = 0  # of those, tokens found cached
         self.num_preemptions = 0
         self.prompt_tokens_computed = 0
         self.generation_tokens = 0
@@ -114,13 +120,13 @@ class Engine:
     # ---- state the driver reads -------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self.pool.num_free
 
     @property
     def kv_usage(self) -> float:
         """Fraction of KV blocks in use (held producer blocks included), like vllm:kv_cache_usage_perc."""
         total = self.limits.num_blocks
-        return (total - len(self._free)) / total if total else 0.0
+        return (total - self.pool.num_free) / total if total else 0.0
 
     @property
     def num_running(self) -> int:
@@ -170,15 +176,33 @@ class Engine:
         need = self._blocks_for(tokens) - len(req.block_ids)
         if need <= 0:
             return True
-        if need > len(self._free):
+        blocks = self.pool.take(need)
+        if blocks is None:
             return False
-        req.block_ids.extend(self._free[-need:])
-        del self._free[-need:]
+        req.block_ids.extend(blocks)
         return True
 
     def _free_blocks(self, req: SimRequest) -> None:
-        self._free.extend(req.block_ids)
+        self.pool.free(req.block_ids)
         req.block_ids = []
+
+    def _prefix_hit(self, req: SimRequest) -> int:
+        """vLLM's get_computed_blocks for a request that starts (again): the cached blocks its prompt
+        begins with, never its last token (recomputed for the logits); returns the tokens looked up."""
+        num_tokens = req.prompt_tokens + req.generated
+        if not self.limits.enable_prefix_caching or req.computed or req.block_ids:
+            return 0
+        bs = self.limits.block_size
+        req.block_ids = self.pool.match(req.block_hashes, (num_tokens - 1) // bs)
+        req.computed = len(req.block_ids) * bs
+        return num_tokens
+
+    def _count_prefix(self, req: SimRequest, queried: int) -> None:
+        """Add an admitted request's lookup to vllm:prefix_cache_queries/hits (in tokens)."""
+        self.prompt_tokens_computed += req.computed  # cached prompt tokens count as processed, as vLLM's
+        if queried and not (req.num_preemptions and self.limits.prefix_stats_skip_preempted):
+            self.prefix_cache_queries += queried
+            self.prefix_cache_hits += req.computed
 
     def _preempt(self, req: SimRequest) -> None:
         """Recompute preemption: drop the KV, put the request back at the head of the queue."""
@@ -257,9 +281,14 @@ class Engine:
                 continue
             if budget <= 0:
                 break
+            queried = self._prefix_hit(req)
             n = self._chunk(req, budget)
             if n == 0 or not self._allocate(req, req.computed + n):
+                if queried:  # not admitted: let go of the cached blocks, look up again next time
+                    self._free_blocks(req)
+                    req.computed = 0
                 break
+            self._count_prefix(req, queried)
             waiting.popleft()
             req.state = State.RUNNING
             if req.first_scheduled is None:
@@ -298,6 +327,9 @@ class Engine:
             total = req.prompt_tokens + req.generated
             if before < req.prompt_tokens:
                 prompt_done += min(req.computed, req.prompt_tokens) - before
+                if req.block_hashes:  # full prompt blocks become cached as they are computed
+                    full = min(len(req.block_hashes), req.computed // self.limits.block_size)
+                    self.pool.cache(req.block_ids, req.block_hashes, full)
             if req.computed == total:
                 req.generated += 1
                 if req.first_token is None:

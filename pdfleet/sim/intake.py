@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
+from pdfleet.sim.blocks import block_hashes, prompt_units
 from pdfleet.sim.config import SimConfig
 from pdfleet.sim.stream import compact
 from pdfleet.tokens import TextCounter, count_request_tokens
@@ -252,6 +253,7 @@ class Prepared(NamedTuple):
     parsed: Parsed
     digest: str | None  # set on producers, for the consumer's shortcut
     counted: bool  # False: the count came from the producer's kv_transfer_params
+    hashes: tuple[bytes, ...] = ()  # the prompt's block hashes, for the prefix cache (when it is on)
 
 
 class Intake:
@@ -293,7 +295,10 @@ class Intake:
         digest = None
         if self._producer and params.get("do_remote_decode"):
             digest = prompt_digest(body, self.counter_id)
-        return Prepared(body, parsed, digest, known is None)
+        hashes: tuple[bytes, ...] = ()
+        if self.cfg.enable_prefix_caching and not (self._consumer and params.get("do_remote_prefill")):
+            hashes = block_hashes(prompt_units(body, self.counter), self.cfg.block_size)
+        return Prepared(body, parsed, digest, known is None, hashes)
 
     def close(self) -> None:
         """Stop the worker thread (work queued behind the current item is dropped)."""

@@ -17,6 +17,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from pdfleet.model.connectors import MOONCAKE
+from pdfleet.sim import mooncake
 from pdfleet.sim.clock import SimClock
 from pdfleet.sim.config import KVTransfer, SimConfig
 from pdfleet.sim.engine import Engine, SimRequest, State
@@ -66,6 +68,8 @@ class KVConnector:
         version = _hashed_version(cfg, kv)
         self.compat = compat_hash(cfg.model_spec.name, cfg.kv_cache_dtype, cfg.block_size, version)
         self._side: SideChannelServer | None = None
+        self.mooncake = kv.connector == MOONCAKE
+        self._bootstrap: mooncake.BootstrapServer | None = None
         self._link = LinkQueue(cfg.link)
         self._window: list[tuple[float, float, int, int]] = []  # (xfer s, post s, bytes, descriptors)
 
@@ -74,6 +78,9 @@ class KVConnector:
         """Log vLLM's connector start-up lines; on a producer, listen on the side channel."""
         kv, cfg = self.kv, self.cfg
         log.info("Creating v1 connector with name: %s and engine_id: %s", kv.connector, kv.engine_id)
+        if self.mooncake:
+            await self._start_mooncake()
+            return
         log.info("Initializing NIXL Scheduler %s", kv.engine_id)
         log.info("Initializing NIXL wrapper")
         log.info("Initializing NIXL worker %s", kv.engine_id)
@@ -83,10 +90,26 @@ class KVConnector:
             await self._side.start(cfg.side_channel_host, cfg.side_channel_port)
             log.info("KV side channel listening on %s:%d", cfg.side_channel_host, cfg.side_channel_port)
 
+    async def _start_mooncake(self) -> None:
+        """A Mooncake producer: its worker's listener on a free port, the bootstrap server on
+        VLLM_MOONCAKE_BOOTSTRAP_PORT, and the worker registered with it over HTTP, as vLLM's does."""
+        if not self.kv.is_producer:
+            return
+        host = self.cfg.host or "127.0.0.1"
+        self._side = SideChannelServer(self.kv.engine_id, self.compat, self.grant, self.release)
+        port = await self._side.start(host, 0)
+        self._bootstrap = mooncake.BootstrapServer()
+        await self._bootstrap.start(self.cfg.host or "0.0.0.0", self.cfg.mooncake_bootstrap_port)
+        payload = {"engine_id": self.kv.engine_id, "dp_rank": 0, "tp_rank": 0, "pp_rank": 0,
+                   "addr": f"tcp://{host}:{port}"}
+        await mooncake.register(f"http://{host}:{self.cfg.mooncake_bootstrap_port}", payload)
+
     async def close(self) -> None:
-        """Close the side channel (if this is a producer)."""
+        """Close the side channel and the Mooncake bootstrap server (if this is a producer)."""
         if self._side is not None:
             await self._side.close()
+        if self._bootstrap is not None:
+            await self._bootstrap.close()
 
     # ---- kv_transfer_params -----------------------------------------------------------------------
     def role_of(self, body: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
@@ -94,6 +117,8 @@ class KVConnector:
         params = body.get("kv_transfer_params")
         if not isinstance(params, dict):
             return False, None
+        if self.mooncake:
+            return self._mooncake_role(params)
         if params.get("do_remote_decode") and self.kv.is_producer:
             return True, None
         if params.get("do_remote_prefill") and self.kv.is_consumer:
@@ -104,6 +129,26 @@ class KVConnector:
                 return False, params
             log.warning("Got invalid KVTransferParams: %s. This request will not utilize KVTransfer", params)
         return False, None
+
+    def _mooncake_role(self, params: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+        """MooncakeConnectorScheduler's reading of kv_transfer_params (the router's transfer_id)."""
+        if params.get("do_remote_prefill") and self.kv.is_consumer:
+            if all(key in params for key in mooncake.CONSUMER_KEYS):
+                return False, params
+            log.warning("Got invalid KVTransferParams: %s. This request will not utilize KVTransfer", params)
+        elif params.get("do_remote_decode") and self.kv.is_producer:
+            if params.get(mooncake.PRODUCER_KEY):
+                return True, None
+            log.warning("Missing transfer_id in kv_transfer_params from router!")
+        return False, None
+
+    def hold_key(self, body: dict[str, Any], rid: str) -> str:
+        """What a producer holds a request's blocks under for its consumer: Mooncake's transfer_id, 0.11
+        NIXL's engine request id derived from X-Request-Id, else its own request id ("")."""
+        params = body.get("kv_transfer_params")
+        if self.mooncake:
+            return str(params.get(mooncake.PRODUCER_KEY) or "") if isinstance(params, dict) else ""
+        return f"{rid}-0" if self.pairs_by_request_id() else ""
 
     def pairs_by_request_id(self) -> bool:
         """vLLM 0.11: P returns no remote_request_id; D names P's request by the id both derive from
@@ -118,6 +163,11 @@ class KVConnector:
             return None
         cfg, facts = self.cfg, self.cfg.release.kv_transfer_params
         key = req.kv_id or req.request_id
+        if self.mooncake:  # request_finished returns no params; only a length-capped prefill is sent
+            handed_over = FINISH_STATUS.get(finish_reason or "") == mooncake.HANDED_OVER
+            if not handed_over and self.engine.release_held(key) is not None:
+                self.wake()
+            return None
         if FINISH_STATUS.get(finish_reason or "") not in facts.finish_statuses:
             if self.engine.release_held(key) is not None:
                 self.wake()
@@ -171,7 +221,7 @@ class KVConnector:
         interval (vLLM 0.33's decoder heartbeats); nothing on a release without leases."""
         timing = self.cfg.release.lease_timing(_lease_of(self.kv))
         params = req.remote_prefill
-        if timing is None or params is None:
+        if timing is None or params is None or self.mooncake:  # Mooncake holds for a fixed timeout
             return
         interval = max(timing[1], 1.0)
         while True:
@@ -215,6 +265,8 @@ class KVConnector:
 
         ok = True
         try:
+            if self.mooncake:
+                params = await self._mooncake_source(params)
             grant, notified = await pull(params, self.compat, wait_transfer)
             m = self.metrics
             if not notified:
@@ -224,6 +276,10 @@ class KVConnector:
             m.nixl_bytes.observe(grant.nbytes)
             m.nixl_descriptors.observe(grant.num_blocks)
             self._window.append((timing["xfer"], timing["post"], grant.nbytes, grant.num_blocks))
+        except mooncake.BootstrapError as exc:
+            ok = False
+            self.metrics.nixl_failed_transfers += 1
+            log.error("Mooncake transfer failed for request %s: %s", req.request_id, exc)
         except PullError as exc:
             ok = False
             self.metrics.nixl_failed_transfers += 1
@@ -243,6 +299,14 @@ class KVConnector:
             self.metrics.success["error"] += 1
             sink.settle(f"KV transfer for request {failed.request_id} failed (kv_load_failure_policy=fail)")
         self.wake()
+
+    async def _mooncake_source(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Where to read a Mooncake request's KV: the producer's worker, from its bootstrap server."""
+        where = str(params["remote_bootstrap_addr"])
+        engines = await mooncake.query(where)
+        host, port = mooncake.worker_endpoint(engines, str(params["remote_engine_id"]), where)
+        return {"remote_host": host, "remote_port": port, "remote_engine_id": params["remote_engine_id"],
+                "remote_request_id": params["transfer_id"]}
 
     # ---- periodic log line ------------------------------------------------------------------------
     def log_transfers(self) -> None:

@@ -125,7 +125,7 @@ async def handle(runtime: Runtime, intake: Intake, request: web.Request) -> web.
     rid = f"chatcmpl-{request.headers.get('X-Request-Id') or uuid.uuid4().hex}"
     sink = MessagesSink(rid, model, stream, prompt_tokens, loop)
     sink.finish_reason = finish
-    req = SimRequest(f"{rid}-msg", prompt_tokens, max_tokens, sink=sink)
+    req = SimRequest(f"{rid}-msg", prompt_tokens, max_tokens, sink=sink, block_hashes=prepared.hashes)
     runtime.metrics.max_tokens_hist.observe(max_tokens)
     resp: web.StreamResponse | None = None
     if stream:

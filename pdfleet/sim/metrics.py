@@ -270,6 +270,17 @@ class SimCollector(Collector):
         yield self._counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", engine.prompt_tokens_computed
         )
+        # registered on every start (0 while caching is off), in tokens, as the release's loggers.py
+        yield self._counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            engine.prefix_cache_queries,
+        )
+        yield self._counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            engine.prefix_cache_hits,
+        )
         yield self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", engine.generation_tokens
         )

@@ -53,7 +53,9 @@ class Runtime:
         self.clock = SimClock(cfg.time_scale)
         self.engine = cfg.engine()
         kv = cfg.kv_transfer
-        self.metrics = SimMetrics(cfg.max_model_len, pd=kv is not None, release=cfg.release)
+        # vllm:nixl_* are NixlConnector's (MooncakeConnector registers none of them)
+        nixl = kv is not None and kv.connector == "NixlConnector"
+        self.metrics = SimMetrics(cfg.max_model_len, pd=nixl, release=cfg.release)
         self._wake = asyncio.Event()
         self.kv = (
             None if kv is None else KVConnector(cfg, kv, self.engine, self.metrics, self.clock, self.wake)

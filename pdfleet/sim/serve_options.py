@@ -1,8 +1,10 @@
 """The `pdfleet-sim serve` command line, parsed as `vllm serve` parses it: the option table and argparse.
 
-Every `vllm serve` option pdfleet renders is declared with vLLM's spelling and default; the many that do
-not affect timing or the API are accepted and ignored; anything else is an error with argparse's
-wording ("unrecognized arguments: --foo", no abbreviations), raised as `ValidationError`. Turning the
+The options are the pinned release's (`--sim-vllm-version`; the facts table's `serve_flags`, read from
+that release's parser code): those the simulator acts on keep vLLM's spelling and default, the rest are
+accepted and ignored, anything else is an error with argparse's wording ("unrecognized arguments: --foo",
+naming the release and the tabled releases that have it), raised as `ValidationError`. Unambiguous
+abbreviations are accepted when the release's parser accepts them (argparse's allow_abbrev). Turning the
 parsed options into a validated `SimConfig` is `pdfleet.sim.config`'s job.
 """
 
@@ -11,10 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
 from pdfleet.model.vllm_release_data import NEWEST, RELEASES
+from pdfleet.model.vllm_releases import Release, ServeFlag, find_release
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
 TIME_SCALE_HELP = (
@@ -23,182 +27,109 @@ TIME_SCALE_HELP = (
     "GPU would show; only the pacing of responses is scaled."
 )
 
-# vLLM serve options the simulator accepts and ignores (no effect on timing or API), by argument shape.
-_IGNORED_VALUE = (
-    "--tokenizer-mode",
-    "--revision",
-    "--code-revision",
-    "--tokenizer-revision",
-    "--dtype",
-    "--seed",
-    "--download-dir",
-    "--load-format",
-    "--config-format",
-    "--quantization",
-    "--pipeline-parallel-size",
-    "-pp",
-    "--data-parallel-size",
-    "-dp",
-    "--data-parallel-size-local",
-    "--data-parallel-address",
-    "--data-parallel-rpc-port",
-    "--data-parallel-start-rank",
-    "--data-parallel-backend",
-    "--swap-space",
-    "--cpu-offload-gb",
-    "--max-logprobs",
-    "--chat-template",
-    "--chat-template-content-format",
-    "--response-role",
-    "--root-path",
-    "--uvicorn-log-level",
-    "--ssl-keyfile",
-    "--ssl-certfile",
-    "--ssl-ca-certs",
-    "--ssl-cert-reqs",
-    "--max-num-partial-prefills",
-    "--max-long-partial-prefills",
-    "--scheduling-policy",
-    "--distributed-executor-backend",
-    "--compilation-config",
-    "-O",
-    "--generation-config",
-    "--override-generation-config",
-    "--hf-overrides",
-    "--max-lora-rank",
-    "--max-loras",
-    "--max-cpu-loras",
-    "--tool-call-parser",
-    "--tool-parser-plugin",
-    "--reasoning-parser",
-    "--guided-decoding-backend",
-    "--structured-outputs-config",
-    "--speculative-config",
-    "--kv-events-config",
-    "--otlp-traces-endpoint",
-    "--collect-detailed-traces",
-    "--show-hidden-metrics-for-version",
-    "--prefix-caching-hash-algo",
-    "--max-seq-len-to-capture",
-    "--max-parallel-loading-workers",
-    "--logits-processor-pattern",
-    "--limit-mm-per-prompt",
-    "--mm-processor-kwargs",
-    "--api-server-count",
-    "-asc",
-    "--worker-cls",
-    "--worker-extension-cls",
-    "--model-impl",
-    "--max-cudagraph-capture-size",
-    "--kv-cache-memory-bytes",
-    "--log-config-file",
-    "--uds",
-    "--tokenizer-pool-size",
-    "--max-log-len",
-    "--middleware",
-    "--lora-dtype",
-    "--override-pooler-config",
-    "--pooler-config",
-    "--task",
-    "--runner",
-    "--convert",
-    "--stream-interval",
-    "--mamba-ssm-cache-dtype",
-    "--ray-workers-use-nsight",
-    "--quantization-param-path",
-    "--allowed-local-media-path",
-    "--allowed-media-domains",
-)
-_IGNORED_LIST = (
-    "--lora-modules",
-    "--prompt-adapters",
-    "--allowed-origins",
-    "--allowed-methods",
-    "--allowed-headers",
-    "--cuda-graph-sizes",  # deprecated spelling of --cudagraph-capture-sizes
-    "--cudagraph-capture-sizes",
-)
-_IGNORED_BOOL = (
-    "--trust-remote-code",
-    "--enforce-eager",
-    "--disable-log-requests",
-    "--enable-log-requests",
-    "--disable-custom-all-reduce",
-    "--enable-prefix-caching",
-    "--calculate-kv-scales",
-    "--disable-frontend-multiprocessing",
-    "--enable-auto-tool-choice",
-    "--return-tokens-as-token-ids",
-    "--disable-fastapi-docs",
-    "--enable-prompt-tokens-details",
-    "--enable-force-include-usage",
-    "--enable-server-load-tracking",
-    "--enable-request-id-headers",
-    "--enable-expert-parallel",
-    "--headless",
-    "--disable-sliding-window",
-    "--skip-tokenizer-init",
-    "--enable-sleep-mode",
-    "--disable-mm-preprocessor-cache",
-    "--async-scheduling",
-    "--enable-lora",
-    "--allow-credentials",
-    "--disable-uvicorn-access-log",
-    "--enable-log-outputs",
-    "--fully-sharded-loras",
-    "--disable-cascade-attn",
-    "--enable-tokenizer-info-endpoint",
-    "--enable-dbo",
-)
+def _human_int(text: str) -> int:
+    """Integers as vLLM accepts them for lengths: plain, or with k/K/m/M suffixes (1k = 1000, 1K = 1024)."""
+    mult = {"k": 1000, "m": 1000**2, "K": 1024, "M": 1024**2}
+    try:
+        if text and text[-1] in mult:
+            return int(float(text[:-1]) * mult[text[-1]])
+        return int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from exc
+
+
+# The `vllm serve` options the simulator acts on: the argparse keywords it reads them with, by the name
+# the facts table lists them under. Every other option of the pinned release is accepted and ignored.
+_HONOURED: dict[str, dict[str, Any]] = {
+    "--model": {"dest": "model_opt", "help": "model id or path (alternative to the positional)"},
+    "--host": {"default": None, "help": "bind address (default: all interfaces, as vLLM)"},
+    "--port": {"type": int, "default": 8000},
+    "--served-model-name": {"nargs": "+", "default": None},
+    "--api-key": {"nargs": "+", "default": None},
+    "--tokenizer": {"default": None, "help": "tokenizer.json file or a directory holding one"},
+    "--tensor-parallel-size": {"type": int, "default": 1},
+    "--max-model-len": {"type": _human_int, "default": None},
+    "--max-num-seqs": {"type": int, "default": None},
+    "--max-num-batched-tokens": {"type": _human_int, "default": None},
+    "--gpu-memory-utilization": {"type": float, "default": 0.9},
+    "--enable-chunked-prefill": {"default": None},
+    "--enable-prefix-caching": {"default": None},
+    "--kv-cache-dtype": {"default": "auto", "choices": sorted(catalog.KV_CACHE_DTYPES)},
+    "--block-size": {"type": int, "default": catalog.DEFAULT_BLOCK_SIZE, "choices": [1, 8, 16, 32, 64, 128]},
+    "--num-gpu-blocks-override": {"type": int, "default": None},
+    "--long-prefill-token-threshold": {"type": int, "default": 0},
+    "--kv-transfer-config": {"default": None, "help": "JSON, as vLLM's KVTransferConfig"},
+    "--disable-log-stats": {"default": False},
+}
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises ValidationError instead of exiting, so callers decide what to print."""
+    """argparse that raises ValidationError instead of exiting, and names the release an unknown option
+    was looked up in (and the tabled releases that do have it)."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    release: Release
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            notes = [_missing(word, self.release) for word in message[len(prefix) :].split()]
+            message += "".join(f"\n  {note}" for note in notes if note)
         raise ValidationError(f"pdfleet-sim serve: error: {message}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `serve` option parser: vLLM's options (honoured or ignored) and the simulator's own."""
+class _Switch(argparse.Action):
+    """A switch as vLLM registers it: True, or False for its negative names (--no-x; 0.33: --disable-x)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, negatives: Sequence[str] = (),
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+        self.negatives = tuple(negatives)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, option_string not in self.negatives)
+
+
+def _missing(word: str, release: Release) -> str | None:
+    """What to say about an option the release lacks: which tabled releases have it, if any."""
+    name = word.split("=", 1)[0]
+    if not name.startswith("-") or release.serve_flag(name) is not None:
+        return None
+    others = [v for v, rel in RELEASES.items() if rel.serve_flag(name) is not None]
+    where = f"; vLLM {', '.join(others)} {'has' if len(others) == 1 else 'have'} it" if others else ""
+    return f"vLLM {release.version} has no option {name}{where}"
+
+
+def release_of(argv: Sequence[str]) -> Release:
+    """The release `--sim-vllm-version` names (read first: it decides which options exist)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--sim-vllm-version", default=NEWEST)
+    version = pre.parse_known_args(_normalise(argv))[0].sim_vllm_version
+    rel = find_release(version, RELEASES)
+    if rel is None:
+        raise ValidationError(
+            f"--sim-vllm-version {version}: the simulator models vLLM {', '.join(RELEASES)} "
+            "(the facts table, pdfleet/model/vllm_release_data.py)"
+        )
+    return rel
+
+
+def build_parser(release: Release | None = None) -> argparse.ArgumentParser:
+    """The `serve` option parser for a release: its `vllm serve` options (honoured or ignored), with
+    its parser's abbreviation rule, and the simulator's own."""
+    release = release or RELEASES[NEWEST]
     p = _Parser(
         prog="pdfleet-sim serve",
-        allow_abbrev=False,
+        allow_abbrev=release.serve_flags.allow_abbrev,
         description="Serve a simulated vLLM OpenAI-compatible API. " + TIME_SCALE_HELP,
     )
+    p.release = release
     p.add_argument("model_tag", nargs="?", help="model id or path (as `vllm serve MODEL`)")
-    p.add_argument("--model", dest="model_opt", help="model id or path (alternative to the positional)")
-    p.add_argument("--host", default=None, help="bind address (default: all interfaces, as vLLM)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", nargs="+", default=None)
-    p.add_argument("--api-key", nargs="+", default=None)
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json file or a directory holding one")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    p.add_argument("--max-model-len", type=_human_int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=_human_int, default=None)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--kv-cache-dtype", default="auto", choices=sorted(catalog.KV_CACHE_DTYPES))
-    p.add_argument(
-        "--block-size", type=int, default=catalog.DEFAULT_BLOCK_SIZE, choices=[1, 8, 16, 32, 64, 128]
-    )
-    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    p.add_argument("--long-prefill-token-threshold", type=int, default=0)
-    p.add_argument("--kv-transfer-config", default=None, help="JSON, as vLLM's KVTransferConfig")
-    p.add_argument("--disable-log-stats", action=argparse.BooleanOptionalAction, default=False)
-    for flag in _IGNORED_VALUE:
-        p.add_argument(flag, dest=_ignored_dest(flag), default=None, help=argparse.SUPPRESS)
-    for flag in _IGNORED_LIST:
-        p.add_argument(flag, dest=_ignored_dest(flag), nargs="*", default=None, help=argparse.SUPPRESS)
-    for flag in _IGNORED_BOOL:
-        p.add_argument(
-            flag,
-            dest=_ignored_dest(flag),
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help=argparse.SUPPRESS,
-        )
+    for group in release.serve_flags.groups:
+        for flag in group.flags:
+            _add(p, flag)
+    p.set_defaults(**{_dest(name, kw): kw.get("default") for name, kw in _HONOURED.items()
+                      if release.serve_flag(name) is None})
     sim = p.add_argument_group("simulator")
     sim.add_argument("--sim-gpu", default="H100-SXM", help=f"GPU to simulate: {', '.join(catalog.GPUS)}")
     sim.add_argument(
@@ -227,19 +158,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add(p: argparse.ArgumentParser, flag: ServeFlag) -> None:
+    """One option of the release: with the simulator's meaning when it acts on it, else ignored."""
+    name = next((n for n in flag.names if n in _HONOURED), None)
+    ignored = {"dest": _ignored_dest(flag.names[0]), "help": argparse.SUPPRESS}
+    kwargs = dict(_HONOURED[name]) if name else ignored
+    kwargs.setdefault("dest", _dest(flag.names[0], kwargs))
+    if flag.nargs == "0":
+        kwargs = {k: v for k, v in kwargs.items() if k in ("dest", "default", "help")}
+        p.add_argument(*flag.names, action=_Switch, negatives=flag.negatives, **kwargs)
+    else:
+        if flag.nargs != "1" and "nargs" not in kwargs:
+            kwargs["nargs"] = int(flag.nargs) if flag.nargs.isdigit() else flag.nargs
+        p.add_argument(*flag.names, **kwargs)
+
+
+def _dest(name: str, kwargs: dict[str, Any]) -> str:
+    return str(kwargs.get("dest") or name.lstrip("-").replace("-", "_"))
+
+
 def _ignored_dest(flag: str) -> str:
     return "ignored_" + flag.lstrip("-").replace("-", "_")
-
-
-def _human_int(text: str) -> int:
-    """Integers as vLLM accepts them for lengths: plain, or with k/K/m/M suffixes (1k = 1000, 1K = 1024)."""
-    mult = {"k": 1000, "m": 1000**2, "K": 1024, "M": 1024**2}
-    try:
-        if text and text[-1] in mult:
-            return int(float(text[:-1]) * mult[text[-1]])
-        return int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from exc
 
 
 def _normalise(argv: Sequence[str]) -> list[str]:
@@ -259,5 +198,6 @@ def _normalise(argv: Sequence[str]) -> list[str]:
 
 
 def parse_argv(argv: Sequence[str]) -> argparse.Namespace:
-    """The `serve` options as argparse reads them (a leading program path and `serve` are skipped)."""
-    return build_parser().parse_args(_normalise(argv))
+    """The `serve` options as the release `--sim-vllm-version` names reads them (a leading program path
+    and `serve` are skipped)."""
+    return build_parser(release_of(argv)).parse_args(_normalise(argv))

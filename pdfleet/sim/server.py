@@ -42,7 +42,7 @@ class SimServer:
             "cache_dtype": cfg.kv_cache_dtype,
             "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
             "num_gpu_blocks": str(cfg.num_blocks),
-            "enable_prefix_caching": "False",
+            "enable_prefix_caching": str(cfg.enable_prefix_caching),
         }
         model_name = cfg.served_model_names[0]
         self.registry = make_registry(SimCollector(self.metrics, self.engine, model_name, cache_info))

@@ -73,9 +73,10 @@ class SideChannelServer:
         self._renew = renew
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> None:
-        """Listen for consumers on host:port."""
+    async def start(self, host: str, port: int) -> int:
+        """Listen for consumers on host:port (0: a free port); returns the port bound."""
         self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_LINE)
+        return int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
         """Stop listening."""

@@ -233,3 +233,25 @@ def test_provision_keeps_the_live_stage_and_bumps_the_version_only_on_a_change()
     assert (forced["version"], forced["stage"]) == (8, "colocated")
     # a file pdfleet did not write is not a live policy: the initial stage
     assert live_policy("just: [text") is None and live_policy("version: 1\nstage: x\nstages: {}\n") is None
+
+
+def test_the_mooncake_lab_profile_renders_the_router_and_units_for_mooncake() -> None:
+    """lab-cross-mooncake: vllm-router in mooncake mode reading the prefill's bootstrap port, the pool
+    units on MooncakeConnector for the default pin (which has it), parsed by the simulator."""
+    from pdfleet.model.vllm_release_data import RELEASES
+    from pdfleet.sim.config import parse_serve_args
+
+    deployment = fleet_of("lab-cross-mooncake", REPO / "inventory" / "lab.yml")
+    assert RELEASES[deployment.profile.vllm.version].has_connector("MooncakeConnector")
+    hosts = deployment.inventory.hosts
+    files = render_fleet(deployment, [hosts["lab-gw"], hosts["lab-p1"], hosts["lab-d1"]])
+    gw = {f.path: f.content for f in files["lab-gw"]}
+    router = _exec_start_argv(gw["/etc/systemd/system/vllm-router-pd.service"])
+    at = router.index("--prefill")
+    assert router[at + 1 : at + 3] == ["http://198.18.0.21:8100", "8998"]  # --prefill URL BOOTSTRAP_PORT
+    assert router[router.index("--kv-connector") + 1] == "mooncake"
+    for host, unit in (("lab-p1", "vllm-prefill"), ("lab-d1", "vllm-decode")):
+        content = {f.path: f.content for f in files[host]}[f"/etc/systemd/system/{unit}.service"]
+        config = parse_serve_args(_exec_start_argv(content)[1:], env={})
+        assert config.kv_transfer is not None and config.kv_transfer.connector == "MooncakeConnector"
+        assert config.release.version == deployment.profile.vllm.version

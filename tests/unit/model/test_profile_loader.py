@@ -211,11 +211,12 @@ CASES: list[tuple[str, str, str, str]] = [
         "required key is missing: topology cross-host runs prefill and decode",
     ),
     (
-        "sim_engine_with_mooncake",
-        "extends: _good\nvllm: {version: '0.33.0', engine: sim}\n"
+        # the simulator plays MooncakeConnector too, but only for a release that registers it
+        "sim_engine_with_mooncake_on_0_11",
+        "extends: _good\nvllm: {version: '0.11.0', engine: sim}\n"
         "kv_transfer: {connector: MooncakeConnector}\n",
         "kv_transfer.connector",
-        "the simulator (vllm.engine: sim) speaks NixlConnector's protocol only",
+        "MooncakeConnector is not registered in vLLM 0.11.0",
     ),
     (
         "fabric_manager_not_bool",
@@ -494,3 +495,18 @@ def test_lab_profiles_extend_the_real_ones_with_sim_and_mirrors(
     assert lab.kv_transfer == real.kv_transfer
     assert lab.vllm.sim == real.vllm.sim
     check_against_inventory(lab, load_inventory(REPO / "inventory" / inventory))
+
+
+def test_the_mooncake_lab_profile_is_lab_cross_over_mooncake_on_a_release_that_has_it() -> None:
+    from pdfleet.model.vllm_release_data import RELEASES
+    from pdfleet.model.vllm_releases import find_release
+
+    lab = load_profile("lab-cross-mooncake", REPO / "profiles")
+    cross = load_profile("lab-cross", REPO / "profiles")
+    assert lab.extends == "lab-cross" and lab.vllm.engine == "sim"
+    assert lab.kv_transfer.connector == "MooncakeConnector" and cross.kv_transfer.connector == "NixlConnector"
+    assert lab.kv_transfer.mooncake_protocol == "tcp"  # the lab's containers have no RDMA NICs
+    rel = find_release(lab.vllm.version, RELEASES)
+    assert rel is not None and rel.has_connector("MooncakeConnector")
+    assert (lab.pools, lab.gateway, lab.mirrors) == (cross.pools, cross.gateway, cross.mirrors)
+    check_against_inventory(lab, load_inventory(REPO / "inventory" / "lab.yml"))

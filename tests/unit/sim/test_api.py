@@ -233,20 +233,51 @@ def test_chat_without_max_tokens_stops_at_the_simulated_eos(client: openai.OpenA
 
 
 def test_kv_pressure_preempts_and_still_completes_every_request() -> None:
-    """200 blocks × 16 tokens = 3200 KV slots; four 1000-token requests need 4000: someone is preempted."""
+    """200 blocks × 16 tokens = 3200 KV slots; four 1000-token requests need 4000: someone is preempted.
+    The prompts differ from their first token, so the prefix cache shares none of their blocks."""
     args = [MODEL, "--num-gpu-blocks-override", "200", "--max-model-len", "2048", "--sim-time-scale", "0.05"]
     with SimProcess(args) as sim:
         client = openai.OpenAI(base_url=sim.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             results = list(
                 pool.map(
-                    lambda _: client.completions.create(model=MODEL, prompt="p" * 2400, max_tokens=400),
+                    lambda i: client.completions.create(
+                        model=MODEL, prompt=f"{i}" + "p" * 2399, max_tokens=400
+                    ),
                     range(4),
                 )
             )
         assert all(r.usage is not None and r.usage.completion_tokens == 400 for r in results)
         assert _metric(sim, "vllm:num_preemptions_total") >= 1
         assert _metric(sim, "vllm:kv_cache_usage_perc") == 0.0
+
+
+@pytest.mark.parametrize("flag", [None, "--no-enable-prefix-caching"])
+def test_a_shared_prefix_lowers_ttft_and_is_counted_unless_caching_is_off(flag: str | None) -> None:
+    """Two chats sharing an 8000-character system prompt (~2000 tokens): the second one's prefill skips
+    the cached blocks (vLLM's default), and /metrics counts the lookups in tokens."""
+    args = [MODEL, "--sim-time-scale", "0.2", *([flag] if flag else [])]
+    system = {"role": "system", "content": "You are a careful assistant. " * 280}
+    with SimProcess(args) as sim:
+        client = openai.OpenAI(base_url=sim.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        ttfts, prompts = [], []
+        for question in ("What is a KV cache?", "And a prefix cache?"):
+            chat = [system, {"role": "user", "content": question}]
+            stream = client.chat.completions.create(
+                model=MODEL, messages=chat, max_tokens=4, stream=True,  # type: ignore[arg-type]
+                stream_options={"include_usage": True},
+            )
+            prompts += [c.usage.prompt_tokens for c in stream if c.usage is not None]
+            # each request's TTFT in simulated seconds: the histogram's sum grows by it
+            ttfts.append(_metric(sim, "vllm:time_to_first_token_seconds_sum") - sum(ttfts))
+        queries = _metric(sim, "vllm:prefix_cache_queries_total")
+        hits = _metric(sim, "vllm:prefix_cache_hits_total")
+    if flag:
+        assert (queries, hits) == (0.0, 0.0)
+        return
+    assert queries == sum(prompts)
+    assert 0.8 * prompts[0] < hits < prompts[1] and hits % 16 == 0  # whole blocks of the shared system turn
+    assert 0 < ttfts[1] < 0.6 * ttfts[0]
 
 
 # ---- hostile bodies and clients that go away (issue 18 S1, S2) ---------------------------------------

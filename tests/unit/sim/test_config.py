@@ -212,3 +212,15 @@ def test_release_rules_of_kv_transfer_config_and_defaults() -> None:
     assert parse_serve_args([MODEL, *off, "--sim-vllm-version", "0.11.0"], env={}).enable_chunked_prefill
     with pytest.raises(ValidationError, match="--sim-vllm-version 0.20.0: the simulator models vLLM 0.11"):
         parse_serve_args([MODEL, "--sim-vllm-version", "0.20.0"], env={})
+
+
+def test_prefix_caching_is_on_unless_the_flag_turns_it_off() -> None:
+    # unset: EngineArgs' default (0.11 True; 0.33 is_prefix_caching_supported, True for these models)
+    for version in ("0.11.0", "0.33.0"):
+        cfg = parse_serve_args([MODEL, "--sim-vllm-version", version], env={})
+        assert cfg.enable_prefix_caching is True and cfg.limits().enable_prefix_caching is True
+        skip = cfg.limits().prefix_stats_skip_preempted
+        assert skip is (version == "0.33.0")  # the table's prefix_caching.preempted_apart
+    assert parse_serve_args([MODEL, "--no-enable-prefix-caching"], env={}).enable_prefix_caching is False
+    off = parse_serve_args([MODEL, "--disable-prefix-caching"], env={})
+    assert off.limits().enable_prefix_caching is False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pdfleet.sim.blocks import block_hashes
 from pdfleet.sim.config import parse_serve_args
 from pdfleet.sim.engine import Engine, EngineLimits, SimRequest, State
 from tests.unit.sim.helpers import MODEL as MODEL_8B
@@ -105,3 +106,84 @@ def test_consumer_load_failure_policy() -> None:
     recomputing.schedule(0.0)
     assert recomputing.kv_loaded("d", ok=False) is None
     assert recomputing.schedule(0.1).entries == [(req2, 500)]
+
+
+# ---- the prefix cache (vLLM's automatic prefix caching) ------------------------------------------------
+def _run(eng: Engine, t: float = 0.0) -> float:
+    while eng.has_work():
+        batch = eng.schedule(t)
+        t += batch.duration
+        eng.complete(batch, t)
+    return t
+
+
+def _hashed(rid: str, units: list[int], max_tokens: int = 2) -> SimRequest:
+    return SimRequest(rid, len(units), max_tokens, block_hashes=block_hashes(units, 16))
+
+
+def test_a_shared_prefix_is_counted_in_tokens_and_skips_its_prefill() -> None:
+    eng = _engine(10_000, enable_prefix_caching=True)
+    first = _hashed("a", list(range(1000)))
+    eng.add(first, 0.0)
+    t = _run(eng)
+    # same first 900 tokens, then different ones: 56 full blocks (896 tokens) are cached
+    second = _hashed("b", [*range(900), *range(5000, 5100)])
+    eng.add(second, t)
+    _run(eng, t)
+    assert eng.prefix_cache_queries == 1000 + 1000  # every lookup, in prompt tokens (request.num_tokens)
+    assert eng.prefix_cache_hits == 896
+    ttft_first = first.first_token - first.arrival  # type: ignore[operator]
+    ttft_second = second.first_token - second.arrival  # type: ignore[operator]
+    assert ttft_second < 0.5 * ttft_first
+
+
+def test_a_prompt_seen_whole_still_computes_its_last_block() -> None:
+    eng = _engine(10_000, enable_prefix_caching=True)
+    units = list(range(64))  # 4 full blocks
+    eng.add(_hashed("a", units), 0.0)
+    t = _run(eng)
+    again = _hashed("b", units)
+    eng.add(again, t)
+    batch = eng.schedule(t)
+    # num_tokens - 1 = 63 tokens may hit: 3 blocks (48 tokens); the last block is recomputed for the logits
+    assert batch.entries == [(again, 16)] and eng.prefix_cache_hits == 48
+
+
+def test_with_caching_off_nothing_is_looked_up_or_reused() -> None:
+    eng = _engine(10_000, enable_prefix_caching=False)
+    eng.add(_hashed("a", list(range(500))), 0.0)
+    t = _run(eng)
+    again = _hashed("b", list(range(500)))
+    eng.add(again, t)
+    assert eng.schedule(t).entries == [(again, 500)]
+    assert (eng.prefix_cache_queries, eng.prefix_cache_hits) == (0, 0)
+
+
+def test_the_cache_is_bounded_by_the_kv_blocks() -> None:
+    # 40 blocks: a 512-token prompt (32 blocks) is cached, then another prompt needs its blocks back
+    eng = _engine(40, enable_prefix_caching=True, max_num_batched_tokens=4096)
+    eng.add(_hashed("a", list(range(512))), 0.0)
+    t = _run(eng)
+    assert eng.pool.num_cached == 32 and eng.num_free_blocks == 40
+    eng.add(_hashed("b", list(range(10_000, 10_600))), t)
+    t = _run(eng, t)
+    again = _hashed("c", list(range(512)))
+    eng.add(again, t)
+    eng.schedule(t)
+    # b took 38 of the 40 blocks: the 8 never used, then a's, tail first: a's first two blocks survive
+    assert eng.prefix_cache_hits == 32
+
+
+def test_a_preempted_request_s_lookup_is_counted_as_the_release_counts_it() -> None:
+    counted = {}
+    for skip in (False, True):
+        eng = _engine(5, enable_prefix_caching=True, max_num_batched_tokens=4096,
+                      prefix_stats_skip_preempted=skip)
+        a, b = _hashed("a", list(range(16)), 40), _hashed("b", list(range(100, 116)), 40)
+        eng.add(a, 0.0)
+        eng.add(b, 0.0)
+        _run(eng)
+        assert eng.num_preemptions >= 1
+        counted[skip] = eng.prefix_cache_queries
+    assert counted[True] == 32  # 0.33: only the two first lookups
+    assert counted[False] > 32  # 0.11: every lookup, the re-admissions after preemption too

@@ -46,3 +46,12 @@ def test_nixl_metrics_only_where_the_release_registers_them() -> None:
     nixl = {n for n in RELEASES["0.33.0"].metric_names() if n.startswith("vllm:nixl_")}
     assert nixl == {n for n in new if n.startswith("vllm:nixl_")} and len(nixl) == 8
     assert not any(n.startswith("vllm:nixl_") for n in old)
+
+
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_prefix_cache_counters_are_exported_as_the_release_registers_them(version: str) -> None:
+    families = _families(version)
+    for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
+        row = RELEASES[version].metric(name)
+        assert row.kind == "counter" and row.when is None  # registered on every start, in both releases
+        assert families[name].type == "counter"  # type: ignore[attr-defined]

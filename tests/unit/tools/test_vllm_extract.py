@@ -98,6 +98,9 @@ def test_prefix_caching_default(old: Sources, new: Sources) -> None:
     # followed from `default_prefix_caching = model_config.is_prefix_caching_supported`
     assert after.default == "model_config.is_prefix_caching_supported"
     assert after.when == "self.enable_prefix_caching is None"
+    # 0.33's PrefixCacheStats.record puts a preempted request's lookup in preempted_queries/hits
+    assert (before.preempted_apart, after.preempted_apart) == (False, True)
+    assert before.stats_source == after.stats_source == "vllm/v1/metrics/stats.py"
 
 
 def test_batch_defaults(old: Sources, new: Sources) -> None:

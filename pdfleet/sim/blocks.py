@@ -1,0 +1,137 @@
+"""An instance's KV blocks with vLLM's automatic prefix cache (v1 `BlockPool` / `KVCacheManager`).
+
+A full block of prompt tokens is named by a hash chained over every block before it, so two prompts
+share a block only when they share everything up to its end. A block keeps its hash after its requests
+free it, on a free queue that hands out the least recently freed block first (a request's blocks are
+freed tail first, so a prompt's end is evicted before its start); a block handed out again loses its
+hash. That is the whole eviction rule: the cache is bounded by the instance's KV blocks, nothing else.
+
+`block_hashes(units, block_size)` chains the hashes of a prompt's tokens (ids, or the text pieces the
+character estimate counts as tokens); `prompt_units` lays a request body out as those tokens, in the
+order and number `pdfleet.tokens` counts them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from pdfleet.tokens import TOKENS_PER_CHAT_MESSAGE, HFTokenizer, TextCounter, _content_text
+
+Unit = int | str
+# what stands for the chat template's role markers (TOKENS_PER_CHAT_MESSAGE per message)
+_MARKER = "\0role-marker"
+
+
+def _text_units(text: str, counter: TextCounter) -> list[Unit]:
+    """The tokens of a text: the tokenizer's ids, or the estimate's chars_per_token-long pieces."""
+    if not text:
+        return []
+    if isinstance(counter, HFTokenizer):
+        return list(counter.encode(text))
+    n = counter.count(text)
+    step = len(text) / n
+    return [text[math.floor(i * step) : math.floor((i + 1) * step)] for i in range(n)]
+
+
+def prompt_units(body: dict[str, Any], counter: TextCounter) -> list[Unit]:
+    """A request's prompt as tokens, laid out as `pdfleet.tokens.count_request_tokens` counts them."""
+    if "messages" in body:
+        out: list[Unit] = []
+        for msg in body["messages"] if isinstance(body["messages"], list) else []:
+            if isinstance(msg, dict):
+                out += [_MARKER] * TOKENS_PER_CHAT_MESSAGE
+                out += _text_units(str(msg.get("role", "")), counter)
+                out += _text_units(_content_text(msg.get("content")), counter)
+        return out
+    return _completion_units(body.get("prompt"), counter)
+
+
+def _completion_units(prompt: Any, counter: TextCounter) -> list[Unit]:
+    if isinstance(prompt, str):
+        return _text_units(prompt, counter)
+    if isinstance(prompt, list):
+        if all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        return [u for p in prompt for u in _completion_units(p, counter)]
+    return []
+
+
+def block_hashes(units: Sequence[Unit], block_size: int) -> tuple[bytes, ...]:
+    """The chained hash of every full block of tokens (a partial last block has none, as in vLLM)."""
+    out: list[bytes] = []
+    parent = b""
+    for start in range(0, len(units) - block_size + 1, block_size):
+        block = "\x1f".join(f"{type(u).__name__[0]}{u}" for u in units[start : start + block_size])
+        parent = hashlib.blake2b(parent + block.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        out.append(parent)
+    return tuple(out)
+
+
+class BlockPool:
+    """Free and used KV blocks, reference counts, and the hash → block map of cached full blocks."""
+
+    def __init__(self, num_blocks: int, caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.caching = caching
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._refs = [0] * num_blocks
+        self._hash_of: dict[int, bytes] = {}
+        self._block_of: dict[bytes, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        """Blocks no request uses (cached ones included: they are reusable, as vLLM counts them)."""
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks that carry a prefix hash (used or free)."""
+        return len(self._block_of)
+
+    def take(self, n: int) -> list[int] | None:
+        """n blocks off the head of the free queue (their hashes evicted); None (nothing taken) if short."""
+        if n > len(self._free):
+            return None
+        out = []
+        for _ in range(n):
+            block, _ = self._free.popitem(last=False)
+            old = self._hash_of.pop(block, None)
+            if old is not None:
+                del self._block_of[old]
+            self._refs[block] = 1
+            out.append(block)
+        return out
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """A request lets go of its blocks: those nobody else uses go to the free queue, tail first."""
+        for block in reversed(blocks):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free[block] = None
+
+    def match(self, hashes: Sequence[bytes], max_blocks: int) -> list[int]:
+        """The longest run of cached blocks a prompt starts with (at most max_blocks), now in use by it."""
+        found = []
+        for h in hashes[: max(0, max_blocks)] if self.caching else ():
+            block = self._block_of.get(h)
+            if block is None:
+                break
+            found.append(block)
+        for block in found:
+            if self._refs[block] == 0:
+                del self._free[block]
+            self._refs[block] += 1
+        return found
+
+    def cache(self, blocks: Sequence[int], hashes: Sequence[bytes], full_blocks: int) -> None:
+        """Name a request's first full_blocks blocks by their hashes (a cached hash keeps its block)."""
+        if not self.caching:
+            return
+        for block, h in zip(blocks[:full_blocks], hashes[:full_blocks], strict=False):
+            if h not in self._block_of and block not in self._hash_of:
+                self._block_of[h] = block
+                self._hash_of[block] = h

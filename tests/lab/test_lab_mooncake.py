@@ -1,0 +1,91 @@
+"""`invoke provision --profile lab-cross-mooncake` against the lab: P/D over MooncakeConnector (vLLM
+0.33.0's, simulated): the gateway's vllm-router in mooncake mode reads the prefill's bootstrap server,
+and a streamed chat through the gateway's disaggregated pool moves its KV from prefill to decode.
+Leaves the lab provisioned with lab-cross again (the profile the other lab tests share)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from pdfleet.metrics.scrape import scrape_metrics
+from tests.lab.helpers import REPO_ROOT, LabHandle
+
+INVOKE = [sys.executable, "-m", "invoke"]
+PROFILE = "lab-cross-mooncake"
+MODEL = "llama-3.1-8b"
+PREFILL_URL = "http://198.18.0.21:8100"
+DECODE_URL = "http://198.18.0.31:8200"
+BOOTSTRAP_URL = "http://198.18.0.21:8998"  # kv_transfer.mooncake_bootstrap_port, its default
+POOL_HEADER = "X-Pdfleet-Pool"
+
+
+def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                          check=False)
+
+
+@pytest.fixture(scope="module")
+def client(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    """lab-cross-mooncake provisioned (twice: the second run changes nothing); the SDK set up from
+    `invoke lab.env`. Afterwards lab-cross is provisioned back."""
+    tmp = tmp_path_factory.mktemp("mooncake")
+    try:
+        for run in ("first", "second"):
+            report = tmp / f"{run}.json"
+            proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        second = json.loads(report.read_text())
+        assert second["totals"]["changed"] == 0, {h: v["changes"] for h, v in second["hosts"].items()}
+        env_proc = _invoke("lab.env", "--profile", PROFILE)
+        assert env_proc.returncode == 0, env_proc.stderr
+        env = dict(line.removeprefix("export ").partition("=")[::2] for line in env_proc.stdout.splitlines())
+        env = {key: value.strip("'\"") for key, value in env.items()}
+        yield openai.OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0,
+                            timeout=120)
+    finally:
+        restore = _invoke("provision", "--profile", "lab-cross", "--json", str(tmp / "restore.json"))
+        assert restore.returncode == 0, restore.stdout[-3000:] + restore.stderr[-3000:]
+
+
+def test_the_router_runs_in_mooncake_mode_against_the_prefill_bootstrap_server(
+    lab: LabHandle, client: openai.OpenAI
+) -> None:
+    gw = next(h for h in lab.hosts if h.name == "lab-gw")
+    rc, out, err = lab.ssh(gw, "systemctl cat vllm-router-pd.service")
+    assert rc == 0 and "--kv-connector mooncake" in out and f"--prefill {PREFILL_URL} 8998" in out, err
+    rc, out, err = lab.ssh(gw, f"curl -fsS {BOOTSTRAP_URL}/query")
+    assert rc == 0, err
+    (entry,) = json.loads(out).values()  # one DP rank: the prefill engine and its worker's address
+    assert entry["engine_id"] and entry["worker_addr"]["0"]["0"].startswith("tcp://198.18.0.21:")
+    rc, out, err = lab.ssh(gw, "journalctl -u vllm-router-pd.service --no-pager | tail -n 400")
+    assert rc == 0 and "Got Mooncake engine_ids for" in out, err
+
+
+def test_a_streamed_chat_through_the_gateway_moves_its_kv_over_mooncake(client: openai.OpenAI) -> None:
+    decode_before, prefill_before = scrape_metrics(DECODE_URL), scrape_metrics(PREFILL_URL)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me about KV caches. " * 200}],
+        max_tokens=16,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_headers={POOL_HEADER: "disagg"},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 16
+    decode, prefill = scrape_metrics(DECODE_URL), scrape_metrics(PREFILL_URL)
+    success = "vllm:request_success_total"
+    assert prefill[success] - prefill_before[success] == 1  # the router's max_tokens=1 prefill leg
+    assert decode[success] - decode_before[success] == 1
+    # the decode computed only the prompt's last token: the rest came from the prefill's KV
+    computed = decode["vllm:prompt_tokens_total"] - decode_before["vllm:prompt_tokens_total"]
+    assert computed < chunks[-1].usage.prompt_tokens
+    assert prefill["vllm:kv_cache_usage_perc"] == 0.0  # the held blocks were read and freed
+    assert not any(name.startswith("vllm:nixl_") for name in decode)  # MooncakeConnector, not NIXL

@@ -1,0 +1,95 @@
+"""The KV block pool and its prefix cache: chained block hashes, prompts laid out as the tokens
+pdfleet.tokens counts, vLLM's free queue (least recently freed first, a request's tail first)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdfleet.sim.blocks import BlockPool, block_hashes, prompt_units
+from pdfleet.tokens import CharEstimate, HFTokenizer, count_request_tokens
+from tests.unit.sim.helpers import make_tokenizer, words_text
+
+
+def test_a_block_hash_chains_over_every_block_before_it() -> None:
+    a = block_hashes(list(range(40)), 16)
+    b = block_hashes([*range(16), 99, *range(17, 40)], 16)
+    assert len(a) == 2  # the partial third block has no hash, as in vLLM
+    assert a[0] == b[0] and a[1] != b[1]
+    # the same tokens behind a different first block are a different block
+    c = block_hashes([7, *range(1, 32)], 16)
+    assert c[1] != a[1]
+    assert block_hashes(list(range(32)), 16)[:2] == a[:2]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [{"role": "system", "content": "x" * 101}, {"role": "user", "content": "hi there"}]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "abc" * 50}]}]},
+        {"prompt": "y" * 333},
+        {"prompt": ["ab" * 40, "cd" * 7]},
+        {"prompt": [1, 2, 3, 4, 5]},
+    ],
+)
+def test_a_prompt_is_as_many_tokens_as_pdfleet_tokens_counts(body: dict[str, object]) -> None:
+    counter = CharEstimate(3.5)
+    assert len(prompt_units(body, counter)) == count_request_tokens(body, counter)
+
+
+def test_with_a_tokenizer_the_tokens_are_its_ids(tmp_path: Path) -> None:
+    tok = HFTokenizer(make_tokenizer(tmp_path / "tokenizer.json"))
+    body = {"prompt": words_text(200, seed=3)}
+    units = prompt_units(body, tok)
+    assert units == tok.encode(str(body["prompt"])) and len(units) == count_request_tokens(body, tok)
+
+
+def test_chat_prompts_sharing_a_system_prompt_share_its_blocks() -> None:
+    counter = CharEstimate()
+    system = {"role": "system", "content": words_text(400, seed=1)}
+    head = len(prompt_units({"messages": [system]}, counter))
+    one = prompt_units({"messages": [system, {"role": "user", "content": "a" * 400}]}, counter)
+    two = prompt_units({"messages": [system, {"role": "user", "content": "b" * 400}]}, counter)
+    h1, h2 = block_hashes(one, 16), block_hashes(two, 16)
+    assert len(h1) == len(h2) > head // 16
+    assert h1[: head // 16] == h2[: head // 16]  # every block within the system turn is shared
+    assert h1[head // 16 + 1 :] and not set(h1[head // 16 + 1 :]) & set(h2)  # none after the turns differ
+
+
+def test_freed_blocks_stay_cached_until_the_queue_hands_them_out_again() -> None:
+    pool = BlockPool(4, caching=True)
+    hashes = block_hashes(list(range(48)), 16)
+    blocks = pool.take(3)
+    assert blocks == [0, 1, 2]
+    pool.cache(blocks, hashes, 3)
+    pool.free(blocks)
+    assert pool.num_free == 4 and pool.num_cached == 3
+    assert pool.match(hashes, 3) == [0, 1, 2] and pool.num_free == 1
+    pool.free([0, 1, 2])
+    # the free queue is [3, 2, 1, 0]: block 3 (never cached), then the request's tail first
+    assert pool.take(2) == [3, 2] and pool.num_cached == 2
+    assert pool.match(hashes, 3) == [0, 1]  # the chain stops at the evicted block
+
+
+def test_a_shared_block_is_free_only_when_its_last_user_lets_go() -> None:
+    pool = BlockPool(2, caching=True)
+    hashes = block_hashes(list(range(16)), 16)
+    first = pool.take(1)
+    assert first is not None
+    pool.cache(first, hashes, 1)
+    assert pool.match(hashes, 1) == first and pool.num_free == 1
+    pool.free(first)
+    assert pool.num_free == 1  # still used by the second request
+    pool.free(first)
+    assert pool.num_free == 2 and pool.take(3) is None and pool.num_free == 2
+
+
+def test_without_caching_nothing_matches() -> None:
+    pool = BlockPool(2, caching=False)
+    hashes = block_hashes(list(range(16)), 16)
+    blocks = pool.take(1)
+    assert blocks is not None
+    pool.cache(blocks, hashes, 1)
+    pool.free(blocks)
+    assert pool.match(hashes, 1) == [] and pool.num_cached == 0
