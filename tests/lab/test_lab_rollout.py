@@ -27,6 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdfleet.gateway.policy import bucket_of
+from pdfleet.model.profile_loader import load_profile
 from tests.lab.helpers import REPO_ROOT, LabHandle
 
 INVOKE = [sys.executable, "-m", "invoke"]
@@ -35,6 +36,8 @@ MODEL = "llama-3.1-8b"
 LONG_PROMPT = "word " * 7_000  # ≈ 8.75K tokens at 4 chars/token: just over the long class's 8192
 GATEWAY_METRICS = "http://198.18.0.10:8080/metrics"
 ROLLBACK_S = 5.0
+# the gates' window: a test's figures stay in it after the test, so the next one waits them out
+WINDOW_S = load_profile(PROFILE, REPO_ROOT / "profiles").rollout.window_s
 
 
 
@@ -74,6 +77,20 @@ def _remote(lab: LabHandle, *args: str) -> Any:
 
 def _status(lab: LabHandle) -> dict[str, Any]:
     return dict(_remote(lab, "status"))
+
+
+def _active(lab: LabHandle, done: Callable[[dict[str, Any]], bool], timeout: float,
+            what: str) -> dict[str, Any]:
+    """The status once `done` holds; a rollout that ends some other way fails at once, with its reason."""
+
+    def check() -> dict[str, Any] | None:
+        status = _status(lab)
+        if done(status):
+            return status
+        assert status["phase"] in ("progressing", "paused"), (what, status["phase"], status.get("reason"))
+        return None
+
+    return dict(_wait(check, timeout, what))
 
 
 def _decisions() -> dict[tuple[str, str], float]:
@@ -119,8 +136,15 @@ def provisioned(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> dic
     return env
 
 
+@pytest.fixture(scope="module")
+def last_traffic() -> dict[str, float]:
+    """When the previous test's traffic ended."""
+    return {"at": 0.0}
+
+
 @pytest.fixture
-def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+            last_traffic: dict[str, float]) -> Iterator[dict[str, Any]]:
     """Streamed long and short chat requests, each with its own session, until the test ends; every
     failed request is kept (fallbacks are not failures: the client sees a whole stream)."""
     for key, value in provisioned.items():
@@ -157,23 +181,26 @@ def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Ite
     stop.set()
     for t in threads:
         t.join(180)
+    last_traffic["at"] = time.time()
 
 
 @pytest.fixture
-def at_colocated(provisioned: dict[str, str], lab: LabHandle) -> None:
-    """Each test starts from the colocated stage with no rollout active."""
+def at_colocated(provisioned: dict[str, str], lab: LabHandle, last_traffic: dict[str, float]) -> None:
+    """Each test starts from the colocated stage with no rollout active, and a window that holds none
+    of the previous test's requests."""
     if _status(lab)["phase"] in ("progressing", "paused", "inconclusive", "halted"):
         _ok("rollout.abort")
         _wait(lambda: _status(lab)["phase"] == "aborted", 30, "the abort")
     if _status(lab)["stage"] != "colocated":
         _ok("provision", "--profile", PROFILE, "--roles", "gateway", "--stage", "colocated")
         _wait(lambda: _status(lab)["stage"] == "colocated", 30, "the controller adopting colocated")
+    time.sleep(max(0.0, last_traffic["at"] + WINDOW_S + 2 - time.time()))
 
 
 def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
         lab: LabHandle, at_colocated: None, traffic: dict[str, Any]) -> None:
     before = _decisions()
-    _ok("rollout", "--stage", "long-prompts", timeout=1200)  # follows the live view until the end
+    _ok("rollout", "--stage", "long-prompts", timeout=400)  # follows the live view until the end
     status = _status(lab)
     walked = (status["phase"], status["stage"], status["weights"]["long"])
     assert walked == ("succeeded", "long-prompts", 100), (status.get("reason"), status.get("last_results"))
@@ -194,7 +221,7 @@ def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
 def test_a_stopped_decode_service_rolls_back_within_5_s(lab: LabHandle, at_colocated: None,
                                                          traffic: dict[str, Any]) -> None:
     _ok("rollout", "--stage", "long-prompts", "--no-watch")
-    _wait(lambda: _status(lab)["weights"]["long"] >= 25, 300, "the rollout past its first step")
+    _active(lab, lambda s: s["weights"]["long"] >= 25, 120, "the rollout past its first step")
     rc, _, err = lab.ssh(_host(lab, "lab-d1"), "sudo systemctl stop vllm-decode.service")
     assert rc == 0, err
     try:
@@ -219,7 +246,7 @@ def test_killing_the_operator_process_leaves_the_controller_going_and_provision_
     _wait(lambda: _status(lab)["phase"] == "progressing", 60, "the rollout started")
     watcher.send_signal(signal.SIGKILL)
     watcher.wait(30)
-    status = _wait(lambda: (s := _status(lab))["phase"] == "succeeded" and s, 1200, "the rollout to finish")
+    status = _active(lab, lambda s: s["phase"] == "succeeded", 300, "the rollout to finish")
     _ok("provision", "--profile", PROFILE)
     after = _status(lab)
     assert (after["stage"], after["version"]) == (status["stage"], status["version"])
@@ -229,7 +256,7 @@ def test_killing_the_operator_process_leaves_the_controller_going_and_provision_
 def test_abort_goes_back_now_and_promote_ends_a_pause(lab: LabHandle, at_colocated: None,
                                                       traffic: dict[str, Any]) -> None:
     _ok("rollout", "--stage", "all-disagg", "--no-watch")  # its third step is a pause until promote
-    _wait(lambda: _status(lab)["phase"] == "paused", 600, "the pause of all-disagg")
+    _active(lab, lambda s: s["phase"] == "paused", 180, "the pause of all-disagg")
     _ok("rollout.promote")
     _wait(lambda: _status(lab)["step_index"] >= 3, 30, "the step after the pause")
     _ok("rollout.abort")
@@ -260,7 +287,7 @@ def test_dry_run_measures_the_gates_and_changes_nothing(lab: LabHandle, at_coloc
 def test_too_little_traffic_pauses_inconclusive_and_says_why(lab: LabHandle, at_colocated: None) -> None:
     # no traffic fixture: the first analysis never sees its minimum samples
     _ok("rollout", "--stage", "long-prompts", "--no-watch")
-    status = _wait(lambda: (s := _status(lab))["phase"] == "inconclusive" and s, 300,
+    status = _wait(lambda: (s := _status(lab))["phase"] == "inconclusive" and s, 120,
                    "the inconclusive pause")
     assert "too little traffic" in status["reason"]
     assert "inconclusive" in _ok("rollout.status")
