@@ -29,6 +29,7 @@ from pdfleet.lab.network import lab_route_problem
 
 MAX_BODY_BYTES = 1 << 20
 DEFAULT_WINDOW_MIN = 10.0
+DEFAULT_SAMPLE_S = 15.0
 
 HELP = {
     "profile": "Fleet and metrics view: " + COMMON_HELP["profile"],
@@ -44,6 +45,8 @@ HELP = {
     "body": "Client view: a JSON file with the request body the script sends (checked against --endpoint).",
     "stream": "Client view, with --body: the script reads the answer as a stream.",
     "minutes": f"Fleet view: the metrics window in minutes (default {DEFAULT_WINDOW_MIN:g}; at least 1).",
+    "sample": f"Fleet view without Prometheus: seconds between the two direct scrapes (default "
+    f"{DEFAULT_SAMPLE_S:g}; at least 1).",
     "json": "Print the findings as JSON instead of a table.",
     "timeout": "Seconds to wait for each answer (default 10).",
 }
@@ -63,6 +66,7 @@ def doctor(
     body: str | None = None,
     stream: bool = False,
     minutes: str = str(DEFAULT_WINDOW_MIN),
+    sample: str = str(DEFAULT_SAMPLE_S),
     json: bool = False,
     timeout: str = "10",
 ) -> None:
@@ -82,7 +86,10 @@ def doctor(
         window = number("--minutes", minutes)
         if window < 1:
             raise ValidationError(f"--minutes: {minutes} is less than 1")
-        findings, target = fleet_findings(ctx, profile, inventory, window * 60, wait)
+        every = number("--sample", sample)
+        if every < 1:
+            raise ValidationError(f"--sample: {sample} is less than 1 second")
+        findings, target = fleet_findings(ctx, profile, inventory, window * 60, every, wait)
         _finish(findings, "fleet", target, json)
         return
     findings, target = _client(base_url, api_key_env, anthropic, model, endpoint, body, stream, wait)

@@ -62,8 +62,11 @@ def test_a_key_the_gateway_does_not_know(client_fleet: ClientFleet) -> None:
 
 @pytest.mark.parametrize(
     ("suffix", "why"),
-    [("", "does not end with /v1"), ("/v1?api-version=1", "query string"),
-     ("/v1/chat/completions", "ends with the endpoint")],
+    [
+        ("", "does not end with /v1"),
+        ("/v1?api-version=1", "query string"),
+        ("/v1/chat/completions", "ends with the endpoint"),
+    ],
 )
 def test_a_base_url_with_the_wrong_path(client_fleet: ClientFleet, suffix: str, why: str) -> None:
     base = f"http://127.0.0.1:{client_fleet.gateway_port}{suffix}"
@@ -117,13 +120,17 @@ def test_the_right_endpoint_for_the_body_is_fine(client_fleet: ClientFleet) -> N
 
 def test_the_script_reads_a_stream_it_did_not_ask_for(client_fleet: ClientFleet) -> None:
     script = ScriptCall("chat/completions", CHAT_BODY, True)
-    found = [f for f in openai_check(client_fleet.openai_base, script=script) if f.rule == "client.stream_mismatch"]
+    found = [
+        f for f in openai_check(client_fleet.openai_base, script=script) if f.rule == "client.stream_mismatch"
+    ]
     assert found and 'add "stream": true' in found[0].fix
 
 
 def test_the_script_asks_for_a_stream_and_reads_json(client_fleet: ClientFleet) -> None:
     script = ScriptCall("chat/completions", {**CHAT_BODY, "stream": True}, False)
-    found = [f for f in openai_check(client_fleet.openai_base, script=script) if f.rule == "client.stream_mismatch"]
+    found = [
+        f for f in openai_check(client_fleet.openai_base, script=script) if f.rule == "client.stream_mismatch"
+    ]
     assert found and "text/event-stream" in found[0].evidence
 
 
@@ -135,16 +142,18 @@ def test_an_alias_with_no_route(client_fleet: ClientFleet) -> None:
 
 
 def test_anthropic_healthy(client_fleet: ClientFleet) -> None:
-    _facts, findings = check_client(client_fleet.anthropic_base, USER_KEY, "ANTHROPIC_API_KEY", True,
-                                    anthropic_env(client_fleet))
+    _facts, findings = check_client(
+        client_fleet.anthropic_base, USER_KEY, "ANTHROPIC_API_KEY", True, anthropic_env(client_fleet)
+    )
     assert [f.rule for f in findings] == ["client.ok"]
     assert "x-api-key" in findings[0].evidence or "/v1/messages" in findings[0].evidence
 
 
 def test_anthropic_wrong_key(client_fleet: ClientFleet) -> None:
     env = anthropic_env(client_fleet, "sk-ant-wrong-000000000")
-    _facts, findings = check_client(client_fleet.anthropic_base, env["ANTHROPIC_API_KEY"], "ANTHROPIC_API_KEY",
-                                    True, env, model="llama")
+    _facts, findings = check_client(
+        client_fleet.anthropic_base, env["ANTHROPIC_API_KEY"], "ANTHROPIC_API_KEY", True, env, model="llama"
+    )
     found = [f for f in findings if f.rule == "anthropic.authentication_error"]
     assert found and "authentication_error" in found[0].what
     assert "sk-ant-wrong" not in json.dumps([f.to_json() for f in findings])
@@ -169,7 +178,13 @@ def test_anthropic_base_url_elsewhere(client_fleet: ClientFleet) -> None:
 
 
 def test_anthropic_alias_without_access(client_fleet: ClientFleet) -> None:
-    _facts, findings = check_client(client_fleet.anthropic_base, USER_KEY, "ANTHROPIC_API_KEY", True,
-                                    anthropic_env(client_fleet), model="claude-sonnet-4-5")
+    _facts, findings = check_client(
+        client_fleet.anthropic_base,
+        USER_KEY,
+        "ANTHROPIC_API_KEY",
+        True,
+        anthropic_env(client_fleet),
+        model="claude-sonnet-4-5",
+    )
     found = [f for f in findings if f.rule == "client.model_route"]
     assert found and "no access" in found[0].what
