@@ -198,7 +198,7 @@ def rule_roce(facts: FleetFacts) -> list[Finding]:
             mtu = next((i.mtu for i in rh.netdevs.values() if i.mtu != facts.profile.rdma.mtu), None)
             diff = (
                 profile_diff(str(facts.profile.source), [("rdma.mtu", facts.profile.rdma.mtu, mtu)])
-                if mtu is not None and all("MTU" in p for p in problems)
+                if mtu is not None  # the fabric's MTU, when the profile is what is wrong
                 else None
             )
             out.append(
