@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from pdfleet.model.profile import Profile
 
 Severity = Literal["error", "warning", "ok"]
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "ok": 2}
@@ -87,6 +91,18 @@ def profile_diff(source: str, changes: Iterable[tuple[str, Any, Any]]) -> str:
     for key, old, new in changes:
         lines += [f"-{key}: {_yaml_scalar(old)}", f"+{key}: {_yaml_scalar(new)}"]
     return "\n".join(lines)
+
+
+def profile_fix(profile: Profile, changes: Iterable[tuple[str, Any, Any]]) -> str:
+    """`profile_diff` against the file that sets the first key (the profile itself or an `extends:` base),
+    named relative to the working directory when it is under it."""
+    changes = list(changes)
+    path = profile.origin_of(changes[0][0]) if changes else profile.source
+    try:
+        shown = str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(path)
+    return profile_diff(shown, changes)
 
 
 def _yaml_scalar(value: Any) -> str:

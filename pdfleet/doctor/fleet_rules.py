@@ -7,7 +7,7 @@ what "configured" means.
 
 from __future__ import annotations
 
-from pdfleet.doctor.finding import Finding, profile_diff
+from pdfleet.doctor.finding import Finding, profile_fix
 from pdfleet.doctor.fleet_facts import FleetFacts, RdmaHostFacts
 from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index, qos_converged
 
@@ -33,6 +33,26 @@ def rule_unreachable_hosts(facts: FleetFacts) -> list[Finding]:
             subject=host,
         )
         for host, why in sorted(facts.unreachable.items())
+    ]
+
+
+def rule_instances_unread(facts: FleetFacts) -> list[Finding]:
+    """Instances whose unit or release could not be read: the connector and release rules skip them."""
+    unread = [
+        i for i in facts.instances if i.problem is not None and i.instance.host not in facts.unreachable
+    ]
+    if not unread:
+        return []
+    return [
+        Finding(
+            "fleet.instance_unread",
+            "warning",
+            f"{len(unread)} pool instance(s) could not be read: "
+            "their connector and release were not compared",
+            "\n".join(f"{i.instance.pool}@{i.instance.host}: {i.problem}" for i in unread),
+            "provision the hosts (invoke provision --profile P), or check the units exist",
+            subject=", ".join(sorted({i.instance.host for i in unread})),
+        )
     ]
 
 
@@ -115,6 +135,18 @@ def rule_release_mismatch(facts: FleetFacts) -> list[Finding]:
     return []
 
 
+def _connect_failure(rc: int, output: str) -> str:
+    """How a connect failed, from bash's message and timeout's status."""
+    text = output.lower()
+    if rc == 124:
+        return "dropped (no answer: a firewall drops it)"
+    if "refused" in text:
+        return "refused (nothing listens there, or a firewall rejects it)"
+    if any(w in text for w in ("permission denied", "prohibited", "unreachable")):
+        return "blocked on the way (a firewall or routing rule)"
+    return f"failed (rc {rc})"
+
+
 def rule_side_channel(facts: FleetFacts) -> list[Finding]:
     """A decode host cannot open the prefill side channel (or Mooncake bootstrap) port: the handshake fails
     and every transfer from that prefill instance times out."""
@@ -122,7 +154,7 @@ def rule_side_channel(facts: FleetFacts) -> list[Finding]:
     for c in facts.connects:
         if c.open:
             continue
-        how = "refused" if c.rc == 1 else "dropped (no answer)" if c.rc == 124 else f"failed (rc {c.rc})"
+        how = _connect_failure(c.rc, c.output)
         out.append(
             Finding(
                 "kv.side_channel",
@@ -197,7 +229,7 @@ def rule_roce(facts: FleetFacts) -> list[Finding]:
         if problems:
             mtu = next((i.mtu for i in rh.netdevs.values() if i.mtu != facts.profile.rdma.mtu), None)
             diff = (
-                profile_diff(str(facts.profile.source), [("rdma.mtu", facts.profile.rdma.mtu, mtu)])
+                profile_fix(facts.profile, [("rdma.mtu", facts.profile.rdma.mtu, mtu)])
                 if mtu is not None  # the fabric's MTU, when the profile is what is wrong
                 else None
             )
@@ -219,6 +251,7 @@ def rule_roce(facts: FleetFacts) -> list[Finding]:
 
 FLEET_RULES = (
     rule_unreachable_hosts,
+    rule_instances_unread,
     rule_connector_mismatch,
     rule_release_mismatch,
     rule_side_channel,

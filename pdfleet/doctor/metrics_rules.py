@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pdfleet.doctor.finding import Finding, profile_diff
+from pdfleet.doctor.finding import Finding, profile_fix
 from pdfleet.doctor.fleet_facts import RoleFigures
 from pdfleet.metrics.source import MetricsError, MetricsSource
 from pdfleet.model.profile import MAX_GPU_MEMORY_UTILIZATION, Profile
@@ -94,7 +94,7 @@ def rule_prefill_queue(profile: Profile, figures: Mapping[str, RoleFigures]) -> 
         f"{WAITING} = {_fmt(fig.waiting)}; KV cache use = {_fmt(fig.kv_usage)} "
         f"(under {mon.prefill_kv_usage_below:g}): prefill GPUs under-used"
     )
-    diff = profile_diff(str(profile.source), [("pools.prefill.max_num_batched_tokens", budget, budget * 2)])
+    diff = profile_fix(profile, [("pools.prefill.max_num_batched_tokens", budget, budget * 2)])
     return [
         Finding(
             "tuning.prefill_queue",
@@ -146,7 +146,7 @@ def rule_preemption(profile: Profile, figures: Mapping[str, RoleFigures]) -> lis
                 f"the {pool} instances preempt requests often: the KV cache runs out of blocks",
                 evidence,
                 "; ".join(fix),
-                profile_diff(str(profile.source), changes),
+                profile_fix(profile, changes),
                 subject=pool,
             )
         )

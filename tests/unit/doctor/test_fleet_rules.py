@@ -7,6 +7,7 @@ import dataclasses
 from pdfleet.doctor.fleet_facts import Connect, FleetFacts, InstanceFacts, RdmaHostFacts, parse_p2p
 from pdfleet.doctor.fleet_rules import (
     rule_connector_mismatch,
+    rule_instances_unread,
     rule_p2p,
     rule_release_mismatch,
     rule_roce,
@@ -162,3 +163,17 @@ def test_roce_mtu_other_than_the_profile() -> None:
     found = _roce(("mlx5_0",), mtu=1500)
     assert found and "MTU 1500" in found[0].evidence
     assert found[0].diff is not None and "+rdma.mtu: 1500" in found[0].diff
+
+
+def test_instances_that_could_not_be_read_are_said() -> None:
+    f = cross_facts()
+    prefill = f.topology.pool("prefill")[0]
+    found = rule_instances_unread(
+        dataclasses.replace(f, instances=(InstanceFacts(prefill, problem="no unit"),))
+    )
+    assert found[0].severity == "warning" and "prefill@lab-p1: no unit" in found[0].evidence
+    # an unreachable host is said once, by rule_unreachable_hosts
+    gone = dataclasses.replace(
+        f, instances=(InstanceFacts(prefill, problem="x"),), unreachable={"lab-p1": "down"}
+    )
+    assert rule_instances_unread(gone) == []
