@@ -143,7 +143,8 @@ def gather_client_facts(
     """Probe `base_url` as the SDK would and return what was seen. Sends only to `base_url`'s origin."""
     secrets = tuple(v for v in (key, *(environ.get(n) for n in ANTHROPIC_ENV[1:])) if v)
     recorder = Recorder(secrets)
-    env = {n: (None if environ.get(n) is None else recorder.mask(environ[n])) for n in ANTHROPIC_ENV}
+    # an empty variable is an unset one, as the Anthropic SDK reads them (`os.environ.get(...) or None`)
+    env = {n: (recorder.mask(environ[n]) if environ.get(n) else None) for n in ANTHROPIC_ENV}
     shape = key_shape(key_var, key) if key is not None else None
     # trust_env off: probes go to the URL asked, never through a proxy the environment names
     with httpx2.Client(event_hooks=recorder.hooks(), timeout=timeout, trust_env=False) as http:
