@@ -4,34 +4,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from pdfleet.bench.launch import SimProcess
 from pdfleet.gateway.app import Gateway, Running, start
 from pdfleet.gateway.policy import load_policy
+from tests.unit.doctor.helpers import VLLM_LOCAL_KEY, ClientFleet
 from tests.unit.gateway.helpers import LoopThread, policy_dict, write_policy
 from tests.unit.sim.helpers import MODEL
-
-VLLM_LOCAL_KEY = "sk-vllm-local-0123456789"
-
-
-@dataclass(frozen=True)
-class ClientFleet:
-    """Where the doctor's probes go: the gateway's base URLs and two pool instances."""
-
-    gateway_port: int
-    pool_url: str  # a simulator without a key: what a pool port answers
-    guarded_url: str  # a simulator started with --api-key
-
-    @property
-    def openai_base(self) -> str:
-        return f"http://127.0.0.1:{self.gateway_port}/v1"
-
-    @property
-    def anthropic_base(self) -> str:
-        return f"http://127.0.0.1:{self.gateway_port}"
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pdfleet.doctor.client import check_client
 from pdfleet.doctor.finding import Finding, has_error
 from pdfleet.doctor.probe import ScriptCall
 from pdfleet.doctor.report import to_json
-from tests.unit.doctor.conftest import VLLM_LOCAL_KEY, ClientFleet
+from tests.unit.doctor.helpers import VLLM_LOCAL_KEY, ClientFleet
 from tests.unit.gateway.helpers import USER_KEY
 
 CHAT_BODY = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pdfleet.bench.procs import free_port
 from pdfleet.doctor.probe import gather_client_facts, key_shape, origin
-from tests.unit.doctor.conftest import ClientFleet
+from tests.unit.doctor.helpers import ClientFleet
 from tests.unit.gateway.helpers import USER_KEY
 
 
