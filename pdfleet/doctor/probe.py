@@ -87,7 +87,9 @@ def _error_text(exc: BaseException) -> str:
     texts = [str(exc)]
     cause = exc.__cause__ or exc.__context__
     while cause is not None and len(texts) < 4:
-        texts.append(f"{type(cause).__name__}: {cause}")
+        text = f"{type(cause).__name__}: {cause}"
+        if text not in texts:  # httpx2 wraps the same error at each layer
+            texts.append(text)
         cause = cause.__cause__ or cause.__context__
     text = "; ".join(t for t in texts if t)
     if any(mark in text for mark in REFUSED_MARKS) and "refused" not in texts[0].lower():

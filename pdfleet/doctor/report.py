@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -14,6 +15,8 @@ from rich.text import Text
 from pdfleet.doctor.finding import Finding, has_error, sorted_findings
 
 NO_PROBLEMS = "no problems found"
+DEFAULT_WIDTH = 160  # when stdout is not a terminal (a pipe, a CI log)
+MIN_WIDTH = 100
 STYLE = {"error": "bold red", "warning": "yellow", "ok": "green"}
 
 Rule = Callable[[Any], list[Finding]]
@@ -41,10 +44,11 @@ def to_json(findings: Sequence[Finding], view: str, target: str) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False)
 
 
-def format_table(findings: Sequence[Finding], title: str, width: int = 160) -> str:
+def format_table(findings: Sequence[Finding], title: str, width: int | None = None) -> str:
     """The findings as a table (errors, warnings, then what passed), and 'no problems found' when no error
     or warning is among them."""
     out = io.StringIO()
+    width = width or max(MIN_WIDTH, shutil.get_terminal_size((DEFAULT_WIDTH, 40)).columns)
     console = Console(file=out, width=width, force_terminal=False, color_system=None, soft_wrap=False)
     problems = [f for f in findings if f.severity != "ok"]
     table = Table(title=title, show_lines=True, expand=False)
@@ -58,7 +62,7 @@ def format_table(findings: Sequence[Finding], title: str, width: int = 160) -> s
     console.print(table)
     counts = summary(findings)
     if not problems:
-        console.print(f"{NO_PROBLEMS} ({counts['ok']} checks passed)")
+        console.print(f"{NO_PROBLEMS} ({counts['ok']} passed)")
     else:
         console.print(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['ok']} ok")
     return out.getvalue()
