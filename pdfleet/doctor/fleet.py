@@ -9,21 +9,26 @@ from pdfleet.doctor.fleet_facts import (
     Connector,
     FleetFacts,
     connect_hosts,
-    gather_connects,
-    gather_instances,
-    gather_p2p,
-    gather_rdma,
+    facts_to_gather,
+    read_connects,
+    read_instances,
+    read_p2p,
+    read_rdma,
 )
 from pdfleet.doctor.fleet_rules import FLEET_RULES
 from pdfleet.doctor.metrics_rules import METRICS_RULES, gather_figures, rule_metrics_read
 from pdfleet.doctor.report import run_rules
+from pdfleet.errors import PdfleetError
 from pdfleet.fleet.topology import Topology
 from pdfleet.metrics.source import MetricsSource
 from pdfleet.model.inventory import Inventory
 from pdfleet.model.profile import Profile
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
+from pdfleet.ops.errors import FactError
+from pdfleet.ops.gather import HostFacts
 
+HOST_BATCH_TIMEOUT_S = 60.0  # one host's batch: unit files, side-channel connects (3 s each), nvidia-smi
 Metrics = Callable[[], tuple[MetricsSource, str, float]]  # -> (source, what it is, window in seconds)
 
 
@@ -37,14 +42,25 @@ def gather_fleet(
 ) -> FleetFacts:
     """Every fact the fleet rules read; hosts are connected once and closed at the end."""
     names = sorted({i.host for i in topology.instances})
-    hosts, failed = connect_hosts(names, inventory.hosts, connect)
+    transports, failed = connect_hosts(names, inventory.hosts, connect)
     try:
-        instances = gather_instances(topology, hosts, timeout)
-        connects = gather_connects(profile, topology, hosts)
-        p2p = gather_p2p(topology, hosts) if profile.topology == "same-host" else {}
-        rdma = gather_rdma(profile, hosts, inventory.hosts, topology)
+        hosts = {
+            name: HostFacts(t, timeout=max(HOST_BATCH_TIMEOUT_S, timeout)) for name, t in transports.items()
+        }
+        for name, facts in facts_to_gather(profile, topology).items():
+            if name not in hosts:
+                continue
+            try:
+                hosts[name].gather(facts)  # one round trip per host
+            except (FactError, PdfleetError) as exc:
+                failed[name] = str(exc)
+                del hosts[name]
+        instances = read_instances(topology, hosts, timeout)
+        connects = read_connects(profile, topology, hosts)
+        p2p = read_p2p(topology, hosts) if profile.topology == "same-host" else {}
+        rdma = read_rdma(profile, hosts, inventory.hosts, topology)
     finally:
-        for transport in hosts.values():
+        for transport in transports.values():
             transport.close()
     figures, source_name = {}, ""
     release = find_release(profile.vllm.version, RELEASES)

@@ -12,7 +12,7 @@ import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
 
@@ -33,9 +33,12 @@ from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import Release, find_release
-from pdfleet.ops.gather import HostFacts
+from pdfleet.ops.base import Fact, FactSource
+from pdfleet.ops.errors import FactError
+from pdfleet.ops.files import FileContent
 from pdfleet.ops.ssh import Transport
 
+T = TypeVar("T")
 CONNECT_TIMEOUT_S = 3
 P2P_COMMAND = "nvidia-smi topo -p2p r"
 Connector = Callable[[Host], Transport]  # a host -> an open transport (SSH in the CLI)
@@ -178,24 +181,89 @@ def side_channel_targets(
     return out
 
 
-def gather_instances(
-    topology: Topology, hosts: Mapping[str, Transport], timeout: float
+@dataclass(frozen=True)
+class TcpConnect(Fact["tuple[int, str]"]):
+    """A TCP connect from the host to address:port: (rc, what bash said). rc 0 open, 124 no answer."""
+
+    address: str
+    port: int
+
+    def command(self) -> str:
+        return connect_command(self.address, self.port) + " 2>&1"
+
+    def parse(self, stdout: str, rc: int) -> tuple[int, str]:
+        return rc, stdout.strip()
+
+
+@dataclass(frozen=True)
+class P2pMatrix(Fact["Mapping[tuple[int, int], str] | str"]):
+    """The host's GPU P2P matrix, or why there is none (no nvidia-smi: no NVIDIA GPU)."""
+
+    def command(self) -> str:
+        return f"{P2P_COMMAND} 2>&1"
+
+    def parse(self, stdout: str, rc: int) -> Mapping[tuple[int, int], str] | str:
+        matrix = parse_p2p(stdout) if rc == 0 else {}
+        return matrix or f"`{P2P_COMMAND}` gave no matrix (rc {rc}): {stdout.strip()[:200]}"
+
+
+def pair_hosts(topology: Topology) -> list[str]:
+    """Hosts that run both a prefill and a decode instance (a same-host pair)."""
+    return sorted({i.host for i in topology.pool("prefill")} & {i.host for i in topology.pool("decode")})
+
+
+def connects_planned(
+    profile: Profile, topology: Topology
+) -> dict[str, list[tuple[Instance, int, str, TcpConnect]]]:
+    """Per decode host: every (prefill instance, port, purpose, connect fact) it must manage."""
+    release = find_release(profile.vllm.version, RELEASES)
+    targets = side_channel_targets(profile, topology, release)
+    return {
+        host: [
+            (inst, port, what, TcpConnect(inst.side_channel_host or inst.address, port))
+            for inst, port, what in targets
+        ]
+        for host in sorted({i.host for i in topology.pool("decode")})
+    }
+
+
+def facts_to_gather(profile: Profile, topology: Topology) -> dict[str, list[Fact[Any]]]:
+    """Per host, every fact the fleet rules read from it, so that each host answers in one batch."""
+    plan: dict[str, list[Fact[Any]]] = {}
+    for inst in topology.instances:
+        plan.setdefault(inst.host, []).append(FileContent(inst.unit_path))
+    for host, connects in connects_planned(profile, topology).items():
+        plan.setdefault(host, []).extend(c[3] for c in connects)
+    if profile.topology == "same-host":
+        for host in pair_hosts(topology):
+            plan.setdefault(host, []).append(P2pMatrix())
+    return plan
+
+
+def _get(facts: FactSource, fact: Fact[T]) -> tuple[T | None, str | None]:
+    """A fact's value, or why it could not be read."""
+    try:
+        return facts.get(fact), None
+    except (FactError, PdfleetError) as exc:
+        return None, str(exc)
+
+
+def read_instances(
+    topology: Topology, hosts: Mapping[str, FactSource], timeout: float
 ) -> list[InstanceFacts]:
-    """Each instance's unit (read on its host) and /version (asked over HTTP)."""
+    """Each instance's unit (read on its host) and /version (asked over HTTP, once the unit is read)."""
     out = []
     with httpx2.Client(timeout=timeout, trust_env=False) as http:
         for inst in topology.instances:
-            transport = hosts.get(inst.host)
-            if transport is None:
+            facts = hosts.get(inst.host)
+            if facts is None:
                 out.append(InstanceFacts(inst, problem=f"{inst.host} not reachable over SSH"))
                 continue
-            res = transport.run(f"cat {shlex.quote(inst.unit_path)}", timeout=timeout)
-            if res.rc != 0:
-                out.append(
-                    InstanceFacts(inst, problem=f"{inst.unit_path}: {(res.stderr or res.stdout).strip()}")
-                )
+            text, why = _get(facts, FileContent(inst.unit_path))
+            if text is None:
+                out.append(InstanceFacts(inst, problem=f"{inst.unit_path}: {why or 'no such unit file'}"))
                 continue
-            connector, role, sim_version = parse_unit(res.stdout)
+            connector, role, sim_version = parse_unit(text)
             try:
                 release = parse_version(http.get(inst.url + "/version").text) or sim_version
             except httpx2.HTTPError as exc:
@@ -205,58 +273,57 @@ def gather_instances(
     return out
 
 
-def gather_connects(profile: Profile, topology: Topology, hosts: Mapping[str, Transport]) -> list[Connect]:
-    """From every decode host, a TCP connect to every prefill side-channel (or bootstrap) port."""
-    release = find_release(profile.vllm.version, RELEASES)
+def read_connects(profile: Profile, topology: Topology, hosts: Mapping[str, FactSource]) -> list[Connect]:
+    """The connects each decode host made to every prefill side-channel (or bootstrap) port."""
     out = []
-    decode_hosts = sorted({i.host for i in topology.pool("decode")})
-    for host in decode_hosts:
-        transport = hosts.get(host)
-        if transport is None:
+    for host, planned in connects_planned(profile, topology).items():
+        facts = hosts.get(host)
+        if facts is None:
             continue
-        for inst, port, purpose in side_channel_targets(profile, topology, release):
-            address = inst.side_channel_host or inst.address
-            cmd = connect_command(address, port)
-            res = transport.run(cmd, timeout=CONNECT_TIMEOUT_S + 10)
-            text = (res.stdout + res.stderr).strip() or ("connected" if res.rc == 0 else "")
-            if res.rc == 124:
+        for inst, port, purpose, fact in planned:
+            value, why = _get(facts, fact)
+            rc, text = value if value is not None else (-1, why or "")
+            text = text or ("connected" if rc == 0 else "")
+            if rc == 124:
                 text = (text + f" (no answer within {CONNECT_TIMEOUT_S} s: dropped)").strip()
-            out.append(Connect(host, inst.host, address, port, purpose, cmd, res.rc, text))
+            out.append(
+                Connect(
+                    host,
+                    inst.host,
+                    fact.address,
+                    port,
+                    purpose,
+                    connect_command(fact.address, port),
+                    rc,
+                    text,
+                )
+            )
     return out
 
 
-def gather_p2p(
-    topology: Topology, hosts: Mapping[str, Transport]
+def read_p2p(
+    topology: Topology, hosts: Mapping[str, FactSource]
 ) -> dict[str, Mapping[tuple[int, int], str] | str]:
-    """The P2P matrix of each host that runs both a prefill and a decode instance (or why there is none)."""
+    """The P2P matrix of each same-host pair's host (or why there is none)."""
     out: dict[str, Mapping[tuple[int, int], str] | str] = {}
-    for host in sorted(
-        {i.host for i in topology.pool("prefill")} & {i.host for i in topology.pool("decode")}
-    ):
-        transport = hosts.get(host)
-        if transport is None:
-            continue
-        res = transport.run(P2P_COMMAND, timeout=30)
-        matrix = parse_p2p(res.stdout) if res.rc == 0 else {}
-        out[host] = (
-            matrix
-            or f"`{P2P_COMMAND}` gave no matrix (rc {res.rc}): {(res.stderr or res.stdout).strip()[:200]}"
-        )
+    for host in pair_hosts(topology):
+        if host in hosts:
+            value, why = _get(hosts[host], P2pMatrix())
+            out[host] = value if value is not None else f"`{P2P_COMMAND}`: {why}"
     return out
 
 
-def gather_rdma(
-    profile: Profile, hosts: Mapping[str, Transport], inventory_hosts: Mapping[str, Host], topology: Topology
+def read_rdma(
+    profile: Profile, hosts: Mapping[str, FactSource], inventory_hosts: Mapping[str, Host], topology: Topology
 ) -> list[RdmaHostFacts]:
     """The RDMA facts of each disaggregated pool host that declares rdma_devices (cross-host, RDMA on)."""
     if profile.topology != "cross-host" or not profile.rdma.enabled:
         return []
     out = []
     for name in sorted({i.host for i in topology.instances if i.pool in ("prefill", "decode")}):
-        host, transport = inventory_hosts.get(name), hosts.get(name)
-        if host is None or transport is None or not host.rdma_devices:
+        host, facts = inventory_hosts.get(name), hosts.get(name)
+        if host is None or facts is None or not host.rdma_devices:
             continue
-        facts = HostFacts(transport)
         devices = facts.get(RdmaSysfsFact())
         netdevs = {
             nd: facts.get(NetdevFact(nd)) for nd in netdev_of(devices, tuple(host.rdma_devices)).values()

@@ -9,16 +9,21 @@ from pathlib import Path
 
 from pdfleet.bench.procs import free_port
 from pdfleet.doctor.fleet_facts import (
+    P2pMatrix,
+    TcpConnect,
     connect_command,
-    gather_connects,
-    gather_instances,
+    facts_to_gather,
     parse_p2p,
     parse_unit,
     parse_version,
+    read_connects,
+    read_instances,
     side_channel_targets,
 )
 from pdfleet.fleet.topology import Instance, Topology
 from pdfleet.model.vllm_release_data import RELEASES
+from pdfleet.ops.files import FileContent
+from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.ssh import LocalTransport
 from tests.unit.doctor.helpers import deployment, fixture
 
@@ -67,12 +72,11 @@ def test_connect_runs_on_the_decode_host_open_then_refused() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
         topo = _loopback(d.topology, port)
-        (ok,) = gather_connects(d.profile, topo, {"lab-d1": LocalTransport("lab-d1")})
+        (ok,) = read_connects(d.profile, topo, {"lab-d1": HostFacts(LocalTransport("lab-d1"))})
         assert ok.open and ok.from_host == "lab-d1" and ok.to_host == "lab-p1"
     closed = free_port()
-    (refused,) = gather_connects(
-        d.profile, _loopback(d.topology, closed), {"lab-d1": LocalTransport("lab-d1")}
-    )
+    local = {"lab-d1": HostFacts(LocalTransport("lab-d1"))}
+    (refused,) = read_connects(d.profile, _loopback(d.topology, closed), local)
     assert not refused.open and refused.rc == 1 and "refused" in refused.output.lower()
     assert refused.command == connect_command("127.0.0.1", closed)
 
@@ -80,7 +84,18 @@ def test_connect_runs_on_the_decode_host_open_then_refused() -> None:
 def test_instances_without_a_unit_or_a_host_say_why(tmp_path: Path) -> None:
     d = deployment("lab-cross")
     one = dataclasses.replace(d.topology, instances=d.topology.pool("prefill") + d.topology.pool("decode"))
-    facts = gather_instances(one, {"lab-p1": LocalTransport("lab-p1")}, timeout=5)
+    facts = read_instances(one, {"lab-p1": HostFacts(LocalTransport("lab-p1"))}, timeout=5)
     by_host = {f.instance.host: f for f in facts}
-    assert "vllm-prefill.service" in (by_host["lab-p1"].problem or "")
+    assert by_host["lab-p1"].problem == "/etc/systemd/system/vllm-prefill.service: no such unit file"
     assert by_host["lab-d1"].problem == "lab-d1 not reachable over SSH"
+
+
+def test_each_host_answers_in_one_batch() -> None:
+    d = deployment("lab-same-host", "inventory/lab-same-host.yml")
+    plan = facts_to_gather(d.profile, d.topology)
+    assert FileContent("/etc/systemd/system/vllm-prefill.service") in plan["lab-p1"]
+    assert P2pMatrix() in plan["lab-p1"]  # the same-host pair's host
+    assert TcpConnect("198.18.0.21", 5600) in plan["lab-p1"]  # the decode instance lives there too
+    assert (
+        P2pMatrix().parse("sh: 1: nvidia-smi: not found", 127).startswith("`nvidia-smi topo -p2p r` gave no")
+    )
