@@ -51,10 +51,17 @@ def base_url_problems(url: str, anthropic: bool) -> list[str]:
 
 
 def suggested_base_url(url: str, anthropic: bool) -> str:
-    """The base URL with the path the SDK wants: origin + /v1 (OpenAI) or the bare origin (Anthropic)."""
+    """The base URL the SDK wants: no query, no endpoint at the end, then `.../v1` (OpenAI) or without
+    it (Anthropic); a path prefix before them (a reverse proxy's) is kept."""
     parts = urlsplit(url)
-    root = f"{parts.scheme}://{parts.netloc}"
-    return root if anthropic else root + "/v1"
+    path = _strip(parts.path)
+    ending = next((e for e in ENDPOINTS if path == e or path.endswith("/" + e)), None)
+    if ending:
+        path = _strip(path[: -len(ending)])
+    if path == "v1" or path.endswith("/v1"):
+        path = _strip(path[:-2])
+    prefix = f"/{path}" if path else ""
+    return f"{parts.scheme}://{parts.netloc}{prefix}" + ("" if anthropic else "/v1")
 
 
 def rule_base_url(facts: ClientFacts) -> list[Finding]:

@@ -41,7 +41,10 @@ def test_base_url_shapes() -> None:
     assert "endpoint 'chat/completions'" in base_url_problems("http://h/v1/chat/completions", False)[0]
     assert "appends /v1/messages" in base_url_problems("http://h:8080/v1", True)[0]
     assert "not an http(s) URL" in base_url_problems("h:8080", False)[0]
-    assert suggested_base_url("http://h:8080/api/v1?x", False) == "http://h:8080/v1"
+    assert suggested_base_url("http://h:8080/v1?x", False) == "http://h:8080/v1"
+    assert suggested_base_url("http://h/api/v1/chat/completions", False) == "http://h/api/v1"
+    assert suggested_base_url("http://h/api", False) == "http://h/api/v1"
+    assert suggested_base_url("http://h:8080/v1/messages", True) == "http://h:8080"
     assert rule_base_url(facts(base="http://h:8080/v1")) == []
 
 
