@@ -4,8 +4,11 @@ a real gateway on loopback gives JSON and the exit status of its findings."""
 from __future__ import annotations
 
 import json
+import shutil
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +84,44 @@ def test_every_option_has_help() -> None:
     res = invoke(["--help", "doctor"])
     for option in ("--base-url", "--api-key-env", "--anthropic", "--profile", "--json", "--body", "--sample"):
         assert option in res.stdout
+
+
+def _loopback_fleet(tmp_path: Path, sshd, port: int) -> tuple[Path, Path]:  # type: ignore[no-untyped-def]
+    """same-host-pcie on this machine's sshd (prefill and decode on `loop`, colocated on `colo`), its side
+    channel on `port`: (profile file, inventory file)."""
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", profiles)
+    prof = profiles / "loop.yml"
+    prof.write_text(f"extends: same-host-pcie\nkv_transfer:\n  side_channel_port: {port}\n")
+    host = (
+        f"          ansible_host: 127.0.0.1\n          ansible_port: {sshd.port}\n"
+        f"          ansible_user: root\n          ansible_ssh_private_key_file: {sshd.key_file}\n"
+        f"          pdfleet_known_hosts_file: {sshd.known_hosts}\n"
+    )
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  children:\n    prefill:\n      hosts:\n        loop:\n" + host + "          gpus: [0, 1]\n"
+        "    decode:\n      hosts:\n        loop: {}\n"
+        "    colocated:\n      hosts:\n        colo:\n" + host + "          gpus: [0]\n"
+    )
+    return prof, inv
+
+
+@pytest.mark.sshd
+def test_the_fleet_view_over_ssh(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        prof, inv = _loopback_fleet(tmp_path, sshd, port)
+        args = ["doctor", "--profile", str(prof), "--inventory", str(inv), "--sample", "1", "--json"]
+        open_ = invoke(args)
+    doc = json.loads(open_.stdout)
+    rules = {f["rule"]: f for f in doc["findings"]}
+    # the side channel answers from the decode host; nothing else here is an error
+    assert open_.returncode == 0 and "kv.side_channel" not in rules, open_.stdout + open_.stderr
+    assert rules["kv.p2p"]["severity"] == "ok" and "nvidia-smi" in rules["kv.p2p"]["evidence"]
+    assert "no such unit file" in rules["fleet.instance_unread"]["evidence"]
+    assert rules["metrics.unread"]["severity"] == "warning"
+    closed = invoke(args)  # the listener is gone: the same connect is refused
+    doc = json.loads(closed.stdout)
+    side = next(f for f in doc["findings"] if f["rule"] == "kv.side_channel")
+    assert closed.returncode == 1 and f"127.0.0.1:{port}" in side["what"] and "refused" in side["what"]
