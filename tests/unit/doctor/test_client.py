@@ -146,7 +146,7 @@ def test_anthropic_healthy(client_fleet: ClientFleet) -> None:
         client_fleet.anthropic_base, USER_KEY, "ANTHROPIC_API_KEY", True, anthropic_env(client_fleet)
     )
     assert [f.rule for f in findings] == ["client.ok"]
-    assert "x-api-key" in findings[0].evidence or "/v1/messages" in findings[0].evidence
+    assert findings[0].evidence.count("/v1/messages → 200") == 3  # SDK, SDK streaming, x-api-key
 
 
 def test_anthropic_wrong_key(client_fleet: ClientFleet) -> None:
