@@ -18,6 +18,7 @@ import httpx2
 
 from pdfleet.errors import PdfleetError
 from pdfleet.fleet.topology import Instance, Topology
+from pdfleet.hw.gpu_facts import NvidiaPciFact
 from pdfleet.hw.rdma import netdev_of, qos_tool
 from pdfleet.hw.rdma_facts import (
     NetdevFact,
@@ -41,6 +42,7 @@ from pdfleet.ops.ssh import Transport
 T = TypeVar("T")
 CONNECT_TIMEOUT_S = 3
 P2P_COMMAND = "nvidia-smi topo -p2p r"
+NO_GPU = "no NVIDIA GPU on the PCI bus"  # as hw.gpu.plan_gpu and verify say it
 Connector = Callable[[Host], Transport]  # a host -> an open transport (SSH in the CLI)
 
 
@@ -236,7 +238,7 @@ def facts_to_gather(profile: Profile, topology: Topology) -> dict[str, list[Fact
         plan.setdefault(host, []).extend(c[3] for c in connects)
     if profile.topology == "same-host":
         for host in pair_hosts(topology):
-            plan.setdefault(host, []).append(P2pMatrix())
+            plan.setdefault(host, []).extend((NvidiaPciFact(), P2pMatrix()))
     return plan
 
 
@@ -307,9 +309,14 @@ def read_p2p(
     """The P2P matrix of each same-host pair's host (or why there is none)."""
     out: dict[str, Mapping[tuple[int, int], str] | str] = {}
     for host in pair_hosts(topology):
-        if host in hosts:
-            value, why = _get(hosts[host], P2pMatrix())
-            out[host] = value if value is not None else f"`{P2P_COMMAND}`: {why}"
+        if host not in hosts:
+            continue
+        pci, _ = _get(hosts[host], NvidiaPciFact())
+        if pci is not None and not pci.gpus:  # the gpu_driver role's and verify's own reading of the bus
+            out[host] = NO_GPU
+            continue
+        value, why = _get(hosts[host], P2pMatrix())
+        out[host] = value if value is not None else f"`{P2P_COMMAND}`: {why}"
     return out
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from pathlib import Path
+
+import pytest
 
 from pdfleet.bench.procs import free_port
 from pdfleet.doctor.fleet_facts import (
@@ -18,9 +19,11 @@ from pdfleet.doctor.fleet_facts import (
     parse_version,
     read_connects,
     read_instances,
+    read_p2p,
     side_channel_targets,
 )
 from pdfleet.fleet.topology import Instance, Topology
+from pdfleet.hw.gpu_facts import NvidiaPciFact
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.ops.files import FileContent
 from pdfleet.ops.gather import HostFacts
@@ -60,9 +63,12 @@ def _loopback(topology: Topology, port: int) -> Topology:
     """The topology with its prefill side channel on 127.0.0.1:port (what this machine may reach)."""
 
     def move(i: Instance) -> Instance:
+        # every address on loopback: nothing a test gathers may leave this machine
         if i.pool == "prefill":
-            return dataclasses.replace(i, side_channel_host="127.0.0.1", side_channel_port=port)
-        return i
+            return dataclasses.replace(
+                i, address="127.0.0.1", side_channel_host="127.0.0.1", side_channel_port=port
+            )
+        return dataclasses.replace(i, address="127.0.0.1", side_channel_host="127.0.0.1")
 
     return dataclasses.replace(topology, instances=tuple(move(i) for i in topology.instances))
 
@@ -81,9 +87,10 @@ def test_connect_runs_on_the_decode_host_open_then_refused() -> None:
     assert refused.command == connect_command("127.0.0.1", closed)
 
 
-def test_instances_without_a_unit_or_a_host_say_why(tmp_path: Path) -> None:
+def test_instances_without_a_unit_or_a_host_say_why() -> None:
     d = deployment("lab-cross")
-    one = dataclasses.replace(d.topology, instances=d.topology.pool("prefill") + d.topology.pool("decode"))
+    loop = _loopback(d.topology, free_port())
+    one = dataclasses.replace(loop, instances=loop.pool("prefill") + loop.pool("decode"))
     facts = read_instances(one, {"lab-p1": HostFacts(LocalTransport("lab-p1"))}, timeout=5)
     by_host = {f.instance.host: f for f in facts}
     assert by_host["lab-p1"].problem == "/etc/systemd/system/vllm-prefill.service: no such unit file"
@@ -94,8 +101,17 @@ def test_each_host_answers_in_one_batch() -> None:
     d = deployment("lab-same-host", "inventory/lab-same-host.yml")
     plan = facts_to_gather(d.profile, d.topology)
     assert FileContent("/etc/systemd/system/vllm-prefill.service") in plan["lab-p1"]
-    assert P2pMatrix() in plan["lab-p1"]  # the same-host pair's host
+    assert P2pMatrix() in plan["lab-p1"] and NvidiaPciFact() in plan["lab-p1"]  # the same-host pair's host
     assert TcpConnect("198.18.0.21", 5600) in plan["lab-p1"]  # the decode instance lives there too
     assert (
         P2pMatrix().parse("sh: 1: nvidia-smi: not found", 127).startswith("`nvidia-smi topo -p2p r` gave no")
     )
+
+
+def test_p2p_of_a_host_without_gpus_says_so_as_the_gpu_role_does() -> None:
+    d = deployment("lab-same-host", "inventory/lab-same-host.yml")
+    local = HostFacts(LocalTransport("lab-p1"))
+    local.gather([NvidiaPciFact(), P2pMatrix()])  # only these: the plan's connects go to lab addresses
+    if local.get(NvidiaPciFact()).gpus:
+        pytest.skip("this machine has an NVIDIA GPU: the matrix is read instead")
+    assert read_p2p(d.topology, {"lab-p1": local}) == {"lab-p1": "no NVIDIA GPU on the PCI bus"}
