@@ -7,11 +7,11 @@ pinned release registers (`pdfleet.model.vllm_release_data`); the thresholds are
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from pdfleet.doctor.finding import Finding, profile_fix
 from pdfleet.doctor.fleet_facts import RoleFigures
-from pdfleet.metrics.source import MetricsError, MetricsSource
+from pdfleet.metrics.source import MetricsError, MetricsSource, Result
 from pdfleet.model.profile import MAX_GPU_MEMORY_UTILIZATION, Profile
 from pdfleet.model.vllm_releases import Release
 
@@ -30,6 +30,15 @@ def kv_usage_metric(release: Release) -> str:
     return next(n for n in KV_USAGE if n in names)
 
 
+def _read(what: str, read: Callable[[], Result], missing: list[str]) -> Result | None:
+    """A source's answer, or None with why appended to `missing` (never a zero)."""
+    try:
+        return read()
+    except MetricsError as exc:
+        missing.append(f"{what}: {exc}")
+        return None
+
+
 def gather_figures(
     source: MetricsSource, release: Release, roles: Mapping[str, int], window_s: float
 ) -> dict[str, RoleFigures]:
@@ -37,39 +46,23 @@ def gather_figures(
     for name in (QUEUE, WAITING, PREEMPTIONS):
         release.metric(name)  # a name the release does not register is a bug here, not a zero
     kv = kv_usage_metric(release)
+    by = ("role",)
     out = {}
     for role, count in roles.items():
         match = {"role": role}
-        figures: dict[str, float | None] = {}
-        missing = []
-        reads = {
-            "queue_p95_s": lambda m=match: source.quantile(0.95, QUEUE, window_s, ("role",), m),
-            "waiting": lambda m=match: source.value(WAITING, ("role",), m),
-            "kv_usage": lambda m=match: source.value(kv, ("role",), m),
-            "preemptions_per_min": lambda m=match: source.rate(
-                PREEMPTIONS + "_total", window_s, ("role",), m
-            ),
-        }
-        for key, read in reads.items():
-            try:
-                value = sum(read().values())
-            except MetricsError as exc:
-                missing.append(f"{key}: {exc}")
-                figures[key] = None
-                continue
-            figures[key] = (
-                value / max(count, 1)
-                if key == "kv_usage"
-                else value * 60
-                if key.endswith("per_min")
-                else value
-            )
+        missing: list[str] = []
+        queue = _read("queue P95", lambda m=match: source.quantile(0.95, QUEUE, window_s, by, m), missing)
+        waiting = _read("waiting", lambda m=match: source.value(WAITING, by, m), missing)
+        usage = _read("KV cache use", lambda m=match: source.value(kv, by, m), missing)
+        preempt = _read(
+            "preemptions", lambda m=match: source.rate(PREEMPTIONS + "_total", window_s, by, m), missing
+        )
         out[role] = RoleFigures(
             role,
-            figures["queue_p95_s"],
-            figures["waiting"],
-            figures["kv_usage"],
-            figures["preemptions_per_min"],
+            max(queue.values()) if queue else None,
+            sum(waiting.values()) if waiting else None,
+            sum(usage.values()) / max(count, 1) if usage else None,  # the gauge summed: the mean per instance
+            sum(preempt.values()) * 60 if preempt else None,
             tuple(missing),
         )
     return out
