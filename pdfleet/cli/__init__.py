@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from invoke import Collection
 
-from pdfleet.cli import bench, demo, lab, monitor, profiles, provision, render, rollout, verify, wheel
+from pdfleet.cli import bench, demo, doctor, lab, monitor, profiles, provision, render, rollout, verify, wheel
 
 
 def build_namespace() -> Collection:
     """Every task, named explicitly; the lab's tasks under `lab.` (defaults come from invoke.yaml)."""
     ns = Collection(profiles.profiles, render.render, provision.provision, verify.verify, demo.demo,
-                    wheel.wheel, monitor.monitor, bench.bench)
+                    wheel.wheel, monitor.monitor, bench.bench, doctor.doctor)
     ns.add_collection(rollout.collection())
     ns.add_collection(Collection("lab", lab.up_task, lab.down_task, lab.status_task, lab.ssh_task,
                                  lab.env_task))

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rollout",),  # the rollout controller (host program on the monitoring host): gates read metrics
     ("hw",),  # hardware facts and decisions
     ("fleet",),  # topology, deployment, the role contract, rendering, provisioning, the host wheel
-    ("checks", "bench", "lab"),  # verify, benchmarks, the local lab
+    ("checks", "bench", "lab", "doctor"),  # verify, benchmarks, the local lab, doctor
     ("cli",),  # the tasks: wire everything, plug the lab in
 )
 # Test modules that test a package as a whole rather than one module, with what they test.

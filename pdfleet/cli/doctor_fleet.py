@@ -1,0 +1,63 @@
+"""`invoke doctor --profile P`: the deployment, SSH to its hosts, the metrics source as `invoke monitor` and
+`invoke bench` choose it (Prometheus on the monitoring host when it answers, else direct scrapes)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from invoke import Context
+
+from pdfleet.bench.fleet_targets import PROMETHEUS_PORT, direct_targets
+from pdfleet.cli import lab_site
+from pdfleet.cli.settings import Settings, repo_path
+from pdfleet.doctor.finding import Finding
+from pdfleet.doctor.fleet import Metrics, diagnose_fleet, gather_fleet
+from pdfleet.errors import ConnectError
+from pdfleet.fleet.deployment import load_deployment
+from pdfleet.lab.network import lab_route_problem
+from pdfleet.metrics.direct import DirectScrape
+from pdfleet.metrics.prometheus import PrometheusClient
+from pdfleet.metrics.source import MetricsError
+from pdfleet.model.inventory import Host
+from pdfleet.ops.ssh import Transport, open_connection
+from roles import REGISTRY
+
+
+def fleet_findings(
+    ctx: Context, profile: str, inventory: str | None, window_s: float, sample_s: float, timeout: float
+) -> tuple[list[Finding], str]:
+    """Load the deployment (bad profile or inventory: a clear error), gather, diagnose."""
+    settings = Settings.of(ctx)
+    deployment = load_deployment(
+        profile,
+        repo_path(inventory) if inventory else settings.inventory,
+        settings.profiles_dir,
+        settings.templates_dir,
+        REGISTRY,
+        lab_network=lab_site.LAB_NETWORK,
+    )
+    inv, topo = deployment.inventory, deployment.topology
+    problem = lab_route_problem([h.address for h in inv.hosts.values()])
+    if problem:
+        raise ConnectError(problem)
+
+    def connect(host: Host) -> Transport:
+        return open_connection(host, settings.known_hosts, settings.connect_timeout, check_sudo=False)
+
+    def metrics() -> tuple[PrometheusClient | DirectScrape, str, float]:
+        monitoring = inv.group("monitoring")
+        if monitoring:
+            prom = PrometheusClient(f"http://{monitoring[0].address}:{PROMETHEUS_PORT}", timeout=timeout)
+            if prom.ready():
+                return prom, f"Prometheus at {prom.base_url}", window_s
+        direct = DirectScrape(direct_targets(topo), timeout=timeout)
+        # the window's start: direct figures compare two scrapes; an endpoint down leaves its figures unread
+        with contextlib.suppress(MetricsError):
+            direct.scrape()
+        time.sleep(sample_s)
+        return direct, f"direct scrape of {len(direct.targets)} vLLM endpoints over {sample_s:g} s", sample_s
+
+    source: Metrics = metrics  # type: ignore[assignment]
+    facts = gather_fleet(deployment.profile, inv, topo, connect, source, timeout)
+    return diagnose_fleet(facts), deployment.profile.name

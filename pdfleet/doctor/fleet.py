@@ -1,0 +1,98 @@
+"""The fleet and metrics view end to end: gather over SSH, HTTP and the MetricsSource, then run the rules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pdfleet.doctor.finding import Finding
+from pdfleet.doctor.fleet_facts import (
+    Connector,
+    FleetFacts,
+    connect_hosts,
+    facts_to_gather,
+    read_connects,
+    read_instances,
+    read_p2p,
+    read_rdma,
+)
+from pdfleet.doctor.fleet_rules import FLEET_RULES
+from pdfleet.doctor.metrics_rules import METRICS_RULES, gather_figures, rule_metrics_read
+from pdfleet.doctor.report import run_rules
+from pdfleet.errors import PdfleetError
+from pdfleet.fleet.topology import Topology
+from pdfleet.metrics.source import MetricsSource
+from pdfleet.model.inventory import Inventory
+from pdfleet.model.profile import Profile
+from pdfleet.model.vllm_release_data import RELEASES
+from pdfleet.model.vllm_releases import find_release
+from pdfleet.ops.errors import FactError
+from pdfleet.ops.gather import HostFacts
+
+HOST_BATCH_TIMEOUT_S = 60.0  # one host's batch: unit files, side-channel connects (3 s each), nvidia-smi
+Metrics = Callable[[], tuple[MetricsSource, str, float]]  # -> (source, what it is, window in seconds)
+
+
+def gather_fleet(
+    profile: Profile,
+    inventory: Inventory,
+    topology: Topology,
+    connect: Connector,
+    metrics: Metrics | None,
+    timeout: float,
+) -> FleetFacts:
+    """Every fact the fleet rules read; hosts are connected once and closed at the end."""
+    names = sorted({i.host for i in topology.instances})
+    transports, failed = connect_hosts(names, inventory.hosts, connect)
+    try:
+        hosts = {
+            name: HostFacts(t, timeout=max(HOST_BATCH_TIMEOUT_S, timeout)) for name, t in transports.items()
+        }
+        for name, facts in facts_to_gather(profile, topology).items():
+            if name not in hosts:
+                continue
+            try:
+                hosts[name].gather(facts)  # one round trip per host
+            except (FactError, PdfleetError) as exc:
+                failed[name] = str(exc)
+                del hosts[name]
+        instances = read_instances(topology, hosts, timeout)
+        connects = read_connects(profile, topology, hosts)
+        p2p = read_p2p(topology, hosts) if profile.topology == "same-host" else {}
+        rdma = read_rdma(profile, hosts, inventory.hosts, topology)
+    finally:
+        for transport in transports.values():
+            transport.close()
+    figures, source_name = {}, ""
+    release = find_release(profile.vllm.version, RELEASES)
+    if metrics is not None and release is not None:
+        source, source_name, window = metrics()
+        roles = {r: len(topology.pool(r)) for r in ("prefill", "decode", "colocated") if topology.pool(r)}
+        figures = gather_figures(source, release, roles, window)
+    return FleetFacts(
+        profile, topology, tuple(instances), tuple(connects), p2p, tuple(rdma), figures, source_name, failed
+    )
+
+
+def diagnose_fleet(facts: FleetFacts) -> list[Finding]:
+    """Every fleet and metrics rule; one `ok` finding saying what was checked when nothing was found."""
+    findings = run_rules(FLEET_RULES, facts)
+    for rule in METRICS_RULES:
+        findings += rule(facts.profile, facts.figures)
+    findings += rule_metrics_read(facts.metrics_source, facts.figures)
+    if not [f for f in findings if f.severity != "ok"]:
+        checked = [
+            f"{len(facts.instances)} instances (units, releases)",
+            f"{len(facts.connects)} side-channel connects from decode hosts",
+            f"metrics of {', '.join(sorted(facts.figures)) or 'no role'} from {facts.metrics_source or '-'}",
+        ]
+        findings.append(
+            Finding(
+                "fleet.ok",
+                "ok",
+                f"profile {facts.profile.name}: KV transfer and tuning rules found nothing",
+                "\n".join(checked),
+                "",
+                subject=facts.profile.name,
+            )
+        )
+    return findings

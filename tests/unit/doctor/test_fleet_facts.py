@@ -1,0 +1,117 @@
+"""The fleet gatherer's parsers from fixtures, and its commands run for real: the TCP connect through this
+machine's own shell (LocalTransport) against a loopback listener, open and then closed."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+
+import pytest
+
+from pdfleet.bench.procs import free_port
+from pdfleet.doctor.fleet_facts import (
+    P2pMatrix,
+    TcpConnect,
+    connect_command,
+    facts_to_gather,
+    parse_p2p,
+    parse_unit,
+    parse_version,
+    read_connects,
+    read_instances,
+    read_p2p,
+    side_channel_targets,
+)
+from pdfleet.fleet.topology import Instance, Topology
+from pdfleet.hw.gpu_facts import NvidiaPciFact
+from pdfleet.model.vllm_release_data import RELEASES
+from pdfleet.ops.files import FileContent
+from pdfleet.ops.gather import HostFacts
+from pdfleet.ops.ssh import LocalTransport
+from tests.unit.doctor.helpers import deployment, fixture
+
+FACTS = fixture("fleet-facts.yml")
+
+
+def test_parse_unit() -> None:
+    assert parse_unit(FACTS["unit_prefill"]["text"]) == ("NixlConnector", "kv_producer", None)
+    assert parse_unit(FACTS["unit_sim_decode"]["text"]) == ("MooncakeConnector", "kv_consumer", "0.11.0")
+    assert parse_unit("ExecStart=/bin/true 'unbalanced") == (None, None, None)
+    assert parse_unit("[Unit]\n") == (None, None, None)
+
+
+def test_parse_version() -> None:
+    assert parse_version(FACTS["version_vllm"]["text"]) == "0.11.0"
+    assert parse_version(FACTS["version_sim"]["text"]) is None
+    assert parse_version("not json") is None
+
+
+def test_parse_p2p() -> None:
+    matrix = parse_p2p(FACTS["p2p_matrix"]["text"])
+    assert matrix[(0, 0)] == "X" and matrix[(2, 3)] == "OK" and matrix[(0, 3)] == "CNS"
+    assert parse_p2p("nvidia-smi: command not found") == {}
+
+
+def test_side_channel_ports_follow_the_release() -> None:
+    d = deployment("lab-cross")
+    rel = RELEASES[d.profile.vllm.version]
+    targets = side_channel_targets(d.profile, d.topology, rel)
+    assert [(i.host, p, what) for i, p, what in targets] == [("lab-p1", 5600, "NIXL side channel")]
+
+
+def _loopback(topology: Topology, port: int) -> Topology:
+    """The topology with its prefill side channel on 127.0.0.1:port (what this machine may reach)."""
+
+    def move(i: Instance) -> Instance:
+        # every address on loopback: nothing a test gathers may leave this machine
+        if i.pool == "prefill":
+            return dataclasses.replace(
+                i, address="127.0.0.1", side_channel_host="127.0.0.1", side_channel_port=port
+            )
+        return dataclasses.replace(i, address="127.0.0.1", side_channel_host="127.0.0.1")
+
+    return dataclasses.replace(topology, instances=tuple(move(i) for i in topology.instances))
+
+
+def test_connect_runs_on_the_decode_host_open_then_refused() -> None:
+    d = deployment("lab-cross")
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        topo = _loopback(d.topology, port)
+        (ok,) = read_connects(d.profile, topo, {"lab-d1": HostFacts(LocalTransport("lab-d1"))})
+        assert ok.open and ok.from_host == "lab-d1" and ok.to_host == "lab-p1"
+    closed = free_port()
+    local = {"lab-d1": HostFacts(LocalTransport("lab-d1"))}
+    (refused,) = read_connects(d.profile, _loopback(d.topology, closed), local)
+    assert not refused.open and refused.rc == 1 and "refused" in refused.output.lower()
+    assert refused.command == connect_command("127.0.0.1", closed)
+
+
+def test_instances_without_a_unit_or_a_host_say_why() -> None:
+    d = deployment("lab-cross")
+    loop = _loopback(d.topology, free_port())
+    one = dataclasses.replace(loop, instances=loop.pool("prefill") + loop.pool("decode"))
+    facts = read_instances(one, {"lab-p1": HostFacts(LocalTransport("lab-p1"))}, timeout=5)
+    by_host = {f.instance.host: f for f in facts}
+    assert by_host["lab-p1"].problem == "/etc/systemd/system/vllm-prefill.service: no such unit file"
+    assert by_host["lab-d1"].problem == "lab-d1 not reachable over SSH"
+
+
+def test_each_host_answers_in_one_batch() -> None:
+    d = deployment("lab-same-host", "inventory/lab-same-host.yml")
+    plan = facts_to_gather(d.profile, d.topology)
+    assert FileContent("/etc/systemd/system/vllm-prefill.service") in plan["lab-p1"]
+    assert P2pMatrix() in plan["lab-p1"] and NvidiaPciFact() in plan["lab-p1"]  # the same-host pair's host
+    assert TcpConnect("198.18.0.21", 5600) in plan["lab-p1"]  # the decode instance lives there too
+    assert (
+        P2pMatrix().parse("sh: 1: nvidia-smi: not found", 127).startswith("`nvidia-smi topo -p2p r` gave no")
+    )
+
+
+def test_p2p_of_a_host_without_gpus_says_so_as_the_gpu_role_does() -> None:
+    d = deployment("lab-same-host", "inventory/lab-same-host.yml")
+    local = HostFacts(LocalTransport("lab-p1"))
+    local.gather([NvidiaPciFact(), P2pMatrix()])  # only these: the plan's connects go to lab addresses
+    if local.get(NvidiaPciFact()).gpus:
+        pytest.skip("this machine has an NVIDIA GPU: the matrix is read instead")
+    assert read_p2p(d.topology, {"lab-p1": local}) == {"lab-p1": "no NVIDIA GPU on the PCI bus"}

@@ -1,0 +1,179 @@
+"""The KV-transfer rules from fixture facts: each branch of each rule, on the lab's real profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pdfleet.doctor.fleet_facts import Connect, FleetFacts, InstanceFacts, RdmaHostFacts, parse_p2p
+from pdfleet.doctor.fleet_rules import (
+    rule_connector_mismatch,
+    rule_instances_unread,
+    rule_p2p,
+    rule_release_mismatch,
+    rule_roce,
+    rule_side_channel,
+    rule_unreachable_hosts,
+)
+from pdfleet.hw.rdma import netdev_of
+from pdfleet.hw.rdma_facts import NetdevFact, QosFact, RdmaSysfsFact
+from tests.unit.doctor.helpers import deployment, fixture
+from tests.unit.hw.helpers import load_fixture
+
+FACTS = fixture("fleet-facts.yml")
+
+
+def cross_facts(**over: object) -> FleetFacts:
+    d = deployment("lab-cross")
+    return dataclasses.replace(FleetFacts(d.profile, d.topology), **over)  # type: ignore[arg-type]
+
+
+def pd(facts: FleetFacts, **per_pool: tuple[str | None, str | None, str | None]) -> tuple[InstanceFacts, ...]:
+    """InstanceFacts of the prefill and decode instances: pool -> (connector, role, release)."""
+    return tuple(InstanceFacts(i, *per_pool[i.pool]) for i in facts.topology.instances if i.pool in per_pool)
+
+
+def test_matching_connectors_roles_and_releases_are_fine() -> None:
+    f = cross_facts()
+    f = dataclasses.replace(
+        f,
+        instances=pd(
+            f,
+            prefill=("NixlConnector", "kv_producer", f.profile.vllm.version),
+            decode=("NixlConnector", "kv_consumer", f.profile.vllm.version),
+        ),
+    )
+    assert rule_connector_mismatch(f) == [] and rule_release_mismatch(f) == []
+
+
+def test_prefill_and_decode_on_different_connectors() -> None:
+    f = cross_facts()
+    f = dataclasses.replace(
+        f,
+        instances=pd(
+            f,
+            prefill=("NixlConnector", "kv_producer", None),
+            decode=("MooncakeConnector", "kv_consumer", None),
+        ),
+    )
+    found = rule_connector_mismatch(f)
+    assert [x.rule for x in found] == ["kv.connector_mismatch"] and "MooncakeConnector" in found[0].evidence
+
+
+def test_both_on_a_connector_the_profile_does_not_name() -> None:
+    f = cross_facts()
+    f = dataclasses.replace(
+        f,
+        instances=pd(
+            f,
+            prefill=("MooncakeConnector", "kv_producer", None),
+            decode=("MooncakeConnector", "kv_consumer", None),
+        ),
+    )
+    assert [x.rule for x in rule_connector_mismatch(f)] == ["kv.connector_drift"]
+
+
+def test_a_decode_instance_with_a_producer_role() -> None:
+    f = cross_facts()
+    f = dataclasses.replace(
+        f,
+        instances=pd(
+            f, prefill=("NixlConnector", "kv_producer", None), decode=("NixlConnector", "kv_producer", None)
+        ),
+    )
+    found = rule_connector_mismatch(f)
+    assert [x.rule for x in found] == ["kv.role"] and "pools.decode.kv_role: kv_consumer" in found[0].fix
+
+
+def test_release_mismatch_and_drift() -> None:
+    f = cross_facts()
+    mixed = dataclasses.replace(
+        f, instances=pd(f, prefill=(None, None, "0.11.0"), decode=(None, None, "0.33.0"))
+    )
+    assert [x.rule for x in rule_release_mismatch(mixed)] == ["kv.release_mismatch"]
+    other = "0.11.0" if f.profile.vllm.version != "0.11.0" else "0.33.0"
+    drift = dataclasses.replace(f, instances=pd(f, prefill=(None, None, other), decode=(None, None, other)))
+    found = rule_release_mismatch(drift)
+    assert [x.rule for x in found] == ["kv.release_drift"] and found[0].severity == "warning"
+
+
+def _connect(rc: int, text: str) -> Connect:
+    return Connect(
+        "lab-d1", "lab-p1", "198.18.0.21", 5600, "NIXL side channel", "timeout 3 bash -c ...", rc, text
+    )
+
+
+def test_side_channel_refused_and_dropped() -> None:
+    refused, dropped = FACTS["connect_refused"], FACTS["connect_dropped"]
+    found = rule_side_channel(
+        cross_facts(
+            connects=(_connect(refused["rc"], refused["text"]), _connect(dropped["rc"], dropped["text"]))
+        )
+    )
+    assert [x.rule for x in found] == ["kv.side_channel"] * 2
+    assert "refused" in found[0].what and "dropped" in found[1].what
+    assert "allow TCP 5600 from lab-d1 to lab-p1" in found[0].fix
+    assert rule_side_channel(cross_facts(connects=(_connect(0, "connected"),))) == []
+
+
+def test_unreachable_hosts_are_errors() -> None:
+    found = rule_unreachable_hosts(cross_facts(unreachable={"lab-d1": "connection refused"}))
+    assert found[0].severity == "error" and found[0].subject == "lab-d1"
+
+
+def test_p2p_on_a_same_host_pair() -> None:
+    d = deployment("lab-same-host", "inventory/lab-same-host.yml")
+    matrix = parse_p2p(FACTS["p2p_matrix"]["text"])
+    assert matrix[(0, 1)] == "OK" and matrix[(1, 2)] == "CNS"
+    base = FleetFacts(d.profile, d.topology)
+    assert rule_p2p(dataclasses.replace(base, p2p={"lab-p1": matrix})) == []  # GPU0 → GPU1: OK
+    no_p2p = {**matrix, (0, 1): "CNS"}
+    found = rule_p2p(dataclasses.replace(base, p2p={"lab-p1": no_p2p}))
+    assert (
+        found[0].rule == "kv.p2p"
+        and found[0].severity == "error"
+        and "chipset not supported" in found[0].evidence
+    )
+    unchecked = rule_p2p(dataclasses.replace(base, p2p={"lab-p1": "nvidia-smi: not found"}))
+    assert unchecked[0].severity == "ok" and "not checked" in unchecked[0].what
+
+
+def _roce(devices: tuple[str, ...], mtu: int | None = None) -> list:
+    d = deployment("cross-rdma", "inventory/examples/cross-rdma.yml")
+    table = load_fixture("h100-sxm-8x-nvswitch-cx7")
+    host = dataclasses.replace(
+        next(h for h in d.inventory.hosts.values() if h.rdma_devices), rdma_devices=devices
+    )
+    found = table[RdmaSysfsFact()]
+    netdevs = {nd: table[NetdevFact(nd)] for nd in netdev_of(found, devices).values()}
+    if mtu is not None:
+        netdevs = {nd: dataclasses.replace(info, mtu=mtu) for nd, info in netdevs.items()}
+    qos = {nd: table[QosFact(nd, "mlnx_qos")] for nd in netdevs}
+    facts = dataclasses.replace(
+        FleetFacts(d.profile, d.topology), rdma=(RdmaHostFacts(host, found, netdevs, qos),)
+    )
+    return rule_roce(facts)
+
+
+def test_roce_a_declared_device_the_host_lacks() -> None:
+    found = _roce(("mlx5_9",))
+    assert found and found[0].rule == "kv.roce" and "no such RDMA device" in found[0].evidence
+
+
+def test_roce_mtu_other_than_the_profile() -> None:
+    found = _roce(("mlx5_0",), mtu=1500)
+    assert found and "MTU 1500" in found[0].evidence
+    assert found[0].diff is not None and "+rdma.mtu: 1500" in found[0].diff
+
+
+def test_instances_that_could_not_be_read_are_said() -> None:
+    f = cross_facts()
+    prefill = f.topology.pool("prefill")[0]
+    found = rule_instances_unread(
+        dataclasses.replace(f, instances=(InstanceFacts(prefill, problem="no unit"),))
+    )
+    assert found[0].severity == "warning" and "prefill@lab-p1: no unit" in found[0].evidence
+    # an unreachable host is said once, by rule_unreachable_hosts
+    gone = dataclasses.replace(
+        f, instances=(InstanceFacts(prefill, problem="x"),), unreachable={"lab-p1": "down"}
+    )
+    assert rule_instances_unread(gone) == []
