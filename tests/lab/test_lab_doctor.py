@@ -194,13 +194,14 @@ def _provision_one(profile: str, host: str, report: Path) -> None:
 
 
 def _load(key: str, n: int, words: int, max_tokens: int) -> None:
-    """`n` concurrent requests forced to the disaggregated pool through the gateway."""
+    """`n` concurrent requests forced to the disaggregated pool through the gateway, each prompt its own
+    (no prefix cache hit lightens the load)."""
     client = openai.OpenAI(base_url=GATEWAY + "/v1", api_key=key, max_retries=0, timeout=180)
 
-    def one(_: int) -> None:
+    def one(i: int) -> None:
         client.completions.create(
             model=MODEL,
-            prompt="word " * words,
+            prompt=f"request{i} " + "word " * words,
             max_tokens=max_tokens,
             extra_headers={"X-Pdfleet-Pool": "disagg"},
         )

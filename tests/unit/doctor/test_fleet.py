@@ -23,8 +23,9 @@ from tests.unit.sim.helpers import MODEL
 SIM = [MODEL, "--sim-time-scale", "0.02"]
 
 
-def _post(url: str, words: int, max_tokens: int) -> None:
-    body = {"model": MODEL, "prompt": "word " * words, "max_tokens": max_tokens}
+def _post(url: str, words: int, max_tokens: int, n: int) -> None:
+    """A prompt of its own (its first word differs): no prefix cache hit lightens the load."""
+    body = {"model": MODEL, "prompt": f"request{n} " + "word " * words, "max_tokens": max_tokens}
     req = urllib.request.Request(
         url + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
@@ -56,8 +57,8 @@ def test_the_fleet_view_names_the_side_channel_and_both_tuning_faults(tmp_path: 
         )
         source.scrape()
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
-            jobs = [pool.submit(_post, dec.url, 800, 1500) for _ in range(24)]
-            jobs += [pool.submit(_post, pre.url, 6000, 1) for _ in range(16)]
+            jobs = [pool.submit(_post, dec.url, 800, 1500, n) for n in range(24)]
+            jobs += [pool.submit(_post, pre.url, 6000, 1, n) for n in range(16)]
             for job in jobs:
                 job.result()
 
