@@ -159,7 +159,8 @@ def _block_commands(lab: LabHandle) -> tuple[str, str]:
             f"ip daddr {PREFILL_ADDRESS} tcp dport {SIDE_CHANNEL_PORT} drop",
             f"sudo nft delete table {table}",
         )
-    rule = f"priority 90 to {PREFILL_ADDRESS} ipproto tcp dport {SIDE_CHANNEL_PORT} prohibit"
+    # numeric: the lab image has no /etc/protocols, so iproute2 does not know "tcp"
+    rule = f"priority 90 to {PREFILL_ADDRESS} ipproto 6 dport {SIDE_CHANNEL_PORT} prohibit"
     return f"sudo ip rule add {rule}", f"sudo ip rule del {rule}"
 
 

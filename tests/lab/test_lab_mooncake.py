@@ -63,7 +63,7 @@ def test_the_router_runs_in_mooncake_mode_against_the_prefill_bootstrap_server(
     assert rc == 0, err
     (entry,) = json.loads(out).values()  # one DP rank: the prefill engine and its worker's address
     assert entry["engine_id"] and entry["worker_addr"]["0"]["0"].startswith("tcp://198.18.0.21:")
-    rc, out, err = lab.ssh(gw, "journalctl -u vllm-router-pd.service --no-pager | tail -n 400")
+    rc, out, err = lab.ssh(gw, "sudo journalctl -u vllm-router-pd.service --no-pager | tail -n 400")
     assert rc == 0 and "Got Mooncake engine_ids for" in out, err
 
 

@@ -3,10 +3,12 @@ disaggregated pool step by step with traffic running, rolls back by itself on a 
 the operator's process is killed, and a plain provision leaves its stage alone; abort, promote, a dry run
 and an inconclusive pause each do what they say. Written for the lead's lab; not run by the helpers.
 
-Traffic: streamed chat requests from a few threads through the gateway's one key and base URL, most of
-them long; the long ones walk the sticky buckets 0..99 in an order that spreads the low buckets evenly,
-so each step's share of long prompts on the disaggregated pool is its weight within a request or two
-(not a coin's luck), and never arrives as a burst of one pool's requests.
+Traffic: streamed chat requests through the gateway's one key and base URL, one thread of long prompts
+and one of short ones. The long ones walk the sticky buckets 0..99 in an order that spreads the low
+buckets evenly, so each step's share of long prompts on the disaggregated pool is its weight within a
+request or two (not a coin's luck). One at a time, because the lab's P/D pool has one prefill GPU
+against the colocated pool's two: two long prompts at once queue on it, and the TTFT gate (2x the
+colocated pool's P99) then rolls back, rightly, on a load the lab pool is not sized for.
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch,
         n = 0
         while not stop.is_set():
             n += 1
-            long = n % 4 != 0
+            long = worker == 0  # one stream of long prompts: never two at once on the one prefill GPU
             session = sessions[_spread(next(turn))] if long else f"short-w{worker}-{n}"
             try:
                 stream = client.chat.completions.create(
