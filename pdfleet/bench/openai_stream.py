@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,9 +59,15 @@ class Record:
 
 
 def completion_request(
-    host: str, port: int, key: str | None, pool: str | None, body: dict[str, Any]
+    host: str, port: int, key: str | None, pool: str | None, body: dict[str, Any],
+    headers: Mapping[str, str] | None = None,
 ) -> bytes:
-    """A streaming /v1/completions POST (keep-alive); `pool` goes in X-Pdfleet-Pool for the gateway."""
+    """A streaming /v1/completions POST (keep-alive); `pool` goes in X-Pdfleet-Pool for the gateway,
+    `headers` (a session id, say) after it."""
+    extra = dict(headers or {})
+    for name, value in extra.items():
+        if any(c in name + value for c in "\r\n\0") or not name or ":" in name:
+            raise ValueError(f"header {name!r}: not one header line")
     payload = json.dumps(body).encode()
     head = [
         "POST /v1/completions HTTP/1.1",
@@ -73,6 +80,7 @@ def completion_request(
         head.append(f"Authorization: Bearer {key}")
     if pool:
         head.append(f"X-Pdfleet-Pool: {pool}")
+    head += [f"{name}: {value}" for name, value in extra.items()]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + payload
 
 

@@ -1,20 +1,22 @@
 """`invoke rollout` on the lab (lab-cross): the controller on lab-gw walks long prompts to the
 disaggregated pool step by step with traffic running, rolls back by itself on a fault, keeps going when
 the operator's process is killed, and a plain provision leaves its stage alone; abort, promote, a dry run
-and an inconclusive pause each do what they say. Written for the lead's lab; not run by the helpers.
+and an inconclusive pause each do what they say.
 
-Traffic: streamed chat requests through the gateway's one key and base URL, one thread of long prompts
-and one of short ones. The long ones walk the sticky buckets 0..99 in an order that spreads the low
-buckets evenly, so each step's share of long prompts on the disaggregated pool is its weight within a
-request or two (not a coin's luck). One at a time, because the lab's P/D pool has one prefill GPU
-against the colocated pool's two: two long prompts at once queue on it, and the TTFT gate (2x the
-colocated pool's P99) then rolls back, rightly, on a load the lab pool is not sized for.
+Traffic: the bench's load generator (its streaming client and random-word prompts) through the
+gateway's one key and base URL, one stream of long prompts and one of short ones. The long ones take
+the sticky buckets 0..99 in an order that keeps any 22 in a row within 5% of each step's share (not a
+coin's luck). One at a time, because the lab's P/D pool has one prefill GPU against the colocated
+pool's two: two long prompts at once queue on it, and the TTFT gate (2x the colocated pool's P99) then
+rolls back, rightly, on a load the lab's pool is not sized for.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import random
 import signal
 import subprocess
 import sys
@@ -23,11 +25,14 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdfleet.bench.openai_stream import Record, StreamingClient, completion_body, completion_request
+from pdfleet.bench.workloads import words
 from pdfleet.gateway.policy import bucket_of
 from pdfleet.model.profile_loader import load_profile
 from tests.lab.helpers import REPO_ROOT, LabHandle
@@ -35,7 +40,7 @@ from tests.lab.helpers import REPO_ROOT, LabHandle
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
 MODEL = "llama-3.1-8b"
-LONG_PROMPT = "word " * 7_000  # ≈ 8.75K tokens at 4 chars/token: just over the long class's 8192
+LONG_WORDS = 7_000  # the bench's 4-character random words: ≈ 8.75K tokens by chars/4, just over 8192
 GATEWAY_METRICS = "http://198.18.0.10:8080/metrics"
 ROLLBACK_S = 5.0
 # the gates' window: a test's figures stay in it after the test, so the next one waits them out
@@ -110,10 +115,11 @@ def _decisions() -> dict[tuple[str, str], float]:
     return out
 
 
-def _warm_disagg(timeout: float = 60) -> None:
+def _warm_disagg(env: dict[str, str], timeout: float = 60) -> None:
     """Streams forced to the disaggregated pool until three in a row answer from it: a restarted
     instance's first requests are not the figures the next test should be gated on."""
-    client = openai.OpenAI(max_retries=0, timeout=60)
+    client = openai.OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0,
+                           timeout=60)
     deadline, served = time.monotonic() + timeout, 0
     while served < 3:
         assert time.monotonic() < deadline, "the disaggregated pool did not serve again"
@@ -139,16 +145,10 @@ def _session_per_bucket() -> list[str]:
     raise AssertionError("unreachable")
 
 
-def _prompt(long: bool, worker: int, n: int) -> str:
-    """A document of its own per long request (as users' documents are: no prefix cache hits to
-    flatter either pool), or a short chat turn."""
-    return f"document {worker}-{n}: {LONG_PROMPT}" if long else "hello, how are you?"
-
-
 def _spread(turn: int) -> int:
-    """The bucket of a turn: its two decimal digits swapped, so turns 0, 10, 20… take buckets 0, 1, 2…
-    and every ten turns hold each tenth of the buckets once."""
-    return (turn % 10) * 10 + (turn // 10) % 10
+    """The bucket of a turn, ordered so that any 22 turns in a row hold each step's share within 5%:
+    buckets 0-24 every 4th turn (25%), 0-49 two turns in 4 (50%), 0-9 two turns in 20 (10%)."""
+    return (turn % 4) * 25 + ((2 * (turn // 4)) % 5) * 5 + (turn // 20) % 5
 
 
 @pytest.fixture(scope="module")
@@ -170,44 +170,43 @@ def last_traffic() -> dict[str, float]:
 
 
 @pytest.fixture
-def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch,
-            last_traffic: dict[str, float]) -> Iterator[dict[str, Any]]:
-    """Streamed long and short chat requests, each with its own session, until the test ends; every
-    failed request is kept (fallbacks are not failures: the client sees a whole stream)."""
-    for key, value in provisioned.items():
-        monkeypatch.setenv(key, value)
-    client = openai.OpenAI(max_retries=0, timeout=120)
+def traffic(provisioned: dict[str, str], last_traffic: dict[str, float]) -> Iterator[dict[str, Any]]:
+    """The bench's load generator (`pdfleet.bench`: its streaming client, its random-word prompts) until
+    the test ends: one stream of long documents, one of short turns, each request with its session;
+    every failed request is kept (fallbacks are not failures: the client sees a whole stream)."""
+    base = urlsplit(provisioned["OPENAI_BASE_URL"])
+    host, port, key = base.hostname or "", base.port or 80, provisioned["OPENAI_API_KEY"]
     stop = threading.Event()
     seen: dict[str, Any] = {"sent": 0, "failed": []}
-    lock = threading.Lock()
-    sessions = _session_per_bucket()
-    turn = itertools.count()
+    sessions, turn, rng = _session_per_bucket(), itertools.count(), random.Random(15)
 
-    def loop(worker: int) -> None:
-        n = 0
-        while not stop.is_set():
-            n += 1
-            long = worker == 0  # one stream of long prompts: never two at once on the one prefill GPU
-            session = sessions[_spread(next(turn))] if long else f"short-w{worker}-{n}"
-            try:
-                stream = client.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": _prompt(long, worker, n)}],
-                    max_tokens=16, stream=True, extra_headers={"X-Session-Id": session})
-                for _ in stream:
-                    pass
-                with lock:
+    async def worker(long: bool) -> None:
+        client = StreamingClient(host, port)
+        try:
+            for n in itertools.count():
+                if stop.is_set():
+                    return
+                session = sessions[_spread(next(turn))] if long else f"short-{n}"
+                body = completion_body(MODEL, words(LONG_WORDS if long else 8, rng), 16)
+                rec = Record(n, "", "long" if long else "short", 0, 16)
+                request = completion_request(host, port, key, None, body, {"X-Session-Id": session})
+                await client.run(request, rec)
+                if rec.success:
                     seen["sent"] += 1
-            except Exception as exc:  # noqa: BLE001 - counted and reported by the test
-                with lock:
-                    seen["failed"].append(repr(exc))
+                else:
+                    seen["failed"].append(rec.error or f"HTTP {rec.status}")
+        finally:
+            client.close()
 
-    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(2)]
-    for t in threads:
-        t.start()
+    async def both() -> None:
+        # one long stream at a time: the lab's P/D pool has one prefill GPU
+        await asyncio.gather(worker(True), worker(False))
+
+    thread = threading.Thread(target=asyncio.run, args=(both(),), daemon=True)
+    thread.start()
     yield seen
     stop.set()
-    for t in threads:
-        t.join(180)
+    thread.join(180)
     last_traffic["at"] = time.time()
 
 
@@ -245,8 +244,8 @@ def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
     assert traffic["failed"] == [], traffic["failed"][:3]
 
 
-def test_a_stopped_decode_service_rolls_back_within_5_s(lab: LabHandle, at_colocated: None,
-                                                         traffic: dict[str, Any]) -> None:
+def test_a_stopped_decode_service_rolls_back_within_5_s(lab: LabHandle, provisioned: dict[str, str],
+                                                         at_colocated: None, traffic: dict[str, Any]) -> None:
     _ok("rollout", "--stage", "long-prompts", "--no-watch")
     _active(lab, lambda s: s["weights"]["long"] >= 25, 120, "the rollout past its first step")
     rc, _, err = lab.ssh(_host(lab, "lab-d1"), "sudo systemctl stop vllm-decode.service")
@@ -263,7 +262,7 @@ def test_a_stopped_decode_service_rolls_back_within_5_s(lab: LabHandle, at_coloc
         assert "colocated" in _ok("rollout.status")
     finally:
         lab.ssh(_host(lab, "lab-d1"), "sudo systemctl start vllm-decode.service")
-        _warm_disagg()
+        _warm_disagg(provisioned)
     assert traffic["failed"] == [], traffic["failed"][:3]  # fallbacks are counted, not failed
 
 

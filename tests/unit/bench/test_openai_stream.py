@@ -128,3 +128,11 @@ def test_a_refused_connection_is_a_failed_record() -> None:
         StreamingClient("127.0.0.1", port).run(completion_request("127.0.0.1", port, None, None, {}), r)
     )
     assert not r.success and r.error.startswith(f"cannot connect to 127.0.0.1:{port}")
+
+
+def test_extra_headers_follow_the_pool_and_a_line_break_in_one_is_refused() -> None:
+    head = completion_request("h", 1, None, "disagg", {}, {"X-Session-Id": "s-1"}).split(b"\r\n\r\n")[0]
+    assert head.split(b"\r\n")[-2:] == [b"X-Pdfleet-Pool: disagg", b"X-Session-Id: s-1"]
+    for bad in ({"X-Session-Id": "a\r\nX-Pdfleet-Pool: colocated"}, {"X-A:": "b"}, {"": "b"}):
+        with pytest.raises(ValueError, match="not one header line"):
+            completion_request("h", 1, None, None, {}, bad)
