@@ -40,7 +40,7 @@ from tests.lab.helpers import REPO_ROOT, LabHandle
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
 MODEL = "llama-3.1-8b"
-LONG_WORDS = 7_000  # the bench's 4-character random words: ≈ 8.75K tokens by chars/4, just over 8192
+LONG_TOKENS = 8_750  # the bench's random-word prompt of that many tokens (chars/4): just over 8192, long
 GATEWAY_METRICS = "http://198.18.0.10:8080/metrics"
 ROLLBACK_S = 5.0
 # the gates' window: a test's figures stay in it after the test, so the next one waits them out
@@ -187,7 +187,7 @@ def traffic(provisioned: dict[str, str], last_traffic: dict[str, float]) -> Iter
                 if stop.is_set():
                     return
                 session = sessions[_spread(next(turn))] if long else f"short-{n}"
-                body = completion_body(MODEL, words(LONG_WORDS if long else 8, rng), 16)
+                body = completion_body(MODEL, words(LONG_TOKENS if long else 8, rng), 16)
                 rec = Record(n, "", "long" if long else "short", 0, 16)
                 request = completion_request(host, port, key, None, body, {"X-Session-Id": session})
                 await client.run(request, rec)
