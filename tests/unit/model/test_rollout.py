@@ -31,8 +31,10 @@ def test_shipped_profiles_have_a_plan_per_target_stage() -> None:
         assert ramp == [10, 25, 50, 100]
         assert isinstance(steps[1], Analysis) and isinstance(plans["all-disagg"].steps[2], Pause)
         assert {g.name for g in profile.rollout.gates} >= {"ttft-p99-vs-colocated", "kv-transfer-p99-slo"}
-    lab = load_profile("lab-cross", PROFILES).rollout.plans["long-prompts"].steps[1]
-    assert isinstance(lab, Analysis) and lab.analysis.min_duration_s == 10
+    lab = load_profile("lab-cross", PROFILES).rollout
+    first = lab.plans["long-prompts"].steps[1]  # lab-sized: 20 s steps over a 20 s window
+    assert isinstance(first, Analysis) and (first.analysis.min_duration_s, lab.window_s) == (20, 20)
+    assert isinstance(lab.plans["canary-long"].steps[2], Pause)  # the promote lab test's pause
 
 
 def test_a_good_plan_parses_into_typed_steps(tmp_path: Path) -> None:
