@@ -21,10 +21,10 @@ from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
 from pdfleet.model.catalog import GpuSpec, LinkSpec, ModelSpec
 from pdfleet.model.vllm_release_data import NEWEST, RELEASES
-from pdfleet.model.vllm_releases import Release, find_release
+from pdfleet.model.vllm_releases import Release
 from pdfleet.sim.engine import Engine, EngineLimits
 from pdfleet.sim.perf import PerfModel
-from pdfleet.sim.serve_options import parse_argv
+from pdfleet.sim.serve_options import parse_argv, release_named
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 # What vLLM 0.11 does with a failed KV load (no kv_load_failure_policy field yet): it marks the blocks
@@ -152,7 +152,7 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
             f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
             f"(max_position_embeddings={spec.max_model_len}) of {spec.name}"
         )
-    rel = _release(ns.sim_vllm_version)
+    rel = release_named(ns.sim_vllm_version)
     tier = rel.batch_tier(gpu.memory_bytes / catalog.GIB, gpu.name)  # get_batch_defaults, API server
     chunked = True if ns.enable_chunked_prefill is None else ns.enable_chunked_prefill
     if rel.chunked_prefill.forced_on:
@@ -217,17 +217,6 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         if rel.has_env(MOONCAKE_PORT_ENV) else 8998,
         release=rel,
     )
-
-
-def _release(version: str) -> Release:
-    """The facts-table row --sim-vllm-version names (an exact release or a patch of a tabled minor)."""
-    rel = find_release(version, RELEASES)
-    if rel is None:
-        raise ValidationError(
-            f"--sim-vllm-version {version}: the simulator models vLLM {', '.join(RELEASES)} "
-            "(the facts table, pdfleet/model/vllm_release_data.py)"
-        )
-    return rel
 
 
 def _visible_devices(env: Mapping[str, str]) -> tuple[str, ...] | None:

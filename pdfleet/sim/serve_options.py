@@ -104,7 +104,11 @@ def release_of(argv: Sequence[str]) -> Release:
     """The release `--sim-vllm-version` names (read first: it decides which options exist)."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--sim-vllm-version", default=NEWEST)
-    version = pre.parse_known_args(_normalise(argv))[0].sim_vllm_version
+    return release_named(pre.parse_known_args(_normalise(argv))[0].sim_vllm_version)
+
+
+def release_named(version: str) -> Release:
+    """The facts-table row a `--sim-vllm-version` names (an exact release or a patch of a tabled minor)."""
     rel = find_release(version, RELEASES)
     if rel is None:
         raise ValidationError(
