@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import anthropic
 import httpx2
-import openai
 
 from pdfleet.doctor.exchange import Exchange, Recorder, by_probe
+
+if TYPE_CHECKING:
+    import openai
 
 ANTHROPIC_ENV = ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 PROBE_MESSAGES = [{"role": "user", "content": "Say hi."}]
@@ -97,9 +99,19 @@ def _error_text(exc: BaseException) -> str:
     return text
 
 
+def _sdks() -> tuple[ModuleType, ModuleType]:
+    """The openai and anthropic modules, imported when a probe runs: importing both takes ~5 s, which
+    every `invoke` command (its --help included) would otherwise pay."""
+    import anthropic
+    import openai
+
+    return openai, anthropic
+
+
 def _run(recorder: Recorder, probe: str, call: Callable[[], str]) -> Exchange | None:
     """One probe: run the SDK call, record what the SDK made of the answer."""
     recorder.probe = probe
+    openai, anthropic = _sdks()
     try:
         outcome = call()
     except (openai.APIStatusError, anthropic.APIStatusError) as exc:
@@ -173,7 +185,7 @@ def _openai_probes(
     script: ScriptCall | None,
 ) -> tuple[tuple[str, ...], str | None]:
     """GET models, then chat completions without and with streaming, then the script's own call."""
-    client = openai.OpenAI(base_url=base_url, api_key=key, http_client=http, max_retries=0)
+    client = _sdks()[0].OpenAI(base_url=base_url, api_key=key, http_client=http, max_retries=0)
     models = _listed(_run(recorder, "models", lambda: f"{len(client.models.list().data)} models"))
     alias = model or (models[0] if models else None)
     if alias is None:
@@ -238,7 +250,7 @@ def _anthropic_probes(
     if alias is None or bearer is None:
         return models, alias
     creds = {"api_key": api_key} if api_key is not None else {"auth_token": token}
-    client = anthropic.Anthropic(base_url=base_url, http_client=http, max_retries=0, **creds)
+    client = _sdks()[1].Anthropic(base_url=base_url, http_client=http, max_retries=0, **creds)
 
     def messages() -> str:
         msg = client.messages.create(model=alias, max_tokens=PROBE_MAX_TOKENS, messages=PROBE_MESSAGES)  # type: ignore[arg-type]

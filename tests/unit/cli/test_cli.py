@@ -240,3 +240,13 @@ def test_a_failing_limit_creates_no_key_file(tmp_path: Path, task: str) -> None:
                           check=False, env=env)
     _refused(proc, "unknown host or group nohost")
     assert site.written() == []
+
+
+def test_loading_the_tasks_imports_no_sdk_or_plotting_library() -> None:
+    # every `invoke` command loads every task module: the OpenAI and Anthropic SDKs (~5 s to import) and
+    # matplotlib belong to the commands that use them, not to `invoke --help render`
+    heavy = ("openai", "anthropic", "matplotlib")
+    code = f"import sys, tasks; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          check=True)
+    assert proc.stdout.strip() == "[]"
