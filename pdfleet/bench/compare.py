@@ -3,7 +3,7 @@
 `BenchPlan` says what to send (workload, seed, rate or concurrency, how much) and `PoolTarget` what each
 pool is (its GPU count, where its metrics are). `run_compare` warms each pool up, runs it, reads the
 server side over its run window, and keeps going when a pool is down (its error is kept, naming it).
-`sweep` finds each pool's largest rate meeting the SLO attainment target.
+`sweep` finds each pool's largest rate meeting the SLO attainment target (the search: `sla_search`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pdfleet.bench.openai_stream import StreamingClient
 from pdfleet.bench.runner import Gateway, PoolDown, PoolRun, Progress, Schedule, run_pool, warm_up
 from pdfleet.bench.serve_metrics import Bounds, summarize
 from pdfleet.bench.server_side import chain, kv_peak
+from pdfleet.bench.sla_search import margin, next_rate
 from pdfleet.bench.workloads import Item, WorkloadSpec, build, check_spec
 from pdfleet.errors import ValidationError
 from pdfleet.metrics.source import MetricsError, MetricsSource
@@ -203,17 +204,17 @@ async def sweep(
     progress: Progress | None = None,
     steps: int = 6,
 ) -> list[dict[str, float]]:
-    """The largest rate meeting the attainment target, as DistServe measures goodput: double the rate from
-    `plan.rate` until attainment drops below the target, then bisect between the last good and first bad.
+    """The largest rate meeting the attainment target, searched as `vllm bench sweep serve_sla` does
+    (`sla_search.next_rate`: double until a rate misses, then interpolate the margin's zero), at most
+    `steps` runs from `plan.rate`.
 
-    Returns one row per rate tried: rate, rate_per_gpu, attainment, ttft/tpot P95 and whether it met.
+    Returns one row per rate tried: rate, rate_per_gpu, attainment, its margin, ttft/tpot P95, whether it met.
     """
     rows: list[dict[str, float]] = []
-    lo, hi = 0.0, None
-    rate = plan.rate or 1.0
-    for _ in range(steps):
-        if stop.is_set():
-            break
+    history: dict[float, float] = {}
+    start = plan.rate or 1.0
+    rate = next_rate(history, start)
+    while rate is not None and len(rows) < steps and not stop.is_set():
         p = dataclasses.replace(plan, rate=rate, concurrency=None, sweep=False, warmup=0)
         items = build(p.workload, p.request_count(), p.seed)
         res = await run_one(p, gw, target, items, p.schedule(items), stop, progress)
@@ -221,22 +222,19 @@ async def sweep(
             rows.append({"rate": rate, "error": 1.0})
             break
         s = summarize(res.run.records, res.run.wall_s, p.bounds, p.time_scale)
-        ok = float(s["slo_attainment_pct"]) >= plan.attainment_pct
+        history[rate] = m = margin(float(s["slo_attainment_pct"]), plan.attainment_pct)
         rows.append(
             {
                 "rate": rate,
                 "rate_per_gpu": rate / max(1, target.gpus),
                 "slo_attainment_pct": float(s["slo_attainment_pct"]),
+                "margin_pct_points": m,
                 "p95_ttft_ms": float(s["p95_ttft_ms"]),
                 "p95_tpot_ms": float(s["p95_tpot_ms"]),
-                "met": 1.0 if ok else 0.0,
+                "met": 1.0 if m <= 0 else 0.0,
             }
         )
-        if ok:
-            lo = rate
-        else:
-            hi = rate
-        rate = rate * 2 if hi is None else (lo + hi) / 2 if lo else hi / 2
+        rate = next_rate(history, start)
     return rows
 
 

@@ -53,8 +53,14 @@ def bench_out(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
         PROFILE,
         "--workload",
         "long-prompt-mix",
+        # a quarter of the requests are 16K-30K-token documents: each of the two colocated GPUs spends
+        # about a third of the run in a long prefill, so more than 1% of a short stream's gaps fall in
+        # one (its 8192-token chunks hold a decode step 250-450 ms) and the pooled ITL P99 shows it; the
+        # one prefill GPU of the P/D pool stays under full load (3 req/s, ~0.75 long prompts/s)
+        "--long-share",
+        "0.25",
         "--rate",
-        "4",
+        "3",
         "--duration",
         "45",
         "--out",
@@ -87,9 +93,8 @@ def test_long_prompts_interfere_on_the_colocated_pool_and_the_report_says_so(ben
     doc = json.loads((bench_out / "results.json").read_text())
     colo = doc["pools"]["colocated"]["pdfleet"]["classes"]
     pd = doc["pools"]["disagg"]["pdfleet"]["classes"]
-    # A long prompt's chunks hold the colocated pool's decode steps for 250-450 ms, about once per short
-    # stream at this rate: well under 1% of its ~190 gaps, so the pooled ITL P99 barely moves (seen both
-    # ways in the lab: 22.9 vs 24.3 ms); the stalls and the ITL P99.9 are where the typewriter stops.
+    # the typewriter stops on the colocated pool: a long prompt's chunks hold its decode steps 250-450 ms
+    assert colo["short"]["p99_itl_ms"] > pd["short"]["p99_itl_ms"]
     assert colo["short"]["stalls_per_100_streams"] > pd["short"]["stalls_per_100_streams"]  # slo.stall_ms 250
     assert colo["short"]["p99.9_itl_ms"] > 2 * pd["short"]["p99.9_itl_ms"]
     report = (bench_out / "report.md").read_text()
