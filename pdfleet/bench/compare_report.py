@@ -97,7 +97,8 @@ FAIR = ["pool", "GPUs", "req/s", "req/s per GPU", "goodput/s per GPU", "SLO atta
 
 
 def server_rows(doc: dict[str, Any]) -> list[list[str]]:
-    """Per pool and role: P95/P99 of each chain stage, preemptions, peak KV usage (or why not)."""
+    """Per pool and role: P95/P99 of each chain stage, preemptions, prefix-cache hit rate (share of prompt
+    tokens), peak KV usage (or why not)."""
     rows = []
     for pool, s in doc["pools"].items():
         if "error" in s:
@@ -112,6 +113,8 @@ def server_rows(doc: dict[str, Any]) -> list[list[str]]:
                 cells.append(_pair(p95, p99, st))
             pre = server.get("preemptions", {}).get(role)
             cells.append(fmt(pre, 0) if isinstance(pre, int | float) else "-")
+            hit = server.get("prefix_cache_hit_pct", {}).get(role)
+            cells.append(f"{hit:.0f}%" if isinstance(hit, int | float) else "-")
             kv = peak.get(role)
             cells.append(f"{100 * kv:.0f}%" if isinstance(kv, int | float) else "-")
             rows.append(cells)
@@ -136,7 +139,10 @@ BUCKET_NOTE = (
     "queue, prefill and decode come from vLLM's request-time histograms, whose first bucket ends "
     "at 300 ms: '<300' is all they can say below it; KV transfer buckets start at 1 ms"
 )
-SERVER = ["pool", "role", "queue P95/P99 ms", "prefill", "KV transfer", "decode", "preemptions", "peak KV"]
+SERVER = [
+    "pool", "role", "queue P95/P99 ms", "prefill", "KV transfer", "decode", "preemptions",
+    "prefix-cache hits", "peak KV",
+]
 
 
 def server_notes(doc: dict[str, Any]) -> list[str]:

@@ -1,6 +1,6 @@
 """Server-side figures of one pool's run window, read only through a `MetricsSource` (Prometheus or a
 direct scrape of the topology's metrics endpoints): the request chain (queue, prefill, decode), KV
-transfer P95/P99, preemptions and peak KV-cache usage, per pool and role.
+transfer P95/P99, preemptions, the prefix-cache hit rate and peak KV-cache usage, per pool and role.
 
 A figure the source cannot give (no observation, a series not exported, a source not answering) is kept
 as its reason, never as a zero; the report prints the reason.
@@ -22,6 +22,8 @@ CHAIN = (
     ("decode", "vllm:request_decode_time_seconds"),
 )
 PREEMPTIONS = "vllm:num_preemptions_total"
+# prompt tokens looked up in the prefix cache, and those found there (vLLM V1 counters, in tokens)
+PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 QUANTILES = (0.95, 0.99)
 # vLLM's request-time histograms (queue, prefill, decode) start at 0.3 s: Prometheus's histogram_quantile
@@ -54,7 +56,21 @@ def chain(source: MetricsSource, pool: str, window_s: float) -> dict[str, dict[s
             out[key] = {k[0]: 1000 * v for k, v in got.items()} if isinstance(got, dict) else {"*": got}
     got = _try(lambda: source.increase(PREEMPTIONS, window_s, by=("role",), match=match))
     out["preemptions"] = {k[0]: v for k, v in got.items()} if isinstance(got, dict) else {"*": got}
+    out["prefix_cache_hit_pct"] = prefix_hits(source, window_s, match)
     return out
+
+
+def prefix_hits(source: MetricsSource, window_s: float, match: dict[str, str]) -> dict[str, Figure]:
+    """Per role, the share (%) of the prompt tokens looked up in the window that the prefix cache held."""
+    queries = _try(lambda: source.increase(PREFIX_QUERIES, window_s, by=("role",), match=match))
+    hits = _try(lambda: source.increase(PREFIX_HITS, window_s, by=("role",), match=match))
+    for got in (queries, hits):
+        if isinstance(got, str):
+            return {"*": got}
+    return {
+        key[0]: 100 * hits.get(key, 0.0) / q if q > 0 else "n/a: no prompt token looked up in the window"
+        for key, q in queries.items()
+    }
 
 
 async def kv_peak(

@@ -164,7 +164,8 @@ def built_result(partial: bool = False):  # noqa: ANN201 - pdfleet.bench.compare
         run = PoolRun(name, recs, 0.0, 3.0, 1.7e9, lateness=[0.0001, 0.0005], loop_lag=[0.0002])
         server = {"queue_p95_ms": {name if name == "colocated" else "prefill": 350.0},
                   "prefill_p95_ms": {"*": "n/a: no observation"},
-                  "kv_transfer_p95_ms": {"decode": 12.0} if name == "disagg" else {}}
+                  "kv_transfer_p95_ms": {"decode": 12.0} if name == "disagg" else {},
+                  "prefix_cache_hit_pct": {name if name == "colocated" else "prefill": 37.5}}
         return PoolResult(PoolTarget(name, 2), run, server, {name: 0.4})
 
     plan = BenchPlan(WorkloadSpec("long-prompt-mix"), rate=2.0, num_prompts=6, bounds=Bounds(1000, 100, 500))

@@ -33,6 +33,7 @@ def test_markdown_has_every_section_and_says_where_the_interference_is(tmp_path:
     assert "Long-prompt interference shows on the colocated pool" in text
     assert "colocated: 1 request(s) failed: the connection closed mid-stream" in text
     assert "n/a: no observation" in text and "'<300'" in text
+    assert "| prefix-cache hits |" in text and "| 38% |" in text  # 37.5% of the prompt tokens looked up
     assert verdict.headline in text and "schedule lateness P99 0.50 ms" in text
     rows = {(r[0], r[1]): r for r in headline_rows(doc)}
     assert (

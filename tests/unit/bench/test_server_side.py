@@ -13,7 +13,8 @@ LE = ("0.3", "0.5", "0.8", "1.0", "+Inf")
 
 
 def page(queued: int, kv: float, preempted: int) -> str:
-    """A vLLM-like exposition: `queued` requests waited 0.3-0.5 s; KV usage; preemptions."""
+    """A vLLM-like exposition: `queued` requests waited 0.3-0.5 s; KV usage; preemptions; 1000 prompt tokens
+    looked up in the prefix cache per request, a quarter of them found."""
     lines = [
         f'vllm:request_queue_time_seconds_bucket{{le="{le}"}} {0 if le == "0.3" else queued}' for le in LE
     ]
@@ -22,6 +23,10 @@ def page(queued: int, kv: float, preempted: int) -> str:
         f"vllm:request_queue_time_seconds_sum {0.4 * queued}",
     ]
     lines += [f"vllm:kv_cache_usage_perc {kv}", f"vllm:num_preemptions_total {preempted}"]
+    lines += [
+        f"vllm:prefix_cache_queries_total {1000 * queued}",
+        f"vllm:prefix_cache_hits_total {250 * queued}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -40,6 +45,7 @@ def test_chain_per_role_over_the_window_and_reasons_for_what_is_missing() -> Non
     q95 = figs["queue_p95_ms"]["colocated"]
     assert isinstance(q95, float) and 300 < q95 <= 500  # inside the 0.3-0.5 s bucket, in ms
     assert figs["preemptions"] == {"colocated": 3.0}
+    assert figs["prefix_cache_hit_pct"] == {"colocated": 25.0}  # 2500 of the 10000 tokens looked up
     assert "kv_transfer_p95_ms" not in figs  # a colocated pool has no KV connector
     assert str(reason_of(figs["prefill_p95_ms"])).startswith("n/a: ")  # not exported: a reason, not 0
     assert value_of(figs["prefill_p95_ms"]) is None and value_of(figs["queue_p95_ms"], "colocated") == q95
@@ -62,3 +68,16 @@ def test_kv_peak_keeps_the_highest_sample_until_stopped() -> None:
             return await task
 
         assert asyncio.run(main()) == {"decode": 0.9}
+
+
+def test_prefix_hit_rate_with_no_lookup_in_the_window_is_a_reason_not_a_zero() -> None:
+    clock = [0.0]
+    with text_server({"/metrics": page(4, 0.1, 0)}) as url:
+        source = DirectScrape(
+            [Target(url + "/metrics", {"pool": "colocated", "role": "colocated", "host": "c1"})],
+            clock=lambda: clock[0],
+        )
+        source.scrape()
+        clock[0] = 30.0
+        figs = chain(source, "colocated", 30.0)
+    assert figs["prefix_cache_hit_pct"] == {"colocated": "n/a: no prompt token looked up in the window"}

@@ -210,6 +210,9 @@ def test_invoke_bench_end_to_end_on_loopback(loopback: tuple[Path, Path], tmp_pa
         "disagg": (20, 0, 2),
     }
     assert isinstance(doc["pools"]["disagg"]["pdfleet"]["server"]["kv_transfer_p95_ms"]["decode"], float)
+    for pool, role in (("colocated", "colocated"), ("disagg", "prefill")):  # the simulators' own counters
+        hit = doc["pools"][pool]["pdfleet"]["server"]["prefix_cache_hit_pct"][role]
+        assert isinstance(hit, float) and 0 <= hit <= 100, (pool, hit)
     assert (out / "report.html").exists() and (out / "vllm-disagg.json").exists()
 
 
