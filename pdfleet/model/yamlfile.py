@@ -10,6 +10,8 @@ ValidationError naming the file and where in it.
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ import yaml
 from pdfleet.errors import ValidationError
 
 MAX_DEPTH = 64
+PARSED_KEPT = 256  # parsed documents kept (see _parse_kept)
 MAX_EXPANSION = 10
 EXPANSION_FLOOR = 10_000
 # C0 and C1 controls, DEL, and the Unicode line/paragraph separators YAML and editors treat as line breaks.
@@ -209,6 +212,21 @@ def parse_yaml(
     """
     name = str(source)
     text = _text(data, name)
+    if secret:
+        return _parse(text, name, check_values, secret)
+    return copy.deepcopy(_parse_kept(text, name, check_values))  # callers may change what they get
+
+
+@functools.lru_cache(maxsize=PARSED_KEPT)
+def _parse_kept(text: str, name: str, check_values: bool) -> Any:
+    """_parse of a text that is not secret, kept: one process reads the same profile many times (render,
+    checks, tests), and the pure-Python parser takes ~10 ms where a deep copy of its data takes ~0.1 ms.
+    A problem raises, and nothing is kept."""
+    return _parse(text, name, check_values, False)
+
+
+def _parse(text: str, name: str, check_values: bool, secret: bool) -> Any:
+    """parse_yaml's work on one text: bounded composition, the walk, then construction."""
     try:
         loader = _Loader(text)
     except yaml.YAMLError as exc:  # the reader refuses non-printable characters up front

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,17 +36,28 @@ def fleet_of(profile: str, inventory: Path | None = None) -> Deployment:
 
 def profile_inventory_pairs() -> list[tuple[str, Path]]:
     """Every (profile, inventory) in the repo that validates together: what an operator could deploy."""
-    inventories = sorted((REPO / "inventory").rglob("*.yml"))
+    return list(_pairs())
+
+
+@functools.cache
+def _pairs() -> tuple[tuple[str, Path], ...]:
+    """profile_inventory_pairs, worked out once per test process (six test modules ask at import)."""
+    inventories = []
+    for inv_path in sorted((REPO / "inventory").rglob("*.yml")):
+        try:
+            inventories.append((inv_path, load_inventory(inv_path)))
+        except ValidationError:
+            continue
     pairs = []
     for name in list_profiles(REPO / "profiles"):
         profile = load_profile(name, REPO / "profiles")
-        for inv_path in inventories:
+        for inv_path, inventory in inventories:
             try:
-                check_against_inventory(profile, load_inventory(inv_path))
+                check_against_inventory(profile, inventory)
             except ValidationError:
                 continue
             pairs.append((name, inv_path))
-    return pairs
+    return tuple(pairs)
 
 
 def third_party_imports(files: Iterable[Path]) -> set[str]:

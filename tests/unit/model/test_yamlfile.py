@@ -68,6 +68,19 @@ def test_aliases_within_the_bound_still_work(tmp_path: Path) -> None:
                                "b": {"port": 2, "gpus": [0, 1]}}
 
 
+def test_a_document_read_again_is_a_fresh_copy_and_a_bad_one_fails_every_time(tmp_path: Path) -> None:
+    # parsed documents are kept by content: what one caller changes, the next must not see
+    text = "a: &x {ports: [1, 2]}\nb: *x\n"
+    first = parse_yaml(text, "one.yml")
+    first["a"]["ports"].append(3)
+    again = parse_yaml(text, "one.yml")
+    assert again == {"a": {"ports": [1, 2]}, "b": {"ports": [1, 2]}}
+    assert again["a"] is again["b"]  # an alias is still one object, as PyYAML builds it
+    for _ in range(2):
+        with pytest.raises(ValidationError, match=r"bad\.yml:2:1: invalid YAML"):
+            parse_yaml("a: [\n", "bad.yml")
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
