@@ -12,6 +12,6 @@ def build_namespace() -> Collection:
     ns = Collection(profiles.profiles, render.render, provision.provision, verify.verify, demo.demo,
                     wheel.wheel, monitor.monitor, bench.bench, doctor.doctor)
     ns.add_collection(rollout.collection())
-    ns.add_collection(Collection("lab", lab.up_task, lab.down_task, lab.status_task, lab.ssh_task,
-                                 lab.env_task))
+    ns.add_collection(Collection("lab", lab.build_task, lab.up_task, lab.down_task, lab.status_task,
+                                 lab.ssh_task, lab.env_task))
     return ns

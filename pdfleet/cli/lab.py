@@ -16,7 +16,7 @@ from pdfleet.cli.exits import user_errors
 from pdfleet.cli.settings import REPO_ROOT, Settings
 from pdfleet.errors import PdfleetError
 from pdfleet.fleet.roles import apt_packages
-from pdfleet.lab.control import Lab, down, find_host, status, up
+from pdfleet.lab.control import Lab, build, down, find_host, status, up
 from pdfleet.lab.paths import LOGIN_USER, LabPaths
 from pdfleet.lab.state import LabState
 from pdfleet.lab.system import preflight
@@ -60,8 +60,23 @@ def up_task(c: Context, inventory: str | None = None) -> None:
     result = up(this_lab(inventory or str(REPO_ROOT / LAB_INVENTORY)), lab_progress(console))
     console.print(f"lab up in {result.seconds:.0f} s: {', '.join(h.name for h in result.hosts)}; "
                   f"host wheel {result.host_version}")
-    if result.apt_unavailable:
-        console.print(f"apt mirror: not in Debian, not served: {', '.join(result.apt_unavailable)}")
+    _say_unavailable(console, result.apt_unavailable)
+
+
+def _say_unavailable(console: Console, packages: tuple[str, ...]) -> None:
+    """Name the apt packages the mirror could not get from Debian (the roles that need them will fail)."""
+    if packages:
+        console.print(f"apt mirror: not in Debian, not served: {', '.join(packages)}")
+
+
+@task(name="build")
+@user_errors
+def build_task(c: Context) -> None:
+    """Build or refresh the lab's image and mirrors, booting nothing (lab.up's first, longest step)."""
+    console = Console(stderr=True)
+    result = build(this_lab(str(REPO_ROOT / LAB_INVENTORY)), lab_progress(console))
+    console.print(f"lab image and mirrors ready in {result.seconds:.0f} s; host wheel {result.host_version}")
+    _say_unavailable(console, result.apt_unavailable)
 
 
 @task(name="down", help={"purge": "also delete the cached image, mirrors and the lab's SSH key"})

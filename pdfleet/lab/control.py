@@ -72,6 +72,35 @@ class UpResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class BuildResult:
+    """What lab.build left ready: the host wheel version the pypi mirror serves, apt packages Debian lacks."""
+
+    host_version: str
+    apt_unavailable: tuple[str, ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Caches:
+    """The image and mirrors lab.up boots hosts from."""
+
+    image_key: str
+    image: Path
+    apt_unavailable: tuple[str, ...]
+    host_version: str
+
+
+def build(lab: Lab, progress: Progress = quiet_progress) -> BuildResult:
+    """Build or reuse the image and both mirrors, as lab.up does first, and boot nothing: on a fresh
+    machine that is minutes of downloads, which can run while something else does (the unit tests)."""
+    started = time.monotonic()
+    preflight()
+    with exclusive(progress):
+        caches = _build_caches(lab, progress)
+    return BuildResult(caches.host_version, caches.apt_unavailable, time.monotonic() - started)
+
+
 def up(lab: Lab, progress: Progress = quiet_progress) -> UpResult:
     """Build or reuse the image and mirrors, then boot every host the inventory lists (stopping lab hosts
     it does not list) and wait until each answers SSH; refuse first when they would not fit in memory."""
@@ -87,14 +116,17 @@ def up(lab: Lab, progress: Progress = quiet_progress) -> UpResult:
         return _up(lab, hosts, started, progress)
 
 
-def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> UpResult:
-    """up, under the lab lock."""
-    paths = lab.paths
+def _make_root(paths: LabPaths) -> None:
+    """The lab's state root, readable by the mirror servers' users."""
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.root.chmod(0o755)
-    state = LabState.load(paths.state_file)
-    _stop_unlisted(paths, state, {h.name for h in hosts}, progress)
-    state.inventory = str(lab.inventory)
+
+
+def _build_caches(lab: Lab, progress: Progress) -> _Caches:
+    """The image, the apt mirror and the pypi mirror (with this clone's host wheel), built or reused;
+    under the lab lock."""
+    paths = lab.paths
+    _make_root(paths)
     recipe = default_recipe()
     # The wheel download needs nothing from the image, so it runs while debootstrap does.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -105,6 +137,17 @@ def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> U
     mirrors.populate_pypi(paths, deps)
     progress("pypi mirror: the host wheel of this clone")
     version = mirrors.refresh_host_wheel(paths)
+    return _Caches(recipe.key, image, tuple(apt.unavailable), version)
+
+
+def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> UpResult:
+    """up, under the lab lock."""
+    paths = lab.paths
+    _make_root(paths)
+    state = LabState.load(paths.state_file)
+    _stop_unlisted(paths, state, {h.name for h in hosts}, progress)
+    state.inventory = str(lab.inventory)
+    caches = _build_caches(lab, progress)
     client_pub = ensure_client_key(paths.key_file)
 
     state.bridge = True  # recorded before creating, so a kill right after still gets it removed
@@ -119,11 +162,11 @@ def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> U
         state.save()
 
     for host in hosts:
-        _bring_up_host(lab, state, host, recipe.key, image, hosts, client_pub, progress)
+        _bring_up_host(lab, state, host, caches.image_key, caches.image, hosts, client_pub, progress)
     _write_known_hosts(paths, hosts)
     _wait_for_ssh(paths, state, hosts, progress)
-    prune_images(paths.image_dir, keep=recipe.key)
-    return UpResult(tuple(hosts), version, apt.unavailable, time.monotonic() - started)
+    prune_images(paths.image_dir, keep=caches.image_key)
+    return UpResult(tuple(hosts), caches.host_version, caches.apt_unavailable, time.monotonic() - started)
 
 
 def _bring_up_host(lab: Lab, state: LabState, host: LabHost, image_key: str, image: Path,

@@ -24,11 +24,16 @@ from tests.lab.helpers import REPO_ROOT, LabHandle
 LAB_DIR = Path(__file__).resolve().parent
 
 
+LAST = "test_lab_molecule.py"  # its scenarios end with the lab booted bare: every later test would provision
+# from scratch (~70 s), so they run after every other lab test
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test in this directory as a lab test."""
+    """Mark every test in this directory as a lab test; the molecule scenarios go last."""
     for item in items:
         if LAB_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.lab)
+    items.sort(key=lambda item: Path(str(item.path)).name == LAST)  # stable: the rest keep their order
 
 
 def lab_unavailable() -> str | None:

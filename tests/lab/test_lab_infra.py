@@ -13,7 +13,7 @@ import pytest
 
 from pdfleet.errors import ConnectError
 from pdfleet.fleet.host_wheel import host_version
-from pdfleet.lab.control import down, status
+from pdfleet.lab.control import build, down, status
 from pdfleet.lab.hosts import dirs, host_running, ssh_ok
 from pdfleet.lab.mirrors import SERVERS, refresh_host_wheel
 from pdfleet.lab.network import link_exists
@@ -155,6 +155,20 @@ def test_up_again_keeps_running_hosts(lab: LabHandle) -> None:
     lab.up()
     after = LabState.load(lab.paths.state_file).hosts
     assert {n: r.init for n, r in before.items()} == {n: r.init for n, r in after.items()}
+
+
+def test_build_on_a_running_lab_reuses_the_caches_and_touches_no_host(lab: LabHandle) -> None:
+    """lab.build (what ./dev test runs beside the unit tests) finds image and mirrors cached, boots and
+    stops nothing, and leaves the mirrors serving this clone's host wheel."""
+    before = LabState.load(lab.paths.state_file)
+    said: list[str] = []
+    result = build(lab.lab, progress=said.append)
+    after = LabState.load(lab.paths.state_file)
+    assert {n: r.init for n, r in before.hosts.items()} == {n: r.init for n, r in after.hosts.items()}
+    assert after.servers == before.servers and status(lab.lab).healthy
+    for cache in ("image", "pypi deps", "apt mirror"):
+        assert any(m.startswith(cache) and m.endswith(": cached") for m in said), said
+    assert result.host_version == host_version()
 
 
 @pytest.mark.parametrize("victim", ["nspawn", "init"])
