@@ -4,8 +4,8 @@ The search is `vllm bench sweep serve_sla`'s: every tried rate has a margin that
 (here the attainment target minus the measured attainment, in percentage points; a rate meets the SLO
 when its margin is <= 0). Until a rate misses, the rate doubles (halves until one meets); then the next
 rate is where the margin, interpolated between the highest rate that met and the lowest above it that
-missed, crosses zero. vLLM fits a monotone spline through every point; between the two points that
-bracket the root that is a straight line. The guess is kept inside the bracket's middle 80 %, so every
+missed, crosses zero. vLLM fits a monotone spline through every point; this takes the straight line
+between the two points that bracket the root. The guess is kept inside the bracket's middle 80 %, so every
 step narrows it by a tenth at least, and the search ends when the bracket is within `tolerance` of its
 upper end (or the caller's step budget runs out).
 
