@@ -44,33 +44,59 @@ def policy_list(text: str) -> tuple[str, ...]:
     specs = tuple(n.strip() for n in text.split(",") if n.strip())
     bad = [n for spec in specs for n in spec.split("/") if n not in ROUTER_POLICIES]
     if bad or any(spec.count("/") > 1 for spec in specs):
-        raise argparse.ArgumentTypeError(f"not NAME or PREFILL/DECODE with vllm-router policies: {text}; "
-                                         f"names: {', '.join(ROUTER_POLICIES)}")
+        raise argparse.ArgumentTypeError(
+            f"not NAME or PREFILL/DECODE with vllm-router policies: {text}; "
+            f"names: {', '.join(ROUTER_POLICIES)}"
+        )
     return (BASELINE, *(n for n in specs if n != BASELINE))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--policies", type=policy_list, default=policy_list(",".join(ROUTER_POLICIES)),
-                   help="comma-separated policies to compare, each NAME (both pools) or PREFILL/DECODE "
-                   "(e.g. cache_aware/round_robin); default: every one vllm-router 0.1.17 accepts in P/D "
-                   "mode; round_robin, the baseline, is always included")
+    p.add_argument(
+        "--policies",
+        type=policy_list,
+        default=policy_list(",".join(ROUTER_POLICIES)),
+        help="comma-separated policies to compare, each NAME (both pools) or PREFILL/DECODE "
+        "(e.g. cache_aware/round_robin); default: every one vllm-router 0.1.17 accepts in P/D "
+        "mode; round_robin, the baseline, is always included",
+    )
     p.add_argument("--rounds", type=positive_int, default=20, help="measured rounds (default 20)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first (default 2)")
-    p.add_argument("--fill", type=int, default=0,
-                   help="unmeasured distinct long prompts sent through each router first, 4 at a time, "
-                   "so that per-prompt state (cache_aware's prefix tree) is that of a fleet which has "
-                   "served traffic (default 0)")
-    p.add_argument("--long-tokens", type=positive_int, default=23000,
-                   help="prompt tokens of the long class (default 23000)")
-    p.add_argument("--short-tokens", type=positive_int, default=500,
-                   help="prompt tokens of the short class (default 500)")
+    p.add_argument(
+        "--fill",
+        type=int,
+        default=0,
+        help="unmeasured distinct long prompts sent through each router first, 4 at a time, "
+        "so that per-prompt state (cache_aware's prefix tree) is that of a fleet which has "
+        "served traffic (default 0)",
+    )
+    p.add_argument(
+        "--long-tokens",
+        type=positive_int,
+        default=23000,
+        help="prompt tokens of the long class (default 23000)",
+    )
+    p.add_argument(
+        "--short-tokens",
+        type=positive_int,
+        default=500,
+        help="prompt tokens of the short class (default 500)",
+    )
     p.add_argument("--max-tokens", type=positive_int, default=4, help="output tokens per request (default 4)")
-    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
-                   help="/v1/completions (default) or /v1/chat/completions (one user message)")
-    p.add_argument("--time-scale", type=float, default=0.05,
-                   help="the simulators' wall seconds per simulated second (default 0.05: the GPU work "
-                   "is short next to what the routers add)")
+    p.add_argument(
+        "--endpoint",
+        choices=["completions", "chat"],
+        default="completions",
+        help="/v1/completions (default) or /v1/chat/completions (one user message)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.05,
+        help="the simulators' wall seconds per simulated second (default 0.05: the GPU work "
+        "is short next to what the routers add)",
+    )
     p.add_argument("--prefill", type=positive_int, default=1, help="prefill instances (default 1)")
     p.add_argument("--decode", type=positive_int, default=1, help="decode instances (default 1)")
     p.add_argument("--no-direct", action="store_true", help="leave out the router-less `direct` target")

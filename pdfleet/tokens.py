@@ -92,8 +92,10 @@ def count_chat_tokens(messages: list[Any], counter: TextCounter) -> int:
     for msg in messages:
         if not isinstance(msg, dict):
             continue
-        total += TOKENS_PER_CHAT_MESSAGE + counter.count(str(msg.get("role", ""))) + counter.count(
-            _content_text(msg.get("content"))
+        total += (
+            TOKENS_PER_CHAT_MESSAGE
+            + counter.count(str(msg.get("role", "")))
+            + counter.count(_content_text(msg.get("content")))
         )
     return total
 

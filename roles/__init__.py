@@ -11,5 +11,13 @@ from pdfleet.fleet.roles import Role
 from roles import base, gateway, gpu_driver, kv_transfer, monitoring, rdma, rollout, services, vllm
 
 REGISTRY: tuple[Role, ...] = (
-    base, gpu_driver, rdma, kv_transfer, vllm, services, gateway, monitoring, rollout,
+    base,
+    gpu_driver,
+    rdma,
+    kv_transfer,
+    vllm,
+    services,
+    gateway,
+    monitoring,
+    rollout,
 )

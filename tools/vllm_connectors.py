@@ -117,10 +117,16 @@ def kv_transfer_params(src: Sources, files: list[str]) -> KVTransferParams:
         for part in ret.value.elts:  # type: ignore[union-attr]
             if call_name(part) == "dict":
                 produced += [kw.arg for kw in part.keywords if kw.arg]  # type: ignore[attr-defined]
-    statuses = sorted({n.attr for n in ast.walk(func) if isinstance(n, ast.Attribute)
-                       and ast.unparse(n.value) == "RequestStatus"})
-    return KVTransferParams(tuple(produced), _params_read(src, files), tuple(statuses),
-                            _block_ids_type(src, files), path)
+    statuses = sorted(
+        {
+            n.attr
+            for n in ast.walk(func)
+            if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "RequestStatus"
+        }
+    )
+    return KVTransferParams(
+        tuple(produced), _params_read(src, files), tuple(statuses), _block_ids_type(src, files), path
+    )
 
 
 def _params_read(src: Sources, files: list[str]) -> tuple[str, ...]:
@@ -135,10 +141,13 @@ def _params_read(src: Sources, files: list[str]) -> tuple[str, ...]:
                 if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
                     keys.add(node.slice.value)
             elif (
-                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "get"
-                and ast.unparse(node.func.value) in holders and node.args
-                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+                and ast.unparse(node.func.value) in holders
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
             ):
                 keys.add(node.args[0].value)
     return tuple(sorted(keys))
@@ -148,9 +157,11 @@ def _tests_membership(node: ast.GeneratorExp | ast.ListComp, holders: set[str]) 
     """`all(p in params for p in ("a", "b"))`: a membership test of constant keys against the params."""
     elt, gen = node.elt, node.generators[0]
     return (
-        isinstance(elt, ast.Compare) and isinstance(elt.ops[0], ast.In)
+        isinstance(elt, ast.Compare)
+        and isinstance(elt.ops[0], ast.In)
         and ast.unparse(elt.comparators[0]) in holders
-        and isinstance(gen.iter, ast.Tuple) and all(isinstance(e, ast.Constant) for e in gen.iter.elts)
+        and isinstance(gen.iter, ast.Tuple)
+        and all(isinstance(e, ast.Constant) for e in gen.iter.elts)
     )
 
 
@@ -165,8 +176,10 @@ def mooncake_protocol(src: Sources, files: list[str]) -> MooncakeProtocol:
         for node in ast.walk(src.tree(path)):
             func = node.func if isinstance(node, ast.Call) else None
             if (
-                isinstance(func, ast.Attribute) and func.attr in ("get", "post", "put", "delete")
-                and ast.unparse(func.value).endswith("app") and node.args  # type: ignore[attr-defined]
+                isinstance(func, ast.Attribute)
+                and func.attr in ("get", "post", "put", "delete")
+                and ast.unparse(func.value).endswith("app")
+                and node.args  # type: ignore[attr-defined]
                 and isinstance(node.args[0], ast.Constant)  # type: ignore[attr-defined]
             ):
                 routes.append((func.attr.upper(), str(node.args[0].value)))  # type: ignore[attr-defined]
@@ -182,8 +195,11 @@ def _payload_classes(tree: ast.Module) -> list[tuple[str, tuple[tuple[str, str],
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
         kinds = [ast.unparse(b) for b in cls.bases] + [ast.unparse(d) for d in cls.decorator_list]
         if "BaseModel" in kinds or "dataclass" in kinds:
-            fields = tuple((ast.unparse(s.target), ast.unparse(s.annotation))
-                           for s in cls.body if isinstance(s, ast.AnnAssign))
+            fields = tuple(
+                (ast.unparse(s.target), ast.unparse(s.annotation))
+                for s in cls.body
+                if isinstance(s, ast.AnnAssign)
+            )
             found.append((cls.name, fields))
     return found
 

@@ -92,7 +92,8 @@ def kv_transfer_config(src: Sources) -> KVTransferConfigFacts:
     fields = tuple(
         ConfigField(stmt.target.id, ast.unparse(stmt.annotation), ast.unparse(stmt.value or ast.Constant("")))
         for stmt in cls.body
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+        if isinstance(stmt, ast.AnnAssign)
+        and isinstance(stmt.target, ast.Name)
         and "ClassVar" not in ast.unparse(stmt.annotation)
     )
     return KVTransferConfigFacts(fields, _extra_mode(src, cls), KV_CONFIG)
@@ -104,8 +105,11 @@ def _extra_mode(src: Sources, cls: ast.ClassDef) -> str:
         name = call_name(decorator) if isinstance(decorator, ast.Call) else ast.unparse(decorator)
         places: list[ast.AST] = [decorator]
         if name == "config" and src.has(CONFIG_UTILS):  # vLLM's own decorator (and its overloads)
-            places += [n for n in ast.walk(src.tree(CONFIG_UTILS))
-                       if isinstance(n, ast.FunctionDef) and n.name == "config"]
+            places += [
+                n
+                for n in ast.walk(src.tree(CONFIG_UTILS))
+                if isinstance(n, ast.FunctionDef) and n.name == "config"
+            ]
         for dict_call in (c for place in places for c in calls(place, "ConfigDict")):
             extra = keyword(dict_call, "extra")
             if extra is not None:
@@ -175,8 +179,10 @@ def chunked_prefill(src: Sources) -> ChunkedPrefill:
         for node, tests in guarded(func.body):
             conditions = " and ".join(ast.unparse(t) for t in tests)
             if (
-                isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "self.enable_chunked_prefill"
-                and isinstance(node.value, ast.Constant) and node.value.value is True
+                isinstance(node, ast.Assign)
+                and ast.unparse(node.targets[0]) == "self.enable_chunked_prefill"
+                and isinstance(node.value, ast.Constant)
+                and node.value.value is True
             ):
                 forced = forced or "self.enable_chunked_prefill" not in conditions
             name = call_name(node)
@@ -190,17 +196,22 @@ def prefix_caching(src: Sources) -> PrefixCaching:
     read from followed one step."""
     cls = find_class(src.tree(ARG_UTILS), "EngineArgs")
     for func in (n for n in (cls.body if cls else []) if isinstance(n, ast.FunctionDef)):
-        local = {ast.unparse(n.targets[0]): n.value for n in ast.walk(func)
-                 if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)}
+        local = {
+            ast.unparse(n.targets[0]): n.value
+            for n in ast.walk(func)
+            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
+        }
         for node, tests in guarded(func.body):
             conditions = [ast.unparse(t) for t in tests]
             if (
-                isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "self.enable_prefix_caching"
+                isinstance(node, ast.Assign)
+                and ast.unparse(node.targets[0]) == "self.enable_prefix_caching"
                 and "self.enable_prefix_caching is None" in conditions
             ):
                 value = local.get(ast.unparse(node.value), node.value)
-                return PrefixCaching(ast.unparse(value), " and ".join(conditions), ARG_UTILS,
-                                     _preempted_apart(src), STATS)
+                return PrefixCaching(
+                    ast.unparse(value), " and ".join(conditions), ARG_UTILS, _preempted_apart(src), STATS
+                )
     raise KeyError(f"vLLM {src.version}: {ARG_UTILS} sets no default for enable_prefix_caching")
 
 
@@ -237,8 +248,11 @@ def _tier(test: ast.expr | None, body: list[ast.stmt]) -> BatchTier:
     values = {}
     for target in ("default_max_num_batched_tokens", "default_max_num_seqs"):
         table = next(v for s in body for v in assigned(s, target) if isinstance(v, ast.Dict))
-        server = next(v for k, v in zip(table.keys, table.values, strict=True)
-                      if k is not None and ast.unparse(k).endswith("OPENAI_API_SERVER"))
+        server = next(
+            v
+            for k, v in zip(table.keys, table.values, strict=True)
+            if k is not None and ast.unparse(k).endswith("OPENAI_API_SERVER")
+        )
         values[target] = int(const(server))  # type: ignore[call-overload]
     min_gib, excluded = 0, []
     for node in ast.walk(test) if test is not None else ():
@@ -246,12 +260,15 @@ def _tier(test: ast.expr | None, body: list[ast.stmt]) -> BatchTier:
             min_gib = int(const(node.left))  # type: ignore[call-overload]
         elif isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.NotIn):
             excluded.append(str(const(node.left)))
-        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and isinstance(
-            node.operand, ast.Name
+        elif (
+            isinstance(node, ast.UnaryOp)
+            and isinstance(node.op, ast.Not)
+            and isinstance(node.operand, ast.Name)
         ):
             excluded.append(node.operand.id.removeprefix("is_"))
-    return BatchTier(min_gib, tuple(excluded), values["default_max_num_batched_tokens"],
-                     values["default_max_num_seqs"])
+    return BatchTier(
+        min_gib, tuple(excluded), values["default_max_num_batched_tokens"], values["default_max_num_seqs"]
+    )
 
 
 def extract(src: Sources) -> Release:

@@ -46,8 +46,9 @@ def committed_table() -> dict[str, Release]:
     try:
         from pdfleet.model import vllm_release_data
     except (TypeError, ValueError, AttributeError, ImportError) as exc:
-        print(f"vllm_facts: the committed table does not load ({exc}); diffing against nothing",
-              file=sys.stderr)
+        print(
+            f"vllm_facts: the committed table does not load ({exc}); diffing against nothing", file=sys.stderr
+        )
         return {}
     return dict(vllm_release_data.RELEASES)
 
@@ -57,8 +58,17 @@ def wheel_for(version: str, cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     found = sorted(cache.glob(f"vllm-{version}-*.whl"))
     if not found:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               f"vllm=={version}", "-d", str(cache)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            f"vllm=={version}",
+            "-d",
+            str(cache),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         found = sorted(cache.glob(f"vllm-{version}-*.whl"))
         if done.returncode != 0 or not found:
@@ -76,8 +86,10 @@ def render(value: object, indent: int = 0, used: int = 0) -> str:
     pad = " " * (indent + 4)
     close = f"\n{' ' * indent})"
     if dataclasses.is_dataclass(value):
-        parts = [f"{pad}{f.name}={render(getattr(value, f.name), indent + 4, len(f.name) + 1)},"
-                 for f in dataclasses.fields(value)]
+        parts = [
+            f"{pad}{f.name}={render(getattr(value, f.name), indent + 4, len(f.name) + 1)},"
+            for f in dataclasses.fields(value)
+        ]
         return f"{type(value).__name__}(\n" + "\n".join(parts) + close
     if isinstance(value, tuple):
         return "(\n" + "\n".join(f"{pad}{render(item, indent + 4)}," for item in value) + close
@@ -163,8 +175,11 @@ def summary(release: Release) -> list[str]:
         f"preempted lookups {'apart' if r.prefix_caching.preempted_apart else 'counted'} "
         f"({r.prefix_caching.stats_source})",
         "  batch defaults (max_num_batched_tokens/max_num_seqs): "
-        + "; ".join(f">= {t.min_gib} GiB{' not ' + '/'.join(t.excluded) if t.excluded else ''}"
-                    f" {t.max_num_batched_tokens}/{t.max_num_seqs}" for t in r.batch_defaults.tiers)
+        + "; ".join(
+            f">= {t.min_gib} GiB{' not ' + '/'.join(t.excluded) if t.excluded else ''}"
+            f" {t.max_num_batched_tokens}/{t.max_num_seqs}"
+            for t in r.batch_defaults.tiers
+        )
         + f"; max_num_seqs = {r.batch_defaults.max_num_seqs_rule}",
         f"  metrics ({len(r.metrics)}, {sum(m.name.startswith('vllm:nixl_') for m in r.metrics)} nixl): "
         + ", ".join(m.name.removeprefix("vllm:") for m in r.metrics),
@@ -172,14 +187,23 @@ def summary(release: Release) -> list[str]:
         f"{sum(len(g.flags) for g in r.serve_flags.groups)}, abbreviations "
         f"{'accepted' if r.serve_flags.allow_abbrev else 'refused'} ({r.serve_flags.source})",
         "  mooncake extra config: "
-        + (", ".join(f"{k.name}={k.default!r}" for k in r.mooncake_extra_config.keys)
-           if r.mooncake_extra_config else "(no MooncakeConnector)"),
+        + (
+            ", ".join(f"{k.name}={k.default!r}" for k in r.mooncake_extra_config.keys)
+            if r.mooncake_extra_config
+            else "(no MooncakeConnector)"
+        ),
         "  mooncake protocol: "
-        + (f"reads {', '.join(r.mooncake_protocol.read)}; bootstrap "
-           + ", ".join(f"{method} {path}" for method, path in r.mooncake_protocol.bootstrap_routes)
-           + "; " + ", ".join(f"{name}({', '.join(f for f, _ in fields)})"
-                             for name, fields in r.mooncake_protocol.bootstrap_schemas)
-           if r.mooncake_protocol else "(no MooncakeConnector)"),
+        + (
+            f"reads {', '.join(r.mooncake_protocol.read)}; bootstrap "
+            + ", ".join(f"{method} {path}" for method, path in r.mooncake_protocol.bootstrap_routes)
+            + "; "
+            + ", ".join(
+                f"{name}({', '.join(f for f, _ in fields)})"
+                for name, fields in r.mooncake_protocol.bootstrap_schemas
+            )
+            if r.mooncake_protocol
+            else "(no MooncakeConnector)"
+        ),
     ]
 
 
@@ -195,12 +219,23 @@ def main(argv: list[str] | None = None) -> int:
     """Derive, print, diff and (with --write) regenerate the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("versions", nargs="*", help="vLLM releases to derive (default: every tabled one)")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
-                        help=f"where wheels are downloaded and kept (default {DEFAULT_CACHE})")
-    parser.add_argument("--write", action="store_true",
-                        help="rewrite the table module with the derived releases (others kept as they are)")
-    parser.add_argument("--out", type=Path, default=DATA_MODULE,
-                        help=f"the table module --write rewrites (default {DATA_MODULE.relative_to(REPO)})")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=DEFAULT_CACHE,
+        help=f"where wheels are downloaded and kept (default {DEFAULT_CACHE})",
+    )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="rewrite the table module with the derived releases (others kept as they are)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DATA_MODULE,
+        help=f"the table module --write rewrites (default {DATA_MODULE.relative_to(REPO)})",
+    )
     parser.add_argument("--full", action="store_true", help="print every fact, not only the summary")
     args = parser.parse_args(argv)
     table = committed_table()

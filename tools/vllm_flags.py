@@ -86,8 +86,12 @@ def _aliases(tree: ast.Module) -> dict[str, ast.expr]:
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             out[node.targets[0].id] = node.value
-        elif (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None
-              and "TypeAlias" in ast.unparse(node.annotation)):
+        elif (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.value is not None
+            and "TypeAlias" in ast.unparse(node.annotation)
+        ):
             out[node.target.id] = node.value
     return out
 
@@ -152,8 +156,13 @@ class _Reader:
         self.src, self.rules = src, rules
         self.classes = _Classes(src)
 
-    def flag(self, names: list[str], kwargs: dict[str, ast.expr], origin: Origin | None,
-             edits: dict[Origin, dict[str, ast.expr | None]]) -> ServeFlag:
+    def flag(
+        self,
+        names: list[str],
+        kwargs: dict[str, ast.expr],
+        origin: Origin | None,
+        edits: dict[Origin, dict[str, ast.expr | None]],
+    ) -> ServeFlag:
         """One option from its names, its explicit keywords and the field its kwargs came from."""
         nargs, action = "1", None
         if origin is not None:
@@ -178,8 +187,12 @@ class _Reader:
         negatives: list[str] = []
         if action == "BooleanOptionalAction":
             negatives = [f"--no-{n[2:]}" for n in names if n.startswith("--")]
-            negatives += [inverse + n.removeprefix(prefix) for n in names
-                          for prefix, inverse in self.rules.inverse_prefixes.items() if n.startswith(prefix)]
+            negatives += [
+                inverse + n.removeprefix(prefix)
+                for n in names
+                for prefix, inverse in self.rules.inverse_prefixes.items()
+                if n.startswith(prefix)
+            ]
         return ServeFlag(tuple(names + negatives), nargs, tuple(negatives))
 
     def function(self, func: ast.FunctionDef) -> list[ServeFlag]:
@@ -210,8 +223,10 @@ class _Reader:
                 edits.setdefault(origin, {}).update(keys)
         for origin, keys in _kwargs_edits(func, _kwargs_origins(func), cls_name).items():
             edits.setdefault(origin, {}).update(keys)
-        return [self.flag([f"--{name.replace('_', '-')}"], {}, (cls_name, name), edits)
-                for name, _, _ in self.classes.fields(cls_name)]
+        return [
+            self.flag([f"--{name.replace('_', '-')}"], {}, (cls_name, name), edits)
+            for name, _, _ in self.classes.fields(cls_name)
+        ]
 
 
 def _methods(classes: _Classes, cls_name: str, method: str) -> list[ast.FunctionDef]:
@@ -269,13 +284,17 @@ def _kwargs_origins(func: ast.FunctionDef) -> dict[str, Origin | str]:
     return out
 
 
-def _origin(node: ast.expr, origins: dict[str, Origin | str],
-            default_cls: str | None = None) -> Origin | None:
+def _origin(
+    node: ast.expr, origins: dict[str, Origin | str], default_cls: str | None = None
+) -> Origin | None:
     """The (class, field) of `X["field"]` where X came from get_kwargs (or is the class's own dict)."""
     if isinstance(node, ast.Name) and isinstance(origins.get(node.id), tuple):
         return origins[node.id]  # type: ignore[return-value]
-    if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
-            and isinstance(node.slice, ast.Constant)):
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and isinstance(node.slice, ast.Constant)
+    ):
         cls = origins.get(node.value.id, default_cls)
         cls = default_cls if cls == "cls" else cls  # `get_kwargs(cls)` in a classmethod (0.33)
         if isinstance(cls, str):
@@ -298,8 +317,9 @@ def _splat(node: ast.expr, origins: dict[str, Origin | str]) -> tuple[Origin | N
     return _origin(node, origins), {}
 
 
-def _kwargs_edits(func: ast.FunctionDef, origins: dict[str, Origin | str],
-                  default_cls: str | None = None) -> dict[Origin, dict[str, ast.expr | None]]:
+def _kwargs_edits(
+    func: ast.FunctionDef, origins: dict[str, Origin | str], default_cls: str | None = None
+) -> dict[Origin, dict[str, ast.expr | None]]:
     """`kw["x"]["action"] = ...` and `del kw["x"]["nargs"]` in a function: per field, the keys set
     (None for a deleted key)."""
     out: dict[Origin, dict[str, ast.expr | None]] = {}
@@ -347,8 +367,10 @@ def serve_flags(src: Sources) -> ServeFlags:
     add_front = _method(reader.classes, "FrontendArgs", "add_cli_args")
     if make is None or add_front is None:
         raise KeyError(f"{frontend}: no make_arg_parser or FrontendArgs.add_cli_args")
-    engine = [find_function(find_class(src.tree(ARG_UTILS), cls) or ast.Module([], []), "add_cli_args")
-              for cls in ("EngineArgs", "AsyncEngineArgs")]
+    engine = [
+        find_function(find_class(src.tree(ARG_UTILS), cls) or ast.Module([], []), "add_cli_args")
+        for cls in ("EngineArgs", "AsyncEngineArgs")
+    ]
     engine_flags = [f for func in engine if func is not None for f in reader.function(func)]
     front_flags = reader.function(make) + reader.dataclass_args("FrontendArgs", add_front)
     groups = (

@@ -19,9 +19,12 @@ from tools.vllm_ast import NotConstant, Sources, assigned, call_name, const, fin
 LOGGERS = "vllm/v1/metrics/loggers.py"
 BUCKETS = "vllm/v1/metrics/buckets.py"
 KINDS = {
-    "_gauge_cls": "gauge", "Gauge": "gauge",
-    "_counter_cls": "counter", "Counter": "counter",
-    "_histogram_cls": "histogram", "Histogram": "histogram",
+    "_gauge_cls": "gauge",
+    "Gauge": "gauge",
+    "_counter_cls": "counter",
+    "Counter": "counter",
+    "_histogram_cls": "histogram",
+    "Histogram": "histogram",
 }
 
 
@@ -84,14 +87,17 @@ def _labels(node: ast.expr | None, scope: dict[str, object], families: dict[str,
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return _labels(node.left, scope, families) + _labels(node.right, scope, families)
     if isinstance(node, ast.List | ast.Tuple):
-        return tuple(str(_value(e, scope, families)) if isinstance(e, ast.Constant) else ast.unparse(e)
-                     for e in node.elts)
+        return tuple(
+            str(_value(e, scope, families)) if isinstance(e, ast.Constant) else ast.unparse(e)
+            for e in node.elts
+        )
     value = _value(node, scope, families)
     return tuple(str(v) for v in value) if isinstance(value, list) else (ast.unparse(node),)
 
 
-def _function_metrics(func: ast.FunctionDef, path: str, labels: list[str],
-                      families: dict[str, object]) -> list[Metric]:
+def _function_metrics(
+    func: ast.FunctionDef, path: str, labels: list[str], families: dict[str, object]
+) -> list[Metric]:
     """Metrics one function registers, with the `if` conditions around each."""
     scope: dict[str, object] = {"labelnames": labels}
     found = []
@@ -104,15 +110,17 @@ def _function_metrics(func: ast.FunctionDef, path: str, labels: list[str],
         if not isinstance(name_node, ast.Constant) or not str(name_node.value).startswith("vllm:"):
             continue
         buckets = _value(keyword(node, "buckets"), scope, families) if keyword(node, "buckets") else None  # type: ignore[arg-type]
-        found.append(Metric(
-            name=str(name_node.value),
-            kind=kind,  # type: ignore[arg-type]
-            labels=_labels(keyword(node, "labelnames"), scope, families),  # type: ignore[arg-type]
-            buckets=tuple(buckets) if isinstance(buckets, list | tuple) else None,  # type: ignore[arg-type]
-            buckets_rule=buckets.text if isinstance(buckets, Rule) else None,
-            when=" and ".join(ast.unparse(t) for t in tests) or None,
-            source=path,
-        ))
+        found.append(
+            Metric(
+                name=str(name_node.value),
+                kind=kind,  # type: ignore[arg-type]
+                labels=_labels(keyword(node, "labelnames"), scope, families),  # type: ignore[arg-type]
+                buckets=tuple(buckets) if isinstance(buckets, list | tuple) else None,  # type: ignore[arg-type]
+                buckets_rule=buckets.text if isinstance(buckets, Rule) else None,
+                when=" and ".join(ast.unparse(t) for t in tests) or None,
+                source=path,
+            )
+        )
     return found
 
 

@@ -140,8 +140,15 @@ BUCKET_NOTE = (
     "at 300 ms: '<300' is all they can say below it; KV transfer buckets start at 1 ms"
 )
 SERVER = [
-    "pool", "role", "queue P95/P99 ms", "prefill", "KV transfer", "decode", "preemptions",
-    "prefix-cache hits", "peak KV",
+    "pool",
+    "role",
+    "queue P95/P99 ms",
+    "prefill",
+    "KV transfer",
+    "decode",
+    "preemptions",
+    "prefix-cache hits",
+    "peak KV",
 ]
 
 

@@ -59,7 +59,11 @@ class Record:
 
 
 def completion_request(
-    host: str, port: int, key: str | None, pool: str | None, body: dict[str, Any],
+    host: str,
+    port: int,
+    key: str | None,
+    pool: str | None,
+    body: dict[str, Any],
     headers: Mapping[str, str] | None = None,
 ) -> bytes:
     """A streaming /v1/completions POST (keep-alive); `pool` goes in X-Pdfleet-Pool for the gateway,

@@ -87,8 +87,13 @@ def timeline(result: BenchResult, out: Path, window_s: float = 12.0) -> Path:
     fig, axes = plt.subplots(len(runs) or 1, 1, figsize=(8, 2.6 * max(1, len(runs))), squeeze=False)
     for ax, (pool, run) in zip(axes[:, 0], runs, strict=False):
         shown = [(x, y) for x, y in points[pool] if lo <= x <= hi]
-        ax.scatter([x for x, _ in shown], [y for _, y in shown], s=2, color=COLORS.get(pool, "gray"),
-                   label=f"{pool}: short streams' gaps")
+        ax.scatter(
+            [x for x, _ in shown],
+            [y for _, y in shown],
+            s=2,
+            color=COLORS.get(pool, "gray"),
+            label=f"{pool}: short streams' gaps",
+        )
         for r in run.records:
             t = (r.start - run.t0) / s
             if r.length_class == "long" and math.isfinite(t) and lo <= t <= hi:

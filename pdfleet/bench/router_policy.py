@@ -191,14 +191,21 @@ def summary(targets: Sequence[Target], cfg: PolicyConfig) -> list[dict]:
             half = cfg.rounds // 2  # a policy whose cost grows with its state shows it here
             first = paired_added(t.ttft[cls][:half], base.ttft[cls][:half])
             second = paired_added(t.ttft[cls][half:], base.ttft[cls][half:])
-            rows.append({
-                "class": cls, "tokens": tokens, "target": t.name, "samples": len(ok),
-                "failed": len(t.ttft[cls]) - len(ok), "ttft_p50_ms": pct_ms(ok, 0.5),
-                "added_p50_ms": pct_ms(added, 0.5), "added_p90_ms": pct_ms(added, 0.9),
-                "added_p50_first_half_ms": pct_ms(first, 0.5),
-                "added_p50_second_half_ms": pct_ms(second, 0.5),
-                "router_cpu_ms": 1000 * t.cpu[cls] / len(t.ttft[cls]) if t.pid else NAN,
-            })
+            rows.append(
+                {
+                    "class": cls,
+                    "tokens": tokens,
+                    "target": t.name,
+                    "samples": len(ok),
+                    "failed": len(t.ttft[cls]) - len(ok),
+                    "ttft_p50_ms": pct_ms(ok, 0.5),
+                    "added_p50_ms": pct_ms(added, 0.5),
+                    "added_p90_ms": pct_ms(added, 0.9),
+                    "added_p50_first_half_ms": pct_ms(first, 0.5),
+                    "added_p50_second_half_ms": pct_ms(second, 0.5),
+                    "router_cpu_ms": 1000 * t.cpu[cls] / len(t.ttft[cls]) if t.pid else NAN,
+                }
+            )
     return rows
 
 
@@ -257,21 +264,38 @@ def report_lines(rows: Sequence[dict], cfg: PolicyConfig) -> list[str]:
         f"{filled}, one request at a time; added = "
         f"TTFT minus {BASELINE}'s in the same round (paired), wall ms.",
     ]
-    header = ["target", "samples", "failed", "TTFT p50", f"added p50 vs {BASELINE}", "added p90",
-              "added p50 1st/2nd half", "router CPU ms/req"]
+    header = [
+        "target",
+        "samples",
+        "failed",
+        "TTFT p50",
+        f"added p50 vs {BASELINE}",
+        "added p90",
+        "added p50 1st/2nd half",
+        "router CPU ms/req",
+    ]
     for cls, tokens in cfg.classes:
         out += ["", f"{cls} prompts ({tokens} tokens):", ""]
         table = [
-            [r["target"], r["samples"], r["failed"], f"{r['ttft_p50_ms']:.1f}", _ms(r["added_p50_ms"]),
-             _ms(r["added_p90_ms"]),
-             f"{_ms(r['added_p50_first_half_ms'])} / {_ms(r['added_p50_second_half_ms'])}",
-             "n/a" if r["router_cpu_ms"] != r["router_cpu_ms"] else f"{r['router_cpu_ms']:.1f}"]
-            for r in rows if r["class"] == cls
+            [
+                r["target"],
+                r["samples"],
+                r["failed"],
+                f"{r['ttft_p50_ms']:.1f}",
+                _ms(r["added_p50_ms"]),
+                _ms(r["added_p90_ms"]),
+                f"{_ms(r['added_p50_first_half_ms'])} / {_ms(r['added_p50_second_half_ms'])}",
+                "n/a" if r["router_cpu_ms"] != r["router_cpu_ms"] else f"{r['router_cpu_ms']:.1f}",
+            ]
+            for r in rows
+            if r["class"] == cls
         ]
         out += markdown_table(header, table)
     long_cls = cfg.classes[0][0]
-    routers = sorted((r for r in rows if r["class"] == long_cls and r["target"] != DIRECT),
-                     key=lambda r: (r["router_cpu_ms"], r["added_p50_ms"]))
+    routers = sorted(
+        (r for r in rows if r["class"] == long_cls and r["target"] != DIRECT),
+        key=lambda r: (r["router_cpu_ms"], r["added_p50_ms"]),
+    )
     ranking = ", ".join(f"{r['target']} {r['router_cpu_ms']:.1f}" for r in routers)
     out += ["", f"router CPU ms per {long_cls} request, cheapest first: {ranking}"]
     return out

@@ -9,9 +9,21 @@ from pdfleet.cli import bench, demo, doctor, lab, monitor, profiles, provision, 
 
 def build_namespace() -> Collection:
     """Every task, named explicitly; the lab's tasks under `lab.` (defaults come from invoke.yaml)."""
-    ns = Collection(profiles.profiles, render.render, provision.provision, verify.verify, demo.demo,
-                    wheel.wheel, monitor.monitor, bench.bench, doctor.doctor)
+    ns = Collection(
+        profiles.profiles,
+        render.render,
+        provision.provision,
+        verify.verify,
+        demo.demo,
+        wheel.wheel,
+        monitor.monitor,
+        bench.bench,
+        doctor.doctor,
+    )
     ns.add_collection(rollout.collection())
-    ns.add_collection(Collection("lab", lab.build_task, lab.up_task, lab.down_task, lab.status_task,
-                                 lab.ssh_task, lab.env_task))
+    ns.add_collection(
+        Collection(
+            "lab", lab.build_task, lab.up_task, lab.down_task, lab.status_task, lab.ssh_task, lab.env_task
+        )
+    )
     return ns

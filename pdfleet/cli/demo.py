@@ -32,9 +32,13 @@ def _status_table(rows: list[UnitStatus]) -> Table:
     return table
 
 
-@task(help={"profile": f"Lab profile to provision (default {DEMO_PROFILE}).",
-            "bench_seconds": f"Seconds of long-prompt-mix load per pool in the closing bench (default "
-                             f"{BENCH_SECONDS}; 0: no bench)."})
+@task(
+    help={
+        "profile": f"Lab profile to provision (default {DEMO_PROFILE}).",
+        "bench_seconds": f"Seconds of long-prompt-mix load per pool in the closing bench (default "
+        f"{BENCH_SECONDS}; 0: no bench).",
+    }
+)
 @user_errors
 def demo(ctx: Context, profile: str = DEMO_PROFILE, bench_seconds: int = BENCH_SECONDS) -> None:
     """Bring the lab up, provision it with a P/D profile, show every unit's state, then bench both pools."""
@@ -54,17 +58,32 @@ def demo(ctx: Context, profile: str = DEMO_PROFILE, bench_seconds: int = BENCH_S
     console.print("[green]demo: every unit active and healthy[/]")
     if bench_seconds > 0:
         _bench(ctx, profile, bench_seconds, console)
-    console.print("reach the gateway with an OpenAI client: eval \"$(invoke lab.env)\"; "
-                  "take the lab down: invoke lab.down")
+    console.print(
+        'reach the gateway with an OpenAI client: eval "$(invoke lab.env)"; '
+        "take the lab down: invoke lab.down"
+    )
 
 
 def _bench(ctx: Context, profile: str, seconds: int, console: Console) -> None:
     """The closing bench: long-prompt mix through the gateway to each pool; headline table and verdict."""
     console.print(f"demo: bench, long-prompt mix, {seconds} s per pool (colocated, then P/D)")
-    opts = {"workload": "long-prompt-mix", "rate": None, "concurrency": None, "duration": str(seconds),
-            "num_prompts": None, "pools": None, "sweep": False, "seed": None, "burstiness": None,
-            "dataset": None, "input_len": None, "output_len": None, "range_ratio": None, "long_share": None,
-            "warmup": None}
+    opts = {
+        "workload": "long-prompt-mix",
+        "rate": None,
+        "concurrency": None,
+        "duration": str(seconds),
+        "num_prompts": None,
+        "pools": None,
+        "sweep": False,
+        "seed": None,
+        "burstiness": None,
+        "dataset": None,
+        "input_len": None,
+        "output_len": None,
+        "range_ratio": None,
+        "long_share": None,
+        "warmup": None,
+    }
     doc, verdict, out_dir = run_bench(ctx, profile, str(REPO_ROOT / LAB_INVENTORY), opts, None, console)
     down = print_outcome(doc, verdict, out_dir, console)
     if down:

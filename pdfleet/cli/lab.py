@@ -26,8 +26,10 @@ from roles import REGISTRY
 LAB_INVENTORY = "inventory/lab.yml"
 
 
-INVENTORY_HELP = ("the lab inventory whose hosts to boot (default: the one lab.up last booted, else "
-                  f"{LAB_INVENTORY}); every ansible_host must be in 198.18.0.0/24")
+INVENTORY_HELP = (
+    "the lab inventory whose hosts to boot (default: the one lab.up last booted, else "
+    f"{LAB_INVENTORY}); every ansible_host must be in 198.18.0.0/24"
+)
 
 
 def this_lab(inventory: str | None = None) -> Lab:
@@ -58,8 +60,10 @@ def up_task(c: Context, inventory: str | None = None) -> None:
     """Bring the lab up: image, mirrors, bridge, the inventory's hosts (others stopped); waits for SSH."""
     console = Console(stderr=True)
     result = up(this_lab(inventory or str(REPO_ROOT / LAB_INVENTORY)), lab_progress(console))
-    console.print(f"lab up in {result.seconds:.0f} s: {', '.join(h.name for h in result.hosts)}; "
-                  f"host wheel {result.host_version}")
+    console.print(
+        f"lab up in {result.seconds:.0f} s: {', '.join(h.name for h in result.hosts)}; "
+        f"host wheel {result.host_version}"
+    )
     _say_unavailable(console, result.apt_unavailable)
 
 
@@ -114,8 +118,9 @@ def _yes(value: bool) -> str:
     return "[green]yes[/green]" if value else "[red]no[/red]"
 
 
-@task(name="ssh", help={"host": "lab host name, e.g. lab-gw",
-                        "command": "run this command instead of a shell"})
+@task(
+    name="ssh", help={"host": "lab host name, e.g. lab-gw", "command": "run this command instead of a shell"}
+)
 @user_errors
 def ssh_task(c: Context, host: str, command: str = "") -> None:
     """Log in to a lab host as the lab user, with strict host-key checking."""
@@ -124,9 +129,20 @@ def ssh_task(c: Context, host: str, command: str = "") -> None:
     preflight(("ssh",))
     if not lab.paths.known_hosts.exists():
         raise PdfleetError("the lab is not up (no known_hosts yet); run `invoke lab.up` first.")
-    argv = ["ssh", "-i", str(lab.paths.key_file), "-o", "IdentitiesOnly=yes",
-            "-o", f"UserKnownHostsFile={lab.paths.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            "-o", "GlobalKnownHostsFile=/dev/null", f"{LOGIN_USER}@{target.address}"]
+    argv = [
+        "ssh",
+        "-i",
+        str(lab.paths.key_file),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"UserKnownHostsFile={lab.paths.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        f"{LOGIN_USER}@{target.address}",
+    ]
     if command:
         argv.append(command)
     sys.stdout.flush()
@@ -150,9 +166,11 @@ def env_task(c: Context, profile: str = "lab-cross") -> None:
     port = load_profile(profile, Settings.of(c).profiles_dir).gateway.port
     key_file: Path = lab.paths.gateway_client_key
     if not key_file.exists():
-        raise PdfleetError(f"the lab gateway is not provisioned yet ({key_file} is missing); run "
-                           "`invoke lab.up` and provision a lab profile, e.g. "
-                           "`invoke provision --profile lab-colocated`.")
+        raise PdfleetError(
+            f"the lab gateway is not provisioned yet ({key_file} is missing); run "
+            "`invoke lab.up` and provision a lab profile, e.g. "
+            "`invoke provision --profile lab-colocated`."
+        )
     try:
         key = key_file.read_text().strip()
     except PermissionError:

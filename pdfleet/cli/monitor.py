@@ -14,10 +14,10 @@ from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ConnectError, ValidationError
-from pdfleet.fleet.chain_table import format_table, prometheus_url, read_chain
 from pdfleet.fleet.deployment import load_deployment
 from pdfleet.lab.network import lab_route_problem
 from pdfleet.metrics.prometheus import PrometheusClient
+from pdfleet.monitoring.chain_table import format_table, prometheus_url, read_chain
 from roles import REGISTRY
 
 MIN_INTERVAL_S = 1.0
@@ -34,17 +34,29 @@ MIN_INTERVAL_S = 1.0
     }
 )
 @user_errors
-def monitor(ctx: Context, profile: str, inventory: str | None = None, minutes: str = "10",
-            watch: bool = False, interval: str = "5", prometheus: str | None = None) -> None:
+def monitor(
+    ctx: Context,
+    profile: str,
+    inventory: str | None = None,
+    minutes: str = "10",
+    watch: bool = False,
+    interval: str = "5",
+    prometheus: str | None = None,
+) -> None:
     """Show TTFT, queue, prefill, KV transfer, decode, TPOT, ITL, stalls per pool and class."""
     span = number("--minutes", minutes)
     every = number("--interval", interval)
     if every < MIN_INTERVAL_S:
         raise ValidationError(f"--interval: {every:g} s is less than {MIN_INTERVAL_S:g} s")
     settings = Settings.of(ctx)
-    deployment = load_deployment(profile, repo_path(inventory) if inventory else settings.inventory,
-                                 settings.profiles_dir, settings.templates_dir, REGISTRY,
-                                 lab_network=lab_site.LAB_NETWORK)
+    deployment = load_deployment(
+        profile,
+        repo_path(inventory) if inventory else settings.inventory,
+        settings.profiles_dir,
+        settings.templates_dir,
+        REGISTRY,
+        lab_network=lab_site.LAB_NETWORK,
+    )
     url = prometheus_url(deployment.profile, deployment.inventory, prometheus)
     # a lab address while the lab is down would route off this machine: refuse, as verify does
     problem = lab_route_problem([urlparse(url).hostname or ""])

@@ -27,16 +27,25 @@ from pdfleet.ops.report import print_report
         "roles": HELP["roles"],
         "json": "Also write the JSON report (hosts, changes, totals) to this path.",
         "stage": "Set the gateways to this stage of gateway.stages (an explicit override). Without it the "
-                 "stage the gateways run now is kept (the rollout controller's); gateway.stage is only "
-                 "the initial one.",
+        "stage the gateways run now is kept (the rollout controller's); gateway.stage is only "
+        "the initial one.",
         "reboot": "Reboot hosts whose roles report 'reboot required' (e.g. a new driver), wave by wave "
-                  "with --serial, wait for SSH, then converge them. Without it the need is only reported.",
+        "with --serial, wait for SSH, then converge them. Without it the need is only reported.",
     }
 )
 @user_errors
-def provision(ctx: Context, profile: str, inventory: str | None = None, check: bool = False,
-              limit: str | None = None, serial: int = 0, roles: str | None = None,
-              json: str | None = None, reboot: bool = False, stage: str | None = None) -> None:
+def provision(
+    ctx: Context,
+    profile: str,
+    inventory: str | None = None,
+    check: bool = False,
+    limit: str | None = None,
+    serial: int = 0,
+    roles: str | None = None,
+    json: str | None = None,
+    reboot: bool = False,
+    stage: str | None = None,
+) -> None:
     """Converge hosts to the profile: packages, venv, env files, units; 0 changes when converged."""
     if serial < 0:
         raise ValidationError(f"--serial must be 0 (all at once) or a positive wave size, not {serial}")

@@ -23,8 +23,9 @@ from pdfleet.fleet.render import write_tree
     }
 )
 @user_errors
-def render(ctx: Context, profile: str, inventory: str | None = None, out: str | None = None,
-           limit: str | None = None) -> None:
+def render(
+    ctx: Context, profile: str, inventory: str | None = None, out: str | None = None, limit: str | None = None
+) -> None:
     """Render units, env files and configs per host into a directory to review or diff."""
     dest = out_dir(repo_path(out) if out else Settings.of(ctx).output_dir / "render")
     deployment, hosts = deployment_from_options(ctx, profile, inventory, limit=limit)

@@ -52,8 +52,14 @@ def _remote(ctx: Context, profile: str | None, inventory: str | None) -> tuple[D
     path = repo_path(inventory) if inventory else settings.inventory
     deployment = None
     if profile is not None:
-        deployment = load_deployment(profile, path, settings.profiles_dir, settings.templates_dir, REGISTRY,
-                                     lab_network=lab_site.LAB_NETWORK)
+        deployment = load_deployment(
+            profile,
+            path,
+            settings.profiles_dir,
+            settings.templates_dir,
+            REGISTRY,
+            lab_network=lab_site.LAB_NETWORK,
+        )
     host = monitoring_host(deployment.inventory if deployment else load_inventory(path))
 
     def run(args: list[str]) -> str:
@@ -96,15 +102,19 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"{'gate':<28} {'class':<6} {'value':>10} {'threshold':>10}  outcome")
         for r in results:
             tag = " (dry run)" if r.get("dry_run") else ""
-            lines.append(f"{r['gate']:<28} {r['length_class']:<6} {_number(r.get('value')):>10} "
-                         f"{_number(r.get('threshold')):>10}  {r['outcome']}{tag}")
+            lines.append(
+                f"{r['gate']:<28} {r['length_class']:<6} {_number(r.get('value')):>10} "
+                f"{_number(r.get('threshold')):>10}  {r['outcome']}{tag}"
+            )
     return "\n".join(lines) + "\n"
 
 
 def format_evaluation(doc: dict[str, Any]) -> str:
     """A dry run's gates."""
-    head = (f"dry run for {doc['target']} at stage {doc['stage']} (version {doc['version']}), "
-            f"{doc['samples']} samples in the window; nothing changed\n")
+    head = (
+        f"dry run for {doc['target']} at stage {doc['stage']} (version {doc['version']}), "
+        f"{doc['samples']} samples in the window; nothing changed\n"
+    )
     return head + format_status({"phase": "dry-run", "last_results": doc["results"]}).split("\n", 2)[-1]
 
 
@@ -133,15 +143,24 @@ PROFILE_HELP = {
 }
 
 
-@task(default=True, help={
-    **PROFILE_HELP,
-    "stage": "The target stage (a plan in the profile's rollout.plans, e.g. long-prompts).",
-    "dry_run": "Measure the gates a rollout to the stage would use, now; change nothing.",
-    "watch": "Follow the live view until the rollout ends (default on; --no-watch submits and returns).",
-})
+@task(
+    default=True,
+    help={
+        **PROFILE_HELP,
+        "stage": "The target stage (a plan in the profile's rollout.plans, e.g. long-prompts).",
+        "dry_run": "Measure the gates a rollout to the stage would use, now; change nothing.",
+        "watch": "Follow the live view until the rollout ends (default on; --no-watch submits and returns).",
+    },
+)
 @user_errors
-def start(ctx: Context, stage: str, profile: str | None = None, inventory: str | None = None,
-          dry_run: bool = False, watch: bool = True) -> None:
+def start(
+    ctx: Context,
+    stage: str,
+    profile: str | None = None,
+    inventory: str | None = None,
+    dry_run: bool = False,
+    watch: bool = True,
+) -> None:
     """Submit a rollout to a stage and follow it (Ctrl-C stops watching, not the rollout)."""
     deployment, run = _remote(ctx, profile, inventory)
     plans = deployment.profile.rollout.plans if deployment else None
@@ -174,8 +193,9 @@ def abort(ctx: Context, profile: str | None = None, inventory: str | None = None
 
 @task(help={**PROFILE_HELP, "full": "Skip every remaining step and analysis (Argo's promote --full)."})
 @user_errors
-def promote(ctx: Context, profile: str | None = None, inventory: str | None = None,
-            full: bool = False) -> None:
+def promote(
+    ctx: Context, profile: str | None = None, inventory: str | None = None, full: bool = False
+) -> None:
     """End the current pause (or an inconclusive analysis); --full skips the rest."""
     _, run = _remote(ctx, profile, inventory)
     run(["promote", *(["--full"] if full else [])])
@@ -195,4 +215,3 @@ def history(ctx: Context, profile: str | None = None, inventory: str | None = No
 def collection() -> Collection:
     """`rollout` (submit and watch) with status, abort, promote and history under it."""
     return Collection("rollout", start, status, abort, promote, history)
-

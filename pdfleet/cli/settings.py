@@ -47,8 +47,10 @@ class Settings:
 
         timeout = value("connect_timeout")
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise ValidationError(f"{CONFIG_FILE}: pdfleet.connect_timeout: must be a positive number "
-                                  f"of seconds (got {timeout!r})")
+            raise ValidationError(
+                f"{CONFIG_FILE}: pdfleet.connect_timeout: must be a positive number "
+                f"of seconds (got {timeout!r})"
+            )
         return cls(
             inventory=repo_path(str(value("inventory"))),
             profiles_dir=repo_path(str(value("profiles_dir"))),

@@ -38,16 +38,27 @@ class Deployment:
 
     def context(self, host: Host) -> RoleContext:
         """What the roles see for one host."""
-        return RoleContext(host, self.profile, self.topology, self.renderer, self.host_version,
-                           self.gateway_secrets, self.host_wheel, self.stage_override)
+        return RoleContext(
+            host,
+            self.profile,
+            self.topology,
+            self.renderer,
+            self.host_version,
+            self.gateway_secrets,
+            self.host_wheel,
+            self.stage_override,
+        )
 
     def needs_gateway_keys(self, hosts: Iterable[Host]) -> bool:
         """Whether the gateway role runs on one of these hosts: only then are the keys read or generated."""
         names = {role.NAME for role in self.roles}
         if GATEWAY_ROLE in names and any(self.topology.gateway_on(host.name) for host in hosts):
             return True
-        return (ROLLOUT_ROLE in names and bool(self.topology.gateways)
-                and any(host.in_group("monitoring") for host in hosts))
+        return (
+            ROLLOUT_ROLE in names
+            and bool(self.topology.gateways)
+            and any(host.in_group("monitoring") for host in hosts)
+        )
 
 
 def load_deployment(
@@ -66,5 +77,6 @@ def load_deployment(
     inv = load_inventory(inventory)
     check_against_inventory(prof, inv)
     topology = build_topology(prof, inv, lab_network)
-    return Deployment(prof, inv, topology, tuple(roles), Renderer(templates_dir), host_version(),
-                      gateway_secrets)
+    return Deployment(
+        prof, inv, topology, tuple(roles), Renderer(templates_dir), host_version(), gateway_secrets
+    )

@@ -113,8 +113,10 @@ def host_requirements() -> tuple[str, ...]:
             out.append(req)
     missing = wanted - {_requirement_name(r) for r in out}
     if missing:
-        raise PdfleetError(f"pdfleet's installed metadata lacks host dependencies {sorted(missing)}; "
-                           "reinstall pdfleet (`pip install -e .`)")
+        raise PdfleetError(
+            f"pdfleet's installed metadata lacks host dependencies {sorted(missing)}; "
+            "reinstall pdfleet (`pip install -e .`)"
+        )
     return tuple(out)
 
 
@@ -151,8 +153,13 @@ def record_line(name: str, data: bytes) -> str:
 
 
 def _metadata(code: HostCode) -> str:
-    lines = ["Metadata-Version: 2.1", f"Name: {DIST_NAME}", f"Version: {code.version}",
-             "Summary: pdfleet's host programs: pdfleet-gateway and pdfleet-sim", "Requires-Python: >=3.11"]
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {DIST_NAME}",
+        f"Version: {code.version}",
+        "Summary: pdfleet's host programs: pdfleet-gateway and pdfleet-sim",
+        "Requires-Python: >=3.11",
+    ]
     lines += [f"Provides-Extra: {extra}" for extra in HOST_EXTRAS]
     lines += [f"Requires-Dist: {req}" for req in code.requirements]
     return "\n".join(lines) + "\n"
@@ -161,8 +168,12 @@ def _metadata(code: HostCode) -> str:
 def _dist_info(code: HostCode) -> dict[str, str]:
     entry_points = "[console_scripts]\n" + "".join(f"{s} = {t}\n" for s, t in ENTRY_POINTS)
     wheel = "Wheel-Version: 1.0\nGenerator: pdfleet\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    return {"METADATA": _metadata(code), "WHEEL": wheel, "entry_points.txt": entry_points,
-            "top_level.txt": "pdfleet\n"}
+    return {
+        "METADATA": _metadata(code),
+        "WHEEL": wheel,
+        "entry_points.txt": entry_points,
+        "top_level.txt": "pdfleet\n",
+    }
 
 
 def _write(zf: zipfile.ZipFile, name: str, data: bytes, records: list[str]) -> None:
@@ -192,8 +203,11 @@ def write_host_wheel(out_dir: Path, package_dir: Path = PACKAGE_DIR) -> Path:
     return target
 
 
-def cached_host_wheel(cache_dir: Path = DEFAULT_CACHE, package_dir: Path = PACKAGE_DIR,
-                      progress: Callable[[str], None] | None = None) -> Path:
+def cached_host_wheel(
+    cache_dir: Path = DEFAULT_CACHE,
+    package_dir: Path = PACKAGE_DIR,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
     """The current host wheel from `cache_dir`, written there first when missing; older ones are removed."""
     cache_dir = cache_dir.expanduser()
     version = host_version(package_dir)
@@ -212,4 +226,3 @@ def remove_other_wheels(directory: Path, keep: Path) -> None:
     for old in directory.glob(f"{DIST_NAME}-*.whl"):
         if old != keep:
             old.unlink(missing_ok=True)
-

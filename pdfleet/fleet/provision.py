@@ -37,7 +37,12 @@ from pdfleet.ops.runner import Report, RunOptions, run_fleet
 HOST_FACTS: tuple[Fact[Any], ...] = (AptPackages(),)
 # What the hardware roles read on hosts running vLLM (gpu_driver, rdma, kv_transfer detect first).
 POOL_HOST_FACTS: tuple[Fact[Any], ...] = (
-    SecureBootFact(), NvidiaPciFact(), DriverFact(), KernelFact(), LoadedModules(), RdmaSysfsFact(),
+    SecureBootFact(),
+    NvidiaPciFact(),
+    DriverFact(),
+    KernelFact(),
+    LoadedModules(),
+    RdmaSysfsFact(),
 )
 
 
@@ -94,8 +99,9 @@ def live_policy(text: str | None) -> LivePolicy | None:
     return LivePolicy(version, stage, stages, {k: v for k, v in data.items() if k != "version"})
 
 
-def policy_stage(profile: Profile, live: LivePolicy | None,
-                 override: str | None) -> tuple[str, dict[str, StageSpec]]:
+def policy_stage(
+    profile: Profile, live: LivePolicy | None, override: str | None
+) -> tuple[str, dict[str, StageSpec]]:
     """The stage to render and the stages beside it: the override, else the live one (a rollout step's
     weights kept), else the profile's initial stage."""
     stages = dict(profile.gateway.stages)

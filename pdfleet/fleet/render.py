@@ -50,8 +50,10 @@ class Renderer:
         for name, value in variables.items():
             char = _control_in(value)
             if char:
-                raise ValidationError(f"{template}: {name}: contains the control character {char}; "
-                                      "refusing to render it into a file")
+                raise ValidationError(
+                    f"{template}: {name}: contains the control character {char}; "
+                    "refusing to render it into a file"
+                )
         return self._env.get_template(template).render(**variables)
 
 
@@ -85,8 +87,9 @@ def tree_paths(
         for rendered in files:
             dest = out_dir / host / rendered.path.lstrip("/")
             if host_root.parent != root or not dest.resolve().is_relative_to(host_root):
-                raise ValidationError(f"{host}: {rendered.path}: would be written outside {out_dir}/<host>; "
-                                      "refusing to render")
+                raise ValidationError(
+                    f"{host}: {rendered.path}: would be written outside {out_dir}/<host>; refusing to render"
+                )
             planned.append((dest, rendered))
     return planned
 

@@ -39,14 +39,16 @@ def existing_key(file: Path) -> str | None:
     except OSError as exc:
         raise ValidationError(f"{file}: cannot read the key file: {exc.strerror or exc}") from None
     if stat.S_ISDIR(st.st_mode):
-        raise ValidationError(f"{file}: is a directory, not a key file; name a file (it is generated when "
-                              "missing)")
+        raise ValidationError(
+            f"{file}: is a directory, not a key file; name a file (it is generated when missing)"
+        )
     if not stat.S_ISREG(st.st_mode):
         raise ValidationError(f"{file}: is not a regular file; a key file must be a plain file")
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:
-        raise ValidationError(f"{file}: a key file must be readable by its owner only (mode {mode:04o}); "
-                              f"run `chmod 600 {file}`")
+        raise ValidationError(
+            f"{file}: a key file must be readable by its owner only (mode {mode:04o}); run `chmod 600 {file}`"
+        )
     try:
         key = file.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
@@ -82,12 +84,16 @@ def gateway_secrets(client_key_file: str, admin_key_file: str) -> GatewaySecrets
     each sound); only then is a missing one generated."""
     client, admin = Path(client_key_file).expanduser(), Path(admin_key_file).expanduser()
     if os.path.realpath(client) == os.path.realpath(admin):
-        raise ValidationError(f"gateway.client_key_file and gateway.admin_key_file are the same file "
-                              f"({client}); the admin key must differ from the client key")
+        raise ValidationError(
+            f"gateway.client_key_file and gateway.admin_key_file are the same file "
+            f"({client}); the admin key must differ from the client key"
+        )
     client_key, admin_key = existing_key(client), existing_key(admin)
     if client_key is not None and client_key == admin_key:
-        raise ValidationError(f"{client} and {admin} hold the same key; the admin key must differ from the "
-                              f"client key (delete {admin} to have a new one generated)")
+        raise ValidationError(
+            f"{client} and {admin} hold the same key; the admin key must differ from the "
+            f"client key (delete {admin} to have a new one generated)"
+        )
     client_key = client_key if client_key is not None else _create_key_file(client)
     admin_key = admin_key if admin_key is not None else _create_key_file(admin)
     return GatewaySecrets(hash_key(client_key), hash_key(admin_key), admin_key)

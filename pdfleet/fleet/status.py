@@ -79,8 +79,9 @@ def _host_status(deployment: Deployment, host: Host, known_hosts: str, timeout: 
     ]
 
 
-def fleet_status(deployment: Deployment, hosts: Sequence[Host], known_hosts: str,
-                 timeout: float = 10.0) -> list[UnitStatus]:
+def fleet_status(
+    deployment: Deployment, hosts: Sequence[Host], known_hosts: str, timeout: float = 10.0
+) -> list[UnitStatus]:
     """Every managed unit of every host, hosts queried in parallel, in inventory order."""
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
         results = pool.map(lambda h: _host_status(deployment, h, known_hosts, timeout), hosts)

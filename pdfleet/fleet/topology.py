@@ -123,13 +123,25 @@ class Topology:
     def metrics_endpoints(self) -> tuple[MetricsEndpoint, ...]:
         """Every service's metrics endpoint: vLLM instances, then each gateway and its router."""
         out = [
-            MetricsEndpoint("vllm", i.host, i.address, i.port,
-                            MappingProxyType({"pool": GATEWAY_POOL[i.pool], "role": i.pool, "host": i.host}))
+            MetricsEndpoint(
+                "vllm",
+                i.host,
+                i.address,
+                i.port,
+                MappingProxyType({"pool": GATEWAY_POOL[i.pool], "role": i.pool, "host": i.host}),
+            )
             for i in self.instances
         ]
         for g in self.gateways:
-            out.append(MetricsEndpoint("pdfleet-gateway", g.host, g.address, g.port,
-                                       MappingProxyType({"role": "gateway", "host": g.host})))
+            out.append(
+                MetricsEndpoint(
+                    "pdfleet-gateway",
+                    g.host,
+                    g.address,
+                    g.port,
+                    MappingProxyType({"role": "gateway", "host": g.host}),
+                )
+            )
             if g.router_metrics_port is not None:
                 labels = MappingProxyType({"pool": "disagg", "role": "router", "host": g.host})
                 port = g.router_metrics_port
@@ -145,8 +157,9 @@ def build_topology(
     `lab_network`: addresses inside it are lab hosts (the CLI passes the lab's network).
     """
     hosts = list(inventory.hosts.values())
-    instances = tuple(_instance(profile, h, pool) for h in hosts for pool, _ in profile.pools.items()
-                      if h.in_group(pool))
+    instances = tuple(
+        _instance(profile, h, pool) for h in hosts for pool, _ in profile.pools.items() if h.in_group(pool)
+    )
     reason = None
     if profile.pools.colocated is None:
         reason = "the profile has no colocated pool; the gateway routes between colocated and P/D pools"
@@ -165,15 +178,22 @@ def _instance(profile: Profile, host: Host, pool: str) -> Instance:
     if sc_port is not None:
         sc_host = host.address if kv.side_channel_host == "auto" else kv.side_channel_host
     boot = kv.bootstrap_port_for(pool) if profile.disaggregated else None
-    return Instance(pool, host.name, host.address, spec.port, tuple(spec.gpus), spec.kv_role,
-                    sc_host, sc_port, boot)
+    return Instance(
+        pool, host.name, host.address, spec.port, tuple(spec.gpus), spec.kv_role, sc_host, sc_port, boot
+    )
 
 
 def _gateway(profile: Profile, host: Host) -> Gateway:
     gw = profile.gateway
     pd = profile.pools.prefill is not None and profile.pools.decode is not None
-    return Gateway(host.name, host.address, gw.port, gw.admin_port, gw.router_port if pd else None,
-                   gw.router_prometheus_port if pd else None)
+    return Gateway(
+        host.name,
+        host.address,
+        gw.port,
+        gw.admin_port,
+        gw.router_port if pd else None,
+        gw.router_prometheus_port if pd else None,
+    )
 
 
 def _lab_hosts(hosts: list[Host], network: ipaddress.IPv4Network | None) -> frozenset[str]:

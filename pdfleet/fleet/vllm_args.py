@@ -55,14 +55,22 @@ def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
     else:
         argv = [f"{venv}/bin/vllm", "serve", model.path or model.id]
     argv += [
-        "--host", inst.address,
-        "--port", str(inst.port),
-        "--served-model-name", *served_model_names(profile),
-        "--tensor-parallel-size", str(spec.tensor_parallel_size),
-        "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
-        "--gpu-memory-utilization", str(spec.gpu_memory_utilization),
-        "--max-num-seqs", str(spec.max_num_seqs),
-        "--kv-cache-dtype", spec.kv_cache_dtype,
+        "--host",
+        inst.address,
+        "--port",
+        str(inst.port),
+        "--served-model-name",
+        *served_model_names(profile),
+        "--tensor-parallel-size",
+        str(spec.tensor_parallel_size),
+        "--max-num-batched-tokens",
+        str(spec.max_num_batched_tokens),
+        "--gpu-memory-utilization",
+        str(spec.gpu_memory_utilization),
+        "--max-num-seqs",
+        str(spec.max_num_seqs),
+        "--kv-cache-dtype",
+        spec.kv_cache_dtype,
         "--enable-chunked-prefill" if spec.enable_chunked_prefill else "--no-enable-chunked-prefill",
     ]
     max_len = spec.max_model_len or model.max_model_len
@@ -73,7 +81,15 @@ def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
         argv += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
     if profile.vllm.engine == "sim":
         sim = profile.vllm.sim
-        argv += ["--sim-gpu", sim.gpu, "--sim-link", sim.link, "--sim-time-scale", str(sim.time_scale),
-                 "--sim-vllm-version", profile.vllm.version]
+        argv += [
+            "--sim-gpu",
+            sim.gpu,
+            "--sim-link",
+            sim.link,
+            "--sim-time-scale",
+            str(sim.time_scale),
+            "--sim-vllm-version",
+            profile.vllm.version,
+        ]
     argv += list(spec.extra_args)
     return argv

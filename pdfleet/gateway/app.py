@@ -240,8 +240,10 @@ class Gateway:
                 if not is_noop(active, update):
                     try:
                         if update.version <= active.version:
-                            raise StageConflict(f"version {update.version} does not rise above the active "
-                                                f"version {active.version} (stage {active.stage})")
+                            raise StageConflict(
+                                f"version {update.version} does not rise above the active "
+                                f"version {active.version} (stage {active.stage})"
+                            )
                         text = rewritten(self.config_path, self.config_path.read_text("utf-8"), update)
                         write_atomically(self.config_path, text)
                     except StageConflict as exc:

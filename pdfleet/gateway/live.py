@@ -62,10 +62,15 @@ def rewritten(source: Path, text: str, update: StageUpdate) -> str:
     data = parse_yaml(text, source)
     if not isinstance(data, dict):
         raise ValidationError(f"{source}: is not a YAML mapping")
-    data.update(version=update.version, stage=update.stage,
-                stages={k: v.model_dump() for k, v in update.stages.items()})
-    out = ("# Managed by pdfleet: rendered by `invoke provision`; version, stage and stages set by the "
-           "rollout controller (POST /admin/stage).\n" + yaml.safe_dump(data, sort_keys=False))
+    data.update(
+        version=update.version,
+        stage=update.stage,
+        stages={k: v.model_dump() for k, v in update.stages.items()},
+    )
+    out = (
+        "# Managed by pdfleet: rendered by `invoke provision`; version, stage and stages set by the "
+        "rollout controller (POST /admin/stage).\n" + yaml.safe_dump(data, sort_keys=False)
+    )
     parse_policy(source, out)
     return out
 

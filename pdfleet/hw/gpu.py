@@ -160,8 +160,11 @@ def decide_fabric_manager(spec: GpuSpec, pci: NvidiaPci) -> Decision:
     n = len(pci.nvswitches) or pci.nvswitch_proc_devices
     if want is False:
         if pci.has_nvswitch:
-            return Decision(False, f"gpu.fabric_manager: false, but {n} NVSwitch(es) present: CUDA will "
-                            "fail with error 802 until nvidia-fabricmanager runs")
+            return Decision(
+                False,
+                f"gpu.fabric_manager: false, but {n} NVSwitch(es) present: CUDA will "
+                "fail with error 802 until nvidia-fabricmanager runs",
+            )
         return Decision(False, "gpu.fabric_manager: false")
     if not pci.has_nvswitch:
         return Decision(False, "no NVSwitch on the PCI bus: Fabric Manager only runs on NVSwitch systems")

@@ -69,9 +69,7 @@ def parse_lspci_nn(text: str) -> list[PciDevice]:
     for line in text.splitlines():
         m = _LSPCI_NN.match(line.strip())
         if m:
-            devices.append(
-                PciDevice(m["bdf"], m["code"], m["vendor"], m["device"], m["name"].strip())
-            )
+            devices.append(PciDevice(m["bdf"], m["code"], m["vendor"], m["device"], m["name"].strip()))
     return devices
 
 
@@ -108,8 +106,8 @@ class NvidiaPciFact(Fact[NvidiaPci]):
         return (
             "echo '== lspci'; command -v lspci >/dev/null 2>&1 && lspci -Dnn -d 10de: 2>/dev/null; "
             "echo '== sysfs'; for d in /sys/bus/pci/devices/*; do [ -r \"$d/vendor\" ] || continue; "
-            "[ \"$(cat \"$d/vendor\")\" = 0x10de ] && echo \"${d##*/} $(cat \"$d/vendor\") "
-            "$(cat \"$d/device\") $(cat \"$d/class\")\"; done; "
+            '[ "$(cat "$d/vendor")" = 0x10de ] && echo "${d##*/} $(cat "$d/vendor") '
+            '$(cat "$d/device") $(cat "$d/class")"; done; '
             "echo '== nvswitch'; ls -1 /proc/driver/nvidia-nvswitch/devices 2>/dev/null; true"
         )
 

@@ -23,15 +23,12 @@ if TYPE_CHECKING:
     from pdfleet.model.profile import Profile
 
 
-
 def uses_rdma(profile: Profile, host: Host) -> bool:
     """KV moves over RDMA: cross-host, RDMA enabled in the profile, devices declared for the host.
 
     Same-host profiles move KV over PCIe/NVLink (UCX cuda_ipc), colocated ones do not move it.
     """
-    return (
-        profile.topology == "cross-host" and bool(profile.rdma.enabled) and bool(host.rdma_devices)
-    )
+    return profile.topology == "cross-host" and bool(profile.rdma.enabled) and bool(host.rdma_devices)
 
 
 def kv_requirement(profile: Profile) -> str | None:

@@ -113,9 +113,7 @@ def parse_rdma_sysfs(stdout: str) -> dict[str, RdmaDevice]:
             rec.get("roce_mode"),  # type: ignore[arg-type]
         )
     names = sorted(set(devices) | set(netdevs))
-    return {
-        n: RdmaDevice(n, netdevs.get(n, ()), tuple(devices.get(n, {}).values())) for n in names
-    }
+    return {n: RdmaDevice(n, netdevs.get(n, ()), tuple(devices.get(n, {}).values())) for n in names}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ def memory_problem(where: str, booting: int, available: int) -> str | None:
     if booting == 0 or need <= available:
         return None
     fits = max(0, (available - RESERVE_MIB) // HOST_MEMORY_MIB)
-    return (f"{where}: {booting} lab hosts to boot need about {need} MiB ({HOST_MEMORY_MIB} MiB each plus "
-            f"{RESERVE_MIB} MiB for the control side), but only {available} MiB is available "
-            f"(MemAvailable); room for {fits} more. Use an inventory with fewer hosts or free memory.")
+    return (
+        f"{where}: {booting} lab hosts to boot need about {need} MiB ({HOST_MEMORY_MIB} MiB each plus "
+        f"{RESERVE_MIB} MiB for the control side), but only {available} MiB is available "
+        f"(MemAvailable); room for {fits} more. Use an inventory with fewer hosts or free memory."
+    )

@@ -46,11 +46,17 @@ class Lab:
                 addr = ipaddress.IPv4Address(host.address)
             except ValueError:
                 raise ValidationError(
-                    f"{where}: ansible_host {host.address!r} is not an IPv4 address") from None
-            if addr not in NETWORK or str(addr) in (BRIDGE_ADDRESS, str(NETWORK.network_address),
-                                                     str(NETWORK.broadcast_address)):
-                raise ValidationError(f"{where}: ansible_host {addr} must be a host address in {NETWORK} "
-                                      f"other than the bridge's {BRIDGE_ADDRESS}")
+                    f"{where}: ansible_host {host.address!r} is not an IPv4 address"
+                ) from None
+            if addr not in NETWORK or str(addr) in (
+                BRIDGE_ADDRESS,
+                str(NETWORK.network_address),
+                str(NETWORK.broadcast_address),
+            ):
+                raise ValidationError(
+                    f"{where}: ansible_host {addr} must be a host address in {NETWORK} "
+                    f"other than the bridge's {BRIDGE_ADDRESS}"
+                )
             if str(addr) in seen:
                 raise ValidationError(f"{where}: address {addr} is also {seen[str(addr)]}'s")
             if len(host.name) > MAX_NAME:
@@ -169,8 +175,16 @@ def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> U
     return UpResult(tuple(hosts), caches.host_version, caches.apt_unavailable, time.monotonic() - started)
 
 
-def _bring_up_host(lab: Lab, state: LabState, host: LabHost, image_key: str, image: Path,
-                   all_hosts: Sequence[LabHost], client_pub: str, progress: Progress) -> None:
+def _bring_up_host(
+    lab: Lab,
+    state: LabState,
+    host: LabHost,
+    image_key: str,
+    image: Path,
+    all_hosts: Sequence[LabHost],
+    client_pub: str,
+    progress: Progress,
+) -> None:
     """Keep a healthy host running; otherwise clear its leftovers and boot it (on a fresh image: afresh)."""
     hd = labhosts.dirs(lab.paths, host.name)
     rec = state.hosts.get(host.name) or labhosts.unrecorded_container(hd)
@@ -248,7 +262,8 @@ def _wait_for_ssh(paths: LabPaths, state: LabState, hosts: Sequence[LabHost], pr
     if problems:
         detail = "; ".join(
             f"{name}: {why}\n{labhosts.login_evidence(labhosts.dirs(paths, name), state.hosts.get(name))}"
-            for name, why in problems.items())
+            for name, why in problems.items()
+        )
         raise LabError(f"lab hosts did not answer SSH within {SSH_TIMEOUT:.0f} s: {detail}")
 
 
@@ -317,8 +332,11 @@ class LabStatus:
     @property
     def healthy(self) -> bool:
         """Bridge up, every host running and reachable by SSH, every mirror answering."""
-        return self.bridge and all(h.running and h.ssh for h in self.hosts) and all(
-            m.running and m.answering for m in self.mirrors)
+        return (
+            self.bridge
+            and all(h.running and h.ssh for h in self.hosts)
+            and all(m.running and m.answering for m in self.mirrors)
+        )
 
 
 def status(lab: Lab) -> LabStatus:
@@ -329,8 +347,11 @@ def status(lab: Lab) -> LabStatus:
     hosts = []
     for host in lab.hosts():
         running = labhosts.host_running(state.hosts.get(host.name, HostRecord()))
-        ssh = running and paths.known_hosts.exists() and labhosts.ssh_ok(
-            host.address, paths.key_file, paths.known_hosts)
+        ssh = (
+            running
+            and paths.known_hosts.exists()
+            and labhosts.ssh_ok(host.address, paths.key_file, paths.known_hosts)
+        )
         hosts.append(HostStatus(host, running, ssh))
     found = []
     for kind, port in mirrors.SERVERS.items():

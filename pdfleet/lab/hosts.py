@@ -150,9 +150,17 @@ def host_public_keys(hd: HostDirs) -> list[str]:
 def nspawn_command(hd: HostDirs, name: str, bridge: str = BRIDGE) -> list[str]:
     """systemd-nspawn booting the overlay on the lab bridge, unregistered (no machined), console logged."""
     return [
-        "systemd-nspawn", "--boot", f"--directory={hd.root}", f"--machine={name}",
-        "--register=no", "--keep-unit", f"--network-bridge={bridge}",
-        "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=read-only",
+        "systemd-nspawn",
+        "--boot",
+        f"--directory={hd.root}",
+        f"--machine={name}",
+        "--register=no",
+        "--keep-unit",
+        f"--network-bridge={bridge}",
+        "--resolv-conf=off",
+        "--timezone=off",
+        "--link-journal=no",
+        "--console=read-only",
     ]
 
 
@@ -166,8 +174,10 @@ def start_host(hd: HostDirs, host: LabHost) -> HostRecord:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = hd.console_log.read_text(errors="replace").strip().splitlines()[-10:]
-            raise LabError(f"systemd-nspawn for {host.name} exited ({proc.returncode}); "
-                           f"see {hd.console_log}:\n" + "\n".join(tail))
+            raise LabError(
+                f"systemd-nspawn for {host.name} exited ({proc.returncode}); "
+                f"see {hd.console_log}:\n" + "\n".join(tail)
+            )
         for child in children(proc.pid):
             if namespace_pid(child) == 1:
                 return HostRecord(nspawn=nspawn, init=ProcessRef.of(child))
@@ -243,13 +253,22 @@ def ssh_client(address: str, key_file: Path, known_hosts: Path, timeout: float =
     client = paramiko.SSHClient()
     client.load_host_keys(str(known_hosts))
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    client.connect(address, username=LOGIN_USER, key_filename=str(key_file), look_for_keys=False,
-                   allow_agent=False, timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+    client.connect(
+        address,
+        username=LOGIN_USER,
+        key_filename=str(key_file),
+        look_for_keys=False,
+        allow_agent=False,
+        timeout=timeout,
+        banner_timeout=timeout,
+        auth_timeout=timeout,
+    )
     return client
 
 
-def ssh_run(address: str, key_file: Path, known_hosts: Path, command: str,
-            timeout: float = 20.0) -> tuple[int, str, str]:
+def ssh_run(
+    address: str, key_file: Path, known_hosts: Path, command: str, timeout: float = 20.0
+) -> tuple[int, str, str]:
     """Run one command on a lab host over SSH: (exit code, stdout, stderr)."""
     client = ssh_client(address, key_file, known_hosts, timeout)
     try:
@@ -278,12 +297,15 @@ def login_evidence(hd: HostDirs, rec: HostRecord | None, lines: int = 12) -> str
         tail = hd.console_log.read_text(errors="replace").strip().splitlines()[-lines:]
         parts.append("console:\n  " + "\n  ".join(tail))
     if rec is not None and rec.init is not None and rec.init.alive():
-        inside = (f"journalctl --no-pager -q -n {lines} -u ssh.service; "
-                  f"ls -ln /home/{LOGIN_USER} /home/{LOGIN_USER}/.ssh; "
-                  "echo system: $(systemctl is-system-running); systemctl list-jobs --no-pager | head -n 8; "
-                  "cat /run/nologin 2>/dev/null")
-        proc = run(["nsenter", f"--target={rec.init.pid}", "--mount", "--pid", "--", "sh", "-c", inside],
-                   check=False)
+        inside = (
+            f"journalctl --no-pager -q -n {lines} -u ssh.service; "
+            f"ls -ln /home/{LOGIN_USER} /home/{LOGIN_USER}/.ssh; "
+            "echo system: $(systemctl is-system-running); systemctl list-jobs --no-pager | head -n 8; "
+            "cat /run/nologin 2>/dev/null"
+        )
+        proc = run(
+            ["nsenter", f"--target={rec.init.pid}", "--mount", "--pid", "--", "sh", "-c", inside], check=False
+        )
         parts.append("inside:\n  " + "\n  ".join((proc.stdout + proc.stderr).strip().splitlines()))
     return "\n".join(parts)
 

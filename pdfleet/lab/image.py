@@ -21,8 +21,20 @@ FALLBACK_MIRROR = "http://deb.debian.org/debian"
 # What a "bare-metal" lab host has before pdfleet touches it (plus kmod/pciutils/procps, which
 # hardware detection and facts read on any real Debian server).
 PACKAGES: tuple[str, ...] = (
-    "systemd", "systemd-sysv", "dbus", "libpam-systemd", "openssh-server", "python3", "python3-venv",
-    "sudo", "curl", "ca-certificates", "iproute2", "procps", "kmod", "pciutils",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "libpam-systemd",
+    "openssh-server",
+    "python3",
+    "python3-venv",
+    "sudo",
+    "curl",
+    "ca-certificates",
+    "iproute2",
+    "procps",
+    "kmod",
+    "pciutils",
 )
 # Bump when the customisation below changes, so cached images are rebuilt.
 RECIPE_VERSION = 4
@@ -101,14 +113,26 @@ def ensure_image(image_dir: Path, recipe: ImageRecipe, progress: Progress) -> Pa
     rootfs.mkdir(parents=True)
     progress(f"image {recipe.key}: debootstrap {recipe.suite} from {recipe.mirror} (cold: about a minute)")
     run_streaming(
-        ["debootstrap", "--variant=minbase", f"--include={','.join(recipe.packages)}",
-         f"--cache-dir={debs}", recipe.suite, str(rootfs), recipe.mirror],
-        "debootstrap", progress, partial / "debootstrap.log",
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(recipe.packages)}",
+            f"--cache-dir={debs}",
+            recipe.suite,
+            str(rootfs),
+            recipe.mirror,
+        ],
+        "debootstrap",
+        progress,
+        partial / "debootstrap.log",
     )
     progress(f"image {recipe.key}: customising (user {LOGIN_USER}, sshd, networkd)")
     customise(rootfs)
-    atomic_write(partial / "COMPLETE", json.dumps({"suite": recipe.suite, "mirror": recipe.mirror,
-                                                   "packages": sorted(recipe.packages)}) + "\n")
+    atomic_write(
+        partial / "COMPLETE",
+        json.dumps({"suite": recipe.suite, "mirror": recipe.mirror, "packages": sorted(recipe.packages)})
+        + "\n",
+    )
     partial.rename(final)
     return final / "rootfs"
 

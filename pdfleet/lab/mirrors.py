@@ -48,7 +48,9 @@ from pdfleet.lab.system import (
 HOST_PYTHON = "3.11"
 HOST_ABI = "cp311"
 HOST_PLATFORMS: tuple[str, ...] = (
-    "manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux2014_x86_64",
     *(f"manylinux_2_{minor}_x86_64" for minor in range(5, 37)),
 )
 # Served beside the runtime requirements so a host venv can upgrade its packaging tools offline.
@@ -102,8 +104,9 @@ _MISSING = (
 )
 
 
-def build_apt_mirror(paths: LabPaths, recipe: ImageRecipe, image_root: Path, wanted: Iterable[str],
-                     progress: Progress) -> AptMirrorResult:
+def build_apt_mirror(
+    paths: LabPaths, recipe: ImageRecipe, image_root: Path, wanted: Iterable[str], progress: Progress
+) -> AptMirrorResult:
     """A flat repository of `wanted` and their dependencies not already in the image (cached by key)."""
     wanted = tuple(sorted(set(wanted)))
     key = hashlib.sha256(json.dumps([recipe.key, wanted]).encode()).hexdigest()[:16]
@@ -135,8 +138,10 @@ def build_apt_mirror(paths: LabPaths, recipe: ImageRecipe, image_root: Path, wan
         missing = {m.group(1) for rx in _MISSING for m in rx.finditer(proc.stderr)}
         missing = {name.split("=")[0] for name in missing} & set(remaining)
         if not missing:
-            raise LabError("apt-get could not resolve the roles' packages for the lab mirror:\n"
-                           + "\n".join(proc.stderr.strip().splitlines()[-15:]))
+            raise LabError(
+                "apt-get could not resolve the roles' packages for the lab mirror:\n"
+                + "\n".join(proc.stderr.strip().splitlines()[-15:])
+            )
         unavailable += sorted(missing)
         remaining = [name for name in remaining if name not in missing]
     if unavailable:
@@ -144,8 +149,10 @@ def build_apt_mirror(paths: LabPaths, recipe: ImageRecipe, image_root: Path, wan
     shutil.rmtree(partial / "partial", ignore_errors=True)
     _index_apt(partial)
     debs = sorted(p.name for p in partial.glob("*.deb"))
-    atomic_write(partial / "pdfleet-lab.json", json.dumps({"packages": wanted, "unavailable": unavailable,
-                                                           "debs": debs}, indent=1) + "\n")
+    atomic_write(
+        partial / "pdfleet-lab.json",
+        json.dumps({"packages": wanted, "unavailable": unavailable, "debs": debs}, indent=1) + "\n",
+    )
     shutil.rmtree(final, ignore_errors=True)
     partial.rename(final)
     _point(paths.apt_served, final)
@@ -158,8 +165,14 @@ def _index_apt(repo: Path) -> None:
     packages = run(["dpkg-scanpackages", "--multiversion", ".", "/dev/null"], cwd=repo).stdout
     atomic_write(repo / "Packages", packages)
     atomic_write(repo / "Packages.gz", gzip.compress(packages.encode(), mtime=0))
-    lines = ["Origin: pdfleet-lab", "Label: pdfleet-lab", "Suite: lab", "Codename: lab",
-             f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}", "SHA256:"]
+    lines = [
+        "Origin: pdfleet-lab",
+        "Label: pdfleet-lab",
+        "Suite: lab",
+        "Codename: lab",
+        f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}",
+        "SHA256:",
+    ]
     for name in ("Packages", "Packages.gz"):
         data = (repo / name).read_bytes()
         lines.append(f" {hashlib.sha256(data).hexdigest()} {len(data)} {name}")
@@ -199,11 +212,29 @@ def build_pypi_deps(paths: LabPaths, progress: Progress) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     atomic_write(partial / "requirements.txt", "\n".join(reqs) + "\n")
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(partial),
-           "--only-binary=:all:", "--python-version", HOST_PYTHON, "--implementation", "cp",
-           "--abi", HOST_ABI, "--abi", "abi3", "--abi", "none",
-           *(arg for plat in HOST_PLATFORMS for arg in ("--platform", plat)),
-           "--requirement", str(partial / "requirements.txt")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--dest",
+        str(partial),
+        "--only-binary=:all:",
+        "--python-version",
+        HOST_PYTHON,
+        "--implementation",
+        "cp",
+        "--abi",
+        HOST_ABI,
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        *(arg for plat in HOST_PLATFORMS for arg in ("--platform", plat)),
+        "--requirement",
+        str(partial / "requirements.txt"),
+    ]
     progress(f"pypi deps {key}: downloading wheels for {len(reqs)} requirements (cold: about a minute)")
     run_streaming(cmd, "pip download", progress, partial / "pip.log")
     atomic_write(partial / "COMPLETE", "")
@@ -265,14 +296,18 @@ def write_simple_index(root: Path) -> None:
     fresh = simple.with_name(".simple.new")
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(parents=True)
-    page = ('<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.0"></head>'
-            "<body>\n{}</body></html>\n")
+    page = (
+        '<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.0"></head>'
+        "<body>\n{}</body></html>\n"
+    )
     top = "".join(f'<a href="{p}/">{p}</a><br>\n' for p in sorted(by_project))
     (fresh / "index.html").write_text(page.format(top))
     for project, files in by_project.items():
         links = "".join(
             f'<a href="../../packages/{escape(f.name)}#sha256={hashlib.sha256(f.read_bytes()).hexdigest()}">'
-            f"{escape(f.name)}</a><br>\n" for f in files)
+            f"{escape(f.name)}</a><br>\n"
+            for f in files
+        )
         (fresh / project).mkdir()
         (fresh / project / "index.html").write_text(page.format(links))
     old = simple.with_name(".simple.old")
@@ -294,8 +329,16 @@ def served_directory(paths: LabPaths, kind: str) -> Path:
 
 def server_command(paths: LabPaths, kind: str) -> list[str]:
     """A static HTTP server bound to the bridge address only."""
-    return [sys.executable, "-m", "http.server", "--bind", BRIDGE_ADDRESS,
-            "--directory", str(served_directory(paths, kind)), str(SERVERS[kind])]
+    return [
+        sys.executable,
+        "-m",
+        "http.server",
+        "--bind",
+        BRIDGE_ADDRESS,
+        "--directory",
+        str(served_directory(paths, kind)),
+        str(SERVERS[kind]),
+    ]
 
 
 def start_server(paths: LabPaths, kind: str, existing: ProcessRef | None) -> ProcessRef:
@@ -304,8 +347,10 @@ def start_server(paths: LabPaths, kind: str, existing: ProcessRef | None) -> Pro
         return existing
     port = SERVERS[kind]
     if tcp_open(BRIDGE_ADDRESS, port, 0.5):
-        raise LabError(f"port {BRIDGE_ADDRESS}:{port} is taken by a process lab.up did not start; "
-                       f"stop it (see `ss -ltnp 'sport = :{port}'`) and run lab.up again.")
+        raise LabError(
+            f"port {BRIDGE_ADDRESS}:{port} is taken by a process lab.up did not start; "
+            f"stop it (see `ss -ltnp 'sport = :{port}'`) and run lab.up again."
+        )
     proc = start_detached(server_command(paths, kind), paths.run_dir / f"{kind}-mirror.log")
     ref = ProcessRef.of(proc.pid)
     if ref is None or not wait_tcp(BRIDGE_ADDRESS, port, 10.0):

@@ -57,6 +57,8 @@ def lab_route_problem(addresses: Iterable[str]) -> str | None:
         except ValueError:  # a host name: not a lab address
             continue
     if on_lab and not link_exists(BRIDGE):
-        return (f"{', '.join(on_lab)} {'is' if len(on_lab) == 1 else 'are'} on the lab network {NETWORK}, "
-                f"but the lab is down (no bridge {BRIDGE}); run `invoke lab.up` first")
+        return (
+            f"{', '.join(on_lab)} {'is' if len(on_lab) == 1 else 'are'} on the lab network {NETWORK}, "
+            f"but the lab is down (no bridge {BRIDGE}); run `invoke lab.up` first"
+        )
     return None

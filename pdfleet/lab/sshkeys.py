@@ -15,8 +15,9 @@ HOST_KEY_TYPES: tuple[str, ...] = ("ed25519", "ecdsa")
 
 
 def _private_openssh(key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
 
 
 def _public_openssh(key: ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey, comment: str) -> str:

@@ -18,8 +18,10 @@ class HostRecord:
     init: ProcessRef | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"nspawn": self.nspawn.to_json() if self.nspawn else None,
-                "init": self.init.to_json() if self.init else None}
+        return {
+            "nspawn": self.nspawn.to_json() if self.nspawn else None,
+            "init": self.init.to_json() if self.init else None,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HostRecord:
@@ -44,8 +46,9 @@ class LabState:
         except (FileNotFoundError, ValueError):
             return cls(path)
         inventory = data.get("inventory")
-        state = cls(path, bridge=bool(data.get("bridge")),
-                    inventory=inventory if isinstance(inventory, str) else None)
+        state = cls(
+            path, bridge=bool(data.get("bridge")), inventory=inventory if isinstance(inventory, str) else None
+        )
         for name, rec in (data.get("hosts") or {}).items():
             state.hosts[name] = HostRecord.from_json(rec)
         for name, ref in (data.get("servers") or {}).items():

@@ -43,8 +43,10 @@ def preflight(tools: Sequence[str] = tuple(REQUIRED_TOOLS)) -> None:
     if not sys.platform.startswith("linux"):
         raise LabError(f"the lab needs Linux (systemd-nspawn containers); this is {sys.platform}.")
     if os.geteuid() != 0:
-        raise LabError("the lab needs root (it creates a bridge, overlay mounts and containers, and its "
-                       "state under /var/lib/pdfleet-lab is root's); run the task as root, e.g. with sudo.")
+        raise LabError(
+            "the lab needs root (it creates a bridge, overlay mounts and containers, and its "
+            "state under /var/lib/pdfleet-lab is root's); run the task as root, e.g. with sudo."
+        )
     missing = sorted({REQUIRED_TOOLS.get(t, t) for t in tools if shutil.which(t) is None})
     if missing:
         fix = f"apt-get install -y {' '.join(missing)}"
@@ -69,8 +71,10 @@ def exclusive(progress: Progress, lock_file: Path = LOCK_FILE, timeout: float = 
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise LabError(f"another lab.up or lab.down has held {lock_file} for {timeout:.0f} s; "
-                                   "wait for it to finish.") from None
+                    raise LabError(
+                        f"another lab.up or lab.down has held {lock_file} for {timeout:.0f} s; "
+                        "wait for it to finish."
+                    ) from None
                 if not told:
                     progress("waiting for another lab.up or lab.down to finish")
                     told = True
@@ -81,8 +85,14 @@ def exclusive(progress: Progress, lock_file: Path = LOCK_FILE, timeout: float = 
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def run(cmd: Sequence[str], *, check: bool = True, input_text: str | None = None,
-        env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    cmd: Sequence[str],
+    *,
+    check: bool = True,
+    input_text: str | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run a command, capturing output; a failure becomes a LabError quoting its stderr."""
     proc = subprocess.run(list(cmd), capture_output=True, text=True, input=input_text, env=env, cwd=cwd)
     if check and proc.returncode != 0:
@@ -91,14 +101,26 @@ def run(cmd: Sequence[str], *, check: bool = True, input_text: str | None = None
     return proc
 
 
-def run_streaming(cmd: Sequence[str], label: str, progress: Progress, log_path: Path,
-                  env: dict[str, str] | None = None, every: float = 3.0) -> None:
+def run_streaming(
+    cmd: Sequence[str],
+    label: str,
+    progress: Progress,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    every: float = 3.0,
+) -> None:
     """Run a long command, logging all output to a file and reporting its latest line now and then."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = last = time.monotonic()
     with log_path.open("w") as log:
-        proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=env, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             log.write(line)
@@ -169,7 +191,7 @@ def _stat_fields(pid: int) -> list[str] | None:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # The command name may contain spaces and parentheses; fields resume after the last ')'.
-    return raw[raw.rfind(")") + 2:].split()
+    return raw[raw.rfind(")") + 2 :].split()
 
 
 def _start_time(pid: int) -> int | None:
@@ -208,8 +230,14 @@ def start_detached(cmd: Sequence[str], log_path: Path) -> subprocess.Popen[bytes
     """Start a process in its own session, outliving this one, with output to a log file."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
-        return subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
+        return subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
 
 
 def is_mounted(path: Path) -> bool:

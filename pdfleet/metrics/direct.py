@@ -81,8 +81,9 @@ def _group(labels: Labels, by: Sequence[str]) -> tuple[str, ...]:
 class DirectScrape:
     """Reads `targets` directly; keeps its own scrape history to compute windowed figures."""
 
-    def __init__(self, targets: Sequence[Target], timeout: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, targets: Sequence[Target], timeout: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.targets = tuple(targets)
         self.timeout = timeout
         self.clock = clock
@@ -105,8 +106,9 @@ class DirectScrape:
             try:
                 parsed = parse_exposition(self._fetch(target), target.labels)
             except ValueError as err:
-                raise MetricsUnavailable(f"{target.url} did not answer in Prometheus's text format "
-                                         f"({err})") from None
+                raise MetricsUnavailable(
+                    f"{target.url} did not answer in Prometheus's text format ({err})"
+                ) from None
             samples.update(parsed)
         now = self.clock()
         snap = Scrape(now, samples)
@@ -122,8 +124,10 @@ class DirectScrape:
         old_enough = [s for s in earlier if end.at - s.at >= shortest]
         if not old_enough:
             oldest = f"the oldest is {end.at - earlier[0].at:.0f} s old" if earlier else "there is none"
-            raise SeriesAbsent(f"direct scrape: no earlier scrape {window} s ago to compare with ({oldest}); "
-                               "scrape() when the window starts")
+            raise SeriesAbsent(
+                f"direct scrape: no earlier scrape {window} s ago to compare with ({oldest}); "
+                "scrape() when the window starts"
+            )
         return old_enough[-1], end
 
     @staticmethod
@@ -132,8 +136,9 @@ class DirectScrape:
             raise SeriesAbsent(f"no target exports {describe(name, match)}")
 
     @staticmethod
-    def _deltas(start: Scrape, end: Scrape, name: str,
-                match: Mapping[str, str] | None) -> dict[Labels, float]:
+    def _deltas(
+        start: Scrape, end: Scrape, name: str, match: Mapping[str, str] | None
+    ) -> dict[Labels, float]:
         """Increase per series between two scrapes; a counter that fell was reset and counts from 0."""
         out = {}
         for (n, labels), value in end.samples.items():
@@ -143,8 +148,14 @@ class DirectScrape:
             out[labels] = value - before if value >= before else value
         return out
 
-    def quantile(self, q: float, histogram: str, window_s: float, by: Sequence[str] = (),
-                 match: Mapping[str, str] | None = None) -> Result:
+    def quantile(
+        self,
+        q: float,
+        histogram: str,
+        window_s: float,
+        by: Sequence[str] = (),
+        match: Mapping[str, str] | None = None,
+    ) -> Result:
         check_quantile(q)
         check_labels(by, match)
         buckets_name = check_metric(histogram) + "_bucket"
@@ -158,8 +169,9 @@ class DirectScrape:
         result = {k: bucket_quantile(q, list(b.items())) for k, b in groups.items()}
         return without_nan(result, f"P{q * 100:g} of {describe(histogram, match)}", window_s)
 
-    def _grown(self, counter: str, window_s: float, by: Sequence[str],
-               match: Mapping[str, str] | None) -> tuple[Result, float]:
+    def _grown(
+        self, counter: str, window_s: float, by: Sequence[str], match: Mapping[str, str] | None
+    ) -> tuple[Result, float]:
         """Increase per group and the seconds between the two scrapes compared."""
         check_labels(by, match)
         check_metric(counter)
@@ -171,12 +183,14 @@ class DirectScrape:
             out[key] = out.get(key, 0.0) + delta
         return out, end.at - start.at
 
-    def increase(self, counter: str, window_s: float, by: Sequence[str] = (),
-                 match: Mapping[str, str] | None = None) -> Result:
+    def increase(
+        self, counter: str, window_s: float, by: Sequence[str] = (), match: Mapping[str, str] | None = None
+    ) -> Result:
         return self._grown(counter, window_s, by, match)[0]
 
-    def rate(self, counter: str, window_s: float, by: Sequence[str] = (),
-             match: Mapping[str, str] | None = None) -> Result:
+    def rate(
+        self, counter: str, window_s: float, by: Sequence[str] = (), match: Mapping[str, str] | None = None
+    ) -> Result:
         grown, span = self._grown(counter, window_s, by, match)
         return {k: v / span for k, v in grown.items()}
 

@@ -70,17 +70,21 @@ class PrometheusClient:
         except urllib.error.HTTPError as err:
             body = err.read()
             if err.code not in (400, 422, 503):
-                raise MetricsUnavailable(f"Prometheus at {self.base_url} answered HTTP {err.code} "
-                                         f"to {what}") from None
+                raise MetricsUnavailable(
+                    f"Prometheus at {self.base_url} answered HTTP {err.code} to {what}"
+                ) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
             reason = getattr(err, "reason", err)
-            raise MetricsUnavailable(f"Prometheus at {self.base_url} is not answering ({reason}); is the "
-                                     "monitoring host up (invoke provision --roles monitoring)?") from None
+            raise MetricsUnavailable(
+                f"Prometheus at {self.base_url} is not answering ({reason}); is the "
+                "monitoring host up (invoke provision --roles monitoring)?"
+            ) from None
         try:
             doc = json.loads(body)
         except ValueError:
-            raise MetricsUnavailable(f"{self.base_url} did not answer as Prometheus's API does "
-                                     f"(not JSON) to {what}") from None
+            raise MetricsUnavailable(
+                f"{self.base_url} did not answer as Prometheus's API does (not JSON) to {what}"
+            ) from None
         if not isinstance(doc, dict) or doc.get("status") != "success":
             error = doc.get("error", "no reason given") if isinstance(doc, dict) else "no reason given"
             raise QueryError(f"Prometheus at {self.base_url} refused {what}: {error}")
@@ -107,8 +111,10 @@ class PrometheusClient:
             raise QueryError(f"range {start}..{end} step {step_s}: needs end >= start and step > 0")
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"}
         data = self._get("/api/v1/query_range", params)
-        return [Series(dict(r["metric"]), tuple((float(t), _number(v)) for t, v in r["values"]))
-                for r in data["result"]]
+        return [
+            Series(dict(r["metric"]), tuple((float(t), _number(v)) for t, v in r["values"]))
+            for r in data["result"]
+        ]
 
     def targets(self) -> list[dict[str, Any]]:
         """The active scrape targets (`/api/v1/targets`): labels, health, last error."""
@@ -133,8 +139,10 @@ class PrometheusClient:
         """An instant query's samples keyed by the `by` label values; SeriesAbsent when none."""
         samples = self.instant(expr, at)
         if not samples:
-            raise SeriesAbsent(f"Prometheus at {self.base_url} has no series for {what} (not scraped, "
-                               "not exported by the pinned release, or a label matches nothing)")
+            raise SeriesAbsent(
+                f"Prometheus at {self.base_url} has no series for {what} (not scraped, "
+                "not exported by the pinned release, or a label matches nothing)"
+            )
         out: Result = {}
         for s in samples:
             out[tuple(s.labels.get(name, "") for name in by)] = s.value
@@ -143,18 +151,26 @@ class PrometheusClient:
     def _ensure_exists(self, metric: str, match: Mapping[str, str] | None) -> None:
         """Raise SeriesAbsent when no target exports the series at all (not just no recent change)."""
         if not self.instant(f"count({selector(metric, match)})"):
-            raise SeriesAbsent(f"Prometheus at {self.base_url} has no series {describe(metric, match)} "
-                               "(not scraped, or not exported by the pinned release)")
+            raise SeriesAbsent(
+                f"Prometheus at {self.base_url} has no series {describe(metric, match)} "
+                "(not scraped, or not exported by the pinned release)"
+            )
 
-    def quantile(self, q: float, histogram: str, window_s: float, by: Sequence[str] = (),
-                 match: Mapping[str, str] | None = None, at: float | None = None) -> Result:
+    def quantile(
+        self,
+        q: float,
+        histogram: str,
+        window_s: float,
+        by: Sequence[str] = (),
+        match: Mapping[str, str] | None = None,
+        at: float | None = None,
+    ) -> Result:
         check_quantile(q)
         check_labels(by, match)
         window = check_window(window_s)
         buckets = f"{histogram}_bucket"
         group = ", ".join(["le", *by])
-        expr = (f"histogram_quantile({q:g}, sum by ({group}) "
-                f"(rate({selector(buckets, match)}[{window}s])))")
+        expr = f"histogram_quantile({q:g}, sum by ({group}) (rate({selector(buckets, match)}[{window}s])))"
         what = f"P{q * 100:g} of {describe(histogram, match)}"
         try:
             result = self.grouped(expr, by, what, at)
@@ -163,16 +179,35 @@ class PrometheusClient:
             raise SeriesAbsent(f"{what}: no observation in the last {window} s") from None
         return without_nan(result, what, window)
 
-    def rate(self, counter: str, window_s: float, by: Sequence[str] = (),
-             match: Mapping[str, str] | None = None, at: float | None = None) -> Result:
+    def rate(
+        self,
+        counter: str,
+        window_s: float,
+        by: Sequence[str] = (),
+        match: Mapping[str, str] | None = None,
+        at: float | None = None,
+    ) -> Result:
         return self._over_window("rate", counter, window_s, by, match, at)
 
-    def increase(self, counter: str, window_s: float, by: Sequence[str] = (),
-                 match: Mapping[str, str] | None = None, at: float | None = None) -> Result:
+    def increase(
+        self,
+        counter: str,
+        window_s: float,
+        by: Sequence[str] = (),
+        match: Mapping[str, str] | None = None,
+        at: float | None = None,
+    ) -> Result:
         return self._over_window("increase", counter, window_s, by, match, at)
 
-    def _over_window(self, fn: str, counter: str, window_s: float, by: Sequence[str],
-                     match: Mapping[str, str] | None, at: float | None) -> Result:
+    def _over_window(
+        self,
+        fn: str,
+        counter: str,
+        window_s: float,
+        by: Sequence[str],
+        match: Mapping[str, str] | None,
+        at: float | None,
+    ) -> Result:
         check_labels(by, match)
         window = check_window(window_s)
         expr = f"sum by ({', '.join(by)}) ({fn}({selector(counter, match)}[{window}s]))"
@@ -182,12 +217,18 @@ class PrometheusClient:
         except SeriesAbsent:
             self._ensure_exists(counter, match)
             # exported, but too few samples in the window to compute a rate (just started)
-            raise SeriesAbsent(f"{what}: fewer than two samples in the window (scraped too recently)"
-                               ) from None
+            raise SeriesAbsent(
+                f"{what}: fewer than two samples in the window (scraped too recently)"
+            ) from None
         return {k: v for k, v in result.items() if not math.isnan(v)}
 
-    def value(self, gauge: str, by: Sequence[str] = (), match: Mapping[str, str] | None = None,
-              at: float | None = None) -> Result:
+    def value(
+        self,
+        gauge: str,
+        by: Sequence[str] = (),
+        match: Mapping[str, str] | None = None,
+        at: float | None = None,
+    ) -> Result:
         check_labels(by, match)
         expr = f"sum by ({', '.join(by)}) ({selector(gauge, match)})"
         return self.grouped(expr, by, describe(gauge, match), at)

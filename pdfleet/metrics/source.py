@@ -41,18 +41,26 @@ class QueryError(MetricsError):
 class MetricsSource(Protocol):
     """Windowed figures over metric series, grouped by labels (`pool`, `role`, `host`, `length_class`...)."""
 
-    def quantile(self, q: float, histogram: str, window_s: float, by: Sequence[str] = (),
-                 match: Mapping[str, str] | None = None) -> Result:
+    def quantile(
+        self,
+        q: float,
+        histogram: str,
+        window_s: float,
+        by: Sequence[str] = (),
+        match: Mapping[str, str] | None = None,
+    ) -> Result:
         """The q-quantile (0..1) of a histogram's observations in the last window_s seconds, per group."""
         ...
 
-    def rate(self, counter: str, window_s: float, by: Sequence[str] = (),
-             match: Mapping[str, str] | None = None) -> Result:
+    def rate(
+        self, counter: str, window_s: float, by: Sequence[str] = (), match: Mapping[str, str] | None = None
+    ) -> Result:
         """Per-second increase of a counter (its exposed name, `_total` included) over the window."""
         ...
 
-    def increase(self, counter: str, window_s: float, by: Sequence[str] = (),
-                 match: Mapping[str, str] | None = None) -> Result:
+    def increase(
+        self, counter: str, window_s: float, by: Sequence[str] = (), match: Mapping[str, str] | None = None
+    ) -> Result:
         """How much a counter (or a histogram's `_count`) grew over the window, per group."""
         ...
 

@@ -66,6 +66,7 @@ MOONCAKE = "MooncakeConnector"
 NIXL_SIDE_CHANNEL_HOST = "localhost"
 NIXL_SIDE_CHANNEL_PORT = 5600
 
+
 @dataclass(frozen=True)
 class ConnectorProblem:
     """Why a connector name cannot be used with a pinned vLLM version."""

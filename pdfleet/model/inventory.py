@@ -283,8 +283,10 @@ def host_name_problem(name: str) -> str | None:
         return None
     except ValueError:
         pass
-    return (f"{excerpt(name)} is not a host name: use letters, digits, '-' and '_' in dot-separated labels "
-            "(as Ansible's inventory does) or an IP address")
+    return (
+        f"{excerpt(name)} is not a host name: use letters, digits, '-' and '_' in dot-separated labels "
+        "(as Ansible's inventory does) or an IP address"
+    )
 
 
 def _opt_str(merged: dict[str, tuple[Any, str]], key: str, state: _Parse) -> str | None:

@@ -49,8 +49,10 @@ class MonitoringSpec(BaseModel):
     def _window_covers_scrapes(self) -> MonitoringSpec:
         """rate() needs at least two samples in its window; four scrapes make it robust to one missed."""
         if self.rule_window_s < 4 * self.scrape_interval_s:
-            raise ValueError(f"rule_window_s ({self.rule_window_s}) must be at least 4 × scrape_interval_s "
-                             f"({4 * self.scrape_interval_s}): rates need several scrapes in their window")
+            raise ValueError(
+                f"rule_window_s ({self.rule_window_s}) must be at least 4 × scrape_interval_s "
+                f"({4 * self.scrape_interval_s}): rates need several scrapes in their window"
+            )
         return self
 
 

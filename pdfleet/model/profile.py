@@ -51,8 +51,10 @@ def _host_path(value: str) -> str:
     """A path on the hosts must be absolute and normalised: `invoke render` writes it under --out, and
     provision installs it, so `..`, `.`, `//` or a relative path could land anywhere."""
     if not value.startswith("/") or value == "/" or "//" in value or posixpath.normpath(value) != value:
-        raise ValueError(f"must be an absolute, normalised path like /etc/pdfleet/gateway/keys.yaml "
-                         f"(no '..', '.', '//' or trailing '/') (got {value!r})")
+        raise ValueError(
+            f"must be an absolute, normalised path like /etc/pdfleet/gateway/keys.yaml "
+            f"(no '..', '.', '//' or trailing '/') (got {value!r})"
+        )
     return value
 
 
@@ -224,7 +226,12 @@ class Mirrors(_Model):
 # vllm-router 0.1.17's choices for --policy, --prefill-policy and --decode-policy (its launcher's list;
 # each starts and routes in P/D mode). `rendezvous_hash`, named in the router's docs, is not among them.
 ROUTER_POLICIES = (
-    "random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+    "random",
+    "round_robin",
+    "cache_aware",
+    "kv_aware",
+    "power_of_two",
+    "consistent_hash",
     "sticky_least_loaded",
 )
 # round_robin: a counter, no work per prompt; cache_aware (the router's default) walks a prefix tree over
@@ -376,14 +383,12 @@ class Profile(_Model):
         return spec.kv_role if spec is not None and self.disaggregated else None
 
 
-
 class ProfileError(ValidationError):
     """A profile that does not validate; `problems` holds one `file: key.path: message` line each."""
 
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("\n".join(problems))
-
 
 
 Origins = dict[tuple[str, ...], Path]

@@ -93,8 +93,13 @@ def _find_base(name: str, path: Path, profiles_dir: Path | None) -> Path:
         if found is not None and found.resolve() != path.resolve():
             return found
     names = sorted(
-        {p.stem for folder in folders if folder.is_dir() for p in folder.iterdir()
-         if p.suffix in PROFILE_SUFFIXES and p.is_file()}
+        {
+            p.stem
+            for folder in folders
+            if folder.is_dir()
+            for p in folder.iterdir()
+            if p.suffix in PROFILE_SUFFIXES and p.is_file()
+        }
     )
     where = " or ".join(str(folder) for folder in folders)
     raise ProfileError(
@@ -142,6 +147,7 @@ def load_profile(name_or_path: str, profiles_dir: Path) -> Profile:
             {**data, "name": path.stem, "source": path, "extends": _extends(path)}
         )
     except PydanticValidationError as exc:
+
         def file_of(key: str) -> Path:
             return origin_of(key, path, origins)
 

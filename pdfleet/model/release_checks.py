@@ -34,10 +34,18 @@ def _config_key_problems(profile: Profile, rel: Release) -> Iterable[tuple[str, 
     for key, attr in OPTIONAL_CONFIG_KEYS.items():
         path = f"kv_transfer.{attr}"
         if getattr(profile.kv_transfer, attr) is not None and key not in keys:
-            fate = "refuses it at start" if rel.kv_transfer_config.unknown_keys == "forbid" else (
-                "ignores it without a word")
-            yield path, (f"vLLM {rel.version} has no kv_transfer_config.{key} ({src}) and {fate}; "
-                         "remove it or pin a release that has it")
+            fate = (
+                "refuses it at start"
+                if rel.kv_transfer_config.unknown_keys == "forbid"
+                else ("ignores it without a word")
+            )
+            yield (
+                path,
+                (
+                    f"vLLM {rel.version} has no kv_transfer_config.{key} ({src}) and {fate}; "
+                    "remove it or pin a release that has it"
+                ),
+            )
 
 
 def _buffer_device_problems(profile: Profile, rel: Release) -> Iterable[tuple[str, str]]:
@@ -45,24 +53,36 @@ def _buffer_device_problems(profile: Profile, rel: Release) -> Iterable[tuple[st
     kv = profile.kv_transfer
     allowed = rel.buffer_devices_on("cuda")
     if kv.connector == NIXL and kv.buffer_device not in allowed:
-        yield "kv_transfer.buffer_device", (
-            f"vLLM {rel.version}'s NixlConnector fails at start with kv_buffer_device {kv.buffer_device!r} "
-            f"on CUDA (allowed: {', '.join(allowed)}; {rel.buffer_devices.source})")
+        yield (
+            "kv_transfer.buffer_device",
+            (
+                f"vLLM {rel.version}'s NixlConnector fails at start with "
+                f"kv_buffer_device {kv.buffer_device!r} "
+                f"on CUDA (allowed: {', '.join(allowed)}; {rel.buffer_devices.source})"
+            ),
+        )
 
 
 def _extra_config_problems(profile: Profile, rel: Release) -> Iterable[tuple[str, str]]:
     """kv_transfer.extra_config keys the connector of this release never reads (a typo or another era)."""
     kv = profile.kv_transfer
-    extra = rel.nixl_extra_config if kv.connector == NIXL else (
-        rel.mooncake_extra_config if kv.connector == MOONCAKE else None)
+    extra = (
+        rel.nixl_extra_config
+        if kv.connector == NIXL
+        else (rel.mooncake_extra_config if kv.connector == MOONCAKE else None)
+    )
     if extra is None:
         return
     known = {k.name for k in extra.keys}
     for key in kv.extra_config:
         if key not in known:
-            yield f"kv_transfer.extra_config.{key}", (
-                f"{kv.connector} in vLLM {rel.version} reads no kv_connector_extra_config.{key} "
-                f"(it reads {', '.join(sorted(known))})")
+            yield (
+                f"kv_transfer.extra_config.{key}",
+                (
+                    f"{kv.connector} in vLLM {rel.version} reads no kv_connector_extra_config.{key} "
+                    f"(it reads {', '.join(sorted(known))})"
+                ),
+            )
 
 
 def _chunked_prefill_problems(profile: Profile, rel: Release) -> Iterable[tuple[str, str]]:
@@ -71,6 +91,11 @@ def _chunked_prefill_problems(profile: Profile, rel: Release) -> Iterable[tuple[
         return
     for pool, spec in profile.pools.items():
         if not spec.enable_chunked_prefill:
-            yield f"pools.{pool}.enable_chunked_prefill", (
-                f"vLLM {rel.version} forces chunked prefill on for generative models whatever the flag says "
-                f"({rel.chunked_prefill.source}); set it true, or pin a release that honours false")
+            yield (
+                f"pools.{pool}.enable_chunked_prefill",
+                (
+                    f"vLLM {rel.version} forces chunked prefill on for generative models "
+                    "whatever the flag says "
+                    f"({rel.chunked_prefill.source}); set it true, or pin a release that honours false"
+                ),
+            )

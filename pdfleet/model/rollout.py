@@ -24,7 +24,10 @@ CLASS_METRICS = ("ttft", "itl", "request", "error_rate", "stalls")
 QUANTILE_METRICS = ("ttft", "itl", "request", "tpot", "kv_transfer")
 # Which SLO field `max: slo` means for a metric (P99 targets, in ms).
 SLO_FIELD = {
-    "ttft": "ttft_p99_ms", "tpot": "tpot_p99_ms", "itl": "itl_p99_ms", "kv_transfer": "kv_transfer_p99_ms",
+    "ttft": "ttft_p99_ms",
+    "tpot": "tpot_p99_ms",
+    "itl": "itl_p99_ms",
+    "kv_transfer": "kv_transfer_p99_ms",
 }
 
 
@@ -127,11 +130,15 @@ def rollout_problems(spec: RolloutSpec, stages: Mapping[str, StageSpec]) -> Iter
         for (_, a), (i, b) in zip(weights, weights[1:], strict=False):
             for cls in LENGTH_CLASSES:
                 if getattr(b, cls) < getattr(a, cls):
-                    yield (f"{where}.steps[{i}].set_weight.{cls}",
-                           f"lowers {cls} from {getattr(a, cls)} to {getattr(b, cls)}; a ramp only rises "
-                           "(rollback is the controller's job)")
+                    yield (
+                        f"{where}.steps[{i}].set_weight.{cls}",
+                        f"lowers {cls} from {getattr(a, cls)} to {getattr(b, cls)}; a ramp only rises "
+                        "(rollback is the controller's job)",
+                    )
         last_i, last = weights[-1]
         if last != stages[target]:
-            yield (f"{where}.steps[{last_i}].set_weight",
-                   f"the last weights {last.model_dump()} differ from gateway.stages.{target} "
-                   f"{stages[target].model_dump()}; a plan must end at its stage")
+            yield (
+                f"{where}.steps[{last_i}].set_weight",
+                f"the last weights {last.model_dump()} differ from gateway.stages.{target} "
+                f"{stages[target].model_dump()}; a plan must end at its stage",
+            )

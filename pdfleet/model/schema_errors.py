@@ -83,8 +83,10 @@ def _not_a_string(value: Any, show_values: bool) -> str | None:
     to quote it; None for other values."""
     if isinstance(value, bool):
         shown = f" {str(value).lower()}" if show_values else ""
-        return (f"must be a string, but YAML read the unquoted value as the boolean{shown} (it reads "
-                f"unquoted {_YAML_BOOLEANS[value]} that way); quote it, e.g. \"off\"")
+        return (
+            f"must be a string, but YAML read the unquoted value as the boolean{shown} (it reads "
+            f'unquoted {_YAML_BOOLEANS[value]} that way); quote it, e.g. "off"'
+        )
     if isinstance(value, int | float):
         shown = f" {value!r}" if show_values else ""
         example = f'"{value!r}"' if show_values else '"0.11"'

@@ -343,8 +343,13 @@ class Release:
         return tuple(m.name for m in self.metrics if include_conditional or m.when is None)
 
 
-_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-          ast.FloorDiv: operator.floordiv, ast.Div: operator.truediv}
+_ARITH = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Div: operator.truediv,
+}
 
 
 def _arith(text: str, scope: dict[str, float]) -> float:

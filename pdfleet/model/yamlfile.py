@@ -63,8 +63,11 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
             duplicate = index >= merged and key in explicit
         except TypeError:  # a list or mapping as a key
             raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark, "found a key that is not a scalar",
-                key_node.start_mark) from None
+                "while constructing a mapping",
+                node.start_mark,
+                "found a key that is not a scalar",
+                key_node.start_mark,
+            ) from None
         if duplicate:
             raise yaml.constructor.ConstructorError(
                 "while constructing a mapping",
@@ -128,8 +131,12 @@ class _Walk:
             return
         what = "a key" if is_key else "the value"
         shown = "" if self.secret else f" {excerpt(node.value)}"
-        raise self.fail(where, node, f"{what}{shown} contains the control character {char}; keys and values "
-                                     "must be one line of printable text")
+        raise self.fail(
+            where,
+            node,
+            f"{what}{shown} contains the control character {char}; keys and values "
+            "must be one line of printable text",
+        )
 
     def visit(self, node: yaml.Node, where: tuple[Any, ...], depth: int) -> tuple[int, int]:
         """(expanded node count, height) of a node; refuses cycles and depth over MAX_DEPTH."""
@@ -185,8 +192,10 @@ def _syntax_error(source: str, exc: yaml.YAMLError, secret: bool) -> ValidationE
         return ValidationError(f"{where}: invalid YAML" + ("" if secret else f": {what}"))
     if isinstance(exc, yaml.reader.ReaderError):
         code = exc.character if isinstance(exc.character, int) else ord(exc.character)
-        return ValidationError(f"{source}: invalid YAML: the control character U+{code:04X} (character "
-                               f"{exc.position + 1}) is not allowed in YAML")
+        return ValidationError(
+            f"{source}: invalid YAML: the control character U+{code:04X} (character "
+            f"{exc.position + 1}) is not allowed in YAML"
+        )
     return ValidationError(f"{source}: invalid YAML" + ("" if secret else f": {exc}"))
 
 
@@ -198,8 +207,10 @@ def _text(data: str | bytes, source: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise ValidationError(f"{source}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset "
-                              f"{exc.start}); save the file as UTF-8") from None
+        raise ValidationError(
+            f"{source}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start}); save the file as UTF-8"
+        ) from None
 
 
 def parse_yaml(
@@ -239,8 +250,10 @@ def _parse(text: str, name: str, check_values: bool, secret: bool) -> Any:
         size, _ = walk.visit(node, (), 1)
         allowed = max(EXPANSION_FLOOR, MAX_EXPANSION * walk.written)
         if size > allowed:
-            raise ValidationError(f"{name}: aliases expand the document to more than {allowed} nodes "
-                                  f"({walk.written} written); refusing to build it")
+            raise ValidationError(
+                f"{name}: aliases expand the document to more than {allowed} nodes "
+                f"({walk.written} written); refusing to build it"
+            )
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise _syntax_error(name, exc, secret) from None

@@ -161,7 +161,7 @@ class FileState(Fact[PathInfo | None]):
             return None
         command = (
             _path_lists(paths, follow=False)
-            + '; set --; for p in '
+            + "; set --; for p in "
             + " ".join(shlex.quote(p) for p in paths)
             + '; do if [ -f "$p" ] && [ ! -L "$p" ]; then set -- "$@" "$p"; fi; done; '
             + f'echo {SHA_MARK}; if [ $# -gt 0 ]; then sha256sum -- "$@"; fi'

@@ -74,8 +74,9 @@ class HostFacts:
             if not result.outputs and out.rc != 0:
                 how = " as root (sudo -n)" if sudo else ""
                 detail = " ".join(_stderr_tail(out.stderr))
-                raise FactError(f"gathering {len(missing)} facts{how} failed before any ran "
-                                f"(exit {out.rc}): {detail}")
+                raise FactError(
+                    f"gathering {len(missing)} facts{how} failed before any ran (exit {out.rc}): {detail}"
+                )
             for fact, (stdout, rc) in result.outputs.items():
                 self._store(fact, stdout, rc, result.stderr.get(fact, ""))
 

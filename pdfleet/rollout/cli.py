@@ -23,12 +23,21 @@ from pdfleet.rollout.store import Store
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pdfleet-rollout",
-                                description="Staged, metric-gated rollout of the gateways' stage.")
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
-                   help=f"the controller's configuration (default {DEFAULT_CONFIG})")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   help="log level of `run`")
+    p = argparse.ArgumentParser(
+        prog="pdfleet-rollout", description="Staged, metric-gated rollout of the gateways' stage."
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help=f"the controller's configuration (default {DEFAULT_CONFIG})",
+    )
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level of `run`",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="run the controller until SIGTERM (the systemd service)")
     s = sub.add_parser("submit", help="start a rollout to a stage")
@@ -48,8 +57,12 @@ def controller_from(config_path: Path) -> Controller:
     """The controller a configuration file describes (reads the admin key file)."""
     config = load_config(config_path)
     key = read_admin_key(Path(config.admin_key_file))
-    return Controller(config, PrometheusClient(config.prometheus_url, timeout=2.0),
-                      GatewayClient(key, config.gateway_timeout_s), Store(Path(config.state_dir)))
+    return Controller(
+        config,
+        PrometheusClient(config.prometheus_url, timeout=2.0),
+        GatewayClient(key, config.gateway_timeout_s),
+        Store(Path(config.state_dir)),
+    )
 
 
 def _run(controller: Controller) -> int:
@@ -57,8 +70,10 @@ def _run(controller: Controller) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     logging.getLogger("pdfleet.rollout").info(
-        "controlling %d gateway(s), every %g s", len(controller.config.gateways),
-        controller.config.rollout.interval_s)
+        "controlling %d gateway(s), every %g s",
+        len(controller.config.gateways),
+        controller.config.rollout.interval_s,
+    )
     controller.run(stop)
     return 0
 
@@ -80,8 +95,9 @@ def _dispatch(controller: Controller, args: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         controller = controller_from(args.config)
         if args.command == "run":

@@ -32,8 +32,9 @@ def submit_rollout(controller: Controller, target: str) -> RolloutState:
         except ValueError as exc:
             raise ValidationError(str(exc)) from None
         controller.store.save(new)
-        controller.store.record([{"at": now, "event": "submitted", "target": target,
-                                  "stable_stage": new.stable_stage}])
+        controller.store.record(
+            [{"at": now, "event": "submitted", "target": target, "stable_stage": new.stable_stage}]
+        )
     return new
 
 
@@ -56,8 +57,11 @@ def status(controller: Controller) -> dict[str, Any]:
     doc = state.model_dump()
     doc["weights"] = state.weights.model_dump()
     doc["time_to_next_step_s"] = time_to_next_step(state, controller.config, controller.clock())
-    doc["steps"] = (len(controller.config.rollout.plans[state.target].steps)
-                    if state.target in controller.config.rollout.plans else 0)
+    doc["steps"] = (
+        len(controller.config.rollout.plans[state.target].steps)
+        if state.target in controller.config.rollout.plans
+        else 0
+    )
     return doc
 
 
@@ -69,9 +73,20 @@ def evaluate(controller: Controller, target: str) -> dict[str, Any]:
     state = _saved(controller.store)
     results, samples = controller.measure(state, moving=config.stages[target])
     return {
-        "dry_run": True, "target": target, "stage": state.stage, "version": state.version,
+        "dry_run": True,
+        "target": target,
+        "stage": state.stage,
+        "version": state.version,
         "samples": samples,
-        "results": [{"gate": r.gate, "length_class": r.length_class, "outcome": r.outcome,
-                     "value": finite(r.value), "threshold": finite(r.threshold), "message": r.message}
-                    for r in results],
+        "results": [
+            {
+                "gate": r.gate,
+                "length_class": r.length_class,
+                "outcome": r.outcome,
+                "value": finite(r.value),
+                "threshold": finite(r.threshold),
+                "message": r.message,
+            }
+            for r in results
+        ],
     }

@@ -93,12 +93,14 @@ class Controller:
         if reports:
             top = max(reports, key=lambda r: r.version)
             return initial_state(top.stage, top.weights, top.version).model_copy(
-                update={"applied_version": min(r.version for r in reports)})
+                update={"applied_version": min(r.version for r in reports)}
+            )
         stage = self.config.initial_stage
         return initial_state(stage, self.config.stages[stage], 1)
 
-    def _reconcile(self, state: RolloutState, reports: list[Report],
-                   problem: str | None) -> tuple[RolloutState, list[Event]]:
+    def _reconcile(
+        self, state: RolloutState, reports: list[Report], problem: str | None
+    ) -> tuple[RolloutState, list[Event]]:
         now = self.clock()
         events: list[Event] = []
         if problem is not None:
@@ -110,12 +112,15 @@ class Controller:
         if foreign and state.phase in ACTIVE:
             if state.abort:  # take what the top gateway runs, so the rollback outranks it everywhere
                 top = max(foreign, key=lambda r: r.version)
-                state = state.model_copy(update={"version": top.version, "stage": top.stage,
-                                                 "weights": top.weights})
+                state = state.model_copy(
+                    update={"version": top.version, "stage": top.stage, "weights": top.weights}
+                )
             elif state.phase != "halted" or not state.reason.startswith("halted: foreign"):
                 r = foreign[0]
-                why = (f"foreign policy: gateway {r.name} runs version {r.version} (stage {r.stage}), "
-                       "not written by the controller (invoke provision --stage?); rollout.abort to go back")
+                why = (
+                    f"foreign policy: gateway {r.name} runs version {r.version} (stage {r.stage}), "
+                    "not written by the controller (invoke provision --stage?); rollout.abort to go back"
+                )
                 state = state.model_copy(update={"phase": "halted", "reason": f"halted: {why}"})
                 return state, [{"at": now, "event": "halted", "reason": why}]
             else:
@@ -132,8 +137,9 @@ class Controller:
         state, more = self._apply(state, reports, now)
         return state, [*events, *more]
 
-    def _adopt(self, state: RolloutState, reports: list[Report],
-               now: float) -> tuple[RolloutState, list[Event]] | None:
+    def _adopt(
+        self, state: RolloutState, reports: list[Report], now: float
+    ) -> tuple[RolloutState, list[Event]] | None:
         """With no rollout active: gateways all at one higher version (set by provision) become stable."""
         versions = {(r.version, r.stage, r.weights) for r in reports}
         if len(versions) != 1:
@@ -142,8 +148,16 @@ class Controller:
         if version <= state.version:
             return None
         reason = f"adopted stage {stage} (version {version}) from the gateways"
-        new = state.model_copy(update={"stage": stage, "weights": weights, "version": version,
-                                       "applied_version": version, "stable_stage": stage, "reason": reason})
+        new = state.model_copy(
+            update={
+                "stage": stage,
+                "weights": weights,
+                "version": version,
+                "applied_version": version,
+                "stable_stage": stage,
+                "reason": reason,
+            }
+        )
         return new, [{"at": now, "event": "adopted", "stage": stage, "version": version}]
 
     def _advance(self, state: RolloutState, now: float) -> tuple[RolloutState, list[Event]]:
@@ -161,16 +175,18 @@ class Controller:
         if not classes:
             return [], 0
         spec = self.config.rollout
-        observed, samples = observe(self.source, spec.gates, state.weights, classes, spec.window_s,
-                                    self.config.kv_transfer_metrics)
+        observed, samples = observe(
+            self.source, spec.gates, state.weights, classes, spec.window_s, self.config.kv_transfer_metrics
+        )
         return [evaluate_gate(g, o, self.config.slo) for g, o in observed], samples
 
     def _stages(self, state: RolloutState) -> dict[str, StageSpec]:
         """The profile's stages plus the current step's, as the gateways get them."""
         return {**self.config.stages, state.stage: state.weights}
 
-    def _apply(self, state: RolloutState, reports: list[Report],
-               now: float) -> tuple[RolloutState, list[Event]]:
+    def _apply(
+        self, state: RolloutState, reports: list[Report], now: float
+    ) -> tuple[RolloutState, list[Event]]:
         """Bring every gateway to the state's version; confirm only when every one reports it."""
         if all(r.version == state.version for r in reports):
             if state.applied_version != state.version:
@@ -189,9 +205,16 @@ class Controller:
             return state, events
         if all(r.version == state.version for r in confirmed):
             state = state.model_copy(update={"applied_version": state.version})
-            events.append({"at": now, "event": "applied", "version": state.version, "stage": state.stage,
-                           "weights": state.weights.model_dump(),
-                           "gateways": [t.name for t in self.config.gateways]})
+            events.append(
+                {
+                    "at": now,
+                    "event": "applied",
+                    "version": state.version,
+                    "stage": state.stage,
+                    "weights": state.weights.model_dump(),
+                    "gateways": [t.name for t in self.config.gateways],
+                }
+            )
         return state, events
 
 

@@ -80,8 +80,15 @@ def evaluate_gate(gate: GateSpec, obs: Observation, slo: Slo) -> GateResult:
     """Hold one observation to its gate: the absolute bound first, then the ratio to the baseline."""
 
     def result(outcome: Outcome, threshold: float | None, message: str) -> GateResult:
-        return GateResult(gate.name, obs.length_class, outcome, obs.value, threshold,
-                          f"{gate.name} ({obs.length_class}): {message}", gate.dry_run)
+        return GateResult(
+            gate.name,
+            obs.length_class,
+            outcome,
+            obs.value,
+            threshold,
+            f"{gate.name} ({obs.length_class}): {message}",
+            gate.dry_run,
+        )
 
     if obs.error is not None:
         return result("error", None, f"metrics error: {obs.error}")
@@ -105,7 +112,12 @@ def evaluate_gate(gate: GateSpec, obs: Observation, slo: Slo) -> GateResult:
 
 
 def decide_tick(
-    results: Sequence[GateResult], counters: Counters, limits: Limits, *, samples: int, min_samples: int,
+    results: Sequence[GateResult],
+    counters: Counters,
+    limits: Limits,
+    *,
+    samples: int,
+    min_samples: int,
 ) -> AnalysisVerdict:
     """One tick's outcome from its gate results: failed or errored past the limits, else `running`.
 
@@ -118,22 +130,35 @@ def decide_tick(
         new = Counters(counters.failed_checks, n)
         if n > limits.consecutive_error_limit:
             return AnalysisVerdict("error", new, f"{n} metrics errors in a row: {errors[0].message}")
-        return AnalysisVerdict("running", new, f"metrics error {n} of {limits.consecutive_error_limit} "
-                                               f"allowed in a row: {errors[0].message}")
+        return AnalysisVerdict(
+            "running",
+            new,
+            f"metrics error {n} of {limits.consecutive_error_limit} allowed in a row: {errors[0].message}",
+        )
     fails = [r for r in deciding if r.outcome == "fail"]
     if fails and samples >= min_samples:
         n = counters.failed_checks + 1
         new = Counters(n, 0)
         if limits.failure_limit >= 0 and n > limits.failure_limit:
             return AnalysisVerdict("failed", new, "gate failed: " + "; ".join(r.message for r in fails))
-        return AnalysisVerdict("running", new, f"failed check {n} of {limits.failure_limit} allowed: "
-                                               + "; ".join(r.message for r in fails))
+        return AnalysisVerdict(
+            "running",
+            new,
+            f"failed check {n} of {limits.failure_limit} allowed: " + "; ".join(r.message for r in fails),
+        )
     return AnalysisVerdict("running", Counters(counters.failed_checks, 0), "")
 
 
 def decide_analysis(
-    results: Sequence[GateResult], counters: Counters, limits: Limits, *, samples: int, min_samples: int,
-    elapsed_s: float, min_duration_s: float, deadline_s: float,
+    results: Sequence[GateResult],
+    counters: Counters,
+    limits: Limits,
+    *,
+    samples: int,
+    min_samples: int,
+    elapsed_s: float,
+    min_duration_s: float,
+    deadline_s: float,
 ) -> AnalysisVerdict:
     """An analysis step's outcome: a tick's failure or error first; then successful once it has run
     `min_duration_s` with `min_samples` and every deciding gate passed; inconclusive past the deadline."""
@@ -143,8 +168,9 @@ def decide_analysis(
     if samples < min_samples:
         why = f"{samples} of {min_samples} samples in the window"
         if elapsed_s >= deadline_s:
-            return AnalysisVerdict("inconclusive", tick.counters, f"too little traffic: {why} after "
-                                                                 f"{elapsed_s:.0f} s")
+            return AnalysisVerdict(
+                "inconclusive", tick.counters, f"too little traffic: {why} after {elapsed_s:.0f} s"
+            )
         return AnalysisVerdict("running", tick.counters, f"waiting for samples: {why}")
     unknown = [r for r in results if not r.dry_run and r.outcome == "inconclusive"]
     if unknown:
@@ -152,6 +178,9 @@ def decide_analysis(
             return AnalysisVerdict("inconclusive", tick.counters, "; ".join(r.message for r in unknown))
         return AnalysisVerdict("running", tick.counters, "waiting for data: " + unknown[0].message)
     if elapsed_s < min_duration_s:
-        return AnalysisVerdict("running", tick.counters, f"gates pass; {min_duration_s - elapsed_s:.0f} s "
-                                                         "to the step's minimum duration")
+        return AnalysisVerdict(
+            "running",
+            tick.counters,
+            f"gates pass; {min_duration_s - elapsed_s:.0f} s to the step's minimum duration",
+        )
     return AnalysisVerdict("successful", tick.counters, "every gate passed")

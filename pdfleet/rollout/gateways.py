@@ -46,9 +46,12 @@ class GatewayClient:
 
     def _call(self, target: GatewayTarget, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{target.admin_url}{path}", data=data, method=method,
-                                     headers={"Authorization": self._auth,
-                                              "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{target.admin_url}{path}",
+            data=data,
+            method=method,
+            headers={"Authorization": self._auth, "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return json.loads(resp.read())
@@ -58,18 +61,24 @@ class GatewayClient:
             raise kind(f"gateway {target.name}: {method} {path} answered {err.code}: {message}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, ValueError) as err:
             reason = getattr(err, "reason", err)
-            raise GatewayError(f"gateway {target.name} ({target.admin_url}) is not answering: "
-                               f"{reason}") from None
+            raise GatewayError(
+                f"gateway {target.name} ({target.admin_url}) is not answering: {reason}"
+            ) from None
 
     def report(self, target: GatewayTarget) -> Report:
         """The version and stage a gateway runs now."""
         doc = self._call(target, "GET", "/admin/policy")
         try:
-            return Report(target.name, int(doc["version"]), str(doc["stage"]),
-                          StageSpec.model_validate(doc["stage_percent_disagg"]))
+            return Report(
+                target.name,
+                int(doc["version"]),
+                str(doc["stage"]),
+                StageSpec.model_validate(doc["stage_percent_disagg"]),
+            )
         except (KeyError, TypeError, ValueError):
-            raise GatewayError(f"gateway {target.name}: /admin/policy is not a pdfleet gateway's "
-                               "answer") from None
+            raise GatewayError(
+                f"gateway {target.name}: /admin/policy is not a pdfleet gateway's answer"
+            ) from None
 
     def apply(self, target: GatewayTarget, version: int, stage: str, stages: Mapping[str, StageSpec]) -> None:
         """Make a gateway run `stage` as `version` (a no-op when it already does)."""

@@ -65,8 +65,9 @@ def initial_state(stage: str, weights: StageSpec, version: int) -> RolloutState:
     return RolloutState(stable_stage=stage, stage=stage, weights=weights, version=version)
 
 
-def submit(state: RolloutState, target: str, stages: Mapping[str, StageSpec], spec: RolloutSpec,
-           now: float) -> RolloutState:
+def submit(
+    state: RolloutState, target: str, stages: Mapping[str, StageSpec], spec: RolloutSpec, now: float
+) -> RolloutState:
     """Start a rollout to `target` from the stable stage; refused (ValueError) while one is active."""
     if state.phase in ACTIVE:
         raise ValueError(f"a rollout to {state.target} is {state.phase}; abort it first (rollout.abort)")
@@ -76,14 +77,27 @@ def submit(state: RolloutState, target: str, stages: Mapping[str, StageSpec], sp
         raise ValueError(f"traffic is already at stage {target!r}")
     stable = state.stage if state.phase in ("idle", "succeeded") else state.stable_stage
     if stable not in stages:
-        raise ValueError(f"traffic is at {stable!r}, not a stage of gateway.stages; set one first "
-                         "(invoke provision --stage S)")
-    return state.model_copy(update={
-        "phase": "progressing", "target": target, "stable_stage": stable, "step_index": 0,
-        "step_started_at": now, "started_at": now, "reason": f"rollout to {target} submitted",
-        "failed_checks": 0, "consecutive_errors": 0, "abort": False, "promote": False,
-        "promote_full": False, "last_results": [],
-    })
+        raise ValueError(
+            f"traffic is at {stable!r}, not a stage of gateway.stages; set one first "
+            "(invoke provision --stage S)"
+        )
+    return state.model_copy(
+        update={
+            "phase": "progressing",
+            "target": target,
+            "stable_stage": stable,
+            "step_index": 0,
+            "step_started_at": now,
+            "started_at": now,
+            "reason": f"rollout to {target} submitted",
+            "failed_checks": 0,
+            "consecutive_errors": 0,
+            "abort": False,
+            "promote": False,
+            "promote_full": False,
+            "last_results": [],
+        }
+    )
 
 
 def gated_classes(weights: StageSpec, stable: StageSpec) -> list[str]:
@@ -98,34 +112,64 @@ def _moved(state: RolloutState, stage: str, weights: StageSpec) -> dict[str, Any
     return {"stage": stage, "weights": weights, "version": state.version + 1}
 
 
-def _rollback(state: RolloutState, stages: Mapping[str, StageSpec], phase: Phase, reason: str,
-              now: float) -> tuple[RolloutState, list[Event]]:
+def _rollback(
+    state: RolloutState, stages: Mapping[str, StageSpec], phase: Phase, reason: str, now: float
+) -> tuple[RolloutState, list[Event]]:
     stable = state.stable_stage
-    update = {"phase": phase, "reason": reason, "abort": False, "promote": False, "promote_full": False,
-              **_moved(state, stable, stages[stable])}
+    update = {
+        "phase": phase,
+        "reason": reason,
+        "abort": False,
+        "promote": False,
+        "promote_full": False,
+        **_moved(state, stable, stages[stable]),
+    }
     new = state.model_copy(update=update)
-    return new, [{"at": now, "event": phase, "target": state.target, "stage": stable, "reason": reason,
-                  "version": new.version}]
+    return new, [
+        {
+            "at": now,
+            "event": phase,
+            "target": state.target,
+            "stage": stable,
+            "reason": reason,
+            "version": new.version,
+        }
+    ]
 
 
-def _finish(state: RolloutState, stages: Mapping[str, StageSpec],
-            now: float) -> tuple[RolloutState, list[Event]]:
+def _finish(
+    state: RolloutState, stages: Mapping[str, StageSpec], now: float
+) -> tuple[RolloutState, list[Event]]:
     target = state.target or state.stage
-    update = {"phase": "succeeded", "stable_stage": target, "reason": f"rollout to {target} complete",
-              "promote": False, "promote_full": False, **_moved(state, target, stages[target])}
+    update = {
+        "phase": "succeeded",
+        "stable_stage": target,
+        "reason": f"rollout to {target} complete",
+        "promote": False,
+        "promote_full": False,
+        **_moved(state, target, stages[target]),
+    }
     new = state.model_copy(update=update)
     return new, [{"at": now, "event": "succeeded", "target": target, "version": new.version}]
 
 
 def _advance(state: RolloutState, now: float, why: str) -> tuple[RolloutState, list[Event]]:
-    new = state.model_copy(update={"step_index": state.step_index + 1, "step_started_at": now,
-                                   "phase": "progressing", "reason": why, "promote": False,
-                                   "failed_checks": 0})
+    new = state.model_copy(
+        update={
+            "step_index": state.step_index + 1,
+            "step_started_at": now,
+            "phase": "progressing",
+            "reason": why,
+            "promote": False,
+            "failed_checks": 0,
+        }
+    )
     return new, [{"at": now, "event": "step", "step": new.step_index, "reason": why}]
 
 
-def advance(state: RolloutState, plan: PlanSpec, spec: RolloutSpec, stages: Mapping[str, StageSpec],
-            tick: Tick) -> tuple[RolloutState, list[Event]]:
+def advance(
+    state: RolloutState, plan: PlanSpec, spec: RolloutSpec, stages: Mapping[str, StageSpec], tick: Tick
+) -> tuple[RolloutState, list[Event]]:
     """One controller tick of an active rollout (a no-op otherwise)."""
     if state.phase not in ACTIVE or state.target is None:
         return state, []
@@ -136,8 +180,15 @@ def advance(state: RolloutState, plan: PlanSpec, spec: RolloutSpec, stages: Mapp
     results = [_result_dict(r) for r in tick.results]
     if results:
         state = state.model_copy(update={"last_results": results})
-        events.append({"at": now, "event": "measurement", "step": state.step_index, "samples": tick.samples,
-                       "results": results})
+        events.append(
+            {
+                "at": now,
+                "event": "measurement",
+                "step": state.step_index,
+                "samples": tick.samples,
+                "results": results,
+            }
+        )
     if state.phase == "halted":
         return state, events  # a gateway did not take the policy: nothing moves until it does
     if state.promote_full:
@@ -147,19 +198,30 @@ def advance(state: RolloutState, plan: PlanSpec, spec: RolloutSpec, stages: Mapp
     counters = Counters(state.failed_checks, state.consecutive_errors)
     step = plan.steps[state.step_index] if state.step_index < len(plan.steps) else None
     if tick.results and not isinstance(step, Analysis):  # background analysis between analysis steps
-        verdict = decide_tick(tick.results, counters, limits, samples=tick.samples,
-                              min_samples=spec.min_samples)
+        verdict = decide_tick(
+            tick.results, counters, limits, samples=tick.samples, min_samples=spec.min_samples
+        )
         if verdict.verdict in ("failed", "error"):
             new, more = _rollback(state, stages, "degraded", verdict.reason, now)
             return new, [*events, *more]
-        state = state.model_copy(update={"failed_checks": verdict.counters.failed_checks,
-                                         "consecutive_errors": verdict.counters.consecutive_errors})
+        state = state.model_copy(
+            update={
+                "failed_checks": verdict.counters.failed_checks,
+                "consecutive_errors": verdict.counters.consecutive_errors,
+            }
+        )
     new, more = _step(state, step, spec, stages, tick, limits)
     return new, [*events, *more]
 
 
-def _step(state: RolloutState, step: SetWeight | Pause | Analysis | None, spec: RolloutSpec,
-          stages: Mapping[str, StageSpec], tick: Tick, limits: Limits) -> tuple[RolloutState, list[Event]]:
+def _step(
+    state: RolloutState,
+    step: SetWeight | Pause | Analysis | None,
+    spec: RolloutSpec,
+    stages: Mapping[str, StageSpec],
+    tick: Tick,
+    limits: Limits,
+) -> tuple[RolloutState, list[Event]]:
     """The current step's own rule: weights applied, a pause over, an analysis decided."""
     now = tick.now
     if step is None:
@@ -170,8 +232,15 @@ def _step(state: RolloutState, step: SetWeight | Pause | Analysis | None, spec: 
         update = _moved(state, name, step.set_weight)
         if update:
             new = state.model_copy(update={**update, "reason": f"applying {step.set_weight.model_dump()}"})
-            return new, [{"at": now, "event": "set_weight", "step": state.step_index,
-                          "weights": step.set_weight.model_dump(), "version": new.version}]
+            return new, [
+                {
+                    "at": now,
+                    "event": "set_weight",
+                    "step": state.step_index,
+                    "weights": step.set_weight.model_dump(),
+                    "version": new.version,
+                }
+            ]
         if state.applied_version < state.version:
             return state, []
         return _advance(state, now, f"weights {step.set_weight.model_dump()} on every gateway")
@@ -180,8 +249,11 @@ def _step(state: RolloutState, step: SetWeight | Pause | Analysis | None, spec: 
             return _advance(state, now, "pause ended by rollout.promote")
         if step.pause.duration_s is not None and elapsed >= step.pause.duration_s:
             return _advance(state, now, f"paused {step.pause.duration_s:g} s")
-        reason = ("paused until rollout.promote" if step.pause.duration_s is None
-                  else f"paused, {step.pause.duration_s - elapsed:.0f} s left")
+        reason = (
+            "paused until rollout.promote"
+            if step.pause.duration_s is None
+            else f"paused, {step.pause.duration_s - elapsed:.0f} s left"
+        )
         return state.model_copy(update={"phase": "paused", "reason": reason}), []
     if state.phase == "inconclusive":
         if state.promote:
@@ -190,12 +262,24 @@ def _step(state: RolloutState, step: SetWeight | Pause | Analysis | None, spec: 
     a = step.analysis
     counters = Counters(state.failed_checks, state.consecutive_errors)
     deadline = a.max_duration_s if a.max_duration_s is not None else 4 * a.min_duration_s
-    verdict = decide_analysis(tick.results, counters, limits, samples=tick.samples, min_samples=a.min_samples,
-                              elapsed_s=elapsed, min_duration_s=a.min_duration_s, deadline_s=deadline)
+    verdict = decide_analysis(
+        tick.results,
+        counters,
+        limits,
+        samples=tick.samples,
+        min_samples=a.min_samples,
+        elapsed_s=elapsed,
+        min_duration_s=a.min_duration_s,
+        deadline_s=deadline,
+    )
     if verdict.verdict in ("failed", "error"):
         return _rollback(state, stages, "degraded", verdict.reason, now)
-    counted = state.model_copy(update={"failed_checks": verdict.counters.failed_checks,
-                                       "consecutive_errors": verdict.counters.consecutive_errors})
+    counted = state.model_copy(
+        update={
+            "failed_checks": verdict.counters.failed_checks,
+            "consecutive_errors": verdict.counters.consecutive_errors,
+        }
+    )
     if verdict.verdict == "successful":
         return _advance(counted, now, f"analysis of step {state.step_index}: {verdict.reason}")
     if verdict.verdict == "inconclusive":
@@ -207,5 +291,12 @@ def _step(state: RolloutState, step: SetWeight | Pause | Analysis | None, spec: 
 
 
 def _result_dict(r: GateResult) -> dict[str, Any]:
-    return {"gate": r.gate, "length_class": r.length_class, "outcome": r.outcome, "value": r.value,
-            "threshold": r.threshold, "message": r.message, "dry_run": r.dry_run}
+    return {
+        "gate": r.gate,
+        "length_class": r.length_class,
+        "outcome": r.outcome,
+        "value": r.value,
+        "threshold": r.threshold,
+        "message": r.message,
+        "dry_run": r.dry_run,
+    }

@@ -30,8 +30,9 @@ HISTOGRAMS = {
 POOLS = ("disagg", "colocated")
 
 
-def _per_pool(source: MetricsSource, fn: str, name: str, window_s: float, cls: str | None,
-              q: float = 0.0) -> dict[str, float | None]:
+def _per_pool(
+    source: MetricsSource, fn: str, name: str, window_s: float, cls: str | None, q: float = 0.0
+) -> dict[str, float | None]:
     """One figure per pool (None: no data); per class when the metric has the class label."""
     match = {"length_class": cls} if cls is not None else None
     try:
@@ -97,16 +98,21 @@ def figure(source: MetricsSource, gate: GateSpec, cls: str, window_s: float) -> 
     # fallback_rate: only the disaggregated pool falls back; per request of the class sent to it
     decisions = _per_pool(source, "increase", DECISIONS, window_s, cls)
     try:
-        fallbacks = sum(source.increase("pdfleet_gateway_fallbacks_total", window_s,
-                                        match={"length_class": cls}).values())
+        fallbacks = sum(
+            source.increase("pdfleet_gateway_fallbacks_total", window_s, match={"length_class": cls}).values()
+        )
     except SeriesAbsent:
         fallbacks = 0.0
     return {"disagg": _ratio(fallbacks, decisions["disagg"]), "colocated": None}
 
 
 def observe(
-    source: MetricsSource, gates: Sequence[GateSpec], weights: StageSpec, classes: Sequence[str],
-    window_s: float, kv_transfer_metrics: bool = True,
+    source: MetricsSource,
+    gates: Sequence[GateSpec],
+    weights: StageSpec,
+    classes: Sequence[str],
+    window_s: float,
+    kv_transfer_metrics: bool = True,
 ) -> tuple[list[tuple[GateSpec, Observation]], int]:
     """Every gate's observation per gated class, and the requests routed to the disaggregated pool in
     those classes (the samples).

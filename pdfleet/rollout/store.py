@@ -43,8 +43,10 @@ class Store:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise PdfleetError(f"{self.directory}: the rollout state is locked (the controller "
-                                           f"is busy); try again") from None
+                        raise PdfleetError(
+                            f"{self.directory}: the rollout state is locked (the controller "
+                            f"is busy); try again"
+                        ) from None
                     time.sleep(0.05)
             yield
         finally:
@@ -60,8 +62,10 @@ class Store:
         try:
             return RolloutState.model_validate_json(text)
         except PydanticValidationError as exc:
-            raise ValidationError(f"{path}: not a rollout state ({exc.error_count()} problems); "
-                                  "move it away to start over from the gateways' policy") from None
+            raise ValidationError(
+                f"{path}: not a rollout state ({exc.error_count()} problems); "
+                "move it away to start over from the gateways' policy"
+            ) from None
 
     def save(self, state: RolloutState) -> None:
         """Replace state.json in one rename (0600)."""

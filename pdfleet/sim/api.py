@@ -291,9 +291,7 @@ class SimAPI:
             "prompt_tokens_details": None,
         }
 
-    def _full_body(
-        self, req: SimRequest, sink: Sink, kind: str, digest: str | None = None
-    ) -> dict[str, Any]:
+    def _full_body(self, req: SimRequest, sink: Sink, kind: str, digest: str | None = None) -> dict[str, Any]:
         """The non-streaming response body, with kv_transfer_params for a producer's P/D leg."""
         text = self.runtime.filler.text(req.generated)
         if kind == "chat":

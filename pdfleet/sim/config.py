@@ -122,7 +122,6 @@ class SimConfig:
         return Engine(self.perf(), self.limits())
 
 
-
 def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> SimConfig:
     """Parse and validate `serve` options (words after `serve`; a leading program/`serve` is skipped)."""
     env = os.environ if env is None else env
@@ -205,7 +204,9 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
             "VLLM_NIXL_SIDE_CHANNEL_HOST", str(rel.env_default("VLLM_NIXL_SIDE_CHANNEL_HOST"))
         ),
         side_channel_port=_env_int(
-            env, "VLLM_NIXL_SIDE_CHANNEL_PORT", int(rel.env_default("VLLM_NIXL_SIDE_CHANNEL_PORT"))  # type: ignore[arg-type]
+            env,
+            "VLLM_NIXL_SIDE_CHANNEL_PORT",
+            int(rel.env_default("VLLM_NIXL_SIDE_CHANNEL_PORT")),  # type: ignore[arg-type]
         ),
         abort_timeout_s=timeout,
         tokenizer=ns.tokenizer,
@@ -214,7 +215,8 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         log_interval_s=ns.sim_log_interval,
         visible_devices=visible,
         mooncake_bootstrap_port=_env_int(env, MOONCAKE_PORT_ENV, int(rel.env_default(MOONCAKE_PORT_ENV)))
-        if rel.has_env(MOONCAKE_PORT_ENV) else 8998,
+        if rel.has_env(MOONCAKE_PORT_ENV)
+        else 8998,
         release=rel,
     )
 

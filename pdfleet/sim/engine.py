@@ -33,6 +33,7 @@ DEFAULT_HOLD_TIMEOUT_S = 480.0
 
 class State(Enum):
     """Where a request is in the engine."""
+
     WAITING = "waiting"
     LOADING_KV = "loading_kv"
     RUNNING = "running"
@@ -399,8 +400,9 @@ class Engine:
         if until > entry[1]:
             self.held[request_id] = (entry[0], until)
             self._held_order.remove(request_id)  # keep the order sorted by expiry for expire_held
-            index = next((i for i, rid in enumerate(self._held_order)
-                          if rid in self.held and self.held[rid][1] > until), len(self._held_order))
+            held = self.held
+            later = (i for i, rid in enumerate(self._held_order) if rid in held and held[rid][1] > until)
+            index = next(later, len(self._held_order))
             self._held_order.insert(index, request_id)
         return True
 

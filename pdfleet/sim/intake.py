@@ -287,8 +287,10 @@ class Intake:
         known = None
         if self._consumer and params.get("do_remote_prefill"):
             tokens = params.get(PROMPT_TOKENS_KEY)
-            if _is_token(tokens) and tokens > 0 and params.get(PROMPT_DIGEST_KEY) == prompt_digest(
-                body, self.counter_id
+            if (
+                _is_token(tokens)
+                and tokens > 0
+                and params.get(PROMPT_DIGEST_KEY) == prompt_digest(body, self.counter_id)
             ):
                 known = tokens
         parsed = validate(body, kind, self.cfg, self.counter, known)

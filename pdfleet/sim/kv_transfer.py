@@ -100,8 +100,13 @@ class KVConnector:
         port = await self._side.start(host, 0)
         self._bootstrap = mooncake.BootstrapServer()
         await self._bootstrap.start(self.cfg.host or "0.0.0.0", self.cfg.mooncake_bootstrap_port)
-        payload = {"engine_id": self.kv.engine_id, "dp_rank": 0, "tp_rank": 0, "pp_rank": 0,
-                   "addr": f"tcp://{host}:{port}"}
+        payload = {
+            "engine_id": self.kv.engine_id,
+            "dp_rank": 0,
+            "tp_rank": 0,
+            "pp_rank": 0,
+            "addr": f"tcp://{host}:{port}",
+        }
         await mooncake.register(f"http://{host}:{self.cfg.mooncake_bootstrap_port}", payload)
 
     async def close(self) -> None:
@@ -305,8 +310,12 @@ class KVConnector:
         where = str(params["remote_bootstrap_addr"])
         engines = await mooncake.query(where)
         host, port = mooncake.worker_endpoint(engines, str(params["remote_engine_id"]), where)
-        return {"remote_host": host, "remote_port": port, "remote_engine_id": params["remote_engine_id"],
-                "remote_request_id": params["transfer_id"]}
+        return {
+            "remote_host": host,
+            "remote_port": port,
+            "remote_engine_id": params["remote_engine_id"],
+            "remote_request_id": params["transfer_id"],
+        }
 
     # ---- periodic log line ------------------------------------------------------------------------
     def log_transfers(self) -> None:

@@ -114,27 +114,45 @@ def one_two_five(limit: int) -> tuple[float, ...]:
 REQUEST_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
     ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
     ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
-    ("vllm:request_time_per_output_token_seconds",
-     "Histogram of time_per_output_token_seconds per request.", "tpot"),
+    (
+        "vllm:request_time_per_output_token_seconds",
+        "Histogram of time_per_output_token_seconds per request.",
+        "tpot",
+    ),
     ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e"),
     ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "queue"),
     ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", "prefill"),
     ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", "decode"),
-    ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
-     "inference"),
+    (
+        "vllm:request_inference_time_seconds",
+        "Histogram of time spent in RUNNING phase for request.",
+        "inference",
+    ),
     ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens_hist"),
     ("vllm:request_generation_tokens", "Number of generation tokens processed.", "generation_tokens_hist"),
     ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", "max_tokens_hist"),
 )
 NIXL_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
-    ("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
-     "nixl_xfer"),
-    ("vllm:nixl_post_time_seconds", "Histogram of transfer post time for NIXL KV Cache transfers.",
-     "nixl_post"),
-    ("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
-     "nixl_bytes"),
-    ("vllm:nixl_num_descriptors", "Histogram of number of descriptors per NIXL KV Cache transfers.",
-     "nixl_descriptors"),
+    (
+        "vllm:nixl_xfer_time_seconds",
+        "Histogram of transfer duration for NIXL KV Cache transfers.",
+        "nixl_xfer",
+    ),
+    (
+        "vllm:nixl_post_time_seconds",
+        "Histogram of transfer post time for NIXL KV Cache transfers.",
+        "nixl_post",
+    ),
+    (
+        "vllm:nixl_bytes_transferred",
+        "Histogram of bytes transferred per NIXL KV Cache transfers.",
+        "nixl_bytes",
+    ),
+    (
+        "vllm:nixl_num_descriptors",
+        "Histogram of number of descriptors per NIXL KV Cache transfers.",
+        "nixl_descriptors",
+    ),
 )
 
 

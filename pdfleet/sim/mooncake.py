@@ -50,8 +50,11 @@ def registration_error(payload: Any, workers: dict[int, dict[str, Any]]) -> tupl
     if not isinstance(payload, dict):
         return 422, [{"type": "model_attributes_type", "loc": ["body"], "msg": "Input should be an object"}]
     missing = [
-        {"type": "missing" if name not in payload else f"{kind.__name__}_type", "loc": ["body", name],
-         "msg": "Field required" if name not in payload else f"Input should be a valid {kind.__name__}"}
+        {
+            "type": "missing" if name not in payload else f"{kind.__name__}_type",
+            "loc": ["body", name],
+            "msg": "Field required" if name not in payload else f"Input should be a valid {kind.__name__}",
+        }
         for name, kind in _PAYLOAD.items()
         if name not in payload or not isinstance(payload[name], kind) or isinstance(payload[name], bool)
     ]
@@ -59,13 +62,17 @@ def registration_error(payload: Any, workers: dict[int, dict[str, Any]]) -> tupl
         return 422, missing
     entry = workers.get(payload["dp_rank"])
     if entry is not None and entry["engine_id"] != payload["engine_id"]:
-        return 400, (f"Engine ID mismatch for dp_rank={payload['dp_rank']}: expected {entry['engine_id']}, "
-                     f"got {payload['engine_id']}")
+        return 400, (
+            f"Engine ID mismatch for dp_rank={payload['dp_rank']}: expected {entry['engine_id']}, "
+            f"got {payload['engine_id']}"
+        )
     existing = (entry or {}).get("worker_addr", {}).get(payload["tp_rank"], {}).get(payload["pp_rank"])
     if existing is not None and existing != payload["addr"]:
-        return 400, (f"Worker with dp_rank={payload['dp_rank']}, tp_rank={payload['tp_rank']}, "
-                     f"pp_rank={payload['pp_rank']} is already registered at {existing}, but still want to "
-                     f"register at {payload['addr']}")
+        return 400, (
+            f"Worker with dp_rank={payload['dp_rank']}, tp_rank={payload['tp_rank']}, "
+            f"pp_rank={payload['pp_rank']} is already registered at {existing}, but still want to "
+            f"register at {payload['addr']}"
+        )
     return None
 
 
@@ -116,19 +123,25 @@ class BootstrapServer:
 async def register(bootstrap: str, payload: dict[str, Any]) -> None:
     """A worker registers its address with its engine's bootstrap server (`http://host:port`)."""
     timeout = aiohttp.ClientTimeout(total=QUERY_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session, \
-            session.post(bootstrap + "/register", json=payload) as resp:
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.post(bootstrap + "/register", json=payload) as resp,
+    ):
         if resp.status != 200:
-            raise BootstrapError(f"Failed to register {payload} with the Mooncake bootstrap server at "
-                                 f"{bootstrap}: {resp.status} {await resp.text()}")
+            raise BootstrapError(
+                f"Failed to register {payload} with the Mooncake bootstrap server at "
+                f"{bootstrap}: {resp.status} {await resp.text()}"
+            )
 
 
 async def query(bootstrap_addr: str) -> dict[str, dict[int, dict[int, str]]]:
     """D's `GET remote_bootstrap_addr/query`: each engine's worker addresses by TP and PP rank."""
     try:
         timeout = aiohttp.ClientTimeout(total=QUERY_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session, \
-                session.get(bootstrap_addr + "/query") as resp:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(bootstrap_addr + "/query") as resp,
+        ):
             resp.raise_for_status()
             data = await resp.json()
         return {

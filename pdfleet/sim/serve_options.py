@@ -27,6 +27,7 @@ TIME_SCALE_HELP = (
     "GPU would show; only the pacing of responses is scaled."
 )
 
+
 def _human_int(text: str) -> int:
     """Integers as vLLM accepts them for lengths: plain, or with k/K/m/M suffixes (1k = 1000, 1K = 1024)."""
     mult = {"k": 1000, "m": 1000**2, "K": 1024, "M": 1024**2}
@@ -80,13 +81,19 @@ class _Parser(argparse.ArgumentParser):
 class _Switch(argparse.Action):
     """A switch as vLLM registers it: True, or False for its negative names (--no-x; 0.33: --disable-x)."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str, negatives: Sequence[str] = (),
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, negatives: Sequence[str] = (), **kwargs: Any
+    ) -> None:
         super().__init__(option_strings, dest, nargs=0, **kwargs)
         self.negatives = tuple(negatives)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, option_string not in self.negatives)
 
 
@@ -132,8 +139,13 @@ def build_parser(release: Release | None = None) -> argparse.ArgumentParser:
     for group in release.serve_flags.groups:
         for flag in group.flags:
             _add(p, flag)
-    p.set_defaults(**{_dest(name, kw): kw.get("default") for name, kw in _HONOURED.items()
-                      if release.serve_flag(name) is None})
+    p.set_defaults(
+        **{
+            _dest(name, kw): kw.get("default")
+            for name, kw in _HONOURED.items()
+            if release.serve_flag(name) is None
+        }
+    )
     sim = p.add_argument_group("simulator")
     sim.add_argument("--sim-gpu", default="H100-SXM", help=f"GPU to simulate: {', '.join(catalog.GPUS)}")
     sim.add_argument(

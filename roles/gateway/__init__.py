@@ -75,11 +75,16 @@ def router_argv(ctx: RoleContext, gateway: Gateway) -> list[str]:
         argv += ["--decode", url]
     argv += [
         *policy_args(ctx.profile.gateway.router_policy),
-        "--kv-connector", ROUTER_CONNECTORS.get(kv.connector, "nixl"),
-        "--host", ROUTER_ADDRESS,
-        "--port", str(gateway.router_port),
-        "--prometheus-host", gateway.address,  # scraped by Prometheus on the monitoring host
-        "--prometheus-port", str(gateway.router_metrics_port),
+        "--kv-connector",
+        ROUTER_CONNECTORS.get(kv.connector, "nixl"),
+        "--host",
+        ROUTER_ADDRESS,
+        "--port",
+        str(gateway.router_port),
+        "--prometheus-host",
+        gateway.address,  # scraped by Prometheus on the monitoring host
+        "--prometheus-port",
+        str(gateway.router_metrics_port),
     ]
     return argv
 
@@ -157,8 +162,13 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
                 service_user=SERVICE_USER,
                 router_unit=ROUTER_UNIT if gateway.router_url else None,
                 config_dir=CONFIG_DIR,
-                argv=[f"{VENV}/bin/pdfleet-gateway", "--config", POLICY_FILE,
-                      "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)],
+                argv=[
+                    f"{VENV}/bin/pdfleet-gateway",
+                    "--config",
+                    POLICY_FILE,
+                    "--shutdown-timeout",
+                    str(SHUTDOWN_TIMEOUT_S),
+                ],
                 check_argv=[f"{VENV}/bin/pdfleet-gateway", "--config", POLICY_FILE, "--check"],
                 stop_timeout=SHUTDOWN_TIMEOUT_S + 10,
             ),
@@ -223,8 +233,16 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
             yield SystemdUnit(name, rendered.content.encode(), restart=restarts[name])
             continue
         content = live_policy_text(ctx, facts) if rendered.path == POLICY_FILE else rendered.content
-        yield File(rendered.path, content.encode(), mode=rendered.mode, owner=rendered.owner,
-                   group=rendered.group, secret=rendered.secret, notify=(reload,))
+        yield File(
+            rendered.path,
+            content.encode(),
+            mode=rendered.mode,
+            owner=rendered.owner,
+            group=rendered.group,
+            secret=rendered.secret,
+            notify=(reload,),
+        )
     for unit in units(ctx):
-        yield Service(unit.unit, enabled=True, running=True, health_url=unit.health_url,
-                      health_timeout=START_TIMEOUT_S)
+        yield Service(
+            unit.unit, enabled=True, running=True, health_url=unit.health_url, health_timeout=START_TIMEOUT_S
+        )

@@ -1,20 +1,23 @@
 """monitoring: Prometheus (Debian's package, from the site's apt repository) on the monitoring group.
 
 It listens on the host's inventory address, scrapes every metrics endpoint of the topology
-(`pdfleet.fleet.monitoring_config`), records the request chain (`pdfleet.fleet.recording`) and alerts
-on it (`pdfleet.fleet.alerts`); the Grafana dashboard (`pdfleet.fleet.dashboard`) is installed beside
-the rules for the operator to import. Files are written before the package is installed, so its first
-start already uses them (apt keeps our conffiles: --force-confold). A changed config or rule file is
-checked with promtool, then reloaded (SIGHUP), never restarted; only changed daemon flags restart it.
+(`pdfleet.monitoring.monitoring_config`), records the request chain (`pdfleet.monitoring.recording`)
+and alerts on it (`pdfleet.monitoring.alerts`); the Grafana dashboard (`pdfleet.monitoring.dashboard`) is
+installed beside the rules for the operator to import. Files are written before the package is
+installed, so its first start already uses them (apt keeps our conffiles: --force-confold). A changed
+config or rule file is checked with promtool, then reloaded (SIGHUP), never restarted; only changed
+daemon flags restart it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pdfleet.fleet.alerts import alert_rules
-from pdfleet.fleet.dashboard import dashboard_json
-from pdfleet.fleet.monitoring_config import (
+from pdfleet.fleet.render import RenderedFile
+from pdfleet.fleet.roles import ManagedUnit, RoleContext
+from pdfleet.monitoring.alerts import alert_rules
+from pdfleet.monitoring.dashboard import dashboard_json
+from pdfleet.monitoring.monitoring_config import (
     ALERTS_FILE,
     CONFIG_DIR,
     CONFIG_FILE,
@@ -26,9 +29,7 @@ from pdfleet.fleet.monitoring_config import (
     listen_address,
     prometheus_config,
 )
-from pdfleet.fleet.recording import recording_rules
-from pdfleet.fleet.render import RenderedFile
-from pdfleet.fleet.roles import ManagedUnit, RoleContext
+from pdfleet.monitoring.recording import recording_rules
 from pdfleet.ops.apt import AptPackage, AptPackages, AptUpdate
 from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.files import Directory, File
@@ -53,8 +54,10 @@ def ready_url(ctx: RoleContext) -> str:
 
 def check_commands() -> tuple[Run, ...]:
     """promtool on every file Prometheus reads (check config also loads the rule files it names)."""
-    return (Run(f"promtool check config {CONFIG_FILE}"),
-            Run(f"promtool check rules {RECORDING_FILE} {ALERTS_FILE}"))
+    return (
+        Run(f"promtool check config {CONFIG_FILE}"),
+        Run(f"promtool check rules {RECORDING_FILE} {ALERTS_FILE}"),
+    )
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:
@@ -98,4 +101,3 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         yield AptUpdate(max_age_minutes=0)  # the mirror may have gained the package since the last update
     yield AptPackage(PACKAGE)
     yield Service(UNIT, enabled=True, running=True, health_url=ready_url(ctx), health_timeout=START_TIMEOUT_S)
-

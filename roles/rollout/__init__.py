@@ -12,11 +12,11 @@ import json
 from collections.abc import Iterable
 
 from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
-from pdfleet.fleet.monitoring_config import listen_address
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.model.connectors import NIXL
 from pdfleet.model.monitoring import has_nixl_metrics
+from pdfleet.monitoring.monitoring_config import listen_address
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.files import Directory, File
 from pdfleet.ops.pip import PipRequirements
@@ -52,10 +52,15 @@ def _why_not(ctx: RoleContext) -> str | None:
 def controller_config(ctx: RoleContext) -> str:
     """controller.json: the profile's plans, gates, stages and SLOs; the gateways' admin URLs."""
     profile = ctx.profile
-    gateways = [{"name": g.host, "admin_url": f"http://{g.address}:{g.admin_port or g.port}"}
-                for g in ctx.topology.gateways]
-    kv_metrics = (profile.disaggregated and profile.kv_transfer.connector == NIXL
-                  and has_nixl_metrics(profile.vllm.engine, profile.vllm.version))
+    gateways = [
+        {"name": g.host, "admin_url": f"http://{g.address}:{g.admin_port or g.port}"}
+        for g in ctx.topology.gateways
+    ]
+    kv_metrics = (
+        profile.disaggregated
+        and profile.kv_transfer.connector == NIXL
+        and has_nixl_metrics(profile.vllm.engine, profile.vllm.version)
+    )
     doc = {
         "profile": profile.name,
         "rollout": profile.rollout.model_dump(mode="json"),
@@ -77,9 +82,12 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
     secrets = ctx.gateway_secrets
     assert secrets is not None and secrets.admin_key is not None
     owner = {"owner": SERVICE_USER, "group": SERVICE_USER}
-    unit = ctx.render("pdfleet-rollout.service.j2", service_user=SERVICE_USER,
-                      state_directory=STATE_DIR.removeprefix("/var/lib/"),
-                      argv=[BIN, "--config", CONFIG_FILE, "run"])
+    unit = ctx.render(
+        "pdfleet-rollout.service.j2",
+        service_user=SERVICE_USER,
+        state_directory=STATE_DIR.removeprefix("/var/lib/"),
+        argv=[BIN, "--config", CONFIG_FILE, "run"],
+    )
     return [
         RenderedFile(CONFIG_FILE, controller_config(ctx), mode="0644"),
         RenderedFile(KEY_FILE, secrets.admin_key + "\n", mode="0600", secret=True, **owner),
@@ -104,14 +112,27 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         yield Directory(WHEEL_DIR, mode="0755")
         yield File(f"{WHEEL_DIR}/{ctx.host_wheel.name}", ctx.host_wheel.read_bytes(), mode="0644")
         find_links = (WHEEL_DIR,)
-    yield PipRequirements(VENV, (f"pdfleet=={ctx.host_version}",), index_url=mirrors.pypi,
-                          trusted_host=mirrors.pypi_trusted_host, find_links=find_links, notify=(restart,))
+    yield PipRequirements(
+        VENV,
+        (f"pdfleet=={ctx.host_version}",),
+        index_url=mirrors.pypi,
+        trusted_host=mirrors.pypi_trusted_host,
+        find_links=find_links,
+        notify=(restart,),
+    )
     yield Directory(CONFIG_DIR, mode="0755")
     for rendered in files(ctx):
         name = rendered.path.rsplit("/", 1)[1]
         if rendered.path.startswith(UNIT_DIR):
             yield SystemdUnit(name, rendered.content.encode(), restart=restart)
         else:
-            yield File(rendered.path, rendered.content.encode(), mode=rendered.mode, owner=rendered.owner,
-                       group=rendered.group, secret=rendered.secret, notify=(restart,))
+            yield File(
+                rendered.path,
+                rendered.content.encode(),
+                mode=rendered.mode,
+                owner=rendered.owner,
+                group=rendered.group,
+                secret=rendered.secret,
+                notify=(restart,),
+            )
     yield Service(UNIT, enabled=True, running=True)

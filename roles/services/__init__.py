@@ -67,5 +67,10 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         restart = instance_restart(inst)
         yield File(env.path, env.content.encode(), mode=env.mode, secret=True, notify=(restart,))
         yield SystemdUnit(inst.unit, unit.content.encode(), restart=restart)
-        yield Service(inst.unit, enabled=True, running=True, health_url=inst.health_url,
-                      health_timeout=VLLM_START_TIMEOUT_S)
+        yield Service(
+            inst.unit,
+            enabled=True,
+            running=True,
+            health_url=inst.health_url,
+            health_timeout=VLLM_START_TIMEOUT_S,
+        )

@@ -18,8 +18,14 @@ UNITS = {
 
 
 def test_demo_ends_with_every_unit_active_and_healthy(lab: LabHandle) -> None:
-    proc = subprocess.run([sys.executable, "-m", "invoke", "demo"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", "demo"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "every unit active and healthy" in proc.stderr
     assert "TTFT P95 ms" in proc.stdout and "stalls/100 streams" in proc.stdout and "verdict: " in proc.stdout

@@ -29,8 +29,9 @@ POOL_HEADER = "X-Pdfleet-Pool"
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                          check=False)
+    return subprocess.run(
+        [*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
 
 
 def _sample_sum(base_url: str | tuple[str, ...], name: str) -> float:
@@ -41,8 +42,9 @@ def _sample_sum(base_url: str | tuple[str, ...], name: str) -> float:
 
 def _chat(client: openai.OpenAI, pool: str | None = None, **kwargs: object):  # noqa: ANN202
     headers = {POOL_HEADER: pool} if pool else None
-    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello"}],
-                                          extra_headers=headers, **kwargs)
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], extra_headers=headers, **kwargs
+    )
 
 
 def _gw(lab: LabHandle):  # noqa: ANN202 - LabHost
@@ -86,11 +88,10 @@ def test_openai_sdk_streams_and_non_streams_through_the_gateway(client: openai.O
     assert sum(1 for c in streamed if c.choices and c.choices[0].text) == 7
 
 
-@pytest.mark.parametrize(
-    ("pool", "pool_url"), [("colocated", COLOCATED_URLS), ("disagg", DECODE_URL)]
-)
-def test_override_header_reaches_each_pool(client: openai.OpenAI, pool: str,
-                                           pool_url: str | tuple[str, ...]) -> None:
+@pytest.mark.parametrize(("pool", "pool_url"), [("colocated", COLOCATED_URLS), ("disagg", DECODE_URL)])
+def test_override_header_reaches_each_pool(
+    client: openai.OpenAI, pool: str, pool_url: str | tuple[str, ...]
+) -> None:
     before = _sample_sum(pool_url, "vllm:request_success_total")
     for _ in range(3):
         _chat(client, pool, max_tokens=4)
@@ -134,8 +135,17 @@ def test_stage_change_reloads_without_restart_and_a_dead_router_falls_back(
         assert _sample_sum(COLOCATED_URLS, "vllm:request_success_total") - colocated == 1
     finally:
         report = tmp_path / "restore.json"
-        restore = _invoke("provision", "--profile", PROFILE, "--limit", "lab-gw", "--stage", "colocated",
-                          "--json", str(report))
+        restore = _invoke(
+            "provision",
+            "--profile",
+            PROFILE,
+            "--limit",
+            "lab-gw",
+            "--stage",
+            "colocated",
+            "--json",
+            str(report),
+        )
     assert restore.returncode == 0, restore.stderr[-2000:]
     changes = json.loads(report.read_text())["hosts"]["lab-gw"]["changes"]
     assert any("vllm-router-pd.service" in c["op"] for c in changes), "provision started the router again"

@@ -28,8 +28,9 @@ COLOCATED_URLS = ("http://198.18.0.11:8000", "http://198.18.0.12:8000")
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                          check=False)
+    return subprocess.run(
+        [*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
 
 
 @pytest.fixture(scope="module")

@@ -44,15 +44,34 @@ def test_every_host_answers_ssh_as_ops_with_sudo(lab: LabHandle) -> None:
 def test_openssh_client_verifies_host_keys_strictly(lab: LabHandle, tmp_path: Path) -> None:
     """OpenSSH with StrictHostKeyChecking=yes accepts the lab's known_hosts and refuses an empty one."""
     host = lab.hosts[0]
-    base = ["ssh", "-i", str(lab.paths.key_file), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-            "-o", "StrictHostKeyChecking=yes", "-o", "GlobalKnownHostsFile=/dev/null"]
-    good = subprocess.run([*base, "-o", f"UserKnownHostsFile={lab.paths.known_hosts}",
-                           f"ops@{host.address}", "true"], capture_output=True, text=True, timeout=30)
+    base = [
+        "ssh",
+        "-i",
+        str(lab.paths.key_file),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+    ]
+    good = subprocess.run(
+        [*base, "-o", f"UserKnownHostsFile={lab.paths.known_hosts}", f"ops@{host.address}", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert good.returncode == 0, good.stderr
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    bad = subprocess.run([*base, "-o", f"UserKnownHostsFile={empty}", f"ops@{host.address}", "true"],
-                         capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        [*base, "-o", f"UserKnownHostsFile={empty}", f"ops@{host.address}", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode != 0
     assert "Host key verification failed" in bad.stderr
 
@@ -60,8 +79,11 @@ def test_openssh_client_verifies_host_keys_strictly(lab: LabHandle, tmp_path: Pa
 def test_pdfleet_refuses_a_host_key_it_does_not_know(lab: LabHandle, tmp_path: Path) -> None:
     """A known_hosts entry with another host's key is a ConnectError, not a silent accept."""
     gw, other = lab.hosts[0], lab.hosts[1]
-    lines = [line for line in lab.paths.known_hosts.read_text().splitlines()
-             if line.split()[0].split(",")[0] == other.address]
+    lines = [
+        line
+        for line in lab.paths.known_hosts.read_text().splitlines()
+        if line.split()[0].split(",")[0] == other.address
+    ]
     wrong = tmp_path / "known_hosts"
     wrong.write_text("".join(f"{gw.address} {' '.join(line.split()[1:])}\n" for line in lines))
     # The inventory's pdfleet_known_hosts_file wins over the run default, so swap it on the host.
@@ -72,8 +94,14 @@ def test_pdfleet_refuses_a_host_key_it_does_not_know(lab: LabHandle, tmp_path: P
     client.load_host_keys(str(wrong))
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     with pytest.raises(paramiko.SSHException):
-        client.connect(gw.address, username="ops", key_filename=str(lab.paths.key_file),
-                       look_for_keys=False, allow_agent=False, timeout=10)
+        client.connect(
+            gw.address,
+            username="ops",
+            key_filename=str(lab.paths.key_file),
+            look_for_keys=False,
+            allow_agent=False,
+            timeout=10,
+        )
     client.close()
 
 
@@ -105,8 +133,9 @@ def test_hosts_reach_the_mirrors_and_nothing_else(lab: LabHandle) -> None:
         rc, out, _ = lab.ssh(host, f"curl -fsS {apt_mirror_url()}Release && curl -fsS {pypi_mirror_url()}")
         assert rc == 0, out
         assert "Origin: pdfleet-lab" in out and 'href="pdfleet/"' in out and 'href="vllm-router/"' in out
-    rc, _, _ = lab.ssh(lab.hosts[0], f"curl -fsS --max-time 5 -o /dev/null http://{lab.hosts[1].address}:22 "
-                                     f"|| test $? -ne 7")
+    rc, _, _ = lab.ssh(
+        lab.hosts[0], f"curl -fsS --max-time 5 -o /dev/null http://{lab.hosts[1].address}:22 || test $? -ne 7"
+    )
     assert rc == 0, "lab hosts reach each other on the bridge"
 
 
@@ -212,9 +241,11 @@ def test_down_twice_is_clean_then_up_again(lab: LabHandle) -> None:
 def test_down_then_up_several_times_in_a_row_logs_in_at_once(lab: LabHandle) -> None:
     """Up right after down, three times: every host takes the login as soon as up returns, because
     sshd starts only after systemd-user-sessions has removed /run/nologin (else PAM hangs up)."""
-    probe = ("systemctl show -p After --value ssh.service; "
-             "systemctl show -p ActiveEnterTimestampMonotonic --value systemd-user-sessions.service; "
-             "systemctl show -p ExecMainStartTimestampMonotonic --value ssh.service")
+    probe = (
+        "systemctl show -p After --value ssh.service; "
+        "systemctl show -p ActiveEnterTimestampMonotonic --value systemd-user-sessions.service; "
+        "systemctl show -p ExecMainStartTimestampMonotonic --value ssh.service"
+    )
     for _ in range(3):
         down(lab.lab)
         lab.up()

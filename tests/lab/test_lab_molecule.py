@@ -24,10 +24,21 @@ def molecule(
     """Run molecule from the repository root with this venv's ansible and invoke on PATH."""
     if shutil.which("molecule", path=str(VENV_BIN)) is None:
         pytest.fail("molecule is not installed in this venv: pip install -e '.[test]'")
-    full_env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "ANSIBLE_NOCOLOR": "1",
-                "PY_COLORS": "0", **(env or {})}
-    return subprocess.run([str(VENV_BIN / "molecule"), *args], cwd=REPO_ROOT, env=full_env, text=True,
-                          capture_output=True, timeout=timeout)
+    full_env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
+        "ANSIBLE_NOCOLOR": "1",
+        "PY_COLORS": "0",
+        **(env or {}),
+    }
+    return subprocess.run(
+        [str(VENV_BIN / "molecule"), *args],
+        cwd=REPO_ROOT,
+        env=full_env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
 
 
 def test_idempotence_fails_when_a_converge_is_not_idempotent(lab: LabHandle, tmp_path: Path) -> None:
@@ -46,8 +57,13 @@ def test_idempotence_fails_when_a_converge_is_not_idempotent(lab: LabHandle, tmp
     finally:
         # the session's lab, converged with the shipped templates again (no destroy: `test --all` next
         # starts with one)
-        restored = subprocess.run([sys.executable, "-m", "invoke", "provision", "--profile", "lab-cross"],
-                                  cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+        restored = subprocess.run(
+            [sys.executable, "-m", "invoke", "provision", "--profile", "lab-cross"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     assert restored.returncode == 0, restored.stderr[-3000:]
     out = second.stdout + second.stderr
     assert second.returncode != 0, out[-4000:]

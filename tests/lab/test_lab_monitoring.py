@@ -21,8 +21,8 @@ import openai
 import pytest
 
 from pdfleet.fleet.deployment import load_deployment
-from pdfleet.fleet.recording import chain_figures, chain_steps
 from pdfleet.metrics.prometheus import PrometheusClient
+from pdfleet.monitoring.recording import chain_figures, chain_steps
 from roles import REGISTRY
 from tests.lab.helpers import REPO_ROOT, LabHandle
 
@@ -31,19 +31,23 @@ PROFILE = "lab-cross"
 MODEL = "llama-3.1-8b"
 PROMETHEUS_URL = "http://198.18.0.10:9090"
 POOL_HEADER = "X-Pdfleet-Pool"
-LONG_PROMPT = "word " * (16_000 * 4 // 5) # ≈ 16K tokens at 4 chars/token: a long-class prompt
+LONG_PROMPT = "word " * (16_000 * 4 // 5)  # ≈ 16K tokens at 4 chars/token: a long-class prompt
 ALERT = "PdfleetKVTransferSlow"
 # Counters of events healthy traffic need not produce: the gateway exports a labelled counter only once
 # it counted one, so these rules have no value until then (absent, never a made-up zero).
 EVENT_RULES = {
-    "pool_class:gateway_errors:rate", "pool:gateway_stream_errors:rate", "reason:gateway_fallbacks:rate",
-    "fleet:gateway_fallback:ratio", "pool_class:gateway_stream_stalls:per_min",
+    "pool_class:gateway_errors:rate",
+    "pool:gateway_stream_errors:rate",
+    "reason:gateway_fallbacks:rate",
+    "fleet:gateway_fallback:ratio",
+    "pool_class:gateway_stream_stalls:per_min",
 }
 
 
 def _invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        [*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def _provision(profile: str, report: Path, *extra: str) -> dict:  # type: ignore[type-arg]
@@ -101,8 +105,12 @@ class Traffic:
 
     def one(self, pool: str, prompt: str) -> None:
         stream = self.client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=16, stream=True,
-            extra_headers={POOL_HEADER: pool})
+            model=MODEL,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=16,
+            stream=True,
+            extra_headers={POOL_HEADER: pool},
+        )
         for _ in stream:
             pass
 
@@ -135,8 +143,9 @@ def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Ite
     for key, value in provisioned.items():
         monkeypatch.setenv(key, value)
     load = Traffic()
-    threads = [threading.Thread(target=load.loop, args=(pool,), daemon=True)
-               for pool in ("colocated", "disagg")]
+    threads = [
+        threading.Thread(target=load.loop, args=(pool,), daemon=True) for pool in ("colocated", "disagg")
+    ]
     for t in threads:
         t.start()
     yield load
@@ -147,8 +156,13 @@ def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Ite
 
 
 def _deployment(profile: str = PROFILE):  # noqa: ANN202 - Deployment
-    return load_deployment(profile, REPO_ROOT / "inventory" / "lab.yml", REPO_ROOT / "profiles",
-                           REPO_ROOT / "templates", REGISTRY)
+    return load_deployment(
+        profile,
+        REPO_ROOT / "inventory" / "lab.yml",
+        REPO_ROOT / "profiles",
+        REPO_ROOT / "templates",
+        REGISTRY,
+    )
 
 
 def test_every_target_is_up(prom: PrometheusClient) -> None:
@@ -169,7 +183,8 @@ def test_every_target_is_up(prom: PrometheusClient) -> None:
 
 
 def test_each_recording_rule_has_a_value_per_pool_after_streamed_traffic(
-        prom: PrometheusClient, traffic: Traffic) -> None:
+    prom: PrometheusClient, traffic: Traffic
+) -> None:
     deployment = _deployment()
     steps = chain_steps(deployment.profile, True)
     figures = chain_figures(deployment.profile, True)
@@ -193,7 +208,8 @@ def test_each_recording_rule_has_a_value_per_pool_after_streamed_traffic(
 
 
 def test_second_provision_changes_nothing_and_a_changed_rule_file_reloads(
-        lab: LabHandle, prom: PrometheusClient, tmp_path: Path) -> None:
+    lab: LabHandle, prom: PrometheusClient, tmp_path: Path
+) -> None:
     assert _provision(PROFILE, tmp_path / "again.json")["totals"]["changed"] == 0
     gw = _gw(lab)
     rc, pid_before, err = lab.ssh(gw, "systemctl show -p MainPID --value prometheus.service")
@@ -205,8 +221,11 @@ def test_second_provision_changes_nothing_and_a_changed_rule_file_reloads(
     assert data["hosts"]["lab-gw"]["changed"] == 1, data["hosts"]["lab-gw"]
     rc, pid_after, _ = lab.ssh(gw, "systemctl show -p MainPID --value prometheus.service")
     assert pid_after.strip() == pid_before.strip(), "Prometheus was restarted, not reloaded"
-    _wait(lambda: prom.instant("prometheus_config_last_reload_success_timestamp_seconds")[0].value > reloads,
-          30, "a successful reload")
+    _wait(
+        lambda: prom.instant("prometheus_config_last_reload_success_timestamp_seconds")[0].value > reloads,
+        30,
+        "a successful reload",
+    )
     assert prom.instant("prometheus_config_last_reload_successful")[0].value == 1
 
 
@@ -215,7 +234,8 @@ def _alert_state(prom: PrometheusClient) -> set[str]:
 
 
 def test_slow_kv_link_fires_the_kv_transfer_alert_and_restoring_resolves_it(
-        prom: PrometheusClient, traffic: Traffic, tmp_path: Path) -> None:
+    prom: PrometheusClient, traffic: Traffic, tmp_path: Path
+) -> None:
     profiles = tmp_path / "profiles"
     shutil.copytree(REPO_ROOT / "profiles", profiles)
     # the simulator's --sim-link: KV over plain TCP (≈4 GB/s) instead of 400G RoCE

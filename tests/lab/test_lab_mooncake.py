@@ -26,8 +26,9 @@ POOL_HEADER = "X-Pdfleet-Pool"
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
-                          check=False)
+    return subprocess.run(
+        [*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +47,9 @@ def client(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         assert env_proc.returncode == 0, env_proc.stderr
         env = dict(line.removeprefix("export ").partition("=")[::2] for line in env_proc.stdout.splitlines())
         env = {key: value.strip("'\"") for key, value in env.items()}
-        yield openai.OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0,
-                            timeout=120)
+        yield openai.OpenAI(
+            base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=120
+        )
     finally:
         restore = _invoke("provision", "--profile", "lab-cross", "--json", str(tmp / "restore.json"))
         assert restore.returncode == 0, restore.stdout[-3000:] + restore.stderr[-3000:]

@@ -24,9 +24,23 @@ INVOKE = [sys.executable, "-m", "invoke"]
 
 def _run_provision(profile: str, inventory: Path, report: Path, *extra: str) -> tuple[int, str, dict]:
     """Run the real CLI (as an operator would): exit code, output, JSON report."""
-    proc = subprocess.run([*INVOKE, "provision", "--profile", profile, "--inventory", str(inventory),
-                           "--json", str(report), *extra], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            *INVOKE,
+            "provision",
+            "--profile",
+            profile,
+            "--inventory",
+            str(inventory),
+            "--json",
+            str(report),
+            *extra,
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.returncode, proc.stdout + proc.stderr, json.loads(report.read_text())
 
@@ -56,8 +70,10 @@ def test_provision_twice_second_run_changes_nothing(lab: LabHandle, tmp_path: Pa
     topology = build_topology(prof, inv)
     for lab_host in lab.hosts:
         for instance in topology.on_host(lab_host.name):
-            check = (f"systemctl is-active {instance.unit} && "
-                     f"curl -fsS -o /dev/null -w '%{{http_code}}' {instance.health_url}")
+            check = (
+                f"systemctl is-active {instance.unit} && "
+                f"curl -fsS -o /dev/null -w '%{{http_code}}' {instance.health_url}"
+            )
             rc, out, err = lab.ssh(lab_host, check)
             assert rc == 0, f"{lab_host.name} {instance.unit}: {out} {err}"
             assert out.strip().endswith("200")
@@ -99,7 +115,8 @@ def test_check_on_a_converged_lab_changes_nothing(converged: LabHandle, tmp_path
 
 
 def test_an_operator_code_edit_changes_nothing_on_a_converged_lab(
-        converged: LabHandle, tmp_path: Path) -> None:
+    converged: LabHandle, tmp_path: Path
+) -> None:
     """Hosts run the host wheel, whose version ignores operator code: a CLI edit restarts no gateway."""
     lab = converged
     pid = _main_pid(lab, "lab-gw", "pdfleet-gateway.service")
@@ -116,8 +133,11 @@ def test_an_operator_code_edit_changes_nothing_on_a_converged_lab(
 
 def test_hand_edit_is_restored_and_only_that_unit_restarts(converged: LabHandle, tmp_path: Path) -> None:
     lab = converged
-    units = {"lab-p1": "vllm-prefill.service", "lab-d1": "vllm-decode.service",
-             "lab-colo1": "vllm-colocated.service"}
+    units = {
+        "lab-p1": "vllm-prefill.service",
+        "lab-d1": "vllm-decode.service",
+        "lab-colo1": "vllm-colocated.service",
+    }
     pids = {h: _main_pid(lab, h, u) for h, u in units.items()}
     rc, original, _ = lab.ssh(_host(lab, "lab-p1"), "sudo -n cat /etc/pdfleet/vllm-prefill.env")
     assert rc == 0
@@ -141,8 +161,11 @@ def test_a_stopped_unit_is_started_again(converged: LabHandle, tmp_path: Path) -
     assert rc == 0, err
     data = _provision(PROFILE, lab.lab.inventory, tmp_path / "start.json")
     assert data["hosts"]["lab-d1"]["changed"] >= 1
-    rc, out, _ = lab.ssh(d1, "systemctl is-active vllm-decode.service && "
-                             "curl -fsS -o /dev/null -w '%{http_code}' http://198.18.0.31:8200/health")
+    rc, out, _ = lab.ssh(
+        d1,
+        "systemctl is-active vllm-decode.service && "
+        "curl -fsS -o /dev/null -w '%{http_code}' http://198.18.0.31:8200/health",
+    )
     assert rc == 0 and out.strip().endswith("200"), out
 
 
@@ -208,8 +231,12 @@ def test_a_profile_pinned_to_0_11_provisions_and_serves_p_d(lab: LabHandle, tmp_
     rc, out, err = lab.ssh(p1, f"systemctl cat {prefill.unit}")
     assert rc == 0 and "--sim-vllm-version 0.11.0" in out, err
     model = prof.model.served_model_name or prof.model.id
-    ask = {"model": model, "prompt": "x" * 400, "max_tokens": 1,
-           "kv_transfer_params": {"do_remote_decode": True}}
+    ask = {
+        "model": model,
+        "prompt": "x" * 400,
+        "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True},
+    }
     curl = "curl -fsS -H 'Content-Type: application/json' -H 'X-Request-Id: lab-011' --data-binary @-"
     p_url, d_url = (f"http://{i.address}:{i.port}" for i in (prefill, decode))
     rc, out, err = lab.ssh(p1, f"echo '{json.dumps(ask)}' | {curl} {p_url}/v1/completions")
@@ -223,5 +250,6 @@ def test_a_profile_pinned_to_0_11_provisions_and_serves_p_d(lab: LabHandle, tmp_
     assert rc == 0 and "vllm:nixl_" not in out and "vllm:request_success_total" in out
     # the 0.11 producer freed the blocks on the consumer's notification (no 120 s wait)
     rc, out, _ = lab.ssh(p1, f"curl -fsS {p_url}/metrics")
-    assert rc == 0 and any(line.startswith("vllm:kv_cache_usage_perc{") and line.endswith(" 0.0")
-                           for line in out.splitlines())
+    assert rc == 0 and any(
+        line.startswith("vllm:kv_cache_usage_perc{") and line.endswith(" 0.0") for line in out.splitlines()
+    )

@@ -47,10 +47,10 @@ ROLLBACK_S = 5.0
 WINDOW_S = load_profile(PROFILE, REPO_ROOT / "profiles").rollout.window_s
 
 
-
 def _invoke(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        [*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def _ok(*args: str, timeout: float = 900) -> str:
@@ -75,8 +75,10 @@ def _host(lab: LabHandle, name: str):  # noqa: ANN202 - LabHost
 
 def _remote(lab: LabHandle, *args: str) -> Any:
     """pdfleet-rollout on lab-gw as the service user; its JSON answer."""
-    cmd = "sudo -n -u pdfleet /opt/pdfleet/rollout/bin/pdfleet-rollout --config " \
-          "/etc/pdfleet/rollout/controller.json " + " ".join(args)
+    cmd = (
+        "sudo -n -u pdfleet /opt/pdfleet/rollout/bin/pdfleet-rollout --config "
+        "/etc/pdfleet/rollout/controller.json " + " ".join(args)
+    )
     rc, out, err = lab.ssh(_host(lab, "lab-gw"), cmd)
     assert rc == 0, err
     return json.loads(out) if args[0] != "history" else [json.loads(x) for x in out.splitlines() if x]
@@ -86,8 +88,9 @@ def _status(lab: LabHandle) -> dict[str, Any]:
     return dict(_remote(lab, "status"))
 
 
-def _active(lab: LabHandle, done: Callable[[dict[str, Any]], bool], timeout: float,
-            what: str) -> dict[str, Any]:
+def _active(
+    lab: LabHandle, done: Callable[[dict[str, Any]], bool], timeout: float, what: str
+) -> dict[str, Any]:
     """The status once `done` holds; a rollout that ends some other way fails at once, with its reason."""
 
     def check() -> dict[str, Any] | None:
@@ -118,15 +121,20 @@ def _decisions() -> dict[tuple[str, str], float]:
 def _warm_disagg(env: dict[str, str], timeout: float = 60) -> None:
     """Streams forced to the disaggregated pool until three in a row answer from it: a restarted
     instance's first requests are not the figures the next test should be gated on."""
-    client = openai.OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0,
-                           timeout=60)
+    client = openai.OpenAI(
+        base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=60
+    )
     deadline, served = time.monotonic() + timeout, 0
     while served < 3:
         assert time.monotonic() < deadline, "the disaggregated pool did not serve again"
         try:
             raw = client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=[{"role": "user", "content": "warm up"}], max_tokens=4, stream=True,
-                extra_headers={"X-Pdfleet-Pool": "disagg"})
+                model=MODEL,
+                messages=[{"role": "user", "content": "warm up"}],
+                max_tokens=4,
+                stream=True,
+                extra_headers={"X-Pdfleet-Pool": "disagg"},
+            )
             for _ in raw.parse():
                 pass
             served = served + 1 if raw.headers.get("X-Pdfleet-Pool") == "disagg" else 0
@@ -224,7 +232,8 @@ def at_colocated(provisioned: dict[str, str], lab: LabHandle, last_traffic: dict
 
 
 def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
-        lab: LabHandle, at_colocated: None, traffic: dict[str, Any]) -> None:
+    lab: LabHandle, at_colocated: None, traffic: dict[str, Any]
+) -> None:
     before = _decisions()
     _ok("rollout", "--stage", "long-prompts", timeout=400)  # follows the live view until the end
     status = _status(lab)
@@ -244,8 +253,9 @@ def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
     assert traffic["failed"] == [], traffic["failed"][:3]
 
 
-def test_a_stopped_decode_service_rolls_back_within_5_s(lab: LabHandle, provisioned: dict[str, str],
-                                                         at_colocated: None, traffic: dict[str, Any]) -> None:
+def test_a_stopped_decode_service_rolls_back_within_5_s(
+    lab: LabHandle, provisioned: dict[str, str], at_colocated: None, traffic: dict[str, Any]
+) -> None:
     _ok("rollout", "--stage", "long-prompts", "--no-watch")
     _active(lab, lambda s: s["weights"]["long"] >= 25, 120, "the rollout past its first step")
     time.sleep(5)  # a failure counts once the window holds the step's 5 samples: the fault comes after
@@ -269,9 +279,14 @@ def test_a_stopped_decode_service_rolls_back_within_5_s(lab: LabHandle, provisio
 
 
 def test_killing_the_operator_process_leaves_the_controller_going_and_provision_keeps_the_stage(
-        lab: LabHandle, at_colocated: None, traffic: dict[str, Any], tmp_path: Path) -> None:
-    watcher = subprocess.Popen([*INVOKE, "rollout", "--stage", "long-prompts"], cwd=REPO_ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lab: LabHandle, at_colocated: None, traffic: dict[str, Any], tmp_path: Path
+) -> None:
+    watcher = subprocess.Popen(
+        [*INVOKE, "rollout", "--stage", "long-prompts"],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait(lambda: _status(lab)["phase"] == "progressing", 60, "the rollout started")
     watcher.send_signal(signal.SIGKILL)
     watcher.wait(30)
@@ -285,8 +300,9 @@ def test_killing_the_operator_process_leaves_the_controller_going_and_provision_
     assert "long-prompts" in _ok("rollout.status")
 
 
-def test_abort_goes_back_now_and_promote_ends_a_pause(lab: LabHandle, at_colocated: None,
-                                                      traffic: dict[str, Any]) -> None:
+def test_abort_goes_back_now_and_promote_ends_a_pause(
+    lab: LabHandle, at_colocated: None, traffic: dict[str, Any]
+) -> None:
     _ok("rollout", "--stage", "canary-long", "--no-watch")  # lab-cross: its third step is a pause
     _active(lab, lambda s: s["phase"] == "paused", 180, "the pause of canary-long")
     _ok("rollout.promote")
@@ -297,8 +313,9 @@ def test_abort_goes_back_now_and_promote_ends_a_pause(lab: LabHandle, at_colocat
     assert traffic["failed"] == [], traffic["failed"][:3]
 
 
-def test_promote_full_skips_the_remaining_steps(lab: LabHandle, at_colocated: None,
-                                                traffic: dict[str, Any]) -> None:
+def test_promote_full_skips_the_remaining_steps(
+    lab: LabHandle, at_colocated: None, traffic: dict[str, Any]
+) -> None:
     _ok("rollout", "--stage", "long-prompts", "--no-watch")
     _wait(lambda: _status(lab)["weights"]["long"] > 0, 60, "the first step")
     _ok("rollout.promote", "--full")
@@ -306,21 +323,26 @@ def test_promote_full_skips_the_remaining_steps(lab: LabHandle, at_colocated: No
     assert status["weights"]["long"] == 100
 
 
-def test_dry_run_measures_the_gates_and_changes_nothing(lab: LabHandle, at_colocated: None,
-                                                        traffic: dict[str, Any]) -> None:
+def test_dry_run_measures_the_gates_and_changes_nothing(
+    lab: LabHandle, at_colocated: None, traffic: dict[str, Any]
+) -> None:
     before = _status(lab)
     out = _ok("rollout", "--stage", "long-prompts", "--dry-run")
     assert "nothing changed" in out and "ttft-p99-vs-colocated" in out
     after = _status(lab)
-    assert (after["phase"], after["stage"], after["version"]) == (before["phase"], before["stage"],
-                                                                  before["version"])
+    assert (after["phase"], after["stage"], after["version"]) == (
+        before["phase"],
+        before["stage"],
+        before["version"],
+    )
 
 
 def test_too_little_traffic_pauses_inconclusive_and_says_why(lab: LabHandle, at_colocated: None) -> None:
     # no traffic fixture: the first analysis never sees its minimum samples
     _ok("rollout", "--stage", "long-prompts", "--no-watch")
-    status = _wait(lambda: (s := _status(lab))["phase"] == "inconclusive" and s, 120,
-                   "the inconclusive pause")
+    status = _wait(
+        lambda: (s := _status(lab))["phase"] == "inconclusive" and s, 120, "the inconclusive pause"
+    )
     assert "too little traffic" in status["reason"]
     assert "inconclusive" in _ok("rollout.status")
     _ok("rollout.abort")

@@ -29,7 +29,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rollout",),  # the rollout controller (host program on the monitoring host): gates read metrics
     ("hw",),  # hardware facts and decisions
     ("fleet",),  # topology, deployment, the role contract, rendering, provisioning, the host wheel
-    ("checks", "bench", "lab", "doctor"),  # verify, benchmarks, the local lab, doctor
+    (
+        "checks",
+        "bench",
+        "lab",
+        "doctor",
+        "monitoring",
+    ),  # verify, benchmarks, the local lab, doctor, monitoring
     ("cli",),  # the tasks: wire everything, plug the lab in
 )
 # Test modules that test a package as a whole rather than one module, with what they test.
@@ -40,7 +46,15 @@ MIRROR_EXCEPTIONS: dict[str, str] = {
 }
 # Folders a clone gets from tools, not from the repo.
 IGNORED_FOLDERS = {
-    ".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", "out", "build", "dist",
+    ".git",
+    ".venv",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".hypothesis",
+    "out",
+    "build",
+    "dist",
 }
 LAYER_OF = {package: depth for depth, packages in enumerate(LAYERS) for package in packages}
 
@@ -156,8 +170,12 @@ def test_no_module_is_over_the_line_limit(path: Path) -> None:
 
 def test_no_import_machinery_finds_code_by_path() -> None:
     pattern = re.compile(r"import_module|find_spec|sys\.path")
-    hits = [f"{p.relative_to(REPO)}:{n}" for p in _sources()
-            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    hits = [
+        f"{p.relative_to(REPO)}:{n}"
+        for p in _sources()
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not hits, hits
 
 
@@ -178,8 +196,11 @@ def test_unit_tests_mirror_the_source() -> None:
 
 
 def test_every_test_directory_is_a_package() -> None:
-    missing = [str(d.relative_to(REPO)) for d in (REPO / "tests").rglob("*")
-               if d.is_dir() and any(d.glob("*.py")) and not (d / "__init__.py").exists()]
+    missing = [
+        str(d.relative_to(REPO))
+        for d in (REPO / "tests").rglob("*")
+        if d.is_dir() and any(d.glob("*.py")) and not (d / "__init__.py").exists()
+    ]
     assert not missing, missing
 
 
@@ -196,8 +217,11 @@ def test_no_test_imports_another_test_module() -> None:
 
 def test_the_architecture_page_names_every_folder_and_package() -> None:
     page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
-    folders = [p.name for p in REPO.iterdir()
-               if p.is_dir() and p.name not in IGNORED_FOLDERS and not p.name.endswith(".egg-info")]
+    folders = [
+        p.name
+        for p in REPO.iterdir()
+        if p.is_dir() and p.name not in IGNORED_FOLDERS and not p.name.endswith(".egg-info")
+    ]
     packages = [p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()]
     modules = [p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"]
     missing = [n for n in [*folders, *packages, *modules] if f"`{n}" not in page]

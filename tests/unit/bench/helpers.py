@@ -148,8 +148,19 @@ def built_result(partial: bool = False):  # noqa: ANN201 - pdfleet.bench.compare
     from pdfleet.bench.workloads import Item, WorkloadSpec
 
     def rec(i: int, pool: str, cls: str, start: float, chunks: list[float], error: str = "") -> Record:
-        r = Record(i, pool, cls, 30000 if cls == "long" else 500, len(chunks), due=start, start=start,
-                   chunks=chunks, output_tokens=len(chunks) if not error else None, status=200, error=error)
+        r = Record(
+            i,
+            pool,
+            cls,
+            30000 if cls == "long" else 500,
+            len(chunks),
+            due=start,
+            start=start,
+            chunks=chunks,
+            output_tokens=len(chunks) if not error else None,
+            status=200,
+            error=error,
+        )
         r.ttft = chunks[0] - start if chunks else float("nan")
         return r
 
@@ -162,10 +173,12 @@ def built_result(partial: bool = False):  # noqa: ANN201 - pdfleet.bench.compare
             cut = "the connection closed mid-stream after 1 token event(s)"
             recs.append(rec(5, name, "short", 0.6, [0.7], error=cut))
         run = PoolRun(name, recs, 0.0, 3.0, 1.7e9, lateness=[0.0001, 0.0005], loop_lag=[0.0002])
-        server = {"queue_p95_ms": {name if name == "colocated" else "prefill": 350.0},
-                  "prefill_p95_ms": {"*": "n/a: no observation"},
-                  "kv_transfer_p95_ms": {"decode": 12.0} if name == "disagg" else {},
-                  "prefix_cache_hit_pct": {name if name == "colocated" else "prefill": 37.5}}
+        server = {
+            "queue_p95_ms": {name if name == "colocated" else "prefill": 350.0},
+            "prefill_p95_ms": {"*": "n/a: no observation"},
+            "kv_transfer_p95_ms": {"decode": 12.0} if name == "disagg" else {},
+            "prefix_cache_hit_pct": {name if name == "colocated" else "prefill": 37.5},
+        }
         return PoolResult(PoolTarget(name, 2), run, server, {name: 0.4})
 
     plan = BenchPlan(WorkloadSpec("long-prompt-mix"), rate=2.0, num_prompts=6, bounds=Bounds(1000, 100, 500))

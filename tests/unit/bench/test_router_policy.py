@@ -93,5 +93,8 @@ def test_policy_flags_one_for_both_pools_or_one_per_pool() -> None:
     assert policy_flags("cache_aware") == ["--policy", "cache_aware"]
     assert policy_flags("random/random") == ["--policy", "random"]
     assert policy_flags("cache_aware/round_robin") == [
-        "--prefill-policy", "cache_aware", "--decode-policy", "round_robin"
+        "--prefill-policy",
+        "cache_aware",
+        "--decode-policy",
+        "round_robin",
     ]

@@ -118,15 +118,20 @@ def test_table_rows_keep_run_order() -> None:
 
 def _loopback_inventory(tmp_path: Path, sshd, colocated: bool = False) -> Path:  # type: ignore[no-untyped-def]
     inv = tmp_path / "inv.yml"
-    host = (f"          ansible_host: 127.0.0.1\n          ansible_port: {sshd.port}\n"
-            f"          ansible_user: root\n          ansible_ssh_private_key_file: {sshd.key_file}\n"
-            f"          pdfleet_known_hosts_file: {sshd.known_hosts}\n")
+    host = (
+        f"          ansible_host: 127.0.0.1\n          ansible_port: {sshd.port}\n"
+        f"          ansible_user: root\n          ansible_ssh_private_key_file: {sshd.key_file}\n"
+        f"          pdfleet_known_hosts_file: {sshd.known_hosts}\n"
+    )
     inv.write_text(
         "all:\n  children:\n    prefill:\n      hosts:\n        loop:\n" + host + "          gpus: [0, 1]\n"
         "    decode:\n      hosts:\n        loop: {}\n"
         # the profile's colocated baseline pool needs a host of its own (the same sshd) to pass the checks
-        + ("    colocated:\n      hosts:\n        colo:\n" + host + "          gpus: [0]\n"
-           if colocated else "")
+        + (
+            "    colocated:\n      hosts:\n        colo:\n" + host + "          gpus: [0]\n"
+            if colocated
+            else ""
+        )
     )
     return inv
 
@@ -140,8 +145,9 @@ def test_verify_over_ssh_skips_hardware_and_fails_naming_host_and_check(tmp_path
     inv = load_inventory(_loopback_inventory(tmp_path, sshd))
     prof = profile("same-host-pcie")
     junit = tmp_path / "verify.xml"
-    run = run_verify(prof, _topology(prof, inv), list(inv.hosts.values()),
-                     VerifyOptions(junit=junit, connect_timeout=5))
+    run = run_verify(
+        prof, _topology(prof, inv), list(inv.hosts.values()), VerifyOptions(junit=junit, connect_timeout=5)
+    )
     by_check = {r.check: r for r in run.results}
     # this machine has no NVIDIA GPU and the profile moves KV over PCIe: skipped with the reason
     assert by_check["gpu/driver_version_matches_pin"].outcome == SKIP

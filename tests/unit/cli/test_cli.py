@@ -26,8 +26,18 @@ def _invoke(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 
 def test_list_shows_every_task_with_its_help() -> None:
     out = _invoke("--list").stdout
-    for name in ("profiles", "render", "provision", "verify", "demo", "lab.up", "lab.down", "lab.status",
-                 "lab.ssh", "lab.env"):
+    for name in (
+        "profiles",
+        "render",
+        "provision",
+        "verify",
+        "demo",
+        "lab.up",
+        "lab.down",
+        "lab.status",
+        "lab.ssh",
+        "lab.env",
+    ):
         line = next((ln for ln in out.splitlines() if ln.strip().startswith(name + " ")), "")
         assert line.strip() != name and len(line.split()) > 1, f"{name} has no help line in --list"
 
@@ -46,8 +56,10 @@ def test_every_option_has_help(task: str) -> None:
     [
         (["render", "--profile", "no-such-profile", "--inventory", CROSS], "available"),
         (["render", "--profile", "cross-rdma", "--inventory", "inventory/nope.yml"], "nope.yml"),
-        (["render", "--profile", "cross-rdma", "--inventory", "inventory/examples/same-host-pcie.yml"],
-         "same-host-pcie.yml"),
+        (
+            ["render", "--profile", "cross-rdma", "--inventory", "inventory/examples/same-host-pcie.yml"],
+            "same-host-pcie.yml",
+        ),
         (["render", "--profile", "cross-rdma", "--inventory", CROSS, "--limit", "ghost"], "ghost"),
         (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--roles", "bogus"], "bogus"),
         (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--serial", "-1"], "--serial"),
@@ -73,8 +85,10 @@ def test_bad_input_is_one_paragraph_and_changes_nothing(
 # --------------------------------------------------------------------------- hostile input (issue 18)
 
 LAB_INVENTORY = (REPO / "inventory/lab.yml").read_text()
-BOMB = "".join([f"l0: &l0 [{', '.join(['lol'] * 9)}]\n"]
-               + [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]\n" for i in range(1, 10)])
+BOMB = "".join(
+    [f"l0: &l0 [{', '.join(['lol'] * 9)}]\n"]
+    + [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]\n" for i in range(1, 10)]
+)
 PRIVATE = "sk-pdfleet-" + "Zq9" * 14
 
 
@@ -102,8 +116,10 @@ class Site:
         directory = self.root / "profiles"
         if not directory.exists():
             shutil.copytree(REPO / "profiles", directory)
-        keys = {"client_key_file": str(self.keys / "client.key"),
-                "admin_key_file": str(self.keys / "admin.key")}
+        keys = {
+            "client_key_file": str(self.keys / "client.key"),
+            "admin_key_file": str(self.keys / "admin.key"),
+        }
         data = _merge({"extends": "lab-colocated", "gateway": keys}, over or {})
         path = directory / "case.yml"
         path.write_bytes(raw if raw is not None else json.dumps(data).encode())  # JSON is YAML
@@ -114,20 +130,33 @@ class Site:
         path.write_text(text)
         return str(path)
 
-    def render(self, *args: str, profile: str | None = None, inventory: str | None = None,
-               out: str | None = None) -> subprocess.CompletedProcess[str]:
+    def render(
+        self, *args: str, profile: str | None = None, inventory: str | None = None, out: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """`invoke render` of this site, with HOME here (so `~` key files land here too)."""
-        argv = ["render", "--profile", profile or self.profile(),
-                "--inventory", inventory or self.inventory(), "--out", out or str(self.root / "out"), *args]
+        argv = [
+            "render",
+            "--profile",
+            profile or self.profile(),
+            "--inventory",
+            inventory or self.inventory(),
+            "--out",
+            out or str(self.root / "out"),
+            *args,
+        ]
         env = {**os.environ, "HOME": str(self.root / "home")}
-        return subprocess.run([*INVOKE, *argv], cwd=REPO, capture_output=True, text=True, timeout=120,
-                              check=False, env=env)
+        return subprocess.run(
+            [*INVOKE, *argv], cwd=REPO, capture_output=True, text=True, timeout=120, check=False, env=env
+        )
 
     def written(self) -> list[str]:
         """Every file under the site except its inputs: key files and rendered files."""
         inputs = {"profiles", "inv.yml"}
-        return sorted(str(p.relative_to(self.root)) for p in self.root.rglob("*")
-                      if p.is_file() and p.relative_to(self.root).parts[0] not in inputs)
+        return sorted(
+            str(p.relative_to(self.root))
+            for p in self.root.rglob("*")
+            if p.is_file() and p.relative_to(self.root).parts[0] not in inputs
+        )
 
 
 def _refused(proc: subprocess.CompletedProcess[str], expected: str) -> str:
@@ -142,46 +171,95 @@ def _refused(proc: subprocess.CompletedProcess[str], expected: str) -> str:
 
 # (id, what the case changes: profile overrides / profile text / inventory text / option, expected text)
 HOSTILE: list[tuple[str, dict[str, Any], str]] = [
-    ("C1-model-id", {"profile": {"model": {"id": "m\nExecStartPre=/bin/sh -c id"}}},
-     "case.yml: model.id: the value 'm\\nExecStartPre=/bin/sh -c id' contains the control character U+000A"),
-    ("C1-served-name", {"profile": {"model": {"served_model_name": "m\nx=y"}}},
-     "model.served_model_name: the value 'm\\nx=y' contains the control character U+000A"),
+    (
+        "C1-model-id",
+        {"profile": {"model": {"id": "m\nExecStartPre=/bin/sh -c id"}}},
+        "case.yml: model.id: the value 'm\\nExecStartPre=/bin/sh -c id' "
+        "contains the control character U+000A",
+    ),
+    (
+        "C1-served-name",
+        {"profile": {"model": {"served_model_name": "m\nx=y"}}},
+        "model.served_model_name: the value 'm\\nx=y' contains the control character U+000A",
+    ),
     ("C1-alias", {"profile": {"gateway": {"model_alias": "a\nstage: all-disagg"}}}, "gateway.model_alias:"),
-    ("C1-kv-cache-dtype", {"profile": {"pools": {"colocated": {"kv_cache_dtype": "fp8\nUser=root"}}}},
-     "pools.colocated.kv_cache_dtype:"),
-    ("C1-extra-args", {"profile": {"pools": {"colocated": {"extra_args": ["--x\nUser=root"]}}}},
-     "pools.colocated.extra_args[0]:"),
-    ("C1-apt-mirror", {"profile": {"mirrors": {"apt": "http://m/ ./\ndeb [trusted=yes] http://evil/ ./"}}},
-     "mirrors.apt:"),
-    ("C1-ansible-host", {"inventory": LAB_INVENTORY.replace(
-        "ansible_host: 198.18.0.11", 'ansible_host: "198.18.0.11\\nExecStartPre=/bin/sh"')},
-     "all.children.colocated.hosts.lab-colo1.ansible_host: contains the control character U+000A"),
-    ("C2-host-parent", {"inventory": LAB_INVENTORY.replace("lab-colo1:", "../../x:")},
-     "all.children.colocated.hosts.../../x: '../../x' is not a host name"),
-    ("C2-host-absolute", {"inventory": LAB_INVENTORY.replace("lab-gw:\n", "{site}/abs:\n")},
-     "all.children.gateway.hosts.{site}/abs: "),
-    ("C2-keys-file-parent", {"profile": {"gateway": {"keys_file": "/etc/pdfleet/../../../tmp/k.yaml"}}},
-     "gateway.keys_file: must be an absolute, normalised path"),
-    ("C2-keys-file-relative", {"profile": {"gateway": {"keys_file": "keys.yaml"}}},
-     "gateway.keys_file: must be an absolute, normalised path"),
+    (
+        "C1-kv-cache-dtype",
+        {"profile": {"pools": {"colocated": {"kv_cache_dtype": "fp8\nUser=root"}}}},
+        "pools.colocated.kv_cache_dtype:",
+    ),
+    (
+        "C1-extra-args",
+        {"profile": {"pools": {"colocated": {"extra_args": ["--x\nUser=root"]}}}},
+        "pools.colocated.extra_args[0]:",
+    ),
+    (
+        "C1-apt-mirror",
+        {"profile": {"mirrors": {"apt": "http://m/ ./\ndeb [trusted=yes] http://evil/ ./"}}},
+        "mirrors.apt:",
+    ),
+    (
+        "C1-ansible-host",
+        {
+            "inventory": LAB_INVENTORY.replace(
+                "ansible_host: 198.18.0.11", 'ansible_host: "198.18.0.11\\nExecStartPre=/bin/sh"'
+            )
+        },
+        "all.children.colocated.hosts.lab-colo1.ansible_host: contains the control character U+000A",
+    ),
+    (
+        "C2-host-parent",
+        {"inventory": LAB_INVENTORY.replace("lab-colo1:", "../../x:")},
+        "all.children.colocated.hosts.../../x: '../../x' is not a host name",
+    ),
+    (
+        "C2-host-absolute",
+        {"inventory": LAB_INVENTORY.replace("lab-gw:\n", "{site}/abs:\n")},
+        "all.children.gateway.hosts.{site}/abs: ",
+    ),
+    (
+        "C2-keys-file-parent",
+        {"profile": {"gateway": {"keys_file": "/etc/pdfleet/../../../tmp/k.yaml"}}},
+        "gateway.keys_file: must be an absolute, normalised path",
+    ),
+    (
+        "C2-keys-file-relative",
+        {"profile": {"gateway": {"keys_file": "keys.yaml"}}},
+        "gateway.keys_file: must be an absolute, normalised path",
+    ),
     ("C3-bomb-profile", {"raw": BOMB.encode()}, "case.yml: aliases expand the document to more than"),
     ("C3-bomb-inventory", {"inventory": BOMB}, "inv.yml: aliases expand the document to more than"),
-    ("C4-invalid-utf8", {"raw": "extends: lab-colocated\ndescription: caf\xe9\n".encode("latin-1")},
-     "case.yml:2: not valid UTF-8 (byte 0xe9"),
-    ("C4-deep", {"raw": ("a: " + "[" * 3000 + "]" * 3000 + "\n").encode()},
-     "invalid YAML: nested deeper than 64 levels"),
+    (
+        "C4-invalid-utf8",
+        {"raw": "extends: lab-colocated\ndescription: caf\xe9\n".encode("latin-1")},
+        "case.yml:2: not valid UTF-8 (byte 0xe9",
+    ),
+    (
+        "C4-deep",
+        {"raw": ("a: " + "[" * 3000 + "]" * 3000 + "\n").encode()},
+        "invalid YAML: nested deeper than 64 levels",
+    ),
     ("C4-out-is-a-file", {"out": "file"}, "is a file, not a directory"),
     ("C4-out-below-a-file", {"out": "file/sub"}, "is below the file"),
-    ("C5-key-file-as-inventory", {"inventory": PRIVATE + "\n"},
-     "inv.yml: (top level): must be a mapping of groups, e.g. `all:` (got the string 'sk-p'... (53 "
-     "characters))"),
+    (
+        "C5-key-file-as-inventory",
+        {"inventory": PRIVATE + "\n"},
+        "inv.yml: (top level): must be a mapping of groups, e.g. `all:` (got the string 'sk-p'... (53 "
+        "characters))",
+    ),
     ("C6-limit-nohost", {"args": ["--limit", "nohost"]}, "--limit 'nohost': unknown host or group nohost"),
     ("C6-bad-admin-key", {"admin_key": 0o644}, "admin.key: a key file must be readable by its owner only"),
-    ("C7-same-key-file", {"profile": {"gateway": {"admin_key_file": "{keys}/./client.key"}}},
-     "gateway.admin_key_file: is the same file as gateway.client_key_file"),
+    (
+        "C7-same-key-file",
+        {"profile": {"gateway": {"admin_key_file": "{keys}/./client.key"}}},
+        "gateway.admin_key_file: is the same file as gateway.client_key_file",
+    ),
     ("C8-key-path-is-a-directory", {"admin_key": "dir"}, "admin.key: is a directory, not a key file"),
-    ("C9-stage-off", {"raw": b"extends: lab-colocated\ngateway: {stage: off}\n"},
-     "gateway.stage: must be a string, but YAML read the unquoted value as the boolean false"),
+    (
+        "C9-stage-off",
+        {"raw": b"extends: lab-colocated\ngateway: {stage: off}\n"},
+        "gateway.stage: must be a string, but YAML read the unquoted value as the boolean false",
+    ),
 ]
 
 
@@ -217,8 +295,11 @@ def test_hostile_input_is_refused_in_one_paragraph_and_writes_nothing(
 
 def test_render_writes_keys_only_for_a_gateway_it_renders(tmp_path: Path) -> None:
     site = Site(tmp_path)
-    no_gateway = site.inventory(LAB_INVENTORY.replace("    gateway:\n      hosts:\n        lab-gw:\n",
-                                                      "    edge:\n      hosts:\n        lab-gw:\n"))
+    no_gateway = site.inventory(
+        LAB_INVENTORY.replace(
+            "    gateway:\n      hosts:\n        lab-gw:\n", "    edge:\n      hosts:\n        lab-gw:\n"
+        )
+    )
     proc = site.render(inventory=no_gateway)
     assert proc.returncode == 0, proc.stderr
     assert not site.keys.exists(), "no gateway rendered, so no keys needed"
@@ -235,9 +316,15 @@ def test_render_writes_keys_only_for_a_gateway_it_renders(tmp_path: Path) -> Non
 def test_a_failing_limit_creates_no_key_file(tmp_path: Path, task: str) -> None:
     site = Site(tmp_path)
     env = {**os.environ, "HOME": str(tmp_path / "home")}
-    proc = subprocess.run([*INVOKE, task, "--profile", site.profile(), "--inventory", site.inventory(),
-                           "--limit", "nohost"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          check=False, env=env)
+    proc = subprocess.run(
+        [*INVOKE, task, "--profile", site.profile(), "--inventory", site.inventory(), "--limit", "nohost"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
     _refused(proc, "unknown host or group nohost")
     assert site.written() == []
 
@@ -247,6 +334,7 @@ def test_loading_the_tasks_imports_no_sdk_or_plotting_library() -> None:
     # matplotlib belong to the commands that use them, not to `invoke --help render`
     heavy = ("openai", "anthropic", "matplotlib")
     code = f"import sys, tasks; print(sorted(m for m in {heavy!r} if m in sys.modules))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
+    )
     assert proc.stdout.strip() == "[]"

@@ -15,7 +15,8 @@ from tests.unit.lab.helpers import LAB_YML, REPO, lab_of
 
 
 def test_lab_env_prints_exports_or_says_the_gateway_is_not_provisioned(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     lab = lab_of(LAB_YML, LabPaths(tmp_path))
     monkeypatch.setattr(cli_lab, "this_lab", lambda: lab)
     with pytest.raises(Exit) as exc:
@@ -41,7 +42,8 @@ def test_lab_env_prints_exports_or_says_the_gateway_is_not_provisioned(
 
 
 def test_lab_up_with_an_inventory_that_does_not_exist_says_so(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = tmp_path / "fleet.yml"
     with pytest.raises(Exit) as exc:
         cli_lab.up_task(project_context(), inventory=str(missing))

@@ -13,25 +13,32 @@ from prometheus_client import Gauge, Histogram
 
 from pdfleet.bench.procs import free_port
 from pdfleet.cli.monitor import monitor
-from pdfleet.fleet.monitoring_config import dump
-from pdfleet.fleet.recording import recording_rules
+from pdfleet.monitoring.monitoring_config import dump
+from pdfleet.monitoring.recording import recording_rules
 from pdfleet.sim.metrics import TTFT_BUCKETS
 from tests.unit.cli.helpers import REPO, project_context
 from tests.unit.fleet.helpers import fleet_of
 from tests.unit.metrics.helpers import exporter, prometheus, scrape_config, wait_for
 
 
-def test_the_table_shows_the_chain_from_the_recorded_series(tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_table_shows_the_chain_from_the_recorded_series(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     fleet = fleet_of("lab-cross", REPO / "inventory" / "lab.yml")
     rules = tmp_path / "recording.yml"
     rules.write_text(dump(recording_rules(fleet.profile, True)))
     stop = threading.Event()
     with exporter() as exp:
-        ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", ["model_name", "engine"],
-                         buckets=TTFT_BUCKETS, registry=exp.registry).labels("m", "0")
-        Gauge("vllm:num_requests_waiting", "waiting", ["model_name", "engine"],
-              registry=exp.registry).labels("m", "0").set(3)
+        ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "TTFT",
+            ["model_name", "engine"],
+            buckets=TTFT_BUCKETS,
+            registry=exp.registry,
+        ).labels("m", "0")
+        Gauge("vllm:num_requests_waiting", "waiting", ["model_name", "engine"], registry=exp.registry).labels(
+            "m", "0"
+        ).set(3)
 
         def traffic() -> None:
             while not stop.wait(0.1):
@@ -43,6 +50,7 @@ def test_the_table_shows_the_chain_from_the_recorded_series(tmp_path: Path,
         thread.start()
         try:
             with prometheus(tmp_path / "prom", config) as prom:
+
                 def recorded() -> bool:
                     found = prom.client.instant("pool_role:vllm_ttft_seconds:p50")
                     return bool(found) and not math.isnan(found[0].value)
@@ -71,14 +79,18 @@ def test_prometheus_down_is_one_clear_error(capsys: pytest.CaptureFixture[str]) 
     assert "is not answering" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"minutes": "abc"}, "--minutes: 'abc' is not a number"),
-    ({"minutes": "0.5"}, "--minutes: 0.5 is less than one minute"),
-    ({"interval": "0"}, "--interval: 0 s is less than 1 s"),
-    ({"prometheus": "ftp://x"}, "--prometheus: 'ftp://x' is not an http(s) URL"),
-])
-def test_bad_options_are_errors(options: dict[str, str], message: str,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"minutes": "abc"}, "--minutes: 'abc' is not a number"),
+        ({"minutes": "0.5"}, "--minutes: 0.5 is less than one minute"),
+        ({"interval": "0"}, "--interval: 0 s is less than 1 s"),
+        ({"prometheus": "ftp://x"}, "--prometheus: 'ftp://x' is not an http(s) URL"),
+    ],
+)
+def test_bad_options_are_errors(
+    options: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     options = {"prometheus": f"http://127.0.0.1:{free_port()}", **options}
     with pytest.raises(Exit):
         monitor(project_context(), profile="lab-cross", **options)

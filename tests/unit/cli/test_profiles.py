@@ -53,8 +53,10 @@ def test_invoke_profiles_with_inventory_runs_semantic_checks() -> None:
     assert f"ok (fits {inv})" in ok.stdout
     bad = _invoke("profiles", "--inventory", inv, "--profile", "same-host-pcie")
     assert bad.returncode == 1
-    assert (f"profiles/same-host-pcie.yml: topology: same-host needs a host in both groups prefill and "
-            f"decode; in {inv}") in bad.stdout
+    assert (
+        f"profiles/same-host-pcie.yml: topology: same-host needs a host in both groups prefill and "
+        f"decode; in {inv}"
+    ) in bad.stdout
 
 
 def test_invoke_profiles_unknown_inventory_is_one_clean_error() -> None:
@@ -67,8 +69,10 @@ def test_invoke_profiles_unknown_inventory_is_one_clean_error() -> None:
 def test_one_bad_file_does_not_stop_the_listing_of_the_rest(tmp_path: Path) -> None:
     (tmp_path / "_base.yml").write_text((PROFILES / "_base.yml").read_text())
     (tmp_path / "colocated.yml").write_text((PROFILES / "colocated.yml").read_text())
-    bomb = "".join(["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"]
-                   + [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]\n" for i in range(1, 10)])
+    bomb = "".join(
+        ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"]
+        + [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]\n" for i in range(1, 10)]
+    )
     (tmp_path / "bomb.yml").write_text(bomb)
     (tmp_path / "latin1.yml").write_bytes(b"extends: colocated\ndescription: caf\xe9\n")
     (tmp_path / "deep.yml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
@@ -80,12 +84,21 @@ def test_one_bad_file_does_not_stop_the_listing_of_the_rest(tmp_path: Path) -> N
     assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     table = proc.stdout.split("\n\n")[0].splitlines()[1:]
     rows = {line.split()[0]: line.split()[-1] for line in table}
-    assert rows == {"bomb": "INVALID", "colocated": "ok", "deep": "INVALID", "latin1": "INVALID",
-                    "newline": "INVALID", "stage": "INVALID"}, proc.stdout
-    for expected in (f"{tmp_path / 'bomb.yml'}: aliases expand the document to more than",
-                     f"{tmp_path / 'latin1.yml'}:2: not valid UTF-8",
-                     f"{tmp_path / 'deep.yml'}:1:", "nested deeper than 64 levels",
-                     f"{tmp_path / 'newline.yml'}: model.id: the value 'm\\nx' contains the control",
-                     f"{tmp_path / 'stage.yml'}: gateway.stage: must be a string, but YAML read the"):
+    assert rows == {
+        "bomb": "INVALID",
+        "colocated": "ok",
+        "deep": "INVALID",
+        "latin1": "INVALID",
+        "newline": "INVALID",
+        "stage": "INVALID",
+    }, proc.stdout
+    for expected in (
+        f"{tmp_path / 'bomb.yml'}: aliases expand the document to more than",
+        f"{tmp_path / 'latin1.yml'}:2: not valid UTF-8",
+        f"{tmp_path / 'deep.yml'}:1:",
+        "nested deeper than 64 levels",
+        f"{tmp_path / 'newline.yml'}: model.id: the value 'm\\nx' contains the control",
+        f"{tmp_path / 'stage.yml'}: gateway.stage: must be a string, but YAML read the",
+    ):
         assert expected in proc.stdout, proc.stdout
     assert "5 of 6 profiles invalid" in proc.stderr

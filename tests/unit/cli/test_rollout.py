@@ -14,14 +14,34 @@ from pdfleet.cli import rollout
 from tests.unit.cli.helpers import project_context
 
 STATUS = {
-    "phase": "progressing", "target": "long-prompts", "step_index": 1, "steps": 8, "stage": "long-prompts@0",
-    "version": 7, "applied_version": 7, "weights": {"short": 0, "long": 10}, "stable_stage": "colocated",
-    "reason": "waiting for samples: 12 of 50 samples in the window", "time_to_next_step_s": 18.2,
+    "phase": "progressing",
+    "target": "long-prompts",
+    "step_index": 1,
+    "steps": 8,
+    "stage": "long-prompts@0",
+    "version": 7,
+    "applied_version": 7,
+    "weights": {"short": 0, "long": 10},
+    "stable_stage": "colocated",
+    "reason": "waiting for samples: 12 of 50 samples in the window",
+    "time_to_next_step_s": 18.2,
     "last_results": [
-        {"gate": "ttft-p99-vs-colocated", "length_class": "long", "value": 812.5, "threshold": 1200.0,
-         "outcome": "pass", "dry_run": False},
-        {"gate": "kv-transfer-p99-slo", "length_class": "long", "value": None, "threshold": None,
-         "outcome": "inconclusive", "dry_run": True},
+        {
+            "gate": "ttft-p99-vs-colocated",
+            "length_class": "long",
+            "value": 812.5,
+            "threshold": 1200.0,
+            "outcome": "pass",
+            "dry_run": False,
+        },
+        {
+            "gate": "kv-transfer-p99-slo",
+            "length_class": "long",
+            "value": None,
+            "threshold": None,
+            "outcome": "inconclusive",
+            "dry_run": True,
+        },
     ],
 }
 
@@ -29,8 +49,14 @@ STATUS = {
 def test_the_remote_command_runs_the_controller_cli_as_the_service_user() -> None:
     argv = shlex.split(rollout.remote_argv(["submit", "--stage", "long-prompts; rm -rf /"]))
     assert argv[:4] == ["sudo", "-n", "-u", "pdfleet"]
-    assert argv[4:] == ["/opt/pdfleet/rollout/bin/pdfleet-rollout", "--config",
-                        "/etc/pdfleet/rollout/controller.json", "submit", "--stage", "long-prompts; rm -rf /"]
+    assert argv[4:] == [
+        "/opt/pdfleet/rollout/bin/pdfleet-rollout",
+        "--config",
+        "/etc/pdfleet/rollout/controller.json",
+        "submit",
+        "--stage",
+        "long-prompts; rm -rf /",
+    ]
 
 
 def test_the_live_view_shows_step_weights_gates_and_time_to_next_step() -> None:
@@ -45,8 +71,14 @@ def test_the_live_view_shows_step_weights_gates_and_time_to_next_step() -> None:
 
 
 def test_a_dry_run_says_nothing_changed() -> None:
-    doc = {"dry_run": True, "target": "long-prompts", "stage": "colocated", "version": 3, "samples": 0,
-           "results": STATUS["last_results"]}
+    doc = {
+        "dry_run": True,
+        "target": "long-prompts",
+        "stage": "colocated",
+        "version": 3,
+        "samples": 0,
+        "results": STATUS["last_results"],
+    }
     text = rollout.format_evaluation(doc)
     assert "dry run for long-prompts at stage colocated (version 3)" in text and "nothing changed" in text
     assert "ttft-p99-vs-colocated" in text

@@ -30,8 +30,9 @@ TEST_SECRETS = GatewaySecrets(client_sha256="1" * 64, admin_sha256="2" * 64)
 def fleet_of(profile: str, inventory: Path | None = None) -> Deployment:
     """The deployment of a shipped profile on an inventory (default: its example), with the test keys."""
     inv = inventory or REPO / EXAMPLES[profile]
-    return load_deployment(profile, inv, REPO / "profiles", REPO / "templates", REGISTRY,
-                           gateway_secrets=TEST_SECRETS)
+    return load_deployment(
+        profile, inv, REPO / "profiles", REPO / "templates", REGISTRY, gateway_secrets=TEST_SECRETS
+    )
 
 
 def profile_inventory_pairs() -> list[tuple[str, Path]]:
@@ -81,8 +82,12 @@ def exported_series() -> set[str]:
     from tests.unit.sim.helpers import MODEL, kv_config
 
     sim = SimServer(parse_serve_args([MODEL, "--kv-transfer-config", kv_config("kv_consumer")], env={}))
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "info": ("_info",),
-                "gauge": ("",)}
+    suffixes = {
+        "counter": ("_total",),
+        "histogram": ("_bucket", "_count", "_sum"),
+        "info": ("_info",),
+        "gauge": ("",),
+    }
     names = {"up"}
     for registry in (sim.registry, GatewayMetrics().registry):
         for family in registry.collect():
@@ -90,8 +95,21 @@ def exported_series() -> set[str]:
     return names
 
 
-_PROMQL_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
-                 "bool", "offset", "inf", "nan"}
+_PROMQL_WORDS = {
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "offset",
+    "inf",
+    "nan",
+}
 
 
 def series_in(expr: str) -> set[str]:
@@ -105,7 +123,7 @@ def series_in(expr: str) -> set[str]:
     found = set()
     for match in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", text):
         word = match.group(0)
-        after = text[match.end():].lstrip()
+        after = text[match.end() :].lstrip()
         if after.startswith("(") or word.lower() in _PROMQL_WORDS:
             continue
         if text[max(0, match.start() - 1)].isdigit() or re.fullmatch(r"e\d*", word):

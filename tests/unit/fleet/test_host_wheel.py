@@ -96,9 +96,23 @@ def test_the_wheel_is_reproducible_and_pip_installs_it(tmp_path: Path) -> None:
     assert meta["Version"] == host_version() and meta["Name"] == "pdfleet"
     assert any(r.startswith("aiohttp") for r in meta.get_all("Requires-Dist"))
     target = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet",
-                           "--disable-pip-version-check", "--target", str(target), str(first)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(first),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (target / "pdfleet" / "gateway").is_dir() and not (target / "pdfleet" / "cli").exists()
     scripts = (target / f"pdfleet-{host_version()}.dist-info" / "entry_points.txt").read_text()
@@ -119,11 +133,21 @@ def test_the_cache_writes_once_per_version_and_drops_older_ones(tmp_path: Path) 
 
 
 def test_invoke_wheel_prints_the_version_without_writing(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "invoke", "wheel", "--print-version"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", "wheel", "--print-version"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == host_version()
-    built = subprocess.run([sys.executable, "-m", "invoke", "wheel", "--out", str(tmp_path)], cwd=REPO,
-                           capture_output=True, text=True, timeout=120)
+    built = subprocess.run(
+        [sys.executable, "-m", "invoke", "wheel", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert built.returncode == 0, built.stderr
     assert Path(built.stdout.strip()) == tmp_path / wheel_name(host_version())

@@ -131,10 +131,14 @@ def test_systemd_analyze_verify_accepts_rendered_units(profile: str, tmp_path: P
     for unit in units:
         proc = subprocess.run(
             ["systemd-analyze", "verify", "--man=no", unit.name],
-            cwd=unit.parent, capture_output=True, text=True, check=False,
+            cwd=unit.parent,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         problems = [
-            ln for ln in (proc.stdout + proc.stderr).splitlines()
+            ln
+            for ln in (proc.stdout + proc.stderr).splitlines()
             if ln.strip() and "is not executable: No such file or directory" not in ln
         ]
         assert not problems, f"{unit}: {problems}"
@@ -147,8 +151,9 @@ def test_every_profile_renders_for_some_inventory() -> None:
     assert rendered == set(list_profiles(REPO / "profiles"))
 
 
-@pytest.mark.parametrize(("profile", "inventory"), profile_inventory_pairs(),
-                         ids=lambda v: v if isinstance(v, str) else v.name)
+@pytest.mark.parametrize(
+    ("profile", "inventory"), profile_inventory_pairs(), ids=lambda v: v if isinstance(v, str) else v.name
+)
 def test_every_rendered_serve_command_parses_under_the_simulator(profile: str, inventory: Path) -> None:
     """A typo in any rendered `vllm serve` line fails here (the sim rejects unknown options as vLLM does)."""
     from pdfleet.sim.config import parse_serve_args
@@ -182,8 +187,9 @@ def test_rendered_gateway_policy_and_keys_load_in_the_real_gateway(tmp_path: Pat
     keys.chmod(0o600)
     assert files["/etc/pdfleet/gateway/keys.yaml"].mode == "0600"
     policy = tmp_path / "policy.yaml"
-    policy.write_text(files["/etc/pdfleet/gateway/policy.yaml"].content.replace(
-        "/etc/pdfleet/gateway/keys.yaml", str(keys)))
+    policy.write_text(
+        files["/etc/pdfleet/gateway/policy.yaml"].content.replace("/etc/pdfleet/gateway/keys.yaml", str(keys))
+    )
     active = load_policy(policy)
     route = active.routes["llama-3.1-8b"]
     assert route.colocated == ("http://198.18.0.11:8000", "http://198.18.0.12:8000")
@@ -215,14 +221,22 @@ def test_provision_keeps_the_live_stage_and_bumps_the_version_only_on_a_change()
     assert (fresh["version"], fresh["stage"]) == (1, "colocated")  # a new host: the initial stage
     # the rollout controller put the host at a step (its own stage name and weights), version 7
     stages = {k: v.model_dump() for k, v in fleet.profile.gateway.stages.items()}
-    update = parse_update({"version": 7, "stage": "long-prompts@2",
-                           "stages": {**stages, "long-prompts@2": {"short": 0, "long": 50}}})
+    update = parse_update(
+        {
+            "version": 7,
+            "stage": "long-prompts@2",
+            "stages": {**stages, "long-prompts@2": {"short": 0, "long": 50}},
+        }
+    )
     rendered = gateway_role.policy_text(ctx, 1, "colocated", dict(fleet.profile.gateway.stages))
     on_host = rewritten(Path("/etc/pdfleet/gateway/policy.yaml"), rendered, update)
     assert live_policy(on_host) is not None
     kept = _gateway_plan(fleet, on_host)
     assert (kept["version"], kept["stage"], kept["stages"]["long-prompts@2"]) == (
-        7, "long-prompts@2", {"short": 0, "long": 50})
+        7,
+        "long-prompts@2",
+        {"short": 0, "long": 50},
+    )
     # a profile change the policy carries: same stage, one version up
     gw = fleet.profile.gateway.model_copy(update={"long_prompt_tokens": 4096})
     changed = dataclasses.replace(fleet, profile=fleet.profile.model_copy(update={"gateway": gw}))

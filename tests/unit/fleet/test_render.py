@@ -25,8 +25,10 @@ from tests.unit.fleet.helpers import REPO, TEST_SECRETS, profile_inventory_pairs
 
 
 def test_write_tree_puts_each_file_under_its_host_with_its_mode(tmp_path: Path) -> None:
-    files = {"h1": [RenderedFile("/etc/pdfleet/a.env", "A=1\n", mode="0600")],
-             "h2": [RenderedFile("/etc/systemd/system/b.service", "[Unit]\n")]}
+    files = {
+        "h1": [RenderedFile("/etc/pdfleet/a.env", "A=1\n", mode="0600")],
+        "h2": [RenderedFile("/etc/systemd/system/b.service", "[Unit]\n")],
+    }
     written = write_tree(files, tmp_path)
     assert written == [tmp_path / "h1/etc/pdfleet/a.env", tmp_path / "h2/etc/systemd/system/b.service"]
     assert (tmp_path / "h1/etc/pdfleet/a.env").read_text() == "A=1\n"
@@ -36,8 +38,13 @@ def test_write_tree_puts_each_file_under_its_host_with_its_mode(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     ("host", "path"),
-    [("../../x", "/etc/a"), ("{tmp}/abs", "/etc/a"), ("..", "/etc/a"), ("h", "/etc/../../../x"),
-     ("", "/etc/a")],
+    [
+        ("../../x", "/etc/a"),
+        ("{tmp}/abs", "/etc/a"),
+        ("..", "/etc/a"),
+        ("h", "/etc/../../../x"),
+        ("", "/etc/a"),
+    ],
 )
 def test_nothing_is_written_outside_out(tmp_path: Path, host: str, path: str) -> None:
     out = tmp_path / "a" / "b" / "out"
@@ -60,17 +67,21 @@ def test_a_symlink_under_out_cannot_lead_outside(tmp_path: Path) -> None:
 def test_the_renderer_refuses_a_control_character_in_any_variable() -> None:
     renderer = Renderer(REPO / "templates")
     argv = ["/opt/v/bin/vllm", "serve", "m\nExecStartPre=/bin/sh"]
-    with pytest.raises(ValidationError, match="vllm-router-pd.service.j2: argv: contains the control "
-                                              "character U\\+000A"):
-        renderer.render("vllm-router-pd.service.j2", service_user="u", kv_connector="NixlConnector",
-                        argv=argv)
+    with pytest.raises(
+        ValidationError, match="vllm-router-pd.service.j2: argv: contains the control character U\\+000A"
+    ):
+        renderer.render(
+            "vllm-router-pd.service.j2", service_user="u", kv_connector="NixlConnector", argv=argv
+        )
 
 
 # Valid values that still need care in each file: `%` (a systemd specifier), spaces, quotes, `$`.
-TRICKY = ("extends: lab-cross\n"
-          "model: {id: 'org/Model %z 100% v2', served_model_name: \"m $HOME 'q' \\\"x\\\" %n\"}\n"
-          "gateway: {model_alias: 'alias with spaces % $x'}\n"
-          "pools: {decode: {extra_args: ['--override-generation-config={\"temperature\": 0.5}']}}\n")
+TRICKY = (
+    "extends: lab-cross\n"
+    "model: {id: 'org/Model %z 100% v2', served_model_name: \"m $HOME 'q' \\\"x\\\" %n\"}\n"
+    "gateway: {model_alias: 'alias with spaces % $x'}\n"
+    "pools: {decode: {extra_args: ['--override-generation-config={\"temperature\": 0.5}']}}\n"
+)
 
 
 def _deployments(tmp_path: Path) -> list[tuple[str, Deployment]]:
@@ -79,8 +90,13 @@ def _deployments(tmp_path: Path) -> list[tuple[str, Deployment]]:
     shutil.copytree(REPO / "profiles", profiles)
     (profiles / "tricky.yml").write_text(TRICKY)
     pairs = [*profile_inventory_pairs(), ("tricky", REPO / "inventory/lab.yml")]
-    return [(f"{name}@{inv.name}", load_deployment(name, inv, profiles, REPO / "templates", REGISTRY,
-                                                  gateway_secrets=TEST_SECRETS)) for name, inv in pairs]
+    return [
+        (
+            f"{name}@{inv.name}",
+            load_deployment(name, inv, profiles, REPO / "templates", REGISTRY, gateway_secrets=TEST_SECRETS),
+        )
+        for name, inv in pairs
+    ]
 
 
 def _systemd_verify(scratch: Path, unit: Path) -> str:
@@ -97,8 +113,13 @@ def _systemd_verify(scratch: Path, unit: Path) -> str:
     installed = scratch / "etc/systemd/system" / unit.name
     installed.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(unit, installed)
-    proc = subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={scratch}", str(installed)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", f"--root={scratch}", str(installed)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     installed.unlink()
     exit_note = "" if proc.returncode == 0 else f" (exit {proc.returncode})"
     return (proc.stdout + proc.stderr).strip() + exit_note
@@ -126,7 +147,7 @@ def _check_file(scratch: Path, path: Path, deployment: Deployment) -> str:
         return "" if {k.sha256 for k in keys.keys} == {"1" * 64, "2" * 64} else "keys: wrong hashes"
     if path.parent.name == "default" and path.name == "prometheus":
         bad = [ln for ln in lines if not re.match(r'^[A-Z_]+="[^"\n]*"$', ln)]
-        return f"not KEY=\"VALUE\": {bad}" if bad else ""
+        return f'not KEY="VALUE": {bad}' if bad else ""
     if path.name == "prometheus.yml":
         return _promtool("config", "--syntax-only", path)
     if path.parent.name == "pdfleet" and path.suffix == ".yml":

@@ -40,8 +40,11 @@ def test_role_units_of_a_gateway_host_are_the_router_then_the_gateway() -> None:
     fleet = fleet_of("lab-cross", REPO / "inventory/lab.yml")
     units = role_units(fleet.roles, fleet.context(fleet.inventory.hosts["lab-gw"]))
     # lab-gw is the monitoring host too: Prometheus comes last, as its role does
-    expected = [("vllm-router-pd.service", 8090), ("pdfleet-gateway.service", 8080),
-                ("prometheus.service", 9090)]
+    expected = [
+        ("vllm-router-pd.service", 8090),
+        ("pdfleet-gateway.service", 8080),
+        ("prometheus.service", 9090),
+    ]
     assert [(u.unit, u.port) for u in units] == expected
     pool_host = role_units(fleet.roles, fleet.context(fleet.inventory.hosts["lab-d1"]))
     assert [u.unit for u in pool_host] == ["vllm-decode.service"]

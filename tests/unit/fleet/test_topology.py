@@ -77,8 +77,10 @@ def test_every_service_has_one_metrics_endpoint(profile: str, inventory: Path) -
     assert [e.host for e in endpoints if e.job == "pdfleet-gateway"] == [g.host for g in topo.gateways]
     routers = [e for e in endpoints if e.job == "vllm-router"]
     assert [e.host for e in routers] == [g.host for g in topo.gateways if g.router_url]
-    assert all(e.address == topo.gateway_on(e.host).address and e.port == prof.gateway.router_prometheus_port
-               for e in routers)
+    assert all(
+        e.address == topo.gateway_on(e.host).address and e.port == prof.gateway.router_prometheus_port
+        for e in routers
+    )
     assert len({(e.host, e.address, e.port) for e in endpoints}) == len(endpoints)
 
 

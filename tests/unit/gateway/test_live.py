@@ -14,8 +14,11 @@ from pdfleet.gateway.live import StageUpdate, is_noop, parse_update, rewritten
 from pdfleet.gateway.policy import parse_policy
 from tests.unit.gateway.helpers import ADMIN_KEY, LONG, Env, auth, chat, error_of, run
 
-STAGES = {"off": {"short": 0, "long": 0}, "long-all": {"short": 0, "long": 100},
-          "long-all@0": {"short": 0, "long": 0}}
+STAGES = {
+    "off": {"short": 0, "long": 0},
+    "long-all": {"short": 0, "long": 100},
+    "long-all@0": {"short": 0, "long": 0},
+}
 
 
 def test_the_controller_sets_the_live_stage_and_the_gateway_reports_its_version(tmp_path: Path) -> None:
@@ -28,7 +31,8 @@ def test_the_controller_sets_the_live_stage_and_the_gateway_reports_its_version(
             on_disk = yaml.safe_load(env.path.read_text())
             assert (on_disk["version"], on_disk["stage"], on_disk["stages"]) == (2, "long-all@0", STAGES)
             assert {k: v for k, v in on_disk.items() if k not in ("version", "stage", "stages")} == {
-                k: v for k, v in before.items() if k not in ("version", "stage", "stages")}
+                k: v for k, v in before.items() if k not in ("version", "stage", "stages")
+            }
             assert os.stat(env.path).st_mode & 0o777 == 0o600
             status, headers, _ = await env.post("/v1/chat/completions", chat(LONG))
             assert status == 200 and headers["X-Pdfleet-Policy-Version"] == "2"
@@ -53,9 +57,12 @@ def test_bad_updates_change_nothing(tmp_path: Path) -> None:
             cases = [
                 (auth(), {"version": 2, "stage": "off", "stages": STAGES}, 403, "admin key"),
                 (auth(ADMIN_KEY), {"version": 2, "stage": "nope", "stages": STAGES}, 400, "not in stages"),
-                (auth(ADMIN_KEY), {"version": 2, "stage": "off", "stages": {"off": {"short": 0,
-                                                                                     "long": 101}}},
-                 400, "stages.off.long"),
+                (
+                    auth(ADMIN_KEY),
+                    {"version": 2, "stage": "off", "stages": {"off": {"short": 0, "long": 101}}},
+                    400,
+                    "stages.off.long",
+                ),
                 (auth(ADMIN_KEY), [1, 2], 400, "JSON object"),
                 (auth(ADMIN_KEY), {"version": 2, "stage": "off", "stages": STAGES, "x": 1}, 400, "x"),
             ]
@@ -71,10 +78,13 @@ def test_bad_updates_change_nothing(tmp_path: Path) -> None:
 
 def test_rewritten_changes_three_keys_and_validates(tmp_path: Path) -> None:
     source = tmp_path / "policy.yaml"
-    text = "version: 1\nkeys_file: k.yaml\nmodels: {m: {colocated: ['http://127.0.0.1:1']}}\n" \
-           "stage: off\nstages: {off: {short: 0, long: 0}}\n"
+    text = (
+        "version: 1\nkeys_file: k.yaml\nmodels: {m: {colocated: ['http://127.0.0.1:1']}}\n"
+        "stage: off\nstages: {off: {short: 0, long: 0}}\n"
+    )
     update = parse_update({"version": 5, "stage": "half", "stages": {"half": {"short": 50, "long": 50}}})
     spec = parse_policy(source, rewritten(source, text, update))
     assert (spec.version, spec.stage, spec.stages["half"].short, spec.keys_file) == (5, "half", 50, "k.yaml")
-    assert is_noop(spec, update) and not is_noop(spec, StageUpdate(version=6, stage="half",
-                                                                    stages=update.stages))
+    assert is_noop(spec, update) and not is_noop(
+        spec, StageUpdate(version=6, stage="half", stages=update.stages)
+    )

@@ -35,8 +35,11 @@ def test_same_host_inventory_uses_the_lab_hosts_as_lab_yml_declares_them() -> No
     same = load_inventory(REPO / "inventory" / "lab-same-host.yml")
     for host in same.hosts.values():
         assert host.name in lab
-        assert (host.address, host.user, host.key_file) == (lab[host.name].address, lab[host.name].user,
-                                                             lab[host.name].key_file)
+        assert (host.address, host.user, host.key_file) == (
+            lab[host.name].address,
+            lab[host.name].user,
+            lab[host.name].key_file,
+        )
     assert same.hosts["lab-p1"].in_group("prefill") and same.hosts["lab-p1"].in_group("decode")
 
 
@@ -46,13 +49,16 @@ def _inventory(tmp_path: Path, hosts: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("hosts", "message"), [
-    ("    a:\n      ansible_host: 10.0.0.5\n", "must be a host address in 198.18.0.0/24"),
-    ("    a:\n      ansible_host: 198.18.0.1\n", "other than the bridge's"),
-    ("    a:\n      ansible_host: lab-a\n", "is not an IPv4 address"),
-    ("    a:\n      ansible_host: 198.18.0.5\n    b:\n      ansible_host: 198.18.0.5\n", "also a's"),
-    ("    a-very-long-name:\n      ansible_host: 198.18.0.5\n", "at most 12 characters"),
-])
+@pytest.mark.parametrize(
+    ("hosts", "message"),
+    [
+        ("    a:\n      ansible_host: 10.0.0.5\n", "must be a host address in 198.18.0.0/24"),
+        ("    a:\n      ansible_host: 198.18.0.1\n", "other than the bridge's"),
+        ("    a:\n      ansible_host: lab-a\n", "is not an IPv4 address"),
+        ("    a:\n      ansible_host: 198.18.0.5\n    b:\n      ansible_host: 198.18.0.5\n", "also a's"),
+        ("    a-very-long-name:\n      ansible_host: 198.18.0.5\n", "at most 12 characters"),
+    ],
+)
 def test_lab_refuses_hosts_off_the_lab_network(tmp_path: Path, hosts: str, message: str) -> None:
     lab = lab_of(_inventory(tmp_path, hosts), LabPaths(tmp_path))
     with pytest.raises(ValidationError, match=message):

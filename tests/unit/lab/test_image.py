@@ -17,6 +17,7 @@ def test_debootstrap_uses_the_machines_debian_mirror(tmp_path: Path) -> None:
     (tmp_path / "sources.list.d").mkdir()
     (tmp_path / "sources.list.d" / "debian.sources").write_text(
         "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n\n"
-        "Types: deb\nURIs: http://mirror.example/debian/\nSuites: bookworm\n")
+        "Types: deb\nURIs: http://mirror.example/debian/\nSuites: bookworm\n"
+    )
     assert host_debian_mirror(tmp_path) == "http://mirror.example/debian"
     assert host_debian_mirror(tmp_path / "none") == "http://deb.debian.org/debian"

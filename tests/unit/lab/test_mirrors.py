@@ -30,8 +30,10 @@ def _make_wheel(path: Path, version: str = "0.1.0") -> Path:
     with zipfile.ZipFile(wheel, "w") as zf:
         for name, data in files.items():
             zf.writestr(name, data)
-        zf.writestr(f"{info}/RECORD", "".join(record_line(n, d) + "\n" for n, d in files.items())
-                    + f"{info}/RECORD,,\n")
+        zf.writestr(
+            f"{info}/RECORD",
+            "".join(record_line(n, d) + "\n" for n, d in files.items()) + f"{info}/RECORD,,\n",
+        )
     return wheel
 
 
@@ -44,8 +46,23 @@ def test_simple_index_is_pep503_and_pip_resolves_from_it(tmp_path: Path) -> None
     assert f"#sha256={hashlib.sha256(wheel.read_bytes()).hexdigest()}" in page
     assert 'href="demo/"' in (root / "simple" / "index.html").read_text()
     dest = tmp_path / "dl"
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--isolated",
-                           "--index-url", (root / "simple").as_uri(), "--dest", str(dest), "demo"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--isolated",
+            "--index-url",
+            (root / "simple").as_uri(),
+            "--dest",
+            str(dest),
+            "demo",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in dest.iterdir()] == [wheel.name]

@@ -17,8 +17,14 @@ def test_stat_fields_after_a_name_with_spaces_and_parens() -> None:
 def test_a_reaped_childs_cpu_counts_in_its_namespace() -> None:
     me = os.getpid()
     before = namespace_cpu_seconds([me])[me]
-    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
-                    "while time.process_time() - t < 0.3: pass"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass",
+        ],
+        check=True,
+    )
     after = namespace_cpu_seconds([me])[me]
     assert after - before >= 0.25
     assert namespace_cpu_seconds([2**22 + 12345]) == {}  # no such process: nothing to report

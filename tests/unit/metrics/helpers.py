@@ -15,8 +15,8 @@ import yaml
 from prometheus_client import CollectorRegistry, start_http_server
 
 from pdfleet.bench.procs import free_port, stop_processes, wait_http
-from pdfleet.fleet.monitoring_config import VLLM_NAME_RELABEL
 from pdfleet.metrics.prometheus import PrometheusClient
+from pdfleet.monitoring.monitoring_config import VLLM_NAME_RELABEL
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"

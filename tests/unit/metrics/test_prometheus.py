@@ -40,8 +40,9 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """One exporter (a histogram, a counter, a gauge), scraped by Prometheus every second and directly."""
     with exporter() as exp:
-        hist = Histogram("vllm:time_to_first_token_seconds", "ttft", ["model_name"], buckets=BUCKETS,
-                         registry=exp.registry)
+        hist = Histogram(
+            "vllm:time_to_first_token_seconds", "ttft", ["model_name"], buckets=BUCKETS, registry=exp.registry
+        )
         counter = Counter("vllm:num_preemptions", "preemptions", ["model_name"], registry=exp.registry)
         gauge = Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=exp.registry)
         Histogram("vllm:nixl_xfer_time_seconds", "never observed", buckets=BUCKETS, registry=exp.registry)
@@ -58,8 +59,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             for value in TTFT:
                 child.observe(value)
             counter.labels("m").inc(30)
-            wait_for(lambda: [s.value for s in client.instant("vllm:num_preemptions_total")] == [30.0],
-                     what="the observations scraped")
+            wait_for(
+                lambda: [s.value for s in client.instant("vllm:num_preemptions_total")] == [30.0],
+                what="the observations scraped",
+            )
             time.sleep(1.5)  # the direct baseline is at least 1 s old
             yield World(client, target, baseline)
 
@@ -99,7 +102,8 @@ def test_counts_rates_and_gauges(world: World) -> None:
     rate = world.client.rate("vllm:num_preemptions_total", 60, at=at)[()]
     assert rate == pytest.approx(grown / 60, rel=1e-6)
     assert world.client.value("vllm:num_requests_waiting", by=("host",), match={"role": "decode"}) == {
-        ("h1",): 7.0}
+        ("h1",): 7.0
+    }
 
 
 def test_instant_and_range_queries(world: World) -> None:

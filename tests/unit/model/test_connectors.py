@@ -23,9 +23,11 @@ def test_check_connector_reads_the_release_registry() -> None:
     assert connectors.check_connector("NixlConnector", NEW) is None
     assert connectors.check_connector("MooncakeConnector", NEW) is None
     problem = connectors.check_connector("MooncakeConnector", OLD)
-    assert problem is not None and problem.message.startswith(
-        "MooncakeConnector is not registered in vLLM 0.11.0"
-    ) and "use NixlConnector" in problem.message
+    assert (
+        problem is not None
+        and problem.message.startswith("MooncakeConnector is not registered in vLLM 0.11.0")
+        and "use NixlConnector" in problem.message
+    )
     wrong = connectors.check_connector("MooncakeTransferEngine", NEW)
     assert wrong is not None and "did you mean MooncakeConnector?" in wrong.message
     other = connectors.check_connector("OffloadingConnector", NEW)

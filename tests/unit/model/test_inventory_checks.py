@@ -201,8 +201,9 @@ def test_profile_against_inventory(
     assert any(line.startswith(prefix) and wanted in line for line in lines), "\n".join(lines)
 
 
-COLO_POOL = ("pools: {colocated: {port: 8000, gpus: [0], max_num_batched_tokens: 8192, "
-             "gpu_memory_utilization: 0.9}}\n")
+COLO_POOL = (
+    "pools: {colocated: {port: 8000, gpus: [0], max_num_batched_tokens: 8192, gpu_memory_utilization: 0.9}}\n"
+)
 COLO_HOST = "    colocated:\n      hosts:\n        c1: {ansible_host: 10.0.0.11, gpus: [0]}\n"
 
 
@@ -224,4 +225,5 @@ def test_a_gateway_host_with_no_colocated_pool_to_route_to_is_an_error(tmp_path:
         check_against_inventory(load_profile("ok", tmp_path), load_inventory(inv))
     want = f"{tmp_path / '_good.yml'}: pools.colocated: host gw is in group gateway of {inv}"
     assert any(line.startswith(want) and "would get no gateway" in line for line in err.value.problems), (
-        err.value.problems)
+        err.value.problems
+    )

@@ -276,16 +276,22 @@ CASES: list[tuple[str, str, str, str]] = [
     ),
     # issue 18 C1: a control character in any string would add a line to a unit, the policy or apt's list
     *[
-        (f"newline_in_{where.replace('.', '_').replace('[0]', '')}", text, where,
-         "contains the control character U+000A (LINE FEED)")
+        (
+            f"newline_in_{where.replace('.', '_').replace('[0]', '')}",
+            text,
+            where,
+            "contains the control character U+000A (LINE FEED)",
+        )
         for where, text in [
             ("model.id", 'extends: _good\nmodel: {id: "m\\nExecStartPre=/bin/sh -c id"}\n'),
             ("model.served_model_name", 'extends: _good\nmodel: {served_model_name: "m\\nx=y"}\n'),
             ("gateway.model_alias", 'extends: _good\ngateway: {model_alias: "a\\nstage: all"}\n'),
             ("pools.decode.kv_cache_dtype", 'extends: _good\npools: {decode: {kv_cache_dtype: "fp8\\nx"}}\n'),
             ("pools.decode.extra_args[0]", 'extends: _good\npools: {decode: {extra_args: ["--a\\nb=c"]}}\n'),
-            ("mirrors.apt",
-             'extends: _good\nmirrors: {apt: "http://m/ ./\\ndeb [trusted=yes] http://evil/ ./"}\n'),
+            (
+                "mirrors.apt",
+                'extends: _good\nmirrors: {apt: "http://m/ ./\\ndeb [trusted=yes] http://evil/ ./"}\n',
+            ),
         ]
     ],
     (
@@ -296,12 +302,22 @@ CASES: list[tuple[str, str, str, str]] = [
     ),
     # issue 18 C2: paths on the hosts are absolute and normalised (render writes them under --out)
     *[
-        (f"keys_file_{name}", f"extends: _good\ngateway: {{keys_file: '{path}'}}\n", "gateway.keys_file",
-         f"must be an absolute, normalised path like /etc/pdfleet/gateway/keys.yaml (no '..', '.', '//' or "
-         f"trailing '/') (got '{path}')")
-        for name, path in [("relative", "keys.yaml"), ("parent", "/etc/pdfleet/../../tmp/keys.yaml"),
-                           ("dot", "/etc/./keys.yaml"), ("double_slash", "//etc/keys.yaml"),
-                           ("trailing_slash", "/etc/pdfleet/"), ("root", "/")]
+        (
+            f"keys_file_{name}",
+            f"extends: _good\ngateway: {{keys_file: '{path}'}}\n",
+            "gateway.keys_file",
+            "must be an absolute, normalised path like /etc/pdfleet/gateway/keys.yaml "
+            f"(no '..', '.', '//' or "
+            f"trailing '/') (got '{path}')",
+        )
+        for name, path in [
+            ("relative", "keys.yaml"),
+            ("parent", "/etc/pdfleet/../../tmp/keys.yaml"),
+            ("dot", "/etc/./keys.yaml"),
+            ("double_slash", "//etc/keys.yaml"),
+            ("trailing_slash", "/etc/pdfleet/"),
+            ("root", "/"),
+        ]
     ],
     ("venv_relative", "extends: _good\nvllm: {venv: venv}\n", "vllm.venv", "must be an absolute, normalised"),
     # issue 18 C7: the gateway refuses a keys file that holds one key twice
@@ -474,13 +490,17 @@ def test_duplicate_key_is_an_error(tmp_path: Path) -> None:
         load_profile("dup", tmp_path)
 
 
-@pytest.mark.parametrize(("profile", "base", "inventory"), [
-    ("lab-colocated", "colocated", "lab.yml"),
-    ("lab-cross", "cross-rdma", "lab.yml"),
-    ("lab-same-host", "same-host-pcie", "lab-same-host.yml"),
-])
+@pytest.mark.parametrize(
+    ("profile", "base", "inventory"),
+    [
+        ("lab-colocated", "colocated", "lab.yml"),
+        ("lab-cross", "cross-rdma", "lab.yml"),
+        ("lab-same-host", "same-host-pcie", "lab-same-host.yml"),
+    ],
+)
 def test_lab_profiles_extend_the_real_ones_with_sim_and_mirrors(
-        profile: str, base: str, inventory: str) -> None:
+    profile: str, base: str, inventory: str
+) -> None:
     lab = load_profile(profile, REPO / "profiles")
     real = load_profile(base, REPO / "profiles")
     assert lab.extends == base

@@ -17,23 +17,56 @@ TP2_SAME_HOST = (
 
 # (id, YAML after `extends: _good`, the pin it fails on, the pin it passes on, key path, message text)
 CASES: list[tuple[str, str, str, str | None, str, str]] = [
-    ("buffer_device_cpu", "kv_transfer: {buffer_device: cpu}\n", "0.11.0", "0.33.0",
-     "kv_transfer.buffer_device",
-     "vLLM 0.11.0's NixlConnector fails at start with kv_buffer_device 'cpu' on CUDA (allowed: cuda;"),
-    ("load_failure_policy", "kv_transfer: {load_failure_policy: recompute}\n", "0.11.0", "0.33.0",
-     "kv_transfer.load_failure_policy", "ignores it without a word"),
-    ("lease_key_on_old_release", "kv_transfer: {extra_config: {kv_lease_duration: 60}}\n", "0.11.0",
-     "0.33.0", "kv_transfer.extra_config.kv_lease_duration",
-     "NixlConnector in vLLM 0.11.0 reads no kv_connector_extra_config.kv_lease_duration (it reads backends)"),
-    ("misspelt_extra_key", "kv_transfer: {extra_config: {num_thread: 8}}\n", "0.33.0", None,
-     "kv_transfer.extra_config.num_thread", "reads no kv_connector_extra_config.num_thread"),
-    ("chunked_prefill_off",
-     "pools: {decode: {enable_chunked_prefill: false, max_num_batched_tokens: 32768}}\n",
-     "0.11.0", "0.33.0", "pools.decode.enable_chunked_prefill",
-     "vLLM 0.11.0 forces chunked prefill on for generative models whatever the flag says"),
-    ("untabled_pin", "", "0.20.0", None, "vllm.version",
-     "pdfleet has no facts for vLLM 0.20.0 (it knows 0.11.0, 0.33.0); pin one of those, or derive the "
-     "table for it: python -m tools.vllm_facts 0.20.0 --write"),
+    (
+        "buffer_device_cpu",
+        "kv_transfer: {buffer_device: cpu}\n",
+        "0.11.0",
+        "0.33.0",
+        "kv_transfer.buffer_device",
+        "vLLM 0.11.0's NixlConnector fails at start with kv_buffer_device 'cpu' on CUDA (allowed: cuda;",
+    ),
+    (
+        "load_failure_policy",
+        "kv_transfer: {load_failure_policy: recompute}\n",
+        "0.11.0",
+        "0.33.0",
+        "kv_transfer.load_failure_policy",
+        "ignores it without a word",
+    ),
+    (
+        "lease_key_on_old_release",
+        "kv_transfer: {extra_config: {kv_lease_duration: 60}}\n",
+        "0.11.0",
+        "0.33.0",
+        "kv_transfer.extra_config.kv_lease_duration",
+        "NixlConnector in vLLM 0.11.0 reads no kv_connector_extra_config.kv_lease_duration "
+        "(it reads backends)",
+    ),
+    (
+        "misspelt_extra_key",
+        "kv_transfer: {extra_config: {num_thread: 8}}\n",
+        "0.33.0",
+        None,
+        "kv_transfer.extra_config.num_thread",
+        "reads no kv_connector_extra_config.num_thread",
+    ),
+    (
+        "chunked_prefill_off",
+        "pools: {decode: {enable_chunked_prefill: false, max_num_batched_tokens: 32768}}\n",
+        "0.11.0",
+        "0.33.0",
+        "pools.decode.enable_chunked_prefill",
+        "vLLM 0.11.0 forces chunked prefill on for generative models whatever the flag says",
+    ),
+    (
+        "untabled_pin",
+        "",
+        "0.20.0",
+        None,
+        "vllm.version",
+        "pdfleet has no facts for vLLM 0.20.0 (it knows 0.11.0, 0.33.0); pin one of those, or derive the "
+        "table for it: python -m tools.vllm_facts 0.20.0 --write",
+    ),
 ]
 
 
@@ -67,7 +100,10 @@ def test_same_host_tp2_on_old_release_gets_decode_ports_past_prefill_s(tmp_path:
 def test_same_host_tp2_side_channel_ports_collide_with_a_pool_port(tmp_path: Path) -> None:
     """Every port a 0.11 TP rank binds is checked against the host's other ports."""
     text = TP2_SAME_HOST.replace("decode: {gpus: [2]}", "decode: {gpus: [2], port: 5601}")
-    with pytest.raises(ValidationError, match="port 5601 is used twice on a same-host host: by "
-                       r"kv_transfer.side_channel_port \(prefill side channel, TP rank 1\)"):
+    with pytest.raises(
+        ValidationError,
+        match="port 5601 is used twice on a same-host host: by "
+        r"kv_transfer.side_channel_port \(prefill side channel, TP rank 1\)",
+    ):
         _load(tmp_path, text, "0.11.0")
     _load(tmp_path, text.replace("port: 5601", "port: 5609"), "0.11.0")

@@ -38,7 +38,9 @@ def test_shipped_profiles_have_a_plan_per_target_stage() -> None:
 
 
 def test_a_good_plan_parses_into_typed_steps(tmp_path: Path) -> None:
-    profile = _profile(tmp_path, """
+    profile = _profile(
+        tmp_path,
+        """
   interval_s: 0.5
   gates: [{name: ttft, metric: ttft, max_ratio: 1.2, max: slo}]
   plans:
@@ -49,7 +51,8 @@ def test_a_good_plan_parses_into_typed_steps(tmp_path: Path) -> None:
         - pause: {}
         - analysis: {}
         - set_weight: {short: 0, long: 100}
-""")
+""",
+    )
     steps = profile.rollout.plans["long-prompts"].steps
     assert isinstance(steps[0], SetWeight) and steps[0].set_weight == StageSpec(short=0, long=50)
     assert isinstance(steps[1], Pause) and steps[1].pause.duration_s == 5
@@ -61,25 +64,39 @@ def test_a_good_plan_parses_into_typed_steps(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("rollout", "expected"),
     [
-        ("  plans: {long-prompts: {steps: [{set_weight: {short: 0, long: 100}, pause: {}}]}}\n",
-         "rollout.plans.long-prompts.steps[0]"),
-        ("  plans: {long-prompts: {steps: [{set_weight: {short: 0, long: 101}}]}}\n",
-         "rollout.plans.long-prompts.steps[0]"),
+        (
+            "  plans: {long-prompts: {steps: [{set_weight: {short: 0, long: 100}, pause: {}}]}}\n",
+            "rollout.plans.long-prompts.steps[0]",
+        ),
+        (
+            "  plans: {long-prompts: {steps: [{set_weight: {short: 0, long: 101}}]}}\n",
+            "rollout.plans.long-prompts.steps[0]",
+        ),
         ("  plans: {long-prompts: {steps: []}}\n", "rollout.plans.long-prompts.steps"),
-        ("  plans: {nowhere: {steps: [{set_weight: {short: 0, long: 100}}]}}\n",
-         "rollout.plans.nowhere: 'nowhere' is not a stage in gateway.stages"),
+        (
+            "  plans: {nowhere: {steps: [{set_weight: {short: 0, long: 100}}]}}\n",
+            "rollout.plans.nowhere: 'nowhere' is not a stage in gateway.stages",
+        ),
         ("  plans: {long-prompts: {steps: [{pause: {}}]}}\n", "has no set_weight step"),
-        ("  plans: {long-prompts: {steps: [{set_weight: {short: 0, long: 50}}, "
-         "{set_weight: {short: 0, long: 20}}, {set_weight: {short: 0, long: 100}}]}}\n",
-         "rollout.plans.long-prompts.steps[1].set_weight.long: lowers long from 50 to 20"),
-        ("  plans: {long-prompts: {steps: [{set_weight: {short: 0, long: 50}}]}}\n",
-         "rollout.plans.long-prompts.steps[0].set_weight: the last weights"),
+        (
+            "  plans: {long-prompts: {steps: [{set_weight: {short: 0, long: 50}}, "
+            "{set_weight: {short: 0, long: 20}}, {set_weight: {short: 0, long: 100}}]}}\n",
+            "rollout.plans.long-prompts.steps[1].set_weight.long: lowers long from 50 to 20",
+        ),
+        (
+            "  plans: {long-prompts: {steps: [{set_weight: {short: 0, long: 50}}]}}\n",
+            "rollout.plans.long-prompts.steps[0].set_weight: the last weights",
+        ),
         ("  gates: [{name: a, metric: ttft}]\n", "set max_ratio (vs colocated), max, or both"),
         ("  gates: [{name: a, metric: error_rate, max: slo}]\n", "max: slo needs one of"),
-        ("  gates: [{name: a, metric: kv_transfer, max_ratio: 2}]\n",
-         "the colocated pool has no KV transfer"),
-        ("  gates: [{name: a, metric: ttft, max: 1}, {name: a, metric: itl, max: 1}]\n",
-         "rollout.gates[1].name: 'a' is used by another gate"),
+        (
+            "  gates: [{name: a, metric: kv_transfer, max_ratio: 2}]\n",
+            "the colocated pool has no KV transfer",
+        ),
+        (
+            "  gates: [{name: a, metric: ttft, max: 1}, {name: a, metric: itl, max: 1}]\n",
+            "rollout.gates[1].name: 'a' is used by another gate",
+        ),
         ("  gates: [{name: a, metric: latency, max: 1}]\n", "rollout.gates[0].metric"),
         ("  failure_limit: -2\n", "rollout.failure_limit"),
         ("  colour: blue\n", "rollout.colour: unknown key"),

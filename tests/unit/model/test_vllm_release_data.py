@@ -86,9 +86,14 @@ def test_issue_12_rows() -> None:
 
 def test_request_chain_histograms() -> None:
     for release in (OLD, NEW):
-        for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
-                     "request_time_per_output_token_seconds", "request_queue_time_seconds",
-                     "request_prefill_time_seconds", "request_decode_time_seconds"):
+        for name in (
+            "time_to_first_token_seconds",
+            "inter_token_latency_seconds",
+            "request_time_per_output_token_seconds",
+            "request_queue_time_seconds",
+            "request_prefill_time_seconds",
+            "request_decode_time_seconds",
+        ):
             metric = release.metric(f"vllm:{name}")
             assert metric.kind == "histogram" and metric.buckets and metric.labels == ("model_name", "engine")
         for name in ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions"):
@@ -97,6 +102,7 @@ def test_request_chain_histograms() -> None:
     assert OLD.metric("vllm:time_per_output_token_seconds").when is None  # deprecated, still shown in 0.11
     with pytest.raises(KeyError):
         NEW.metric("vllm:time_per_output_token_seconds")
-    assert OLD.metric("vllm:request_queue_time_seconds").buckets == NEW.metric(
-        "vllm:request_queue_time_seconds"
-    ).buckets
+    assert (
+        OLD.metric("vllm:request_queue_time_seconds").buckets
+        == NEW.metric("vllm:request_queue_time_seconds").buckets
+    )

@@ -64,8 +64,11 @@ def test_billion_laughs_is_refused_in_well_under_a_second(tmp_path: Path) -> Non
 def test_aliases_within_the_bound_still_work(tmp_path: Path) -> None:
     path = tmp_path / "ok.yml"
     path.write_text("base: &b {port: 1, gpus: [0, 1]}\na: *b\nb: {<<: *b, port: 2}\n")
-    assert read_yaml(path) == {"base": {"port": 1, "gpus": [0, 1]}, "a": {"port": 1, "gpus": [0, 1]},
-                               "b": {"port": 2, "gpus": [0, 1]}}
+    assert read_yaml(path) == {
+        "base": {"port": 1, "gpus": [0, 1]},
+        "a": {"port": 1, "gpus": [0, 1]},
+        "b": {"port": 2, "gpus": [0, 1]},
+    }
 
 
 def test_a_document_read_again_is_a_fresh_copy_and_a_bad_one_fails_every_time(tmp_path: Path) -> None:
@@ -87,8 +90,10 @@ def test_a_document_read_again_is_a_fresh_copy_and_a_bad_one_fails_every_time(tm
         ("a: " + "[" * 5000 + "]" * 5000 + "\n", r":1:\d+: invalid YAML: nested deeper than 64 levels"),
         ("a: &a [*a]\n", r": a\[0\]: an alias refers to a node that contains it"),
         # each alias adds 40 levels: nesting through aliases is bounded as well
-        ("a: &a " + "[" * 40 + "1" + "]" * 40 + "\nb: &b " + "[" * 40 + "*a" + "]" * 40 + "\n",
-         r": b(\[0\])+: aliases nest the document deeper than 64 levels"),
+        (
+            "a: &a " + "[" * 40 + "1" + "]" * 40 + "\nb: &b " + "[" * 40 + "*a" + "]" * 40 + "\n",
+            r": b(\[0\])+: aliases nest the document deeper than 64 levels",
+        ),
     ],
     ids=["deep", "recursive-alias", "deep-through-aliases"],
 )
@@ -118,8 +123,9 @@ def test_invalid_utf8_names_the_line(tmp_path: Path) -> None:
     ],
     ids=["escaped-newline", "block-scalar", "carriage-return", "line-separator", "next-line", "in-a-key"],
 )
-def test_control_characters_are_refused_with_file_and_key(tmp_path: Path, text: str, where: str,
-                                                          char: str) -> None:
+def test_control_characters_are_refused_with_file_and_key(
+    tmp_path: Path, text: str, where: str, char: str
+) -> None:
     path = tmp_path / "ctl.yml"
     path.write_text(text)
     expected = rf"^{re.escape(str(path))}: {re.escape(where)}: .*{re.escape(char)}"
@@ -137,8 +143,11 @@ def test_values_may_hold_control_characters_when_the_caller_says_so(tmp_path: Pa
 
 
 def test_secret_files_keep_their_content_out_of_messages(tmp_path: Path) -> None:
-    cases = ('keys: [{sha256: "sk-secret-value\\nX"}]\n', "keys: [sk-secret-value\n",
-             "sk-secret-value: 1\nsk-secret-value: 2\n")
+    cases = (
+        'keys: [{sha256: "sk-secret-value\\nX"}]\n',
+        "keys: [sk-secret-value\n",
+        "sk-secret-value: 1\nsk-secret-value: 2\n",
+    )
     for text in cases:
         with pytest.raises(ValidationError) as err:
             parse_yaml(text, "keys.yaml", secret=True)
@@ -153,17 +162,26 @@ def test_long_values_are_quoted_as_a_short_masked_excerpt() -> None:
     assert excerpt("short") == "'short'"
 
 
-PDFLEET_SOURCES = [*sorted((REPO / "pdfleet").rglob("*.py")), *sorted((REPO / "roles").rglob("*.py")),
-                   *sorted((REPO / "bench").rglob("*.py")), REPO / "tasks.py"]
-_OTHER_LOADERS = re.compile(r"yaml\.(safe_load|load|full_load|unsafe_load|load_all|safe_load_all|"
-                            r"compose|parse)\b|\bYAML\(|import ruamel|CLoader|CSafeLoader")
+PDFLEET_SOURCES = [
+    *sorted((REPO / "pdfleet").rglob("*.py")),
+    *sorted((REPO / "roles").rglob("*.py")),
+    *sorted((REPO / "bench").rglob("*.py")),
+    REPO / "tasks.py",
+]
+_OTHER_LOADERS = re.compile(
+    r"yaml\.(safe_load|load|full_load|unsafe_load|load_all|safe_load_all|"
+    r"compose|parse)\b|\bYAML\(|import ruamel|CLoader|CSafeLoader"
+)
 
 
 def test_the_bounded_loader_is_the_only_yaml_loader() -> None:
-    offenders = [f"{p.relative_to(REPO)}:{n}: {line.strip()}"
-                 for p in PDFLEET_SOURCES if p != REPO / "pdfleet/model/yamlfile.py"
-                 for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
-                 if _OTHER_LOADERS.search(line)]
+    offenders = [
+        f"{p.relative_to(REPO)}:{n}: {line.strip()}"
+        for p in PDFLEET_SOURCES
+        if p != REPO / "pdfleet/model/yamlfile.py"
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if _OTHER_LOADERS.search(line)
+    ]
     assert not offenders, "YAML read outside pdfleet.model.yamlfile:\n" + "\n".join(offenders)
     assert PDFLEET_SOURCES and any("parse_yaml" in p.read_text() for p in PDFLEET_SOURCES)
 
@@ -201,8 +219,12 @@ def _raised(call: Callable[[], object]) -> Exception:
 
 @pytest.mark.parametrize(
     ("kind", "load"),
-    [("profile", _bomb_profile), ("inventory", _bomb_inventory), ("gateway policy", _bomb_policy),
-     ("gateway keys file", _bomb_keys)],
+    [
+        ("profile", _bomb_profile),
+        ("inventory", _bomb_inventory),
+        ("gateway policy", _bomb_policy),
+        ("gateway keys file", _bomb_keys),
+    ],
     ids=["profile", "inventory", "policy", "keys"],
 )
 def test_every_kind_of_file_refuses_the_bomb_quickly(

@@ -95,8 +95,10 @@ def test_systemctl_show_blocks_map_to_units_in_order() -> None:
     units = [SystemdUnitState("a.service"), SystemdUnitState("b.service")]
     combined = SystemdUnitState.combine(units)
     assert combined is not None and combined.command.endswith("-- a.service b.service")
-    shown = ("Id=a.service\nLoadState=loaded\nActiveState=active\nSubState=running\nUnitFileState=enabled\n\n"
-             "Id=b.service\nLoadState=not-found\nActiveState=inactive\nSubState=dead\nUnitFileState=\n")
+    shown = (
+        "Id=a.service\nLoadState=loaded\nActiveState=active\nSubState=running\nUnitFileState=enabled\n\n"
+        "Id=b.service\nLoadState=not-found\nActiveState=inactive\nSubState=dead\nUnitFileState=\n"
+    )
     split = combined.split(shown, 0)
     assert units[0].parse(*split[units[0]]).running
     assert not units[1].parse(*split[units[1]]).exists

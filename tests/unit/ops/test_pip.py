@@ -16,15 +16,17 @@ from pdfleet.ops.pip import PipList, PipRequirements, canonical_pip_name, parse_
 from pdfleet.ops.ssh import LocalTransport
 from tests.unit.ops.helpers import commands
 
-SITE_DIRS = "\n".join([
-    "aiohttp-3.14.5.dist-info",
-    "nixl-0.3.1.dist-info",
-    "Jinja2-3.1.6.dist-info",
-    "vllm_router-0.1.17.dist-info",
-    "pdfleet-0.1.0+h4be40c7a72c0.dist-info",
-    "legacy_thing-2.0-py3.11.egg-info",
-    "develop.egg-info",  # no version: not a distribution pip would list by it
-])
+SITE_DIRS = "\n".join(
+    [
+        "aiohttp-3.14.5.dist-info",
+        "nixl-0.3.1.dist-info",
+        "Jinja2-3.1.6.dist-info",
+        "vllm_router-0.1.17.dist-info",
+        "pdfleet-0.1.0+h4be40c7a72c0.dist-info",
+        "legacy_thing-2.0-py3.11.egg-info",
+        "develop.egg-info",  # no version: not a distribution pip would list by it
+    ]
+)
 
 
 def test_pip_list_from_metadata_dir_names() -> None:

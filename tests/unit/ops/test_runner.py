@@ -63,8 +63,9 @@ def test_a_converged_host_costs_one_fact_batch(tmp_path: Path) -> None:
     first = run_fleet(hosts, tree_planner(tmp_path), RunOptions(), connect=local)
     assert first.totals["changed"] == 10
     CountingTransport.sent = {}
-    second = run_fleet(hosts, tree_planner(tmp_path), RunOptions(),
-                       connect=lambda h, o: CountingTransport(h.name))
+    second = run_fleet(
+        hosts, tree_planner(tmp_path), RunOptions(), connect=lambda h, o: CountingTransport(h.name)
+    )
     assert second.totals == {"ok": 10, "changed": 0, "skipped": 2, "failed": 0}
     assert CountingTransport.sent == {"h1": 1, "h2": 1}
 

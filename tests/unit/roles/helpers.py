@@ -16,8 +16,14 @@ TEST_SECRETS = GatewaySecrets(client_sha256="1" * 64, admin_sha256="2" * 64)
 
 def deployment(profile: str, inventory: str = "inventory/lab.yml") -> Deployment:
     """A deployment of a shipped profile on a shipped inventory, with the test key hashes."""
-    return load_deployment(profile, REPO / inventory, REPO / "profiles", REPO / "templates", REGISTRY,
-                           gateway_secrets=TEST_SECRETS)
+    return load_deployment(
+        profile,
+        REPO / inventory,
+        REPO / "profiles",
+        REPO / "templates",
+        REGISTRY,
+        gateway_secrets=TEST_SECRETS,
+    )
 
 
 def exec_start_argv(unit_text: str) -> list[str]:

@@ -50,9 +50,7 @@ def converged_state(ops: list[Any]) -> dict[Any, Any]:
             modules.add(module_name(op.name))
             table[FileState(f"/etc/modules-load.d/{op.name}.conf")] = _file(f"{op.name}\n")
         elif isinstance(op, Service):
-            table[SystemdUnitState(op.unit)] = UnitState(
-                "loaded", "active", "running", "enabled"
-            )
+            table[SystemdUnitState(op.unit)] = UnitState("loaded", "active", "running", "enabled")
         elif isinstance(op, PipRequirements):
             table[PipList(op.venv)] = {"nixl": "1.5.0"}  # what vLLM 0.33's nixl>=1.5.0 installs
     table[AptPackages()] = packages

@@ -48,8 +48,11 @@ def test_gateway_role_uploads_the_wheel_and_pip_installs_from_it(tmp_path: Path)
     (cmd,) = [c.cmd for c in change.commands if isinstance(c, Run)]
     assert f"--find-links /opt/pdfleet/wheels pdfleet=={fleet.host_version}" in cmd.replace("'", "")
     # without a wheel (a site whose index serves it) nothing is uploaded
-    plain = list(gateway_role.operations(dataclasses.replace(fleet, host_wheel=None).context(host),
-                                         FakeFacts(no_policy)))
+    plain = list(
+        gateway_role.operations(
+            dataclasses.replace(fleet, host_wheel=None).context(host), FakeFacts(no_policy)
+        )
+    )
     assert not any(isinstance(op, File) and op.path.startswith("/opt/pdfleet/wheels/") for op in plain)
 
 
@@ -82,8 +85,9 @@ def test_profile_policies_are_the_ones_the_installed_router_accepts() -> None:
 def test_every_example_router_unit_selects_round_robin(profile: str, inventory: Path) -> None:
     """Each shipped profile on each inventory it fits: the router unit, where one is rendered, says
     round_robin for both pools (not the router's own cache_aware default), and the real parser agrees."""
-    fleet = load_deployment(profile, inventory, REPO / "profiles", REPO / "templates", REGISTRY,
-                            gateway_secrets=TEST_SECRETS)
+    fleet = load_deployment(
+        profile, inventory, REPO / "profiles", REPO / "templates", REGISTRY, gateway_secrets=TEST_SECRETS
+    )
     for argv in _router_argv(fleet):
         assert argv[argv.index("--policy") + 1] == "round_robin"
         assert "--prefill-policy" not in argv and "--decode-policy" not in argv
@@ -94,9 +98,15 @@ def test_every_example_router_unit_selects_round_robin(profile: str, inventory: 
 
 def test_some_example_renders_a_router_unit() -> None:
     """The test above checks something: lab-cross (P/D beside a colocated pool) renders a router unit."""
-    rendered = {p for p, inv in profile_inventory_pairs()
-                if _router_argv(load_deployment(p, inv, REPO / "profiles", REPO / "templates", REGISTRY,
-                                                gateway_secrets=TEST_SECRETS))}
+    rendered = {
+        p
+        for p, inv in profile_inventory_pairs()
+        if _router_argv(
+            load_deployment(
+                p, inv, REPO / "profiles", REPO / "templates", REGISTRY, gateway_secrets=TEST_SECRETS
+            )
+        )
+    }
     assert "lab-cross" in rendered
 
 
@@ -105,8 +115,14 @@ def _lab_cross_with(tmp_path: Path, router_policy: str) -> Deployment:
     profiles = tmp_path / "profiles"
     shutil.copytree(REPO / "profiles", profiles)
     (profiles / "rp.yml").write_text(f"extends: lab-cross\ngateway: {{router_policy: {router_policy}}}\n")
-    return load_deployment("rp", REPO / "inventory" / "lab.yml", profiles, REPO / "templates", REGISTRY,
-                           gateway_secrets=TEST_SECRETS)
+    return load_deployment(
+        "rp",
+        REPO / "inventory" / "lab.yml",
+        profiles,
+        REPO / "templates",
+        REGISTRY,
+        gateway_secrets=TEST_SECRETS,
+    )
 
 
 @pytest.mark.parametrize("name", ROUTER_POLICIES)
@@ -135,8 +151,14 @@ def _lab_cross_gateway(tmp_path: Path, gateway_yaml: str) -> Deployment:
     profiles = tmp_path / "profiles"
     shutil.copytree(REPO / "profiles", profiles)
     (profiles / "lim.yml").write_text(f"extends: lab-cross\ngateway: {gateway_yaml}\n")
-    return load_deployment("lim", REPO / "inventory" / "lab.yml", profiles, REPO / "templates", REGISTRY,
-                           gateway_secrets=TEST_SECRETS)
+    return load_deployment(
+        "lim",
+        REPO / "inventory" / "lab.yml",
+        profiles,
+        REPO / "templates",
+        REGISTRY,
+        gateway_secrets=TEST_SECRETS,
+    )
 
 
 def test_profile_limits_reach_the_policy_and_the_gateway_accepts_them(tmp_path: Path) -> None:

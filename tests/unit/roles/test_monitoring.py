@@ -12,8 +12,8 @@ import yaml
 
 import roles.monitoring as monitoring
 from pdfleet.fleet.deployment import Deployment
-from pdfleet.fleet.monitoring_config import ALERTS_FILE, CONFIG_FILE, DEFAULTS_FILE, RECORDING_FILE
 from pdfleet.fleet.roles import RoleContext
+from pdfleet.monitoring.monitoring_config import ALERTS_FILE, CONFIG_FILE, DEFAULTS_FILE, RECORDING_FILE
 from pdfleet.ops.apt import AptPackage, AptPackages, AptUpdate, CommandRc
 from pdfleet.ops.base import FakeFacts, Operation, Run
 from pdfleet.ops.files import Directory, DirectoryState, File, FileContent, FileState, PathInfo

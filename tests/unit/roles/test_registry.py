@@ -14,8 +14,17 @@ HOOKS = ("applies", "operations", "files", "units")
 
 def test_the_registry_runs_drivers_first_then_the_gateway_monitoring_and_the_rollout_controller() -> None:
     names = [role.NAME for role in REGISTRY]
-    assert names == ["base", "gpu_driver", "rdma", "kv_transfer", "vllm", "services", "gateway", "monitoring",
-                     "rollout"]
+    assert names == [
+        "base",
+        "gpu_driver",
+        "rdma",
+        "kv_transfer",
+        "vllm",
+        "services",
+        "gateway",
+        "monitoring",
+        "rollout",
+    ]
 
 
 @pytest.mark.parametrize("role", REGISTRY, ids=lambda r: r.NAME)

@@ -27,13 +27,17 @@ def test_the_controller_gets_its_config_key_and_unit(tmp_path: Path) -> None:
     fleet = dataclasses.replace(fleet, gateway_secrets=GatewaySecrets("1" * 64, "2" * 64, KEY))
     ctx = fleet.context(_monitoring(fleet))
     by_path = {f.path: f for f in rollout_role.files(ctx)}
-    assert set(by_path) == {rollout_role.CONFIG_FILE, rollout_role.KEY_FILE,
-                            f"/etc/systemd/system/{rollout_role.UNIT}"}
+    assert set(by_path) == {
+        rollout_role.CONFIG_FILE,
+        rollout_role.KEY_FILE,
+        f"/etc/systemd/system/{rollout_role.UNIT}",
+    }
     local = tmp_path / "controller.json"
     local.write_text(by_path[rollout_role.CONFIG_FILE].content)
     config = load_config(local)
-    assert [g.admin_url for g in config.gateways] == [f"http://{g.address}:{g.admin_port or g.port}"
-                                                      for g in fleet.topology.gateways]
+    assert [g.admin_url for g in config.gateways] == [
+        f"http://{g.address}:{g.admin_port or g.port}" for g in fleet.topology.gateways
+    ]
     assert set(config.rollout.plans) == {"canary-long", "long-prompts", "all-disagg"}
     assert config.initial_stage == "colocated" and config.state_dir == "/var/lib/pdfleet/rollout"
     assert KEY not in by_path[rollout_role.CONFIG_FILE].content

@@ -42,22 +42,41 @@ class GatewayProcess(_Proc):
     def __init__(self, directory: Path, port: int, colocated: str, disagg: str) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         keys = directory / "keys.yaml"
-        entries = [{"name": "user", "sha256": hash_key(USER_KEY)},
-                   {"name": "admin", "sha256": hash_key(ADMIN_KEY), "admin": True}]
+        entries = [
+            {"name": "user", "sha256": hash_key(USER_KEY)},
+            {"name": "admin", "sha256": hash_key(ADMIN_KEY), "admin": True},
+        ]
         keys.write_text(yaml.safe_dump({"keys": entries}))
         keys.chmod(0o600)
         self.policy = directory / "policy.yaml"
-        self.policy.write_text(yaml.safe_dump({
-            "version": 1, "listen": {"host": "127.0.0.1", "port": port}, "keys_file": "keys.yaml",
-            "models": {"llama": {"colocated": [colocated], "disagg": disagg}},
-            "long_prompt_tokens": LONG_TOKENS, "stage": "colocated", "stages": STAGES,
-            "timeouts": {"connect_s": 1, "first_byte_s": 20, "idle_s": 20}, "log_requests": False,
-        }, sort_keys=False))
+        self.policy.write_text(
+            yaml.safe_dump(
+                {
+                    "version": 1,
+                    "listen": {"host": "127.0.0.1", "port": port},
+                    "keys_file": "keys.yaml",
+                    "models": {"llama": {"colocated": [colocated], "disagg": disagg}},
+                    "long_prompt_tokens": LONG_TOKENS,
+                    "stage": "colocated",
+                    "stages": STAGES,
+                    "timeouts": {"connect_s": 1, "first_byte_s": 20, "idle_s": 20},
+                    "log_requests": False,
+                },
+                sort_keys=False,
+            )
+        )
         self.policy.chmod(0o600)
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        argv = [sys.executable, "-m", "pdfleet.gateway.cli", "--config", str(self.policy),
-                "--shutdown-timeout", "2"]
+        argv = [
+            sys.executable,
+            "-m",
+            "pdfleet.gateway.cli",
+            "--config",
+            str(self.policy),
+            "--shutdown-timeout",
+            "2",
+        ]
         super().__init__(argv, None, self.url + "/health", 30.0)
 
 
@@ -101,13 +120,26 @@ class Load:
                     self.errors.append(why)
 
     def _one(self, port: int, text: str, session: str) -> tuple[bool, str]:
-        body = json.dumps({"model": "llama", "messages": [{"role": "user", "content": text}],
-                           "stream": True, "max_tokens": 4})
+        body = json.dumps(
+            {
+                "model": "llama",
+                "messages": [{"role": "user", "content": text}],
+                "stream": True,
+                "max_tokens": 4,
+            }
+        )
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         try:
-            conn.request("POST", "/v1/chat/completions", body, {
-                "Authorization": f"Bearer {USER_KEY}", "Content-Type": "application/json",
-                "X-Session-Id": session})
+            conn.request(
+                "POST",
+                "/v1/chat/completions",
+                body,
+                {
+                    "Authorization": f"Bearer {USER_KEY}",
+                    "Content-Type": "application/json",
+                    "X-Session-Id": session,
+                },
+            )
             resp = conn.getresponse()
             raw = resp.read()
             if resp.status != 200 or b"[DONE]" not in raw:
@@ -126,18 +158,32 @@ class Fleet:
     state_dir: Path
 
     def controller(self, rollout: dict[str, Any]) -> Controller:
-        config = ControllerConfig.model_validate({
-            "profile": "test", "rollout": rollout, "stages": STAGES, "initial_stage": "colocated", "slo": SLO,
-            "gateways": [{"name": f"gw{i}", "admin_url": g.url} for i, g in enumerate(self.gateways)],
-            "prometheus_url": self.prom.url, "admin_key_file": "unused", "state_dir": str(self.state_dir),
-            "kv_transfer_metrics": False,
-        })
-        return Controller(config, PrometheusClient(self.prom.url, timeout=2.0), GatewayClient(ADMIN_KEY, 2.0),
-                          Store(self.state_dir))
+        config = ControllerConfig.model_validate(
+            {
+                "profile": "test",
+                "rollout": rollout,
+                "stages": STAGES,
+                "initial_stage": "colocated",
+                "slo": SLO,
+                "gateways": [{"name": f"gw{i}", "admin_url": g.url} for i, g in enumerate(self.gateways)],
+                "prometheus_url": self.prom.url,
+                "admin_key_file": "unused",
+                "state_dir": str(self.state_dir),
+                "kv_transfer_metrics": False,
+            }
+        )
+        return Controller(
+            config,
+            PrometheusClient(self.prom.url, timeout=2.0),
+            GatewayClient(ADMIN_KEY, 2.0),
+            Store(self.state_dir),
+        )
 
     def reports(self, controller: Controller) -> list[Any]:
-        return [controller.gateways.report(GatewayTarget(name=f"gw{i}", admin_url=g.url))
-                for i, g in enumerate(self.gateways)]
+        return [
+            controller.gateways.report(GatewayTarget(name=f"gw{i}", admin_url=g.url))
+            for i, g in enumerate(self.gateways)
+        ]
 
 
 @contextmanager
@@ -146,8 +192,10 @@ def fleet(tmp: Path, colocated: str, disagg: str, gateways: int = 2) -> Iterator
     ports = [free_port() for _ in range(gateways)]
     targets = [(f"127.0.0.1:{p}", {"role": "gateway", "host": f"gw{i}"}) for i, p in enumerate(ports)]
     with ExitStack() as stack:
-        procs = [stack.enter_context(GatewayProcess(tmp / f"gw{i}", p, colocated, disagg))
-                 for i, p in enumerate(ports)]
+        procs = [
+            stack.enter_context(GatewayProcess(tmp / f"gw{i}", p, colocated, disagg))
+            for i, p in enumerate(ports)
+        ]
         prom = stack.enter_context(prometheus(tmp / "prom", scrape_config(targets, interval_s=1)))
         yield Fleet(procs, prom, tmp / "state")
 

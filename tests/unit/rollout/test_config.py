@@ -12,11 +12,14 @@ from pdfleet.errors import ValidationError
 from pdfleet.rollout.config import load_config, read_admin_key
 
 GOOD = {
-    "profile": "p", "rollout": {}, "stages": {"colocated": {"short": 0, "long": 0}},
+    "profile": "p",
+    "rollout": {},
+    "stages": {"colocated": {"short": 0, "long": 0}},
     "initial_stage": "colocated",
     "slo": {"ttft_p99_ms": 1.0, "tpot_p99_ms": 1.0, "itl_p99_ms": 1.0, "kv_transfer_p99_ms": 1.0},
     "gateways": [{"name": "gw", "admin_url": "http://10.0.0.1:8080"}],
-    "prometheus_url": "http://10.0.0.5:9090", "admin_key_file": "/etc/pdfleet/rollout/admin.key",
+    "prometheus_url": "http://10.0.0.5:9090",
+    "admin_key_file": "/etc/pdfleet/rollout/admin.key",
 }
 
 
@@ -31,13 +34,16 @@ def test_a_good_config_loads(tmp_path: Path) -> None:
     assert config.gateways[0].name == "gw" and config.state_dir == "/var/lib/pdfleet/rollout"
 
 
-@pytest.mark.parametrize(("doc", "expected"), [
-    ("{nope", "not JSON"),
-    ({**GOOD, "initial_stage": "x"}, "initial_stage: 'x' is not in stages"),
-    ({**GOOD, "slo": {"ttft_p99_ms": 1.0}}, "slo: lacks itl_p99_ms, kv_transfer_p99_ms, tpot_p99_ms"),
-    ({**GOOD, "gateways": [{"name": "gw", "admin_url": "http://h:1/path"}]}, "gateways[0].admin_url"),
-    ({**GOOD, "colour": 1}, "colour"),
-])
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        ("{nope", "not JSON"),
+        ({**GOOD, "initial_stage": "x"}, "initial_stage: 'x' is not in stages"),
+        ({**GOOD, "slo": {"ttft_p99_ms": 1.0}}, "slo: lacks itl_p99_ms, kv_transfer_p99_ms, tpot_p99_ms"),
+        ({**GOOD, "gateways": [{"name": "gw", "admin_url": "http://h:1/path"}]}, "gateways[0].admin_url"),
+        ({**GOOD, "colour": 1}, "colour"),
+    ],
+)
 def test_bad_configs_name_file_and_key(tmp_path: Path, doc: object, expected: str) -> None:
     with pytest.raises(ValidationError) as err:
         load_config(_write(tmp_path, doc))

@@ -27,8 +27,13 @@ GATES = [
 
 
 def _rollout(steps: list[dict[str, object]]) -> dict[str, object]:
-    return {"interval_s": 0.5, "window_s": 8, "min_samples": 3, "gates": GATES,
-            "plans": {"long-prompts": {"steps": steps}}}
+    return {
+        "interval_s": 0.5,
+        "window_s": 8,
+        "min_samples": 3,
+        "gates": GATES,
+        "plans": {"long-prompts": {"steps": steps}},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +64,15 @@ def _events(controller: Controller, kind: str) -> list[dict[str, object]]:
 
 
 def test_a_rollout_walks_every_step_and_every_gateway_reports_each_version(
-    tmp_path: Path, colocated: SimProcess,
+    tmp_path: Path,
+    colocated: SimProcess,
 ) -> None:
-    steps = [{"set_weight": {"short": 0, "long": 50}},
-             {"analysis": {"min_duration_s": 3, "min_samples": 3}},
-             {"set_weight": {"short": 0, "long": 100}},
-             {"analysis": {"min_duration_s": 3, "min_samples": 3}}]
+    steps = [
+        {"set_weight": {"short": 0, "long": 50}},
+        {"analysis": {"min_duration_s": 3, "min_samples": 3}},
+        {"set_weight": {"short": 0, "long": 100}},
+        {"analysis": {"min_duration_s": 3, "min_samples": 3}},
+    ]
     with SimProcess(SIM_ARGS) as disagg, fleet(tmp_path, colocated.url, disagg.url) as f:
         controller = f.controller(_rollout(steps))
         load = Load([g.port for g in f.gateways]).start()
@@ -72,8 +80,11 @@ def test_a_rollout_walks_every_step_and_every_gateway_reports_each_version(
             with running(controller):
                 wait_until(lambda: controller.store.load(), 10, "the controller's first state")
                 commands.submit_rollout(controller, "long-prompts")
-                state = wait_until(lambda: _phase(controller, "succeeded", "degraded", "inconclusive"), 90,
-                                   "the rollout to end")
+                state = wait_until(
+                    lambda: _phase(controller, "succeeded", "degraded", "inconclusive"),
+                    90,
+                    "the rollout to end",
+                )
         finally:
             load.stop()
         assert state.phase == "succeeded", state.reason
@@ -90,8 +101,11 @@ def test_a_rollout_walks_every_step_and_every_gateway_reports_each_version(
 
 
 def test_a_fault_mid_rollout_rolls_back_by_itself(tmp_path: Path, colocated: SimProcess) -> None:
-    steps = [{"set_weight": {"short": 0, "long": 50}}, {"pause": {}},
-             {"set_weight": {"short": 0, "long": 100}}]
+    steps = [
+        {"set_weight": {"short": 0, "long": 50}},
+        {"pause": {}},
+        {"set_weight": {"short": 0, "long": 100}},
+    ]
     disagg = SimProcess(SIM_ARGS).__enter__()
     try:
         with fleet(tmp_path, colocated.url, disagg.url) as f:
@@ -120,8 +134,7 @@ def test_a_fault_mid_rollout_rolls_back_by_itself(tmp_path: Path, colocated: Sim
         disagg.stop()
 
 
-def test_an_unreachable_gateway_halts_the_rollout(tmp_path: Path,
-                                                                   colocated: SimProcess) -> None:
+def test_an_unreachable_gateway_halts_the_rollout(tmp_path: Path, colocated: SimProcess) -> None:
     steps = [{"pause": {}}, {"set_weight": {"short": 0, "long": 100}}]
     with fleet(tmp_path, colocated.url, colocated.url) as f:
         controller = f.controller(_rollout(steps))
@@ -139,10 +152,14 @@ def test_an_unreachable_gateway_halts_the_rollout(tmp_path: Path,
             assert "gw1" in str(halt["reason"]) and "not answering" in str(halt["reason"])
 
 
-def test_dry_run_measures_and_changes_nothing_then_abort_goes_back(tmp_path: Path,
-                                                                   colocated: SimProcess) -> None:
-    steps = [{"set_weight": {"short": 0, "long": 50}}, {"pause": {}},
-             {"set_weight": {"short": 0, "long": 100}}]
+def test_dry_run_measures_and_changes_nothing_then_abort_goes_back(
+    tmp_path: Path, colocated: SimProcess
+) -> None:
+    steps = [
+        {"set_weight": {"short": 0, "long": 50}},
+        {"pause": {}},
+        {"set_weight": {"short": 0, "long": 100}},
+    ]
     with SimProcess(SIM_ARGS) as disagg, fleet(tmp_path, colocated.url, disagg.url) as f:
         controller = f.controller(_rollout(steps))
         load = Load([g.port for g in f.gateways]).start()
@@ -151,8 +168,11 @@ def test_dry_run_measures_and_changes_nothing_then_abort_goes_back(tmp_path: Pat
                 wait_until(lambda: controller.store.load(), 10, "the controller's first state")
                 commands.submit_rollout(controller, "long-prompts")
                 wait_until(lambda: _phase(controller, "paused"), 30, "the pause at 50%")
-                wait_until(lambda: [e for e in _events(controller, "measurement") if e["samples"]], 30,
-                           "requests on the disaggregated pool in the window")
+                wait_until(
+                    lambda: [e for e in _events(controller, "measurement") if e["samples"]],
+                    30,
+                    "requests on the disaggregated pool in the window",
+                )
             # the controller stopped: nothing but the dry run could write now
             state_file = (f.state_dir / "state.json").read_bytes()
             if True:  # the dry run, with no controller ticking
@@ -178,8 +198,9 @@ def test_dry_run_measures_and_changes_nothing_then_abort_goes_back(tmp_path: Pat
             commands.flag(controller, "promote")
 
 
-def test_a_foreign_policy_halts_the_rollout_and_abort_outranks_it(tmp_path: Path,
-                                                                  colocated: SimProcess) -> None:
+def test_a_foreign_policy_halts_the_rollout_and_abort_outranks_it(
+    tmp_path: Path, colocated: SimProcess
+) -> None:
     steps = [{"pause": {}}, {"set_weight": {"short": 0, "long": 100}}]
     with fleet(tmp_path, colocated.url, colocated.url) as f:
         controller = f.controller(_rollout(steps))

@@ -77,13 +77,25 @@ def test_a_tick_fails_past_the_failure_limit_only_with_enough_samples() -> None:
     never = decide_tick([_r("fail")], Counters(50), Limits(-1, 4), samples=100, min_samples=10)
     assert never.verdict == "running"
     assert decide_tick([_r("fail")], Counters(), Limits(0, 4), samples=9, min_samples=10).verdict == "running"
-    assert decide_tick([_r("fail", True), _r("error", True)], Counters(), Limits(0, 0), samples=100,
-                       min_samples=10).verdict == "running"
+    assert (
+        decide_tick(
+            [_r("fail", True), _r("error", True)], Counters(), Limits(0, 0), samples=100, min_samples=10
+        ).verdict
+        == "running"
+    )
 
 
 def _analysis(results, samples=100, elapsed=40.0, counters=Counters(0, 0)):  # noqa: B008 (frozen)
-    return decide_analysis(results, counters, Limits(0, 4), samples=samples, min_samples=50,
-                           elapsed_s=elapsed, min_duration_s=30, deadline_s=120)
+    return decide_analysis(
+        results,
+        counters,
+        Limits(0, 4),
+        samples=samples,
+        min_samples=50,
+        elapsed_s=elapsed,
+        min_duration_s=30,
+        deadline_s=120,
+    )
 
 
 def test_every_verdict_of_an_analysis_step() -> None:

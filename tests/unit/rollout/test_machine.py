@@ -12,17 +12,23 @@ from pdfleet.rollout.gates import GateResult
 from pdfleet.rollout.machine import Tick, advance, gated_classes, initial_state, submit
 
 STAGES = {"colocated": StageSpec(short=0, long=0), "long-prompts": StageSpec(short=0, long=100)}
-SPEC = RolloutSpec.model_validate({
-    "min_samples": 10,
-    "gates": [{"name": "ttft", "metric": "ttft", "max_ratio": 1.5}],
-    "plans": {"long-prompts": {"steps": [
-        {"set_weight": {"short": 0, "long": 10}},
-        {"analysis": {"min_duration_s": 10, "min_samples": 20}},
-        {"pause": {}},
-        {"pause": {"duration_s": 5}},
-        {"set_weight": {"short": 0, "long": 100}},
-    ]}},
-})
+SPEC = RolloutSpec.model_validate(
+    {
+        "min_samples": 10,
+        "gates": [{"name": "ttft", "metric": "ttft", "max_ratio": 1.5}],
+        "plans": {
+            "long-prompts": {
+                "steps": [
+                    {"set_weight": {"short": 0, "long": 10}},
+                    {"analysis": {"min_duration_s": 10, "min_samples": 20}},
+                    {"pause": {}},
+                    {"pause": {"duration_s": 5}},
+                    {"set_weight": {"short": 0, "long": 100}},
+                ]
+            }
+        },
+    }
+)
 PLAN = SPEC.plans["long-prompts"]
 PASS = [GateResult("ttft", "long", "pass", 1.0, 2.0, "ttft (long): 1 <= 2")]
 FAIL = [GateResult("ttft", "long", "fail", 9.0, 2.0, "ttft (long): 9 > 2")]

@@ -34,28 +34,47 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with ExitStack() as stack:
         gw, dec, colo = (stack.enter_context(exporter()) for _ in range(3))
-        ttft = Histogram("pdfleet_gateway_ttft_seconds", "t", ["pool", "length_class"], buckets=BUCKETS,
-                         registry=gw.registry)
-        requests = Counter("pdfleet_gateway_requests", "r", ["model", "pool", "length_class", "status"],
-                           registry=gw.registry)
-        decisions = Counter("pdfleet_gateway_routing_decisions", "d",
-                            ["stage", "length_class", "pool", "reason"], registry=gw.registry)
-        fallbacks = Counter("pdfleet_gateway_fallbacks", "f", ["model", "length_class", "reason"],
-                            registry=gw.registry)
+        ttft = Histogram(
+            "pdfleet_gateway_ttft_seconds",
+            "t",
+            ["pool", "length_class"],
+            buckets=BUCKETS,
+            registry=gw.registry,
+        )
+        requests = Counter(
+            "pdfleet_gateway_requests", "r", ["model", "pool", "length_class", "status"], registry=gw.registry
+        )
+        decisions = Counter(
+            "pdfleet_gateway_routing_decisions",
+            "d",
+            ["stage", "length_class", "pool", "reason"],
+            registry=gw.registry,
+        )
+        fallbacks = Counter(
+            "pdfleet_gateway_fallbacks", "f", ["model", "length_class", "reason"], registry=gw.registry
+        )
         stalls = Counter("pdfleet_gateway_stream_stalls", "s", ["pool", "length_class"], registry=gw.registry)
-        tpot = [Histogram("vllm:request_time_per_output_token_seconds", "t", buckets=BUCKETS,
-                          registry=e.registry) for e in (dec, colo)]
+        tpot = [
+            Histogram("vllm:request_time_per_output_token_seconds", "t", buckets=BUCKETS, registry=e.registry)
+            for e in (dec, colo)
+        ]
         kv = Histogram("vllm:nixl_xfer_time_seconds", "k", buckets=BUCKETS, registry=dec.registry)
-        children = [requests.labels("m", "disagg", "long", "200"),
-                    requests.labels("m", "disagg", "long", "503"),
-                    requests.labels("m", "colocated", "long", "200"),
-                    decisions.labels("s", "long", "disagg", "weight"),
-                    fallbacks.labels("m", "long", "connect"), stalls.labels("colocated", "long"),
-                    ttft.labels("disagg", "long"), ttft.labels("colocated", "long"),
-                    fallbacks.labels("m", "short", "connect")]  # at zero first
-        targets = [(f"127.0.0.1:{gw.port}", {"role": "gateway"}),
-                   (f"127.0.0.1:{dec.port}", {"pool": "disagg", "role": "decode"}),
-                   (f"127.0.0.1:{colo.port}", {"pool": "colocated", "role": "colocated"})]
+        children = [
+            requests.labels("m", "disagg", "long", "200"),
+            requests.labels("m", "disagg", "long", "503"),
+            requests.labels("m", "colocated", "long", "200"),
+            decisions.labels("s", "long", "disagg", "weight"),
+            fallbacks.labels("m", "long", "connect"),
+            stalls.labels("colocated", "long"),
+            ttft.labels("disagg", "long"),
+            ttft.labels("colocated", "long"),
+            fallbacks.labels("m", "short", "connect"),
+        ]  # at zero first
+        targets = [
+            (f"127.0.0.1:{gw.port}", {"role": "gateway"}),
+            (f"127.0.0.1:{dec.port}", {"pool": "disagg", "role": "decode"}),
+            (f"127.0.0.1:{colo.port}", {"pool": "colocated", "role": "colocated"}),
+        ]
         prom = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), scrape_config(targets)))
         client = prom.client
         wait_for(samples_seen(client, "pdfleet_gateway_requests_total", 2), what="two scrapes at zero")
@@ -99,8 +118,9 @@ def test_each_metric_per_pool_in_its_unit(world: World) -> None:
 
 def test_observe_counts_samples_and_leaves_out_kv_without_nixl_metrics(world: World) -> None:
     gates = [_gate("ttft", max_ratio=1.0), _gate("kv_transfer"), _gate("tpot")]
-    observed, samples = observe(world.client, gates, StageSpec(short=0, long=50), ["long"], WINDOW,
-                                kv_transfer_metrics=False)
+    observed, samples = observe(
+        world.client, gates, StageSpec(short=0, long=50), ["long"], WINDOW, kv_transfer_metrics=False
+    )
     assert samples in range(38, 46)  # increase() extrapolates over the window
     assert [(g.metric, o.weight) for g, o in observed] == [("ttft", 50), ("tpot", 50)]
     down = PrometheusClient("http://127.0.0.1:9", timeout=1.0)

@@ -264,7 +264,10 @@ def test_a_shared_prefix_lowers_ttft_and_is_counted_unless_caching_is_off(flag: 
         for question in ("What is a KV cache?", "And a prefix cache?"):
             chat = [system, {"role": "user", "content": question}]
             stream = client.chat.completions.create(
-                model=MODEL, messages=chat, max_tokens=4, stream=True,  # type: ignore[arg-type]
+                model=MODEL,
+                messages=chat,
+                max_tokens=4,
+                stream=True,  # type: ignore[arg-type]
                 stream_options={"include_usage": True},
             )
             prompts += [c.usage.prompt_tokens for c in stream if c.usage is not None]

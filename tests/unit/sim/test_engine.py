@@ -177,8 +177,9 @@ def test_the_cache_is_bounded_by_the_kv_blocks() -> None:
 def test_a_preempted_request_s_lookup_is_counted_as_the_release_counts_it() -> None:
     counted = {}
     for skip in (False, True):
-        eng = _engine(5, enable_prefix_caching=True, max_num_batched_tokens=4096,
-                      prefix_stats_skip_preempted=skip)
+        eng = _engine(
+            5, enable_prefix_caching=True, max_num_batched_tokens=4096, prefix_stats_skip_preempted=skip
+        )
         a, b = _hashed("a", list(range(16)), 40), _hashed("b", list(range(100, 116)), 40)
         eng.add(a, 0.0)
         eng.add(b, 0.0)

@@ -41,8 +41,14 @@ def _connector(role: str, *args: str, **extra: Any) -> tuple[KVConnector, list[N
     return KVConnector(cfg, cfg.kv_transfer, engine, metrics, clock, lambda: woken.append(None)), woken
 
 
-FULL = {"do_remote_prefill": True, "remote_block_ids": [[1]], "remote_engine_id": "e", "remote_host": "h",
-        "remote_port": 1, "remote_request_id": "r"}
+FULL = {
+    "do_remote_prefill": True,
+    "remote_block_ids": [[1]],
+    "remote_engine_id": "e",
+    "remote_host": "h",
+    "remote_port": 1,
+    "remote_request_id": "r",
+}
 
 
 def _held(kv: KVConnector, rid: str, prompt: int, now: float = 0.0) -> SimRequest:
@@ -92,9 +98,15 @@ def test_a_0_11_producer_returns_its_release_s_keys_only_for_length_capped_finis
     kv, woken = _connector("kv_producer", "--sim-vllm-version", "0.11.0")
     req = _held(kv, "cmpl-1", 100)
     out = kv.params_out(req, "length")
-    assert out == {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": req.block_ids,
-                   "remote_engine_id": kv.kv.engine_id, "remote_host": "localhost", "remote_port": 5557,
-                   "tp_size": 1}
+    assert out == {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": req.block_ids,
+        "remote_engine_id": kv.kv.engine_id,
+        "remote_host": "localhost",
+        "remote_port": 5557,
+        "tp_size": 1,
+    }
     stopped = _held(kv, "cmpl-2", 100)
     assert kv.params_out(stopped, "stop") is None
     assert kv.engine.held_request("cmpl-2") is None and woken == [None]
@@ -298,15 +310,30 @@ def test_kv_transfer_params_round_trip_without_router(pair: tuple[SimProcess, Si
     )
     assert status == 200
     params = prefill["kv_transfer_params"]
-    keys = {"do_remote_prefill", "do_remote_decode", "remote_engine_id", "remote_block_ids", "remote_host",
-            "remote_port", "tp_size", "pdfleet_sim_prompt_tokens", "pdfleet_sim_prompt_digest"}
+    keys = {
+        "do_remote_prefill",
+        "do_remote_decode",
+        "remote_engine_id",
+        "remote_block_ids",
+        "remote_host",
+        "remote_port",
+        "tp_size",
+        "pdfleet_sim_prompt_tokens",
+        "pdfleet_sim_prompt_digest",
+    }
     if old:
         assert set(params) == keys
         blocks = params["remote_block_ids"]
     else:
-        assert set(params) == keys | {"remote_request_id", "dcp_size", "pp_size", "remote_num_tokens",
-                                      "remote_blocks_expiry_time", "remote_registration_generation",
-                                      "transfer_mode"}
+        assert set(params) == keys | {
+            "remote_request_id",
+            "dcp_size",
+            "pp_size",
+            "remote_num_tokens",
+            "remote_blocks_expiry_time",
+            "remote_registration_generation",
+            "transfer_mode",
+        }
         (blocks,) = params["remote_block_ids"]  # one list per KV-cache group
     assert params["do_remote_prefill"] is True and params["tp_size"] == 1
     assert len(blocks) == 2000 // 16
@@ -384,16 +411,23 @@ def test_a_waiting_consumer_keeps_a_0_33_lease_alive_a_0_11_timeout_runs_out(ver
     common = [MODEL, "--sim-time-scale", "0.1", "--sim-vllm-version", version]
     producer = SimProcess(
         [*common, "--kv-transfer-config", kv_config("kv_producer", **lease)],
-        env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side),
-             "VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "6"},
+        env={
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side),
+            "VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "6",
+        },
     )
     consumer = SimProcess(
         [*common, "--max-num-seqs", "1", "--kv-transfer-config", kv_config("kv_consumer", **lease)]
     )
     with producer as p, consumer as d:
         leg = {"X-Request-Id": f"busy-{version}"}
-        body = {"model": MODEL, "prompt": "q" * 400, "max_tokens": 1,
-                "kv_transfer_params": {"do_remote_decode": True}}
+        body = {
+            "model": MODEL,
+            "prompt": "q" * 400,
+            "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": True},
+        }
         _, prefill = post_json(p.url + "/v1/completions", body, leg)
         busy = {"model": MODEL, "prompt": "b", "max_tokens": 2000, "ignore_eos": True}
         with ThreadPoolExecutor(1) as pool:
@@ -401,8 +435,12 @@ def test_a_waiting_consumer_keeps_a_0_33_lease_alive_a_0_11_timeout_runs_out(ver
             wait_for(lambda: scrape_metrics(d.url)["vllm:num_requests_running"] == 1)
             status, out = post_json(
                 d.url + "/v1/completions",
-                {"model": MODEL, "prompt": "q" * 400, "max_tokens": 3,
-                 "kv_transfer_params": prefill["kv_transfer_params"]},
+                {
+                    "model": MODEL,
+                    "prompt": "q" * 400,
+                    "max_tokens": 3,
+                    "kv_transfer_params": prefill["kv_transfer_params"],
+                },
                 leg,
             )
             assert first.result()[0] == 200

@@ -82,7 +82,10 @@ def test_the_bootstrap_server_registers_and_answers_as_vllm_s() -> None:
     assert answers[2][0] == 400 and "is already registered at tcp://127.0.0.1:7" in answers[2][1]["detail"]
     assert answers[3][0] == 400 and "Engine ID mismatch for dp_rank=0" in answers[3][1]["detail"]
     assert answers[4][0] == 422 and answers[4][1]["detail"][0]["loc"] == ["body", "dp_rank"]
-    assert answers[5] == (200, {"0": {"engine_id": "eng-p", "worker_addr": {"0": {"0": "tcp://127.0.0.1:7"}}}})
+    assert answers[5] == (
+        200,
+        {"0": {"engine_id": "eng-p", "worker_addr": {"0": {"0": "tcp://127.0.0.1:7"}}}},
+    )
     assert answers[6] == (0, ("127.0.0.1", 7))
 
 

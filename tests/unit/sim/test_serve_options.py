@@ -66,8 +66,11 @@ def test_an_unambiguous_abbreviation_is_read_as_the_option() -> None:
         ("0.33.0", ["--swap-space", "4"], "vLLM 0.33.0 has no option --swap-space; vLLM 0.11.0 has it"),
         ("0.33.0", ["--task", "generate"], "vLLM 0.33.0 has no option --task; vLLM 0.11.0 has it"),
         # 0.33's EnableDisableAction adds --disable-x beside --enable-x; 0.11 has only --no-enable-x
-        ("0.11.0", ["--disable-prefix-caching"], "vLLM 0.11.0 has no option --disable-prefix-caching; "
-         "vLLM 0.33.0 has it"),
+        (
+            "0.11.0",
+            ["--disable-prefix-caching"],
+            "vLLM 0.11.0 has no option --disable-prefix-caching; vLLM 0.33.0 has it",
+        ),
         ("0.11.0", ["--max-num-queued-tokens", "9"], "vLLM 0.11.0 has no option --max-num-queued-tokens"),
     ],
 )

@@ -15,13 +15,16 @@ def expr(text: str) -> ast.expr:
     return ast.parse(text, mode="eval").body
 
 
-@pytest.mark.parametrize(("text", "value"), [
-    ("[2 ** (10 + i) for i in range(1, 25, 2)]", [2**e for e in range(11, 34, 2)]),
-    ("b[1:]", [2, 3]),
-    ("{'cuda': ('cuda', 'cpu'), 'tpu': ('cpu',)}", {"cuda": ["cuda", "cpu"], "tpu": ["cpu"]}),
-    ("4096 * 2", 8192),
-    ("-1", -1),
-])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("[2 ** (10 + i) for i in range(1, 25, 2)]", [2**e for e in range(11, 34, 2)]),
+        ("b[1:]", [2, 3]),
+        ("{'cuda': ('cuda', 'cpu'), 'tpu': ('cpu',)}", {"cuda": ["cuda", "cpu"], "tpu": ["cpu"]}),
+        ("4096 * 2", 8192),
+        ("-1", -1),
+    ],
+)
 def test_constant_expressions(text: str, value: object) -> None:
     assert const(expr(text), {"b": [1, 2, 3]}) == value
 
@@ -35,8 +38,11 @@ def test_anything_else_is_kept_as_text() -> None:
 def test_assignments_and_their_guards() -> None:
     tree = ast.parse("x: int = 1\nif a:\n    y = 2\nelse:\n    y = 3\n")
     assert [const(v) for v in assigned(tree, "x")] == [1]
-    guards = [tuple(ast.unparse(t) for t in tests) for node, tests in guarded(tree.body)
-              if isinstance(node, ast.Assign)]
+    guards = [
+        tuple(ast.unparse(t) for t in tests)
+        for node, tests in guarded(tree.body)
+        if isinstance(node, ast.Assign)
+    ]
     assert guards == [("a",), ("not a",)]
 
 

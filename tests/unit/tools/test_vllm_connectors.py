@@ -44,7 +44,9 @@ def test_extra_config_keys_with_defaults(old: Sources, new: Sources) -> None:
     assert nixl["decoder_kv_blocks_ttl"] == 480
     mooncake = con.extra_config(new, mooncake_files(new))
     assert {k.name: k.default for k in mooncake.keys} == {
-        "device_name": "", "mooncake_protocol": "rdma", "num_workers": 10,
+        "device_name": "",
+        "mooncake_protocol": "rdma",
+        "num_workers": 10,
     }
 
 
@@ -55,8 +57,16 @@ def test_mooncake_protocol(old: Sources, new: Sources) -> None:
     assert protocol.read == ("remote_bootstrap_addr", "remote_engine_id", "transfer_id")
     assert protocol.bootstrap_routes == (("POST", "/register"), ("GET", "/query"))
     assert protocol.bootstrap_schemas == (
-        ("RegisterWorkerPayload", (("engine_id", "EngineId"), ("dp_rank", "int"), ("tp_rank", "int"),
-                                   ("pp_rank", "int"), ("addr", "WorkerAddr"))),
+        (
+            "RegisterWorkerPayload",
+            (
+                ("engine_id", "EngineId"),
+                ("dp_rank", "int"),
+                ("tp_rank", "int"),
+                ("pp_rank", "int"),
+                ("addr", "WorkerAddr"),
+            ),
+        ),
         ("EngineEntry", (("engine_id", "EngineId"), ("worker_addr", "dict[int, dict[int, WorkerAddr]]"))),
     )
     assert protocol.sources == tuple(files)
@@ -65,8 +75,13 @@ def test_mooncake_protocol(old: Sources, new: Sources) -> None:
 def test_kv_transfer_params_protocol(old: Sources, new: Sources) -> None:
     before = con.kv_transfer_params(old, nixl_files(old))
     assert before.produced == (
-        "do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_host",
-        "remote_port", "tp_size",
+        "do_remote_prefill",
+        "do_remote_decode",
+        "remote_block_ids",
+        "remote_engine_id",
+        "remote_host",
+        "remote_port",
+        "tp_size",
     )
     assert before.finish_statuses == ("FINISHED_LENGTH_CAPPED",) and before.block_ids_type == "list[int]"
     after = con.kv_transfer_params(new, nixl_files(new))

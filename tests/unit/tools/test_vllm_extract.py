@@ -43,7 +43,10 @@ def test_every_fixture_says_where_it_comes_from_and_parses(version: str) -> None
 
 def test_registry_and_the_connector_files_it_points_at(old: Sources, new: Sources) -> None:
     assert [c.name for c in ex.registry(old).connectors] == [
-        "SharedStorageConnector", "P2pNcclConnector", "LMCacheConnectorV1", "NixlConnector",
+        "SharedStorageConnector",
+        "P2pNcclConnector",
+        "LMCacheConnectorV1",
+        "NixlConnector",
     ]
     assert nixl_files(old) == [NIXL_011]
     names = [c.name for c in ex.registry(new).connectors]
@@ -57,8 +60,17 @@ def test_registry_and_the_connector_files_it_points_at(old: Sources, new: Source
 def test_kv_transfer_config_fields_and_unknown_keys(old: Sources, new: Sources) -> None:
     before, after = ex.kv_transfer_config(old), ex.kv_transfer_config(new)
     assert [f.name for f in before.fields] == [
-        "kv_connector", "engine_id", "kv_buffer_device", "kv_buffer_size", "kv_role", "kv_rank",
-        "kv_parallel_size", "kv_ip", "kv_port", "kv_connector_extra_config", "kv_connector_module_path",
+        "kv_connector",
+        "engine_id",
+        "kv_buffer_device",
+        "kv_buffer_size",
+        "kv_role",
+        "kv_rank",
+        "kv_parallel_size",
+        "kv_ip",
+        "kv_port",
+        "kv_connector_extra_config",
+        "kv_connector_module_path",
     ]
     assert before.unknown_keys == "ignore"  # a plain pydantic dataclass: extra keys are dropped
     assert after.unknown_keys == "forbid"  # vLLM's @config passes ConfigDict(extra="forbid")
@@ -106,7 +118,8 @@ def test_prefix_caching_default(old: Sources, new: Sources) -> None:
 def test_batch_defaults(old: Sources, new: Sources) -> None:
     before = ex.batch_defaults(old)
     assert [(t.min_gib, t.excluded, t.max_num_batched_tokens, t.max_num_seqs) for t in before.tiers] == [
-        (70, ("a100",), 8192, 1024), (0, (), 2048, 256),
+        (70, ("a100",), 8192, 1024),
+        (0, (), 2048, 256),
     ]
     assert before.max_num_seqs_rule.startswith("min(default_max_num_seqs[usage_context]")
     after = ex.batch_defaults(new)

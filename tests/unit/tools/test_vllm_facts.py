@@ -68,8 +68,9 @@ def test_bad_version_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_release_pip_cannot_fetch_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_release_pip_cannot_fetch_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # local find-links only: nothing leaves the machine
     assert vllm_facts.main(["0.0.1", "--cache", str(tmp_path)]) == 2
     err = capsys.readouterr().err

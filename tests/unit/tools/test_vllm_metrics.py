@@ -10,10 +10,53 @@ from tools import vllm_metrics
 from tools.vllm_ast import Sources
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-LATENCY = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-           480.0, 960.0, 1920.0, 7680.0)
-TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-        40.0, 80.0, 160.0, 640.0, 2560.0)
+LATENCY = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+TTFT = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 
 
 def metrics(version: str) -> dict[str, object]:
@@ -48,7 +91,20 @@ def test_0_33_bucket_families_and_nixl_metrics() -> None:
     assert found["vllm:nixl_post_time_seconds"].buckets[0] == 0.001
     assert found["vllm:nixl_bytes_transferred"].buckets == tuple(2**e for e in range(11, 34, 2))
     assert found["vllm:nixl_num_descriptors"].buckets == (
-        10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000,
+        10,
+        20,
+        30,
+        50,
+        75,
+        100,
+        200,
+        400,
+        1000,
+        2000,
+        4000,
+        10000,
+        20000,
+        50000,
     )
     assert found["vllm:nixl_num_kv_expired_reqs"].kind == "counter"
     # the stat logger's labelnames, handed to the connector's metrics

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.chain_table import (
+from pdfleet.monitoring.chain_table import (
     NO_DATA,
     ChainTable,
     FigureRows,
@@ -16,7 +16,7 @@ from pdfleet.fleet.chain_table import (
     format_table,
     prometheus_url,
 )
-from pdfleet.fleet.recording import CHAIN, figures
+from pdfleet.monitoring.recording import CHAIN, figures
 from tests.unit.fleet.helpers import REPO, fleet_of
 
 
@@ -26,8 +26,9 @@ def test_the_inventory_monitoring_host_or_the_option() -> None:
     assert prometheus_url(fleet.profile, fleet.inventory, "http://127.0.0.1:9999/") == "http://127.0.0.1:9999"
     with pytest.raises(ValidationError, match="not an http"):
         prometheus_url(fleet.profile, fleet.inventory, "127.0.0.1:9090")
-    inventory = dataclasses.replace(fleet.inventory, groups={k: v for k, v in fleet.inventory.groups.items()
-                                                             if k != "monitoring"})
+    inventory = dataclasses.replace(
+        fleet.inventory, groups={k: v for k, v in fleet.inventory.groups.items() if k != "monitoring"}
+    )
     with pytest.raises(ValidationError, match="no host in group `monitoring`"):
         prometheus_url(fleet.profile, inventory, None)
 
@@ -38,16 +39,35 @@ def test_durations_and_missing_data() -> None:
 
 def test_rows_per_group_and_no_data_rows() -> None:
     ttft, queue = CHAIN[0], CHAIN[4]
-    steps = (StepRows(ttft, {("disagg", "long"): {0.5: 0.1, 0.95: 0.2, 0.99: None}},
-                      {("disagg", "long"): {0.5: 0.1, 0.95: 0.3, 0.99: 0.4}}),
-             StepRows(queue, {}, {}))
+    steps = (
+        StepRows(
+            ttft,
+            {("disagg", "long"): {0.5: 0.1, 0.95: 0.2, 0.99: None}},
+            {("disagg", "long"): {0.5: 0.1, 0.95: 0.3, 0.99: 0.4}},
+        ),
+        StepRows(queue, {}, {}),
+    )
     fig = figures("30s")[0]
     text = format_table(ChainTable(steps, (FigureRows(fig, {("disagg", "long"): 2.5}),), 600, 30), "T")
     lines = text.splitlines()
     assert lines[0] == "T" and "10 min" in lines[1]
     row = next(line for line in lines if line.startswith(ttft.title))
-    assert row.split()[4:] == ["disagg", "long", "100", "ms", "200", "ms", "no", "data", "100", "ms", "300",
-                               "ms", "400", "ms"]
+    assert row.split()[4:] == [
+        "disagg",
+        "long",
+        "100",
+        "ms",
+        "200",
+        "ms",
+        "no",
+        "data",
+        "100",
+        "ms",
+        "300",
+        "ms",
+        "400",
+        "ms",
+    ]
     assert next(line for line in lines if line.startswith(queue.title)).count(NO_DATA) == 6
     figure_row = next(line for line in lines if line.startswith(fig.title))
     assert figure_row.split()[-3:] == ["disagg", "long", "2.5"]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.fleet.dashboard import dashboard, dashboard_json, panel_queries
-from pdfleet.fleet.recording import recorded_names
+from pdfleet.monitoring.dashboard import dashboard, dashboard_json, panel_queries
+from pdfleet.monitoring.recording import recorded_names
 from tests.unit.fleet.helpers import REPO, exported_series, fleet_of, profile_inventory_pairs, series_in
 from tests.unit.metrics.helpers import check_promql
 
@@ -17,8 +17,9 @@ PAIRS = profile_inventory_pairs()
 
 
 @pytest.mark.parametrize(("profile", "inventory"), PAIRS, ids=lambda v: v if isinstance(v, str) else v.name)
-def test_every_panel_query_is_valid_and_reads_known_series(profile: str, inventory: Path,
-                                                           tmp_path: Path) -> None:
+def test_every_panel_query_is_valid_and_reads_known_series(
+    profile: str, inventory: Path, tmp_path: Path
+) -> None:
     fleet = fleet_of(profile, inventory)
     model = json.loads(dashboard_json(fleet.profile, fleet.topology))
     queries = panel_queries(model)

@@ -6,7 +6,9 @@ import pytest
 import yaml
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.monitoring_config import (
+from pdfleet.fleet.topology import MetricsEndpoint
+from pdfleet.model.inventory import Host
+from pdfleet.monitoring.monitoring_config import (
     VLLM_NAME_RELABEL,
     defaults_file,
     direct_targets,
@@ -14,8 +16,6 @@ from pdfleet.fleet.monitoring_config import (
     prometheus_config,
     scrape_jobs,
 )
-from pdfleet.fleet.topology import MetricsEndpoint
-from pdfleet.model.inventory import Host
 from tests.unit.fleet.helpers import REPO, fleet_of
 
 
@@ -75,8 +75,14 @@ def test_direct_targets_carry_the_labels_prometheus_would_attach() -> None:
     fleet = fleet_of("lab-cross", REPO / "inventory" / "lab.yml")
     host = fleet.inventory.hosts["lab-gw"]
     jobs = yaml.safe_load(prometheus_config(fleet.profile, fleet.topology, host))["scrape_configs"]
-    scraped = {(s["targets"][0], tuple(sorted({**s["labels"], "job": j["job_name"]}.items())))
-               for j in jobs if j["job_name"] != "prometheus" for s in j["static_configs"]}
-    direct = {(t.url.removeprefix("http://").removesuffix("/metrics"), tuple(sorted(t.labels.items())))
-              for t in direct_targets(fleet.topology)}
+    scraped = {
+        (s["targets"][0], tuple(sorted({**s["labels"], "job": j["job_name"]}.items())))
+        for j in jobs
+        if j["job_name"] != "prometheus"
+        for s in j["static_configs"]
+    }
+    direct = {
+        (t.url.removeprefix("http://").removesuffix("/metrics"), tuple(sorted(t.labels.items())))
+        for t in direct_targets(fleet.topology)
+    }
     assert direct == scraped

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.recording import QUANTILES, Figure, Step, chain_figures, chain_steps
 from pdfleet.fleet.topology import Topology
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.metrics.source import SeriesAbsent
 from pdfleet.model.inventory import Inventory
 from pdfleet.model.profile import Profile
+from pdfleet.monitoring.recording import QUANTILES, Figure, Step, chain_figures, chain_steps
 
 NO_DATA = "no data"
 Group = tuple[str, ...]
@@ -51,12 +51,16 @@ def prometheus_url(profile: Profile, inventory: Inventory, override: str | None)
     if override:
         parsed = urlparse(override)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValidationError(f"--prometheus: {override!r} is not an http(s) URL like http://10.0.0.5:9090")
+            raise ValidationError(
+                f"--prometheus: {override!r} is not an http(s) URL like http://10.0.0.5:9090"
+            )
         return override.rstrip("/")
     hosts = inventory.group("monitoring")
     if not hosts:
-        raise ValidationError("the inventory has no host in group `monitoring`: add one and provision it "
-                              "(invoke provision --roles base,monitoring), or pass --prometheus URL")
+        raise ValidationError(
+            "the inventory has no host in group `monitoring`: add one and provision it "
+            "(invoke provision --roles base,monitoring), or pass --prometheus URL"
+        )
     return f"http://{hosts[0].address}:{profile.monitoring.port}"
 
 
@@ -78,9 +82,11 @@ def _step_rows(client: PrometheusClient, step: Step, window_s: int) -> StepRows:
         except SeriesAbsent:
             over[q] = {}
     groups = sorted({g for table in (*now.values(), *over.values()) for g in table})
-    return StepRows(step,
-                    {g: {q: _absent_to_none(now, q, g) for q in QUANTILES} for g in groups},
-                    {g: {q: _absent_to_none(over, q, g) for q in QUANTILES} for g in groups})
+    return StepRows(
+        step,
+        {g: {q: _absent_to_none(now, q, g) for q in QUANTILES} for g in groups},
+        {g: {q: _absent_to_none(over, q, g) for q in QUANTILES} for g in groups},
+    )
 
 
 def read_chain(client: PrometheusClient, profile: Profile, topology: Topology, minutes: float) -> ChainTable:
@@ -116,18 +122,34 @@ def _columns(rows: list[list[str]]) -> list[str]:
 def format_table(table: ChainTable, title: str) -> str:
     """The chain table, then the figures; `no data` where there is none."""
     minutes = f"{table.window_s / 60:g} min"
-    head = ["step", "pool", "class/role", *(f"P{q * 100:g} now" for q in QUANTILES),
-            *(f"P{q * 100:g} {minutes}" for q in QUANTILES)]
+    head = [
+        "step",
+        "pool",
+        "class/role",
+        *(f"P{q * 100:g} now" for q in QUANTILES),
+        *(f"P{q * 100:g} {minutes}" for q in QUANTILES),
+    ]
     rows = [head]
     for sr in table.steps:
         if not sr.now:
             rows.append([sr.step.title, "-", "-", *[NO_DATA] * (2 * len(QUANTILES))])
         for group in sr.now:
-            rows.append([sr.step.title, *group,
-                         *(fmt_seconds(sr.now[group][q]) for q in QUANTILES),
-                         *(fmt_seconds(sr.window[group][q]) for q in QUANTILES)])
-    lines = [title, f"now = the rules' {table.rule_window_s} s window; {minutes} = quantiles of the "
-                    "histograms over that span", "", *_columns(rows), ""]
+            rows.append(
+                [
+                    sr.step.title,
+                    *group,
+                    *(fmt_seconds(sr.now[group][q]) for q in QUANTILES),
+                    *(fmt_seconds(sr.window[group][q]) for q in QUANTILES),
+                ]
+            )
+    lines = [
+        title,
+        f"now = the rules' {table.rule_window_s} s window; {minutes} = quantiles of the "
+        "histograms over that span",
+        "",
+        *_columns(rows),
+        "",
+    ]
     figure_rows = [["figure (now)", "labels", "value"]]
     for fr in table.figures:
         if not fr.values:

@@ -3,7 +3,7 @@
 One row per part of the chain: the gateway's view per pool and length class, vLLM's per pool and role,
 KV transfer, queues and running requests, KV cache and preemptions, stalls/jitter/fallbacks, routing
 decisions by stage, and scrape health. Every panel reads a recorded series of
-`pdfleet.fleet.recording` (or `up`), so the dashboard, the alerts and `invoke monitor` agree.
+`pdfleet.monitoring.recording` (or `up`), so the dashboard, the alerts and `invoke monitor` agree.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdfleet.fleet.recording import QUANTILES, Step, chain_figures, chain_steps
 from pdfleet.fleet.topology import GATEWAY_POOL, Topology
 from pdfleet.model.profile import Profile
+from pdfleet.monitoring.recording import QUANTILES, Step, chain_figures, chain_steps
 
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 WIDTH = 12

@@ -47,14 +47,17 @@ def _static(endpoint: MetricsEndpoint) -> dict[str, Any]:
 def direct_targets(topology: Topology) -> list[Target]:
     """Every metrics endpoint as a DirectScrape target with the labels Prometheus would give it (`job`,
     `instance`, pool, role, host), for a site without a monitoring host: the same queries group alike."""
-    return [Target(e.url, {**dict(e.labels), "job": e.job, "instance": f"{e.host}:{e.port}"})
-            for e in topology.metrics_endpoints]
+    return [
+        Target(e.url, {**dict(e.labels), "job": e.job, "instance": f"{e.host}:{e.port}"})
+        for e in topology.metrics_endpoints
+    ]
 
 
 def self_endpoint(host: Host, port: int) -> MetricsEndpoint:
     """Prometheus's own metrics endpoint on a monitoring host."""
-    return MetricsEndpoint("prometheus", host.name, host.address, port,
-                           {"role": "prometheus", "host": host.name})
+    return MetricsEndpoint(
+        "prometheus", host.name, host.address, port, {"role": "prometheus", "host": host.name}
+    )
 
 
 def scrape_jobs(endpoints: Sequence[MetricsEndpoint]) -> list[dict[str, Any]]:
@@ -110,12 +113,15 @@ def defaults_file(profile: Profile, host: Host) -> str:
     """/etc/default/prometheus: ARGS only (each flag is built from validated numbers and an address)."""
     args = " ".join(prometheus_args(profile, host))
     if any(c in args for c in '"$\\`\n\r'):  # the inventory should refuse such an address; be sure
-        raise ValidationError(f"inventory: host {host.name}: address {host.address!r} cannot be written into "
-                              f"{DEFAULTS_FILE} (quotes, $, backslashes or newlines); use a plain IP or name")
+        raise ValidationError(
+            f"inventory: host {host.name}: address {host.address!r} cannot be written into "
+            f"{DEFAULTS_FILE} (quotes, $, backslashes or newlines); use a plain IP or name"
+        )
     return f'# Managed by pdfleet (roles/monitoring).\nARGS="{args}"\n'
 
 
 def dump(doc: Mapping[str, Any]) -> str:
     """YAML as Prometheus reads it: block style, keys in the order given, any string safely quoted."""
-    return yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=False, allow_unicode=False,
-                          width=4096)
+    return yaml.safe_dump(
+        dict(doc), sort_keys=False, default_flow_style=False, allow_unicode=False, width=4096
+    )

@@ -14,9 +14,11 @@ import yaml
 
 from pdfleet.bench.launch import RouterProcess, SimProcess
 from pdfleet.bench.procs import free_port, stop_processes, wait_http
-from pdfleet.fleet.alerts import alert_rules
-from pdfleet.fleet.monitoring_config import dump, scrape_jobs
-from pdfleet.fleet.recording import (
+from pdfleet.fleet.topology import MetricsEndpoint
+from pdfleet.model.profile import Profile, VllmSpec
+from pdfleet.monitoring.alerts import alert_rules
+from pdfleet.monitoring.monitoring_config import dump, scrape_jobs
+from pdfleet.monitoring.recording import (
     CHAIN,
     QUANTILES,
     chain_figures,
@@ -24,8 +26,6 @@ from pdfleet.fleet.recording import (
     recorded_names,
     recording_rules,
 )
-from pdfleet.fleet.topology import MetricsEndpoint
-from pdfleet.model.profile import Profile, VllmSpec
 from tests.unit.fleet.helpers import EXAMPLES, REPO, exported_series, fleet_of, series_in
 from tests.unit.gateway.helpers import USER_KEY, policy_dict, write_policy
 from tests.unit.metrics.helpers import need_prometheus, prometheus, wait_for

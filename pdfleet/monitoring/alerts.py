@@ -1,7 +1,7 @@
 """Alert rules from the profile's `slo:` and `monitoring:` sections, each saying what it means and what to
 change in the profile's own terms (`pools.prefill.max_num_batched_tokens: 8192 → 16384`).
 
-They read the recorded series of `pdfleet.fleet.recording`, so an alert and the dashboard panel beside
+They read the recorded series of `pdfleet.monitoring.recording`, so an alert and the dashboard panel beside
 it show the same number. The SLO targets are P99s (`slo.ttft_p99_ms`...), so the SLO alerts compare the
 recorded P99 with them.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdfleet.fleet.recording import CHAIN, Step, chain_steps
 from pdfleet.model.profile import Profile
+from pdfleet.monitoring.recording import CHAIN, Step, chain_steps
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from prometheus_client import Histogram
 
 from pdfleet.bench.launch import RouterProcess, SimProcess
 from pdfleet.bench.procs import free_port
-from pdfleet.fleet.alerts import alert_rules
-from pdfleet.fleet.monitoring_config import dump
-from pdfleet.fleet.recording import recording_rules
 from pdfleet.model.profile import Profile
+from pdfleet.monitoring.alerts import alert_rules
+from pdfleet.monitoring.monitoring_config import dump
+from pdfleet.monitoring.recording import recording_rules
 from pdfleet.sim.metrics import XFER_BUCKETS
 from tests.unit.fleet.helpers import fleet_of
 from tests.unit.metrics.helpers import exporter, prometheus, scrape_config, wait_for
