@@ -58,6 +58,6 @@ def fleet_findings(
         time.sleep(sample_s)
         return direct, f"direct scrape of {len(direct.targets)} vLLM endpoints over {sample_s:g} s", sample_s
 
-    source: Metrics = metrics  # type: ignore[assignment]
+    source: Metrics = metrics
     facts = gather_fleet(deployment.profile, inv, topo, connect, source, timeout)
     return diagnose_fleet(facts), deployment.profile.name

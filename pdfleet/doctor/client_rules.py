@@ -140,8 +140,7 @@ def _vllm_identity(facts: ClientFacts) -> str | None:
     reasons = []
     if health.status == 200 and not health.response_body.strip():
         reasons.append("/health answers an empty 200 (vLLM's; the gateway's names its policy_version)")
-    vbody = version.body_json() if version is not None and version.status == 200 else None
-    if isinstance(vbody, dict) and "version" in vbody:
+    if version is not None and version.status == 200 and _is_vllm_version(version.body_json()):
         reasons.append(
             f"/version answers {version.response_body.strip()[:80]} (vLLM's server version endpoint)"
         )
@@ -152,6 +151,11 @@ def _vllm_identity(facts: ClientFacts) -> str | None:
     ):
         reasons.append("/v1/models lists models owned_by 'vllm'")
     return "; ".join(reasons) or None
+
+
+def _is_vllm_version(body: object) -> bool:
+    """Whether a /version body is vLLM's `{"version": ...}`."""
+    return isinstance(body, dict) and "version" in body
 
 
 def rule_pool_port(facts: ClientFacts) -> list[Finding]:
@@ -268,7 +272,9 @@ def rule_no_choices(facts: ClientFacts) -> list[Finding]:
     out = []
     for probe in ("chat",):
         ex = facts.exchange(probe)
-        body = ex.body_json() if ex is not None and ex.status == 200 and not ex.is_sse else None
+        if ex is None or ex.status != 200 or ex.is_sse:
+            continue  # no answer, or not a JSON 200: other rules speak for those
+        body = ex.body_json()
         if isinstance(body, dict) and "choices" not in body:
             out.append(
                 Finding(
@@ -279,7 +285,7 @@ def rule_no_choices(facts: ClientFacts) -> list[Finding]:
                     f"point the base URL at the gateway's OpenAI API ({GATEWAY_FIX_URL}/v1)",
                     subject=facts.base_url,
                 )
-            )  # type: ignore[union-attr]
+            )
     return out
 
 
@@ -315,8 +321,9 @@ def rule_model_route(facts: ClientFacts) -> list[Finding]:
     ]
 
 
-def _stream_problem(ex: Exchange | None, want_stream: bool) -> bool:
-    return ex is not None and ex.status == 200 and ex.is_sse != want_stream
+def _stream_problem(ex: Exchange | None, want_stream: bool) -> Exchange | None:
+    """The exchange when it answered 200 in the other framing than asked; None otherwise (or no answer)."""
+    return ex if ex is not None and ex.status == 200 and ex.is_sse != want_stream else None
 
 
 def rule_stream_mismatch(facts: ClientFacts) -> list[Finding]:
@@ -328,16 +335,16 @@ def rule_stream_mismatch(facts: ClientFacts) -> list[Finding]:
         ("messages", False),
         ("messages_stream", True),
     ):
-        ex = facts.exchange(probe)
-        if _stream_problem(ex, want):
-            got = "a server-sent event stream" if ex.is_sse else "one JSON body"  # type: ignore[union-attr]
+        ex = _stream_problem(facts.exchange(probe), want)
+        if ex is not None:
+            got = "a server-sent event stream" if ex.is_sse else "one JSON body"
             out.append(
                 Finding(
                     "client.stream_mismatch",
                     "error",
                     f"asked {'with' if want else 'without'} stream, the base URL answered {got}",
                     ex.evidence(),
-                    "point the base URL at the gateway, which relays what the pool "  # type: ignore[union-attr]
+                    "point the base URL at the gateway, which relays what the pool "
                     "streams; a proxy in between must not buffer or re-frame",
                     subject=probe,
                 )

@@ -8,6 +8,7 @@ pinned release registers (`pdfleet.model.vllm_release_data`); the thresholds are
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from pdfleet.doctor.finding import Finding, profile_fix
 from pdfleet.doctor.fleet_facts import RoleFigures
@@ -51,11 +52,11 @@ def gather_figures(
     for role, count in roles.items():
         match = {"role": role}
         missing: list[str] = []
-        queue = _read("queue P95", lambda m=match: source.quantile(0.95, QUEUE, window_s, by, m), missing)
-        waiting = _read("waiting", lambda m=match: source.value(WAITING, by, m), missing)
-        usage = _read("KV cache use", lambda m=match: source.value(kv, by, m), missing)
+        queue = _read("queue P95", partial(source.quantile, 0.95, QUEUE, window_s, by, match), missing)
+        waiting = _read("waiting", partial(source.value, WAITING, by, match), missing)
+        usage = _read("KV cache use", partial(source.value, kv, by, match), missing)
         preempt = _read(
-            "preemptions", lambda m=match: source.rate(PREEMPTIONS + "_total", window_s, by, m), missing
+            "preemptions", partial(source.rate, PREEMPTIONS + "_total", window_s, by, match), missing
         )
         out[role] = RoleFigures(
             role,

@@ -195,7 +195,7 @@ def _openai_probes(
         done = client.chat.completions.create(
             model=alias, messages=PROBE_MESSAGES, max_tokens=PROBE_MAX_TOKENS
         )
-        return f"choices[0].message.content = {done.choices[0].message.content!r}"  # type: ignore[index]
+        return f"choices[0].message.content = {done.choices[0].message.content!r}"
 
     def chat_stream() -> str:
         chunks = list(
@@ -253,11 +253,11 @@ def _anthropic_probes(
     client = _sdks()[1].Anthropic(base_url=base_url, http_client=http, max_retries=0, **creds)
 
     def messages() -> str:
-        msg = client.messages.create(model=alias, max_tokens=PROBE_MAX_TOKENS, messages=PROBE_MESSAGES)  # type: ignore[arg-type]
-        return f"content[0].text = {msg.content[0].text!r}"  # type: ignore[union-attr]
+        msg = client.messages.create(model=alias, max_tokens=PROBE_MAX_TOKENS, messages=PROBE_MESSAGES)
+        return f"content[0].text = {msg.content[0].text!r}"
 
     def messages_stream() -> str:
-        with client.messages.stream(model=alias, max_tokens=PROBE_MAX_TOKENS, messages=PROBE_MESSAGES) as s:  # type: ignore[arg-type]
+        with client.messages.stream(model=alias, max_tokens=PROBE_MAX_TOKENS, messages=PROBE_MESSAGES) as s:
             text = "".join(s.text_stream)
         return f"streamed text {text!r}"
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)  # a Fact[X] is a Fact[X | None]: its value only comes out
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class Combined:
     split: Callable[[str, int], dict[Fact[Any], RawOutput]]
 
 
-class Fact(ABC, Generic[T]):
+class Fact(ABC, Generic[T_co]):
     """A command plus a parser. Subclasses are frozen dataclasses whose fields are the arguments,
     so a fact instance is its own cache key."""
 
@@ -111,7 +112,7 @@ class Fact(ABC, Generic[T]):
         """The shell command whose output `parse` reads."""
 
     @abstractmethod
-    def parse(self, stdout: str, rc: int) -> T:
+    def parse(self, stdout: str, rc: int) -> T_co:
         """The fact's value from the command's stdout and exit code."""
 
 
@@ -130,7 +131,7 @@ class FakeFacts:
     def get(self, fact: Fact[T]) -> T:
         if fact not in self._table:
             raise KeyError(f"fake facts have no value for {fact!r}")
-        return self._table[fact]  # type: ignore[no-any-return]
+        return self._table[fact]
 
 
 class Operation(ABC):

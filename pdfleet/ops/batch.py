@@ -35,7 +35,7 @@ class BatchResult:
 
 def _units(facts: Sequence[Fact[Any]]) -> list[_Unit]:
     """Facts grouped by class; a class that combines a group gets one unit for the group."""
-    by_class: dict[type, list[Fact[Any]]] = {}
+    by_class: dict[type[Fact[Any]], list[Fact[Any]]] = {}
     for fact in dict.fromkeys(facts):
         by_class.setdefault(type(fact), []).append(fact)
     units: list[_Unit] = []

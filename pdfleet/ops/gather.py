@@ -52,12 +52,12 @@ class HostFacts:
             if fact in self._errors:
                 raise self._errors[fact]
             if fact in self._cache:
-                return self._cache[fact]  # type: ignore[no-any-return]
+                return self._cache[fact]
             out = self._run(fact.command(), fact.sudo)
             self._store(fact, out.stdout, out.rc, out.stderr)
             if fact in self._errors:
                 raise self._errors[fact]
-            return self._cache[fact]  # type: ignore[no-any-return]
+            return self._cache[fact]
 
     def gather(self, facts: Iterable[Fact[Any]]) -> None:
         """Fetch every fact not known yet in one remote command: as root when any of them needs root
@@ -172,7 +172,7 @@ class PlannedFacts:
     def get(self, fact: Fact[T]) -> T:
         """The planned value when an earlier change decided it, else the host's fact."""
         if fact in self._overrides:
-            return self._overrides[fact]  # type: ignore[no-any-return]
+            return self._overrides[fact]
         return self._base.get(fact)
 
     def record(self, changes: Iterable[Change]) -> None:

@@ -16,7 +16,7 @@ def console_progress(console: Console) -> Progress:
     lock = threading.Lock()
 
     def emit(host: str, message: str) -> None:
-        style = "red" if message.startswith("FAILED") else None
+        style = "red" if message.startswith("FAILED") else ""
         with lock:
             console.print(Text(f"{host}: ", style="bold") + Text(message, style=style), highlight=False)
 
@@ -63,7 +63,7 @@ def print_diffs(console: Console, report: Report) -> None:
         for change in host.changes:
             console.print(Text(f"• {change['op']}", style="bold yellow"), highlight=False)
             for line in change["diff"].splitlines():
-                style = "green" if line.startswith("+") else "red" if line.startswith("-") else None
+                style = "green" if line.startswith("+") else "red" if line.startswith("-") else ""
                 console.print(Text(f"    {line}", style=style), highlight=False, soft_wrap=True)
 
 

@@ -26,14 +26,20 @@ from pdfleet.errors import ConnectError
 
 
 class HostLike(Protocol):
-    """The inventory Host attributes a connection needs."""
+    """The inventory Host attributes a connection needs, read-only (the inventory's Host is frozen)."""
 
-    name: str
-    address: str
-    port: int
-    user: str
-    key_file: str | None
-    known_hosts_file: str | None
+    @property
+    def name(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def key_file(self) -> str | None: ...
+    @property
+    def known_hosts_file(self) -> str | None: ...
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ IGNORED_FOLDERS = {
     "__pycache__",
     ".pytest_cache",
     ".ruff_cache",
+    ".mypy_cache",
     ".hypothesis",
     "out",
     "build",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from pdfleet.doctor.anthropic_rules import ANTHROPIC_RULES
 from pdfleet.doctor.client_rules import (
+    CLIENT_RULES,
     base_url_problems,
     rule_base_url,
     rule_no_choices,
@@ -11,7 +13,7 @@ from pdfleet.doctor.client_rules import (
     suggested_base_url,
 )
 from pdfleet.doctor.exchange import Exchange
-from pdfleet.doctor.probe import ClientFacts
+from pdfleet.doctor.probe import ClientFacts, ScriptCall, key_shape
 from tests.unit.doctor.helpers import fixture
 
 ANSWERS = fixture("exchanges.yml")
@@ -77,3 +79,27 @@ def test_stream_where_json_was_asked_and_the_reverse() -> None:
     assert (
         rule_stream_mismatch(facts(answer("chat", "chat_json"), answer("chat_stream", "chat_as_sse"))) == []
     )
+
+
+def test_every_rule_takes_probes_that_never_ran_or_got_no_answer() -> None:
+    """A probe that was skipped (its exchange None) or whose connection failed (status None) reaches every
+    rule: none may dereference it, and none may blame an answer that never came."""
+    script = ScriptCall("completions", {"messages": [], "stream": True}, expects_stream=False)
+    no_answer = tuple(
+        Exchange(p, "GET", "http://h:8100/v1/x", error="connection refused")
+        for p in ("health", "version", "models", "chat", "chat_stream", "messages", "script")
+    )
+    for anthropic in (False, True):
+        for exchanges in ((), no_answer):
+            seen = ClientFacts(
+                "http://h:8100/v1", anthropic, key_shape("K", "sk-x"), exchanges, script=script
+            )
+            found = [f.rule for rule in (*CLIENT_RULES, *ANTHROPIC_RULES) for f in rule(seen)]
+            assert "client.no_choices" not in found and "client.pool_port" not in found
+            assert ("client.unreachable" in found) == bool(exchanges)
+            # the script's own mismatch is read from the script, with no exchange to quote
+            assert "client.stream_mismatch" in found
+
+
+def test_a_version_answer_without_health_names_no_pool_port() -> None:
+    assert rule_pool_port(facts(answer("version", "vllm_version"))) == []
