@@ -14,13 +14,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.host_layout import VLLM_START_TIMEOUT_S
+from pdfleet.fleet.host_layout import HOST_CODE_DIR, VLLM_START_TIMEOUT_S, WHEEL_DIR
 from pdfleet.fleet.render import RenderedFile, Renderer
 from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.fleet.topology import Instance, Topology
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 from pdfleet.ops.base import FactSource, Handler, Operation, Skip
+from pdfleet.ops.files import Directory, File
+from pdfleet.ops.pip import PipRequirements
 from pdfleet.ops.systemd import restart_handler
 
 
@@ -109,3 +111,28 @@ def instance_restart(instance: Instance) -> Handler:
 def instance_unit(instance: Instance) -> ManagedUnit:
     """The managed unit of a vLLM instance."""
     return ManagedUnit(instance.unit, instance.port, instance.health_url)
+
+
+def host_wheel_install(
+    ctx: RoleContext, venv: str, also: tuple[str, ...] = (), notify: tuple[Handler, ...] = ()
+) -> list[Operation]:
+    """The one sequence that puts host code on a host: `venv` with this clone's host wheel (uploaded
+    first when provision brings it, since a site's index does not carry it) and `also` from the index."""
+    mirrors = ctx.profile.mirrors
+    ops: list[Operation] = [Directory(HOST_CODE_DIR, mode="0755")]
+    find_links: tuple[str, ...] = ()
+    if ctx.host_wheel is not None:
+        ops.append(Directory(WHEEL_DIR, mode="0755"))
+        ops.append(File(f"{WHEEL_DIR}/{ctx.host_wheel.name}", ctx.host_wheel.read_bytes(), mode="0644"))
+        find_links = (WHEEL_DIR,)
+    ops.append(
+        PipRequirements(
+            venv,
+            (f"pdfleet=={ctx.host_version}", *also),
+            index_url=mirrors.pypi,
+            trusted_host=mirrors.pypi_trusted_host,
+            find_links=find_links,
+            notify=notify,
+        )
+    )
+    return ops

@@ -15,21 +15,19 @@ from typing import Any
 from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
 from pdfleet.fleet.provision import live_policy, policy_stage, policy_version
 from pdfleet.fleet.render import RenderedFile
-from pdfleet.fleet.roles import ManagedUnit, RoleContext
+from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
 from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.profile import GatewayLimits, RouterPolicy
 from pdfleet.model.stages import StageSpec
 from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.files import Directory, File, FileContent
-from pdfleet.ops.pip import PipRequirements
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 
 NAME = "gateway"
 APT_PACKAGES: tuple[str, ...] = ()
 
 CONFIG_DIR = "/etc/pdfleet/gateway"
-WHEEL_DIR = "/opt/pdfleet/wheels"  # this clone's pdfleet wheel, uploaded by provision
 POLICY_FILE = f"{CONFIG_DIR}/policy.yaml"
 VENV = "/opt/pdfleet/gateway"
 GATEWAY_UNIT = "pdfleet-gateway.service"
@@ -205,26 +203,14 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         yield Skip("gateway", reason)
         return
     gw = ctx.profile.gateway
-    mirrors = ctx.profile.mirrors
     restarts = {u.unit: restart_handler(u.unit, u.health_url, START_TIMEOUT_S) for u in units(ctx)}
     # The gateway keeps its old policy when a new one is bad; checking first makes provision say so.
     check = Run(f"sudo -u {SERVICE_USER} {VENV}/bin/pdfleet-gateway --config {POLICY_FILE} --check")
     reload = Handler(
         f"reload {GATEWAY_UNIT}", (check, Run(f"systemctl reload {GATEWAY_UNIT}")), unit=GATEWAY_UNIT
     )
-    yield Directory("/opt/pdfleet", mode="0755")
-    find_links: tuple[str, ...] = ()
-    if ctx.host_wheel is not None:  # a site index does not carry this clone's host wheel: bring it
-        yield Directory(WHEEL_DIR, mode="0755")
-        yield File(f"{WHEEL_DIR}/{ctx.host_wheel.name}", ctx.host_wheel.read_bytes(), mode="0644")
-        find_links = (WHEEL_DIR,)
-    yield PipRequirements(
-        VENV,
-        (f"pdfleet=={ctx.host_version}", f"vllm-router=={gw.router_version}"),
-        index_url=mirrors.pypi,
-        trusted_host=mirrors.pypi_trusted_host,
-        find_links=find_links,
-        notify=tuple(restarts.values()),
+    yield from host_wheel_install(
+        ctx, VENV, (f"vllm-router=={gw.router_version}",), notify=tuple(restarts.values())
     )
     yield Directory(CONFIG_DIR, mode="0700", owner=SERVICE_USER, group=SERVICE_USER)
     for rendered in files(ctx):

@@ -13,13 +13,12 @@ from collections.abc import Iterable
 
 from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
 from pdfleet.fleet.render import RenderedFile
-from pdfleet.fleet.roles import ManagedUnit, RoleContext
+from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
 from pdfleet.model.connectors import NIXL
 from pdfleet.model.monitoring import has_nixl_metrics
 from pdfleet.monitoring.monitoring_config import listen_address
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.files import Directory, File
-from pdfleet.ops.pip import PipRequirements
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 
 NAME = "rollout"
@@ -30,7 +29,6 @@ CONFIG_FILE = f"{CONFIG_DIR}/controller.json"
 KEY_FILE = f"{CONFIG_DIR}/admin.key"
 STATE_DIR = "/var/lib/pdfleet/rollout"
 VENV = "/opt/pdfleet/rollout"
-WHEEL_DIR = "/opt/pdfleet/wheels"
 UNIT = "pdfleet-rollout.service"
 BIN = f"{VENV}/bin/pdfleet-rollout"
 
@@ -104,22 +102,8 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     if reason:
         yield Skip("rollout", reason)
         return
-    mirrors = ctx.profile.mirrors
     restart = restart_handler(UNIT, None, 60)
-    yield Directory("/opt/pdfleet", mode="0755")
-    find_links: tuple[str, ...] = ()
-    if ctx.host_wheel is not None:
-        yield Directory(WHEEL_DIR, mode="0755")
-        yield File(f"{WHEEL_DIR}/{ctx.host_wheel.name}", ctx.host_wheel.read_bytes(), mode="0644")
-        find_links = (WHEEL_DIR,)
-    yield PipRequirements(
-        VENV,
-        (f"pdfleet=={ctx.host_version}",),
-        index_url=mirrors.pypi,
-        trusted_host=mirrors.pypi_trusted_host,
-        find_links=find_links,
-        notify=(restart,),
-    )
+    yield from host_wheel_install(ctx, VENV, notify=(restart,))
     yield Directory(CONFIG_DIR, mode="0755")
     for rendered in files(ctx):
         name = rendered.path.rsplit("/", 1)[1]
