@@ -53,6 +53,27 @@ def test_frequent_decode_preemption() -> None:
     assert rule_preemption(profile, {"decode": RoleFigures("decode", preemptions_per_min=0.0)}) == []
 
 
+def test_frequent_colocated_preemption_names_the_colocated_pool() -> None:
+    """The colocated baseline is advised in its own terms; decode and colocated each get their finding."""
+    profile = deployment("lab-cross").profile
+    spec = profile.pools.colocated
+    assert spec is not None
+    busy = RoleFigures("colocated", preemptions_per_min=30, kv_usage=0.99)
+    found = rule_preemption(profile, {"colocated": busy})
+    assert [(f.rule, f.subject) for f in found] == [("tuning.colocated_preemption", "colocated")]
+    half = max(1, spec.max_num_seqs // 2)
+    assert f"pools.colocated.max_num_seqs {spec.max_num_seqs} → {half}" in found[0].fix
+    assert f"+pools.colocated.max_num_seqs: {half}" in (found[0].diff or "")
+    assert "pools.decode" not in found[0].fix + (found[0].diff or "")
+    both = {"colocated": busy, "decode": dataclasses.replace(busy, role="decode")}
+    assert [f.rule for f in rule_preemption(profile, both)] == [
+        "tuning.decode_preemption",
+        "tuning.colocated_preemption",
+    ]
+    quiet = dataclasses.replace(busy, preemptions_per_min=profile.monitoring.decode_preemptions_per_min)
+    assert rule_preemption(profile, {"colocated": quiet}) == []  # at the limit, not over it
+
+
 def test_gpu_memory_utilization_only_with_headroom() -> None:
     profile = deployment("lab-cross").profile
     figures = {"decode": RoleFigures("decode", preemptions_per_min=30)}
