@@ -12,7 +12,7 @@ from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.fleet.deployment import Deployment, load_deployment
 from pdfleet.fleet.host_wheel import cached_host_wheel
 from pdfleet.fleet.roles import select_roles
-from pdfleet.fleet.secrets import gateway_secrets
+from pdfleet.fleet.secrets import gateway_secrets, review_secrets
 from pdfleet.model.inventory import Host
 from pdfleet.ops.runner import RunOptions
 from roles import REGISTRY
@@ -26,11 +26,17 @@ HELP = {
 
 
 def deployment_from_options(
-    ctx: Context, profile: str, inventory: str | None, roles: str | None = None, limit: str | None = None
+    ctx: Context,
+    profile: str,
+    inventory: str | None,
+    roles: str | None = None,
+    limit: str | None = None,
+    review: bool = False,
 ) -> tuple[Deployment, list[Host]]:
     """The deployment and the `--limit`ed hosts from task options and invoke.yaml defaults. Everything is
     validated first; only then, and only when a selected role installs the gateway on a selected host,
-    are the gateway's keys read or generated on the control machine (only their hashes go on)."""
+    are the gateway's keys read or generated on the control machine (`review`: read, never generated;
+    placeholders stand for missing ones)."""
     settings = Settings.of(ctx)
     deployment = load_deployment(
         profile,
@@ -44,7 +50,7 @@ def deployment_from_options(
     if not deployment.needs_gateway_keys(hosts):
         return deployment, hosts
     gw = deployment.profile.gateway
-    keys = gateway_secrets(gw.client_key_file, gw.admin_key_file)
+    keys = (review_secrets if review else gateway_secrets)(gw.client_key_file, gw.admin_key_file)
     return dataclasses.replace(deployment, gateway_secrets=keys), hosts
 
 

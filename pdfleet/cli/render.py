@@ -1,4 +1,5 @@
-"""`invoke render`: write exactly what provision would install, for review, without touching a host."""
+"""`invoke render`: write exactly what provision would install, for review, without touching a host and
+without writing anything outside `--out` (a gateway key provision would generate is a placeholder)."""
 
 from __future__ import annotations
 
@@ -28,11 +29,23 @@ def render(
 ) -> None:
     """Render units, env files and configs per host into a directory to review or diff."""
     dest = out_dir(repo_path(out) if out else Settings.of(ctx).output_dir / "render")
-    deployment, hosts = deployment_from_options(ctx, profile, inventory, limit=limit)
+    deployment, hosts = deployment_from_options(ctx, profile, inventory, limit=limit, review=True)
     written = write_tree(render_fleet(deployment, hosts), dest)
     for path in written:
         print(path.relative_to(dest))
     print(f"{len(written)} files for {len(hosts)} hosts under {dest}")
+    keys = deployment.gateway_secrets
+    if keys is not None and keys.placeholders:
+        print(placeholder_note(keys.placeholders))
+
+
+def placeholder_note(missing: tuple[Path, ...]) -> str:
+    """Why some rendered key hashes (and the controller's admin key file) will differ from provision's."""
+    files = ", ".join(str(p) for p in missing)
+    return (
+        f"placeholders used for the gateway keys provision would generate ({files}: not created); the "
+        "rendered key hashes and admin key file differ from what provision installs"
+    )
 
 
 def out_dir(path: Path) -> Path:

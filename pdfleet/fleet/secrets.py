@@ -1,8 +1,9 @@
 """Secrets kept on the control machine: the gateway's client and admin keys.
 
-Each key lives in its own file (mode 0600, generated on first use) so an operator can hand it to
-clients; hosts only ever receive SHA-256 hashes of them. Both files are checked before either is
-created, so a bad one leaves nothing new behind.
+Each key lives in its own file (mode 0600, generated on first provision) so an operator can hand it to
+clients; gateway hosts receive SHA-256 hashes of them, and the monitoring host (the rollout controller)
+the admin key itself. Both files are checked before either is created, so a bad one leaves nothing new
+behind. `invoke render`, a review command, creates neither: a missing key is a named placeholder.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pdfleet.errors import ValidationError
 from pdfleet.gateway.keys import hash_key
 
 KEY_PREFIX = "sk-pdfleet-"
+PLACEHOLDER = KEY_PREFIX + "PLACEHOLDER-{which}-key-generated-by-provision"
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class GatewaySecrets:
     client_sha256: str
     admin_sha256: str
     admin_key: str | None = field(default=None, repr=False, compare=False)
+    placeholders: tuple[Path, ...] = ()  # key files that do not exist yet: their keys here are placeholders
 
 
 def existing_key(file: Path) -> str | None:
@@ -79,10 +82,9 @@ def ensure_key_file(path: str | Path) -> str:
     return key if key is not None else _create_key_file(file)
 
 
-def gateway_secrets(client_key_file: str, admin_key_file: str) -> GatewaySecrets:
-    """Hashes of the client and admin keys. Both files are checked first (distinct files, distinct keys,
-    each sound); only then is a missing one generated."""
-    client, admin = Path(client_key_file).expanduser(), Path(admin_key_file).expanduser()
+def _checked_keys(client: Path, admin: Path) -> tuple[str | None, str | None]:
+    """The client and admin keys (None: no such file yet), refused unless both files are sound, distinct
+    files holding distinct keys."""
     if os.path.realpath(client) == os.path.realpath(admin):
         raise ValidationError(
             f"gateway.client_key_file and gateway.admin_key_file are the same file "
@@ -94,6 +96,25 @@ def gateway_secrets(client_key_file: str, admin_key_file: str) -> GatewaySecrets
             f"{client} and {admin} hold the same key; the admin key must differ from the "
             f"client key (delete {admin} to have a new one generated)"
         )
+    return client_key, admin_key
+
+
+def gateway_secrets(client_key_file: str, admin_key_file: str) -> GatewaySecrets:
+    """Hashes of the client and admin keys. Both files are checked first (distinct files, distinct keys,
+    each sound); only then is a missing one generated."""
+    client, admin = Path(client_key_file).expanduser(), Path(admin_key_file).expanduser()
+    client_key, admin_key = _checked_keys(client, admin)
     client_key = client_key if client_key is not None else _create_key_file(client)
     admin_key = admin_key if admin_key is not None else _create_key_file(admin)
     return GatewaySecrets(hash_key(client_key), hash_key(admin_key), admin_key)
+
+
+def review_secrets(client_key_file: str, admin_key_file: str) -> GatewaySecrets:
+    """The keys as `gateway_secrets` checks them, but creating nothing: a key file that does not exist yet
+    (provision would generate it) stands as a placeholder key, listed in `placeholders`."""
+    client, admin = Path(client_key_file).expanduser(), Path(admin_key_file).expanduser()
+    client_key, admin_key = _checked_keys(client, admin)
+    missing = tuple(path for path, key in ((client, client_key), (admin, admin_key)) if key is None)
+    client_key = client_key if client_key is not None else PLACEHOLDER.format(which="client")
+    admin_key = admin_key if admin_key is not None else PLACEHOLDER.format(which="admin")
+    return GatewaySecrets(hash_key(client_key), hash_key(admin_key), admin_key, missing)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,9 +16,12 @@ from typing import Any
 
 import pytest
 
+from pdfleet.fleet.secrets import PLACEHOLDER
+
 REPO = Path(__file__).resolve().parents[3]
 INVOKE = [sys.executable, "-m", "invoke"]
 CROSS = "inventory/examples/cross-rdma.yml"
+NOTE_END = "the rendered key hashes and admin key file differ from what provision installs"
 
 
 def _invoke(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -293,7 +297,28 @@ def test_hostile_input_is_refused_in_one_paragraph_and_writes_nothing(
     assert len(message) < 600
 
 
-def test_render_writes_keys_only_for_a_gateway_it_renders(tmp_path: Path) -> None:
+def test_render_writes_nothing_outside_out_and_says_where_keys_are_placeholders(tmp_path: Path) -> None:
+    """A review command: key files provision would generate are placeholders, not new files in the
+    operator's config directory (HOME and XDG_CONFIG_HOME point into tmp_path, `~` key paths with them)."""
+    home, out = tmp_path / "home", tmp_path / "out"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
+    argv = ["render", "--profile", "cross-rdma", "--inventory", CROSS, "--out", str(out)]
+    proc = subprocess.run(
+        [*INVOKE, *argv], cwd=REPO, capture_output=True, text=True, timeout=120, check=False, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    outside = [p for p in tmp_path.rglob("*") if out not in p.parents and p not in (out, home)]
+    assert outside == [], f"render wrote outside --out: {outside}"
+    note = proc.stdout.strip().splitlines()[-1]
+    assert note.startswith("placeholders used for the gateway keys provision would generate"), proc.stdout
+    assert f"{home}/.config/pdfleet/gateway-client.key" in note
+    assert f"{home}/.config/pdfleet/gateway-admin.key" in note
+    placeholder = hashlib.sha256(PLACEHOLDER.format(which="client").encode()).hexdigest()
+    assert placeholder in (out / "gw-01/etc/pdfleet/gateway/keys.yaml").read_text()
+
+
+def test_render_reads_existing_keys_and_only_for_a_gateway_it_renders(tmp_path: Path) -> None:
     site = Site(tmp_path)
     no_gateway = site.inventory(
         LAB_INVENTORY.replace(
@@ -302,14 +327,23 @@ def test_render_writes_keys_only_for_a_gateway_it_renders(tmp_path: Path) -> Non
     )
     proc = site.render(inventory=no_gateway)
     assert proc.returncode == 0, proc.stderr
-    assert not site.keys.exists(), "no gateway rendered, so no keys needed"
+    assert "placeholders" not in proc.stdout, "no gateway rendered, so no keys needed"
     proc = site.render("--limit", "lab-colo1")
     assert proc.returncode == 0, proc.stderr
-    assert not site.keys.exists(), "the gateway host is not selected"
+    assert "placeholders" not in proc.stdout, "the gateway host is not selected"
     proc = site.render()
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in site.keys.iterdir()) == ["admin.key", "client.key"]
-    assert (tmp_path / "out/lab-gw/etc/pdfleet/gateway/keys.yaml").exists()
+    assert "placeholders used" in proc.stdout and not site.keys.exists()
+    site.keys.mkdir()
+    (site.keys / "client.key").write_text(PRIVATE + "\n")
+    (site.keys / "client.key").chmod(0o600)
+    proc = site.render()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(f"({site.keys / 'admin.key'}: not created); " + NOTE_END)
+    keys = (tmp_path / "out/lab-gw/etc/pdfleet/gateway/keys.yaml").read_text()
+    assert hashlib.sha256(PRIVATE.encode()).hexdigest() in keys, "an existing key is the real one"
+    assert sorted(p.name for p in site.keys.iterdir()) == ["client.key"]
+    assert PRIVATE not in proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("task", ["provision", "verify"])

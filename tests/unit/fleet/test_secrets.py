@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.secrets import KEY_PREFIX, ensure_key_file, gateway_secrets
+from pdfleet.fleet.secrets import KEY_PREFIX, PLACEHOLDER, ensure_key_file, gateway_secrets, review_secrets
 
 
 def test_a_missing_key_is_generated_private_and_then_reused(tmp_path: Path) -> None:
@@ -76,3 +76,38 @@ def test_a_bad_admin_key_file_leaves_no_client_key_behind(tmp_path: Path, bad: s
     with pytest.raises(ValidationError, match=str(admin)):
         gateway_secrets(str(client), str(admin))
     assert not client.exists() and not client.parent.exists()
+
+
+def _sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def test_review_reads_existing_keys_and_creates_none(tmp_path: Path) -> None:
+    """`invoke render`'s keys: a missing file is a named placeholder, never a new file; an existing one
+    is read, so the rendered hashes are the installed ones."""
+    client, admin = tmp_path / "cfg" / "client.key", tmp_path / "cfg" / "admin.key"
+    found = review_secrets(str(client), str(admin))
+    assert found.placeholders == (client, admin)
+    assert not client.parent.exists(), "nothing created"
+    assert found.client_sha256 == _sha(PLACEHOLDER.format(which="client"))
+    assert found.admin_key == PLACEHOLDER.format(which="admin")
+    real = gateway_secrets(str(client), str(admin))  # provision generates them
+    again = review_secrets(str(client), str(admin))
+    assert again.placeholders == ()
+    assert (again.client_sha256, again.admin_sha256, again.admin_key) == (
+        real.client_sha256,
+        real.admin_sha256,
+        real.admin_key,
+    )
+    admin.unlink()
+    assert review_secrets(str(client), str(admin)).placeholders == (admin,)
+
+
+def test_review_refuses_what_provision_refuses(tmp_path: Path) -> None:
+    admin = tmp_path / "admin.key"
+    admin.write_text("sk-pdfleet-x\n")
+    admin.chmod(0o644)
+    with pytest.raises(ValidationError, match="chmod 600"):
+        review_secrets(str(tmp_path / "client.key"), str(admin))
+    with pytest.raises(ValidationError, match="are the same file"):
+        review_secrets(str(admin), str(tmp_path / "." / "admin.key"))
