@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from pdfleet.cli import build_namespace
 from pdfleet.fleet.secrets import PLACEHOLDER
 
 REPO = Path(__file__).resolve().parents[3]
@@ -44,6 +47,29 @@ def test_list_shows_every_task_with_its_help() -> None:
     ):
         line = next((ln for ln in out.splitlines() if ln.strip().startswith(name + " ")), "")
         assert line.strip() != name and len(line.split()) > 1, f"{name} has no help line in --list"
+
+
+def readme_tasks() -> set[str]:
+    """The tasks the README's task table names: every backticked command in a row's first cell
+    (`invoke lab.up` / `lab.down` → lab.up, lab.down)."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").split("**Tasks**", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = itertools.takewhile(lambda line: line.startswith("|"), lines[start + 2 :])  # past the header
+    names = set()
+    for row in rows:
+        first = re.split(r"(?<!\\)\|", row)[1]  # `\|` inside a cell is a literal bar
+        names |= {cmd.removeprefix("invoke ").split()[0] for cmd in re.findall(r"`([^`]+)`", first)}
+    return names
+
+
+def test_the_readme_task_table_lists_every_task_and_no_other() -> None:
+    """Each task of the namespace (or one of its aliases: `rollout` for rollout.start) has a row."""
+    readme = readme_tasks()
+    tasks = build_namespace().task_names
+    unlisted = sorted(name for name, aliases in tasks.items() if not {name, *aliases} & readme)
+    assert not unlisted, f"tasks missing from README.md's task table: {unlisted}"
+    known = set(tasks) | {alias for aliases in tasks.values() for alias in aliases}
+    assert readme <= known, f"README.md's task table names no such task: {sorted(readme - known)}"
 
 
 @pytest.mark.parametrize("task", ["render", "provision"])
