@@ -216,8 +216,7 @@ class StreamClient:
         `events` is a list, every event's arrival time. `record`: add this stream's TTFT to the stats.
         """
         t0 = span.start = time.perf_counter()
-        outcome = "stale"
-        while outcome == "stale":  # ends: a fresh connection is never stale
+        while True:  # ends: a fresh connection is never stale
             conn = self._take_idle()
             if conn is None:
                 try:
@@ -228,7 +227,9 @@ class StreamClient:
                     await asyncio.sleep(0.05)  # closed loop: do not spin on a refusing server
                     return
             outcome = await conn.send(self.request, t0, record, span.events)
-            self.stats.stale += outcome == "stale"
+            if outcome != "stale":
+                break
+            self.stats.stale += 1
         span.end = time.perf_counter()
         if outcome == "done" and self.keepalive and conn.open and not conn.server_close:
             self.idle.append(conn)

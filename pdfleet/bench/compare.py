@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from pdfleet.bench.arrivals import gamma_starts
 from pdfleet.bench.openai_stream import StreamingClient
@@ -149,16 +150,11 @@ async def run_one(
         client.close()
     _scrape_start(target.metrics)
     kv_source = target.kv_metrics or target.metrics
-    background = None
-    if kv_source is not None:
-
-        def background(ev: asyncio.Event, src: MetricsSource = kv_source) -> object:
-            """The KV-usage sampler run beside the pool's load."""
-            return kv_peak(src, target.name, ev)
-
+    # the KV-usage sampler run beside the pool's load
+    background = partial(kv_peak, kv_source, target.name) if kv_source is not None else None
     run = await run_pool(
         gw, target.name, items, schedule, plan.long_prompt_tokens, stop, progress, background
-    )  # type: ignore[arg-type]
+    )
     result.run, result.kv_peak = run, run.samples
     if target.metrics is not None:
         window = max(1.0, run.wall_s)

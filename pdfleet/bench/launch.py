@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from pdfleet.bench.procs import free_port, pin, wait_http
 
@@ -39,7 +40,7 @@ class _Proc:
         self.log_path = Path(self._logfile.name)
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> _Proc:
+    def __enter__(self) -> Self:
         self.proc = subprocess.Popen(
             self.argv, env=self.env, stdout=self._logfile, stderr=subprocess.STDOUT, preexec_fn=pin(self.cpu)
         )

@@ -139,7 +139,8 @@ def server_chain(summaries: dict[str, dict[str, Any]], out: Path) -> Path:
     """server_chain.png: P95 of queue, prefill, KV transfer and decode per pool and role (server side)."""
     stages = ("queue", "prefill", "kv_transfer", "decode")
     fig, ax = plt.subplots(figsize=(8, 3.4))
-    labels, x = [], 0
+    labels: list[str] = []
+    x = 0
     for pool, s in summaries.items():
         if "error" in s:
             continue

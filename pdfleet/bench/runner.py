@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pdfleet.bench.openai_stream import Record, StreamingClient, completion_body, completion_request
 from pdfleet.bench.workloads import Item, length_class
@@ -125,7 +126,7 @@ async def run_pool(
     long_tokens: int,
     stop: asyncio.Event,
     progress: Progress | None = None,
-    background: Callable[[asyncio.Event], Awaitable[dict[str, float]]] | None = None,
+    background: Callable[[asyncio.Event], Coroutine[Any, Any, dict[str, float]]] | None = None,
 ) -> PoolRun:
     """Run `items` through the gateway to `pool` by `schedule`; every request ends as a Record."""
     client = StreamingClient(gw.host, gw.port)
@@ -199,7 +200,7 @@ async def _drain(tasks: set[asyncio.Task[None]], stop: asyncio.Event, drain_s: f
 async def _open_loop(
     items: Sequence[Item],
     starts: Sequence[float],
-    one: Callable[[Item, float], Awaitable[None]],
+    one: Callable[[Item, float], Coroutine[Any, Any, None]],
     tasks: set[asyncio.Task[None]],
     base: float,
     stop: asyncio.Event,
@@ -223,7 +224,7 @@ async def _open_loop(
 async def _closed_loop(
     items: Sequence[Item],
     schedule: Schedule,
-    one: Callable[[Item, None], Awaitable[None]],
+    one: Callable[[Item, None], Coroutine[Any, Any, None]],
     tasks: set[asyncio.Task[None]],
     base: float,
     stop: asyncio.Event,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pdfleet.metrics.source import MetricsError, MetricsSource
@@ -52,7 +53,7 @@ def chain(source: MetricsSource, pool: str, window_s: float) -> dict[str, dict[s
             continue  # no KV connector on a colocated pool
         for q in QUANTILES:
             key = f"{stage}_p{int(q * 100)}_ms"
-            got = _try(lambda m=metric, q=q: source.quantile(q, m, window_s, by=("role",), match=match))
+            got = _try(partial(source.quantile, q, metric, window_s, by=("role",), match=match))
             out[key] = {k[0]: 1000 * v for k, v in got.items()} if isinstance(got, dict) else {"*": got}
     got = _try(lambda: source.increase(PREEMPTIONS, window_s, by=("role",), match=match))
     out["preemptions"] = {k[0]: v for k, v in got.items()} if isinstance(got, dict) else {"*": got}

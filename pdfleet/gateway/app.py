@@ -21,7 +21,7 @@ from aiohttp import web
 
 from pdfleet.errors import PdfleetError
 from pdfleet.gateway.context import Endpoint
-from pdfleet.gateway.errors import Reject, error_response
+from pdfleet.gateway.errors import Reject, Style, error_response
 from pdfleet.gateway.intake import admit, authorize, request_id
 from pdfleet.gateway.keys import AuthResult
 from pdfleet.gateway.limits import Limiter, limits_summary
@@ -138,7 +138,8 @@ class Gateway:
         OpenAI error objects."""
         methods = routes.get(request.path)
         handler = None if methods is None else methods.get(request.method)
-        style = "anthropic" if request.path.startswith("/v1/messages") else "openai"
+        style: Style = "anthropic" if request.path.startswith("/v1/messages") else "openai"
+        resp: web.StreamResponse
         if handler is None:
             if methods is None:
                 resp = error_response(

@@ -8,7 +8,9 @@ import contextlib
 import getpass
 import logging
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from pdfleet.errors import PdfleetError
 from pdfleet.gateway.app import serve
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(spec.models)} model(s), {len(policy.keys)} key(s)"
         )
         return 0
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop
 

@@ -22,7 +22,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from pdfleet.gateway.anthropic import authorize_anthropic, check_messages_fields
 from pdfleet.gateway.context import Endpoint, RequestContext
-from pdfleet.gateway.errors import Reject, anthropic_status
+from pdfleet.gateway.errors import Reject, Style, anthropic_status
 from pdfleet.gateway.keys import AuthResult, authenticate
 from pdfleet.gateway.limits import Limiter, prompt_limit
 from pdfleet.gateway.metrics import GatewayMetrics
@@ -335,7 +335,7 @@ async def admit(
     """
     alias = "-"
     held: str | None = None
-    style = "anthropic" if endpoint == "messages" else "openai"
+    style: Style = "anthropic" if endpoint == "messages" else "openai"
     try:
         if endpoint == "messages":
             auth = authorize_anthropic(request.headers, policy)

@@ -34,11 +34,10 @@ ENDPOINTS: tuple[str, ...] = ("chat", "completions", "messages")
 # leg max_tokens=1 with kv_transfer_params, then decode), but vLLM's Messages route ignores
 # kv_transfer_params before vLLM PR #37535 (2026-03): there the decode instance silently redoes the
 # whole prefill. A fleet on a vLLM with it can add "messages" to a route's disagg_endpoints.
-ROUTER_PD_ENDPOINTS: tuple[str, ...] = ("chat", "completions")
-
 Pool = Literal["colocated", "disagg"]
 LengthClass = Literal["short", "long"]
 EndpointName = Literal["chat", "completions", "messages"]
+ROUTER_PD_ENDPOINTS: tuple[EndpointName, ...] = ("chat", "completions")
 
 
 def _base_url(value: str) -> str:

@@ -87,7 +87,8 @@ def attempts(ctx: RequestContext) -> list[tuple[Pool, str]]:
             tries.append(("colocated", route.next_colocated()[0]))
         return tries
     primary, alt = route.next_colocated()
-    return [("colocated", primary)] + ([("colocated", alt)] if alt else [])
+    colocated: list[tuple[Pool, str]] = [("colocated", primary)]
+    return colocated + ([("colocated", alt)] if alt else [])
 
 
 class Proxy:

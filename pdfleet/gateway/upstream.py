@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from yarl import URL
@@ -47,7 +48,8 @@ class UpstreamClient:
     """Keep-alive connections per origin, most recently used first."""
 
     def __init__(self) -> None:
-        self._idle: dict[Origin, dict[Connection, None]] = {}
+        # keyed by the connection's own `origin` (an Origin, typed Hashable by connection.py, below us)
+        self._idle: dict[Hashable, dict[Connection, None]] = {}
         self._origins: dict[str, Origin] = {}
         self._tls: ssl.SSLContext | None = None
 

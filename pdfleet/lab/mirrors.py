@@ -74,7 +74,7 @@ def _apt_options(work: Path, image_root: Path, archives: Path) -> list[str]:
     """apt-get options for resolving against the image's installed set with private lists and cache."""
     empty = work / "empty.d"
     empty.mkdir(parents=True, exist_ok=True)
-    opts = {
+    opts: dict[str, Path | str] = {
         "Dir::Etc::SourceList": work / "sources.list",
         "Dir::Etc::SourceParts": empty,
         "Dir::Etc::Preferences": work / "preferences",

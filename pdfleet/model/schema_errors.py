@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Union
 
@@ -94,7 +94,7 @@ def _not_a_string(value: Any, show_values: bool) -> str | None:
     return None
 
 
-def _message(err: dict[str, Any], show_values: bool) -> str:
+def _message(err: Mapping[str, Any], show_values: bool) -> str:
     """A short operator-facing message for one pydantic error."""
     kind, ctx, value = err["type"], err.get("ctx", {}), err.get("input")
     if kind == "string_type" and (typed := _not_a_string(value, show_values)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pdfleet.errors import ValidationError
 from pdfleet.model.inventory import Inventory
@@ -31,6 +32,12 @@ class ProfileStatus:
         return not self.problems
 
 
+def _section(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    """A mapping section of a raw profile; {} when it is absent or not a mapping."""
+    value = raw.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def survey_profiles(
     profiles_dir: Path, inventory: Inventory | None = None, names: Iterable[str] | None = None
 ) -> list[ProfileStatus]:
@@ -47,8 +54,8 @@ def survey_profiles(
         except ValidationError as exc:
             problems = tuple(getattr(exc, "problems", None) or [str(exc)])
         raw = raw_profile(name, profiles_dir)
-        kv = raw.get("kv_transfer") if isinstance(raw.get("kv_transfer"), dict) else {}
-        vllm = raw.get("vllm") if isinstance(raw.get("vllm"), dict) else {}
+        kv = _section(raw, "kv_transfer")
+        vllm = _section(raw, "vllm")
         topology = str(raw.get("topology", "?"))
         engine = str(vllm.get("engine", default_engine)) if raw else "?"  # unreadable: nothing to show
         connector = str(kv.get("connector", default_connector)) if raw else "?"

@@ -279,6 +279,10 @@ class Release:
         """Whether the release reads this env var."""
         return any(var.name == name for var in self.envs.vars)
 
+    def env_number(self, name: str) -> float:
+        """A numeric env var's default (a port, a timeout); TypeError if the table gives it another type."""
+        return _number(self.env_default(name), f"vLLM {self.version}: {name}")
+
     def extra_default(self, connector: str, key: str) -> Scalar | tuple[Scalar, ...]:
         """The default of a connector's kv_connector_extra_config key; KeyError if it reads no such key."""
         extra = self.nixl_extra_config if connector == "NixlConnector" else self.mooncake_extra_config
@@ -297,8 +301,9 @@ class Release:
     def kv_hold_s(self) -> tuple[str, float]:
         """How long P keeps handed-over KV blocks: ("timeout", s) fixed, or ("lease", s) renewed by D."""
         if self.has_env("VLLM_NIXL_ABORT_REQUEST_TIMEOUT"):
-            return "timeout", float(self.env_default("VLLM_NIXL_ABORT_REQUEST_TIMEOUT"))  # type: ignore[arg-type]
-        return "lease", float(self.extra_default("NixlConnector", "kv_lease_duration"))  # type: ignore[arg-type]
+            return "timeout", self.env_number("VLLM_NIXL_ABORT_REQUEST_TIMEOUT")
+        lease = self.extra_default("NixlConnector", "kv_lease_duration")
+        return "lease", _number(lease, f"vLLM {self.version}: kv_connector_extra_config.kv_lease_duration")
 
     def lease_timing(self, kv_lease_duration: float | None = None) -> tuple[float, float, float] | None:
         """(lease, heartbeat interval, extension per heartbeat) in seconds for a lease duration (the
@@ -383,3 +388,10 @@ def find_release(version: str, table: dict[str, Release]) -> Release | None:
         return None
     same_minor = [v for v in table if version_key(v)[:2] == wanted[:2] and version_key(v) <= wanted]
     return table[max(same_minor, key=version_key)] if same_minor else None
+
+
+def _number(value: object, what: str) -> float:
+    """A table default that must be a number; anything else is a bug in the generated table, said so."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} defaults to {value!r} in the release table, not a number")
+    return value

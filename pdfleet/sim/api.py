@@ -240,7 +240,7 @@ class SimAPI:
             )
             resp.enable_chunked_encoding()
             await resp.prepare(request)
-            request.writer.send_headers()  # type: ignore[attr-defined]
+            request.writer.send_headers()
             sink.transport = request.transport
         runtime.submit(req, arrival)
         try:

@@ -206,7 +206,7 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         side_channel_port=_env_int(
             env,
             "VLLM_NIXL_SIDE_CHANNEL_PORT",
-            int(rel.env_default("VLLM_NIXL_SIDE_CHANNEL_PORT")),  # type: ignore[arg-type]
+            int(rel.env_number("VLLM_NIXL_SIDE_CHANNEL_PORT")),
         ),
         abort_timeout_s=timeout,
         tokenizer=ns.tokenizer,
@@ -214,7 +214,7 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         disable_log_stats=ns.disable_log_stats,
         log_interval_s=ns.sim_log_interval,
         visible_devices=visible,
-        mooncake_bootstrap_port=_env_int(env, MOONCAKE_PORT_ENV, int(rel.env_default(MOONCAKE_PORT_ENV)))
+        mooncake_bootstrap_port=_env_int(env, MOONCAKE_PORT_ENV, int(rel.env_number(MOONCAKE_PORT_ENV)))
         if rel.has_env(MOONCAKE_PORT_ENV)
         else 8998,
         release=rel,

@@ -159,8 +159,8 @@ class Engine:
             if req.request_id == request_id:
                 self.running.remove(req)
                 return self._drop(req)
-        req = self.loading.pop(request_id, None)
-        return self._drop(req) if req is not None else None
+        loading = self.loading.pop(request_id, None)
+        return self._drop(loading) if loading is not None else None
 
     def _drop(self, req: SimRequest) -> SimRequest:
         self._free_blocks(req)

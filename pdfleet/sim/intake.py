@@ -22,7 +22,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from aiohttp import web
 
@@ -172,7 +172,7 @@ def _check_prompt(prompt: Any) -> None:
         raise RequestError("prompt: a string or a list of token ids", param="prompt")
 
 
-def _is_token(t: Any) -> bool:
+def _is_token(t: object) -> TypeGuard[int]:
     return isinstance(t, int) and not isinstance(t, bool)
 
 

@@ -86,7 +86,7 @@ class MessagesSink(Sink):
     def role_event(self) -> bytes:
         """message_start and content_block_start, sent with the first token."""
         usage = {"input_tokens": self.input_tokens, "output_tokens": 0}
-        message = {
+        message: dict[str, Any] = {
             "id": self.rid,
             "content": [],
             "model": self.model,
@@ -134,7 +134,7 @@ async def handle(runtime: Runtime, intake: Intake, request: web.Request) -> web.
         )
         resp.enable_chunked_encoding()
         await resp.prepare(request)
-        request.writer.send_headers()  # type: ignore[attr-defined]
+        request.writer.send_headers()
         sink.transport = request.transport
     runtime.submit(req, arrival)
     try:

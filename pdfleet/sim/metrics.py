@@ -18,6 +18,7 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    Metric,
 )
 from prometheus_client.registry import Collector
 
@@ -179,7 +180,7 @@ class Hist:
 
     def cumulative(self) -> list[tuple[str, float]]:
         acc = 0
-        out = []
+        out: list[tuple[str, float]] = []
         for bound, c in zip([*self.buckets, float("inf")], self.counts, strict=True):
             acc += c
             out.append(("+Inf" if bound == float("inf") else repr(float(bound)), acc))
@@ -264,7 +265,7 @@ class SimCollector(Collector):
         fam.add_metric(list(self.labels.values()), value)
         return fam
 
-    def collect(self) -> Iterator[object]:
+    def collect(self) -> Iterator[Metric]:
         """Every family, read at scrape time (gauges live from the engine)."""
         m = self.m
         engine = self.engine

@@ -70,7 +70,7 @@ class _Parser(argparse.ArgumentParser):
 
     release: Release
 
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
             notes = [_missing(word, self.release) for word in message[len(prefix) :].split()]
@@ -177,7 +177,7 @@ def build_parser(release: Release | None = None) -> argparse.ArgumentParser:
 def _add(p: argparse.ArgumentParser, flag: ServeFlag) -> None:
     """One option of the release: with the simulator's meaning when it acts on it, else ignored."""
     name = next((n for n in flag.names if n in _HONOURED), None)
-    ignored = {"dest": _ignored_dest(flag.names[0]), "help": argparse.SUPPRESS}
+    ignored: dict[str, Any] = {"dest": _ignored_dest(flag.names[0]), "help": argparse.SUPPRESS}
     kwargs = dict(_HONOURED[name]) if name else ignored
     kwargs.setdefault("dest", _dest(flag.names[0], kwargs))
     if flag.nargs == "0":

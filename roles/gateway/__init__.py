@@ -149,10 +149,10 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
     keys = ctx.render(
         "gateway-keys.yaml.j2", client_sha256=secrets.client_sha256, admin_sha256=secrets.admin_sha256
     )
-    owner = {"owner": SERVICE_USER, "group": SERVICE_USER}
+    owner = SERVICE_USER
     out = [
-        RenderedFile(POLICY_FILE, policy, mode="0600", **owner),
-        RenderedFile(gw.keys_file, keys, mode="0600", secret=True, **owner),
+        RenderedFile(POLICY_FILE, policy, mode="0600", owner=owner, group=owner),
+        RenderedFile(gw.keys_file, keys, mode="0600", secret=True, owner=owner, group=owner),
         RenderedFile(
             f"{UNIT_DIR}/{GATEWAY_UNIT}",
             ctx.render(

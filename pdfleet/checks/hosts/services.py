@@ -46,10 +46,10 @@ def listening(target: Any, port: int) -> bool:
 
 
 def test_ports_listening(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
-    found = [u for u in units(verify, pd_host) if u.port]
+    found = [(u.unit, port) for u in units(verify, pd_host) if (port := u.port)]
     if not found:
         pytest.skip("no unit with a known TCP port on this host")
-    closed = [f"{u.unit}:{u.port}" for u in found if not listening(target, u.port)]
+    closed = [f"{unit}:{port}" for unit, port in found if not listening(target, port)]
     assert not closed, f"not listening: {', '.join(closed)}"
 
 
