@@ -19,6 +19,8 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from pdfleet.bench.cpu import own_cpu_seconds
 from pdfleet.bench.launch import SimProcess
@@ -29,6 +31,7 @@ from pdfleet.bench.workloads import Item, words
 
 TARGET_MS = 2.0
 
+run: Callable[[Coroutine[Any, Any, dict[str, Any]]], dict[str, Any]]  # measure()'s runner
 try:  # what `invoke bench` runs its client on
     import uvloop
 
@@ -47,7 +50,9 @@ def items(n: int, probes: int, max_tokens: int) -> list[Item]:
     ]
 
 
-async def measure(port: int, n: int, ramp: float, hold: float, probe_rate: float, max_tokens: int) -> dict:
+async def measure(
+    port: int, n: int, ramp: float, hold: float, probe_rate: float, max_tokens: int
+) -> dict[str, Any]:
     """One step: ramp N streams up, hold with probes, then stop; the client's figures over the hold."""
     probes = int(hold * probe_rate)
     starts = [ramp * i / n for i in range(n)] + [ramp + i / probe_rate for i in range(probes)]

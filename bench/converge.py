@@ -45,7 +45,7 @@ def child(tree: Path, counts_path: Path, argv: list[str]) -> int:
     counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     start_client = paramiko.Transport.start_client
     exec_command = paramiko.Channel.exec_command
-    from_transport = paramiko.SFTPClient.from_transport.__func__  # type: ignore[attr-defined]
+    from_transport = paramiko.SFTPClient.from_transport.__func__
 
     def peer(transport: paramiko.Transport) -> str:
         return str(transport.getpeername()[0])
@@ -65,9 +65,9 @@ def child(tree: Path, counts_path: Path, argv: list[str]) -> int:
         counts[peer(t)]["sftp"] += 1
         return from_transport(cls, t, *a, **k)
 
-    paramiko.Transport.start_client = counted_start  # type: ignore[method-assign]
-    paramiko.Channel.exec_command = counted_exec  # type: ignore[method-assign]
-    paramiko.SFTPClient.from_transport = classmethod(counted_sftp)  # type: ignore[method-assign,assignment]
+    paramiko.Transport.start_client = counted_start
+    paramiko.Channel.exec_command = counted_exec
+    paramiko.SFTPClient.from_transport = classmethod(counted_sftp)
     os.chdir(tree)
     code = 0
     try:
@@ -206,9 +206,9 @@ def table(results: dict[str, dict[str, float]], small: int, large: int) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for key, r in results.items():
-        engine, n = key.rsplit("@", 1)
+        engine, hosts = key.rsplit("@", 1)
         lines.append(
-            f"| {engine} | {n} | {r['wall_s']:.2f} | {r['sessions']:.1f} | {r['commands']:.1f} | "
+            f"| {engine} | {hosts} | {r['wall_s']:.2f} | {r['sessions']:.1f} | {r['commands']:.1f} | "
             f"{r['sudo']:.1f} | {r['sftp']:.1f} | {r['cpu_s']:.3f} |"
         )
     lines.append("")

@@ -109,10 +109,13 @@ def _comprehension(node: ast.ListComp, scope: dict[str, object]) -> list[object]
     """`[expr for x in range(...)]` with constant range arguments."""
     gen = node.generators[0]
     call = gen.iter
-    if gen.ifs or not isinstance(gen.target, ast.Name) or not _is_call(call, "range"):
+    if gen.ifs or not isinstance(gen.target, ast.Name) or not isinstance(call, ast.Call):
         raise NotConstant(ast.unparse(node))
-    args = [const(a, scope) for a in call.args]  # type: ignore[attr-defined]
-    return [const(node.elt, {**scope, gen.target.id: i}) for i in range(*args)]  # type: ignore[arg-type]
+    args = [const(a, scope) for a in call.args]
+    bounds = [a for a in args if isinstance(a, int)]
+    if not _is_call(call, "range") or len(bounds) != len(args):
+        raise NotConstant(ast.unparse(node))
+    return [const(node.elt, {**scope, gen.target.id: i}) for i in range(*bounds)]
 
 
 def const_or_text(node: ast.AST, scope: dict[str, object] | None = None) -> object:

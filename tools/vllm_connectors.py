@@ -18,6 +18,7 @@ from pdfleet.model.vllm_releases import (
     SideChannel,
 )
 from tools.vllm_ast import (
+    NotConstant,
     Sources,
     assigned,
     call_name,
@@ -58,7 +59,9 @@ def buffer_devices(src: Sources, files: list[str]) -> BufferDevices:
         value = next(assigned(src.tree(path), "_NIXL_SUPPORTED_DEVICE"), None)
         if value is not None:
             table = const(value)
-            pairs = tuple((str(k), tuple(v)) for k, v in table.items())  # type: ignore[union-attr]
+            if not isinstance(table, dict) or not all(isinstance(v, list | tuple) for v in table.values()):
+                raise NotConstant(f"{path}: _NIXL_SUPPORTED_DEVICE = {table!r}, not a table of lists")
+            pairs = tuple((str(k), tuple(v)) for k, v in table.items())
             return BufferDevices(pairs, path)
     raise KeyError(f"vLLM {src.version}: no _NIXL_SUPPORTED_DEVICE in {files}")
 
@@ -115,8 +118,8 @@ def kv_transfer_params(src: Sources, files: list[str]) -> KVTransferParams:
     produced: list[str] = []
     for ret in (n for n in ast.walk(func) if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)):
         for part in ret.value.elts:  # type: ignore[union-attr]
-            if call_name(part) == "dict":
-                produced += [kw.arg for kw in part.keywords if kw.arg]  # type: ignore[attr-defined]
+            if isinstance(part, ast.Call) and call_name(part) == "dict":
+                produced += [kw.arg for kw in part.keywords if kw.arg]
     statuses = sorted(
         {
             n.attr

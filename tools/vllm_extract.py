@@ -23,6 +23,7 @@ from pdfleet.model.vllm_releases import (
     PrefixCaching,
     Registry,
     Release,
+    Scalar,
 )
 from tools import vllm_metrics
 from tools.vllm_ast import (
@@ -154,10 +155,12 @@ def _converted_to(value: ast.expr) -> str | None:
     return None
 
 
-def _coerce(raw: object, kind: str) -> object:
+def _coerce(raw: object, kind: str) -> Scalar:
     """An env default as its declared type (`"5600"` for an int var is 5600)."""
-    if not isinstance(raw, str):
+    if raw is None or isinstance(raw, bool | int | float):
         return raw
+    if not isinstance(raw, str):
+        raise NotConstant(f"an env default of {raw!r}: not a scalar")
     bare = kind.replace("Optional[", "").rstrip("]")
     if bare.startswith("int"):
         return int(raw)

@@ -96,8 +96,16 @@ def render(value: object, indent: int = 0, used: int = 0) -> str:
     if isinstance(value, str):
         step = WIDTH - indent - 12
         chunks = [value[i : i + step] for i in range(0, len(value), step)]
-        return "(\n" + "\n".join(f"{pad}{chunk!r}" for chunk in chunks) + close
+        return "(\n" + "\n".join(f"{pad}{_str(chunk)}" for chunk in chunks) + close
     return flat
+
+
+def _str(text: str) -> str:
+    """A string literal as ruff format writes it: double quotes, unless the text holds a double quote."""
+    literal = repr(text)
+    if literal.startswith("'") and '"' not in text:
+        literal = '"' + literal[1:-1].replace("\\'", "'") + '"'
+    return literal
 
 
 def _flat(value: object) -> str:
@@ -108,7 +116,7 @@ def _flat(value: object) -> str:
     if isinstance(value, tuple):
         items = [_flat(v) for v in value]
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-    return repr(value)
+    return _str(value) if isinstance(value, str) else repr(value)
 
 
 def _type_names(value: object, names: set[str]) -> set[str]:

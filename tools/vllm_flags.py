@@ -183,7 +183,7 @@ class _Reader:
             elif action == "append" and nargs == "0":
                 nargs = "1"
         if kwargs.get("nargs") is not None:
-            nargs = str(const(kwargs["nargs"]))  # type: ignore[arg-type]
+            nargs = str(const(kwargs["nargs"]))
         negatives: list[str] = []
         if action == "BooleanOptionalAction":
             negatives = [f"--no-{n[2:]}" for n in names if n.startswith("--")]

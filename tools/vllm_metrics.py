@@ -37,8 +37,10 @@ class Rule:
 
 def base_labels(src: Sources) -> list[str]:
     """The labels every engine metric carries: the stat logger's first `labelnames = [...]`."""
-    value = next(assigned(src.tree(LOGGERS), "labelnames"))
-    return [str(v) for v in const(value)]  # type: ignore[union-attr]
+    value = const(next(assigned(src.tree(LOGGERS), "labelnames")))
+    if not isinstance(value, list | tuple):
+        raise NotConstant(f"{LOGGERS}: labelnames = {value!r}, not a list")
+    return [str(v) for v in value]
 
 
 def _families(src: Sources) -> dict[str, object]:
@@ -46,7 +48,7 @@ def _families(src: Sources) -> dict[str, object]:
     if not src.has(BUCKETS):
         return {}
     tree = src.tree(BUCKETS)
-    module = {}
+    module: dict[str, object] = {}
     for node in tree.body:
         if isinstance(node, ast.AnnAssign | ast.Assign):
             target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
@@ -55,12 +57,13 @@ def _families(src: Sources) -> dict[str, object]:
                     module[target.id] = const(node.value, module)
                 except NotConstant:
                     continue
-    families: dict[str, object] = dict(module.get("_STATIC_FAMILY_DEFAULTS", {}))  # type: ignore[arg-type]
+    static = module.get("_STATIC_FAMILY_DEFAULTS", {})
+    families: dict[str, object] = dict(static) if isinstance(static, dict) else {}
     chooser = find_function(tree, "histogram_buckets")
-    for node in ast.walk(chooser) if chooser else ():
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
-            family = node.test.comparators[0]
-            returned = next((r.value for r in ast.walk(node) if isinstance(r, ast.Return) and r.value), None)
+    for arm in ast.walk(chooser) if chooser else ():
+        if isinstance(arm, ast.If) and isinstance(arm.test, ast.Compare):
+            family = arm.test.comparators[0]
+            returned = next((r.value for r in ast.walk(arm) if isinstance(r, ast.Return) and r.value), None)
             if isinstance(family, ast.Constant) and returned is not None:
                 families[str(family.value)] = Rule(ast.unparse(returned))
     return families
@@ -95,6 +98,16 @@ def _labels(node: ast.expr | None, scope: dict[str, object], families: dict[str,
     return tuple(str(v) for v in value) if isinstance(value, list) else (ast.unparse(node),)
 
 
+def _bounds(value: object) -> tuple[float, ...] | None:
+    """Constant bucket bounds as written (a list or tuple of numbers); None for a Rule or no buckets."""
+    if not isinstance(value, list | tuple):
+        return None
+    bounds = tuple(b for b in value if isinstance(b, int | float))
+    if len(bounds) != len(value):
+        raise NotConstant(f"bucket bounds {value!r} are not all numbers")
+    return bounds
+
+
 def _function_metrics(
     func: ast.FunctionDef, path: str, labels: list[str], families: dict[str, object]
 ) -> list[Metric]:
@@ -106,16 +119,19 @@ def _function_metrics(
             scope[node.targets[0].id] = _value(node.value, scope, families)
             continue
         kind = KINDS.get(call_name(node) or "")
-        name_node = keyword(node, "name") if kind else None  # type: ignore[arg-type]
+        if kind is None or not isinstance(node, ast.Call):
+            continue
+        name_node = keyword(node, "name")
         if not isinstance(name_node, ast.Constant) or not str(name_node.value).startswith("vllm:"):
             continue
-        buckets = _value(keyword(node, "buckets"), scope, families) if keyword(node, "buckets") else None  # type: ignore[arg-type]
+        bucket_node = keyword(node, "buckets")
+        buckets = _value(bucket_node, scope, families) if bucket_node is not None else None
         found.append(
             Metric(
                 name=str(name_node.value),
-                kind=kind,  # type: ignore[arg-type]
-                labels=_labels(keyword(node, "labelnames"), scope, families),  # type: ignore[arg-type]
-                buckets=tuple(buckets) if isinstance(buckets, list | tuple) else None,  # type: ignore[arg-type]
+                kind=kind,
+                labels=_labels(keyword(node, "labelnames"), scope, families),
+                buckets=_bounds(buckets),
                 buckets_rule=buckets.text if isinstance(buckets, Rule) else None,
                 when=" and ".join(ast.unparse(t) for t in tests) or None,
                 source=path,

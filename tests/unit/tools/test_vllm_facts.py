@@ -49,7 +49,7 @@ def test_a_release_whose_facts_differ_is_shown_as_a_diff(
     assert "unknown keys: ignore" in out and "KV hold: timeout 120 s" in out
     # the excerpt registers four connectors; the committed table (the whole wheel) six
     assert "--- table 0.11.0\n+++ wheel 0.11.0" in out
-    assert "-                name='MultiConnector'," in out
+    assert '-                name="MultiConnector",' in out
 
 
 def test_write_keeps_the_other_releases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
