@@ -4,11 +4,16 @@ it), modules stay small, roles are found without import machinery, and tests mir
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import re
+import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "pdfleet"
@@ -227,3 +232,64 @@ def test_the_architecture_page_names_every_folder_and_package() -> None:
     modules = [p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"]
     missing = [n for n in [*folders, *packages, *modules] if f"`{n}" not in page]
     assert not missing, f"docs/architecture.md does not name: {missing}"
+
+
+def _third_party_imports(roots: Iterator[Path]) -> dict[str, set[str]]:
+    """Top-level module -> the files importing it, for every absolute import outside the stdlib and us."""
+    found: dict[str, set[str]] = {}
+    for path in roots:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for top in {name.split(".")[0] for name in names}:
+                if top not in sys.stdlib_module_names and top not in ("pdfleet", "roles"):
+                    found.setdefault(top, set()).add(path.relative_to(REPO).as_posix())
+    return found
+
+
+def _declared() -> tuple[set[str], set[str]]:
+    """The runtime dependencies and the product extras' distributions (all but `test`), by canonical name."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    runtime = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    extras = {
+        canonicalize_name(Requirement(r).name)
+        for extra, reqs in project.get("optional-dependencies", {}).items()
+        if extra != "test"
+        for r in reqs
+    }
+    return runtime, extras
+
+
+def _product_files() -> Iterator[Path]:
+    for root in (PACKAGE, REPO / "roles"):
+        yield from root.rglob("*.py")
+
+
+def test_every_third_party_import_of_the_product_is_declared() -> None:
+    """pdfleet/ and roles/ import only what `pip install .` brings (or a product extra, e.g. tokenizer):
+    a distribution that arrives only through another one's requirements, or through the test extra,
+    is missing on the next machine that installs pdfleet."""
+    runtime, extras = _declared()
+    by_module = importlib.metadata.packages_distributions()
+    undeclared = []
+    for module, files in sorted(_third_party_imports(_product_files()).items()):
+        dists = {canonicalize_name(d) for d in by_module.get(module, [])}
+        if not dists & (runtime | extras):
+            undeclared.append(f"{module} ({', '.join(sorted(dists)) or 'not installed'}): {sorted(files)}")
+    assert not undeclared, "imported but not in [project.dependencies]: " + "; ".join(undeclared)
+
+
+def test_every_runtime_dependency_is_imported_by_the_product() -> None:
+    """A runtime dependency nothing in pdfleet/ or roles/ imports belongs to the test extra, or nowhere."""
+    runtime, _ = _declared()
+    by_module = importlib.metadata.packages_distributions()
+    imported = {
+        canonicalize_name(d)
+        for module in _third_party_imports(_product_files())
+        for d in by_module.get(module, [])
+    }
+    assert not runtime - imported, f"declared but never imported: {sorted(runtime - imported)}"
