@@ -75,13 +75,6 @@ def _create_key_file(file: Path) -> str:
     return key
 
 
-def ensure_key_file(path: str | Path) -> str:
-    """The key in `path`, created (0600, parent 0700) when missing; refuses a file others can read."""
-    file = Path(path).expanduser()
-    key = existing_key(file)
-    return key if key is not None else _create_key_file(file)
-
-
 def _checked_keys(client: Path, admin: Path) -> tuple[str | None, str | None]:
     """The client and admin keys (None: no such file yet), refused unless both files are sound, distinct
     files holding distinct keys."""

@@ -1,4 +1,4 @@
-"""RDMA host facts: devices, ports and GID tables from sysfs, ibv_devinfo, netdevs, and NIC QoS.
+"""RDMA host facts: devices, ports and GID tables from sysfs, netdevs, and NIC QoS.
 
 Commands never fail on a host without RDMA hardware (or without the tool): they print what they
 found, and the parsers turn "nothing" into an empty value, so the rdma role can skip with a reason.
@@ -133,62 +133,6 @@ class RdmaSysfsFact(Fact["dict[str, RdmaDevice]"]):
 
     def parse(self, stdout: str, rc: int) -> dict[str, RdmaDevice]:
         return parse_rdma_sysfs(stdout)
-
-
-@dataclass(frozen=True)
-class IbvPort:
-    """One port as `ibv_devinfo` reports it."""
-
-    number: int
-    state: str  # e.g. "PORT_ACTIVE"
-    active_mtu: int | None
-    link_layer: str
-
-
-def parse_ibv_devinfo(stdout: str) -> dict[str, tuple[IbvPort, ...]]:
-    """`ibv_devinfo` (rdma-core libibverbs/examples/devinfo.c): `hca_id:` blocks with `port:` sub-blocks."""
-    result: dict[str, list[IbvPort]] = {}
-    dev: str | None = None
-    cur: dict[str, str] | None = None
-
-    def flush() -> None:
-        if dev is not None and cur is not None:
-            mtu = re.match(r"(\d+)", cur.get("active_mtu", ""))
-            result[dev].append(
-                IbvPort(
-                    int(cur["port"]),
-                    cur.get("state", "").split(" ")[0],
-                    int(mtu[1]) if mtu else None,
-                    cur.get("link_layer", ""),
-                )
-            )
-
-    for raw in stdout.splitlines():
-        line = raw.strip()
-        if line.startswith("hca_id:"):
-            flush()
-            cur = None
-            dev = line.split(":", 1)[1].strip()
-            result[dev] = []
-        elif line.startswith("port:") and dev is not None:
-            flush()
-            cur = {"port": line.split(":", 1)[1].strip()}
-        elif cur is not None and ":" in line:
-            key, value = line.split(":", 1)
-            cur.setdefault(key.strip(), value.strip())
-    flush()
-    return {k: tuple(v) for k, v in result.items()}
-
-
-@dataclass(frozen=True)
-class IbvDevinfoFact(Fact["dict[str, tuple[IbvPort, ...]] | None"]):
-    """Port state and active MTU as verbs sees them; None when ibverbs-utils is not installed."""
-
-    def command(self) -> str:
-        return "command -v ibv_devinfo >/dev/null 2>&1 || exit 3; ibv_devinfo 2>/dev/null; true"
-
-    def parse(self, stdout: str, rc: int) -> dict[str, tuple[IbvPort, ...]] | None:
-        return None if rc == 3 else parse_ibv_devinfo(stdout)
 
 
 # ---------------------------------------------------------------- netdev, QoS

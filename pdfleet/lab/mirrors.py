@@ -260,11 +260,6 @@ def refresh_host_wheel(paths: LabPaths | None = None) -> str:
     return version
 
 
-def served_host_wheel(paths: LabPaths, version: str) -> Path:
-    """Where the lab mirror keeps the host wheel of a version (refresh_host_wheel puts it there)."""
-    return paths.pypi_dir / "packages" / wheel_name(version)
-
-
 def populate_pypi(paths: LabPaths, deps: Path) -> None:
     """Put the dependency wheels into the served tree (hard links; the cache stays the source)."""
     packages = paths.pypi_dir / "packages"

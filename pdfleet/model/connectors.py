@@ -58,12 +58,11 @@ _ALIASES: dict[str, str] = {
     "lmcacheconnector": "LMCacheConnectorV1",
 }
 
-# vLLM's defaults for VLLM_NIXL_SIDE_CHANNEL_HOST / VLLM_NIXL_SIDE_CHANNEL_PORT [VLLM-PD §2.1].
 # The connectors pdfleet renders (others are validated but not deployed).
 NIXL = "NixlConnector"
 MOONCAKE = "MooncakeConnector"
 
-NIXL_SIDE_CHANNEL_HOST = "localhost"
+# vLLM's default for VLLM_NIXL_SIDE_CHANNEL_PORT [VLLM-PD §2.1].
 NIXL_SIDE_CHANNEL_PORT = 5600
 
 

@@ -377,11 +377,6 @@ class Profile(_Model):
             return base + len(rel.side_channel_ports(base, prefill.tensor_parallel_size))
         return port
 
-    def kv_role_for(self, pool: str) -> str | None:
-        """The kv_role rendered for a pool's instances (None: no --kv-transfer-config)."""
-        spec = getattr(self.pools, pool)
-        return spec.kv_role if spec is not None and self.disaggregated else None
-
 
 class ProfileError(ValidationError):
     """A profile that does not validate; `problems` holds one `file: key.path: message` line each."""

@@ -21,7 +21,6 @@ from pdfleet.model.stages import LENGTH_CLASSES, StageSpec
 GateMetric = Literal["ttft", "itl", "request", "tpot", "kv_transfer", "error_rate", "fallback_rate", "stalls"]
 # Metrics that exist per length class at the gateway (the others are per pool: vLLM's own series).
 CLASS_METRICS = ("ttft", "itl", "request", "error_rate", "stalls")
-QUANTILE_METRICS = ("ttft", "itl", "request", "tpot", "kv_transfer")
 # Which SLO field `max: slo` means for a metric (P99 targets, in ms).
 SLO_FIELD = {
     "ttft": "ttft_p99_ms",

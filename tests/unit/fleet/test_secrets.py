@@ -10,29 +10,30 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.secrets import KEY_PREFIX, PLACEHOLDER, ensure_key_file, gateway_secrets, review_secrets
+from pdfleet.fleet.secrets import KEY_PREFIX, PLACEHOLDER, gateway_secrets, review_secrets
 
 
 def test_a_missing_key_is_generated_private_and_then_reused(tmp_path: Path) -> None:
-    path = tmp_path / "cfg" / "client.key"
-    key = ensure_key_file(path)
+    path, admin = tmp_path / "cfg" / "client.key", str(tmp_path / "cfg" / "admin.key")
+    first = gateway_secrets(str(path), admin)
+    key = path.read_text().strip()
     assert key.startswith(KEY_PREFIX) and len(key) > len(KEY_PREFIX) + 30
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert ensure_key_file(path) == key
+    assert gateway_secrets(str(path), admin) == first and path.read_text().strip() == key
 
 
 def test_a_key_file_others_can_read_or_an_empty_one_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "k"
+    path, admin = tmp_path / "k", str(tmp_path / "a")
     path.write_text("sk-pdfleet-secret\n")
     path.chmod(0o644)
     with pytest.raises(ValidationError, match="chmod 600") as err:
-        ensure_key_file(path)
+        gateway_secrets(str(path), admin)
     assert "sk-pdfleet-secret" not in str(err.value)
     path.write_text("")
     path.chmod(0o600)
     with pytest.raises(ValidationError, match="empty"):
-        ensure_key_file(path)
+        gateway_secrets(str(path), admin)
 
 
 def test_only_hashes_are_returned(tmp_path: Path) -> None:
@@ -45,7 +46,7 @@ def test_only_hashes_are_returned(tmp_path: Path) -> None:
 def test_a_directory_is_not_a_key_file(tmp_path: Path) -> None:
     (tmp_path / "keys").mkdir(mode=0o755)
     with pytest.raises(ValidationError) as err:
-        ensure_key_file(tmp_path / "keys")
+        gateway_secrets(str(tmp_path / "keys"), str(tmp_path / "a"))
     assert "is a directory, not a key file" in str(err.value) and "chmod" not in str(err.value)
 
 

@@ -1,4 +1,4 @@
-"""RDMA host fact parsers (sysfs, ibv_devinfo, netdev, QoS) against fixture outputs whose formats come
+"""RDMA host fact parsers (sysfs, netdev, QoS) against fixture outputs whose formats come
 from the tools' documentation."""
 
 from __future__ import annotations
@@ -38,19 +38,6 @@ def test_rdma_roce_mode_from_configfs() -> None:
         "/sys/kernel/config/rdma_cm/mlx5_0/ports/1/default_roce_mode:RoCE v2\n"
     )
     assert rdma_facts.parse_rdma_sysfs(out)["mlx5_0"].port(1).default_roce_mode == "RoCE v2"  # type: ignore[union-attr]
-
-
-def test_ibv_devinfo() -> None:
-    text = (
-        "hca_id:\tmlx5_0\n\ttransport:\t\t\tInfiniBand (0)\n\tfw_ver:\t\t\t\t28.39.1002\n"
-        "\tphys_port_cnt:\t\t\t1\n\t\tport:\t1\n\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n"
-        "\t\t\tmax_mtu:\t\t4096 (5)\n\t\t\tactive_mtu:\t\t4096 (5)\n\t\t\tlink_layer:\t\tEthernet\n\n"
-        "hca_id:\tmlx5_1\n\t\tport:\t1\n\t\t\tstate:\t\t\tPORT_DOWN (1)\n\t\t\tactive_mtu:\t\t1024 (3)\n"
-        "\t\t\tlink_layer:\t\tEthernet\n"
-    )
-    ports = rdma_facts.parse_ibv_devinfo(text)
-    assert ports["mlx5_0"] == (rdma_facts.IbvPort(1, "PORT_ACTIVE", 4096, "Ethernet"),)
-    assert ports["mlx5_1"][0].state == "PORT_DOWN"
 
 
 def test_netdev_mtu_addresses_ecn() -> None:

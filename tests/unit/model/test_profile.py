@@ -31,7 +31,7 @@ def test_operator_values_for_prefill_and_decode() -> None:
     assert profile.rdma.enabled and profile.topology == "cross-host"
     colocated = load_profile("colocated", PROFILES)
     assert colocated.pools.colocated is not None and colocated.pools.colocated.port == 8000
-    assert colocated.kv_role_for("colocated") is None and colocated.side_channel_port_for("prefill") is None
+    assert colocated.side_channel_port_for("prefill") is None
 
 
 def test_side_channel_port_rule() -> None:
