@@ -29,7 +29,7 @@ GIB = 1024**3
 
 
 @dataclass(frozen=True)
-class GpuSpec:
+class GpuRoofline:
     """One GPU's roofline: peak dense BF16 FLOPS, HBM bandwidth and memory, with achieved fractions."""
 
     name: str
@@ -43,7 +43,7 @@ class GpuSpec:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelShape:
     """A decoder-only transformer's shape; parameter and KV sizes are derived from it."""
 
     name: str
@@ -115,10 +115,10 @@ _T0 = 0.5e-3
 _ETA = 0.75
 _MFU = 0.5
 
-GPUS: dict[str, GpuSpec] = {
+GPUS: dict[str, GpuRoofline] = {
     g.name: g
     for g in (
-        GpuSpec(
+        GpuRoofline(
             "H100-SXM",
             989e12,
             3.35e12,
@@ -128,7 +128,7 @@ GPUS: dict[str, GpuSpec] = {
             _T0,
             "[KLOCKWOOD] 989 TF BF16, 3.35 TB/s, 80 GB; MFU/η/t0 [PERF §2.6]",
         ),
-        GpuSpec(
+        GpuRoofline(
             "H200",
             989e12,
             4.8e12,
@@ -138,7 +138,7 @@ GPUS: dict[str, GpuSpec] = {
             _T0,
             "[NV-H200] 989 TF BF16, 4.8 TB/s, 141 GB; MFU/η/t0 as H100 [PERF §2.6]",
         ),
-        GpuSpec(
+        GpuRoofline(
             "A100-80GB",
             312e12,
             2.039e12,
@@ -148,7 +148,7 @@ GPUS: dict[str, GpuSpec] = {
             _T0,
             "[KLOCKWOOD] 312 TF BF16, 2.039 TB/s, 80 GB; MFU/η/t0 [PERF §2.6] (A100 b=1 10.4 ms)",
         ),
-        GpuSpec(
+        GpuRoofline(
             "L40S",
             362e12,
             0.864e12,
@@ -161,10 +161,10 @@ GPUS: dict[str, GpuSpec] = {
     )
 }
 
-MODELS: dict[str, ModelSpec] = {
+MODELS: dict[str, ModelShape] = {
     m.name: m
     for m in (
-        ModelSpec(
+        ModelShape(
             "Llama-3.1-8B",
             (
                 "meta-llama/Llama-3.1-8B-Instruct",
@@ -183,7 +183,7 @@ MODELS: dict[str, ModelSpec] = {
             dtype_bytes=2,
             sources="[HF-LLAMA] config.json; [PERF §2.6] 8.03 B params, 128 KiB KV/token",
         ),
-        ModelSpec(
+        ModelShape(
             "Llama-3.1-70B",
             (
                 "meta-llama/Llama-3.1-70B-Instruct",
@@ -286,7 +286,7 @@ KV_CACHE_DTYPES: dict[str, int | None] = {
 }
 
 
-def gpu(name: str) -> GpuSpec:
+def gpu(name: str) -> GpuRoofline:
     """The GPU entry by its catalog name, or a ValidationError listing the known ones."""
     if name not in GPUS:
         raise ValidationError(f"--sim-gpu {name!r}: unknown GPU; known: {', '.join(GPUS)}")
@@ -300,7 +300,7 @@ def link(name: str) -> LinkSpec:
     return LINKS[name]
 
 
-def model(model_id: str) -> ModelSpec:
+def model(model_id: str) -> ModelShape:
     """The model entry for a Hugging Face id or a local path whose last part names a known model."""
     wanted = model_id.rstrip("/").rsplit("/", 1)[-1].lower()
     for spec in MODELS.values():

@@ -15,7 +15,8 @@ from typing import Literal
 from pdfleet.model.rollout import SLO_FIELD, GateSpec
 
 Outcome = Literal["pass", "fail", "inconclusive", "error"]
-Verdict = Literal["running", "successful", "failed", "inconclusive", "error"]
+# an analysis run's phase, as Argo Rollouts names an AnalysisRun's (the bench's Verdict is another thing)
+AnalysisPhase = Literal["running", "successful", "failed", "inconclusive", "error"]
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class AnalysisVerdict:
-    verdict: Verdict
+    verdict: AnalysisPhase
     counters: Counters
     reason: str
 

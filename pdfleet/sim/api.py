@@ -32,11 +32,11 @@ from pdfleet.sim.intake import (
     Parsed,
     RequestError,
     check_model,
-    error_body,
-    error_response,
     json_response,
     take_arrival,
     validate,
+    vllm_error_body,
+    vllm_error_response,
 )
 from pdfleet.sim.runtime import Runtime
 from pdfleet.sim.stream import Sink, chunk_frame, sse_event
@@ -252,9 +252,9 @@ class SimAPI:
         if resp is not None:
             return await self._stream_tail(resp, req, sink)
         if sink.error:
-            return error_response(sink.error, "InternalServerError", 500)
+            return vllm_error_response(sink.error, "InternalServerError", 500)
         if req.finish_reason == "abort":
-            return error_response("Request aborted", "InternalServerError", 500)
+            return vllm_error_response("Request aborted", "InternalServerError", 500)
         return json_response(self._full_body(req, sink, kind, prepared.digest))
 
     async def _stream_tail(self, resp: web.StreamResponse, req: SimRequest, sink: Sink) -> web.StreamResponse:
@@ -264,7 +264,7 @@ class SimAPI:
             return resp
         tail = b""
         if sink.error:
-            tail += sse_event(error_body(sink.error, "InternalServerError", 500))
+            tail += sse_event(vllm_error_body(sink.error, "InternalServerError", 500))
         elif sink.include_usage:
             usage = {
                 "id": sink.rid,

@@ -19,7 +19,7 @@ from typing import Any
 
 from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
-from pdfleet.model.catalog import GpuSpec, LinkSpec, ModelSpec
+from pdfleet.model.catalog import GpuRoofline, LinkSpec, ModelShape
 from pdfleet.model.vllm_release_data import NEWEST, RELEASES
 from pdfleet.model.vllm_releases import Release
 from pdfleet.sim.engine import Engine, EngineLimits
@@ -77,9 +77,9 @@ class SimConfig:
     num_blocks: int
     long_prefill_token_threshold: int
     kv_transfer: KVTransfer | None
-    gpu: GpuSpec
+    gpu: GpuRoofline
     link: LinkSpec
-    model_spec: ModelSpec
+    model_spec: ModelShape
     time_scale: float
     side_channel_host: str
     side_channel_port: int
@@ -240,8 +240,8 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
 
 def _num_blocks(
     ns: argparse.Namespace,
-    spec: ModelSpec,
-    gpu: GpuSpec,
+    spec: ModelShape,
+    gpu: GpuRoofline,
     tp: int,
     kv_dtype_bytes: int | None,
     max_model_len: int,

@@ -46,16 +46,16 @@ def json_response(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=compact)
 
 
-def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
+def vllm_error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
     """vLLM's ErrorResponse: {"error": {"message", "type", "param", "code"}}."""
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
-def error_response(
+def vllm_error_response(
     message: str, err_type: str = "BadRequestError", code: int = 400, param: str | None = None
 ) -> web.Response:
     """An ErrorResponse with its status code."""
-    return json_response(error_body(message, err_type, code, param), status=code)
+    return json_response(vllm_error_body(message, err_type, code, param), status=code)
 
 
 class RequestError(Exception):
@@ -65,7 +65,7 @@ class RequestError(Exception):
         self, message: str, err_type: str = "BadRequestError", code: int = 400, param: str | None = None
     ) -> None:
         super().__init__(message)
-        self.response = error_response(message, err_type, code, param)
+        self.response = vllm_error_response(message, err_type, code, param)
 
 
 class Parsed(NamedTuple):

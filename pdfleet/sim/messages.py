@@ -34,7 +34,7 @@ def event(name: str, obj: Any) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + compact(obj).encode() + b"\n\n"
 
 
-def error_response(message: str, err_type: str, status: int) -> web.Response:
+def anthropic_error_response(message: str, err_type: str, status: int) -> web.Response:
     """vLLM's AnthropicErrorResponse with its status."""
     return json_response({"type": "error", "error": {"type": err_type, "message": message}}, status=status)
 
@@ -44,7 +44,7 @@ def translate(exc: RequestError) -> web.Response:
     resp = exc.response
     assert isinstance(resp.body, bytes)
     err = json.loads(resp.body)["error"]
-    return error_response(err["message"], err["type"], resp.status)
+    return anthropic_error_response(err["message"], err["type"], resp.status)
 
 
 def to_chat(raw: bytes) -> bytes:
@@ -143,7 +143,7 @@ async def handle(runtime: Runtime, intake: Intake, request: web.Request) -> web.
         runtime.abort(req)  # the client went away: vLLM aborts the request
         raise
     if (sink.error or req.finish_reason == "abort") and resp is None:
-        return error_response(sink.error or "Request aborted", "internal_error", 500)
+        return anthropic_error_response(sink.error or "Request aborted", "internal_error", 500)
     if resp is not None:
         return await _stream_tail(resp, req, sink)
     text = runtime.filler.text(req.generated)

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdfleet.model.catalog import TP_ALLREDUCE_S, GpuSpec, LinkSpec, ModelSpec
+from pdfleet.model.catalog import TP_ALLREDUCE_S, GpuRoofline, LinkSpec, ModelShape
 
 
 @dataclass(frozen=True)
 class PerfModel:
     """Precomputed per-token constants so a step costs a handful of float operations."""
 
-    gpu: GpuSpec
-    model: ModelSpec
+    gpu: GpuRoofline
+    model: ModelShape
     tp: int
     kv_bytes_per_token: int  # whole model (all TP ranks)
 
