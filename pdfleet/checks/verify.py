@@ -2,16 +2,17 @@
 
 The checks live in pdfleet.checks.hosts (one module per concern) and are run programmatically with pytest.
 A VerifyPlugin hands them the validated profile and the fleet's topology, parametrises them over the selected
-hosts, connects testinfra's `ssh://` backend through an ssh_config generated from the inventory
-(strict host-key checking against the inventory's known_hosts) and records every outcome. A
-check that does not apply to a host skips with the reason; the run fails on any failed check.
+hosts, reaches each host over the connection pdfleet.ops.ssh opens (strict host-key checking against the
+inventory's known_hosts, as provision) with testinfra on top (pdfleet.checks.target), gathers each host's
+unit-health facts in one command, and records every outcome. A host that does not answer, or whose key is
+unknown or changed, fails its checks with the reason. A check that does not apply to a host skips with the
+reason; the run fails on any failed check.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,12 +21,16 @@ from typing import Any, TypeVar
 
 import pytest
 
-from pdfleet.errors import ValidationError
+from pdfleet.errors import PdfleetError, ValidationError
 from pdfleet.fleet.roles import ManagedUnit, instance_unit
 from pdfleet.fleet.topology import Topology
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 from pdfleet.ops.base import Fact
+from pdfleet.ops.errors import FactError
+from pdfleet.ops.gather import HostFacts
+from pdfleet.ops.ssh import SshTransport, open_connection
+from pdfleet.ops.unit_health import PROBE_TIMEOUT_S, UnitHealth, UnitState
 
 HOST_CHECKS_DIR = Path(__file__).resolve().parent / "hosts"
 # The checks are product modules named for their concern (gpu.py, not test_gpu.py); this ini makes pytest
@@ -54,51 +59,6 @@ class CheckResult:
     check: str
     outcome: str  # pass / fail / skip
     detail: str = ""
-
-
-_SSH_CONFIG_UNSAFE = re.compile(r'[\s"\x00-\x1f\x7f]')
-
-
-def _ssh_config_safe(host: str, what: str, value: str) -> None:
-    """Refuse a value that would split an ssh_config line (a newline could add e.g. a ProxyCommand)."""
-    if _SSH_CONFIG_UNSAFE.search(value):
-        raise ValidationError(f"inventory host {host}: {what} {value!r} contains whitespace or quotes")
-
-
-def ssh_config(hosts: Sequence[Host], default_known_hosts: str, control_dir: Path, timeout: int) -> str:
-    """An ssh_config with one block per inventory host: its address, user, port, key, known_hosts.
-
-    StrictHostKeyChecking yes: an unknown or changed host key is a failure, never trusted on use.
-    """
-    blocks = []
-    for host in hosts:
-        known = Path(host.known_hosts_file or default_known_hosts).expanduser()
-        checked = {
-            "inventory host name": host.name,
-            "ansible_host": host.address,
-            "ansible_user": host.user,
-            "known_hosts file": str(known),
-            "ansible_ssh_private_key_file": host.key_file or "",
-        }
-        for what, value in checked.items():
-            _ssh_config_safe(host.name, what, value)
-        lines = [
-            f"Host {host.name}",
-            f"  HostName {host.address}",
-            f"  User {host.user}",
-            f"  Port {host.port}",
-            f"  UserKnownHostsFile {known}",
-            "  StrictHostKeyChecking yes",
-            "  BatchMode yes",
-            f"  ConnectTimeout {timeout}",
-            "  ControlMaster auto",
-            f"  ControlPath {control_dir}/%C",
-            "  ControlPersist 120",
-        ]
-        if host.key_file:
-            lines += [f"  IdentityFile {Path(host.key_file).expanduser()}", "  IdentitiesOnly yes"]
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) + "\n"
 
 
 def host_units(topology: Topology, host: Host) -> list[ManagedUnit]:
@@ -170,30 +130,20 @@ def _detail(report: pytest.TestReport | pytest.CollectReport) -> str:
     return message[:400]
 
 
-def _ssh_error(target: Any) -> str:
-    """ "" when the host answers over SSH, else ssh's own last error line (refused, host key, ...)."""
-    try:
-        target.run("true")
-    except RuntimeError as exc:  # testinfra's ssh backend raises when ssh itself exits 255
-        result = exc.args[0] if exc.args else None
-        lines = (getattr(result, "stderr", "") or str(exc)).strip().splitlines()
-        return lines[-1] if lines else "ssh failed"
-    return ""
-
-
 @dataclass(eq=False)  # pluggy keeps plugins in sets: hash by identity
 class VerifyPlugin:
-    """pytest plugin giving the host checks the profile, the topology and an SSH target per host."""
+    """pytest plugin giving the host checks the profile, the topology, and per host one SSH connection
+    (ops.ssh), a testinfra host over it and its facts."""
 
     profile: Profile
     topology: Topology
     hosts: list[Host]
     options: VerifyOptions
-    ssh_config_path: Path
     units_for: Callable[[Host], list[ManagedUnit]] | None = None
     results: list[CheckResult] = field(default_factory=list)
+    _connections: dict[str, SshTransport | str] = field(default_factory=dict)  # host -> it, or why not
     _targets: dict[str, Any] = field(default_factory=dict)
-    _reachable: dict[str, str] = field(default_factory=dict)  # host → "" or the SSH error
+    _facts: dict[str, HostFacts] = field(default_factory=dict)
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "pd_host" in metafunc.fixturenames:
@@ -202,18 +152,56 @@ class VerifyPlugin:
             pairs = pd_pairs(self.hosts)
             metafunc.parametrize("pd_pair", pairs, ids=[f"{p.name}->{d.name}" for p, d in pairs])
 
-    def target_for(self, host: Host) -> Any:
-        """The testinfra host for an inventory host (ssh:// backend, sudo unless root), cached."""
-        if host.name not in self._targets:
-            import testinfra
+    def connection(self, host: Host) -> SshTransport:
+        """The host's SSH connection, opened once; a host that cannot be reached fails the check asking,
+        with ops.ssh's reason (refused, timed out, unknown or changed host key, no passwordless sudo)."""
+        if host.name not in self._connections:
+            try:
+                self._connections[host.name] = open_connection(
+                    host, self.options.default_known_hosts, self.options.connect_timeout
+                )
+            except PdfleetError as exc:
+                self._connections[host.name] = str(exc)
+        found = self._connections[host.name]
+        if isinstance(found, str):
+            pytest.fail(f"cannot reach {host.name} ({host.address}:{host.port}) over SSH: {found}", False)
+        return found
 
-            self._targets[host.name] = testinfra.get_host(
-                f"ssh://{host.name}",
-                ssh_config=str(self.ssh_config_path),
-                sudo=host.user != "root",
-                timeout=self.options.connect_timeout,
-            )
+    def target_for(self, host: Host) -> Any:
+        """The testinfra host for an inventory host, over its connection, cached."""
+        if host.name not in self._targets:
+            from pdfleet.checks.target import testinfra_host
+
+            self._targets[host.name] = testinfra_host(self.connection(host))
         return self._targets[host.name]
+
+    def facts(self, host: Host) -> HostFacts:
+        """The host's facts over its connection, cached for the run (what provision reads, read alike)."""
+        if host.name not in self._facts:
+            timeout = self.options.connect_timeout + 2 * PROBE_TIMEOUT_S
+            self._facts[host.name] = HostFacts(self.connection(host), timeout=timeout)
+        return self._facts[host.name]
+
+    def unit_states(self, host: Host) -> list[tuple[ManagedUnit, UnitState | str]]:
+        """Each unit the host should run with its unit-health fact (state and /health), all in one remote
+        command; a unit whose state could not be read comes with why."""
+        units = self.units(host)
+        facts = self.facts(host)
+        wanted = [UnitHealth(u.unit, u.health_url) for u in units]
+        facts.gather(wanted)
+        out: list[tuple[ManagedUnit, UnitState | str]] = []
+        for unit, fact in zip(units, wanted, strict=True):
+            try:
+                out.append((unit, facts.get(fact)))
+            except (FactError, PdfleetError) as exc:
+                out.append((unit, str(exc)))
+        return out
+
+    def close(self) -> None:
+        """Close every connection the run opened."""
+        for found in self._connections.values():
+            if not isinstance(found, str):
+                found.close()
 
     @pytest.fixture
     def verify(self) -> VerifyPlugin:
@@ -225,15 +213,7 @@ class VerifyPlugin:
 
     @pytest.fixture
     def target(self, pd_host: Host) -> Any:
-        target = self.target_for(pd_host)
-        if pd_host.name not in self._reachable:
-            self._reachable[pd_host.name] = _ssh_error(target)
-        error = self._reachable[pd_host.name]
-        if error:
-            pytest.fail(
-                f"cannot reach {pd_host.name} ({pd_host.address}:{pd_host.port}) over SSH: {error}", False
-            )
-        return target
+        return self.target_for(pd_host)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or (report.when == "setup" and not report.passed):
@@ -268,14 +248,6 @@ class VerifyRun:
         return [r for r in self.results if r.outcome == FAIL]
 
 
-def _close_masters(config: Path, hosts: Sequence[Host]) -> None:
-    """Stop the ControlMaster connections the run opened (ControlPersist would keep them a while)."""
-    for host in hosts:
-        subprocess.run(
-            ["ssh", "-F", str(config), "-O", "exit", host.name], capture_output=True, timeout=10, check=False
-        )
-
-
 def run_verify(
     profile: Profile,
     topology: Topology,
@@ -286,15 +258,9 @@ def run_verify(
     """Run the host checks against the hosts; every outcome is returned, JUnit XML written if asked."""
     if not hosts:
         raise ValidationError("verify: no hosts selected (check --limit)")
+    plugin = VerifyPlugin(profile, topology, list(hosts), options, units_for)
     with tempfile.TemporaryDirectory(prefix="pdfleet-verify-") as tmp:
-        work = Path(tmp)
-        (work / "cm").mkdir(mode=0o700)
-        config = work / "ssh_config"
-        config.write_text(
-            ssh_config(hosts, options.default_known_hosts, work / "cm", options.connect_timeout)
-        )
-        plugin = VerifyPlugin(profile, topology, list(hosts), options, config, units_for)
-        ini = work / "pytest.ini"
+        ini = Path(tmp) / "pytest.ini"
         ini.write_text(HOST_CHECKS_INI)
         args = [
             str(HOST_CHECKS_DIR),
@@ -315,7 +281,7 @@ def run_verify(
         try:
             code = pytest.main(args, plugins=[plugin])
         finally:
-            _close_masters(config, hosts)
+            plugin.close()
     return VerifyRun(plugin.results, int(code))
 
 

@@ -1,8 +1,8 @@
-"""A fleet's managed units as the hosts report them: systemd state and /health, both asked on the host."""
+"""A fleet's managed units as the hosts report them: each host's units and /health URLs read by the one
+unit-health fact (pdfleet.ops.unit_health), all of a host's units in one remote command."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -11,72 +11,61 @@ from pdfleet.errors import PdfleetError
 from pdfleet.fleet.deployment import Deployment
 from pdfleet.fleet.roles import ManagedUnit, role_units
 from pdfleet.model.inventory import Host
+from pdfleet.ops.errors import FactError
+from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.ssh import open_connection
+from pdfleet.ops.unit_health import PROBE_TIMEOUT_S, UnitHealth, UnitState
 
 
 @dataclass(frozen=True)
 class UnitStatus:
+    """One managed unit of a host: its systemd state and health, or why they could not be read."""
+
     host: str
     unit: str
     active: str  # systemd ActiveState, or why it could not be read
     enabled: str
     health: str  # "ok", "-" without a health URL, else the failure
-
-    @property
-    def healthy(self) -> bool:
-        return self.active == "active" and self.health in ("ok", "-")
+    healthy: bool
 
 
-def _health_script(units: list[ManagedUnit]) -> str:
-    """One shell command printing `<unit> <HTTP code>` per unit with a health URL, run on the host
-    itself, since a URL may be on the host's loopback (the router) and unreachable from here."""
-    checks = [
-        f"echo {shlex.quote(u.unit)} $(curl -s -o /dev/null --max-time 5 -w '%{{http_code}}' "
-        f"{shlex.quote(u.health_url)})"
-        for u in units
-        if u.health_url
-    ]
-    return "; ".join(checks) or "true"
+def unit_facts(units: Sequence[ManagedUnit]) -> list[UnitHealth]:
+    """The unit-health fact of each managed unit, with its health URL."""
+    return [UnitHealth(u.unit, u.health_url) for u in units]
 
 
-def _health(code: str | None, url: str | None) -> str:
-    if url is None:
-        return "-"
-    if code == "200":
-        return "ok"
-    return "unreachable" if code in (None, "000") else f"HTTP {code}"
+def statuses(host: str, units: Sequence[ManagedUnit], facts: HostFacts) -> list[UnitStatus]:
+    """Each unit's row from a host's facts (gathered in one command), or the reason it could not be read."""
+    facts.gather(unit_facts(units))
+    rows = []
+    for fact in unit_facts(units):
+        try:
+            state: UnitState = facts.get(fact)
+        except (FactError, PdfleetError) as exc:
+            rows.append(UnitStatus(host, fact.unit, f"unknown: {exc}", "?", "?", False))
+            continue
+        enabled = state.unit_file_state or state.load_state
+        rows.append(UnitStatus(host, fact.unit, state.active_state, enabled, state.health, state.healthy))
+    return rows
 
 
 def _host_status(deployment: Deployment, host: Host, known_hosts: str, timeout: float) -> list[UnitStatus]:
-    units: list[ManagedUnit] = role_units(deployment.roles, deployment.context(host))
+    """One host's rows: connect, one command for every unit, close; a host that does not answer gives
+    its reason on every row."""
+    units = role_units(deployment.roles, deployment.context(host))
     if not units:
         return []
-    names = " ".join(shlex.quote(u.unit) for u in units)
     try:
         transport = open_connection(host, known_hosts, timeout)
     except PdfleetError as exc:
-        return [UnitStatus(host.name, u.unit, f"unreachable: {exc}", "?", "?") for u in units]
+        return [UnitStatus(host.name, u.unit, f"unreachable: {exc}", "?", "?", False) for u in units]
     try:
-        out = transport.run(f"systemctl show -p Id,ActiveState,UnitFileState {names}", timeout=timeout)
-        health = transport.run(_health_script(units), timeout=timeout * len(units))
+        # the probes run in parallel, each bounded: the batch needs little more than one probe's time
+        return statuses(host.name, units, HostFacts(transport, timeout=timeout + PROBE_TIMEOUT_S))
+    except (FactError, PdfleetError) as exc:
+        return [UnitStatus(host.name, u.unit, f"unknown: {exc}", "?", "?", False) for u in units]
     finally:
         transport.close()
-    codes = dict(line.split(" ", 1) for line in health.stdout.splitlines() if " " in line)
-    props: dict[str, dict[str, str]] = {}
-    for block in out.stdout.strip().split("\n\n"):
-        fields = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if "Id" in fields:
-            props[fields["Id"]] = fields
-    return [
-        UnitStatus(
-            host.name,
-            u.unit,
-            props.get(u.unit, {}).get("ActiveState", "unknown"),
-            props.get(u.unit, {}).get("UnitFileState", "unknown"),
-            _health(codes.get(u.unit), u.health_url),
-        )
-        for u in units
-    ]
 
 
 def fleet_status(

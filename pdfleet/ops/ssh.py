@@ -135,6 +135,11 @@ class SshTransport:
     def close(self) -> None:
         self._conn.close()
 
+    @property
+    def client(self) -> paramiko.SSHClient:
+        """The open paramiko client, for tools that speak SSH through it (verify's testinfra backend)."""
+        return self._conn.client
+
 
 class LocalTransport:
     """This machine as a host (`sh -c`), for the control node itself and for tests of the runner."""

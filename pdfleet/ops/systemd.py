@@ -1,5 +1,6 @@
-"""systemd: the unit-state fact, the SystemdUnit and Service operations, their handlers and health waits,
-and the quoting of values into unit and EnvironmentFile= syntax.
+"""systemd: the SystemdUnit and Service operations, their handlers and health waits, and the quoting of
+values into unit and EnvironmentFile= syntax. Unit state is read by the one unit-health fact
+(pdfleet.ops.unit_health), whose health probe the waits run too.
 
 A changed unit file queues one daemon-reload and a restart of that unit only; a start or restart
 clears a failed state first and, given a health URL, is done only once the URL answers.
@@ -9,109 +10,28 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pdfleet.ops.base import (
     DAEMON_RELOAD,
     Change,
-    Combined,
     Command,
     Fact,
     FactSource,
     Handler,
     Operation,
-    RawOutput,
     Run,
     relabel,
 )
-from pdfleet.ops.errors import FactError, OperationError
+from pdfleet.ops.errors import OperationError
 from pdfleet.ops.files import File, FileState
+from pdfleet.ops.unit_health import HEALTH_OK, UnitHealth, http_code_cmd
 
 q = shlex.quote
 
 _SYSTEMD_BARE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
-
-
-@dataclass(frozen=True)
-class UnitState:
-    """The parts of `systemctl show` that service operations compare."""
-
-    load_state: str  # loaded / not-found / masked ...
-    active_state: str  # active / inactive / failed / activating ...
-    sub_state: str
-    unit_file_state: str  # enabled / disabled / static / masked / "" ...
-
-    @property
-    def exists(self) -> bool:
-        """Whether systemd knows a unit file for it."""
-        return self.load_state not in ("not-found", "")
-
-    @property
-    def enabled(self) -> bool:
-        """Whether it starts at boot (static/alias units count: they cannot be enabled)."""
-        return self.unit_file_state in ("enabled", "enabled-runtime", "static", "alias", "indirect")
-
-    @property
-    def running(self) -> bool:
-        """Whether it is up or on its way up."""
-        return self.active_state in ("active", "activating", "reloading")
-
-
-def parse_systemctl_show(stdout: str) -> UnitState:
-    """Parse `systemctl show -p LoadState -p ActiveState -p SubState -p UnitFileState UNIT`."""
-    props: dict[str, str] = {}
-    for line in stdout.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            props[key.strip()] = value.strip()
-    if "LoadState" not in props or "ActiveState" not in props:
-        raise FactError(f"unexpected systemctl show output: {stdout.strip()[:200]!r}")
-    return UnitState(
-        load_state=props["LoadState"],
-        active_state=props["ActiveState"],
-        sub_state=props.get("SubState", ""),
-        unit_file_state=props.get("UnitFileState", ""),
-    )
-
-
-@dataclass(frozen=True)
-class SystemdUnitState(Fact[UnitState]):
-    """A unit's load/active/sub/unit-file state."""
-
-    unit: str
-
-    def command(self) -> str:
-        return (
-            "systemctl show -p LoadState -p ActiveState -p SubState -p UnitFileState "
-            f"-- {shlex.quote(self.unit)}"
-        )
-
-    def parse(self, stdout: str, rc: int) -> UnitState:
-        if rc != 0:
-            raise FactError(f"systemctl show {self.unit} failed (exit {rc}); is systemd running?")
-        return parse_systemctl_show(stdout)
-
-    @classmethod
-    def combine(cls, facts: Sequence[Fact[Any]]) -> Combined | None:
-        """One `systemctl show` for every unit (it prints one block per unit, in order, separated by a
-        blank line)."""
-        units = [f.unit for f in facts if isinstance(f, SystemdUnitState)]
-        if len(units) != len(facts):
-            return None
-        command = (
-            "systemctl show -p Id -p LoadState -p ActiveState -p SubState -p UnitFileState -- "
-            + " ".join(shlex.quote(u) for u in units)
-        )
-
-        def split(stdout: str, rc: int) -> dict[Fact[Any], RawOutput]:
-            blocks = [b for b in stdout.strip("\n").split("\n\n")] if stdout.strip() else []
-            if rc != 0 or len(blocks) != len(facts):
-                return {f: (stdout, rc or 1) for f in facts}  # each fact reports the failure itself
-            return {f: (block + "\n", 0) for f, block in zip(facts, blocks, strict=True)}
-
-        return Combined(command, split)
 
 
 def journal_cmd(unit: str, lines: int = 30) -> str:
@@ -120,14 +40,15 @@ def journal_cmd(unit: str, lines: int = 30) -> str:
 
 
 def health_wait(unit: str, url: str, timeout: float) -> Run:
-    """Wait on the host until `url` answers (curl -fsS), failing early if the unit fails."""
+    """Wait on the host until `url` answers 200 (the unit-health fact's probe), failing early if the unit
+    fails."""
     secs = max(1, int(timeout))
     # unit and url come from the profile/inventory: every use is quoted, the messages too
     failed = q(f"{unit} failed while starting")
     late = q(f"{unit}: {url} did not answer within {secs}s")
     cmd = (
         f"deadline=$(( $(date +%s) + {secs} )); "
-        f"until curl -fsS -o /dev/null --max-time 5 {q(url)}; do "
+        f'until [ "$({http_code_cmd(url)})" = {HEALTH_OK} ]; do '
         f"if systemctl is-failed --quiet {q(unit)}; then "
         f"echo {failed} >&2; exit 1; fi; "
         f"if [ $(date +%s) -ge $deadline ]; then "
@@ -186,10 +107,10 @@ class Service(Operation):
         return f"service {self.unit}"
 
     def facts(self) -> Iterable[Fact[Any]]:
-        return (SystemdUnitState(self.unit),)
+        return (UnitHealth(self.unit),)
 
     def plan(self, facts: FactSource) -> list[Change]:
-        state = facts.get(SystemdUnitState(self.unit))
+        state = facts.get(UnitHealth(self.unit))
         if state.load_state == "masked" and (self.enabled or self.running):
             raise OperationError(f"{self.unit} is masked; unmask it (systemctl unmask {self.unit}) first")
         u = q(self.unit)

@@ -1,20 +1,23 @@
 """Fixtures shared by every tests/unit package: an OpenSSH sshd on 127.0.0.1 for `@pytest.mark.sshd` tests
-(own host key, own config, own key pair), used by the ops SSH tests and the `invoke verify` tests."""
+(own host key, own config, own key pair), used by the ops SSH tests and the `invoke verify` tests; a real
+systemd for `@pytest.mark.systemd` tests (the unit-health fact and its readers)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pdfleet.bench.procs import free_port, wait_port
-from tests.unit.helpers import Sshd
+from pdfleet.bench.procs import free_port, wait_http, wait_port
+from tests.unit.helpers import Sshd, SystemdUnits, UserSystemd
 
 SSHD = "/usr/sbin/sshd"
+SYSTEMD = "/lib/systemd/systemd"
 
 
 def _ensure_sshd() -> str | None:
@@ -71,3 +74,79 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def _systemctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`systemctl --user ARGS` against the private instance."""
+    return subprocess.run(
+        ["systemctl", "--user", *args], env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+@pytest.fixture(scope="session")
+def systemd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UserSystemd]:
+    """A real systemd (this machine's, as a user instance) for the session. Not being PID 1, it refuses to
+    start unless /run/systemd/system exists; a private mount namespace gives it one without touching
+    this machine's /run."""
+    if os.geteuid() != 0:
+        pytest.skip("systemd tests need root (a private mount namespace)")
+    if not Path(SYSTEMD).exists() or not shutil.which("unshare") or not shutil.which("systemctl"):
+        pytest.skip(f"systemd tests need {SYSTEMD}, systemctl and unshare")
+    work = tmp_path_factory.mktemp("systemd")
+    runtime, units, bin_dir = work / "run", work / "config/systemd/user", work / "bin"
+    for path in (runtime, units, bin_dir):
+        path.mkdir(mode=0o700, parents=True)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "XDG_CONFIG_HOME": str(work / "config")}
+    wrapper = bin_dir / "systemctl"
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("systemctl")} --user "$@"\n')
+    wrapper.chmod(0o755)
+    boot = f"mount -t tmpfs tmpfs /run/systemd && mkdir /run/systemd/system && exec {SYSTEMD} --user"
+    log = (work / "systemd.log").open("wb")
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", boot],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        # is-system-running says "offline" outside the namespace; the manager's own property does not
+        while _systemctl(env, "show", "-p", "SystemState", "--value").stdout.strip() not in (
+            "running",
+            "degraded",
+        ):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.skip(f"systemd --user did not start: {(work / 'systemd.log').read_text()[-300:]}")
+            time.sleep(0.1)
+        path = f"{bin_dir}:{env['PATH']}"
+        yield UserSystemd(units, bin_dir, {"XDG_RUNTIME_DIR": env["XDG_RUNTIME_DIR"], "PATH": path})
+    finally:
+        _systemctl(env, "exit")
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+HEALTH_UNIT = """[Service]
+ExecStart=/usr/bin/python3 -m http.server --bind 127.0.0.1 --directory {root} {port}
+"""
+FAILING_UNIT = "[Service]\nExecStart=/bin/false\n"
+
+
+@pytest.fixture(scope="session")
+def systemd_units(systemd: UserSystemd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SystemdUnits]:
+    """Real units in the private systemd: one healthy (and an alias of it), one failed."""
+    root = tmp_path_factory.mktemp("web")
+    (root / "health").write_text("ok")
+    port, closed = free_port(), free_port()
+    (systemd.units_dir / "web.service").write_text(HEALTH_UNIT.format(root=root, port=port))
+    (systemd.units_dir / "down.service").write_text(FAILING_UNIT)
+    (systemd.units_dir / "www.service").symlink_to("web.service")
+    env = {**os.environ, **systemd.env}
+    _systemctl(env, "daemon-reload")
+    _systemctl(env, "start", "web.service", "down.service")  # down.service fails: that is its job
+    wait_http(f"http://127.0.0.1:{port}/health", timeout=20)
+    yield SystemdUnits(port, closed)
+    _systemctl(env, "stop", "web.service")

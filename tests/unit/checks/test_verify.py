@@ -1,13 +1,16 @@
-"""`invoke verify`: ssh_config, unit lists, parsers, and a real run over SSH against a loopback sshd."""
+"""`invoke verify`: unit lists, parsers, and real runs over SSH (ops.ssh's connection, testinfra on it)
+against a loopback sshd: checks pass, skip or fail naming host and check; an unknown or changed host key
+and a host that does not answer are reported with the reason."""
 
 from __future__ import annotations
 
-import dataclasses
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from pdfleet.bench.procs import free_port
 from pdfleet.checks.verify import (
     FAIL,
     PASS,
@@ -21,42 +24,13 @@ from pdfleet.checks.verify import (
     pd_pairs,
     run_verify,
     secret_values,
-    ssh_config,
     table_rows,
 )
-from pdfleet.errors import ValidationError
 from pdfleet.fleet.topology import build_topology
 from pdfleet.hw.kv import render_env
 from pdfleet.model.inventory import Host, Inventory, load_inventory
 from pdfleet.model.profile import Profile
 from tests.unit.hw.helpers import REPO, host, pinned, profile
-
-
-def test_ssh_config_from_inventory_is_strict(tmp_path: Path) -> None:
-    inv = load_inventory(REPO / "inventory" / "lab.yml")
-    text = ssh_config(list(inv.hosts.values()), "~/.ssh/known_hosts", tmp_path, 7)
-    block = text.split("\n\n")[[h for h in inv.hosts].index("lab-p1")]
-    assert block.splitlines() == [
-        "Host lab-p1",
-        "  HostName 198.18.0.21",
-        "  User ops",
-        "  Port 22",
-        "  UserKnownHostsFile /var/lib/pdfleet-lab/ssh/known_hosts",
-        "  StrictHostKeyChecking yes",
-        "  BatchMode yes",
-        "  ConnectTimeout 7",
-        "  ControlMaster auto",
-        f"  ControlPath {tmp_path}/%C",
-        "  ControlPersist 120",
-        "  IdentityFile /var/lib/pdfleet-lab/ssh/id_ed25519",
-        "  IdentitiesOnly yes",
-    ]
-
-
-def test_ssh_config_refuses_values_that_would_add_options(tmp_path: Path) -> None:
-    bad = dataclasses.replace(host(), address="10.0.0.1\n  ProxyCommand sh -c id")
-    with pytest.raises(ValidationError, match="inventory host gpu-01: ansible_host"):
-        ssh_config([bad], "~/.ssh/known_hosts", tmp_path, 7)
 
 
 def _units(prof: Profile, h: Host) -> list:  # type: ignore[type-arg]
@@ -176,19 +150,53 @@ def test_verify_passes_when_only_skipping_checks_run(tmp_path: Path, sshd) -> No
     )
 
 
+def _only_result(inv_file: Path) -> CheckResult:
+    """The one result of a kv_env run over the inventory."""
+    inv = load_inventory(inv_file)
+    prof = profile("same-host-pcie")
+    options = VerifyOptions(checks="kv_env", connect_timeout=3)
+    run = run_verify(prof, _topology(prof, inv), list(inv.hosts.values()), options)
+    [result] = run.results
+    assert result.outcome == FAIL and result.host == "loop" and run.exit_code != 0
+    return result
+
+
 @pytest.mark.sshd
 def test_verify_refuses_an_unknown_host_key(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
     inv_file = _loopback_inventory(tmp_path, sshd)
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
     inv_file.write_text(inv_file.read_text().replace(str(sshd.known_hosts), str(empty)))
-    inv = load_inventory(inv_file)
-    prof = profile("same-host-pcie")
-    run = run_verify(prof, _topology(prof, inv), list(inv.hosts.values()), VerifyOptions(checks="kv_env"))
-    [result] = run.results
-    assert result.outcome == FAIL and result.host == "loop"
-    assert result.detail.startswith(f"cannot reach loop (127.0.0.1:{sshd.port}) over SSH: ")
-    assert "Host key verification failed" in result.detail
+    detail = _only_result(inv_file).detail
+    assert detail.startswith(f"cannot reach loop (127.0.0.1:{sshd.port}) over SSH: ")
+    assert f"host key for loop (127.0.0.1:{sshd.port}) is not in {empty}" in detail  # ops.ssh's words
+    assert "ssh-keyscan" in detail and empty.read_text() == ""  # the fix named, nothing trusted
+
+
+@pytest.mark.sshd
+def test_verify_refuses_a_changed_host_key(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
+    other = tmp_path / "other_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    keytype, blob = other.with_suffix(".pub").read_text().split()[:2]
+    wrong = tmp_path / "wrong_known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{sshd.port} {keytype} {blob}\n")
+    inv_file = _loopback_inventory(tmp_path, sshd)
+    inv_file.write_text(inv_file.read_text().replace(str(sshd.known_hosts), str(wrong)))
+    detail = _only_result(inv_file).detail
+    assert f"host key for loop (127.0.0.1:{sshd.port}) has CHANGED" in detail
+
+
+def test_verify_names_a_host_that_does_not_answer(tmp_path: Path) -> None:
+    closed = free_port()
+    inv_file = tmp_path / "inventory.yml"
+    inv_file.write_text(
+        "all:\n  children:\n    prefill:\n      hosts:\n        loop:\n"
+        f"          ansible_host: 127.0.0.1\n          ansible_port: {closed}\n"
+        f"          pdfleet_known_hosts_file: {tmp_path / 'known_hosts'}\n"
+        "    decode:\n      hosts:\n        loop: {}\n"
+    )
+    detail = _only_result(inv_file).detail
+    assert detail.startswith(f"cannot reach loop (127.0.0.1:{closed}) over SSH: cannot connect to loop")
 
 
 @pytest.mark.sshd

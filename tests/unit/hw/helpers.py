@@ -18,7 +18,7 @@ from pdfleet.ops.base import Fact, FakeFacts
 from pdfleet.ops.files import DirectoryState, FileContent, FileState
 from pdfleet.ops.kernel import LoadedModules
 from pdfleet.ops.pip import PipList
-from pdfleet.ops.systemd import SystemdUnitState, UnitState
+from pdfleet.ops.unit_health import UnitHealth, UnitState
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[3]
@@ -69,7 +69,7 @@ class HostFacts(FakeFacts):
             return frozenset()
         if isinstance(fact, FileState | DirectoryState | FileContent | PipList):
             return None
-        if isinstance(fact, SystemdUnitState):
+        if isinstance(fact, UnitHealth):
             return UnitState("not-found", "inactive", "dead", "")
         if isinstance(fact, CommandRc):
             return 1

@@ -16,7 +16,7 @@ from pdfleet.ops.errors import FactError
 from pdfleet.ops.files import DirectoryState, FileState
 from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.ssh import LocalTransport, Output
-from pdfleet.ops.systemd import SystemdUnitState
+from pdfleet.ops.unit_health import UnitHealth
 
 TOKEN = "0123456789abcdef"
 
@@ -91,28 +91,12 @@ def test_a_batch_that_never_started_says_why() -> None:
         HostFacts(_Refusing()).gather([FileState("/etc/hostname"), CommandRc("true")])
 
 
-def test_systemctl_show_blocks_map_to_units_in_order() -> None:
-    units = [SystemdUnitState("a.service"), SystemdUnitState("b.service")]
-    combined = SystemdUnitState.combine(units)
-    assert combined is not None and combined.command.endswith("-- a.service b.service")
-    shown = (
-        "Id=a.service\nLoadState=loaded\nActiveState=active\nSubState=running\nUnitFileState=enabled\n\n"
-        "Id=b.service\nLoadState=not-found\nActiveState=inactive\nSubState=dead\nUnitFileState=\n"
-    )
-    split = combined.split(shown, 0)
-    assert units[0].parse(*split[units[0]]).running
-    assert not units[1].parse(*split[units[1]]).exists
-    failed = combined.split("", 1)  # systemctl itself failed: each fact reports it
-    with pytest.raises(FactError, match="systemctl show b.service failed"):
-        units[1].parse(*failed[units[1]])
-
-
 def _fact_classes() -> list[type[Fact[object]]]:
-    return [FileState, DirectoryState, SystemdUnitState]
+    return [FileState, DirectoryState, UnitHealth]
 
 
 def test_combining_needs_a_group_of_plain_absolute_paths() -> None:
     assert FileState.combine([FileState("/a")]) is None
     assert FileState.combine([FileState("/a"), FileState("/b\nc")]) is None
     assert DirectoryState.combine([DirectoryState("/a"), DirectoryState("rel")]) is None
-    assert all(cls.combine([]) is None or cls is SystemdUnitState for cls in _fact_classes())
+    assert all(cls.combine([]) is None or cls is UnitHealth for cls in _fact_classes())

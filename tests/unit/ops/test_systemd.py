@@ -1,4 +1,4 @@
-"""systemd: unit state from `systemctl show`, unit/service plans, health waits run for real, and quoting."""
+"""systemd: unit/service plans on the unit-health fact, health waits run for real, and quoting."""
 
 from __future__ import annotations
 
@@ -11,48 +11,21 @@ from pathlib import Path
 import pytest
 
 from pdfleet.ops.base import DAEMON_RELOAD, FakeFacts, Run
-from pdfleet.ops.errors import FactError, OperationError
+from pdfleet.ops.errors import OperationError
 from pdfleet.ops.files import FileState
 from pdfleet.ops.runner import CommandError, execute
 from pdfleet.ops.ssh import LocalTransport
 from pdfleet.ops.systemd import (
     Service,
     SystemdUnit,
-    SystemdUnitState,
-    UnitState,
     env_value,
     health_wait,
-    parse_systemctl_show,
     restart_handler,
     systemd_arg,
     systemd_command,
 )
+from pdfleet.ops.unit_health import UnitHealth, UnitState, http_code_cmd
 from tests.unit.ops.helpers import commands, file_info
-
-SYSTEMCTL_RUNNING = """LoadState=loaded
-ActiveState=active
-SubState=running
-UnitFileState=enabled
-"""
-SYSTEMCTL_MISSING = """LoadState=not-found
-ActiveState=inactive
-SubState=dead
-UnitFileState=
-"""
-
-
-def test_systemctl_show() -> None:
-    state = parse_systemctl_show(SYSTEMCTL_RUNNING)
-    assert state.exists and state.enabled and state.running and state.sub_state == "running"
-    missing = parse_systemctl_show(SYSTEMCTL_MISSING)
-    assert not missing.exists and not missing.enabled and not missing.running
-    static = parse_systemctl_show(
-        "LoadState=loaded\nActiveState=failed\nSubState=failed\nUnitFileState=static\n"
-    )
-    assert static.enabled and not static.running
-    with pytest.raises(FactError):
-        SystemdUnitState("x.service").parse("System has not been booted with systemd", 1)
-
 
 UNIT = "[Unit]\nDescription=x\n[Service]\nExecStart=/bin/true\n"
 RUNNING = UnitState("loaded", "active", "running", "enabled")
@@ -72,21 +45,21 @@ def test_systemd_unit_notifies_reload_and_restart() -> None:
         0
     ] == "systemctl reset-failed vllm-decode.service 2>/dev/null; systemctl restart vllm-decode.service"
     wait = restart.commands[1]
-    assert isinstance(wait, Run) and "curl -fsS" in wait.cmd and "http://127.0.0.1:8200/health" in wait.cmd
+    assert isinstance(wait, Run) and http_code_cmd("http://127.0.0.1:8200/health") in wait.cmd
     assert wait.on_fail == "journalctl -u vllm-decode.service -n 30 --no-pager"
 
 
 def test_service_converged_and_start_with_health() -> None:
     op = Service("vllm-prefill.service", health_url="http://127.0.0.1:8100/health", health_timeout=900)
-    assert op.plan(FakeFacts({SystemdUnitState("vllm-prefill.service"): RUNNING})) == []
+    assert op.plan(FakeFacts({UnitHealth("vllm-prefill.service"): RUNNING})) == []
     # unit file written earlier in this same run: facts say not-found; still plan enable + start
-    changes = op.plan(FakeFacts({SystemdUnitState("vllm-prefill.service"): MISSING}))
+    changes = op.plan(FakeFacts({UnitHealth("vllm-prefill.service"): MISSING}))
     cmds = commands(changes)
     assert cmds[0] == "systemctl enable vllm-prefill.service"
     assert cmds[1] == (
         "systemctl reset-failed vllm-prefill.service 2>/dev/null; systemctl start vllm-prefill.service"
     )
-    assert "curl -fsS" in str(cmds[2]) and "900" in str(cmds[2])
+    assert http_code_cmd("http://127.0.0.1:8100/health") in str(cmds[2]) and "900" in str(cmds[2])
     assert changes[1].starts_unit == "vllm-prefill.service"
     assert all(c.flush == (DAEMON_RELOAD,) for c in changes)
     start = changes[1].commands[0]
@@ -95,19 +68,19 @@ def test_service_converged_and_start_with_health() -> None:
 
 def test_service_stop_disable_and_masked() -> None:
     op = Service("old.service", enabled=False, running=False)
-    assert commands(op.plan(FakeFacts({SystemdUnitState("old.service"): RUNNING}))) == [
+    assert commands(op.plan(FakeFacts({UnitHealth("old.service"): RUNNING}))) == [
         "systemctl disable old.service",
         "systemctl stop old.service",
     ]
     masked = UnitState("masked", "inactive", "dead", "masked")
     with pytest.raises(OperationError, match="masked"):
-        Service("m.service").plan(FakeFacts({SystemdUnitState("m.service"): masked}))
+        Service("m.service").plan(FakeFacts({UnitHealth("m.service"): masked}))
 
 
 def test_service_without_a_desired_state_leaves_the_unit_alone() -> None:
     op = Service("x.service", enabled=None, running=None)
-    assert op.plan(FakeFacts({SystemdUnitState("x.service"): RUNNING})) == []
-    assert op.plan(FakeFacts({SystemdUnitState("x.service"): MISSING})) == []
+    assert op.plan(FakeFacts({UnitHealth("x.service"): RUNNING})) == []
+    assert op.plan(FakeFacts({UnitHealth("x.service"): MISSING})) == []
 
 
 @pytest.fixture()

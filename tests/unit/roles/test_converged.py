@@ -16,7 +16,8 @@ from pdfleet.ops.base import REBOOT_REQUIRED
 from pdfleet.ops.files import File, FileState, PathInfo
 from pdfleet.ops.kernel import KernelModule, LoadedModules, module_name
 from pdfleet.ops.pip import PipList, PipRequirements
-from pdfleet.ops.systemd import Service, SystemdUnit, SystemdUnitState, UnitState
+from pdfleet.ops.systemd import Service, SystemdUnit
+from pdfleet.ops.unit_health import UnitHealth, UnitState
 from tests.unit.hw.helpers import context, fixture_facts, host, load_fixture, pinned, run_role
 
 H100 = "h100-sxm-8x-nvswitch-cx7"
@@ -50,7 +51,7 @@ def converged_state(ops: list[Any]) -> dict[Any, Any]:
             modules.add(module_name(op.name))
             table[FileState(f"/etc/modules-load.d/{op.name}.conf")] = _file(f"{op.name}\n")
         elif isinstance(op, Service):
-            table[SystemdUnitState(op.unit)] = UnitState("loaded", "active", "running", "enabled")
+            table[UnitHealth(op.unit)] = UnitState("loaded", "active", "running", "enabled")
         elif isinstance(op, PipRequirements):
             table[PipList(op.venv)] = {"nixl": "1.5.0"}  # what vLLM 0.33's nixl>=1.5.0 installs
     table[AptPackages()] = packages

@@ -17,7 +17,8 @@ from pdfleet.monitoring.monitoring_config import ALERTS_FILE, CONFIG_FILE, DEFAU
 from pdfleet.ops.apt import AptPackage, AptPackages, AptUpdate, CommandRc
 from pdfleet.ops.base import FakeFacts, Operation, Run
 from pdfleet.ops.files import Directory, DirectoryState, File, FileContent, FileState, PathInfo
-from pdfleet.ops.systemd import Service, SystemdUnitState, UnitState
+from pdfleet.ops.systemd import Service
+from pdfleet.ops.unit_health import UnitHealth, UnitState
 from tests.unit.fleet.helpers import fleet_of, profile_inventory_pairs
 from tests.unit.metrics.helpers import check_config_tree, promtool
 from tests.unit.roles.helpers import deployment
@@ -81,7 +82,7 @@ def _converged(ops: list[Any]) -> dict[Any, Any]:
         elif isinstance(op, Directory):
             table[DirectoryState(op.path)] = PathInfo("directory", op.mode, "root", "root", 0, None)
         elif isinstance(op, Service):
-            table[SystemdUnitState(op.unit)] = UnitState("loaded", "active", "running", "enabled")
+            table[UnitHealth(op.unit)] = UnitState("loaded", "active", "running", "enabled")
     return table
 
 
@@ -151,7 +152,7 @@ def test_first_install_writes_the_files_before_the_package_starts() -> None:
         CommandRc(
             "find /var/lib/apt/lists -maxdepth 1 -name '*_Packages*' -mmin -0 2>/dev/null | grep -q ."
         ): 1,
-        SystemdUnitState("prometheus.service"): UnitState("not-found", "inactive", "dead", ""),
+        UnitHealth("prometheus.service"): UnitState("not-found", "inactive", "dead", ""),
     }
     ops = list(monitoring.operations(ctx, FakeFacts(table)))
     kinds = [type(op) for op in ops]
