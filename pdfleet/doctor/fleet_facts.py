@@ -1,6 +1,7 @@
 """The fleet view's gatherer: what each pool instance runs (its unit's --kv-transfer-config, the release it
-reports), TCP connects to the side channel run ON each decode host, GPU P2P on same-host pairs, the RDMA
-facts of cross-host hosts, and the metrics figures per role through the one `MetricsSource`.
+reports, and the unit-health fact saying why an instance does not answer), TCP connects to the side channel
+run ON each decode host, GPU P2P on same-host pairs, the RDMA facts of cross-host hosts, and the metrics
+figures per role through the one `MetricsSource`.
 
 Everything here only reads; the decisions are in `fleet_rules` and `metrics_rules`.
 """
@@ -38,6 +39,7 @@ from pdfleet.ops.base import Fact, FactSource
 from pdfleet.ops.errors import FactError
 from pdfleet.ops.files import FileContent
 from pdfleet.ops.ssh import Transport
+from pdfleet.ops.unit_health import UnitHealth
 
 T = TypeVar("T")
 CONNECT_TIMEOUT_S = 3
@@ -233,7 +235,9 @@ def facts_to_gather(profile: Profile, topology: Topology) -> dict[str, list[Fact
     """Per host, every fact the fleet rules read from it, so that each host answers in one batch."""
     plan: dict[str, list[Fact[Any]]] = {}
     for inst in topology.instances:
-        plan.setdefault(inst.host, []).append(FileContent(inst.unit_path))
+        plan.setdefault(inst.host, []).extend(
+            (FileContent(inst.unit_path), UnitHealth(inst.unit, inst.health_url))
+        )
     for host, connects in connects_planned(profile, topology).items():
         plan.setdefault(host, []).extend(c[3] for c in connects)
     if profile.topology == "same-host":
@@ -248,6 +252,12 @@ def _get(facts: FactSource, fact: Fact[T]) -> tuple[T | None, str | None]:
         return facts.get(fact), None
     except (FactError, PdfleetError) as exc:
         return None, str(exc)
+
+
+def unit_note(facts: FactSource, inst: Instance) -> str:
+    """What the unit-health fact says of an instance's unit, to say why its /version did not answer."""
+    state, _ = _get(facts, UnitHealth(inst.unit, inst.health_url))
+    return f" ({inst.unit} {state.active_state}, /health {state.health})" if state is not None else ""
 
 
 def read_instances(
@@ -269,7 +279,8 @@ def read_instances(
             try:
                 release = parse_version(http.get(inst.url + "/version").text) or sim_version
             except httpx2.HTTPError as exc:
-                out.append(InstanceFacts(inst, connector, role, sim_version, f"{inst.url}/version: {exc}"))
+                problem = f"{inst.url}/version: {exc}{unit_note(facts, inst)}"
+                out.append(InstanceFacts(inst, connector, role, sim_version, problem))
                 continue
             out.append(InstanceFacts(inst, connector, role, release))
     return out

@@ -25,9 +25,11 @@ from pdfleet.doctor.fleet_facts import (
 from pdfleet.fleet.topology import Instance, Topology
 from pdfleet.hw.gpu_facts import NvidiaPciFact
 from pdfleet.model.vllm_release_data import RELEASES
+from pdfleet.ops.base import FakeFacts
 from pdfleet.ops.files import FileContent
 from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.ssh import LocalTransport
+from pdfleet.ops.unit_health import UnitHealth, UnitState
 from tests.unit.doctor.helpers import deployment, fixture
 
 FACTS = fixture("fleet-facts.yml")
@@ -97,10 +99,27 @@ def test_instances_without_a_unit_or_a_host_say_why() -> None:
     assert by_host["lab-d1"].problem == "lab-d1 not reachable over SSH"
 
 
+def test_an_instance_that_does_not_answer_says_what_its_unit_is() -> None:
+    d = deployment("lab-cross")
+    loop = _loopback(d.topology, free_port())  # nothing listens: /version cannot answer
+    [inst] = loop.pool("prefill")
+    one = dataclasses.replace(loop, instances=[inst])
+    failed = UnitState("loaded", "failed", "failed", "enabled", "unreachable")
+    config = '\'{"kv_connector":"NixlConnector"}\''
+    unit = f"ExecStart=/opt/pdfleet/venv/bin/vllm serve m --kv-transfer-config {config}\n"
+    facts = FakeFacts({FileContent(inst.unit_path): unit, UnitHealth(inst.unit, inst.health_url): failed})
+    [read] = read_instances(one, {"lab-p1": facts}, timeout=2)
+    assert read.connector == "NixlConnector" and read.problem is not None
+    assert read.problem.startswith(f"{inst.url}/version: ")
+    assert read.problem.endswith("(vllm-prefill.service failed, /health unreachable)")
+
+
 def test_each_host_answers_in_one_batch() -> None:
     d = deployment("lab-same-host", "inventory/lab-same-host.yml")
     plan = facts_to_gather(d.profile, d.topology)
     assert FileContent("/etc/systemd/system/vllm-prefill.service") in plan["lab-p1"]
+    [prefill] = d.topology.pool("prefill")
+    assert UnitHealth(prefill.unit, prefill.health_url) in plan["lab-p1"]
     assert P2pMatrix() in plan["lab-p1"] and NvidiaPciFact() in plan["lab-p1"]  # the same-host pair's host
     assert TcpConnect("198.18.0.21", 5600) in plan["lab-p1"]  # the decode instance lives there too
     assert (
