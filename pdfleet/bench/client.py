@@ -21,6 +21,7 @@ import asyncio
 import time
 import weakref
 from dataclasses import dataclass, field
+from typing import cast
 
 NAN = float("nan")
 _TERMINATOR = b"0\r\n\r\n"  # the last chunk of a chunked body (no trailers here)
@@ -88,7 +89,8 @@ class StreamConn(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Connected: ready for a request."""
-        self.transport = transport  # type: ignore[assignment]
+        # asyncio types the hook for every transport kind; a TCP connection always gets a Transport
+        self.transport = cast(asyncio.Transport, transport)
         self.open = True
 
     def send(self, request: bytes, t0: float, record: bool, times: list[float] | None) -> asyncio.Future[str]:

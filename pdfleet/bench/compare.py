@@ -106,7 +106,7 @@ class PoolResult:
     target: PoolTarget
     run: PoolRun | None = None
     server: dict[str, dict[str, float | str]] = field(default_factory=dict)
-    kv_peak: dict[str, float] = field(default_factory=dict)
+    kv_peak: dict[str, float | str] = field(default_factory=dict)  # per role, or {"error": why}
     error: str | None = None
     sweep: list[dict[str, float]] = field(default_factory=list)  # --sweep: per rate, the figures that gate
 

@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 try:  # a vllm-router dependency; ~5x faster than json on small events
     import orjson
@@ -124,7 +124,8 @@ class _Conn(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Connected: ready for a request."""
-        self.transport = transport  # type: ignore[assignment]
+        # asyncio types the hook for every transport kind; a TCP connection always gets a Transport
+        self.transport = cast(asyncio.Transport, transport)
         self.open = True
 
     def send(self, request: bytes, rec: Record) -> asyncio.Future[None]:

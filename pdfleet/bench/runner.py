@@ -61,7 +61,7 @@ class PoolRun:
     lateness: list[float] = field(default_factory=list)  # open loop: began - due, s
     loop_lag: list[float] = field(default_factory=list)  # event-loop overshoot of a 5 ms sleep, s
     interrupted: bool = False
-    samples: dict[str, float] = field(default_factory=dict)  # what the background sampler kept (peak KV)
+    samples: dict[str, float | str] = field(default_factory=dict)  # the background sampler's (peak KV)
 
     @property
     def wall_s(self) -> float:
@@ -126,7 +126,7 @@ async def run_pool(
     long_tokens: int,
     stop: asyncio.Event,
     progress: Progress | None = None,
-    background: Callable[[asyncio.Event], Coroutine[Any, Any, dict[str, float]]] | None = None,
+    background: Callable[[asyncio.Event], Coroutine[Any, Any, dict[str, float | str]]] | None = None,
 ) -> PoolRun:
     """Run `items` through the gateway to `pool` by `schedule`; every request ends as a Record."""
     client = StreamingClient(gw.host, gw.port)

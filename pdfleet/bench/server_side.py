@@ -76,9 +76,9 @@ def prefix_hits(source: MetricsSource, window_s: float, match: dict[str, str]) -
 
 async def kv_peak(
     source: MetricsSource, pool: str, stop: asyncio.Event, every_s: float = 2.0
-) -> dict[str, float]:
+) -> dict[str, float | str]:
     """Sample KV-cache usage of `pool`'s instances until `stop`; the peak per role (0..1), in a thread so
-    that a scrape never holds up the client's event loop."""
+    that a scrape never holds up the client's event loop. No read at all: {"error": the last reason}."""
     peak: dict[str, float] = {}
     errors: list[str] = []
     while True:
@@ -93,9 +93,8 @@ async def kv_peak(
             break
         except TimeoutError:
             continue
-    if not peak and errors:
-        return {"error": errors[-1]}  # type: ignore[dict-item]
-    return peak
+    found: dict[str, float | str] = {"error": errors[-1]} if not peak and errors else dict(peak)
+    return found
 
 
 def value_of(figures: dict[str, Figure], role: str | None = None) -> float | None:

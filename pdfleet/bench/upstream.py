@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from typing import cast
 
 _HEADERS = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
@@ -59,7 +60,8 @@ class UpstreamProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Connected: wait for a request."""
-        self.transport = transport  # type: ignore[assignment]
+        # asyncio types the hook for every transport kind; a TCP connection always gets a Transport
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The client went away: stop pacing its reply."""

@@ -5,24 +5,25 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 from invoke.exceptions import Exit
 
 from pdfleet.errors import PdfleetError
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def user_errors(func: F) -> F:
+def user_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Print a PdfleetError as one paragraph on stderr and exit non-zero, without a traceback."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except PdfleetError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise Exit(code=exc.exit_code) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper

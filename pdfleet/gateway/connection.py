@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 from pdfleet.gateway.http1 import MAX_HEAD, ResponseParser
 
@@ -130,7 +130,8 @@ class Connection(ResponseParser, asyncio.Protocol):
     # ---- asyncio.Protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # asyncio types the hook for every transport kind; a TCP connection always gets a Transport
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self.head_waiter is None and self.response is None:
@@ -319,9 +320,10 @@ class Connection(ResponseParser, asyncio.Protocol):
         for timer in (self.idle_timer, self.drain_timer, self.first_timer):
             if timer is not None:
                 timer.cancel()
-        reusable = self.keep_alive and self.transport is not None and not self.transport.is_closing()
-        if reusable and self.paused:
-            self.transport.resume_reading()  # type: ignore[union-attr]
+        transport = self.transport
+        reusable = self.keep_alive and transport is not None and not transport.is_closing()
+        if reusable and self.paused and transport is not None:
+            transport.resume_reading()
         self._reset()
         if reusable:
             self.client.release(self)

@@ -238,18 +238,19 @@ def forced_pool(
     value = value.strip().lower()
     if value not in POOLS:
         raise Reject(400, f"header {name} must be one of: {', '.join(POOLS)}", param=name)
-    if value == "disagg" and route.disagg is None:
+    pool: Pool = "disagg" if value == "disagg" else "colocated"
+    if pool == "disagg" and route.disagg is None:
         raise Reject(
             400, f"model {route.alias!r} has no disagg pool; header {name} cannot force it", param=name
         )
-    if value == "disagg" and endpoint not in route.disagg_endpoints:
+    if pool == "disagg" and endpoint not in route.disagg_endpoints:
         raise Reject(
             400,
             f"model {route.alias!r}: its disagg pool does not carry the {endpoint} endpoint "
             f"(disagg_endpoints: {', '.join(sorted(route.disagg_endpoints))}); header {name} cannot force it",
             param=name,
         )
-    return value  # type: ignore[return-value]
+    return pool
 
 
 async def count_tokens(

@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import http_exceptions as hx
 from aiohttp import web
@@ -157,7 +157,7 @@ class _ClientProtocol(RequestHandler):
         cap = self.limits.max_connections_per_address
         if held >= cap:
             self.refused = True
-            self._refuse(transport, address, cap)  # type: ignore[arg-type]
+            self._refuse(cast(asyncio.Transport, transport), address, cap)  # a TCP server's: a Transport
             return
         self.address = address
         self.server.per_address[address] = held + 1

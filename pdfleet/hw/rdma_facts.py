@@ -69,7 +69,7 @@ def parse_rdma_sysfs(stdout: str) -> dict[str, RdmaDevice]:
     """`grep -H .` over /sys/class/infiniband/*/ports/*/... (kernel ABI sysfs-class-infiniband),
     run from /sys/class/infiniband so lines read `mlx5_0/ports/1/gids/3:0000:...`."""
     sec = split_sections(stdout)
-    ports: dict[tuple[str, int], dict[str, object]] = {}
+    ports: dict[tuple[str, int], dict[str, str]] = {}
     gids: dict[tuple[str, int], dict[int, dict[str, str]]] = {}
     for line in sec.get("ports", []):
         m = _SYSFS_LINE.match(line.strip())
@@ -110,7 +110,7 @@ def parse_rdma_sysfs(stdout: str) -> dict[str, RdmaDevice]:
             str(rec.get("phys_state", "")),
             str(rec.get("link_layer", "")),
             entries,
-            rec.get("roce_mode"),  # type: ignore[arg-type]
+            rec.get("roce_mode"),
         )
     names = sorted(set(devices) | set(netdevs))
     return {n: RdmaDevice(n, netdevs.get(n, ()), tuple(devices.get(n, {}).values())) for n in names}

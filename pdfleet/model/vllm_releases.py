@@ -302,8 +302,12 @@ class Release:
         """How long P keeps handed-over KV blocks: ("timeout", s) fixed, or ("lease", s) renewed by D."""
         if self.has_env("VLLM_NIXL_ABORT_REQUEST_TIMEOUT"):
             return "timeout", self.env_number("VLLM_NIXL_ABORT_REQUEST_TIMEOUT")
+        return "lease", self._lease_default()
+
+    def _lease_default(self) -> float:
+        """NixlConnector's default kv_connector_extra_config.kv_lease_duration (s) in this release."""
         lease = self.extra_default("NixlConnector", "kv_lease_duration")
-        return "lease", _number(lease, f"vLLM {self.version}: kv_connector_extra_config.kv_lease_duration")
+        return _number(lease, f"vLLM {self.version}: kv_connector_extra_config.kv_lease_duration")
 
     def lease_timing(self, kv_lease_duration: float | None = None) -> tuple[float, float, float] | None:
         """(lease, heartbeat interval, extension per heartbeat) in seconds for a lease duration (the
@@ -312,7 +316,7 @@ class Release:
         if lease.heartbeat_interval is None or lease.extension is None:
             return None
         if kv_lease_duration is None:
-            kv_lease_duration = float(self.extra_default("NixlConnector", "kv_lease_duration"))  # type: ignore[arg-type]
+            kv_lease_duration = self._lease_default()
         scope = {"kv_lease_duration": kv_lease_duration}
         return kv_lease_duration, _arith(lease.heartbeat_interval, scope), _arith(lease.extension, scope)
 
