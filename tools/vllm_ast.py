@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import operator
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,19 +87,27 @@ def const(node: ast.AST, scope: dict[str, object] | None = None) -> object:
     if isinstance(node, ast.List | ast.Tuple | ast.Set):
         return [const(elt, scope) for elt in node.elts]
     if isinstance(node, ast.Dict):
-        if any(key is None for key in node.keys):
+        keys = [key for key in node.keys if key is not None]  # None: a `**mapping` spread
+        if len(keys) != len(node.keys):
             raise NotConstant(ast.unparse(node))
-        return {const(k, scope): const(v, scope) for k, v in zip(node.keys, node.values, strict=True)}  # type: ignore[arg-type]
+        pairs = zip(keys, node.values, strict=True)
+        return {_hashable(const(k, scope), k): const(v, scope) for k, v in pairs}
     if isinstance(node, ast.Name) and node.id in scope:
         return scope[node.id]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -const(node.operand, scope)  # type: ignore[operator]
+        operand = const(node.operand, scope)
+        if isinstance(operand, int | float):
+            return -operand
+        raise NotConstant(ast.unparse(node))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         return _BINOPS[type(node.op)](const(node.left, scope), const(node.right, scope))
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
         value = const(node.value, scope)
-        bounds = [None if b is None else const(b, scope) for b in (node.slice.lower, node.slice.upper)]
-        return value[bounds[0] : bounds[1]]  # type: ignore[index]
+        ends = (node.slice.lower, node.slice.upper)
+        lower, upper = (None if b is None else const_int(b, scope) for b in ends)
+        if isinstance(value, list | tuple | str):
+            return value[lower:upper]
+        raise NotConstant(ast.unparse(node))
     if isinstance(node, ast.ListComp) and len(node.generators) == 1:
         return _comprehension(node, scope)
     raise NotConstant(ast.unparse(node))
@@ -116,6 +124,27 @@ def _comprehension(node: ast.ListComp, scope: dict[str, object]) -> list[object]
     if not _is_call(call, "range") or len(bounds) != len(args):
         raise NotConstant(ast.unparse(node))
     return [const(node.elt, {**scope, gen.target.id: i}) for i in range(*bounds)]
+
+
+def const_int(node: ast.AST, scope: dict[str, object] | None = None) -> int:
+    """A constant expression taken as `int()` takes it (5600, 5600.0, "5600"); NotConstant otherwise."""
+    value = const(node, scope)
+    if isinstance(value, int | float | str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise NotConstant(f"{ast.unparse(node)} is not an integer")
+
+
+def _hashable(value: object, node: ast.AST) -> Hashable:
+    """A dict key's value: a list (from a tuple literal) becomes a tuple again; anything else unhashable
+    is NotConstant."""
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, Hashable):
+        return value
+    raise NotConstant(ast.unparse(node))
 
 
 def const_or_text(node: ast.AST, scope: dict[str, object] | None = None) -> object:
@@ -166,13 +195,13 @@ def assigned(tree: ast.AST, target: str) -> Iterator[ast.expr]:
     """The values assigned (`=` or annotated) to a target spelled like `self.side_channel_port`."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
-            targets = node.targets
+            targets, value = node.targets, node.value
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets = [node.target]
+            targets, value = [node.target], node.value
         else:
             continue
         if any(ast.unparse(t) == target for t in targets):
-            yield node.value  # type: ignore[misc]
+            yield value
 
 
 def guarded(body: list[ast.stmt], tests: tuple[ast.expr, ...] = ()) -> Iterator[tuple[ast.AST, tuple]]:

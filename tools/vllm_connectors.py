@@ -15,6 +15,7 @@ from pdfleet.model.vllm_releases import (
     KVTransferParams,
     Lease,
     MooncakeProtocol,
+    Scalar,
     SideChannel,
 )
 from tools.vllm_ast import (
@@ -24,6 +25,7 @@ from tools.vllm_ast import (
     call_name,
     calls,
     const,
+    const_int,
     const_or_text,
     find_class,
     find_function,
@@ -68,7 +70,7 @@ def buffer_devices(src: Sources, files: list[str]) -> BufferDevices:
 
 def extra_config(src: Sources, files: list[str]) -> ExtraConfig:
     """Every `get_from_extra_config(key, default)` / `...extra_config.get(key, default)` in the files."""
-    keys: dict[str, object] = {}
+    keys: dict[str, Scalar | tuple[Scalar, ...]] = {}
     used: list[str] = []
     for path in files:
         for node in ast.walk(src.tree(path)):
@@ -80,10 +82,10 @@ def extra_config(src: Sources, files: list[str]) -> ExtraConfig:
             if not is_getter or not isinstance(node.args[0], ast.Constant):
                 continue
             default = const_or_text(node.args[1]) if len(node.args) > 1 else None
-            keys.setdefault(str(node.args[0].value), tuple(default) if isinstance(default, list) else default)
+            keys.setdefault(str(node.args[0].value), _scalars(default, node))
             if path not in used:
                 used.append(path)
-    items = tuple(ExtraKey(k, v) for k, v in sorted(keys.items()))  # type: ignore[arg-type]
+    items = tuple(ExtraKey(k, v) for k, v in sorted(keys.items()))
     return ExtraConfig(items, tuple(used))
 
 
@@ -117,7 +119,7 @@ def kv_transfer_params(src: Sources, files: list[str]) -> KVTransferParams:
         raise KeyError(f"{path}: {cls.name} has no request_finished")
     produced: list[str] = []
     for ret in (n for n in ast.walk(func) if isinstance(n, ast.Return) and isinstance(n.value, ast.Tuple)):
-        for part in ret.value.elts:  # type: ignore[union-attr]
+        for part in ret.value.elts if isinstance(ret.value, ast.Tuple) else ():
             if isinstance(part, ast.Call) and call_name(part) == "dict":
                 produced += [kw.arg for kw in part.keywords if kw.arg]
     statuses = sorted(
@@ -132,6 +134,15 @@ def kv_transfer_params(src: Sources, files: list[str]) -> KVTransferParams:
     )
 
 
+def _scalars(value: object, node: ast.AST) -> Scalar | tuple[Scalar, ...]:
+    """A default as the table holds it: a scalar, or a list's items as a tuple of scalars."""
+    items = value if isinstance(value, list) else [value]
+    scalars = tuple(v for v in items if v is None or isinstance(v, str | int | float | bool))
+    if len(scalars) != len(items):
+        raise NotConstant(f"{ast.unparse(node)}: a default that is not a scalar or a list of them")
+    return scalars if isinstance(value, list) else scalars[0]
+
+
 def _params_read(src: Sources, files: list[str]) -> tuple[str, ...]:
     """Keys read from a request's kv_transfer_params (`params["k"]`, `params.get("k")`) in the files."""
     holders = {"params", "kv_transfer_params", "request.kv_transfer_params"}
@@ -139,7 +150,8 @@ def _params_read(src: Sources, files: list[str]) -> tuple[str, ...]:
     for path in files:
         for node in ast.walk(src.tree(path)):
             if isinstance(node, ast.GeneratorExp | ast.ListComp) and _tests_membership(node, holders):
-                keys.update(str(e.value) for e in node.generators[0].iter.elts)  # type: ignore[attr-defined]
+                checked = node.generators[0].iter
+                keys.update(str(e.value) for e in _elements(checked) if isinstance(e, ast.Constant))
             if isinstance(node, ast.Subscript) and ast.unparse(node.value) in holders:
                 if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
                     keys.add(node.slice.value)
@@ -154,6 +166,11 @@ def _params_read(src: Sources, files: list[str]) -> tuple[str, ...]:
             ):
                 keys.add(node.args[0].value)
     return tuple(sorted(keys))
+
+
+def _elements(node: ast.expr) -> list[ast.expr]:
+    """The items of a tuple literal ([] for anything else)."""
+    return node.elts if isinstance(node, ast.Tuple) else []
 
 
 def _tests_membership(node: ast.GeneratorExp | ast.ListComp, holders: set[str]) -> bool:
@@ -177,15 +194,16 @@ def mooncake_protocol(src: Sources, files: list[str]) -> MooncakeProtocol:
     for path in files:
         before = len(routes)
         for node in ast.walk(src.tree(path)):
-            func = node.func if isinstance(node, ast.Call) else None
+            if not isinstance(node, ast.Call):
+                continue
+            func, first = node.func, node.args[0] if node.args else None
             if (
                 isinstance(func, ast.Attribute)
                 and func.attr in ("get", "post", "put", "delete")
                 and ast.unparse(func.value).endswith("app")
-                and node.args  # type: ignore[attr-defined]
-                and isinstance(node.args[0], ast.Constant)  # type: ignore[attr-defined]
+                and isinstance(first, ast.Constant)
             ):
-                routes.append((func.attr.upper(), str(node.args[0].value)))  # type: ignore[attr-defined]
+                routes.append((func.attr.upper(), str(first.value)))
         if len(routes) > before:
             schemas += _payload_classes(src.tree(path))
             used += [path] if path not in used else []
@@ -235,7 +253,7 @@ def handshake(src: Sources, files: list[str]) -> Handshake:
         tree = src.tree(path)
         value = next(assigned(tree, "NIXL_CONNECTOR_VERSION"), None)
         if value is not None:
-            version, where = int(const(value)), path  # type: ignore[call-overload]
+            version, where = const_int(value), path
         for func in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and "compat" in n.name):
             table = next((v for v in assigned(func, "factors") if isinstance(v, ast.Dict)), None)
             if table is not None and factors is None:

@@ -33,6 +33,7 @@ from tools.vllm_ast import (
     call_name,
     calls,
     const,
+    const_int,
     const_or_text,
     find_class,
     guarded,
@@ -66,7 +67,7 @@ EXTRA_ENVS = ("VLLM_KV_CACHE_LAYOUT",)
 def registry(src: Sources) -> Registry:
     """`KVConnectorFactory.register_connector(name, module, class)` calls in factory.py."""
     found = [
-        Connector(const(c.args[0]), const(c.args[1]))  # type: ignore[arg-type]
+        Connector(str(const(c.args[0])), str(const(c.args[1])))
         for c in calls(src.tree(FACTORY), "register_connector")
         if len(c.args) >= 2 and isinstance(c.args[0], ast.Constant)
     ]
@@ -140,9 +141,9 @@ def envs(src: Sources) -> Envs:
 def _env_default(value: ast.expr, name: str) -> object:
     """The default of the first call that reads this variable (`os.getenv(name, default)`, ...)."""
     for node in ast.walk(value):
-        first = node.args[0] if isinstance(node, ast.Call) and node.args else None
-        if isinstance(first, ast.Constant) and first.value == name:
-            return const_or_text(node.args[1]) if len(node.args) > 1 else None  # type: ignore[attr-defined]
+        args = node.args if isinstance(node, ast.Call) else []
+        if args and isinstance(args[0], ast.Constant) and args[0].value == name:
+            return const_or_text(args[1]) if len(args) > 1 else None
     return None
 
 
@@ -189,8 +190,12 @@ def chunked_prefill(src: Sources) -> ChunkedPrefill:
             ):
                 forced = forced or "self.enable_chunked_prefill" not in conditions
             name = call_name(node)
-            if name in ("warning", "warning_once") and "not self.enable_chunked_prefill" in conditions:
-                warning = warning or str(const_or_text(node.args[0]))  # type: ignore[attr-defined]
+            if (
+                name in ("warning", "warning_once")
+                and "not self.enable_chunked_prefill" in conditions
+                and isinstance(node, ast.Call)
+            ):
+                warning = warning or str(const_or_text(node.args[0]))
     return ChunkedPrefill(forced, warning, ARG_UTILS)
 
 
@@ -256,11 +261,11 @@ def _tier(test: ast.expr | None, body: list[ast.stmt]) -> BatchTier:
             for k, v in zip(table.keys, table.values, strict=True)
             if k is not None and ast.unparse(k).endswith("OPENAI_API_SERVER")
         )
-        values[target] = int(const(server))  # type: ignore[call-overload]
+        values[target] = const_int(server)
     min_gib, excluded = 0, []
     for node in ast.walk(test) if test is not None else ():
         if isinstance(node, ast.BinOp) and ast.unparse(node.right) == "GiB_bytes":
-            min_gib = int(const(node.left))  # type: ignore[call-overload]
+            min_gib = const_int(node.left)
         elif isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.NotIn):
             excluded.append(str(const(node.left)))
         elif (

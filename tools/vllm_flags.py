@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pdfleet.model.vllm_releases import ServeFlag, ServeFlagGroup, ServeFlags
-from tools.vllm_ast import Sources, call_name, const, find_class, find_function
+from tools.vllm_ast import NotConstant, Sources, call_name, const, find_class, find_function
 
 ARG_UTILS = "vllm/engine/arg_utils.py"
 FRONTENDS = ("vllm/entrypoints/common/cli_args.py", "vllm/entrypoints/openai/cli_args.py")
@@ -74,9 +74,9 @@ class _Classes:
     def is_dataclass(self, name: str) -> bool:
         """A class vLLM decorates as a config/dataclass (get_kwargs parses it from JSON)."""
         found = self.by_name.get(name)
-        return bool(found) and any(
+        return found is not None and any(
             ast.unparse(d).split("(")[0].rsplit(".", 1)[-1] in ("config", "dataclass")
-            for d in found[1].decorator_list  # type: ignore[index]
+            for d in found[1].decorator_list
         )
 
 
@@ -171,7 +171,8 @@ class _Reader:
             nargs = _nargs(hints, self.classes, self.rules)
             action = "BooleanOptionalAction" if nargs == "0" else None
             for key, value in edits.get(origin, {}).items():
-                kwargs.setdefault(key, value)  # type: ignore[arg-type]
+                if value is not None:  # a deleted key (None) reads as an absent one below
+                    kwargs.setdefault(key, value)
             if "nargs" in edits.get(origin, {}) and edits[origin]["nargs"] is None and nargs not in "01?":
                 nargs = "1"  # `del kwargs[x]["nargs"]`: one (JSON) value
         if kwargs.get("action") is not None:
@@ -277,10 +278,13 @@ def _kwargs_origins(func: ast.FunctionDef) -> dict[str, Origin | str]:
         if not (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)):
             continue
         value = node.value
-        if isinstance(value, ast.Subscript) and call_name(value.value) == "get_kwargs":
-            out[node.targets[0].id] = (ast.unparse(value.value.args[0]), str(const(value.slice)))  # type: ignore[attr-defined]
-        elif call_name(value) == "get_kwargs" and value.args:  # type: ignore[attr-defined]
-            out[node.targets[0].id] = ast.unparse(value.args[0])  # type: ignore[attr-defined]
+        call = value.value if isinstance(value, ast.Subscript) else value
+        if not isinstance(call, ast.Call) or call_name(call) != "get_kwargs" or not call.args:
+            continue
+        if isinstance(value, ast.Subscript):
+            out[node.targets[0].id] = (ast.unparse(call.args[0]), str(const(value.slice)))
+        else:
+            out[node.targets[0].id] = ast.unparse(call.args[0])
     return out
 
 
@@ -288,8 +292,9 @@ def _origin(
     node: ast.expr, origins: dict[str, Origin | str], default_cls: str | None = None
 ) -> Origin | None:
     """The (class, field) of `X["field"]` where X came from get_kwargs (or is the class's own dict)."""
-    if isinstance(node, ast.Name) and isinstance(origins.get(node.id), tuple):
-        return origins[node.id]  # type: ignore[return-value]
+    found = origins.get(node.id) if isinstance(node, ast.Name) else None
+    if isinstance(found, tuple):
+        return found
     if (
         isinstance(node, ast.Subscript)
         and isinstance(node.value, ast.Name)
@@ -338,20 +343,26 @@ def _rules(src: Sources) -> tuple[_Rules, bool, str]:
     """The release's get_kwargs rules, its parser's allow_abbrev and the file the parser is defined in."""
     compute = find_function(src.tree(ARG_UTILS), "_compute_kwargs")
     optional = compute is not None and "{bool, str, type(None)}" in ast.unparse(compute)
-    path = next(p for p in PARSERS if src.has(p) and find_class(src.tree(p), "FlexibleArgumentParser"))
-    parser = find_class(src.tree(path), "FlexibleArgumentParser")
+    path, parser = next(
+        (p, found)
+        for p in PARSERS
+        if src.has(p) and (found := find_class(src.tree(p), "FlexibleArgumentParser")) is not None
+    )
     abbrev = True  # argparse's default, unless the parser passes allow_abbrev=False
-    for node in ast.walk(parser):  # type: ignore[arg-type]
+    for node in ast.walk(parser):
         if isinstance(node, ast.keyword) and node.arg == "allow_abbrev":
             abbrev = bool(const(node.value))
     inverses: dict[str, str] = {}
-    registered = [n for n in ast.walk(parser) if isinstance(n, ast.Call) and call_name(n) == "register"]  # type: ignore[arg-type]
+    registered = [n for n in ast.walk(parser) if isinstance(n, ast.Call) and call_name(n) == "register"]
     for call in registered:
         if len(call.args) == 3 and ast.unparse(call.args[1]).endswith("BooleanOptionalAction"):
             action = find_class(src.tree(path), ast.unparse(call.args[2]))
             for stmt in action.body if action else []:
                 if isinstance(stmt, ast.AnnAssign | ast.Assign) and "_inverse_prefixes" in ast.unparse(stmt):
-                    inverses = const(stmt.value)  # type: ignore[assignment,arg-type]
+                    table = const(stmt.value) if stmt.value is not None else None
+                    if not isinstance(table, dict):
+                        raise NotConstant(f"{path}: {ast.unparse(stmt)} is not a table")
+                    inverses = {str(k): str(v) for k, v in table.items()}
     return _Rules(optional, inverses), abbrev, path
 
 

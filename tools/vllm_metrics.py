@@ -73,8 +73,9 @@ def _value(node: ast.expr, scope: dict[str, object], families: dict[str, object]
     """A bucket or label expression: a constant, a scope name, a bucket family, or a Rule."""
     if isinstance(node, ast.Name) and node.id in scope:
         return scope[node.id]
-    if call_name(node) == "histogram_buckets" and node.args and isinstance(node.args[0], ast.Constant):  # type: ignore[attr-defined]
-        return families.get(str(node.args[0].value), Rule(ast.unparse(node)))  # type: ignore[attr-defined]
+    first = node.args[0] if isinstance(node, ast.Call) and node.args else None
+    if call_name(node) == "histogram_buckets" and isinstance(first, ast.Constant):
+        return families.get(str(first.value), Rule(ast.unparse(node)))
     if call_name(node) in ("build_1_2_5_buckets", "build_buckets", "build_cudagraph_buckets"):
         return Rule(ast.unparse(node))
     try:
