@@ -18,7 +18,7 @@ from pdfleet.doctor.probe import ClientFacts
 ENDPOINTS = ("chat/completions", "completions", "messages", "models", "embeddings")
 SDK_CALL = {"chat/completions": "client.chat.completions.create", "completions": "client.completions.create"}
 GATEWAY_FIX_URL = "http://<gateway host>:<gateway.port, 8080 by default>"
-Rule = Callable[[ClientFacts], list[Finding]]
+ClientRule = Callable[[ClientFacts], list[Finding]]
 
 
 def _strip(text: str) -> str:
@@ -370,7 +370,7 @@ def rule_stream_mismatch(facts: ClientFacts) -> list[Finding]:
     return out
 
 
-CLIENT_RULES: tuple[Rule, ...] = (
+CLIENT_RULES: tuple[ClientRule, ...] = (
     rule_unreachable,
     rule_base_url,
     rule_key_whitespace,

@@ -132,7 +132,7 @@ def parse_unit(text: str) -> tuple[str | None, str | None, str | None]:
     return kv.get("kv_connector"), kv.get("kv_role"), opts.get("--sim-vllm-version")
 
 
-def parse_version(body: str) -> str | None:
+def reported_release(body: str) -> str | None:
     """The release of a vLLM /version answer ({"version": "0.11.0"}); None for anything else."""
     try:
         data = json.loads(body)
@@ -277,7 +277,7 @@ def read_instances(
                 continue
             connector, role, sim_version = parse_unit(text)
             try:
-                release = parse_version(http.get(inst.url + "/version").text) or sim_version
+                release = reported_release(http.get(inst.url + "/version").text) or sim_version
             except httpx2.HTTPError as exc:
                 problem = f"{inst.url}/version: {exc}{unit_note(facts, inst)}"
                 out.append(InstanceFacts(inst, connector, role, sim_version, problem))

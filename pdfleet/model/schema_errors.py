@@ -16,17 +16,7 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 
-from pdfleet.model.yamlfile import excerpt
-
-
-def key_path(loc: tuple[Any, ...]) -> str:
-    """A pydantic location as `pools.prefill.gpus[1]`."""
-    text = ""
-    for part in loc:
-        if isinstance(part, bool):  # a mapping key YAML read as a boolean
-            part = str(part).lower()
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(top level)"
+from pdfleet.model.yamlfile import excerpt, key_path
 
 
 def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:

@@ -179,6 +179,8 @@ def key_path(where: tuple[Any, ...]) -> str:
     """A location as `pools.prefill.gpus[1]` (`(top level)` for the document itself)."""
     text = ""
     for part in where:
+        if isinstance(part, bool):  # a mapping key YAML read as a boolean (`on:`, `yes:`)
+            part = str(part).lower()
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text or "(top level)"
 

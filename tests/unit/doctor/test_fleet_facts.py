@@ -16,10 +16,10 @@ from pdfleet.doctor.fleet_facts import (
     facts_to_gather,
     parse_p2p,
     parse_unit,
-    parse_version,
     read_connects,
     read_instances,
     read_p2p,
+    reported_release,
     side_channel_targets,
 )
 from pdfleet.fleet.topology import Instance, Topology
@@ -42,10 +42,10 @@ def test_parse_unit() -> None:
     assert parse_unit("[Unit]\n") == (None, None, None)
 
 
-def test_parse_version() -> None:
-    assert parse_version(FACTS["version_vllm"]["text"]) == "0.11.0"
-    assert parse_version(FACTS["version_sim"]["text"]) is None
-    assert parse_version("not json") is None
+def test_reported_release() -> None:
+    assert reported_release(FACTS["version_vllm"]["text"]) == "0.11.0"
+    assert reported_release(FACTS["version_sim"]["text"]) is None
+    assert reported_release("not json") is None
 
 
 def test_parse_p2p() -> None:

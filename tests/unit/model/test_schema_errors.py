@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from pdfleet.model.schema_errors import key_path, schema_problems
+from pdfleet.model.schema_errors import schema_problems
 
 
 class _Inner(BaseModel):
@@ -28,11 +28,6 @@ def _problems(data: dict, source: Path | object = Path("f.yml"), hidden: tuple[s
     with pytest.raises(PydanticValidationError) as exc:
         _Root.model_validate(data)
     return schema_problems(exc.value, _Root, source, hidden)  # type: ignore[arg-type]
-
-
-def test_key_paths_use_dots_and_brackets() -> None:
-    assert key_path(("pools", "decode", "gpus", 1)) == "pools.decode.gpus[1]"
-    assert key_path(()) == "(top level)"
 
 
 def test_unknown_keys_list_what_is_allowed_except_hidden_ones() -> None:

@@ -15,7 +15,7 @@ from pdfleet.gateway.keys import load_keys
 from pdfleet.gateway.policy import load_policy
 from pdfleet.model.inventory import load_inventory
 from pdfleet.model.profile_loader import load_profile
-from pdfleet.model.yamlfile import excerpt, parse_yaml, read_yaml
+from pdfleet.model.yamlfile import excerpt, key_path, parse_yaml, read_yaml
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -235,3 +235,9 @@ def test_every_kind_of_file_refuses_the_bomb_quickly(
     assert time.monotonic() - started < 0.5, kind
     assert isinstance(exc, ValidationError), f"{kind}: {exc!r}"
     assert "aliases expand the document" in str(exc) and "\n" not in str(exc), str(exc)
+
+
+def test_key_paths_use_dots_and_brackets() -> None:
+    assert key_path(("pools", "decode", "gpus", 1)) == "pools.decode.gpus[1]"
+    assert key_path(()) == "(top level)"
+    assert key_path(("stages", True)) == "stages.true"  # a key YAML read as a boolean
