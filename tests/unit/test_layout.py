@@ -293,3 +293,23 @@ def test_every_runtime_dependency_is_imported_by_the_product() -> None:
         for d in by_module.get(module, [])
     }
     assert not runtime - imported, f"declared but never imported: {sorted(runtime - imported)}"
+
+
+IGNORE = re.compile(r"#\s*type:\s*ignore(?P<codes>\[[\w\-, ]+\])?(?P<after>.*)$")
+
+
+def test_every_type_ignore_names_its_error_code_and_why() -> None:
+    """mypy checks pdfleet/, roles/, tools/ and bench/ ([tool.mypy]); where it must be silenced, the
+    comment says which error (`[code]`) and why (a comment after it), and nothing is silenced wholesale."""
+    bad = []
+    for root in ("pdfleet", "roles", "tools", "bench"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                found = IGNORE.search(line)
+                if found and not (found["codes"] and found["after"].strip().startswith("#")):
+                    bad.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert not bad, "a type: ignore without [code] and a reason comment: " + "; ".join(bad)
+    mypy = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    assert not any(o.get("ignore_errors") for o in mypy.get("overrides", [])), (
+        "ignore_errors silences a module"
+    )
