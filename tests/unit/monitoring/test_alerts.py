@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 from prometheus_client import Histogram
 
 from pdfleet.bench.launch import RouterProcess, SimProcess
@@ -17,8 +18,10 @@ from pdfleet.monitoring.alerts import alert_rules
 from pdfleet.monitoring.monitoring_config import dump
 from pdfleet.monitoring.recording import recording_rules
 from pdfleet.sim.metrics import XFER_BUCKETS
-from tests.unit.fleet.helpers import fleet_of
+from tests.unit.fleet.helpers import fleet_of, profile_inventory_pairs
 from tests.unit.metrics.helpers import exporter, prometheus, scrape_config, wait_for
+from tests.unit.monitoring.helpers import alert_check, renderings, run_rule_tests
+from tests.unit.monitoring.rule_cases import alert_cases
 from tests.unit.sim.helpers import MODEL, kv_config
 
 
@@ -34,6 +37,34 @@ def _sim(profile: Profile, **monitoring: Any) -> Profile:
             "monitoring": profile.monitoring.model_copy(update=monitoring),
         }
     )
+
+
+PROFILES = sorted({name for name, _ in profile_inventory_pairs()})
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_alert_fires_over_its_thresholds_and_not_under_them_under_promtool(
+    profile: str, tmp_path: Path
+) -> None:
+    """`promtool test rules` on the rendered recording and alert files: each alert, fed raw series on
+    either side of the profile's own thresholds, fires (past its `for:`) for exactly the label sets that
+    are over them. Every rendered alert has a case."""
+    for n, rendering in enumerate(renderings(profile)):
+        alerts = rendering.alerts_by_name()
+        cases = [c for c in alert_cases(rendering.profile, rendering.has_gateway) if c.alert in alerts]
+        assert set(alerts) == {c.alert for c in cases}, f"{rendering.where}: alerts without a case"
+        checks = [
+            alert_check(
+                c,
+                alerts[c.alert]["labels"]["severity"],
+                rendering.reads(alerts[c.alert]["expr"]),
+                rendering.timing,
+            )
+            for c in cases
+        ]
+        result = run_rule_tests(rendering.files, checks, rendering.timing, tmp_path / str(n))
+        assert result.returncode == 0, f"{rendering.where}:\n{result.stdout}{result.stderr}"
+        assert "SUCCESS" in result.stdout
 
 
 def test_advice_uses_the_profile_terms_and_values() -> None:

@@ -26,9 +26,18 @@ from pdfleet.monitoring.recording import (
     recorded_names,
     recording_rules,
 )
-from tests.unit.fleet.helpers import EXAMPLES, REPO, exported_series, fleet_of, series_in
+from tests.unit.fleet.helpers import (
+    EXAMPLES,
+    REPO,
+    exported_series,
+    fleet_of,
+    profile_inventory_pairs,
+    series_in,
+)
 from tests.unit.gateway.helpers import USER_KEY, policy_dict, write_policy
 from tests.unit.metrics.helpers import need_prometheus, prometheus, wait_for
+from tests.unit.monitoring.helpers import Rendering, renderings, rule_check, run_rule_tests
+from tests.unit.monitoring.rule_cases import RULE_CASES
 from tests.unit.sim.helpers import MODEL, kv_config
 
 INVENTED = ("vllm:kv_transfer_time_seconds", "vllm:prefill_queue_time_seconds")
@@ -113,6 +122,49 @@ def test_each_recorded_name_says_the_labels_its_series_keep() -> None:
         assert step.recorded(0.95).split(":")[0] == "_".join(
             "class" if b == "length_class" else b for b in step.by
         )
+
+
+# ---- every rule an alert reads, evaluated by promtool on hand-written series ----------------------------
+
+PROFILES = sorted({name for name, _ in profile_inventory_pairs()})
+
+
+def read_by_alerts(rendering: Rendering) -> set[str]:
+    """The recorded series the alert rules read, with the recorded series those read (jitter reads P99)."""
+    records = rendering.records()
+    alerts = rendering.alerts_by_name().values()
+    return {name for alert in alerts for name in rendering.reads(alert["expr"]) if name in records}
+
+
+def test_every_recording_rule_an_alert_reads_has_a_promtool_case() -> None:
+    """Enumerated from the rendered files of every profile (with and without a gateway); the gateway's
+    event counters count too: healthy traffic never moves them, so only a case evaluates them."""
+    cased = {case.record for case in RULE_CASES}
+    rendered: set[str] = set()
+    for profile in PROFILES:
+        for rendering in renderings(profile):
+            missing = read_by_alerts(rendering) - cased
+            assert not missing, f"{rendering.where}: alerts read {sorted(missing)}, which no case evaluates"
+            rendered |= set(rendering.records())
+    assert cased >= EVENT_RULES
+    assert cased <= rendered, f"cases of no rendered rule: {sorted(cased - rendered)}"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_recording_rules_give_the_hand_worked_values_under_promtool(profile: str, tmp_path: Path) -> None:
+    """`promtool test rules` on the files the monitoring role renders, at the profile's scrape interval,
+    evaluation interval and window: each case's record has exactly the expected series and values."""
+    for n, rendering in enumerate(renderings(profile)):
+        records = rendering.records()
+        checks = [
+            rule_check(case, rendering.reads(case.record), rendering.timing)
+            for case in RULE_CASES
+            if case.record in records
+        ]
+        assert len(checks) >= 20, f"{rendering.where}: only {len(checks)} cases apply"
+        result = run_rule_tests(rendering.files, checks, rendering.timing, tmp_path / str(n))
+        assert result.returncode == 0, f"{rendering.where}:\n{result.stdout}{result.stderr}"
+        assert "SUCCESS" in result.stdout
 
 
 # ---- the rendered rules on a real stack: simulators, vllm-router, pdfleet-gateway, Prometheus ----------

@@ -1,0 +1,359 @@
+"""The promtool cases of the recording and alert rules: inputs written by hand, values worked out by hand.
+
+Every recording rule an alert reads has a case here (tests/unit/monitoring/test_recording.py checks that
+against the rendered alert files), and so do the gateway's event counters healthy traffic never moves
+(errors, stream errors, fallbacks), which the loopback-stack test cannot see.
+"""
+
+from __future__ import annotations
+
+from pdfleet.model.profile import Profile
+from tests.unit.monitoring.helpers import AlertCase, RuleCase, Series, buckets
+
+# ---- quantiles: one shape per histogram, two instances summed, a second group kept apart ---------------
+
+# The busy group's two instances, observations a second at or below each bound:
+#   A: 0.5 → 0.3, 1 → 0.5, 2.5 → 0.6;  B: 0.5 → 0.2, 1 → 0.4, 2.5 → 0.4  (none at or below 0.1)
+#   summed: 0.1 → 0, 0.5 → 0.5, 1 → 0.9, 2.5 → 1.0, +Inf → 1.0
+#   p50: rank 0.5 falls in (0.1, 0.5]: 0.1 + 0.4 × 0.5/0.5 = 0.5
+#   p95: rank 0.95 falls in (1, 2.5]: 1 + 1.5 × (0.95 − 0.9)/0.1 = 1.75
+#   p99: rank 0.99 falls in (1, 2.5]: 1 + 1.5 × (0.99 − 0.9)/0.1 = 2.35
+# (per instance, A's p99 would be 2.41 and B's 0.99: a rule that does not sum instances fails)
+BUSY_A = {"0.1": 0.0, "0.5": 0.3, "1": 0.5, "2.5": 0.6, "+Inf": 0.6}
+BUSY_B = {"0.1": 0.0, "0.5": 0.2, "1": 0.4, "2.5": 0.4, "+Inf": 0.4}
+BUSY = {0.5: 0.5, 0.95: 1.75, 0.99: 2.35}
+# The quiet group, one instance: 0.1 → 0.5, 0.5 → 1.0 (all)
+#   p50: rank 0.5 in (0, 0.1]: 0.1 × 0.5/0.5 = 0.1;  p95: 0.1 + 0.4 × 0.45/0.5 = 0.46
+#   p99: 0.1 + 0.4 × 0.49/0.5 = 0.492
+QUIET_SHAPE = {"0.1": 0.5, "0.5": 1.0, "1": 1.0, "2.5": 1.0, "+Inf": 1.0}
+QUIET = {0.5: 0.1, 0.95: 0.46, 0.99: 0.492}
+
+VLLM_HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "kv_transfer": "vllm:nixl_xfer_time_seconds",
+    "decode": "vllm:request_decode_time_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+}
+GATEWAY_HISTOGRAMS = {
+    "ttft": "pdfleet_gateway_ttft_seconds",
+    "chunk_gap": "pdfleet_gateway_chunk_gap_seconds",
+    "request": "pdfleet_gateway_request_duration_seconds",
+}
+VLLM_BUSY, VLLM_QUIET = 'pool="disagg", role="decode"', 'pool="colocated", role="colocated"'
+GATEWAY_BUSY, GATEWAY_QUIET = 'pool="disagg", length_class="long"', 'pool="colocated", length_class="short"'
+
+
+def _quantile_cases(
+    level: str, source: str, histograms: dict[str, str], busy: str, quiet: str
+) -> list[RuleCase]:
+    cases = []
+    for key, histogram in histograms.items():
+        inputs = (
+            *buckets(histogram, f'{busy}, instance="a:8000", model_name="m"', BUSY_A),
+            *buckets(histogram, f'{busy}, instance="b:8000", model_name="m"', BUSY_B),
+            *buckets(histogram, f'{quiet}, instance="c:8000", model_name="m"', QUIET_SHAPE),
+        )
+        for q in (0.5, 0.95, 0.99):
+            cases.append(
+                RuleCase(
+                    f"{level}:{source}_{key}_seconds:p{q * 100:g}",
+                    "a wrong histogram, quantile or grouping (instances not summed, groups merged)",
+                    inputs,
+                    {"{" + busy + "}": BUSY[q], "{" + quiet + "}": QUIET[q]},
+                )
+            )
+    return cases
+
+
+QUANTILE_CASES = _quantile_cases(
+    "pool_role", "vllm", VLLM_HISTOGRAMS, VLLM_BUSY, VLLM_QUIET
+) + _quantile_cases("pool_class", "gateway", GATEWAY_HISTOGRAMS, GATEWAY_BUSY, GATEWAY_QUIET)
+
+# ---- the gateway's counters ------------------------------------------------------------------------------
+
+REQ = "pdfleet_gateway_requests_total"
+FALLBACKS = "pdfleet_gateway_fallbacks_total"
+STREAM_ERRORS = "pdfleet_gateway_stream_errors_total"
+STALLS = "pdfleet_gateway_stream_stalls_total"
+
+GATEWAY_CASES = [
+    RuleCase(
+        "pool_class:gateway_errors:rate",
+        "4xx counted as errors, or the pool/class grouping lost",
+        (
+            Series(f'{REQ}{{model="llama", pool="disagg", length_class="long", status="200"}}', per_s=2),
+            Series(f'{REQ}{{model="llama", pool="disagg", length_class="long", status="502"}}', per_s=0.5),
+            Series(f'{REQ}{{model="llama", pool="disagg", length_class="long", status="503"}}', per_s=0.25),
+            Series(f'{REQ}{{model="llama", pool="disagg", length_class="long", status="429"}}', per_s=1),
+            Series(
+                f'{REQ}{{model="llama", pool="colocated", length_class="short", status="500"}}', per_s=0.125
+            ),
+            Series(f'{REQ}{{model="llama", pool="colocated", length_class="short", status="404"}}', per_s=3),
+        ),
+        # disagg/long: 502 + 503 = 0.5 + 0.25; colocated/short: the 500 only
+        {'{pool="disagg", length_class="long"}': 0.75, '{pool="colocated", length_class="short"}': 0.125},
+    ),
+    RuleCase(
+        "pool:gateway_stream_errors:rate",
+        "stream errors not summed over reasons and gateways, or kept apart by reason",
+        (
+            Series(
+                f'{STREAM_ERRORS}{{instance="gw1:8080", pool="disagg", reason="upstream"}}',
+                0.25,
+            ),
+            Series(
+                f'{STREAM_ERRORS}{{instance="gw2:8080", pool="disagg", reason="timeout"}}',
+                0.5,
+            ),
+            Series(
+                f'{STREAM_ERRORS}{{instance="gw1:8080", pool="colocated", reason="timeout"}}',
+                0.1,
+            ),
+        ),
+        {'{pool="disagg"}': 0.75, '{pool="colocated"}': 0.1},
+    ),
+    RuleCase(
+        "reason:gateway_fallbacks:rate",
+        "fallbacks not summed over classes, or reasons merged",
+        (
+            Series(f'{FALLBACKS}{{model="llama", length_class="long", reason="connect"}}', per_s=0.25),
+            Series(f'{FALLBACKS}{{model="llama", length_class="short", reason="connect"}}', per_s=0.125),
+            Series(f'{FALLBACKS}{{model="llama", length_class="long", reason="status"}}', per_s=0.5),
+        ),
+        {'{reason="connect"}': 0.375, '{reason="status"}': 0.5},
+    ),
+    RuleCase(
+        "fleet:gateway_fallback:ratio",
+        "an inverted ratio (requests per fallback: 8), or a per-reason/pool one",
+        (
+            Series(f'{FALLBACKS}{{model="llama", length_class="long", reason="connect"}}', per_s=0.25),
+            Series(f'{FALLBACKS}{{model="llama", length_class="long", reason="status"}}', per_s=0.25),
+            Series(f'{REQ}{{model="llama", pool="colocated", length_class="long", status="200"}}', per_s=1.5),
+            Series(f'{REQ}{{model="llama", pool="colocated", length_class="short", status="200"}}', per_s=2),
+            Series(f'{REQ}{{model="llama", pool="disagg", length_class="long", status="502"}}', per_s=0.5),
+        ),
+        # (0.25 + 0.25) fallbacks / (1.5 + 2 + 0.5) requests a second
+        {"{}": 0.125},
+    ),
+    RuleCase(
+        "fleet:gateway_fallback:ratio",
+        "an idle gateway must read 0, not NaN (the clamp_min on requests)",
+        (
+            Series(f'{FALLBACKS}{{model="llama", length_class="long", reason="connect"}}', per_s=0),
+            Series(f'{REQ}{{model="llama", pool="colocated", length_class="short", status="200"}}', per_s=0),
+        ),
+        {"{}": 0.0},
+    ),
+    RuleCase(
+        "pool_class:gateway_stream_stalls:per_min",
+        "a rate a second instead of a minute, or gateways not summed",
+        (
+            Series(
+                f'{STALLS}{{instance="gw1:8080", pool="colocated", length_class="long"}}',
+                0.05,
+            ),
+            Series(
+                f'{STALLS}{{instance="gw2:8080", pool="colocated", length_class="long"}}',
+                0.025,
+            ),
+            Series(
+                f'{STALLS}{{instance="gw1:8080", pool="disagg", length_class="long"}}',
+                0,
+            ),
+        ),
+        # (0.05 + 0.025) × 60
+        {'{pool="colocated", length_class="long"}': 4.5, '{pool="disagg", length_class="long"}': 0.0},
+    ),
+]
+
+# ---- vLLM's counters and gauges --------------------------------------------------------------------------
+
+VLLM_CASES = [
+    RuleCase(
+        "pool_role:vllm_kv_cache_usage_perc:max",
+        "the busiest instance's use, not the sum (0.6) or mean (0.3)",
+        (
+            Series('vllm:kv_cache_usage_perc{instance="p1:8100", pool="disagg", role="prefill"}', value=0.2),
+            Series('vllm:kv_cache_usage_perc{instance="p2:8100", pool="disagg", role="prefill"}', value=0.4),
+            Series('vllm:kv_cache_usage_perc{instance="d1:8200", pool="disagg", role="decode"}', value=0.9),
+        ),
+        {'{pool="disagg", role="prefill"}': 0.4, '{pool="disagg", role="decode"}': 0.9},
+    ),
+    RuleCase(
+        "pool_role:vllm_num_preemptions:per_min",
+        "a rate a second instead of a minute, or instances not summed",
+        (
+            Series(
+                'vllm:num_preemptions_total{instance="d1:8200", pool="disagg", role="decode"}', per_s=0.05
+            ),
+            Series('vllm:num_preemptions_total{instance="d2:8200", pool="disagg", role="decode"}', per_s=0.1),
+            Series(
+                'vllm:num_preemptions_total{instance="c1:8000", pool="colocated", role="colocated"}',
+                per_s=0.01,
+            ),
+        ),
+        # decode: (0.05 + 0.1) × 60; colocated: 0.01 × 60
+        {'{pool="disagg", role="decode"}': 9.0, '{pool="colocated", role="colocated"}': 0.6},
+    ),
+]
+
+RULE_CASES: list[RuleCase] = QUANTILE_CASES + GATEWAY_CASES + VLLM_CASES
+
+# ---- alerts: inputs on either side of the profile's own thresholds ---------------------------------------
+
+
+def _above_and_below(histogram: str, hot: str, cold: str, limit_s: float) -> tuple[Series, ...]:
+    """Observations of the hot labels all in (2×limit, 4×limit] (any quantile is over the limit), of the
+    cold ones all in (0, limit/2] (any quantile is under it)."""
+    return (
+        *buckets(histogram, hot, {f"{2 * limit_s:g}": 0.0, f"{4 * limit_s:g}": 1.0, "+Inf": 1.0}),
+        *buckets(histogram, cold, {f"{limit_s / 2:g}": 1.0, f"{4 * limit_s:g}": 1.0, "+Inf": 1.0}),
+    )
+
+
+def _slo_cases(profile: Profile, has_gateway: bool) -> list[AlertCase]:
+    slo = profile.slo
+    decode, prefill = 'pool="disagg", role="decode"', 'pool="disagg", role="prefill"'
+    if has_gateway:
+        ttft = AlertCase(
+            "PdfleetTTFTOverSLO",
+            "TTFT compared with the wrong SLO or direction, or the class labels lost",
+            _above_and_below(GATEWAY_HISTOGRAMS["ttft"], GATEWAY_BUSY, GATEWAY_QUIET, slo.ttft_p99_ms / 1000),
+            (GATEWAY_BUSY,),
+        )
+    else:
+        ttft = AlertCase(
+            "PdfleetTTFTOverSLO",
+            "a prefill instance's TTFT (its whole request) taken for the user's",
+            (
+                *_above_and_below(VLLM_HISTOGRAMS["ttft"], decode, VLLM_QUIET, slo.ttft_p99_ms / 1000),
+                *buckets(VLLM_HISTOGRAMS["ttft"], prefill, {"1e+06": 0.0, "+Inf": 1.0}),
+            ),
+            (decode,),
+        )
+    cases = [ttft]
+    for name, key, limit_ms in (("TPOT", "tpot", slo.tpot_p99_ms), ("ITL", "itl", slo.itl_p99_ms)):
+        cases.append(
+            AlertCase(
+                f"Pdfleet{name}OverSLO",
+                f"{name} compared with the wrong SLO or direction, or prefill instances counted",
+                (
+                    *_above_and_below(VLLM_HISTOGRAMS[key], decode, VLLM_QUIET, limit_ms / 1000),
+                    *buckets(VLLM_HISTOGRAMS[key], prefill, {"1e+06": 0.0, "+Inf": 1.0}),
+                ),
+                (decode,),
+            )
+        )
+    return cases
+
+
+def _kv_cases(profile: Profile) -> list[AlertCase]:
+    hist = VLLM_HISTOGRAMS["kv_transfer"]
+    decode, prefill = 'pool="disagg", role="decode"', 'pool="disagg", role="prefill"'
+    return [
+        AlertCase(
+            "PdfleetKVTransferSlow",
+            "the P95 against the wrong limit",
+            _above_and_below(hist, decode, prefill, profile.monitoring.kv_transfer_p95_ms / 1000),
+            (decode,),
+        ),
+        AlertCase(
+            "PdfleetKVTransferOverSLO",
+            "the P99 against the wrong SLO",
+            _above_and_below(hist, decode, prefill, profile.slo.kv_transfer_p99_ms / 1000),
+            (decode,),
+        ),
+    ]
+
+
+def _engine_cases(profile: Profile) -> list[AlertCase]:
+    mon = profile.monitoring
+    cases = []
+    if profile.pools.prefill is not None:
+        prefill = 'pool="disagg", role="prefill"'
+        queue = _above_and_below(
+            VLLM_HISTOGRAMS["queue"], prefill, 'pool="disagg", role="decode"', mon.prefill_queue_p95_ms / 1000
+        )
+        usage = "vllm:kv_cache_usage_perc{" + prefill + ', instance="p1"}'
+        cases += [
+            AlertCase(
+                "PdfleetPrefillQueueWithIdleGPUs",
+                "queue and KV use joined wrongly, or the wrong role",
+                (*queue, Series(usage, value=mon.prefill_kv_usage_below / 2)),
+                (prefill,),
+            ),
+            AlertCase(
+                "PdfleetPrefillQueueWithIdleGPUs",
+                "advice to raise the budget while the prefill KV cache is full (the GPUs are busy)",
+                (*queue, Series(usage, value=(1 + mon.prefill_kv_usage_below) / 2)),
+                (),
+            ),
+        ]
+    per_s = mon.decode_preemptions_per_min / 60
+    for pool in ("decode", "colocated"):
+        if getattr(profile.pools, pool) is None:
+            continue
+        other = "colocated" if pool == "decode" else "decode"
+        hot = f'pool="{"disagg" if pool == "decode" else "colocated"}", role="{pool}"'
+        cold = f'pool="{"disagg" if other == "decode" else "colocated"}", role="{other}"'
+        cases.append(
+            AlertCase(
+                f"Pdfleet{pool.capitalize()}Preemptions",
+                "preemptions a second against a limit a minute, or the other pool's",
+                (
+                    Series(f'vllm:num_preemptions_total{{{hot}, instance="h1"}}', per_s=2 * per_s),
+                    Series(f'vllm:num_preemptions_total{{{cold}, instance="h2"}}', per_s=per_s / 2),
+                ),
+                (hot,),
+            )
+        )
+    return cases
+
+
+def _gateway_cases(profile: Profile) -> list[AlertCase]:
+    mon = profile.monitoring
+    requests = Series(f'{REQ}{{model="llama", pool="colocated", length_class="long", status="200"}}', per_s=4)
+    fallbacks = f'{FALLBACKS}{{model="llama", length_class="long", reason="connect"}}'
+    stalls = mon.stalls_per_min / 60
+    return [
+        AlertCase(
+            "PdfleetFallbacks",
+            "an inverted ratio, or the limit compared the wrong way",
+            (requests, Series(fallbacks, per_s=4 * 2 * mon.fallback_ratio)),
+            ("",),
+        ),
+        AlertCase(
+            "PdfleetFallbacks",
+            "firing under the limit (an inverted ratio fires on every healthy fleet)",
+            (requests, Series(fallbacks, per_s=4 * mon.fallback_ratio / 2)),
+            (),
+        ),
+        AlertCase(
+            "PdfleetStreamStalls",
+            "stalls a second against a limit a minute, or the class labels lost",
+            (
+                Series(f'{STALLS}{{{GATEWAY_QUIET}, instance="gw1"}}', per_s=2 * stalls),
+                Series(f'{STALLS}{{{GATEWAY_BUSY}, instance="gw1"}}', per_s=stalls / 2),
+            ),
+            (GATEWAY_QUIET,),
+        ),
+    ]
+
+
+def alert_cases(profile: Profile, has_gateway: bool) -> list[AlertCase]:
+    """A case for every alert the profile renders: over its own thresholds it fires, under them not."""
+    target = AlertCase(
+        "PdfleetTargetDown",
+        "a target that answers taken for one that does not",
+        (
+            Series('up{job="vllm", instance="198.18.0.11:8000", host="p1"}', value=0),
+            Series('up{job="vllm", instance="198.18.0.12:8000", host="d1"}', value=1),
+        ),
+        ('job="vllm", instance="198.18.0.11:8000", host="p1"',),
+    )
+    cases = [*_slo_cases(profile, has_gateway), *_kv_cases(profile), *_engine_cases(profile), target]
+    return cases + (_gateway_cases(profile) if has_gateway else [])
