@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
     import openai
 
 ANTHROPIC_ENV = ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
-PROBE_MESSAGES = [{"role": "user", "content": "Say hi."}]
+PROBE_TEXT = "Say hi."  # the one user message every probe sends
 PROBE_MAX_TOKENS = 4
 ANTHROPIC_VERSION = "2023-06-01"  # the anthropic-version header value Anthropic's API documents
 # What a refused connection looks like in the SDK's and httpx2's messages, to say "refused" plainly.
@@ -99,19 +98,14 @@ def _error_text(exc: BaseException) -> str:
     return text
 
 
-def _sdks() -> tuple[ModuleType, ModuleType]:
-    """The openai and anthropic modules, imported when a probe runs: importing both takes ~5 s, which
-    every `invoke` command (its --help included) would otherwise pay."""
-    import anthropic
-    import openai
-
-    return openai, anthropic
-
-
 def _run(recorder: Recorder, probe: str, call: Callable[[], str]) -> Exchange | None:
     """One probe: run the SDK call, record what the SDK made of the answer."""
     recorder.probe = probe
-    openai, anthropic = _sdks()
+    # The SDKs are imported when a probe runs, here and below: importing both takes ~5 s, which every
+    # `invoke` command (its --help included) would otherwise pay.
+    import anthropic
+    import openai
+
     try:
         outcome = call()
     except (openai.APIStatusError, anthropic.APIStatusError) as exc:
@@ -185,7 +179,9 @@ def _openai_probes(
     script: ScriptCall | None,
 ) -> tuple[tuple[str, ...], str | None]:
     """GET models, then chat completions without and with streaming, then the script's own call."""
-    client = _sdks()[0].OpenAI(base_url=base_url, api_key=key, http_client=http, max_retries=0)
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key=key, http_client=http, max_retries=0)
     models = _listed(_run(recorder, "models", lambda: f"{len(client.models.list().data)} models"))
     alias = model or (models[0] if models else None)
     if alias is None:
@@ -193,14 +189,17 @@ def _openai_probes(
 
     def chat() -> str:
         done = client.chat.completions.create(
-            model=alias, messages=PROBE_MESSAGES, max_tokens=PROBE_MAX_TOKENS
+            model=alias, messages=[{"role": "user", "content": PROBE_TEXT}], max_tokens=PROBE_MAX_TOKENS
         )
         return f"choices[0].message.content = {done.choices[0].message.content!r}"
 
     def chat_stream() -> str:
         chunks = list(
             client.chat.completions.create(
-                model=alias, messages=PROBE_MESSAGES, max_tokens=PROBE_MAX_TOKENS, stream=True
+                model=alias,
+                messages=[{"role": "user", "content": PROBE_TEXT}],
+                max_tokens=PROBE_MAX_TOKENS,
+                stream=True,
             )
         )
         with_choices = sum(1 for c in chunks if getattr(c, "choices", None))
@@ -250,14 +249,21 @@ def _anthropic_probes(
     if alias is None or bearer is None:
         return models, alias
     creds = {"api_key": api_key} if api_key is not None else {"auth_token": token}
-    client = _sdks()[1].Anthropic(base_url=base_url, http_client=http, max_retries=0, **creds)
+    from anthropic import Anthropic
+
+    client = Anthropic(base_url=base_url, http_client=http, max_retries=0, **creds)
 
     def messages() -> str:
-        msg = client.messages.create(model=alias, max_tokens=PROBE_MAX_TOKENS, messages=PROBE_MESSAGES)
-        return f"content[0].text = {msg.content[0].text!r}"
+        msg = client.messages.create(
+            model=alias, max_tokens=PROBE_MAX_TOKENS, messages=[{"role": "user", "content": PROBE_TEXT}]
+        )
+        # read as a script reads it: a first block that is not text raises the AttributeError _run reports
+        return f"content[0].text = {msg.content[0].text!r}"  # type: ignore[union-attr]  # on purpose, above
 
     def messages_stream() -> str:
-        with client.messages.stream(model=alias, max_tokens=PROBE_MAX_TOKENS, messages=PROBE_MESSAGES) as s:
+        with client.messages.stream(
+            model=alias, max_tokens=PROBE_MAX_TOKENS, messages=[{"role": "user", "content": PROBE_TEXT}]
+        ) as s:
             text = "".join(s.text_stream)
         return f"streamed text {text!r}"
 
@@ -265,7 +271,11 @@ def _anthropic_probes(
         # older Anthropic SDKs and Claude Code send the key as x-api-key, not as a Bearer token
         resp = http.post(
             base_url.rstrip("/") + "/v1/messages",
-            json={"model": alias, "max_tokens": PROBE_MAX_TOKENS, "messages": PROBE_MESSAGES},
+            json={
+                "model": alias,
+                "max_tokens": PROBE_MAX_TOKENS,
+                "messages": [{"role": "user", "content": PROBE_TEXT}],
+            },
             headers={"x-api-key": bearer, "anthropic-version": ANTHROPIC_VERSION},
         )
         return f"HTTP {resp.status_code}"
