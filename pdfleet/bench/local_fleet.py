@@ -19,28 +19,18 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from pdfleet.bench.launch import RouterProcess, SimProcess
 from pdfleet.bench.procs import free_port, wait_http
 from pdfleet.bench.runner import Gateway
 from pdfleet.bench.workload import SIM_MODEL
 from pdfleet.gateway.keys import hash_key
+from pdfleet.gateway.policy import policy_text, write_policy
 from pdfleet.metrics.direct import Target
 
 KEY = "sk-pdfleet-local-bench"  # this loopback fleet's own client key (hashed into its keys file)
 KV = '{"kv_connector":"NixlConnector","kv_role":"%s"}'
-
-POLICY = """version: 1
-listen: {{host: 127.0.0.1, port: {port}}}
-keys_file: {keys}
-models:
-  "{model}":
-    colocated: [{colocated}]
-{disagg}long_prompt_tokens: {long_tokens}
-stage: colocated
-stages: {{colocated: {{short: 0, long: 0}}}}
-log_requests: false
-"""
 
 
 class LocalFleet:
@@ -107,19 +97,21 @@ class LocalFleet:
         keys = self.tmp / "keys.yaml"
         keys.write_text(f"keys:\n  - name: bench\n    sha256: {hash_key(KEY)}\n")
         os.chmod(keys, 0o600)
-        colocated = ", ".join(f'"{s.url}"' for s in self.colo)
-        disagg = f'    disagg: "{self.router.url}"\n' if self.router else ""
+        route: dict[str, Any] = {"colocated": [s.url for s in self.colo]}
+        if self.router:
+            route["disagg"] = self.router.url
         policy = self.tmp / "policy.yaml"
-        policy.write_text(
-            POLICY.format(
-                port=port,
-                keys=keys,
-                model=SIM_MODEL,
-                colocated=colocated,
-                disagg=disagg,
-                long_tokens=self.long_tokens,
-            )
-        )
+        doc = {
+            "version": 1,
+            "listen": {"host": "127.0.0.1", "port": port},
+            "keys_file": str(keys),
+            "models": {SIM_MODEL: route},
+            "long_prompt_tokens": self.long_tokens,
+            "stage": "colocated",
+            "stages": {"colocated": {"short": 0, "long": 0}},
+            "log_requests": False,
+        }
+        write_policy(policy, policy_text(doc, policy))
         log = (self.tmp / "gateway.log").open("wb")
         self.stack.callback(log.close)
         self.gateway_proc = subprocess.Popen(

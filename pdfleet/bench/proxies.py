@@ -18,6 +18,7 @@ from pathlib import Path
 from pdfleet.bench.cpu import busy_cpu_seconds, cpu_seconds, own_cpu_seconds, process_tree
 from pdfleet.bench.procs import free_port, pin, wait_http, wait_port
 from pdfleet.gateway.keys import hash_key
+from pdfleet.gateway.policy import policy_text, write_policy
 
 KEY = "sk-bench-0123456789"  # the gateway's client key (the benchmark's own, hashed into keys.yaml)
 PATH = "/v1/chat/completions"
@@ -49,18 +50,6 @@ http {{
     }}
   }}
 }}
-"""
-
-POLICY = """
-version: 1
-listen: {{host: 127.0.0.1, port: {port}}}
-keys_file: keys.yaml
-models:
-  bench: {{colocated: ["http://127.0.0.1:{upstream}"]}}
-long_prompt_tokens: 8192
-stage: colocated-only
-stages: {{colocated-only: {{short: 0, long: 0}}}}
-log_requests: false
 """
 
 
@@ -108,8 +97,19 @@ def _start_gateway(tmp: Path, up_port: int, cpu: int | None) -> tuple[subprocess
     keys = tmp / "keys.yaml"
     keys.write_text(f"keys:\n  - name: bench\n    sha256: {hash_key(KEY)}\n")
     os.chmod(keys, 0o600)
-    (tmp / "policy.yaml").write_text(POLICY.format(port=port, upstream=up_port))
-    argv = [sys.executable, "-m", "pdfleet.gateway.cli", "--config", str(tmp / "policy.yaml")]
+    policy = tmp / "policy.yaml"
+    doc = {
+        "version": 1,
+        "listen": {"host": "127.0.0.1", "port": port},
+        "keys_file": "keys.yaml",
+        "models": {"bench": {"colocated": [f"http://127.0.0.1:{up_port}"]}},
+        "long_prompt_tokens": 8192,
+        "stage": "colocated-only",
+        "stages": {"colocated-only": {"short": 0, "long": 0}},
+        "log_requests": False,
+    }
+    write_policy(policy, policy_text(doc, policy))
+    argv = [sys.executable, "-m", "pdfleet.gateway.cli", "--config", str(policy)]
     proc = subprocess.Popen([*argv, "--log-level", "WARNING"], preexec_fn=pin(cpu))
     wait_http(f"http://127.0.0.1:{port}/health")
     return proc, port

@@ -25,7 +25,7 @@ from pdfleet.gateway.errors import Reject, Style, error_response
 from pdfleet.gateway.intake import admit, authorize, request_id
 from pdfleet.gateway.keys import AuthResult
 from pdfleet.gateway.limits import Limiter, limits_summary
-from pdfleet.gateway.live import StageConflict, is_noop, parse_update, rewritten, write_atomically
+from pdfleet.gateway.live import StageConflict, apply_update, is_noop, parse_update
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.policy import ActivePolicy, load_policy, restart_only_changes
 from pdfleet.gateway.proxy import Proxy
@@ -245,8 +245,7 @@ class Gateway:
                                 f"version {update.version} does not rise above the active "
                                 f"version {active.version} (stage {active.stage})"
                             )
-                        text = rewritten(self.config_path, self.config_path.read_text("utf-8"), update)
-                        write_atomically(self.config_path, text)
+                        apply_update(self.config_path, update)
                     except StageConflict as exc:
                         return error_response(409, str(exc), code="policy_version_conflict")
                     except (PdfleetError, OSError) as exc:

@@ -1,5 +1,6 @@
 """`POST /admin/stage` (admin key): the rollout controller sets the live stage; the gateway writes it into
-its own policy file (atomically, 0600) and reloads, so a restart keeps what the controller applied.
+its own policy file (through pdfleet.gateway.policy, atomically, 0600) and reloads, so a restart keeps
+what the controller applied.
 
 The body is `{"version": N, "stage": NAME, "stages": {NAME: {short, long}, ...}}`. Only those three keys
 of the file change; everything else provision rendered stays. The version must rise: the same version
@@ -9,20 +10,16 @@ refused (409), so two writers can never leave gateways reporting one version for
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from pdfleet.errors import ValidationError
-from pdfleet.gateway.policy import PolicySpec, parse_policy
+from pdfleet.gateway.policy import PolicySpec, read_policy_bytes, with_stage, write_policy
 from pdfleet.model.schema_errors import schema_problems
 from pdfleet.model.stages import StageSpec
-from pdfleet.model.yamlfile import parse_yaml
 
 
 class StageUpdate(BaseModel):
@@ -58,33 +55,10 @@ def is_noop(active: PolicySpec, update: StageUpdate) -> bool:
 
 
 def rewritten(source: Path, text: str, update: StageUpdate) -> str:
-    """The policy file's text with version, stage and stages replaced (validated as a whole)."""
-    data = parse_yaml(text, source)
-    if not isinstance(data, dict):
-        raise ValidationError(f"{source}: is not a YAML mapping")
-    data.update(
-        version=update.version,
-        stage=update.stage,
-        stages={k: v.model_dump() for k, v in update.stages.items()},
-    )
-    out = (
-        "# Managed by pdfleet: rendered by `invoke provision`; version, stage and stages set by the "
-        "rollout controller (POST /admin/stage).\n" + yaml.safe_dump(data, sort_keys=False)
-    )
-    parse_policy(source, out)
-    return out
+    """The policy file's text with the update's version, stage and stages (policy.with_stage)."""
+    return with_stage(source, text, update.version, update.stage, update.stages)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Replace the file in one rename (0600), so a reader sees the old or the new policy, never half."""
-    fd, tmp = tempfile.mkstemp(prefix=".policy-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def apply_update(path: Path, update: StageUpdate) -> None:
+    """Rewrite the policy file on disk with the update, atomically (0600)."""
+    write_policy(path, rewritten(path, read_policy_bytes(path).decode("utf-8", "replace"), update))

@@ -1,20 +1,27 @@
-"""The gateway's policy file: schema, validation, and the pure routing decision built from it.
+"""The gateway's policy file: schema, validation, reading and writing it, and the pure routing decision
+built from it.
 
 A policy file is YAML validated by pydantic (unknown keys are errors; every error names the file and
 the key path). Loading yields an immutable `ActivePolicy`; a reload builds a new one and swaps the
-reference, so a request keeps the policy it started with until it ends.
+reference, so a request keeps the policy it started with until it ends. This module is the one reader
+and writer of policy files: the gateway role renders through `policy_text`, `POST /admin/stage` rewrites
+through `with_stage` and `write_policy`, the bench's loopback gateways write through `write_policy`, and
+every reader (the gateway, provision's live-stage rule) parses through `parse_policy`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import os
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 from yarl import URL
@@ -276,13 +283,56 @@ def parse_policy(source: Path, text: str) -> PolicySpec:
     return spec
 
 
+def policy_text(data: Mapping[str, Any], source: Path, header: str = "") -> str:
+    """A policy file's text: `header` as comment lines, then `data` as YAML; checked by parse_policy first,
+    so nothing writes a policy the gateway would refuse."""
+    comments = "".join(f"# {line}\n" for line in header.splitlines())
+    text = comments + yaml.safe_dump(dict(data), sort_keys=False, allow_unicode=True)
+    parse_policy(source, text)
+    return text
+
+
+def with_stage(source: Path, text: str, version: int, stage: str, stages: Mapping[str, StageSpec]) -> str:
+    """The policy file's text with version, stage and stages replaced and every other key kept."""
+    data = parse_yaml(text, source)
+    if not isinstance(data, dict):
+        raise ValidationError(f"{source}: is not a YAML mapping")
+    data.update(version=version, stage=stage, stages={k: v.model_dump() for k, v in stages.items()})
+    header = (
+        "Managed by pdfleet: rendered by `invoke provision`; version, stage and stages set by the rollout "
+        "controller (POST /admin/stage)."
+    )
+    return policy_text(data, source, header)
+
+
+def write_policy(path: Path, text: str) -> None:
+    """Replace the file in one rename (0600), so a reader sees the old or the new policy, never half."""
+    parse_policy(path, text)
+    fd, tmp = tempfile.mkstemp(prefix=".policy-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_policy_bytes(source: Path) -> bytes:
+    """A policy file's bytes, or ValidationError naming the file."""
+    try:
+        return source.read_bytes()
+    except OSError as exc:
+        raise ValidationError(f"{source}: cannot read the policy file: {exc.strerror}") from None
+
+
 def load_policy(path: str | Path) -> ActivePolicy:
     """Read, validate and compile a policy file plus the keys file it names (blocking I/O)."""
     source = Path(path)
-    try:
-        raw = source.read_bytes()
-    except OSError as exc:
-        raise ValidationError(f"{source}: cannot read the policy file: {exc.strerror}") from None
+    raw = read_policy_bytes(source)
     spec = parse_policy(source, raw.decode("utf-8", "replace"))
     keys_path = Path(spec.keys_file)
     if not keys_path.is_absolute():

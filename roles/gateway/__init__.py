@@ -2,7 +2,8 @@
 
 The gateway routes each request to the colocated pool or, through the router, to the P/D pool, by
 the live stage; the router runs the prefill→decode protocol. Policy and key hashes live under
-/etc/pdfleet/gateway (0600); a policy change reloads the gateway (SIGHUP), never restarts it. The
+/etc/pdfleet/gateway (0600), the policy written by the gateway's own policy module; a policy change
+reloads the gateway (SIGHUP), never restarts it. The
 profile's `gateway.stage` is only the initial stage: provision keeps the stage the host runs (set by the
 rollout controller through /admin/stage) unless `invoke provision --stage S` overrides it.
 """
@@ -10,6 +11,7 @@ rollout controller through /admin/stage) unless `invoke provision --stage S` ove
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
@@ -17,6 +19,7 @@ from pdfleet.fleet.provision import live_policy, policy_stage, policy_version
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
 from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway
+from pdfleet.gateway import policy as gateway_policy
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.profile import GatewayLimits, RouterPolicy
 from pdfleet.model.stages import StageSpec
@@ -102,29 +105,36 @@ def policy_limits(limits: GatewayLimits, alias: str) -> dict[str, Any]:
 
 
 def policy_text(ctx: RoleContext, version: int, stage: str, stages: dict[str, StageSpec]) -> str:
-    """The gateway's policy file for this host at a version and stage."""
+    """The gateway's policy file for this host at a version and stage, written (and checked) by the
+    gateway's own policy module."""
     gw = ctx.profile.gateway
     gateway = _gateway(ctx)
-    model = ctx.profile.model
-    return ctx.render(
-        "gateway-policy.yaml.j2",
-        profile_name=ctx.profile.name,
-        version=version,
-        listen_host=gateway.address,
-        port=gw.port,
-        admin_port=gw.admin_port,
-        keys_file=gw.keys_file,
-        alias=gw.model_alias or model.id,
-        colocated=ctx.topology.pool_urls("colocated"),
-        disagg=gateway.router_url,
-        # the pools serve the alias too (vllm_args.served_model_names): bodies pass through unchanged
-        upstream_model=None,
-        chars_per_token=gw.chars_per_token,
-        long_prompt_tokens=gw.long_prompt_tokens,
-        stage=stage,
-        stages=stages,
-        limits=policy_limits(gw.limits, gw.model_alias or model.id),
+    alias = gw.model_alias or ctx.profile.model.id
+    listen: dict[str, Any] = {"host": gateway.address, "port": gw.port}
+    if gw.admin_port:
+        listen["admin_port"] = gw.admin_port
+    # the pools serve the alias too (vllm_args.served_model_names): bodies pass through unchanged
+    route: dict[str, Any] = {"colocated": list(ctx.topology.pool_urls("colocated"))}
+    if gateway.router_url:
+        route["disagg"] = gateway.router_url
+    doc: dict[str, Any] = {
+        "version": version,
+        "listen": listen,
+        "keys_file": gw.keys_file,
+        "models": {alias: route},
+        "estimator": {"chars_per_token": gw.chars_per_token},
+        "long_prompt_tokens": gw.long_prompt_tokens,
+        "stage": stage,
+        "stages": {name: spec.model_dump() for name, spec in stages.items()},
+    }
+    limits = policy_limits(gw.limits, alias)
+    if limits:
+        doc["limits"] = limits
+    header = (
+        f"Managed by pdfleet (profile {ctx.profile.name}): the gateway's routing policy.\n"
+        "Reloaded without dropping streams on change (systemctl reload pdfleet-gateway = SIGHUP)."
     )
+    return gateway_policy.policy_text(doc, Path(POLICY_FILE), header)
 
 
 def live_policy_text(ctx: RoleContext, facts: FactSource) -> str:

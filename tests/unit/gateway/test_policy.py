@@ -19,7 +19,11 @@ from pdfleet.gateway.policy import (
     decide,
     length_class,
     load_policy,
+    parse_policy,
+    policy_text,
     restart_only_changes,
+    with_stage,
+    write_policy,
 )
 from pdfleet.tokens import HFTokenizer
 from tests.unit.gateway.helpers import COLO, DIS, LoopThread, load_test_policy, policy_dict, policy_error
@@ -255,3 +259,28 @@ def test_the_real_vllm_router_forwards_messages_in_pd_mode_with_kv_transfer_para
     assert prefill["max_tokens"] == 1 and prefill["kv_transfer_params"]["do_remote_decode"] is True
     assert decode["max_tokens"] == 5 and decode["kv_transfer_params"] == remote
     assert "messages" not in ROUTER_PD_ENDPOINTS  # so by default the gateway keeps them colocated
+
+
+def test_policy_files_are_written_only_once_checked(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    doc = policy_dict(COLO, DIS, stage="off")
+    text = policy_text(doc, path, "Managed by a test.\nSecond line.")
+    assert text.startswith("# Managed by a test.\n# Second line.\n")
+    assert parse_policy(path, text).stage == "off"  # YAML would read a bare off as false: dumped quoted
+    write_policy(path, text)
+    assert path.read_text() == text and path.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(ValidationError, match="stage: 'nope' is not a stage"):
+        policy_text({**doc, "stage": "nope"}, path)
+    with pytest.raises(ValidationError, match="bogus"):
+        write_policy(path, text + "bogus: 1\n")
+    assert path.read_text() == text and [p.name for p in tmp_path.iterdir()] == ["policy.yaml"]
+
+
+def test_with_stage_changes_three_keys_and_keeps_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    text = policy_text(policy_dict(COLO, DIS, log_requests=False), path)
+    out = with_stage(path, text, 7, "half", {"half": StageSpec(short=50, long=50)})
+    new, old = parse_policy(path, out), parse_policy(path, text)
+    assert (new.version, new.stage, new.stages) == (7, "half", {"half": StageSpec(short=50, long=50)})
+    assert new.models == old.models and new.listen == old.listen and new.log_requests is False
+    assert out.startswith("# Managed by pdfleet: rendered by `invoke provision`")

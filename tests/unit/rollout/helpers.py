@@ -21,6 +21,7 @@ import yaml
 from pdfleet.bench.launch import _Proc
 from pdfleet.bench.procs import free_port
 from pdfleet.gateway.keys import hash_key
+from pdfleet.gateway.policy import policy_text, write_policy
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.rollout.config import ControllerConfig, GatewayTarget
 from pdfleet.rollout.controller import Controller
@@ -49,23 +50,18 @@ class GatewayProcess(_Proc):
         keys.write_text(yaml.safe_dump({"keys": entries}))
         keys.chmod(0o600)
         self.policy = directory / "policy.yaml"
-        self.policy.write_text(
-            yaml.safe_dump(
-                {
-                    "version": 1,
-                    "listen": {"host": "127.0.0.1", "port": port},
-                    "keys_file": "keys.yaml",
-                    "models": {"llama": {"colocated": [colocated], "disagg": disagg}},
-                    "long_prompt_tokens": LONG_TOKENS,
-                    "stage": "colocated",
-                    "stages": STAGES,
-                    "timeouts": {"connect_s": 1, "first_byte_s": 20, "idle_s": 20},
-                    "log_requests": False,
-                },
-                sort_keys=False,
-            )
-        )
-        self.policy.chmod(0o600)
+        doc = {
+            "version": 1,
+            "listen": {"host": "127.0.0.1", "port": port},
+            "keys_file": "keys.yaml",
+            "models": {"llama": {"colocated": [colocated], "disagg": disagg}},
+            "long_prompt_tokens": LONG_TOKENS,
+            "stage": "colocated",
+            "stages": STAGES,
+            "timeouts": {"connect_s": 1, "first_byte_s": 20, "idle_s": 20},
+            "log_requests": False,
+        }
+        write_policy(self.policy, policy_text(doc, self.policy))
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         argv = [
