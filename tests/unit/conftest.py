@@ -4,6 +4,7 @@ systemd for `@pytest.mark.systemd` tests (the unit-health fact and its readers).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -38,13 +39,9 @@ def _ensure_sshd() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    """Run `sshd -D -e -f CONFIG` on a free loopback port for the whole session."""
-    reason = _ensure_sshd()
-    if reason:
-        pytest.skip(reason)
-    work = tmp_path_factory.mktemp("sshd")
+@contextlib.contextmanager
+def _running_sshd(work: Path, extra_config: str = "") -> Iterator[Sshd]:
+    """`sshd -D -e -f CONFIG` on a free loopback port, its keys and config in `work`."""
     host_key, client_key = work / "host_ed25519", work / "client_ed25519"
     for key in (host_key, client_key):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
@@ -55,7 +52,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nPidFile {work}/sshd.pid\n"
         f"AuthorizedKeysFile {work}/authorized_keys\nPermitRootLogin prohibit-password\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-        "Subsystem sftp internal-sftp\nLogLevel ERROR\nMaxStartups 100\n"
+        "Subsystem sftp internal-sftp\nLogLevel ERROR\nMaxStartups 100\n" + extra_config
     )
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege-separation directory
     log = (work / "sshd.log").open("wb")
@@ -74,6 +71,16 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """An sshd on loopback for the whole session."""
+    reason = _ensure_sshd()
+    if reason:
+        pytest.skip(reason)
+    with _running_sshd(tmp_path_factory.mktemp("sshd")) as running:
+        yield running
 
 
 def _systemctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -150,3 +157,16 @@ def systemd_units(systemd: UserSystemd, tmp_path_factory: pytest.TempPathFactory
     wait_http(f"http://127.0.0.1:{port}/health", timeout=20)
     yield SystemdUnits(port, closed)
     _systemctl(env, "stop", "web.service")
+
+
+@pytest.fixture(scope="session")
+def systemd_sshd(systemd: UserSystemd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """An sshd whose sessions' `systemctl` is the private systemd's (sshd's SetEnv), so a command sent
+    over SSH asks that systemd as a host's command asks its own."""
+    reason = _ensure_sshd()
+    if reason:
+        pytest.skip(reason)
+    path = f"{systemd.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    extra = f"SetEnv PATH={path} XDG_RUNTIME_DIR={systemd.env['XDG_RUNTIME_DIR']}\n"
+    with _running_sshd(tmp_path_factory.mktemp("systemd-sshd"), extra) as running:
+        yield running

@@ -26,10 +26,12 @@ from pdfleet.checks.verify import (
     secret_values,
     table_rows,
 )
+from pdfleet.fleet.roles import ManagedUnit
 from pdfleet.fleet.topology import build_topology
 from pdfleet.hw.kv import render_env
 from pdfleet.model.inventory import Host, Inventory, load_inventory
 from pdfleet.model.profile import Profile
+from tests.unit.helpers import Sshd, SystemdUnits
 from tests.unit.hw.helpers import REPO, host, pinned, profile
 
 
@@ -220,3 +222,27 @@ def test_invoke_verify_cli_table_and_exit_codes(tmp_path: Path, sshd) -> None:  
         [*base, "--limit", "nosuch"], cwd=REPO, capture_output=True, text=True, timeout=300
     )
     assert limit.returncode != 0 and "nosuch" in limit.stderr and "Traceback" not in limit.stderr
+
+
+@pytest.mark.sshd
+@pytest.mark.systemd
+def test_verify_reads_unit_health_over_ssh_from_a_real_systemd(
+    tmp_path: Path, systemd_sshd: Sshd, systemd_units: SystemdUnits
+) -> None:
+    inv = load_inventory(_loopback_inventory(tmp_path, systemd_sshd))
+    prof = profile("same-host-pcie")
+    down_url = f"http://127.0.0.1:{systemd_units.closed_port}/health"
+    web = ManagedUnit("www.service", systemd_units.port, systemd_units.health_url)  # web.service's alias
+    down = ManagedUnit("down.service", systemd_units.closed_port, down_url)
+    options = VerifyOptions(checks="units_installed or health_answers", connect_timeout=5)
+
+    def verify_units(*units: ManagedUnit) -> dict[str, CheckResult]:
+        run = run_verify(prof, _topology(prof, inv), list(inv.hosts.values()), options, lambda _: list(units))
+        return {r.check: r for r in run.results}
+
+    healthy = verify_units(web)
+    assert {r.outcome for r in healthy.values()} == {PASS} and len(healthy) == 2
+    broken = verify_units(web, down)
+    units, health = broken["services/units_installed_enabled_active"], broken["services/health_answers"]
+    assert units.outcome == FAIL and units.detail == "down.service static/failed"
+    assert health.outcome == FAIL and health.detail == f"/health does not answer: {down_url} (unreachable)"
