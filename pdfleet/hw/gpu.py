@@ -64,7 +64,7 @@ def gather_gpu_facts(facts: FactSource) -> GpuFacts:
 
 
 @dataclass(frozen=True)
-class Decision:
+class PlanChoice:
     """Do it or not, and why (the reason is shown as a skip or in the plan)."""
 
     do: bool
@@ -89,9 +89,9 @@ class GpuPlan:
     version_glob: str | None = None  # apt version glob for every driver package, e.g. "570.133.20-*"
     packages: tuple[str, ...] = ()
     headers_package: str | None = None  # installed when the running kernel's headers are missing
-    fabric_manager: Decision = Decision(False, "")
+    fabric_manager: PlanChoice = PlanChoice(False, "")
     gpudirect: GpuDirect = GpuDirect("none", "")
-    persistence: Decision = Decision(False, "")
+    persistence: PlanChoice = PlanChoice(False, "")
     reboot_reasons: tuple[str, ...] = ()
     driver_ready: bool = False  # the pinned driver is loaded now: services can start, modules load
 
@@ -124,14 +124,14 @@ def driver_packages(spec: GpuSpec) -> tuple[str, ...]:
     return (*packages, f"cuda-drivers-{branch}")
 
 
-def dmabuf_support(open_modules: bool, kernel: KernelInfo) -> Decision:
+def dmabuf_support(open_modules: bool, kernel: KernelInfo) -> PlanChoice:
     """Whether GPUDirect RDMA can use DMA-BUF: open kernel modules on Linux >= 5.12."""
     if not open_modules:
-        return Decision(False, "DMA-BUF needs the open NVIDIA kernel modules (gpu.open_modules: false)")
+        return PlanChoice(False, "DMA-BUF needs the open NVIDIA kernel modules (gpu.open_modules: false)")
     if kernel.version < DMABUF_MIN_KERNEL:
         want = ".".join(map(str, DMABUF_MIN_KERNEL))
-        return Decision(False, f"DMA-BUF needs Linux >= {want}; running {kernel.release}")
-    return Decision(True, f"open kernel modules on Linux {kernel.release}")
+        return PlanChoice(False, f"DMA-BUF needs Linux >= {want}; running {kernel.release}")
+    return PlanChoice(True, f"open kernel modules on Linux {kernel.release}")
 
 
 def resolve_gpudirect(spec: GpuSpec, kernel: KernelInfo, has_rdma: bool) -> GpuDirect:
@@ -154,21 +154,21 @@ def resolve_gpudirect(spec: GpuSpec, kernel: KernelInfo, has_rdma: bool) -> GpuD
     return GpuDirect("peermem", f"nvidia-peermem, since {dmabuf.reason}")
 
 
-def decide_fabric_manager(spec: GpuSpec, pci: NvidiaPci) -> Decision:
+def decide_fabric_manager(spec: GpuSpec, pci: NvidiaPci) -> PlanChoice:
     """Fabric Manager only where NVSwitches exist (without it CUDA fails with error 802 there)."""
     want = spec.fabric_manager
     n = len(pci.nvswitches) or pci.nvswitch_proc_devices
     if want is False:
         if pci.has_nvswitch:
-            return Decision(
+            return PlanChoice(
                 False,
                 f"gpu.fabric_manager: false, but {n} NVSwitch(es) present: CUDA will "
                 "fail with error 802 until nvidia-fabricmanager runs",
             )
-        return Decision(False, "gpu.fabric_manager: false")
+        return PlanChoice(False, "gpu.fabric_manager: false")
     if not pci.has_nvswitch:
-        return Decision(False, "no NVSwitch on the PCI bus: Fabric Manager only runs on NVSwitch systems")
-    return Decision(True, f"{n} NVSwitch(es) on the PCI bus")
+        return PlanChoice(False, "no NVSwitch on the PCI bus: Fabric Manager only runs on NVSwitch systems")
+    return PlanChoice(True, f"{n} NVSwitch(es) on the PCI bus")
 
 
 def secure_boot_error(host: str, facts: GpuFacts, pinned_loaded: bool) -> str | None:
@@ -221,7 +221,7 @@ def plan_gpu(host: str, spec: GpuSpec, facts: GpuFacts, has_rdma: bool) -> GpuPl
         )
     if "nouveau" in facts.modules:
         reboots.append("nouveau is loaded; it is blacklisted and leaves at the next boot")
-    persistence = Decision(bool(spec.persistence), "gpu.persistence: " + str(spec.persistence).lower())
+    persistence = PlanChoice(bool(spec.persistence), "gpu.persistence: " + str(spec.persistence).lower())
     return GpuPlan(
         branch=branch,
         version_glob=f"{spec.driver_version}-*" if spec.driver_version else None,

@@ -22,7 +22,7 @@ from pdfleet.metrics.source import MetricsSource
 from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.config import ControllerConfig
 from pdfleet.rollout.gates import GateResult, evaluate_gate
-from pdfleet.rollout.gateways import GatewayClient, GatewayError, Report
+from pdfleet.rollout.gateways import GatewayClient, GatewayError, GatewayReport
 from pdfleet.rollout.machine import (
     ACTIVE,
     Event,
@@ -78,7 +78,7 @@ class Controller:
 
     # ---- pieces ----------------------------------------------------------------------------
 
-    def _reports(self) -> tuple[list[Report], str | None]:
+    def _reports(self) -> tuple[list[GatewayReport], str | None]:
         """Every gateway's report, or the first problem (an unreachable gateway)."""
         reports = []
         for target in self.config.gateways:
@@ -88,7 +88,7 @@ class Controller:
                 return reports, str(exc)
         return reports, None
 
-    def _initial(self, reports: list[Report]) -> RolloutState:
+    def _initial(self, reports: list[GatewayReport]) -> RolloutState:
         """The first state: what the gateways run (or the profile's initial stage when none answers)."""
         if reports:
             top = max(reports, key=lambda r: r.version)
@@ -99,7 +99,7 @@ class Controller:
         return initial_state(stage, self.config.stages[stage], 1)
 
     def _reconcile(
-        self, state: RolloutState, reports: list[Report], problem: str | None
+        self, state: RolloutState, reports: list[GatewayReport], problem: str | None
     ) -> tuple[RolloutState, list[Event]]:
         now = self.clock()
         events: list[Event] = []
@@ -138,7 +138,7 @@ class Controller:
         return state, [*events, *more]
 
     def _adopt(
-        self, state: RolloutState, reports: list[Report], now: float
+        self, state: RolloutState, reports: list[GatewayReport], now: float
     ) -> tuple[RolloutState, list[Event]] | None:
         """With no rollout active: gateways all at one higher version (set by provision) become stable."""
         versions = {(r.version, r.stage, r.weights) for r in reports}
@@ -185,7 +185,7 @@ class Controller:
         return {**self.config.stages, state.stage: state.weights}
 
     def _apply(
-        self, state: RolloutState, reports: list[Report], now: float
+        self, state: RolloutState, reports: list[GatewayReport], now: float
     ) -> tuple[RolloutState, list[Event]]:
         """Bring every gateway to the state's version; confirm only when every one reports it."""
         if all(r.version == state.version for r in reports):

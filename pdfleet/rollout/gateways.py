@@ -28,7 +28,7 @@ class GatewayConflict(GatewayError):
 
 
 @dataclass(frozen=True)
-class Report:
+class GatewayReport:
     """What one gateway runs."""
 
     name: str
@@ -65,11 +65,11 @@ class GatewayClient:
                 f"gateway {target.name} ({target.admin_url}) is not answering: {reason}"
             ) from None
 
-    def report(self, target: GatewayTarget) -> Report:
+    def report(self, target: GatewayTarget) -> GatewayReport:
         """The version and stage a gateway runs now."""
         doc = self._call(target, "GET", "/admin/policy")
         try:
-            return Report(
+            return GatewayReport(
                 target.name,
                 int(doc["version"]),
                 str(doc["stage"]),
