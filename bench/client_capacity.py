@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How many concurrent streams the bench client (pdfleet.bench.openai_stream) keeps on time on one core.
+"""How many concurrent streams the bench client (pdfleet.bench.client) keeps on time on one core.
 
 For each N: a `pdfleet-sim serve` pinned to one core, this client pinned to another. N long streams start
 over --ramp seconds (scheduled starts), then for --hold seconds short probe requests keep arriving at
@@ -24,10 +24,9 @@ from typing import Any
 
 from pdfleet.bench.cpu import own_cpu_seconds
 from pdfleet.bench.launch import SimProcess
-from pdfleet.bench.runner import Gateway, Schedule, run_pool
+from pdfleet.bench.load import Gateway, Schedule, run_pool
 from pdfleet.bench.stats import quantile
-from pdfleet.bench.workload import SIM_MODEL
-from pdfleet.bench.workloads import Item, words
+from pdfleet.bench.workloads import SIM_MODEL, Item, words
 
 TARGET_MS = 2.0
 

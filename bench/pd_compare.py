@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 from pdfleet.bench.compare import BenchPlan, PoolTarget, run_compare
-from pdfleet.bench.compare_report import HEADLINE, headline_rows, write_all
 from pdfleet.bench.local_fleet import LocalFleet
-from pdfleet.bench.report import markdown_table
-from pdfleet.bench.serve_metrics import Bounds
+from pdfleet.bench.report import HEADLINE, headline_rows, markdown_table, write_all
+from pdfleet.bench.stats import Bounds
 from pdfleet.bench.verdict import Thresholds
 from pdfleet.bench.workloads import WorkloadSpec
 from pdfleet.metrics.direct import DirectScrape

@@ -26,12 +26,12 @@ import sys
 from pathlib import Path
 
 from pdfleet.bench.arrivals import even_offsets
-from pdfleet.bench.client import Stats, StreamClient, request_bytes
+from pdfleet.bench.client import StreamClient, request_bytes
 from pdfleet.bench.cpu import cpu_seconds
 from pdfleet.bench.launch import SimProcess
 from pdfleet.bench.load import run_closed
 from pdfleet.bench.sim_clock import ON_SCHEDULE, clock_figures
-from pdfleet.bench.workload import SIM_MODEL, completion_body, synthetic_prompt
+from pdfleet.bench.workloads import SIM_MODEL, completion_body, synthetic_prompt
 from pdfleet.metrics.scrape import scrape_metrics
 
 
@@ -48,13 +48,13 @@ async def drive(
     """Run the clients (closed loop on kept-alive connections); measure over [warmup, warmup + duration]."""
     host, port = url.removeprefix("http://").split(":")
     body = completion_body(synthetic_prompt(prompt_tokens), output)
-    request = request_bytes(int(port), "/v1/completions", body, keepalive=True, host=host)
-    client = StreamClient(int(port), request, Stats(), keepalive=True, host=host)
+    request = request_bytes(host, int(port), "/v1/completions", body)
+    client = StreamClient(host, int(port), parse=False)
 
     def probe() -> dict[str, float]:
         return {**scrape_metrics(url), "sim_cpu": cpu_seconds([sim_pid])}
 
-    run = await run_closed(client, even_offsets(streams, spread), duration, warmup, probe)
+    run = await run_closed(client, request, even_offsets(streams, spread), duration, warmup, probe)
     return clock_figures(run.before, run.after)
 
 

@@ -17,11 +17,11 @@ import math
 import sys
 import time
 
-from pdfleet.bench.client import Span, Stats, StreamClient, request_bytes
+from pdfleet.bench.client import Record, StreamClient, request_bytes
 from pdfleet.bench.launch import RouterProcess, SimProcess
 from pdfleet.bench.procs import free_port
 from pdfleet.bench.stats import histogram_bound, itl_within
-from pdfleet.bench.workload import SIM_MODEL, completion_body, synthetic_prompt
+from pdfleet.bench.workloads import SIM_MODEL, completion_body, synthetic_prompt
 from pdfleet.metrics.scrape import scrape_histogram
 
 ITL = "vllm:inter_token_latency_seconds"
@@ -48,11 +48,11 @@ def bucket_label(bound: float) -> str:
     return f"<= {1e3 * bound:g} ms" if bound != math.inf else "> 80 s"
 
 
-def completions_client(url: str, body: bytes) -> StreamClient:
-    """A client sending `body` to url's /v1/completions, one kept-alive connection per concurrent stream."""
+def completions_client(url: str, body: dict[str, object]) -> tuple[StreamClient, bytes]:
+    """A client for url (one kept-alive connection per concurrent stream) and its /v1/completions request."""
     host, port = url.removeprefix("http://").split(":")
-    request = request_bytes(int(port), "/v1/completions", body, keepalive=True, host=host)
-    return StreamClient(int(port), request, Stats(), keepalive=True, host=host)
+    request = request_bytes(host, int(port), "/v1/completions", body)
+    return StreamClient(host, int(port), parse=False), request
 
 
 async def run(
@@ -62,9 +62,9 @@ async def run(
 
     The last figure: how many loop probes or steps of the simulator ran late in the two windows.
     """
-    client = completions_client(url, completion_body(synthetic_prompt(1024, "s"), 100000))
-    spans = [Span(events=[]) for _ in range(streams)]
-    tasks = [asyncio.create_task(client.stream(span)) for span in spans]
+    client, request = completions_client(url, completion_body(synthetic_prompt(1024, "s"), 100000))
+    recs = [Record() for _ in range(streams)]
+    tasks = [asyncio.create_task(client.run(request, rec)) for rec in recs]
     await asyncio.sleep(window / 2)  # let every stream reach steady decoding
     b0 = scrape_histogram(engine_url, ITL)
     late0 = late_count(engine_url)
@@ -72,8 +72,8 @@ async def run(
     b1 = scrape_histogram(engine_url, ITL)
     t_burst = time.perf_counter()
     burst_body = completion_body(synthetic_prompt(burst_tokens, "b"), 4, stream=False, ignore_eos=False)
-    burst = completions_client(url, burst_body)
-    tasks.append(asyncio.create_task(burst.stream(Span())))
+    burst, burst_request = completions_client(url, burst_body)
+    tasks.append(asyncio.create_task(burst.run(burst_request, Record())))
     await asyncio.sleep(window)
     b2 = scrape_histogram(engine_url, ITL)
     late = late_count(engine_url) - late0
@@ -82,7 +82,7 @@ async def run(
     await asyncio.gather(*tasks)
 
     def worst(start: float, end: float) -> float:
-        gaps = [g for span in spans for g in itl_within(span.events or [], start, end)]
+        gaps = [g for rec in recs for g in itl_within(rec.chunks, start, end)]
         return 1e3 * max(gaps) / scale if gaps else float("nan")
 
     return (

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from pdfleet.bench.arrivals import gamma_starts
-from pdfleet.bench.openai_stream import StreamingClient
-from pdfleet.bench.runner import Gateway, PoolDown, PoolRun, Progress, Schedule, run_pool, warm_up
-from pdfleet.bench.serve_metrics import Bounds, summarize
+from pdfleet.bench.client import StreamClient
+from pdfleet.bench.load import Gateway, PoolDown, PoolRun, Progress, Schedule, run_pool, warm_up
 from pdfleet.bench.server_side import chain, kv_peak
 from pdfleet.bench.sla_search import margin, next_rate
+from pdfleet.bench.stats import Bounds, summarize
 from pdfleet.bench.workloads import Item, WorkloadSpec, build, check_spec
 from pdfleet.errors import ValidationError
 from pdfleet.metrics.source import MetricsError, MetricsSource
@@ -140,7 +140,7 @@ async def run_one(
 ) -> PoolResult:
     """Warm up, run and read one pool; a pool that is down becomes a result with its error."""
     result = PoolResult(target)
-    client = StreamingClient(gw.host, gw.port)
+    client = StreamClient(gw.host, gw.port)
     try:
         await warm_up(client, gw, target.name, items, plan.warmup)
     except PoolDown as err:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pdfleet.bench.compare import POOLS, PoolTarget
-from pdfleet.bench.runner import Gateway
+from pdfleet.bench.load import Gateway
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.topology import GATEWAY_POOL, Topology
 from pdfleet.metrics.direct import DirectScrape, Target

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from pdfleet.bench.arrivals import poisson_starts, stagger_offsets
-from pdfleet.bench.client import Stats, StreamClient, request_bytes
+from pdfleet.bench.client import StreamClient, request_bytes
 from pdfleet.bench.load import LoadRun, run_closed, run_open
 from pdfleet.bench.proxies import PATH, Target
 from pdfleet.bench.stats import NAN, durations, mean_in_flight, mean_ms, pct_ms
@@ -53,7 +53,7 @@ def summarise(target: Target, streams: int, run: LoadRun) -> dict:
     stats, window = run.stats, run.window()
     ttft = sorted(stats.ttft)
     late = sorted(run.lateness)
-    lengths = durations(run.spans)
+    lengths = durations(run.records)
     secs, cpu = window["t"], window["proxy_cpu"]
     return {
         "ttft": ttft,
@@ -68,7 +68,7 @@ def summarise(target: Target, streams: int, run: LoadRun) -> dict:
         "connects": stats.connects,
         "stale": stats.stale,
         "window_s": secs,
-        "mean_in_flight": mean_in_flight(run.spans, window["t0"], window["t1"], now),
+        "mean_in_flight": mean_in_flight(run.records, window["t0"], window["t1"], now),
         "mean_stream_ms": mean_ms(lengths),
         "ttft_p50_ms": pct_ms(ttft, 0.50),
         "ttft_p99_ms": pct_ms(ttft, 0.99),
@@ -117,9 +117,10 @@ def merge(rows: list[dict]) -> dict:
     return out
 
 
-def _client(target: Target, body: bytes, keepalive: bool) -> StreamClient:
-    request = request_bytes(target.port, PATH, body, target.key, keepalive)
-    return StreamClient(target.port, request, Stats(), keepalive)
+def _client(target: Target, body: bytes, keepalive: bool) -> tuple[StreamClient, bytes]:
+    """A client for `target` that reads no payload (the upstream sends only content events), its request."""
+    request = request_bytes("127.0.0.1", target.port, PATH, body, key=target.key, keepalive=keepalive)
+    return StreamClient("127.0.0.1", target.port, keepalive=keepalive, parse=False), request
 
 
 async def open_row(
@@ -132,8 +133,8 @@ async def open_row(
     cfg: OverheadConfig,
 ) -> dict:
     """An open-loop run through `target` (a stream at each of `starts`), as a row."""
-    client = _client(target, body, cfg.keepalive)
-    run = await run_open(client, starts, duration, warmup, cfg.drain, target.cpu_counters)
+    client, request = _client(target, body, cfg.keepalive)
+    run = await run_open(client, request, starts, duration, warmup, cfg.drain, target.cpu_counters)
     return summarise(target, streams, run)
 
 
@@ -145,9 +146,9 @@ async def closed_row(
     The offsets are seeded by `streams` (the same for every target); only streams started once every
     worker has started are measured.
     """
-    client = _client(target, body, keepalive)
+    client, request = _client(target, body, keepalive)
     offsets = stagger_offsets(streams, stagger, seed=streams)
-    run = await run_closed(client, offsets, duration, max(warmup, stagger), target.cpu_counters)
+    run = await run_closed(client, request, offsets, duration, max(warmup, stagger), target.cpu_counters)
     return summarise(target, streams, run)
 
 

@@ -6,7 +6,7 @@ run here goes through exactly the path it takes on a fleet. `LocalFleet.targets(
 endpoints with the labels the topology gives them (pool, role, host).
 
     with LocalFleet(colocated=2, sim_args=["--sim-time-scale", "1"]) as fleet:
-        fleet.gateway  # pdfleet.bench.runner.Gateway
+        fleet.gateway  # pdfleet.bench.load.Gateway
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from types import TracebackType
 from typing import Any
 
 from pdfleet.bench.launch import RouterProcess, SimProcess
+from pdfleet.bench.load import Gateway
 from pdfleet.bench.procs import free_port, wait_http
-from pdfleet.bench.runner import Gateway
-from pdfleet.bench.workload import SIM_MODEL
+from pdfleet.bench.workloads import SIM_MODEL
 from pdfleet.gateway.keys import hash_key
 from pdfleet.gateway.policy import policy_text, write_policy
 from pdfleet.metrics.direct import Target

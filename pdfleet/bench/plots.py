@@ -13,7 +13,7 @@ matplotlib.use("Agg")  # files only: never a window, works without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pdfleet.bench.compare import BenchResult  # noqa: E402
-from pdfleet.bench.serve_metrics import gaps  # noqa: E402
+from pdfleet.bench.stats import gaps  # noqa: E402
 
 COLORS = {"colocated": "tab:red", "disagg": "tab:blue"}
 STYLES = {"short": "-", "long": "--"}

@@ -1,8 +1,25 @@
-"""Markdown pieces of benchmark reports: tables from rows of cells, and notes that appear only when needed."""
+"""The benchmarks' reports: Markdown tables and notes (every bench), and `invoke bench`'s `report.md` and
+self-contained `report.html` (plots inlined as base64 PNG).
+
+Headline table (TTFT P95, ITL P99, stalls per 100 streams, TPOT P95 per pool and length class), the
+fair-comparison table (GPUs, per-GPU rates, goodput, SLO attainment), the server-side chain, the
+verdict with the numbers that decided it, the client's own lateness, and every error counted.
+"""
 
 from __future__ import annotations
 
+import base64
+import html
+import math
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pdfleet.bench.server_side import FIRST_REQUEST_BUCKET_MS
+from pdfleet.bench.verdict import Verdict
+
+LATE_MS = 2.0  # the client's schedule lateness P99 above which the report says it was late
+STAGES = ("queue", "prefill", "kv_transfer", "decode")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
@@ -19,3 +36,293 @@ def note(lead: str, items: Sequence[str], tail: str) -> list[str]:
     if not items:
         return []
     return ["", f"note: {lead}" + "; ".join(items) + tail]
+
+
+def fmt(v: Any, digits: int = 1) -> str:
+    """A number for a table ("-" when absent)."""
+    if isinstance(v, bool) or v is None:
+        return "-" if v is None else str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "-" if not math.isfinite(v) else f"{v:.{digits}f}"
+    return str(v)
+
+
+def headline_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """pool, class, requests, failed, TTFT P95, ITL P99, stalls/100 streams, TPOT P95 (per class and all)."""
+    rows = []
+    for pool, s in doc["pools"].items():
+        if "error" in s:
+            rows.append([pool, "all", "-", "-", "down", "-", "-", "-", "-"])
+            continue
+        for cls, c in [*s["pdfleet"]["classes"].items(), ("all", s)]:
+            rows.append(
+                [
+                    pool,
+                    cls,
+                    fmt(c["completed"] + c["failed"]),
+                    fmt(c["failed"]),
+                    fmt(c["p95_ttft_ms"], 0),
+                    fmt(c["p99_itl_ms"]),
+                    fmt(c["p99.9_itl_ms"]),
+                    fmt(c["stalls_per_100_streams"]),
+                    fmt(c["p95_tpot_ms"]),
+                ]
+            )
+    return rows
+
+
+HEADLINE = [
+    "pool",
+    "class",
+    "requests",
+    "failed",
+    "TTFT P95 ms",
+    "ITL P99 ms",
+    "ITL P99.9 ms",
+    "stalls/100 streams",
+    "TPOT P95 ms",
+]
+
+
+def fair_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """GPUs and per-GPU rates, goodput and attainment per pool."""
+    rows = []
+    for pool, s in doc["pools"].items():
+        if "error" in s:
+            rows.append([pool, fmt(s["gpus"]), "-", "-", "-", "-", "-"])
+            continue
+        g, gpus = s["pdfleet"]["per_gpu"], s["pdfleet"]["gpus"]
+        best = s["pdfleet"].get("max_rate_meeting_slo")
+        rows.append(
+            [
+                pool,
+                fmt(gpus),
+                fmt(s["request_throughput"], 2),
+                fmt(g["request_throughput_per_gpu"], 2),
+                fmt(g["request_goodput_per_gpu"], 2),
+                fmt(s["slo_attainment_pct"]),
+                "-" if best is None else f"{best:g} ({best / max(1, gpus):g}/GPU)",
+            ]
+        )
+    return rows
+
+
+FAIR = ["pool", "GPUs", "req/s", "req/s per GPU", "goodput/s per GPU", "SLO attainment %", "sweep: max rate"]
+
+
+def server_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """Per pool and role: P95/P99 of each chain stage, preemptions, prefix-cache hit rate (share of prompt
+    tokens), peak KV usage (or why not)."""
+    rows = []
+    for pool, s in doc["pools"].items():
+        if "error" in s:
+            continue
+        server, peak = s["pdfleet"]["server"], s["pdfleet"]["kv_cache_usage_peak"]
+        roles = sorted({r for v in server.values() for r in v if r != "*"}) or ["*"]
+        for role in roles:
+            cells = [pool, role]
+            for st in STAGES:
+                p95 = server.get(f"{st}_p95_ms", {}).get(role, server.get(f"{st}_p95_ms", {}).get("*"))
+                p99 = server.get(f"{st}_p99_ms", {}).get(role, server.get(f"{st}_p99_ms", {}).get("*"))
+                cells.append(_pair(p95, p99, st))
+            pre = server.get("preemptions", {}).get(role)
+            cells.append(fmt(pre, 0) if isinstance(pre, int | float) else "-")
+            hit = server.get("prefix_cache_hit_pct", {}).get(role)
+            cells.append(f"{hit:.0f}%" if isinstance(hit, int | float) else "-")
+            kv = peak.get(role)
+            cells.append(f"{100 * kv:.0f}%" if isinstance(kv, int | float) else "-")
+            rows.append(cells)
+    return rows
+
+
+def _ms(v: float, stage: str) -> str:
+    """A server figure; under the first bucket of vLLM's request-time histograms only "<300" is known."""
+    if stage != "kv_transfer" and v < FIRST_REQUEST_BUCKET_MS:
+        return f"<{FIRST_REQUEST_BUCKET_MS:.0f}"
+    return f"{v:.0f}"
+
+
+def _pair(p95: Any, p99: Any, stage: str) -> str:
+    """A P95 / P99 cell of the server table."""
+    if isinstance(p95, int | float):
+        return f"{_ms(p95, stage)} / {_ms(p99, stage)}" if isinstance(p99, int | float) else _ms(p95, stage)
+    return "n/a"
+
+
+BUCKET_NOTE = (
+    "queue, prefill and decode come from vLLM's request-time histograms, whose first bucket ends "
+    "at 300 ms: '<300' is all they can say below it; KV transfer buckets start at 1 ms"
+)
+SERVER = [
+    "pool",
+    "role",
+    "queue P95/P99 ms",
+    "prefill",
+    "KV transfer",
+    "decode",
+    "preemptions",
+    "prefix-cache hits",
+    "peak KV",
+]
+
+
+def server_notes(doc: dict[str, Any]) -> list[str]:
+    """Why server figures are missing, once per distinct reason."""
+    seen: dict[str, None] = {}
+    for s in doc["pools"].values():
+        for figs in s.get("pdfleet", {}).get("server", {}).values():
+            for v in figs.values():
+                if isinstance(v, str):
+                    seen.setdefault(v, None)
+    return list(seen)[:6]
+
+
+def client_notes(doc: dict[str, Any]) -> list[str]:
+    """The client's lateness per pool, and a warning when it was late (P99 > 2 ms)."""
+    out = []
+    for pool, s in doc["pools"].items():
+        if "error" in s:
+            continue
+        c = s["pdfleet"]["client"]
+        late = c.get("p99_schedule_lateness_ms")
+        line = (
+            f"{pool}: schedule lateness P99 {fmt(late, 2)} ms "
+            f"(max {fmt(c.get('max_schedule_lateness_ms'), 1)}"
+            f" ms), event-loop lag P99 {fmt(c.get('p99_loop_lag_ms'), 2)} ms"
+        )
+        if isinstance(late, int | float) and late > LATE_MS:
+            line += f" -- THE CLIENT WAS LATE (P99 > {LATE_MS:g} ms): starts slipped behind the schedule"
+        out.append(line)
+    return out
+
+
+def interference_note(doc: dict[str, Any]) -> str | None:
+    """What the long prompts did to the short streams: colocated against P/D ITL P99 and stalls."""
+    pools = doc["pools"]
+    if (
+        "colocated" not in pools
+        or "disagg" not in pools
+        or any("error" in pools[p] for p in ("colocated", "disagg"))
+    ):
+        return None
+    c, d = pools["colocated"]["pdfleet"]["classes"], pools["disagg"]["pdfleet"]["classes"]
+    if "short" not in c or "short" not in d:
+        return None
+    ci, di = c["short"]["p99_itl_ms"], d["short"]["p99_itl_ms"]
+    cs, ds = c["short"]["stalls_per_100_streams"], d["short"]["stalls_per_100_streams"]
+    if not all(isinstance(v, int | float) for v in (ci, di, cs, ds)):
+        return None
+    if ci > di and cs >= ds:
+        return (
+            f"Long-prompt interference shows on the colocated pool: short streams' ITL P99 {ci:.0f} ms vs "
+            f"{di:.0f} ms on P/D, stalls per 100 streams {cs:.1f} vs {ds:.1f}."
+        )
+    return (
+        f"No long-prompt interference on the colocated pool at this load: short streams' ITL P99 {ci:.0f} ms "
+        f"vs {di:.0f} ms on P/D, stalls per 100 streams {cs:.1f} vs {ds:.1f}."
+    )
+
+
+def error_lines(doc: dict[str, Any]) -> list[str]:
+    """Every pool that was down and every distinct request error, with its count."""
+    out = []
+    for pool, s in doc["pools"].items():
+        if "error" in s:
+            out.append(f"{pool}: {s['error']}")
+            continue
+        for err, n in s["pdfleet"]["errors"].items():
+            out.append(f"{pool}: {n} request(s) failed: {err}")
+        if s["pdfleet"]["cancelled"]:
+            out.append(f"{pool}: {s['pdfleet']['cancelled']} request(s) cancelled (not counted as failed)")
+    return out
+
+
+def verdict_lines(v: Verdict) -> list[str]:
+    """The verdict, the numbers that decided it, advice and warnings."""
+    out = [f"**{v.headline}**", ""]
+    out += [f"- {k}: {fmt(val)}" for k, val in v.deciding.items()]
+    out += ["", *[f"- advice: {a}" for a in v.advice], *[f"- WARNING: {w}" for w in v.warnings]]
+    return out
+
+
+def markdown(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> str:
+    """report.md's text (plots linked by file name)."""
+    title = f"# pdfleet bench: {doc['profile']}, workload {doc['workload']['name']}, seed {doc['seed']}"
+    lines = [title + (" (PARTIAL: interrupted)" if doc["partial"] else ""), ""]
+    if doc["time_scale"] != 1:
+        lines += [f"Times are simulated seconds (client wall times / time scale {doc['time_scale']:g}).", ""]
+    lines += ["## Headline", "", *markdown_table(HEADLINE, headline_rows(doc)), ""]
+    note = interference_note(doc)
+    lines += [note, ""] if note else []
+    lines += ["## Verdict", "", *verdict_lines(verdict), ""]
+    lines += ["## Fair comparison (per GPU)", "", *markdown_table(FAIR, fair_rows(doc)), ""]
+    lines += [
+        "## Server side (run window, via the metrics source)",
+        "",
+        *markdown_table(SERVER, server_rows(doc)),
+    ]
+    lines += ["", *[f"- {n}" for n in server_notes(doc)], f"- {BUCKET_NOTE}", ""]
+    lines += ["## Client", "", *[f"- {n}" for n in client_notes(doc)], ""]
+    errs = error_lines(doc)
+    lines += ["## Errors", "", *([f"- {e}" for e in errs] or ["- none"]), ""]
+    lines += ["## Plots", "", *[f"![{p.stem}]({p.name})" for p in plots], ""]
+    return "\n".join(lines)
+
+
+def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """An escaped HTML table."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def html_page(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> str:
+    """report.html: the same content, one file, plots inlined."""
+    esc = html.escape
+    title = f"pdfleet bench: {doc['profile']}, workload {doc['workload']['name']}, seed {doc['seed']}"
+    parts = [f"<h1>{esc(title)}{' (PARTIAL: interrupted)' if doc['partial'] else ''}</h1>"]
+    parts += ["<h2>Headline</h2>", _html_table(HEADLINE, headline_rows(doc))]
+    note = interference_note(doc)
+    parts += [f"<p>{esc(note)}</p>"] if note else []
+    parts += ["<h2>Verdict</h2>", f"<p><b>{esc(verdict.headline)}</b></p><ul>"]
+    parts += [f"<li>{esc(k)}: {esc(fmt(v))}</li>" for k, v in verdict.deciding.items()]
+    parts += [f"<li>advice: {esc(a)}</li>" for a in verdict.advice]
+    parts += [f"<li><b>WARNING</b>: {esc(w)}</li>" for w in verdict.warnings] + ["</ul>"]
+    parts += ["<h2>Fair comparison (per GPU)</h2>", _html_table(FAIR, fair_rows(doc))]
+    parts += ["<h2>Server side</h2>", _html_table(SERVER, server_rows(doc))]
+    parts += ["<ul>", *[f"<li>{esc(n)}</li>" for n in [*server_notes(doc), BUCKET_NOTE]], "</ul>"]
+    parts += ["<h2>Client</h2><ul>", *[f"<li>{esc(n)}</li>" for n in client_notes(doc)], "</ul>"]
+    parts += ["<h2>Errors</h2><ul>", *[f"<li>{esc(e)}</li>" for e in error_lines(doc) or ["none"]], "</ul>"]
+    parts += ["<h2>Plots</h2>"]
+    for p in plots:
+        data = base64.b64encode(p.read_bytes()).decode()
+        parts.append(f'<p><img alt="{esc(p.stem)}" src="data:image/png;base64,{data}"></p>')
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>{style}</style>"
+        f"</head><body>{''.join(parts)}</body></html>\n"
+    )
+
+
+def write_report(out_dir: Path, doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> None:
+    """report.md and report.html in out_dir."""
+    (out_dir / "report.md").write_text(markdown(doc, verdict, plots), encoding="utf-8")
+    (out_dir / "report.html").write_text(html_page(doc, verdict, plots), encoding="utf-8")
+
+
+def write_all(
+    out_dir: Path, result: Any, model: str, profile: str, thresholds: Any
+) -> tuple[dict[str, Any], Verdict]:
+    """Every output of a bench into out_dir: results, per-request lines, plots, report.md and report.html."""
+    from pdfleet.bench.plots import all_plots  # matplotlib only when writing a report
+    from pdfleet.bench.results import write_results
+
+    doc, verdict = write_results(out_dir, result, model, profile, thresholds)
+    plots = all_plots(result, doc["pools"], out_dir)
+    write_report(out_dir, doc, verdict, plots)
+    return doc, verdict

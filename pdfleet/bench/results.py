@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from pdfleet.bench.compare import BenchResult, PoolResult, best_rate
-from pdfleet.bench.serve_metrics import PERCENTILES, gaps, output_len, per_gpu, summarize, tpot
 from pdfleet.bench.server_side import value_of
-from pdfleet.bench.stats import quantile
+from pdfleet.bench.stats import PERCENTILES, gaps, output_len, per_gpu, quantile, summarize, tpot
 from pdfleet.bench.verdict import PoolFigures, Thresholds, Verdict, decide
 
 CLASSES = ("short", "long")

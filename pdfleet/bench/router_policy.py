@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from pdfleet.bench.client import Span, Stats, StreamClient, request_bytes
+from pdfleet.bench.client import Record, StreamClient, request_bytes
 from pdfleet.bench.cpu import cpu_seconds
 from pdfleet.bench.launch import RouterProcess, SimProcess
 from pdfleet.bench.procs import free_port
 from pdfleet.bench.report import markdown_table
 from pdfleet.bench.stats import NAN, pct_ms
-from pdfleet.bench.workload import SIM_MODEL
+from pdfleet.bench.workloads import SIM_MODEL
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
 BASELINE = "round_robin"
@@ -83,23 +83,21 @@ def _host_port(url: str) -> tuple[str, int]:
 async def stream_ttft(url: str, path: str, body: dict, t0: float | None = None) -> float:
     """Seconds from t0 (default: now) to the first streamed event of one request; NaN if it failed."""
     host, port = _host_port(url)
-    stats = Stats()
-    request = request_bytes(port, path, json.dumps(body).encode(), host=host)
-    client = StreamClient(port, request, stats, False, host)
-    span = Span(events=[])
+    client = StreamClient(host, port, keepalive=False, parse=False)
+    rec = Record()
     start = time.perf_counter() if t0 is None else t0
-    await client.stream(span)
+    await client.run(request_bytes(host, port, path, body, keepalive=False), rec)
     client.close()
-    if stats.done != 1 or not span.events:
+    if rec.error or not rec.chunks:
         return NAN
-    return span.events[0] - start
+    return rec.chunks[0] - start
 
 
 async def post_json(url: str, path: str, body: dict) -> dict:
     """One non-streaming POST over a fresh connection; the JSON reply (ValueError unless 200)."""
     host, port = _host_port(url)
     reader, writer = await asyncio.open_connection(host, port)
-    writer.write(request_bytes(port, path, json.dumps(body).encode(), host=host))
+    writer.write(request_bytes(host, port, path, body, keepalive=False))
     raw = await reader.read()  # Connection: close: the reply ends with the connection
     writer.close()
     head, _, payload = raw.partition(b"\r\n\r\n")

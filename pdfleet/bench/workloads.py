@@ -1,10 +1,12 @@
-"""`invoke bench`'s workloads: seeded lists of prompts with input and output lengths, and their length class.
+"""The benchmarks' workloads: seeded lists of prompts with input and output lengths, their length class,
+and the completion request body every bench sends.
 
 `random` (fixed or ranged lengths, as `vllm bench serve --dataset-name random`), `long-prompt-mix`
 (mostly short chat turns plus a steady share of 16K-30K-token documents), `sharegpt` (a ShareGPT JSON
 file, first turns, vLLM's length filter), `trace` (a Mooncake trace JSONL: timestamp ms, input_length,
 output_length, hash_ids of 512-token prefix blocks) and `prefix-repetition` (shared prefixes). The same
-seed gives the same list, so every pool of a run gets exactly the same requests.
+seed gives the same list, so every pool of a run gets exactly the same requests. The simulator benches
+ask for `synthetic_prompt`s instead: one repeated character, exactly the tokens the simulator counts.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from pdfleet.errors import ValidationError
+from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
+SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # a model of the simulator's catalog
 WORKLOADS = ("random", "long-prompt-mix", "sharegpt", "trace", "prefix-repetition")
 # Three-letter words plus a space: four characters, about one token for Llama's tokenizer and exactly one
 # for the simulator's and the gateway's chars/4 estimate; drawn at random so prompts share no prefix.
@@ -154,6 +158,31 @@ class WorkloadSpec:
     prefix_len: int = 256  # prefix-repetition (vLLM's defaults)
     suffix_len: int = 256
     num_prefixes: int = 10
+
+
+def completion_body(
+    prompt: str,
+    max_tokens: int,
+    model: str = SIM_MODEL,
+    stream: bool = True,
+    ignore_eos: bool = True,
+    usage: bool = False,
+) -> dict[str, Any]:
+    """A /v1/completions request body; `ignore_eos` makes the output exactly `max_tokens` long, `usage`
+    asks for the final usage event (what `vllm bench serve` sends for the random dataset: all three)."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    if stream:
+        body["stream"] = True
+    if stream and usage:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def synthetic_prompt(tokens: int, char: str = "x") -> str:
+    """A prompt the simulator counts as `tokens` tokens (no tokenizer); another `char`: another prefix."""
+    return char * round(DEFAULT_CHARS_PER_TOKEN * tokens)
 
 
 def words(tokens: int, rng: random.Random) -> str:

@@ -1,7 +1,7 @@
 """`invoke bench`: colocated against disaggregated on one seeded workload, through the gateway, with a report.
 
 Thin wiring: options -> BenchPlan, the deployment's topology -> gateway, pools and metrics source, then
-pdfleet.bench.compare runs each pool and pdfleet.bench.compare_report writes the files. A rich progress
+pdfleet.bench.compare runs each pool and pdfleet.bench.report writes the files. A rich progress
 bar per pool; Ctrl-C stops cleanly and the report is written, marked partial.
 """
 
@@ -22,9 +22,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pdfleet.bench.compare import POOLS, BenchPlan, BenchResult, check_plan, run_compare
-from pdfleet.bench.compare_report import HEADLINE, headline_rows, write_all
 from pdfleet.bench.fleet_targets import gateway_of, metrics_sources, pool_targets, pools_of, read_client_key
-from pdfleet.bench.serve_metrics import Bounds
+from pdfleet.bench.report import HEADLINE, headline_rows, write_all
+from pdfleet.bench.stats import Bounds
 from pdfleet.bench.verdict import Thresholds, Verdict
 from pdfleet.bench.workloads import WORKLOADS, WorkloadSpec
 from pdfleet.cli import lab_site

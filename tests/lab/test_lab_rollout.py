@@ -31,8 +31,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet.bench.openai_stream import Record, StreamingClient, completion_body, completion_request
-from pdfleet.bench.workloads import words
+from pdfleet.bench.client import Record, StreamClient, request_bytes
+from pdfleet.bench.workloads import completion_body, words
 from pdfleet.gateway.policy import bucket_of
 from pdfleet.model.profile_loader import load_profile
 from tests.lab.helpers import REPO_ROOT, LabHandle
@@ -189,15 +189,16 @@ def traffic(provisioned: dict[str, str], last_traffic: dict[str, float]) -> Iter
     sessions, turn, rng = _session_per_bucket(), itertools.count(), random.Random(15)
 
     async def worker(long: bool) -> None:
-        client = StreamingClient(host, port)
+        client = StreamClient(host, port)
         try:
             for n in itertools.count():
                 if stop.is_set():
                     return
                 session = sessions[_spread(next(turn))] if long else f"short-{n}"
-                body = completion_body(MODEL, words(LONG_TOKENS if long else 8, rng), 16)
+                body = completion_body(words(LONG_TOKENS if long else 8, rng), 16, MODEL, usage=True)
                 rec = Record(n, "", "long" if long else "short", 0, 16)
-                request = completion_request(host, port, key, None, body, {"X-Session-Id": session})
+                headers = {"X-Session-Id": session}
+                request = request_bytes(host, port, "/v1/completions", body, key=key, headers=headers)
                 await client.run(request, rec)
                 if rec.success:
                     seen["sent"] += 1

@@ -141,10 +141,10 @@ def text_server(pages: dict[str, str]) -> Iterator[str]:
 def built_result(partial: bool = False):  # noqa: ANN201 - pdfleet.bench.compare.BenchResult
     """A two-pool BenchResult from hand-built records: colocated's short streams stall when a long prompt
     lands (a 700 ms gap), P/D's do not; one colocated request failed; server figures as a source gives."""
+    from pdfleet.bench.client import Record
     from pdfleet.bench.compare import BenchPlan, BenchResult, PoolResult, PoolTarget
-    from pdfleet.bench.openai_stream import Record
-    from pdfleet.bench.runner import PoolRun
-    from pdfleet.bench.serve_metrics import Bounds
+    from pdfleet.bench.load import PoolRun
+    from pdfleet.bench.stats import Bounds
     from pdfleet.bench.workloads import Item, WorkloadSpec
 
     def rec(i: int, pool: str, cls: str, start: float, chunks: list[float], error: str = "") -> Record:

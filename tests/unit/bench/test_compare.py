@@ -6,16 +6,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
 
-from pdfleet.bench.compare import BenchPlan, PoolTarget, check_plan, run_compare
-from pdfleet.bench.compare_report import write_all
+from pdfleet.bench.client import Record, StreamClient, request_bytes
+from pdfleet.bench.compare import BenchPlan, BenchResult, PoolTarget, check_plan, run_compare
 from pdfleet.bench.local_fleet import LocalFleet
-from pdfleet.bench.serve_metrics import Bounds
+from pdfleet.bench.report import write_all
+from pdfleet.bench.stats import Bounds
 from pdfleet.bench.verdict import Thresholds
-from pdfleet.bench.workloads import WorkloadSpec
+from pdfleet.bench.workloads import WorkloadSpec, completion_body, synthetic_prompt
 from pdfleet.errors import ValidationError
 from pdfleet.metrics.direct import DirectScrape
 
@@ -27,17 +29,37 @@ PLAN = BenchPlan(
     warmup=2,
     bounds=Bounds(3000, 60),
 )
+BLOCKS = 1000  # the simulators' KV blocks (16 tokens each)
+HELD_TOKENS = 1600  # a stream held beside the bench: 100 blocks, a tenth of the KV cache, from its prefill on
+HELD_MAX_TOKENS = 4000
+
+
+async def _beside_a_held_stream(port: int, bench: Awaitable[BenchResult]) -> BenchResult:
+    """Run `bench` while one long stream sent straight to the simulator holds its KV blocks."""
+    client = StreamClient("127.0.0.1", port, parse=False)
+    body = completion_body(synthetic_prompt(HELD_TOKENS, "k"), HELD_MAX_TOKENS)
+    rec = Record()
+    held = asyncio.create_task(client.run(request_bytes("127.0.0.1", port, "/v1/completions", body), rec))
+    while not rec.chunks and not held.done():  # prefilled: its blocks are held from here on
+        await asyncio.sleep(0.01)
+    try:
+        return await bench
+    finally:
+        held.cancel()
+        client.close()
 
 
 def test_a_down_pool_is_named_and_the_other_pools_results_are_written(tmp_path: Path) -> None:
-    with LocalFleet(colocated=1) as fleet:
+    sim_args = ["--num-gpu-blocks-override", str(BLOCKS), "--max-model-len", "8192"]
+    with LocalFleet(colocated=1, sim_args=sim_args) as fleet:
         assert fleet.router is not None
         fleet.router.stop()  # the P/D pool is down; the gateway does not fall back for a forced pool
         targets = {
             p: PoolTarget(p, fleet.gpus(p), DirectScrape(fleet.targets(p)), DirectScrape(fleet.targets(p)))
             for p in ("colocated", "disagg")
         }
-        result = asyncio.run(run_compare(PLAN, fleet.gateway, targets, asyncio.Event()))
+        bench = run_compare(PLAN, fleet.gateway, targets, asyncio.Event())
+        result = asyncio.run(_beside_a_held_stream(fleet.colo[0].port, bench))
     doc, verdict = write_all(tmp_path, result, fleet.gateway.model, "local", Thresholds(3000, 60, 500, 500))
     saved = json.loads((tmp_path / "results.json").read_text())
     colo, disagg = saved["pools"]["colocated"], saved["pools"]["disagg"]
@@ -51,7 +73,12 @@ def test_a_down_pool_is_named_and_the_other_pools_results_are_written(tmp_path: 
     assert len(lines) == 20 and all(json.loads(x)["success"] for x in lines)
     server = colo["pdfleet"]["server"]
     assert isinstance(server["queue_p95_ms"]["colocated"], float)  # read over the run window, direct scrape
-    assert colo["pdfleet"]["kv_cache_usage_peak"]["colocated"] >= 0
+    # at least the held stream's 100 of 1000 blocks; at most those plus every bench request's (5 blocks
+    # each) and all the held stream could generate
+    peak = colo["pdfleet"]["kv_cache_usage_peak"]
+    assert set(peak) == {"colocated"}
+    most = ((HELD_TOKENS + HELD_MAX_TOKENS) / 16 + 20 * 5) / BLOCKS
+    assert HELD_TOKENS / 16 / BLOCKS <= peak["colocated"] <= most
     report = (tmp_path / "report.md").read_text()
     assert "disagg: pool disagg is down" in report and "## Verdict" in report
     page = (tmp_path / "report.html").read_text()
@@ -83,7 +110,7 @@ def test_sweep_finds_the_largest_rate_meeting_the_attainment_target() -> None:
     import time
 
     from pdfleet.bench.compare import best_rate, sweep
-    from pdfleet.bench.runner import Gateway
+    from pdfleet.bench.load import Gateway
     from tests.unit.bench.helpers import DONE, SSE_HEAD, Reply, ScriptedServer, chunk
 
     started: list[float] = []

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from pdfleet.bench.client import Span, Stats
+from pdfleet.bench.client import Record, Stats
 from pdfleet.bench.gateway_overhead import OverheadConfig, merge, run_all, summarise
 from pdfleet.bench.load import LoadRun
 from pdfleet.bench.proxies import Target
@@ -29,8 +29,8 @@ def test_summarise_turns_a_run_into_a_row() -> None:
     """Percentiles of the TTFTs, failures plus the abandoned, rates over the window, CPU over it."""
     stats = Stats(ttft=[0.030, 0.010, 0.020], done=3, events=999, failed=1, connects=2, stale=1)
     before, after = _window(100.0, 2.0, 400.0, 0.5)
-    spans = [Span(99.0, 101.0), Span(100.5, NAN), Span(101.0, 101.5)]
-    run = LoadRun(stats, before, after, spans, lateness=[0.002, 0.001], unfinished=1)
+    records = [Record(start=99.0, end=101.0), Record(start=100.5), Record(start=101.0, end=101.5)]
+    run = LoadRun(stats, before, after, records, lateness=[0.002, 0.001], unfinished=1)
     row = summarise(Target("nginx", 1, None, [], []), 50, run)
     assert row["ttft"] == [0.010, 0.020, 0.030]
     assert (row["requests"], row["done"], row["failed"], row["unfinished"]) == (3, 3, 2, 1)

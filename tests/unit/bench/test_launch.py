@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 
 from pdfleet.bench.launch import SimProcess
-from pdfleet.bench.workload import SIM_MODEL
+from pdfleet.bench.workloads import SIM_MODEL
 
 
 def test_a_sim_process_serves_while_entered_and_stops_after() -> None:

@@ -6,7 +6,7 @@ import asyncio
 import subprocess
 from pathlib import Path
 
-from pdfleet.bench.client import Span, Stats, StreamClient, request_bytes
+from pdfleet.bench.client import Record, Stats, StreamClient, request_bytes
 from pdfleet.bench.procs import stop_processes
 from pdfleet.bench.proxies import PATH, Target, find_nginx, start_targets
 from pdfleet.bench.upstream import paced_body
@@ -14,9 +14,9 @@ from pdfleet.bench.upstream import paced_body
 
 def _stream_once(target: Target) -> Stats:
     async def main() -> Stats:
-        request = request_bytes(target.port, PATH, paced_body(3, 1.0, 1.0), target.key, keepalive=True)
-        client = StreamClient(target.port, request, Stats(), True)
-        await client.stream(Span())
+        request = request_bytes("127.0.0.1", target.port, PATH, paced_body(3, 1.0, 1.0), key=target.key)
+        client = StreamClient("127.0.0.1", target.port, parse=False)
+        await client.run(request, Record())
         client.close()
         return client.stats
 

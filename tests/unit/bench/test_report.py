@@ -1,8 +1,69 @@
-"""Markdown tables and notes."""
+"""Markdown tables and notes; `invoke bench`'s report.md and report.html: headline per pool and class, the
+interference sentence, the verdict with its numbers, per-GPU table, server figures (and why one is
+missing), the client's lateness, every error."""
 
 from __future__ import annotations
 
-from pdfleet.bench.report import markdown_table, note
+from pathlib import Path
+
+from pdfleet.bench.report import headline_rows, html_page, interference_note, markdown, markdown_table, note
+from pdfleet.bench.results import write_results
+from pdfleet.bench.verdict import Thresholds
+from tests.unit.bench.helpers import built_result
+
+
+def _doc(tmp_path: Path, partial: bool = False):  # noqa: ANN202
+    return write_results(
+        tmp_path, built_result(partial), "llama", "lab-cross", Thresholds(1000, 100, 500, 500)
+    )
+
+
+def test_markdown_has_every_section_and_says_where_the_interference_is(tmp_path: Path) -> None:
+    doc, verdict = _doc(tmp_path)
+    text = markdown(doc, verdict, [tmp_path / "ttft_cdf.png"])
+    for section in (
+        "## Headline",
+        "## Verdict",
+        "## Fair comparison (per GPU)",
+        "## Server side",
+        "## Client",
+        "## Errors",
+        "![ttft_cdf](ttft_cdf.png)",
+    ):
+        assert section in text
+    assert "Long-prompt interference shows on the colocated pool" in text
+    assert "colocated: 1 request(s) failed: the connection closed mid-stream" in text
+    assert "n/a: no observation" in text and "'<300'" in text
+    assert "| prefix-cache hits |" in text and "| 38% |" in text  # 37.5% of the prompt tokens looked up
+    assert verdict.headline in text and "schedule lateness P99 0.50 ms" in text
+    rows = {(r[0], r[1]): r for r in headline_rows(doc)}
+    assert (
+        rows[("colocated", "short")][7] == "80.0" and rows[("disagg", "short")][7] == "0.0"
+    )  # 4 stalls, 5 streams
+    assert rows[("colocated", "all")][3] == "1"
+
+
+def test_no_interference_is_said_too(tmp_path: Path) -> None:
+    doc, _ = _doc(tmp_path)
+    doc["pools"]["disagg"]["pdfleet"]["classes"]["short"]["p99_itl_ms"] = 10_000.0
+    assert str(interference_note(doc)).startswith("No long-prompt interference")
+
+
+def test_partial_and_late_client_are_flagged(tmp_path: Path) -> None:
+    doc, verdict = _doc(tmp_path, partial=True)
+    doc["pools"]["disagg"]["pdfleet"]["client"]["p99_schedule_lateness_ms"] = 9.0
+    text = markdown(doc, verdict, [])
+    assert "(PARTIAL: interrupted)" in text.splitlines()[0]
+    assert "disagg: schedule lateness P99 9.00 ms" in text and "THE CLIENT WAS LATE" in text
+
+
+def test_html_is_one_self_contained_file(tmp_path: Path) -> None:
+    doc, verdict = _doc(tmp_path)
+    png = tmp_path / "x.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    page = html_page(doc, verdict, [png])
+    assert page.startswith("<!doctype html>") and "data:image/png;base64,iVBORw0KGgpmYWtl" in page
+    assert "<script" not in page and 'src="http' not in page and "&lt;300" in page
 
 
 def test_markdown_table() -> None:

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from pdfleet.bench.client import Span, Stats, StreamClient, request_bytes
+from pdfleet.bench.client import Record, Stats, StreamClient, request_bytes
 from pdfleet.bench.procs import free_port, stop_processes, wait_port
 from pdfleet.bench.upstream import paced_body
 from tests.unit.bench.helpers import paced_upstream
@@ -15,8 +15,10 @@ from tests.unit.bench.helpers import paced_upstream
 PATH = "/v1/chat/completions"
 
 
-def _client(port: int, body: bytes, keepalive: bool = True) -> StreamClient:
-    return StreamClient(port, request_bytes(port, PATH, body, keepalive=keepalive), Stats(), keepalive)
+def _client(port: int, body: bytes, keepalive: bool = True) -> tuple[StreamClient, bytes]:
+    """A client reading no payload (as the gateway bench drives the upstream) and its request."""
+    request = request_bytes("127.0.0.1", port, PATH, body, keepalive=keepalive)
+    return StreamClient("127.0.0.1", port, keepalive=keepalive, parse=False), request
 
 
 def test_paced_body_asks_for_tokens_and_pacing() -> None:
@@ -31,21 +33,21 @@ def test_paced_body_asks_for_tokens_and_pacing() -> None:
 
 def test_the_upstream_streams_the_events_asked_for_on_one_kept_alive_connection() -> None:
     """Three streams of 5 events (plus [DONE]) each, one connection; paced: 1 ms, then 20 ms apart."""
-    spans = [Span(events=[]) for _ in range(3)]
+    spans = [Record() for _ in range(3)]
 
     async def main() -> Stats:
         async with paced_upstream() as port:
-            client = _client(port, paced_body(5, 1.0, 20.0))
+            client, request = _client(port, paced_body(5, 1.0, 20.0))
             for span in spans:
-                await client.stream(span)
+                await client.run(request, span)
             client.close()
             return client.stats
 
     stats = asyncio.run(main())
     assert (stats.done, stats.failed, stats.events, stats.connects) == (3, 0, 18, 1)
-    assert all(len(span.events) == 5 for span in spans)
+    assert all(len(span.chunks) == 5 for span in spans)
     # the last event cannot come before the upstream's timers let it (a loaded machine only delays it)
-    assert all(span.events[-1] - span.start >= 0.080 for span in spans)
+    assert all(span.chunks[-1] - span.start >= 0.080 for span in spans)
 
 
 def test_connection_close_is_honoured() -> None:
@@ -53,9 +55,9 @@ def test_connection_close_is_honoured() -> None:
 
     async def main() -> Stats:
         async with paced_upstream() as port:
-            client = _client(port, paced_body(2, 1.0, 1.0), keepalive=False)
+            client, request = _client(port, paced_body(2, 1.0, 1.0), keepalive=False)
             for _ in range(2):
-                await client.stream(Span())
+                await client.run(request, Record())
             client.close()
             return client.stats
 
@@ -68,8 +70,8 @@ def test_a_body_that_is_not_json_gets_400() -> None:
 
     async def main() -> Stats:
         async with paced_upstream() as port:
-            client = _client(port, b"not json")
-            await client.stream(Span())
+            client, request = _client(port, b"not json")
+            await client.run(request, Record())
             client.close()
             return client.stats
 
@@ -87,8 +89,8 @@ def test_python_m_pdfleet_bench_upstream_serves_on_the_given_port() -> None:
         wait_port(port, timeout=20.0, proc=proc)
 
         async def main() -> Stats:
-            client = _client(port, paced_body(3, 1.0, 1.0))
-            await client.stream(Span())
+            client, request = _client(port, paced_body(3, 1.0, 1.0))
+            await client.run(request, Record())
             client.close()
             return client.stats
 

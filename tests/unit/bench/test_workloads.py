@@ -1,5 +1,6 @@
 """Workloads: seeded and equal for equal seeds, lengths as asked, ShareGPT's filter, Mooncake traces with
-prefix reuse, shared prefixes, and clear errors for bad options and files."""
+prefix reuse, shared prefixes, and clear errors for bad options and files; synthetic prompts count as the
+intended tokens; completion bodies ask for what the benches need."""
 
 from __future__ import annotations
 
@@ -8,8 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.bench.workloads import WorkloadSpec, build, estimate_tokens, length_class
+from pdfleet.bench.workloads import (
+    SIM_MODEL,
+    WorkloadSpec,
+    build,
+    completion_body,
+    estimate_tokens,
+    length_class,
+    synthetic_prompt,
+)
 from pdfleet.errors import ValidationError
+from pdfleet.tokens import make_counter
 
 
 def test_same_seed_same_requests_other_seed_others() -> None:
@@ -95,3 +105,42 @@ def test_bad_options_and_files_are_clear_errors(
 def test_a_missing_dataset_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match=f"--dataset {tmp_path / 'nope.jsonl'}: cannot read the file"):
         build(WorkloadSpec("trace", dataset=str(tmp_path / "nope.jsonl")), 3, 0)
+
+
+def test_a_synthetic_prompt_counts_as_its_tokens() -> None:
+    """The simulator's and the gateway's estimate (no tokenizer) counts exactly `tokens`."""
+    counter = make_counter(None)
+    for tokens in (1, 128, 1024, 30000):
+        assert counter.count(synthetic_prompt(tokens)) == tokens
+    assert set(synthetic_prompt(3, "b")) == {"b"}
+
+
+def test_a_streaming_body_ignores_eos() -> None:
+    """Streaming, exactly max_tokens long, for the simulator's model unless told otherwise."""
+    body = completion_body("xxxx", 256)
+    assert body == {
+        "model": SIM_MODEL,
+        "prompt": "xxxx",
+        "max_tokens": 256,
+        "ignore_eos": True,
+        "stream": True,
+    }
+
+
+def test_a_plain_body_leaves_the_flags_out() -> None:
+    """stream=False, ignore_eos=False: the keys are absent (the server's defaults); no usage option either."""
+    body = completion_body("x", 4, model="m", stream=False, ignore_eos=False, usage=True)
+    assert body == {"model": "m", "prompt": "x", "max_tokens": 4}
+
+
+def test_usage_asks_for_the_final_usage_event_as_vllm_bench_serve_does() -> None:
+    """usage=True: `stream_options.include_usage` beside ignore_eos and stream (the random dataset's)."""
+    body = completion_body("p", 3, "m", usage=True)
+    assert body == {
+        "model": "m",
+        "prompt": "p",
+        "max_tokens": 3,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }

@@ -324,7 +324,7 @@ def test_a_non_streaming_request_is_aborted_when_its_client_goes_away(sim: SimPr
     aborted = _metric(sim, "vllm:request_success_total")  # every reason; abort is one of them
     body = json.dumps({"model": "llama", "prompt": "hi", "max_tokens": 100_000}).encode()
     sock = socket.create_connection(("127.0.0.1", sim.port))
-    sock.sendall(request_bytes(sim.port, "/v1/completions", body))
+    sock.sendall(request_bytes("127.0.0.1", sim.port, "/v1/completions", body, keepalive=False))
     wait_for(lambda: _metric(sim, "vllm:num_requests_running") == 1)
     sock.close()
     wait_for(lambda: _metric(sim, "vllm:num_requests_running") == 0)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pdfleet.bench.client import Span, Stats, StreamClient, request_bytes
+from pdfleet.bench.client import Record, StreamClient, request_bytes
 from pdfleet.bench.launch import SimProcess
 from pdfleet.bench.procs import free_port
 from pdfleet.sim.config import parse_serve_args
@@ -156,9 +156,10 @@ async def _gaps_around(port: int, bursts: list[dict[str, Any]], window_s: float)
     await loop.run_in_executor(None, post_json, url, {"model": MODEL, "prompt": "hi", "max_tokens": 1})
     short = {"model": MODEL, "prompt": words_text(145, 7), "max_tokens": 4000, "ignore_eos": True}
     raw = json.dumps({**short, "stream": True}).encode()
-    client = StreamClient(port, request_bytes(port, "/v1/completions", raw), Stats(), False)
-    span = Span(events=[])
-    stream = asyncio.create_task(client.stream(span))
+    client = StreamClient("127.0.0.1", port, keepalive=False, parse=False)
+    span = Record()
+    request = request_bytes("127.0.0.1", port, "/v1/completions", raw, keepalive=False)
+    stream = asyncio.create_task(client.run(request, span))
     await asyncio.sleep(0.5 + window_s)  # settled into decoding
     sent = []
     for burst in bursts:
@@ -168,7 +169,7 @@ async def _gaps_around(port: int, bursts: list[dict[str, Any]], window_s: float)
         await asyncio.sleep(max(0.0, sent[-1] + 2 * window_s - time.perf_counter()))
     stream.cancel()
     client.close()
-    times = span.events or []
+    times = span.chunks
 
     def worst(lo: float, hi: float) -> float:
         inside = [t for t in times if lo <= t <= hi]

@@ -12,9 +12,9 @@ import statistics
 import pytest
 
 from pdfleet.bench.arrivals import even_offsets
-from pdfleet.bench.client import Span, Stats, StreamClient, request_bytes
+from pdfleet.bench.client import Record, StreamClient, request_bytes
 from pdfleet.bench.launch import SimProcess
-from pdfleet.bench.workload import completion_body, synthetic_prompt
+from pdfleet.bench.workloads import completion_body, synthetic_prompt
 from pdfleet.model import catalog
 from pdfleet.sim.config import parse_serve_args
 from pdfleet.sim.des import EngineNode, Simulation, closed_loop
@@ -97,17 +97,19 @@ def test_link_queue_runs_transfers_one_after_another() -> None:
 # ---- the concurrency-16 row over HTTP, as a benchmark client's closed loop drives it ---------------------
 
 
-async def _closed_loop_http(port: int, offsets: list[float], per_slot: int, body: bytes) -> list[list[Span]]:
+async def _closed_loop_http(
+    port: int, offsets: list[float], per_slot: int, body: dict[str, object]
+) -> list[list[Record]]:
     """One kept-alive connection per slot, each sending its next request when the last one ends."""
 
-    async def slot(offset: float) -> list[Span]:
+    async def slot(offset: float) -> list[Record]:
         await asyncio.sleep(offset)
-        request = request_bytes(port, "/v1/completions", body, keepalive=True)
-        client = StreamClient(port, request, Stats(), keepalive=True)
-        spans = []
+        request = request_bytes("127.0.0.1", port, "/v1/completions", body)
+        client = StreamClient("127.0.0.1", port, parse=False)
+        spans: list[Record] = []
         for _ in range(per_slot):
-            spans.append(Span(events=[]))
-            await client.stream(spans[-1])
+            spans.append(Record())
+            await client.run(request, spans[-1])
         client.close()
         return spans
 
@@ -131,6 +133,6 @@ def test_tpot_concurrency_16_in_a_closed_loop_over_http_matches_10_9_ms() -> Non
     with SimProcess(args) as sim:
         slots = asyncio.run(_closed_loop_http(sim.port, even_offsets(16, request_s), 6, body))
     steady = [s for spans in slots for s in spans[1:-1]]  # every slot running: warm-up and tail left out
-    assert all(len(s.events or []) == 128 for s in steady)
-    tpot = statistics.mean(((s.events or [])[-1] - (s.events or [])[0]) / 127 for s in steady)
+    assert all(len(s.chunks) == 128 for s in steady)
+    tpot = statistics.mean((s.chunks[-1] - s.chunks[0]) / 127 for s in steady)
     assert tpot == pytest.approx(10.9e-3, rel=0.20), tpot

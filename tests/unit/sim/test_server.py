@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from pdfleet.bench.arrivals import poisson_starts
-from pdfleet.bench.client import Span, Stats, StreamClient, request_bytes
+from pdfleet.bench.client import Record, StreamClient, request_bytes
 from pdfleet.bench.launch import SimProcess
 from pdfleet.metrics.scrape import scrape_histogram, scrape_metrics
 from pdfleet.sim.config import parse_serve_args
@@ -107,14 +107,14 @@ def _mix_bodies(n: int, seed: int) -> list[bytes]:
     return bodies
 
 
-async def _drive(port: int, bodies: list[bytes], starts: list[float]) -> list[Span]:
-    """Send each body at its start time (open loop), one connection each; the spans with event times."""
-    spans = [Span(events=[]) for _ in bodies]
+async def _drive(port: int, bodies: list[bytes], starts: list[float]) -> list[Record]:
+    """Send each body at its start time (open loop), one connection each; the records with event times."""
+    spans = [Record() for _ in bodies]
 
-    async def one(body: bytes, start: float, span: Span, t0: float) -> None:
+    async def one(body: bytes, start: float, span: Record, t0: float) -> None:
         await asyncio.sleep(max(0.0, t0 + start - time.perf_counter()))
-        client = StreamClient(port, request_bytes(port, "/v1/completions", body), Stats(), keepalive=False)
-        await client.stream(span)
+        client = StreamClient("127.0.0.1", port, keepalive=False, parse=False)
+        await client.run(request_bytes("127.0.0.1", port, "/v1/completions", body, keepalive=False), span)
         client.close()
 
     t0 = time.perf_counter()
@@ -143,9 +143,9 @@ def test_a_wall_clock_client_sees_the_ttft_and_tpot_the_simulator_reports(tmp_pa
         spans = asyncio.run(_drive(sim.port, bodies, starts))
         ttft_hist = scrape_histogram(sim.url, "vllm:time_to_first_token_seconds")
         after = scrape_metrics(sim.url)
-    assert all(len(s.events or []) >= 170 for s in spans), [len(s.events or []) for s in spans]
-    ttfts = sorted((s.events or [])[0] - s.start for s in spans)
-    tpots = [((s.events or [])[-1] - (s.events or [])[0]) / (len(s.events or []) - 1) for s in spans]
+    assert all(len(s.chunks) >= 170 for s in spans), [len(s.chunks) for s in spans]
+    ttfts = sorted(s.chunks[0] - s.start for s in spans)
+    tpots = [(s.chunks[-1] - s.chunks[0]) / (len(s.chunks) - 1) for s in spans]
     n = after["vllm:time_to_first_token_seconds_count"]
     assert n == len(spans) == after["vllm:request_time_per_output_token_seconds_count"]
     sim_ttft = after["vllm:time_to_first_token_seconds_sum"] / n
