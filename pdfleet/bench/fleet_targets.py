@@ -15,10 +15,7 @@ from pdfleet.fleet.topology import GATEWAY_POOL, Topology
 from pdfleet.metrics.direct import DirectScrape, Target
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.metrics.source import MetricsSource
-from pdfleet.model.inventory import Inventory
 from pdfleet.model.profile import Profile
-
-PROMETHEUS_PORT = 9090  # Prometheus's default listen port on the monitoring host
 
 
 def read_client_key(path: str) -> str:
@@ -82,18 +79,15 @@ def direct_targets(topology: Topology, pool: str | None = None) -> list[Target]:
 Sources = Callable[[str], tuple[MetricsSource, MetricsSource]]  # pool -> (window figures, KV sampling)
 
 
-def metrics_sources(
-    inventory: Inventory, topology: Topology, note: Callable[[str], None]
-) -> tuple[Sources, str]:
+def metrics_sources(topology: Topology, note: Callable[[str], None]) -> tuple[Sources, str]:
     """Per pool: (source for windowed figures, source for KV sampling), and what they are.
 
     Prometheus on the monitoring host when it answers; else direct scrapes of the pool's own endpoints (one
     pool down leaves the other's figures alone), a fresh scraper for sampling so that its scrapes never
     become the window's baseline.
     """
-    monitoring = inventory.group("monitoring")
-    if monitoring:
-        url = f"http://{monitoring[0].address}:{PROMETHEUS_PORT}"
+    if topology.prometheus is not None:
+        url = topology.prometheus.url
         prom = PrometheusClient(url, timeout=5)
         if prom.ready():
             return (lambda _pool: (prom, prom)), f"Prometheus at {url}"

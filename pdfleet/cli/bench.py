@@ -152,7 +152,7 @@ async def _run(plan: BenchPlan, deployment: Deployment, key: str, console: Conso
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
     topology = deployment.topology
-    sources, what = metrics_sources(deployment.inventory, topology, lambda m: console.print(m))
+    sources, what = metrics_sources(topology, lambda m: console.print(m))
     console.print(f"server side: {what}")
     targets = pool_targets(topology, plan.pools, sources)
     gw = gateway_of(deployment.profile, topology, key)

@@ -4,21 +4,23 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 from invoke import Context
 
-from pdfleet.bench.fleet_targets import PROMETHEUS_PORT, direct_targets
+from pdfleet.bench.fleet_targets import direct_targets
 from pdfleet.cli import lab_site
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.doctor.finding import Finding
 from pdfleet.doctor.fleet import Metrics, diagnose_fleet, gather_fleet
 from pdfleet.errors import ConnectError
 from pdfleet.fleet.deployment import load_deployment
+from pdfleet.fleet.topology import Topology
 from pdfleet.lab.network import lab_route_problem
 from pdfleet.metrics.direct import DirectScrape
 from pdfleet.metrics.prometheus import PrometheusClient
-from pdfleet.metrics.source import MetricsError
+from pdfleet.metrics.source import MetricsError, MetricsSource
 from pdfleet.model.inventory import Host
 from pdfleet.ops.ssh import Transport, open_connection
 from roles import REGISTRY
@@ -45,19 +47,23 @@ def fleet_findings(
     def connect(host: Host) -> Transport:
         return open_connection(host, settings.known_hosts, settings.connect_timeout, check_sudo=False)
 
-    def metrics() -> tuple[PrometheusClient | DirectScrape, str, float]:
-        monitoring = inv.group("monitoring")
-        if monitoring:
-            prom = PrometheusClient(f"http://{monitoring[0].address}:{PROMETHEUS_PORT}", timeout=timeout)
-            if prom.ready():
-                return prom, f"Prometheus at {prom.base_url}", window_s
-        direct = DirectScrape(direct_targets(topo), timeout=timeout)
-        # the window's start: direct figures compare two scrapes; an endpoint down leaves its figures unread
-        with contextlib.suppress(MetricsError):
-            direct.scrape()
-        time.sleep(sample_s)
-        return direct, f"direct scrape of {len(direct.targets)} vLLM endpoints over {sample_s:g} s", sample_s
-
-    source: Metrics = metrics
+    source: Metrics = functools.partial(fleet_metrics, topo, window_s, sample_s, timeout)
     facts = gather_fleet(deployment.profile, inv, topo, connect, source, timeout)
     return diagnose_fleet(facts), deployment.profile.name
+
+
+def fleet_metrics(
+    topology: Topology, window_s: float, sample_s: float, timeout: float
+) -> tuple[MetricsSource, str, float]:
+    """(source, what it is, window): the topology's Prometheus when it answers (figures over window_s),
+    else two direct scrapes of the vLLM endpoints sample_s apart."""
+    if topology.prometheus is not None:
+        prom = PrometheusClient(topology.prometheus.url, timeout=timeout)
+        if prom.ready():
+            return prom, f"Prometheus at {prom.base_url}", window_s
+    direct = DirectScrape(direct_targets(topology), timeout=timeout)
+    # the window's start: direct figures compare two scrapes; an endpoint down leaves its figures unread
+    with contextlib.suppress(MetricsError):
+        direct.scrape()
+    time.sleep(sample_s)
+    return direct, f"direct scrape of {len(direct.targets)} vLLM endpoints over {sample_s:g} s", sample_s

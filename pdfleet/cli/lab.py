@@ -15,12 +15,12 @@ from rich.table import Table
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.settings import REPO_ROOT, Settings
 from pdfleet.errors import PdfleetError
+from pdfleet.fleet.deployment import load_deployment
 from pdfleet.fleet.roles import apt_packages
 from pdfleet.lab.control import Lab, build, down, find_host, status, up
 from pdfleet.lab.paths import LOGIN_USER, LabPaths
 from pdfleet.lab.state import LabState
 from pdfleet.lab.system import preflight
-from pdfleet.model.profile_loader import load_profile
 from roles import REGISTRY
 
 LAB_INVENTORY = "inventory/lab.yml"
@@ -160,10 +160,13 @@ def ssh_task(c: Context, host: str, command: str = "") -> None:
 def env_task(c: Context, profile: str = "lab-cross") -> None:
     """Print `export` lines wiring an OpenAI client to the lab gateway: eval "$(invoke lab.env)"."""
     lab = this_lab()
-    gateway = next((h for h in lab.hosts() if "gateway" in h.groups), None)
-    if gateway is None:
-        raise PdfleetError(f"{lab.inventory} has no host in group gateway.")
-    port = load_profile(profile, Settings.of(c).profiles_dir).gateway.port
+    settings = Settings.of(c)
+    topology = load_deployment(
+        profile, lab.inventory, settings.profiles_dir, settings.templates_dir, ()
+    ).topology
+    if not topology.gateways:
+        why = topology.no_gateway_reason or "it has no host in group gateway"
+        raise PdfleetError(f"{lab.inventory} with profile {profile}: no gateway: {why}.")
     key_file: Path = lab.paths.gateway_client_key
     if not key_file.exists():
         raise PdfleetError(
@@ -175,5 +178,5 @@ def env_task(c: Context, profile: str = "lab-cross") -> None:
         key = key_file.read_text().strip()
     except PermissionError:
         raise PdfleetError(f"{key_file} is readable by root only; run `sudo invoke lab.env`.") from None
-    print(f"export OPENAI_BASE_URL=http://{gateway.address}:{port}/v1")
+    print(f"export OPENAI_BASE_URL={topology.gateways[0].url}/v1")
     print(f"export OPENAI_API_KEY={key}")

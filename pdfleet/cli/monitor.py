@@ -57,7 +57,7 @@ def monitor(
         REGISTRY,
         lab_network=lab_site.LAB_NETWORK,
     )
-    url = prometheus_url(deployment.profile, deployment.inventory, prometheus)
+    url = prometheus_url(deployment.topology, prometheus)
     # a lab address while the lab is down would route off this machine: refuse, as verify does
     problem = lab_route_problem([urlparse(url).hostname or ""])
     if problem:

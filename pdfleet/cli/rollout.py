@@ -20,10 +20,10 @@ from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ConnectError, ValidationError
 from pdfleet.fleet.deployment import Deployment, load_deployment
 from pdfleet.fleet.host_layout import SERVICE_USER
-from pdfleet.model.inventory import Host, Inventory, load_inventory
+from pdfleet.fleet.topology import Controller, controller_of
+from pdfleet.model.inventory import load_inventory
 from pdfleet.ops.ssh import open_connection
 from roles import REGISTRY
-from roles.rollout import BIN, CONFIG_FILE
 
 WATCH_EVERY_S = 1.0
 ENDED = ("succeeded", "degraded", "aborted", "idle")
@@ -31,18 +31,10 @@ ENDED = ("succeeded", "degraded", "aborted", "idle")
 Remote = Callable[[list[str]], str]
 
 
-def remote_argv(args: list[str]) -> str:
+def remote_argv(controller: Controller, args: list[str]) -> str:
     """The command line run on the monitoring host: pdfleet-rollout as the service user (sudo -n)."""
-    argv = ["sudo", "-n", "-u", SERVICE_USER, BIN, "--config", CONFIG_FILE, *args]
+    argv = ["sudo", "-n", "-u", SERVICE_USER, controller.bin, "--config", controller.config_file, *args]
     return " ".join(shlex.quote(a) for a in argv)
-
-
-def monitoring_host(inventory: Inventory) -> Host:
-    """The inventory's monitoring host (where the controller runs)."""
-    hosts = [h for h in inventory.hosts.values() if h.in_group("monitoring")]
-    if not hosts:
-        raise ValidationError("the inventory has no host in the `monitoring` group: no rollout controller")
-    return hosts[0]
 
 
 def _remote(ctx: Context, profile: str | None, inventory: str | None) -> tuple[Deployment | None, Remote]:
@@ -60,13 +52,16 @@ def _remote(ctx: Context, profile: str | None, inventory: str | None) -> tuple[D
             REGISTRY,
             lab_network=lab_site.LAB_NETWORK,
         )
-    host = monitoring_host(deployment.inventory if deployment else load_inventory(path))
+    controller = controller_of(deployment.inventory if deployment else load_inventory(path))
+    if controller is None:
+        raise ValidationError("the inventory has no host in the `monitoring` group: no rollout controller")
+    host = controller.host
 
     def run(args: list[str]) -> str:
         lab_site.require_routable([host])  # at the first connection: bad input is refused before it
         conn = open_connection(host, settings.known_hosts, settings.connect_timeout)
         try:
-            out = conn.run(remote_argv(args), timeout=60)
+            out = conn.run(remote_argv(controller, args), timeout=60)
         finally:
             conn.close()
         if out.rc != 0:

@@ -14,10 +14,13 @@ from urllib.parse import urlsplit
 from pdfleet.doctor.exchange import Exchange
 from pdfleet.doctor.finding import Finding
 from pdfleet.doctor.probe import ClientFacts
+from pdfleet.model.profile import GatewaySpec
 
 ENDPOINTS = ("chat/completions", "completions", "messages", "models", "embeddings")
 SDK_CALL = {"chat/completions": "client.chat.completions.create", "completions": "client.completions.create"}
-GATEWAY_FIX_URL = "http://<gateway host>:<gateway.port, 8080 by default>"
+# the profile's default gateway port, read from the model (the one place a default port is written)
+GATEWAY_DEFAULT_PORT = GatewaySpec.model_fields["port"].default
+GATEWAY_FIX_URL = f"http://<gateway host>:<gateway.port: {GATEWAY_DEFAULT_PORT} by default>"
 ClientRule = Callable[[ClientFacts], list[Finding]]
 
 
@@ -192,7 +195,8 @@ def rule_unreachable(facts: ClientFacts) -> list[Finding]:
         "connection refused: nothing listens at " if refused else "the base URL is not reachable: "
     ) + f"{urlsplit(facts.base_url).netloc}"
     fix = (
-        "check the port: the gateway listens on gateway.port (8080 by default) of the gateway host; "
+        f"check the port: the gateway listens on gateway.port ({GATEWAY_DEFAULT_PORT} by default) of the "
+        "gateway host; "
         "`systemctl status pdfleet-gateway` there"
         if refused
         else "check the address and the route from this machine to the gateway host (firewall, VPN, proxy)"

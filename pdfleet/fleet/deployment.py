@@ -54,10 +54,11 @@ class Deployment:
         names = {role.NAME for role in self.roles}
         if GATEWAY_ROLE in names and any(self.topology.gateway_on(host.name) for host in hosts):
             return True
+        controller = self.topology.controller
         return (
             ROLLOUT_ROLE in names
-            and bool(self.topology.gateways)
-            and any(host.in_group("monitoring") for host in hosts)
+            and controller is not None
+            and any(host.name == controller.host.name for host in hosts)
         )
 
 

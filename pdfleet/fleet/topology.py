@@ -1,9 +1,11 @@
-"""The fleet's topology, computed once per command from the profile and the inventory.
+"""The fleet's topology, computed once per command from the profile and the inventory: the one address book.
 
 Every pool instance (which host, which address and port, GPUs, kv role, side-channel ports, unit and
-env file), the gateway hosts, the pool URLs the gateway routes between, the P/D router, every
-metrics endpoint and which hosts are lab hosts. Roles, verify, status, render and the tasks read this
-one object; nobody recomputes where a service listens.
+env file), the gateway hosts with their admin URLs, the pool URLs the gateway routes between, the P/D
+router, every metrics endpoint, Prometheus on the monitoring hosts, the rollout controller and its paths,
+which hosts are lab hosts and which install the host wheel. Roles, verify, status, render, bench, doctor,
+monitor and rollout read this one object; nobody recomputes where a service listens
+(tests/unit/test_layout.py fails on code that does).
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from types import MappingProxyType
 from pdfleet.fleet.host_layout import CONFIG_DIR, UNIT_DIR
 from pdfleet.model.inventory import Host, Inventory
 from pdfleet.model.profile import Profile
+from pdfleet.rollout.config import DEFAULT_CONFIG, STATE_DIR
 
 ROUTER_ADDRESS = "127.0.0.1"  # vllm-router listens on each gateway host's loopback, for its gateway only
 # Which gateway pool (X-Pdfleet-Pool) an instance serves, by its profile pool.
 GATEWAY_POOL = {"prefill": "disagg", "decode": "disagg", "colocated": "colocated"}
+MONITORING_GROUP = "monitoring"  # the inventory group whose hosts run Prometheus (the first: the controller)
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,11 @@ class Gateway:
     def router_url(self) -> str | None:
         return None if self.router_port is None else f"http://{ROUTER_ADDRESS}:{self.router_port}"
 
+    @property
+    def admin_url(self) -> str:
+        """Base URL of the admin endpoints (/admin/...): their own port when the profile sets one."""
+        return f"http://{self.address}:{self.admin_port or self.port}"
+
 
 @dataclass(frozen=True)
 class MetricsEndpoint:
@@ -93,6 +102,68 @@ class MetricsEndpoint:
 
 
 @dataclass(frozen=True)
+class Prometheus:
+    """Prometheus on a monitoring host: the host's inventory address and the profile's monitoring.port."""
+
+    host: str
+    address: str
+    port: int
+
+    @property
+    def listen_address(self) -> str:
+        """--web.listen-address: HOST:PORT."""
+        return f"{self.address}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The base URL its HTTP API answers on (what bench, doctor, monitor and the controller query)."""
+        return f"http://{self.listen_address}"
+
+    @property
+    def ready_url(self) -> str:
+        return f"{self.url}/-/ready"
+
+    @property
+    def metrics_endpoint(self) -> MetricsEndpoint:
+        """Its own /metrics, which it scrapes as job `prometheus`."""
+        labels = MappingProxyType({"role": "prometheus", "host": self.host})
+        return MetricsEndpoint("prometheus", self.host, self.address, self.port, labels)
+
+
+@dataclass(frozen=True)
+class Controller:
+    """The rollout controller (pdfleet-rollout) on the first monitoring host: where it is installed, reads
+    its configuration and the gateways' admin key, and keeps its state."""
+
+    host: Host
+    venv: str = "/opt/pdfleet/rollout"
+    config_file: str = str(DEFAULT_CONFIG)  # the controller's own default (pdfleet.rollout.config)
+    key_file: str = str(DEFAULT_CONFIG.parent / "admin.key")
+    state_dir: str = str(STATE_DIR)
+    unit: str = "pdfleet-rollout.service"
+
+    @property
+    def config_dir(self) -> str:
+        return self.config_file.rsplit("/", 1)[0]
+
+    @property
+    def bin(self) -> str:
+        return f"{self.venv}/bin/pdfleet-rollout"
+
+
+def monitoring_hosts(inventory: Inventory) -> list[Host]:
+    """The inventory's monitoring hosts, in file order (each runs Prometheus)."""
+    return inventory.group(MONITORING_GROUP)
+
+
+def controller_of(inventory: Inventory) -> Controller | None:
+    """Where the rollout controller runs: the first monitoring host (None: the inventory has none).
+    Needs no profile: `invoke rollout.status` without --profile reaches it too."""
+    hosts = monitoring_hosts(inventory)
+    return Controller(hosts[0]) if hosts else None
+
+
+@dataclass(frozen=True)
 class Topology:
     """Where everything of a deployment runs (see the module docstring)."""
 
@@ -102,6 +173,10 @@ class Topology:
     no_gateway_reason: str | None
     lab_hosts: frozenset[str]
     pdfleet_hosts: frozenset[str]  # hosts that run pdfleet code: they install the host wheel
+    monitoring: tuple[Prometheus, ...] = ()  # one per monitoring host, in inventory order
+    # the rollout controller, when it is installed (a monitoring host, gateways and a rollout plan)
+    controller: Controller | None = None
+    no_controller_reason: str | None = "the inventory has no host in the `monitoring` group"
 
     def on_host(self, host: str) -> list[Instance]:
         """The instances a host runs, in pool order (prefill, decode, colocated)."""
@@ -118,6 +193,15 @@ class Topology:
     def gateway_on(self, host: str) -> Gateway | None:
         """The gateway a host runs, if any."""
         return next((g for g in self.gateways if g.host == host), None)
+
+    @property
+    def prometheus(self) -> Prometheus | None:
+        """The Prometheus the tasks read: the first monitoring host's (None: the inventory has none)."""
+        return self.monitoring[0] if self.monitoring else None
+
+    def prometheus_on(self, host: str) -> Prometheus | None:
+        """The Prometheus a host runs, if any."""
+        return next((p for p in self.monitoring if p.host == host), None)
 
     @property
     def metrics_endpoints(self) -> tuple[MetricsEndpoint, ...]:
@@ -164,10 +248,39 @@ def build_topology(
     if profile.pools.colocated is None:
         reason = "the profile has no colocated pool; the gateway routes between colocated and P/D pools"
     gateways = () if reason else tuple(_gateway(profile, h) for h in inventory.group("gateway"))
+    monitoring = tuple(
+        Prometheus(h.name, h.address, profile.monitoring.port) for h in monitoring_hosts(inventory)
+    )
+    controller, why_no_controller = _controller(profile, inventory, gateways)
     runs_pdfleet = {g.host for g in gateways}
     if profile.vllm.engine == "sim":
         runs_pdfleet |= {i.host for i in instances}
-    return Topology(instances, gateways, reason, _lab_hosts(hosts, lab_network), frozenset(runs_pdfleet))
+    if controller is not None:
+        runs_pdfleet.add(controller.host.name)
+    return Topology(
+        instances,
+        gateways,
+        reason,
+        _lab_hosts(hosts, lab_network),
+        frozenset(runs_pdfleet),
+        monitoring,
+        controller,
+        why_no_controller,
+    )
+
+
+def _controller(
+    profile: Profile, inventory: Inventory, gateways: tuple[Gateway, ...]
+) -> tuple[Controller | None, str | None]:
+    """The rollout controller and None, or None and why it is not installed."""
+    controller = controller_of(inventory)
+    if controller is None:
+        return None, f"the inventory has no host in the `{MONITORING_GROUP}` group"
+    if not gateways:
+        return None, "the topology has no gateway: there is no stage to roll out"
+    if not profile.rollout.plans:
+        return None, "the profile has no rollout.plans"
+    return controller, None
 
 
 def _instance(profile: Profile, host: Host, pool: str) -> Instance:

@@ -15,7 +15,6 @@ from pdfleet.errors import ValidationError
 from pdfleet.fleet.topology import Topology
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.metrics.source import SeriesAbsent
-from pdfleet.model.inventory import Inventory
 from pdfleet.model.profile import Profile
 from pdfleet.monitoring.recording import QUANTILES, Figure, Step, chain_figures, chain_steps
 
@@ -46,8 +45,9 @@ class ChainTable:
     rule_window_s: int
 
 
-def prometheus_url(profile: Profile, inventory: Inventory, override: str | None) -> str:
-    """The Prometheus to read: --prometheus, else the first monitoring host on the profile's port."""
+def prometheus_url(topology: Topology, override: str | None) -> str:
+    """The Prometheus to read: --prometheus, else the topology's (the first monitoring host, the profile's
+    monitoring.port)."""
     if override:
         parsed = urlparse(override)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -55,13 +55,12 @@ def prometheus_url(profile: Profile, inventory: Inventory, override: str | None)
                 f"--prometheus: {override!r} is not an http(s) URL like http://10.0.0.5:9090"
             )
         return override.rstrip("/")
-    hosts = inventory.group("monitoring")
-    if not hosts:
+    if topology.prometheus is None:
         raise ValidationError(
             "the inventory has no host in group `monitoring`: add one and provision it "
             "(invoke provision --roles base,monitoring), or pass --prometheus URL"
         )
-    return f"http://{hosts[0].address}:{profile.monitoring.port}"
+    return topology.prometheus.url
 
 
 def _absent_to_none(read: dict[float, dict[Group, float]], q: float, group: Group) -> float | None:

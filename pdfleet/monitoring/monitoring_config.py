@@ -14,9 +14,8 @@ from typing import Any
 import yaml
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.topology import MetricsEndpoint, Topology
+from pdfleet.fleet.topology import MetricsEndpoint, Prometheus, Topology
 from pdfleet.metrics.direct import Target
-from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 
 CONFIG_DIR = "/etc/prometheus"
@@ -53,13 +52,6 @@ def direct_targets(topology: Topology) -> list[Target]:
     ]
 
 
-def self_endpoint(host: Host, port: int) -> MetricsEndpoint:
-    """Prometheus's own metrics endpoint on a monitoring host."""
-    return MetricsEndpoint(
-        "prometheus", host.name, host.address, port, {"role": "prometheus", "host": host.name}
-    )
-
-
 def scrape_jobs(endpoints: Sequence[MetricsEndpoint]) -> list[dict[str, Any]]:
     """scrape_configs: one job per kind of service, in JOB_ORDER, targets in topology order."""
     by_job: dict[str, list[MetricsEndpoint]] = {}
@@ -74,8 +66,9 @@ def scrape_jobs(endpoints: Sequence[MetricsEndpoint]) -> list[dict[str, Any]]:
     return jobs
 
 
-def prometheus_config(profile: Profile, topology: Topology, host: Host) -> str:
-    """prometheus.yml for a monitoring host: intervals from the profile, every endpoint of the topology."""
+def prometheus_config(profile: Profile, topology: Topology, server: Prometheus) -> str:
+    """prometheus.yml for a monitoring host's server: intervals from the profile, itself and every endpoint
+    of the topology."""
     mon = profile.monitoring
     doc: dict[str, Any] = {
         "global": {
@@ -85,36 +78,31 @@ def prometheus_config(profile: Profile, topology: Topology, host: Host) -> str:
             "external_labels": {"profile": profile.name},
         },
         "rule_files": [RECORDING_FILE, ALERTS_FILE],
-        "scrape_configs": scrape_jobs([self_endpoint(host, mon.port), *topology.metrics_endpoints]),
+        "scrape_configs": scrape_jobs([server.metrics_endpoint, *topology.metrics_endpoints]),
     }
     return "# Managed by pdfleet (roles/monitoring): the topology's metrics endpoints.\n" + dump(doc)
 
 
-def listen_address(profile: Profile, host: Host) -> str:
-    """Where Prometheus listens: the host's inventory address and the profile's port."""
-    return f"{host.address}:{profile.monitoring.port}"
-
-
-def prometheus_args(profile: Profile, host: Host) -> list[str]:
+def prometheus_args(profile: Profile, server: Prometheus) -> list[str]:
     """The daemon's flags (Debian's unit passes $ARGS from /etc/default/prometheus)."""
     mon = profile.monitoring
     args = [
         f"--config.file={CONFIG_FILE}",
         f"--storage.tsdb.path={STORAGE_DIR}",
         f"--storage.tsdb.retention.time={mon.retention_days}d",
-        f"--web.listen-address={listen_address(profile, host)}",
+        f"--web.listen-address={server.listen_address}",
     ]
     if mon.retention_size_gb is not None:
         args.append(f"--storage.tsdb.retention.size={mon.retention_size_gb}GB")
     return args
 
 
-def defaults_file(profile: Profile, host: Host) -> str:
+def defaults_file(profile: Profile, server: Prometheus) -> str:
     """/etc/default/prometheus: ARGS only (each flag is built from validated numbers and an address)."""
-    args = " ".join(prometheus_args(profile, host))
+    args = " ".join(prometheus_args(profile, server))
     if any(c in args for c in '"$\\`\n\r'):  # the inventory should refuse such an address; be sure
         raise ValidationError(
-            f"inventory: host {host.name}: address {host.address!r} cannot be written into "
+            f"inventory: host {server.host}: address {server.address!r} cannot be written into "
             f"{DEFAULTS_FILE} (quotes, $, backslashes or newlines); use a plain IP or name"
         )
     return f'# Managed by pdfleet (roles/monitoring).\nARGS="{args}"\n'

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
+from pdfleet.fleet.topology import Prometheus
 from pdfleet.monitoring.alerts import alert_rules
 from pdfleet.monitoring.dashboard import dashboard_json
 from pdfleet.monitoring.monitoring_config import (
@@ -26,7 +27,6 @@ from pdfleet.monitoring.monitoring_config import (
     RULES_DIR,
     defaults_file,
     dump,
-    listen_address,
     prometheus_config,
 )
 from pdfleet.monitoring.recording import recording_rules
@@ -45,11 +45,17 @@ HEADER = "# Managed by pdfleet (roles/monitoring); checked with promtool before 
 
 
 def applies(ctx: RoleContext) -> bool:
-    return ctx.host.in_group("monitoring")
+    return ctx.topology.prometheus_on(ctx.host.name) is not None
+
+
+def _server(ctx: RoleContext) -> Prometheus:
+    server = ctx.topology.prometheus_on(ctx.host.name)
+    assert server is not None, "applies() admits only the topology's monitoring hosts"
+    return server
 
 
 def ready_url(ctx: RoleContext) -> str:
-    return f"http://{listen_address(ctx.profile, ctx.host)}/-/ready"
+    return _server(ctx).ready_url
 
 
 def check_commands() -> tuple[Run, ...]:
@@ -65,8 +71,8 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
     has_gateway = bool(ctx.topology.gateways)
     profile = ctx.profile
     return [
-        RenderedFile(DEFAULTS_FILE, defaults_file(profile, ctx.host)),
-        RenderedFile(CONFIG_FILE, prometheus_config(profile, ctx.topology, ctx.host)),
+        RenderedFile(DEFAULTS_FILE, defaults_file(profile, _server(ctx))),
+        RenderedFile(CONFIG_FILE, prometheus_config(profile, ctx.topology, _server(ctx))),
         RenderedFile(RECORDING_FILE, HEADER + dump(recording_rules(profile, has_gateway))),
         RenderedFile(ALERTS_FILE, HEADER + dump(alert_rules(profile, has_gateway))),
         RenderedFile(DASHBOARD_FILE, dashboard_json(profile, ctx.topology)),
@@ -74,7 +80,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
 
 
 def units(ctx: RoleContext) -> list[ManagedUnit]:
-    return [ManagedUnit(UNIT, ctx.profile.monitoring.port, ready_url(ctx))]
+    return [ManagedUnit(UNIT, _server(ctx).port, ready_url(ctx))]
 
 
 def handlers(ctx: RoleContext) -> tuple[Handler, Handler]:

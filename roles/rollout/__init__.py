@@ -1,9 +1,10 @@
 """rollout: the `pdfleet-rollout` controller on the monitoring group, beside Prometheus.
 
-It owns the live stage (state under /var/lib/pdfleet/rollout, 0700) and applies it to every gateway
-host through the gateway's admin endpoint (`POST /admin/stage`) with the admin key, which it reads from
-a 0600 file only it can read; the key is never on a command line or in a log. Installed only when the
-profile has a rollout plan and the topology has gateways.
+It owns the live stage (state under the topology's controller.state_dir, 0700) and applies it to every
+gateway host through the gateway's admin endpoint (`POST /admin/stage`) with the admin key, which it reads
+from a 0600 file only it can read; the key is never on a command line or in a log. Installed on the first
+monitoring host only when the profile has a rollout plan and the topology has gateways (Topology.controller
+says where and with which paths).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from collections.abc import Iterable
 from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
+from pdfleet.fleet.topology import Controller
 from pdfleet.model.connectors import NIXL
 from pdfleet.model.monitoring import has_nixl_metrics
-from pdfleet.monitoring.monitoring_config import listen_address
 from pdfleet.ops.base import FactSource, Operation, Skip
 from pdfleet.ops.files import Directory, File
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
@@ -24,36 +25,35 @@ from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 NAME = "rollout"
 APT_PACKAGES: tuple[str, ...] = ()
 
-CONFIG_DIR = "/etc/pdfleet/rollout"
-CONFIG_FILE = f"{CONFIG_DIR}/controller.json"
-KEY_FILE = f"{CONFIG_DIR}/admin.key"
-STATE_DIR = "/var/lib/pdfleet/rollout"
-VENV = "/opt/pdfleet/rollout"
-UNIT = "pdfleet-rollout.service"
-BIN = f"{VENV}/bin/pdfleet-rollout"
-
 
 def applies(ctx: RoleContext) -> bool:
-    return ctx.host.in_group("monitoring")
+    return ctx.topology.prometheus_on(ctx.host.name) is not None
 
 
 def _why_not(ctx: RoleContext) -> str | None:
-    if not ctx.topology.gateways:
-        return "the topology has no gateway: there is no stage to roll out"
-    if not ctx.profile.rollout.plans:
-        return "the profile has no rollout.plans"
+    controller = ctx.topology.controller
+    if controller is None:
+        return ctx.topology.no_controller_reason
+    if controller.host.name != ctx.host.name:
+        return f"the controller runs on the first monitoring host, {controller.host.name}"
     if ctx.gateway_secrets is None or ctx.gateway_secrets.admin_key is None:
         return "no gateway admin key was provided (provision reads it on the control machine)"
     return None
 
 
+def _controller(ctx: RoleContext) -> Controller:
+    controller = ctx.topology.controller
+    assert controller is not None, "_why_not() admits only the controller's host"
+    return controller
+
+
 def controller_config(ctx: RoleContext) -> str:
     """controller.json: the profile's plans, gates, stages and SLOs; the gateways' admin URLs."""
     profile = ctx.profile
-    gateways = [
-        {"name": g.host, "admin_url": f"http://{g.address}:{g.admin_port or g.port}"}
-        for g in ctx.topology.gateways
-    ]
+    controller = _controller(ctx)
+    prometheus = ctx.topology.prometheus_on(ctx.host.name)
+    assert prometheus is not None, "the controller runs on a monitoring host"
+    gateways = [{"name": g.host, "admin_url": g.admin_url} for g in ctx.topology.gateways]
     kv_metrics = (
         profile.disaggregated
         and profile.kv_transfer.connector == NIXL
@@ -66,9 +66,9 @@ def controller_config(ctx: RoleContext) -> str:
         "initial_stage": profile.gateway.stage,
         "slo": profile.slo.model_dump(exclude_none=True),  # unset P95 bounds fall back to P99 in bench only
         "gateways": gateways,
-        "prometheus_url": f"http://{listen_address(profile, ctx.host)}",
-        "admin_key_file": KEY_FILE,
-        "state_dir": STATE_DIR,
+        "prometheus_url": prometheus.url,
+        "admin_key_file": controller.key_file,
+        "state_dir": controller.state_dir,
         "kv_transfer_metrics": kv_metrics,
     }
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
@@ -79,22 +79,23 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
         return []
     secrets = ctx.gateway_secrets
     assert secrets is not None and secrets.admin_key is not None
+    controller = _controller(ctx)
     owner = {"owner": SERVICE_USER, "group": SERVICE_USER}
     unit = ctx.render(
         "pdfleet-rollout.service.j2",
         service_user=SERVICE_USER,
-        state_directory=STATE_DIR.removeprefix("/var/lib/"),
-        argv=[BIN, "--config", CONFIG_FILE, "run"],
+        state_directory=controller.state_dir.removeprefix("/var/lib/"),
+        argv=[controller.bin, "--config", controller.config_file, "run"],
     )
     return [
-        RenderedFile(CONFIG_FILE, controller_config(ctx), mode="0644"),
-        RenderedFile(KEY_FILE, secrets.admin_key + "\n", mode="0600", secret=True, **owner),
-        RenderedFile(f"{UNIT_DIR}/{UNIT}", unit),
+        RenderedFile(controller.config_file, controller_config(ctx), mode="0644"),
+        RenderedFile(controller.key_file, secrets.admin_key + "\n", mode="0600", secret=True, **owner),
+        RenderedFile(f"{UNIT_DIR}/{controller.unit}", unit),
     ]
 
 
 def units(ctx: RoleContext) -> list[ManagedUnit]:
-    return [] if _why_not(ctx) else [ManagedUnit(UNIT, None, None)]
+    return [] if _why_not(ctx) else [ManagedUnit(_controller(ctx).unit, None, None)]
 
 
 def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
@@ -102,9 +103,10 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     if reason:
         yield Skip("rollout", reason)
         return
-    restart = restart_handler(UNIT, None, 60)
-    yield from host_wheel_install(ctx, VENV, notify=(restart,))
-    yield Directory(CONFIG_DIR, mode="0755")
+    controller = _controller(ctx)
+    restart = restart_handler(controller.unit, None, 60)
+    yield from host_wheel_install(ctx, controller.venv, notify=(restart,))
+    yield Directory(controller.config_dir, mode="0755")
     for rendered in files(ctx):
         name = rendered.path.rsplit("/", 1)[1]
         if rendered.path.startswith(UNIT_DIR):
@@ -119,4 +121,4 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
                 secret=rendered.secret,
                 notify=(restart,),
             )
-    yield Service(UNIT, enabled=True, running=True)
+    yield Service(controller.unit, enabled=True, running=True)

@@ -313,3 +313,96 @@ def test_every_type_ignore_names_its_error_code_and_why() -> None:
     assert not any(o.get("ignore_errors") for o in mypy.get("overrides", [])), (
         "ignore_errors silences a module"
     )
+
+
+# The one address book: where the fleet's services listen is computed in the topology only. These are
+# the operator side's files (the host programs, the model and the lab's own mirrors are not deployments).
+ADDRESS_BOOK = REPO / "pdfleet" / "fleet" / "topology.py"
+FLEET_SIDE = ("fleet", "checks", "bench", "doctor", "monitoring", "cli", "rollout", "metrics", "ops", "hw")
+# What /work/shared/hooks/before-stop greps for: a well-known port written as a value.
+PORT_AS_VALUE = re.compile(r"(=|\(|,|return) *(9090|8080|8100|8200|5600|8998)\b")
+HOOK_DIRS = ("pdfleet/bench", "pdfleet/cli", "pdfleet/doctor", "pdfleet/rollout", "roles")
+
+
+def _fleet_side() -> list[Path]:
+    """The operator side's Python files, the address book itself left out."""
+    files = [p for pkg in FLEET_SIDE for p in (PACKAGE / pkg).rglob("*.py")]
+    files += [*(REPO / "roles").rglob("*.py"), *(REPO / "bench").rglob("*.py"), REPO / "tasks.py"]
+    return sorted(p for p in files if p != ADDRESS_BOOK)
+
+
+def _default_ports() -> set[int]:
+    """Every port the model defaults to (`*port` fields of the profile sections) or a shipped profile sets."""
+    from pydantic import BaseModel
+
+    import pdfleet.model.monitoring
+    import pdfleet.model.profile
+    from pdfleet.model.profile_loader import list_profiles, load_profile
+
+    ports: set[int] = set()
+    for module in (pdfleet.model.profile, pdfleet.model.monitoring):
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, BaseModel):
+                for name, info in value.model_fields.items():
+                    if name.endswith("port") and isinstance(info.default, int):
+                        ports.add(info.default)
+    for name in list_profiles(REPO / "profiles"):
+        profile = load_profile(name, REPO / "profiles")
+        ports |= {spec.port for _, spec in profile.pools.items()}
+        ports |= {profile.gateway.port, profile.gateway.router_port, profile.monitoring.port}
+    return ports
+
+
+def _endpoint_computations(tree: ast.AST, ports: set[int]) -> Iterator[tuple[int, str]]:
+    """(line, what) for each monitoring-host lookup, address:port URL or literal default port in a file."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            args = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            if node.func.attr in ("group", "in_group") and "monitoring" in args:
+                yield node.lineno, f'a monitoring-host lookup ({node.func.attr}("monitoring"))'
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant):
+            if node.left.value == "monitoring" and isinstance(node.ops[0], ast.In | ast.NotIn):
+                yield node.lineno, 'a monitoring-host lookup ("monitoring" in ...groups)'
+        elif isinstance(node, ast.JoinedStr):
+            shape = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            if re.search(r"https?://\{\}:(\{\}|\d)", shape):
+                yield node.lineno, f"a URL built from an address and a port ({shape})"
+        elif isinstance(node, ast.Constant) and type(node.value) is int and node.value in ports:
+            yield node.lineno, f"the literal port {node.value}"
+
+
+def test_no_endpoint_is_computed_outside_the_topology() -> None:
+    ports = _default_ports()
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {what}"
+        for path in _fleet_side()
+        for line, what in _endpoint_computations(ast.parse(path.read_text(encoding="utf-8")), ports)
+    ]
+    assert not found, "read these from pdfleet/fleet/topology.py (Topology):\n" + "\n".join(found)
+
+
+def test_the_endpoint_scan_finds_each_kind() -> None:
+    code = """
+hosts = inventory.group("monitoring")
+mine = [h for h in hosts if h.in_group("monitoring")]
+other = [h for h in hosts if "monitoring" in h.groups]
+url = f"http://{host.address}:{profile.monitoring.port}"
+admin = f"http://{g.address}:{g.admin_port or g.port}/admin"
+fixed = f"http://{host.address}:9090"
+PORT = 9090
+"""
+    found = [what for _, what in _endpoint_computations(ast.parse(code), {9090})]
+    assert len(found) == 7 and found.count("the literal port 9090") == 1, found
+    assert not list(_endpoint_computations(ast.parse('x = f"http://127.0.0.1:{port}"; n = 8081'), {9090}))
+
+
+def test_no_well_known_port_is_written_as_a_value() -> None:
+    """The before-stop hook's check: its grep over these folders comes out clean."""
+    hits = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for folder in HOOK_DIRS
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if PORT_AS_VALUE.search(line)
+    ]
+    assert not hits, "\n".join(hits)

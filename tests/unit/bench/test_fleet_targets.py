@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from pdfleet.bench.fleet_targets import (
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.deployment import load_deployment
 from pdfleet.metrics.direct import DirectScrape
+from pdfleet.metrics.prometheus import PrometheusClient
+from tests.unit.fleet.helpers import monitoring_on_port
+from tests.unit.metrics.helpers import prometheus, scrape_config
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -48,8 +52,7 @@ def test_a_colocated_profile_has_only_the_colocated_pool() -> None:
 def test_no_monitoring_answering_falls_back_to_direct_scrapes() -> None:
     d = _lab()
     notes: list[str] = []
-    # 198.18.0.10:9090 is the lab's monitoring host; here nothing answers there
-    sources, what = metrics_sources(d.inventory.limit("colocated"), d.topology, notes.append)
+    sources, what = metrics_sources(dataclasses.replace(d.topology, monitoring=()), notes.append)
     source, kv = sources("disagg")
     assert isinstance(source, DirectScrape) and isinstance(kv, DirectScrape) and source is not kv
     assert [t.labels["role"] for t in source.targets] == ["prefill", "decode"]  # that pool's own endpoints
@@ -68,3 +71,16 @@ def test_client_key_is_read_never_created(tmp_path: Path) -> None:
     assert "sk-pdfleet-abc" not in str(err.value)
     os.chmod(key, 0o600)
     assert read_client_key(str(key)) == "sk-pdfleet-abc"
+
+
+def test_prometheus_is_read_on_the_profiles_monitoring_port(tmp_path: Path) -> None:
+    """monitoring.port other than 9090: bench reads the Prometheus listening there, not a fixed port."""
+    with prometheus(tmp_path / "prom", scrape_config([])) as prom:
+        assert prom.port != 9090
+        profiles, profile, inventory = monitoring_on_port(tmp_path, prom.port)
+        d = load_deployment(str(profile), inventory, profiles, REPO / "templates", ())
+        notes: list[str] = []
+        sources, what = metrics_sources(d.topology, notes.append)
+        source, kv = sources("disagg")
+        assert what == f"Prometheus at http://127.0.0.1:{prom.port}" and not notes
+        assert isinstance(source, PrometheusClient) and source.base_url == prom.url and kv is source

@@ -17,7 +17,7 @@ from pdfleet.monitoring.monitoring_config import dump
 from pdfleet.monitoring.recording import recording_rules
 from pdfleet.sim.metrics import TTFT_BUCKETS
 from tests.unit.cli.helpers import REPO, project_context
-from tests.unit.fleet.helpers import fleet_of
+from tests.unit.fleet.helpers import fleet_of, monitoring_on_port
 from tests.unit.metrics.helpers import exporter, prometheus, scrape_config, wait_for
 
 
@@ -95,3 +95,16 @@ def test_bad_options_are_errors(
     with pytest.raises(Exit):
         monitor(project_context(), profile="lab-cross", **options)
     assert message in capsys.readouterr().err
+
+
+def test_without_an_option_it_reads_the_profiles_monitoring_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """monitoring.port other than 9090: the monitoring host's Prometheus on that port is the one read."""
+    with prometheus(tmp_path / "prom", scrape_config([])) as prom:
+        assert prom.port != 9090
+        profiles, profile, inventory = monitoring_on_port(tmp_path, prom.port)
+        ctx = project_context(profiles_dir=str(profiles))
+        monitor(ctx, profile=str(profile), inventory=str(inventory), minutes="1")
+    head = capsys.readouterr().out.splitlines()[0]
+    assert f"— http://127.0.0.1:{prom.port} —" in head, head

@@ -11,7 +11,9 @@ import pytest
 from invoke.exceptions import Exit
 
 from pdfleet.cli import rollout
-from tests.unit.cli.helpers import project_context
+from pdfleet.fleet.topology import controller_of
+from pdfleet.model.inventory import load_inventory
+from tests.unit.cli.helpers import REPO, project_context
 
 STATUS = {
     "phase": "progressing",
@@ -47,7 +49,9 @@ STATUS = {
 
 
 def test_the_remote_command_runs_the_controller_cli_as_the_service_user() -> None:
-    argv = shlex.split(rollout.remote_argv(["submit", "--stage", "long-prompts; rm -rf /"]))
+    controller = controller_of(load_inventory(REPO / "inventory" / "lab.yml"))
+    assert controller is not None and controller.host.name == "lab-gw"
+    argv = shlex.split(rollout.remote_argv(controller, ["submit", "--stage", "long-prompts; rm -rf /"]))
     assert argv[:4] == ["sudo", "-n", "-u", "pdfleet"]
     assert argv[4:] == [
         "/opt/pdfleet/rollout/bin/pdfleet-rollout",

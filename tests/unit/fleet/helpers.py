@@ -130,3 +130,25 @@ def series_in(expr: str) -> set[str]:
             continue  # exponent of a number like 1e-9
         found.add(word)
     return found
+
+
+def monitoring_on_port(tmp: Path, port: int) -> tuple[Path, Path, Path]:
+    """lab-cross with `monitoring.port: port`, its monitoring host `mon` on 127.0.0.1 (the other lab hosts
+    as they are, never contacted): (profiles dir, profile file, inventory file)."""
+    profiles = tmp / "profiles"
+    profiles.mkdir(parents=True)
+    for source in (REPO / "profiles").glob("*.yml"):
+        (profiles / source.name).write_text(source.read_text())
+    profile = profiles / "mon-port.yml"
+    profile.write_text(f"extends: lab-cross\nmonitoring:\n  port: {port}\n")
+    lab = (REPO / "inventory" / "lab.yml").read_text()
+    moved = lab.replace("    monitoring:\n      hosts:\n        lab-gw: {}\n", "")
+    assert moved != lab, "inventory/lab.yml's monitoring group moved: update this helper"
+    moved = moved.replace(
+        "  children:\n",
+        "  children:\n    monitoring:\n      hosts:\n        mon:\n          ansible_host: 127.0.0.1\n",
+        1,
+    )
+    inventory = tmp / "inventory.yml"
+    inventory.write_text(moved)
+    return profiles, profile, inventory

@@ -93,7 +93,9 @@ def test_gateway_and_rollout_install_host_code_by_the_one_sequence(tmp_path: Pat
     assert _contains_run(gw_ops, host_wheel_install(ctx, gateway_role.VENV, (router,), restarts))
     ro_ops = [op for op in rollout_role.operations(ctx, FakeFacts()) if isinstance(op, Operation)]
     restart = tuple(next(op for op in ro_ops if isinstance(op, PipRequirements)).notify)
-    assert _contains_run(ro_ops, host_wheel_install(ctx, rollout_role.VENV, notify=restart))
+    assert fleet.topology.controller is not None
+    venv = fleet.topology.controller.venv
+    assert _contains_run(ro_ops, host_wheel_install(ctx, venv, notify=restart))
     # without a wheel (a site whose index serves it) nothing is uploaded and pip looks nowhere else
     plain = host_wheel_install(dataclasses.replace(fleet, host_wheel=None).context(ctx.host), "/opt/x")
     assert [type(op) for op in plain] == [Directory, PipRequirements]

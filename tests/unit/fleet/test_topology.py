@@ -3,6 +3,7 @@ router and metrics endpoint is, which hosts are lab hosts and which run pdfleet 
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from pathlib import Path
 
@@ -93,7 +94,60 @@ def test_lab_hosts_and_hosts_running_pdfleet(profile: str, inventory: Path) -> N
     expected = {g.host for g in topo.gateways}
     if prof.vllm.engine == "sim":
         expected |= {i.host for i in topo.instances}
+    if topo.controller is not None:  # the rollout controller is host code too
+        expected.add(topo.controller.host.name)
     assert topo.pdfleet_hosts == expected
+
+
+@pytest.mark.parametrize(("profile", "inventory"), PAIRS, ids=lambda v: v if isinstance(v, str) else v.name)
+def test_prometheus_on_every_monitoring_host_and_the_controller_on_the_first(
+    profile: str, inventory: Path
+) -> None:
+    prof, inv, topo = _load(profile, inventory)
+    hosts = inv.group("monitoring")
+    assert [(p.host, p.address, p.port) for p in topo.monitoring] == [
+        (h.name, h.address, prof.monitoring.port) for h in hosts
+    ]
+    for server in topo.monitoring:
+        assert server.url == f"http://{server.address}:{prof.monitoring.port}"
+        assert server.ready_url == server.url + "/-/ready" and topo.prometheus_on(server.host) == server
+    assert topo.prometheus == (topo.monitoring[0] if hosts else None)
+    installs = bool(hosts and topo.gateways and prof.rollout.plans)
+    assert (topo.controller is not None) == installs == (topo.no_controller_reason is None)
+    if topo.controller is not None:
+        assert topo.controller.host == hosts[0]
+    for gw in topo.gateways:
+        port = prof.gateway.admin_port or prof.gateway.port
+        assert gw.admin_url == f"http://{inv.hosts[gw.host].address}:{port}"
+
+
+def test_the_monitoring_port_and_admin_port_come_from_the_profile() -> None:
+    prof, inv, _ = _load("lab-cross", REPO / "inventory/lab.yml")
+    prof = prof.model_copy(
+        update={
+            "monitoring": prof.monitoring.model_copy(update={"port": 9191}),
+            "gateway": prof.gateway.model_copy(update={"admin_port": 8181}),
+        }
+    )
+    topo = build_topology(prof, inv, LAB_NETWORK)
+    assert topo.prometheus is not None and topo.prometheus.url == "http://198.18.0.10:9191"
+    assert topo.prometheus.metrics_endpoint.url == "http://198.18.0.10:9191/metrics"
+    assert [g.admin_url for g in topo.gateways] == ["http://198.18.0.10:8181"]
+
+
+def test_why_there_is_no_controller() -> None:
+    prof, inv, topo = _load("lab-cross", REPO / "inventory/lab.yml")
+    assert topo.controller is not None and topo.controller.state_dir == "/var/lib/pdfleet/rollout"
+    no_plans = prof.model_copy(update={"rollout": prof.rollout.model_copy(update={"plans": {}})})
+    assert build_topology(no_plans, inv).no_controller_reason == "the profile has no rollout.plans"
+    no_gateway = dataclasses.replace(inv, groups={k: v for k, v in inv.groups.items() if k != "gateway"})
+    assert "no gateway" in (build_topology(prof, no_gateway).no_controller_reason or "")
+    no_monitoring = dataclasses.replace(
+        inv, groups={k: v for k, v in inv.groups.items() if k != "monitoring"}
+    )
+    topo = build_topology(prof, no_monitoring)
+    assert topo.controller is None and topo.prometheus is None and topo.monitoring == ()
+    assert "no host in the `monitoring` group" in (topo.no_controller_reason or "")
 
 
 def test_same_host_instances_get_distinct_side_channel_ports_and_gpus() -> None:

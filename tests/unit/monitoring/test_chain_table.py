@@ -20,17 +20,16 @@ from pdfleet.monitoring.recording import CHAIN, figures
 from tests.unit.fleet.helpers import REPO, fleet_of
 
 
-def test_the_inventory_monitoring_host_or_the_option() -> None:
+def test_the_topology_prometheus_or_the_option() -> None:
     fleet = fleet_of("lab-cross", REPO / "inventory" / "lab.yml")
-    assert prometheus_url(fleet.profile, fleet.inventory, None) == "http://198.18.0.10:9090"
-    assert prometheus_url(fleet.profile, fleet.inventory, "http://127.0.0.1:9999/") == "http://127.0.0.1:9999"
+    port = fleet.profile.monitoring.port
+    assert prometheus_url(fleet.topology, None) == f"http://198.18.0.10:{port}"
+    assert prometheus_url(fleet.topology, "http://127.0.0.1:9999/") == "http://127.0.0.1:9999"
     with pytest.raises(ValidationError, match="not an http"):
-        prometheus_url(fleet.profile, fleet.inventory, "127.0.0.1:9090")
-    inventory = dataclasses.replace(
-        fleet.inventory, groups={k: v for k, v in fleet.inventory.groups.items() if k != "monitoring"}
-    )
+        prometheus_url(fleet.topology, "127.0.0.1:9090")
+    without = dataclasses.replace(fleet.topology, monitoring=())
     with pytest.raises(ValidationError, match="no host in group `monitoring`"):
-        prometheus_url(fleet.profile, inventory, None)
+        prometheus_url(without, None)
 
 
 def test_durations_and_missing_data() -> None:

@@ -6,8 +6,7 @@ import pytest
 import yaml
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.topology import MetricsEndpoint
-from pdfleet.model.inventory import Host
+from pdfleet.fleet.topology import MetricsEndpoint, Prometheus
 from pdfleet.monitoring.monitoring_config import (
     VLLM_NAME_RELABEL,
     defaults_file,
@@ -38,8 +37,9 @@ def test_jobs_in_order_with_topology_labels_and_instance_by_host() -> None:
 
 def test_config_has_profile_intervals_rule_files_and_prometheus_itself() -> None:
     fleet = fleet_of("lab-cross", REPO / "inventory" / "lab.yml")
-    host = fleet.inventory.hosts["lab-gw"]
-    doc = yaml.safe_load(prometheus_config(fleet.profile, fleet.topology, host))
+    server = fleet.topology.prometheus
+    assert server is not None and server.host == "lab-gw"
+    doc = yaml.safe_load(prometheus_config(fleet.profile, fleet.topology, server))
     mon = fleet.profile.monitoring
     assert doc["global"]["scrape_interval"] == f"{mon.scrape_interval_s}s"
     assert doc["global"]["evaluation_interval"] == f"{mon.evaluation_interval_s}s"
@@ -49,32 +49,34 @@ def test_config_has_profile_intervals_rule_files_and_prometheus_itself() -> None
     ]
     own = doc["scrape_configs"][0]
     assert own["job_name"] == "prometheus" and own["static_configs"][0]["targets"] == [
-        f"{host.address}:{mon.port}"
+        f"{fleet.inventory.hosts['lab-gw'].address}:{mon.port}"
     ]
 
 
 def test_retention_size_is_a_flag_only_when_set() -> None:
     fleet = fleet_of("colocated")
-    host = next(iter(fleet.inventory.hosts.values()))
-    assert not any("retention.size" in a for a in prometheus_args(fleet.profile, host))
+    server = Prometheus("m", "10.0.0.5", fleet.profile.monitoring.port)
+    assert not any("retention.size" in a for a in prometheus_args(fleet.profile, server))
     sized = fleet.profile.model_copy(
         update={"monitoring": fleet.profile.monitoring.model_copy(update={"retention_size_gb": 50})}
     )
-    assert "--storage.tsdb.retention.size=50GB" in prometheus_args(sized, host)
+    assert "--storage.tsdb.retention.size=50GB" in prometheus_args(sized, server)
 
 
 def test_an_address_with_quotes_cannot_reach_the_defaults_file() -> None:
     """The inventory validates addresses; this is the last guard before a shell-read file."""
     fleet = fleet_of("colocated")
-    bad = Host(name="m", address='10.0.0.1" EVIL="1', groups=frozenset({"monitoring"}), vars={})
+    bad = Prometheus("m", '10.0.0.1" EVIL="1', 9090)
     with pytest.raises(ValidationError, match="host m: address .* cannot be written"):
         defaults_file(fleet.profile, bad)
 
 
 def test_direct_targets_carry_the_labels_prometheus_would_attach() -> None:
     fleet = fleet_of("lab-cross", REPO / "inventory" / "lab.yml")
-    host = fleet.inventory.hosts["lab-gw"]
-    jobs = yaml.safe_load(prometheus_config(fleet.profile, fleet.topology, host))["scrape_configs"]
+    assert fleet.topology.prometheus is not None
+    jobs = yaml.safe_load(prometheus_config(fleet.profile, fleet.topology, fleet.topology.prometheus))[
+        "scrape_configs"
+    ]
     scraped = {
         (s["targets"][0], tuple(sorted({**s["labels"], "job": j["job_name"]}.items())))
         for j in jobs

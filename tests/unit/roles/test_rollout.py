@@ -26,29 +26,32 @@ def test_the_controller_gets_its_config_key_and_unit(tmp_path: Path) -> None:
     fleet = deployment("lab-cross")
     fleet = dataclasses.replace(fleet, gateway_secrets=GatewaySecrets("1" * 64, "2" * 64, KEY))
     ctx = fleet.context(_monitoring(fleet))
+    controller = fleet.topology.controller
+    assert controller is not None and controller.host.name == ctx.host.name
     by_path = {f.path: f for f in rollout_role.files(ctx)}
     assert set(by_path) == {
-        rollout_role.CONFIG_FILE,
-        rollout_role.KEY_FILE,
-        f"/etc/systemd/system/{rollout_role.UNIT}",
+        "/etc/pdfleet/rollout/controller.json",
+        "/etc/pdfleet/rollout/admin.key",
+        "/etc/systemd/system/pdfleet-rollout.service",
     }
     local = tmp_path / "controller.json"
-    local.write_text(by_path[rollout_role.CONFIG_FILE].content)
+    local.write_text(by_path[controller.config_file].content)
     config = load_config(local)
-    assert [g.admin_url for g in config.gateways] == [
-        f"http://{g.address}:{g.admin_port or g.port}" for g in fleet.topology.gateways
-    ]
+    assert [g.admin_url for g in config.gateways] == [g.admin_url for g in fleet.topology.gateways]
+    assert [g.admin_url for g in config.gateways] == ["http://198.18.0.10:8080"]
+    assert config.prometheus_url == f"http://198.18.0.10:{fleet.profile.monitoring.port}"
     assert set(config.rollout.plans) == {"canary-long", "long-prompts", "all-disagg"}
     assert config.initial_stage == "colocated" and config.state_dir == "/var/lib/pdfleet/rollout"
-    assert KEY not in by_path[rollout_role.CONFIG_FILE].content
-    key = by_path[rollout_role.KEY_FILE]
+    assert KEY not in by_path[controller.config_file].content
+    key = by_path[controller.key_file]
     assert (key.content, key.mode, key.owner, key.secret) == (KEY + "\n", "0600", "pdfleet", True)
-    unit = by_path[f"/etc/systemd/system/{rollout_role.UNIT}"].content
+    unit = by_path[f"/etc/systemd/system/{controller.unit}"].content
     argv = exec_start_argv(unit)
     args = _parser().parse_args(argv[1:])
-    assert (argv[0], str(args.config), args.command) == (rollout_role.BIN, rollout_role.CONFIG_FILE, "run")
+    assert (argv[0], str(args.config), args.command) == (controller.bin, controller.config_file, "run")
+    assert argv[0] == "/opt/pdfleet/rollout/bin/pdfleet-rollout"
     assert "StateDirectory=pdfleet/rollout" in unit and KEY not in unit
-    assert json.loads(by_path[rollout_role.CONFIG_FILE].content)["admin_key_file"] == rollout_role.KEY_FILE
+    assert json.loads(by_path[controller.config_file].content)["admin_key_file"] == controller.key_file
 
 
 def test_without_the_admin_key_the_role_skips_saying_why() -> None:
