@@ -1,10 +1,11 @@
 """`invoke doctor --profile P`: the deployment, SSH to its hosts, the metrics source as `invoke monitor` and
-`invoke bench` choose it (Prometheus on the monitoring host when it answers, else direct scrapes)."""
+`invoke bench` choose it (the topology's Prometheus when it answers, else direct scrapes), named on stderr."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import time
 
 from invoke import Context
@@ -49,6 +50,7 @@ def fleet_findings(
 
     source: Metrics = functools.partial(fleet_metrics, topo, window_s, sample_s, timeout)
     facts = gather_fleet(deployment.profile, inv, topo, connect, source, timeout)
+    print(f"metrics: {facts.metrics_source or 'not read'}", file=sys.stderr)  # which Prometheus, if any
     return diagnose_fleet(facts), deployment.profile.name
 
 

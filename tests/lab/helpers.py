@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdfleet.fleet.deployment import load_deployment
 from pdfleet.lab.control import Lab, up
 from pdfleet.lab.hosts import LabHost, ssh_run
 from pdfleet.lab.paths import LabPaths
 from pdfleet.model.inventory import Inventory, load_inventory
+from pdfleet.model.monitoring import MonitoringSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,3 +37,17 @@ class LabHandle:
     def up(self) -> None:
         """Bring the lab (back) up; cheap when it is already running."""
         up(self.lab)
+
+
+def prometheus_url(profile: str) -> str:
+    """The Prometheus bench, doctor and monitor must read for a lab profile: the topology's (lab-gw on the
+    profile's monitoring.port), not on Prometheus's default port, so a task reading a fixed one misses it."""
+    topology = load_deployment(
+        profile, REPO_ROOT / "inventory" / "lab.yml", REPO_ROOT / "profiles", REPO_ROOT / "templates", ()
+    ).topology
+    assert topology.prometheus is not None, f"{profile}: the lab inventory has no monitoring host"
+    default = MonitoringSpec.model_fields["port"].default
+    assert topology.prometheus.port != default, (
+        f"{profile}: set monitoring.port to a port other than {default}"
+    )
+    return topology.prometheus.url

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.helpers import REPO_ROOT, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabHandle, prometheus_url
 
 PROFILE = "lab-cross"
 FILES = (
@@ -69,6 +69,8 @@ def bench_out(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "verdict:" in proc.stdout and "TTFT P95" in proc.stdout
+    # lab-cross's monitoring.port is not Prometheus's 9090: the server side comes from the one on that port
+    assert f"server side: Prometheus at {prometheus_url(PROFILE)}\n" in proc.stderr, proc.stderr[-3000:]
     return out
 
 

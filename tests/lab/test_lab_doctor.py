@@ -22,7 +22,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.lab.helpers import REPO_ROOT, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabHandle, prometheus_url
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
@@ -92,8 +92,11 @@ def test_healthy_anthropic_view_has_no_error(key: str) -> None:
 
 
 def test_healthy_fleet_view_has_no_error(key: str) -> None:
-    rc, doc = _doctor("--profile", PROFILE, "--minutes", "1")
-    assert rc == 0 and not _errors(doc), doc
+    proc = _invoke("doctor", "--profile", PROFILE, "--minutes", "1", "--json", timeout=180)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and not _errors(doc), doc
+    # lab-cross's monitoring.port is not Prometheus's 9090: the figures come from the one listening on it
+    assert f"metrics: Prometheus at {prometheus_url(PROFILE)}\n" in proc.stderr, proc.stderr
 
 
 # ---- the client catalogue ----------------------------------------------------------------------

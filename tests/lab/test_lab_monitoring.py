@@ -24,12 +24,12 @@ from pdfleet.fleet.deployment import load_deployment
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.monitoring.recording import chain_figures, chain_steps
 from roles import REGISTRY
-from tests.lab.helpers import REPO_ROOT, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabHandle, prometheus_url
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
 MODEL = "llama-3.1-8b"
-PROMETHEUS_URL = "http://198.18.0.10:9090"
+PROMETHEUS_URL = prometheus_url(PROFILE)  # lab-gw on lab-cross's monitoring.port (not 9090)
 POOL_HEADER = "X-Pdfleet-Pool"
 LONG_PROMPT = "word " * (16_000 * 4 // 5)  # ≈ 16K tokens at 4 chars/token: a long-class prompt
 ALERT = "PdfleetKVTransferSlow"
@@ -256,6 +256,7 @@ def test_invoke_monitor_shows_the_chain(prom: PrometheusClient, traffic: Traffic
     time.sleep(20)
     proc = _invoke("monitor", "--profile", PROFILE, "--minutes", "5", timeout=120)
     assert proc.returncode == 0, proc.stderr
+    assert f" — {PROMETHEUS_URL} — " in proc.stdout.splitlines()[0], proc.stdout  # the profile's port
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("TTFT at the gateway")]
     pools = {r[4] for r in rows}
     assert {"colocated", "disagg"} <= pools, proc.stdout

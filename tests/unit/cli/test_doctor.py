@@ -118,6 +118,7 @@ def test_the_fleet_view_over_ssh(tmp_path: Path, sshd) -> None:  # type: ignore[
     rules = {f["rule"]: f for f in doc["findings"]}
     # the side channel answers from the decode host; nothing else here is an error
     assert open_.returncode == 0 and "kv.side_channel" not in rules, open_.stdout + open_.stderr
+    assert "metrics: direct scrape of 3 vLLM endpoints over 1 s\n" in open_.stderr  # no monitoring host
     assert (
         rules["kv.p2p"]["severity"] == "ok" and rules["kv.p2p"]["evidence"] == "no NVIDIA GPU on the PCI bus"
     )

@@ -60,7 +60,7 @@ def test_role_units_of_a_gateway_host_are_the_router_then_the_gateway() -> None:
     expected = [
         ("vllm-router-pd.service", 8090),
         ("pdfleet-gateway.service", 8080),
-        ("prometheus.service", 9090),
+        ("prometheus.service", 9091),  # lab-cross's monitoring.port
     ]
     assert [(u.unit, u.port) for u in units] == expected
     pool_host = role_units(fleet.roles, fleet.context(fleet.inventory.hosts["lab-d1"]))
