@@ -104,9 +104,3 @@ def value_of(figures: dict[str, Figure], role: str | None = None) -> float | Non
         v = nums.get(role)
         return None if v is None else float(v)
     return max(nums.values()) if nums else None
-
-
-def reason_of(figures: dict[str, Figure]) -> str | None:
-    """Why a figure has no number (its source's message), or None."""
-    texts = [v for v in figures.values() if isinstance(v, str)]
-    return texts[0] if texts else None

@@ -23,7 +23,6 @@ from pdfleet.bench.client import Record
 
 NAN = float("nan")
 PERCENTILES: tuple[float, ...] = (50, 90, 95, 99, 99.9)
-METRICS = ("ttft", "tpot", "itl", "e2el")
 # What `vllm bench serve --save-result` writes (results part; setup keys are added by results.py).
 VLLM_RESULT_KEYS = (
     "duration",

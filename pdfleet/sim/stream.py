@@ -43,7 +43,6 @@ FILLER = tuple(
         "real",
     )
 )
-FILLER_BYTES = tuple(t.encode() for t in FILLER)
 
 
 class Filler:
@@ -81,11 +80,6 @@ def sse_event(obj: Any) -> bytes:
 def chunk_frame(data: bytes) -> bytes:
     """One HTTP/1.1 chunked-encoding frame."""
     return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-def filler_text(n: int) -> str:
-    """The deterministic text of the first n output tokens (no tokenizer)."""
-    return DEFAULT_FILLER.text(n)
 
 
 class Sink:
