@@ -15,7 +15,6 @@ import yaml
 
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.topology import MetricsEndpoint, Prometheus, Topology
-from pdfleet.metrics.direct import Target
 from pdfleet.model.profile import Profile
 
 CONFIG_DIR = "/etc/prometheus"
@@ -41,15 +40,6 @@ def _static(endpoint: MetricsEndpoint) -> dict[str, Any]:
     """One target with its topology labels; `instance` names the host and port."""
     labels = {**dict(endpoint.labels), "instance": f"{endpoint.host}:{endpoint.port}"}
     return {"targets": [f"{endpoint.address}:{endpoint.port}"], "labels": labels}
-
-
-def direct_targets(topology: Topology) -> list[Target]:
-    """Every metrics endpoint as a DirectScrape target with the labels Prometheus would give it (`job`,
-    `instance`, pool, role, host), for a site without a monitoring host: the same queries group alike."""
-    return [
-        Target(e.url, {**dict(e.labels), "job": e.job, "instance": f"{e.host}:{e.port}"})
-        for e in topology.metrics_endpoints
-    ]
 
 
 def scrape_jobs(endpoints: Sequence[MetricsEndpoint]) -> list[dict[str, Any]]:

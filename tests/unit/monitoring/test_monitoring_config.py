@@ -10,7 +10,6 @@ from pdfleet.fleet.topology import MetricsEndpoint, Prometheus
 from pdfleet.monitoring.monitoring_config import (
     VLLM_NAME_RELABEL,
     defaults_file,
-    direct_targets,
     prometheus_args,
     prometheus_config,
     scrape_jobs,
@@ -69,22 +68,3 @@ def test_an_address_with_quotes_cannot_reach_the_defaults_file() -> None:
     bad = Prometheus("m", '10.0.0.1" EVIL="1', 9090)
     with pytest.raises(ValidationError, match="host m: address .* cannot be written"):
         defaults_file(fleet.profile, bad)
-
-
-def test_direct_targets_carry_the_labels_prometheus_would_attach() -> None:
-    fleet = fleet_of("lab-cross", REPO / "inventory" / "lab.yml")
-    assert fleet.topology.prometheus is not None
-    jobs = yaml.safe_load(prometheus_config(fleet.profile, fleet.topology, fleet.topology.prometheus))[
-        "scrape_configs"
-    ]
-    scraped = {
-        (s["targets"][0], tuple(sorted({**s["labels"], "job": j["job_name"]}.items())))
-        for j in jobs
-        if j["job_name"] != "prometheus"
-        for s in j["static_configs"]
-    }
-    direct = {
-        (t.url.removeprefix("http://").removesuffix("/metrics"), tuple(sorted(t.labels.items())))
-        for t in direct_targets(fleet.topology)
-    }
-    assert direct == scraped
