@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdfleet.bench.client import Record, Stats, StreamClient, request_bytes
-from pdfleet.bench.workloads import Item, completion_body, length_class
+from pdfleet.bench.workloads import Item, completion_body
 from pdfleet.errors import PdfleetError
+from pdfleet.gateway.policy import length_class  # the gateway's own rule: records classed as it routes
 
 Probe = Callable[[], dict[str, float]]  # counters to difference over the window (e.g. CPU seconds)
 Progress = Callable[[int, int | None], None]  # (requests finished, total or None when open-ended)
@@ -308,9 +309,8 @@ async def run_pool(
     async def one(i: int, due: float | None = None) -> Record:
         """Run the i-th item (cycling through them), recording its lateness when it had a due time."""
         item = items[i % len(items)]
-        rec = Record(
-            item.index, pool, length_class(item, long_tokens), item.prompt_tokens, item.output_tokens
-        )
+        cls = length_class(item.prompt_tokens, long_tokens)
+        rec = Record(item.index, pool, cls, item.prompt_tokens, item.output_tokens)
         records.append(rec)
         request = requests.get(item.index) or gateway_request(gw, pool, item.prompt, item.output_tokens)
         if due is not None:

@@ -355,8 +355,3 @@ def trace(path: Path, n: int) -> list[Item]:
     if not items:
         raise ValidationError(f"--dataset {path}: the trace has no request")
     return items
-
-
-def length_class(item: Item, long_prompt_tokens: int) -> str:
-    """`long` when the prompt reaches the gateway's threshold (gateway.long_prompt_tokens), else `short`."""
-    return "long" if item.prompt_tokens >= long_prompt_tokens else "short"

@@ -15,10 +15,10 @@ from pdfleet.bench.workloads import (
     build,
     completion_body,
     estimate_tokens,
-    length_class,
     synthetic_prompt,
 )
 from pdfleet.errors import ValidationError
+from pdfleet.gateway.policy import length_class
 from pdfleet.tokens import make_counter
 
 
@@ -39,7 +39,7 @@ def test_random_lengths_fixed_or_ranged_and_counted_as_the_simulator_counts() ->
 
 def test_long_prompt_mix_has_the_share_of_long_documents() -> None:
     items = build(WorkloadSpec("long-prompt-mix", long_share=0.1), 1000, 1)
-    longs = [it for it in items if length_class(it, 8192) == "long"]
+    longs = [it for it in items if length_class(it.prompt_tokens, 8192) == "long"]
     assert 60 <= len(longs) <= 140
     assert all(16000 <= it.prompt_tokens <= 30000 for it in longs)
     assert all(512 <= it.prompt_tokens <= 1536 for it in items if it not in longs)  # input_len 1024 ± 50%
