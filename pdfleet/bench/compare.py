@@ -23,9 +23,8 @@ from pdfleet.bench.sla_search import margin, next_rate
 from pdfleet.bench.stats import Bounds, summarize
 from pdfleet.bench.workloads import Item, WorkloadSpec, build, check_spec
 from pdfleet.errors import ValidationError
+from pdfleet.gateway.policy import POOLS  # the gateway's pools, the ones a bench can ask for
 from pdfleet.metrics.source import MetricsError, MetricsSource
-
-POOLS = ("colocated", "disagg")
 
 
 @dataclass(frozen=True)
