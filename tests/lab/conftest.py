@@ -24,16 +24,27 @@ from tests.lab.helpers import REPO_ROOT, LabHandle
 LAB_DIR = Path(__file__).resolve().parent
 
 
-LAST = "test_lab_molecule.py"  # its scenarios end with the lab booted bare: every later test would provision
-# from scratch (~70 s), so they run after every other lab test
+# The order of the lab files: one provision from scratch per session, every later file on that fleet.
+# infra takes the lab down and up (leaving it bare), then provision's first test converges lab-cross
+# from scratch (asserting every host changed); molecule's scenarios end with the lab booted bare, so
+# they run after every other lab test.
+FIRST = ("test_lab_infra.py", "test_lab_provision.py")
+LAST = "test_lab_molecule.py"
+
+
+def file_rank(name: str) -> int:
+    """Where a lab test file runs: FIRST in their order, then the rest (stable sort: file order), LAST."""
+    if name in FIRST:
+        return FIRST.index(name)
+    return len(FIRST) + (name == LAST)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test in this directory as a lab test; the molecule scenarios go last."""
+    """Mark every test in this directory as a lab test, and order the files (see FIRST)."""
     for item in items:
         if LAB_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.lab)
-    items.sort(key=lambda item: Path(str(item.path)).name == LAST)  # stable: the rest keep their order
+    items.sort(key=lambda item: file_rank(Path(str(item.path)).name))
 
 
 def lab_unavailable() -> str | None:
