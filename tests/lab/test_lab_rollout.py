@@ -43,7 +43,9 @@ MODEL = "llama-3.1-8b"
 LONG_TOKENS = 8_750  # the bench's random-word prompt of that many tokens (chars/4): just over 8192, long
 GATEWAY_METRICS = "http://198.18.0.10:8080/metrics"
 ROLLBACK_S = 5.0
-# the gates' window: a test's figures stay in it after the test, so the next one waits them out
+# the gates' window: a test's figures stay in it after the test. Healthy figures are what the next test
+# would see anyway; a fault's (errors, fallbacks, a cold decode instance) are waited out, and so is all
+# traffic before the test that needs an empty window
 WINDOW_S = load_profile(PROFILE, REPO_ROOT / "profiles").rollout.window_s
 
 
@@ -173,8 +175,14 @@ def provisioned(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> dic
 
 @pytest.fixture(scope="module")
 def last_traffic() -> dict[str, float]:
-    """When the previous test's traffic ended."""
-    return {"at": 0.0}
+    """When the previous test's traffic ended ("at"), and whether its window holds a fault ("fault": 1)."""
+    return {"at": 0.0, "fault": 0.0}
+
+
+def _wait_out_window(last_traffic: dict[str, float]) -> None:
+    """Sleep until the gates' window holds none of the previous test's requests."""
+    time.sleep(max(0.0, last_traffic["at"] + WINDOW_S + 2 - time.time()))
+    last_traffic["fault"] = 0.0
 
 
 @pytest.fixture
@@ -221,15 +229,16 @@ def traffic(provisioned: dict[str, str], last_traffic: dict[str, float]) -> Iter
 
 @pytest.fixture
 def at_colocated(provisioned: dict[str, str], lab: LabHandle, last_traffic: dict[str, float]) -> None:
-    """Each test starts from the colocated stage with no rollout active, and a window that holds none
-    of the previous test's requests."""
+    """Each test starts from the colocated stage with no rollout active, and a window that holds no
+    fault of the previous test."""
     if _status(lab)["phase"] in ("progressing", "paused", "inconclusive", "halted"):
         _ok("rollout.abort")
         _wait(lambda: _status(lab)["phase"] == "aborted", 30, "the abort")
     if _status(lab)["stage"] != "colocated":
         _ok("provision", "--profile", PROFILE, "--roles", "gateway", "--stage", "colocated")
         _wait(lambda: _status(lab)["stage"] == "colocated", 30, "the controller adopting colocated")
-    time.sleep(max(0.0, last_traffic["at"] + WINDOW_S + 2 - time.time()))
+    if last_traffic["fault"]:
+        _wait_out_window(last_traffic)
 
 
 def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
@@ -255,13 +264,18 @@ def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
 
 
 def test_a_stopped_decode_service_rolls_back_within_5_s(
-    lab: LabHandle, provisioned: dict[str, str], at_colocated: None, traffic: dict[str, Any]
+    lab: LabHandle,
+    provisioned: dict[str, str],
+    at_colocated: None,
+    traffic: dict[str, Any],
+    last_traffic: dict[str, float],
 ) -> None:
     _ok("rollout", "--stage", "long-prompts", "--no-watch")
     _active(lab, lambda s: s["weights"]["long"] >= 25, 120, "the rollout past its first step")
     time.sleep(5)  # a failure counts once the window holds the step's 5 samples: the fault comes after
     rc, _, err = lab.ssh(_host(lab, "lab-d1"), "sudo systemctl stop vllm-decode.service")
     assert rc == 0, err
+    last_traffic["fault"] = 1.0  # the window now holds fallbacks: the next test waits them out
     try:
         fault_at = time.time()
         status = _wait(lambda: (s := _status(lab))["phase"] == "degraded" and s, 120, "the rollback")
@@ -277,6 +291,21 @@ def test_a_stopped_decode_service_rolls_back_within_5_s(
         lab.ssh(_host(lab, "lab-d1"), "sudo systemctl start vllm-decode.service")
         _warm_disagg(provisioned)
     assert traffic["failed"] == [], traffic["failed"][:3]  # fallbacks are counted, not failed
+
+
+def test_too_little_traffic_pauses_inconclusive_and_says_why(
+    lab: LabHandle, at_colocated: None, last_traffic: dict[str, float]
+) -> None:
+    # no traffic fixture, and a window that holds no earlier request: the first analysis never sees
+    # its minimum samples. It runs after the fault test, whose window is waited out anyway.
+    _wait_out_window(last_traffic)
+    _ok("rollout", "--stage", "long-prompts", "--no-watch")
+    status = _wait(
+        lambda: (s := _status(lab))["phase"] == "inconclusive" and s, 120, "the inconclusive pause"
+    )
+    assert "too little traffic" in status["reason"]
+    assert "inconclusive" in _ok("rollout.status")
+    _ok("rollout.abort")
 
 
 def test_killing_the_operator_process_leaves_the_controller_going_and_provision_keeps_the_stage(
@@ -336,14 +365,3 @@ def test_dry_run_measures_the_gates_and_changes_nothing(
         before["stage"],
         before["version"],
     )
-
-
-def test_too_little_traffic_pauses_inconclusive_and_says_why(lab: LabHandle, at_colocated: None) -> None:
-    # no traffic fixture: the first analysis never sees its minimum samples
-    _ok("rollout", "--stage", "long-prompts", "--no-watch")
-    status = _wait(
-        lambda: (s := _status(lab))["phase"] == "inconclusive" and s, 120, "the inconclusive pause"
-    )
-    assert "too little traffic" in status["reason"]
-    assert "inconclusive" in _ok("rollout.status")
-    _ok("rollout.abort")
