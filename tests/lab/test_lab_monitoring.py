@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -257,7 +258,31 @@ def test_invoke_monitor_shows_the_chain(prom: PrometheusClient, traffic: Traffic
     proc = _invoke("monitor", "--profile", PROFILE, "--minutes", "5", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f" — {PROMETHEUS_URL} — " in proc.stdout.splitlines()[0], proc.stdout  # the profile's port
-    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("TTFT at the gateway")]
-    pools = {r[4] for r in rows}
-    assert {"colocated", "disagg"} <= pools, proc.stdout
-    assert any("ms" in " ".join(r) or " s" in " ".join(r) for r in rows), proc.stdout
+    rows = _chain_rows(proc.stdout, "TTFT at the gateway")
+    assert {(pool, cls) for pool, cls, _ in rows} >= {
+        (pool, cls) for pool in ("colocated", "disagg") for cls in ("short", "long")
+    }, proc.stdout
+    for pool, cls, cells in rows:
+        # P50, P95, P99 over the rules' window, then over --minutes: each a figure, in order
+        assert len(cells) == 6 and None not in cells, (pool, cls, proc.stdout)
+        now, window = cells[:3], cells[3:]
+        assert now == sorted(now) and window == sorted(window), (pool, cls, cells)
+
+
+CELL = re.compile(r"(\d+(?:\.\d+)?) (ms|s)|no data")
+
+
+def _chain_rows(table: str, title: str) -> list[tuple[str, str, list[float | None]]]:
+    """The rows of one step of `invoke monitor`'s chain table: pool, class or role, and each quantile
+    cell in seconds (None: "no data")."""
+    out = []
+    for line in table.splitlines():
+        if not line.startswith(title):
+            continue
+        pool, group, rest = line[len(title) :].split(maxsplit=2)
+        cells = [
+            None if m.group(0) == "no data" else float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+            for m in CELL.finditer(rest)
+        ]
+        out.append((pool, group, cells))
+    return out
