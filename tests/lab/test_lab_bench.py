@@ -8,9 +8,11 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pdfleet.model.profile_loader import load_profile
 from tests.lab.helpers import REPO_ROOT, LabHandle, prometheus_url
 
 PROFILE = "lab-cross"
@@ -88,7 +90,27 @@ def test_bench_writes_every_file(bench_out: Path) -> None:
             s["pdfleet"]["server"]["decode_p95_ms"].get("decode" if pool == "disagg" else "colocated"), float
         )
     assert isinstance(doc["pools"]["disagg"]["pdfleet"]["server"]["kv_transfer_p95_ms"]["decode"], float)
-    assert doc["verdict"]["decision"] in ("split", "do not split", "undecided")
+    assert doc["verdict"]["decision"] == _rule(doc), doc["verdict"]
+
+
+def _rule(doc: dict[str, Any]) -> str:
+    """The verdict the design's rule gives on this run's own figures: split only if colocated misses the
+    TTFT and the TPOT bound with both queues over their thresholds, and the P/D pool meets both bounds.
+    Both pools ran with Prometheus scraping them, so every figure the rule reads must be there."""
+    slo = load_profile(PROFILE, REPO_ROOT / "profiles").slo
+    colo, pd = doc["pools"]["colocated"], doc["pools"]["disagg"]
+    deciding = doc["verdict"]["deciding"]
+    assert deciding["colocated_ttft_p95_ms"] == colo["p95_ttft_ms"], deciding
+    assert deciding["colocated_tpot_p95_ms"] == colo["p95_tpot_ms"], deciding
+    ttft_ok, tpot_ok = colo["p95_ttft_ms"] <= slo.ttft_bound_ms, colo["p95_tpot_ms"] <= slo.tpot_bound_ms
+    if ttft_ok or tpot_ok:
+        return "do not split"
+    queue = colo["pdfleet"]["server"]["queue_p95_ms"]["colocated"]
+    assert isinstance(queue, float), colo["pdfleet"]["server"]
+    if queue <= slo.prefill_queue_p95_ms or queue <= slo.decode_queue_p95_ms:
+        return "do not split"
+    pd_ok = pd["p95_ttft_ms"] <= slo.ttft_bound_ms and pd["p95_tpot_ms"] <= slo.tpot_bound_ms
+    return "split" if pd_ok else "do not split"
 
 
 def test_long_prompts_interfere_on_the_colocated_pool_and_the_report_says_so(bench_out: Path) -> None:
