@@ -235,9 +235,7 @@ def facts_to_gather(profile: Profile, topology: Topology) -> dict[str, list[Fact
     """Per host, every fact the fleet rules read from it, so that each host answers in one batch."""
     plan: dict[str, list[Fact[Any]]] = {}
     for inst in topology.instances:
-        plan.setdefault(inst.host, []).extend(
-            (FileContent(inst.unit_path), UnitHealth(inst.unit, inst.health_url))
-        )
+        plan.setdefault(inst.host, []).extend((FileContent(inst.unit_path), UnitHealth(inst.unit)))
     for host, connects in connects_planned(profile, topology).items():
         plan.setdefault(host, []).extend(c[3] for c in connects)
     if profile.topology == "same-host":
@@ -255,9 +253,10 @@ def _get(facts: FactSource, fact: Fact[T]) -> tuple[T | None, str | None]:
 
 
 def unit_note(facts: FactSource, inst: Instance) -> str:
-    """What the unit-health fact says of an instance's unit, to say why its /version did not answer."""
-    state, _ = _get(facts, UnitHealth(inst.unit, inst.health_url))
-    return f" ({inst.unit} {state.active_state}, /health {state.health})" if state is not None else ""
+    """What the unit-health fact says of an instance's unit, to say why its /version did not answer (its
+    state only: /version was just asked over HTTP, and a probe would only stretch the metrics window)."""
+    state, _ = _get(facts, UnitHealth(inst.unit))
+    return f" ({inst.unit} {state.active_state})" if state is not None else ""
 
 
 def read_instances(

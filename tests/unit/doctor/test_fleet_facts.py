@@ -104,14 +104,14 @@ def test_an_instance_that_does_not_answer_says_what_its_unit_is() -> None:
     loop = _loopback(d.topology, free_port())  # nothing listens: /version cannot answer
     [inst] = loop.pool("prefill")
     one = dataclasses.replace(loop, instances=[inst])
-    failed = UnitState("loaded", "failed", "failed", "enabled", "unreachable")
+    failed = UnitState("loaded", "failed", "failed", "enabled")
     config = '\'{"kv_connector":"NixlConnector"}\''
     unit = f"ExecStart=/opt/pdfleet/venv/bin/vllm serve m --kv-transfer-config {config}\n"
-    facts = FakeFacts({FileContent(inst.unit_path): unit, UnitHealth(inst.unit, inst.health_url): failed})
+    facts = FakeFacts({FileContent(inst.unit_path): unit, UnitHealth(inst.unit): failed})
     [read] = read_instances(one, {"lab-p1": facts}, timeout=2)
     assert read.connector == "NixlConnector" and read.problem is not None
     assert read.problem.startswith(f"{inst.url}/version: ")
-    assert read.problem.endswith("(vllm-prefill.service failed, /health unreachable)")
+    assert read.problem.endswith("(vllm-prefill.service failed)")
 
 
 def test_each_host_answers_in_one_batch() -> None:
@@ -119,7 +119,7 @@ def test_each_host_answers_in_one_batch() -> None:
     plan = facts_to_gather(d.profile, d.topology)
     assert FileContent("/etc/systemd/system/vllm-prefill.service") in plan["lab-p1"]
     [prefill] = d.topology.pool("prefill")
-    assert UnitHealth(prefill.unit, prefill.health_url) in plan["lab-p1"]
+    assert UnitHealth(prefill.unit) in plan["lab-p1"]
     assert P2pMatrix() in plan["lab-p1"] and NvidiaPciFact() in plan["lab-p1"]  # the same-host pair's host
     assert TcpConnect("198.18.0.21", 5600) in plan["lab-p1"]  # the decode instance lives there too
     assert (
