@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from pdfleet.doctor.finding import Finding
 from pdfleet.doctor.fleet_facts import (
-    Connector,
     FleetFacts,
+    HostConnect,
     connect_hosts,
     facts_to_gather,
     read_connects,
@@ -36,7 +36,7 @@ def gather_fleet(
     profile: Profile,
     inventory: Inventory,
     topology: Topology,
-    connect: Connector,
+    connect: HostConnect,
     metrics: Metrics | None,
     timeout: float,
 ) -> FleetFacts:

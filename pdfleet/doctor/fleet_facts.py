@@ -45,7 +45,7 @@ T = TypeVar("T")
 CONNECT_TIMEOUT_S = 3
 P2P_COMMAND = "nvidia-smi topo -p2p r"
 NO_GPU = "no NVIDIA GPU on the PCI bus"  # as hw.gpu.plan_gpu and verify say it
-Connector = Callable[[Host], Transport]  # a host -> an open transport (SSH in the CLI)
+HostConnect = Callable[[Host], Transport]  # a host -> an open transport (SSH in the CLI)
 
 
 @dataclass(frozen=True)
@@ -352,7 +352,7 @@ def read_rdma(
 
 
 def connect_hosts(
-    names: list[str], inventory_hosts: Mapping[str, Host], connect: Connector
+    names: list[str], inventory_hosts: Mapping[str, Host], connect: HostConnect
 ) -> tuple[dict[str, Transport], dict[str, str]]:
     """Open a transport to each host; the hosts that failed, with why (one host down never stops the rest)."""
     opened, failed = {}, {}

@@ -43,7 +43,7 @@ Planner = Callable[["Host", FactSource], Iterable[Operation | Skip]]
 # go in a host's first fact batch, with the sudo check that batch implies.
 Prefetch = Callable[["Host"], Iterable[Fact[Any]]]
 Progress = Callable[[str, str], None]  # (host name, message)
-Connector = Callable[["Host", "RunOptions"], Transport]
+RunConnect = Callable[["Host", "RunOptions"], Transport]
 
 ERROR_TAIL_LINES = 20
 REBOOT_POLL_S = 5.0
@@ -196,7 +196,7 @@ def _connect(host: Host, options: RunOptions) -> Transport:
 
 
 def _plan_host(
-    run: _HostRun, planner: Planner, options: RunOptions, connect: Connector, prefetch: Prefetch | None
+    run: _HostRun, planner: Planner, options: RunOptions, connect: RunConnect, prefetch: Prefetch | None
 ) -> None:
     """Connect and plan every operation for one host; failures land in its report."""
     report = run.report
@@ -287,7 +287,7 @@ def _reboot_and_converge(
     run: _HostRun,
     planner: Planner,
     options: RunOptions,
-    connect: Connector,
+    connect: RunConnect,
     progress: Progress | None,
     prefetch: Prefetch | None = None,
 ) -> None:
@@ -315,7 +315,7 @@ def _reboot_and_converge(
     _merge_after_reboot(run.report, after.report)
 
 
-def _wait_for_new_boot(host: Host, options: RunOptions, connect: Connector, old_boot: str) -> Transport:
+def _wait_for_new_boot(host: Host, options: RunOptions, connect: RunConnect, old_boot: str) -> Transport:
     """Reconnect once the host answers SSH with a different boot id; CommandError after the timeout."""
     deadline = time.monotonic() + options.reboot_timeout
     while time.monotonic() < deadline:
@@ -381,7 +381,7 @@ def run_fleet(
     planner: Planner,
     options: RunOptions,
     progress: Progress | None = None,
-    connect: Connector | None = None,
+    connect: RunConnect | None = None,
     prefetch: Prefetch | None = None,
 ) -> Report:
     """Plan every host (parallel), then apply unless `check` (parallel, in waves of `serial`)."""
