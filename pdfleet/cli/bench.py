@@ -27,12 +27,12 @@ from pdfleet.bench.report import HEADLINE, headline_rows, write_all
 from pdfleet.bench.stats import Bounds
 from pdfleet.bench.verdict import Thresholds, Verdict
 from pdfleet.bench.workloads import WORKLOADS, WorkloadSpec
-from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP as COMMON_HELP
+from pdfleet.cli.options import open_deployment
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.deployment import Deployment, load_deployment
+from pdfleet.fleet.deployment import Deployment
 
 DEFAULT_RATE = 2.0
 DEFAULT_DURATION_S = 60.0
@@ -196,14 +196,7 @@ def run_bench(
 ) -> tuple[dict[str, Any], Verdict, Path]:
     """Load the deployment, run the bench, write every file; (results document, verdict, out dir)."""
     settings = Settings.of(ctx)
-    deployment = load_deployment(
-        profile,
-        repo_path(inventory) if inventory else settings.inventory,
-        settings.profiles_dir,
-        settings.templates_dir,
-        (),
-        lab_site.LAB_NETWORK,
-    )
+    deployment = open_deployment(ctx, profile, inventory)
     plan = plan_from_options(deployment, opts)
     key = read_client_key(deployment.profile.gateway.client_key_file)
     out_dir = (

@@ -11,7 +11,7 @@ from rich.table import Table
 from pdfleet.cli.bench import print_outcome, run_bench
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.lab import LAB_INVENTORY, lab_progress, this_lab
-from pdfleet.cli.options import deployment_from_options, run_options, with_host_wheel
+from pdfleet.cli.options import open_deployment, run_options
 from pdfleet.cli.settings import REPO_ROOT, Settings
 from pdfleet.fleet.provision import provision
 from pdfleet.fleet.status import UnitStatus, fleet_status
@@ -44,8 +44,11 @@ def demo(ctx: Context, profile: str = DEMO_PROFILE, bench_seconds: int = BENCH_S
     """Bring the lab up, provision it with a P/D profile, show every unit's state, then bench both pools."""
     console = Console(stderr=True)
     up(this_lab(), lab_progress(console))
-    deployment, hosts = deployment_from_options(ctx, profile, str(REPO_ROOT / LAB_INVENTORY))
-    deployment = with_host_wheel(deployment, lambda msg: console.print(msg, highlight=False))
+    progress = lambda msg: console.print(msg, highlight=False)  # noqa: E731 - a one-line callback
+    deployment = open_deployment(
+        ctx, profile, str(REPO_ROOT / LAB_INVENTORY), keys="provision", wheel=progress
+    )
+    hosts = deployment.hosts
     report = provision(deployment, hosts, run_options(ctx), console)
     print_report(report)
     rows = fleet_status(deployment, hosts, Settings.of(ctx).known_hosts)

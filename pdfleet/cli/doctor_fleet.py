@@ -11,12 +11,11 @@ import time
 from invoke import Context
 
 from pdfleet.bench.fleet_targets import direct_targets
-from pdfleet.cli import lab_site
-from pdfleet.cli.settings import Settings, repo_path
+from pdfleet.cli.options import open_deployment
+from pdfleet.cli.settings import Settings
 from pdfleet.doctor.finding import Finding
 from pdfleet.doctor.fleet import Metrics, diagnose_fleet, gather_fleet
 from pdfleet.errors import ConnectError
-from pdfleet.fleet.deployment import load_deployment
 from pdfleet.fleet.topology import Topology
 from pdfleet.lab.network import lab_route_problem
 from pdfleet.metrics.direct import DirectScrape
@@ -24,7 +23,6 @@ from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.metrics.source import MetricsError, MetricsSource
 from pdfleet.model.inventory import Host
 from pdfleet.ops.ssh import Transport, open_connection
-from roles import REGISTRY
 
 
 def fleet_findings(
@@ -32,14 +30,7 @@ def fleet_findings(
 ) -> tuple[list[Finding], str]:
     """Load the deployment (bad profile or inventory: a clear error), gather, diagnose."""
     settings = Settings.of(ctx)
-    deployment = load_deployment(
-        profile,
-        repo_path(inventory) if inventory else settings.inventory,
-        settings.profiles_dir,
-        settings.templates_dir,
-        REGISTRY,
-        lab_network=lab_site.LAB_NETWORK,
-    )
+    deployment = open_deployment(ctx, profile, inventory)
     inv, topo = deployment.inventory, deployment.topology
     problem = lab_route_problem([h.address for h in inv.hosts.values()])
     if problem:

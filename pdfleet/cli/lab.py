@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from pdfleet.cli.exits import user_errors
-from pdfleet.cli.settings import REPO_ROOT, Settings
+from pdfleet.cli.options import open_deployment
+from pdfleet.cli.settings import REPO_ROOT
 from pdfleet.errors import PdfleetError
-from pdfleet.fleet.deployment import load_deployment
 from pdfleet.fleet.roles import apt_packages
 from pdfleet.lab.control import Lab, build, down, find_host, status, up
 from pdfleet.lab.paths import LOGIN_USER, LabPaths
@@ -160,10 +160,7 @@ def ssh_task(c: Context, host: str, command: str = "") -> None:
 def env_task(c: Context, profile: str = "lab-cross") -> None:
     """Print `export` lines wiring an OpenAI client to the lab gateway: eval "$(invoke lab.env)"."""
     lab = this_lab()
-    settings = Settings.of(c)
-    topology = load_deployment(
-        profile, lab.inventory, settings.profiles_dir, settings.templates_dir, ()
-    ).topology
+    topology = open_deployment(c, profile, str(lab.inventory)).topology
     if not topology.gateways:
         why = topology.no_gateway_reason or "it has no host in group gateway"
         raise PdfleetError(f"{lab.inventory} with profile {profile}: no gateway: {why}.")

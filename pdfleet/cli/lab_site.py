@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pdfleet.errors import ConnectError
+from pdfleet.fleet.deployment import Deployment
 from pdfleet.lab.mirrors import refresh_if_served_here
 from pdfleet.lab.network import lab_route_problem
 from pdfleet.lab.paths import NETWORK
 from pdfleet.model.inventory import Host
-from pdfleet.model.profile import Profile
 
 LAB_NETWORK = NETWORK
 
@@ -22,7 +22,10 @@ def require_routable(hosts: Sequence[Host]) -> None:
         raise ConnectError(problem)
 
 
-def serve_host_wheel(profile: Profile) -> None:
-    """When the profile's PyPI mirror is the lab's own and it runs, put the current host wheel on it,
-    so the version provision pins is there for the hosts that install it from the index."""
-    refresh_if_served_here(profile.mirrors.pypi)
+def serve_host_wheel(deployment: Deployment) -> None:
+    """When lab hosts run pdfleet code and the profile's PyPI mirror is the lab's own and runs, put the
+    current host wheel on it, so the version provision pins is there for the hosts that install it from
+    the index."""
+    topology = deployment.topology
+    if topology.lab_hosts & topology.pdfleet_hosts:
+        refresh_if_served_here(deployment.profile.mirrors.pypi)

@@ -9,16 +9,12 @@ from urllib.parse import urlparse
 
 from invoke import Context, task
 
-from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
-from pdfleet.cli.options import HELP
-from pdfleet.cli.settings import Settings, repo_path
+from pdfleet.cli.options import HELP, open_deployment
 from pdfleet.errors import ConnectError, ValidationError
-from pdfleet.fleet.deployment import load_deployment
 from pdfleet.lab.network import lab_route_problem
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.monitoring.chain_table import format_table, prometheus_url, read_chain
-from roles import REGISTRY
 
 MIN_INTERVAL_S = 1.0
 
@@ -48,15 +44,7 @@ def monitor(
     every = number("--interval", interval)
     if every < MIN_INTERVAL_S:
         raise ValidationError(f"--interval: {every:g} s is less than {MIN_INTERVAL_S:g} s")
-    settings = Settings.of(ctx)
-    deployment = load_deployment(
-        profile,
-        repo_path(inventory) if inventory else settings.inventory,
-        settings.profiles_dir,
-        settings.templates_dir,
-        REGISTRY,
-        lab_network=lab_site.LAB_NETWORK,
-    )
+    deployment = open_deployment(ctx, profile, inventory)
     url = prometheus_url(deployment.topology, prometheus)
     # a lab address while the lab is down would route off this machine: refuse, as verify does
     problem = lab_route_problem([urlparse(url).hostname or ""])

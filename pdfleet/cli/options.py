@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from collections.abc import Callable
+from typing import Literal
 
 from invoke import Context
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.settings import Settings, repo_path
-from pdfleet.fleet.deployment import Deployment, load_deployment
+from pdfleet.fleet.deployment import Deployment, DeploymentRequest, Secrets, load_deployment
 from pdfleet.fleet.host_wheel import cached_host_wheel
 from pdfleet.fleet.roles import select_roles
 from pdfleet.fleet.secrets import gateway_secrets, review_secrets
-from pdfleet.model.inventory import Host
 from pdfleet.ops.runner import RunOptions
 from roles import REGISTRY
 
@@ -25,47 +25,46 @@ HELP = {
 }
 
 
-def deployment_from_options(
+Keys = Literal["none", "provision", "review"]
+KEYS: dict[Keys, Secrets | None] = {
+    "none": None,  # the command installs nothing: no key is read
+    "provision": gateway_secrets,  # read, generated when missing (only their hashes reach hosts)
+    "review": review_secrets,  # read, never generated: placeholders stand for missing ones (render)
+}
+
+
+def open_deployment(
     ctx: Context,
     profile: str,
     inventory: str | None,
+    *,
     roles: str | None = None,
     limit: str | None = None,
-    review: bool = False,
-) -> tuple[Deployment, list[Host]]:
-    """The deployment and the `--limit`ed hosts from task options and invoke.yaml defaults. Everything is
-    validated first; only then, and only when a selected role installs the gateway on a selected host,
-    are the gateway's keys read or generated on the control machine (`review`: read, never generated;
-    placeholders stand for missing ones)."""
+    stage: str | None = None,
+    keys: Keys = "none",
+    wheel: Callable[[str], None] | None = None,
+) -> Deployment:
+    """Every task's deployment, from its options and invoke.yaml's defaults, through the one door
+    (fleet.deployment.load_deployment): `roles` (default all), `--limit`ed hosts, `--stage`, the gateway's
+    keys as `keys` says (asked only when a selected role installs them on a selected host) and, with
+    `wheel` (progress messages), the host wheel the selected hosts install. Everything is validated first."""
     settings = Settings.of(ctx)
-    deployment = load_deployment(
+    request = DeploymentRequest(
         profile,
         repo_path(inventory) if inventory else settings.inventory,
-        profiles_dir=settings.profiles_dir,
-        templates_dir=settings.templates_dir,
+        settings.profiles_dir,
+        settings.templates_dir,
         roles=select_roles(REGISTRY, roles),
         lab_network=lab_site.LAB_NETWORK,
+        limit=limit,
+        stage=stage,
+        secrets=KEYS[keys],
+        host_wheel=None if wheel is None else functools.partial(cached_host_wheel, progress=wheel),
     )
-    hosts = list(deployment.inventory.limit(limit).hosts.values())
-    if not deployment.needs_gateway_keys(hosts):
-        return deployment, hosts
-    gw = deployment.profile.gateway
-    keys = (review_secrets if review else gateway_secrets)(gw.client_key_file, gw.admin_key_file)
-    return dataclasses.replace(deployment, gateway_secrets=keys), hosts
-
-
-def with_host_wheel(deployment: Deployment, progress: Callable[[str], None]) -> Deployment:
-    """Hosts that run pdfleet code (gateway hosts; every pool host of an `engine: sim` profile) install the
-    host wheel. The lab's mirror gets the current one for the hosts that install it from the index;
-    gateway hosts get the file uploaded (from the local cache), since a site's own index lacks it."""
-    topology = deployment.topology
-    if not topology.pdfleet_hosts:
-        return deployment
-    if topology.lab_hosts:
-        lab_site.serve_host_wheel(deployment.profile)
-    if not topology.gateways:
-        return deployment
-    return dataclasses.replace(deployment, host_wheel=cached_host_wheel(progress=progress))
+    deployment = load_deployment(request)
+    if wheel is not None:
+        lab_site.serve_host_wheel(deployment)
+    return deployment
 
 
 def run_options(

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from invoke import Context, task
 from invoke.exceptions import Exit
 from rich.console import Console
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
-from pdfleet.cli.options import HELP, deployment_from_options, run_options, with_host_wheel
+from pdfleet.cli.options import HELP, open_deployment, run_options
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.provision import provision as run_provision
-from pdfleet.model.checks import stage_problem
 from pdfleet.ops.report import print_report
 
 
@@ -49,17 +46,20 @@ def provision(
     """Converge hosts to the profile: packages, venv, env files, units; 0 changes when converged."""
     if serial < 0:
         raise ValidationError(f"--serial must be 0 (all at once) or a positive wave size, not {serial}")
-    deployment, hosts = deployment_from_options(ctx, profile, inventory, roles, limit)
-    if stage is not None:
-        problem = stage_problem(deployment.profile, stage)
-        if problem:
-            raise ValidationError(f"--stage: {problem}")
-        deployment = dataclasses.replace(deployment, stage_override=stage)
-    lab_site.require_routable(hosts)
     console = Console(stderr=True)
-    deployment = with_host_wheel(deployment, lambda msg: console.print(msg, highlight=False))
+    deployment = open_deployment(
+        ctx,
+        profile,
+        inventory,
+        roles=roles,
+        limit=limit,
+        stage=stage,
+        keys="provision",
+        wheel=lambda msg: console.print(msg, highlight=False),
+    )
+    lab_site.require_routable(deployment.hosts)
     options = run_options(ctx, check=check, serial=serial, json=json, reboot=reboot)
-    report = run_provision(deployment, hosts, options, console)
+    report = run_provision(deployment, deployment.hosts, options, console)
     print_report(report)
     if report.totals["failed"]:
         raise Exit(code=1)

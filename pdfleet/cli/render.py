@@ -8,7 +8,7 @@ from pathlib import Path
 from invoke import Context, task
 
 from pdfleet.cli.exits import user_errors
-from pdfleet.cli.options import HELP, deployment_from_options
+from pdfleet.cli.options import HELP, open_deployment
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.provision import render_fleet
@@ -29,7 +29,8 @@ def render(
 ) -> None:
     """Render units, env files and configs per host into a directory to review or diff."""
     dest = out_dir(repo_path(out) if out else Settings.of(ctx).output_dir / "render")
-    deployment, hosts = deployment_from_options(ctx, profile, inventory, limit=limit, review=True)
+    deployment = open_deployment(ctx, profile, inventory, limit=limit, keys="review")
+    hosts = deployment.hosts
     written = write_tree(render_fleet(deployment, hosts), dest)
     for path in written:
         print(path.relative_to(dest))

@@ -15,15 +15,14 @@ from invoke import Collection, Context, task
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
-from pdfleet.cli.options import HELP
+from pdfleet.cli.options import HELP, open_deployment
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ConnectError, ValidationError
-from pdfleet.fleet.deployment import Deployment, load_deployment
+from pdfleet.fleet.deployment import Deployment
 from pdfleet.fleet.host_layout import SERVICE_USER
 from pdfleet.fleet.topology import Controller, controller_of
 from pdfleet.model.inventory import load_inventory
 from pdfleet.ops.ssh import open_connection
-from roles import REGISTRY
 
 WATCH_EVERY_S = 1.0
 ENDED = ("succeeded", "degraded", "aborted", "idle")
@@ -41,18 +40,11 @@ def _remote(ctx: Context, profile: str | None, inventory: str | None) -> tuple[D
     """The deployment (when a profile is given: checked against the inventory) and a runner of
     pdfleet-rollout commands on the inventory's monitoring host."""
     settings = Settings.of(ctx)
-    path = repo_path(inventory) if inventory else settings.inventory
-    deployment = None
-    if profile is not None:
-        deployment = load_deployment(
-            profile,
-            path,
-            settings.profiles_dir,
-            settings.templates_dir,
-            REGISTRY,
-            lab_network=lab_site.LAB_NETWORK,
-        )
-    controller = controller_of(deployment.inventory if deployment else load_inventory(path))
+    deployment = None if profile is None else open_deployment(ctx, profile, inventory)
+    if deployment is None:  # no profile: the inventory alone says where the controller runs
+        controller = controller_of(load_inventory(repo_path(inventory) if inventory else settings.inventory))
+    else:
+        controller = deployment.topology.controller or controller_of(deployment.inventory)
     if controller is None:
         raise ValidationError("the inventory has no host in the `monitoring` group: no rollout controller")
     host = controller.host

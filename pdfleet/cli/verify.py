@@ -8,7 +8,7 @@ from invoke.exceptions import Exit
 from pdfleet.checks.verify import VerifyOptions, print_results, run_verify
 from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
-from pdfleet.cli.options import HELP, deployment_from_options
+from pdfleet.cli.options import HELP, open_deployment
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.fleet.roles import ManagedUnit, role_units
 from pdfleet.model.inventory import Host
@@ -36,7 +36,8 @@ def verify(
     checks: str | None = None,
 ) -> None:
     """Check hosts against the profile over SSH: driver, RDMA, KV library, units, ports, /health, secrets."""
-    deployment, hosts = deployment_from_options(ctx, profile, inventory, limit=limit)
+    deployment = open_deployment(ctx, profile, inventory, limit=limit, keys="provision")
+    hosts = deployment.hosts
     lab_site.require_routable(hosts)
     settings = Settings.of(ctx)
     options = VerifyOptions(

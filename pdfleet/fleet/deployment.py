@@ -1,18 +1,21 @@
-"""A deployment: one validated profile and inventory, their topology and the roles to run, built once
-per command and passed down; `context(host)` is what the roles see of one host."""
+"""A deployment: one validated profile and inventory, their topology, the roles to run and what they
+install, built once per command by the one door (`load_deployment`) and passed down; `context(host)` is
+what the roles see of one host."""
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdfleet.errors import ValidationError
 from pdfleet.fleet.host_wheel import host_version
 from pdfleet.fleet.render import Renderer
 from pdfleet.fleet.roles import Role, RoleContext
 from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.fleet.topology import Topology, build_topology
+from pdfleet.model.checks import stage_problem
 from pdfleet.model.inventory import Host, Inventory, load_inventory
 from pdfleet.model.inventory_checks import check_against_inventory
 from pdfleet.model.profile import Profile
@@ -21,10 +24,13 @@ from pdfleet.model.profile_loader import load_profile
 GATEWAY_ROLE = "gateway"  # the role that installs the gateway's keys (roles/gateway)
 ROLLOUT_ROLE = "rollout"  # installs the admin key for the rollout controller (roles/rollout)
 
+Secrets = Callable[[str, str], GatewaySecrets]  # (client key file, admin key file) -> the gateway's keys
+HostWheel = Callable[[], Path]  # this clone's host wheel on the control machine (built, or from the cache)
+
 
 @dataclass(frozen=True)
 class Deployment:
-    """Profile, inventory, topology and roles of one command (see the module docstring)."""
+    """Profile, inventory, topology, roles and selected hosts of one command (see the module docstring)."""
 
     profile: Profile
     inventory: Inventory
@@ -32,6 +38,7 @@ class Deployment:
     roles: tuple[Role, ...]
     renderer: Renderer
     host_version: str
+    hosts: tuple[Host, ...]  # the hosts the command acts on (`--limit`), in inventory order
     gateway_secrets: GatewaySecrets | None = None
     host_wheel: Path | None = None  # uploaded by the roles of hosts that run pdfleet code
     stage_override: str | None = None  # `invoke provision --stage S`
@@ -49,35 +56,56 @@ class Deployment:
             self.stage_override,
         )
 
-    def needs_gateway_keys(self, hosts: Iterable[Host]) -> bool:
-        """Whether the gateway role runs on one of these hosts: only then are the keys read or generated."""
-        names = {role.NAME for role in self.roles}
-        if GATEWAY_ROLE in names and any(self.topology.gateway_on(host.name) for host in hosts):
-            return True
-        controller = self.topology.controller
-        return (
-            ROLLOUT_ROLE in names
-            and controller is not None
-            and any(host.name == controller.host.name for host in hosts)
-        )
+
+@dataclass(frozen=True)
+class DeploymentRequest:
+    """What a command asks of the one door: which profile on which inventory, and what else it needs built
+    in. The defaults build the plainest deployment: every host, no roles, no keys, no wheel."""
+
+    profile: str  # a name in profiles_dir, or a path to a profile file
+    inventory: Path
+    profiles_dir: Path
+    templates_dir: Path
+    roles: tuple[Role, ...] = ()
+    lab_network: ipaddress.IPv4Network | None = None  # addresses in it are lab hosts
+    limit: str | None = None  # `--limit`: hosts and groups, comma-separated
+    stage: str | None = None  # `invoke provision --stage S`: over the gateways' live stage
+    secrets: Secrets | None = None  # asked only when a selected role installs keys on a selected host
+    host_wheel: HostWheel | None = None  # asked only when a selected host gets the wheel uploaded
 
 
-def load_deployment(
-    profile: str,
-    inventory: str | Path,
-    profiles_dir: Path,
-    templates_dir: Path,
-    roles: Sequence[Role],
-    lab_network: ipaddress.IPv4Network | None = None,
-    gateway_secrets: GatewaySecrets | None = None,
-) -> Deployment:
-    """Load and cross-check profile and inventory; raise ValidationError before anything is touched.
-
-    Without `gateway_secrets` the gateway role has no keys to install (it skips, saying so)."""
-    prof = load_profile(profile, profiles_dir)
-    inv = load_inventory(inventory)
-    check_against_inventory(prof, inv)
-    topology = build_topology(prof, inv, lab_network)
+def load_deployment(request: DeploymentRequest) -> Deployment:
+    """The one door: load and cross-check profile and inventory (ValidationError before anything is touched
+    or created), then the topology, the selected hosts, and only what they need: the gateway's keys, the
+    host wheel, the stage override."""
+    profile = load_profile(request.profile, request.profiles_dir)
+    inventory = load_inventory(request.inventory)
+    check_against_inventory(profile, inventory)
+    if request.stage is not None:
+        problem = stage_problem(profile, request.stage)
+        if problem:
+            raise ValidationError(f"--stage: {problem}")
+    hosts = tuple(inventory.limit(request.limit).hosts.values())
+    topology = build_topology(profile, inventory, request.lab_network)
+    roles = tuple(request.roles)
+    keys, wheel = None, None
+    if installs_gateway_side(roles, topology, hosts):
+        gw = profile.gateway
+        keys = None if request.secrets is None else request.secrets(gw.client_key_file, gw.admin_key_file)
+        wheel = None if request.host_wheel is None else request.host_wheel()
+    renderer = Renderer(request.templates_dir)
     return Deployment(
-        prof, inv, topology, tuple(roles), Renderer(templates_dir), host_version(), gateway_secrets
+        profile, inventory, topology, roles, renderer, host_version(), hosts, keys, wheel, request.stage
     )
+
+
+def installs_gateway_side(roles: Iterable[Role], topology: Topology, hosts: Iterable[Host]) -> bool:
+    """Whether a selected role installs the gateway's keys and the host wheel on a selected host: the
+    gateway role on a gateway host, the rollout role on the controller's (a site's own index lacks the
+    wheel, so it is uploaded; pool hosts of an `engine: sim` profile install it from the index). Only then
+    are the keys read or generated and the wheel built."""
+    names = {role.NAME for role in roles}
+    installing = {g.host for g in topology.gateways} if GATEWAY_ROLE in names else set()
+    if ROLLOUT_ROLE in names and topology.controller is not None:
+        installing.add(topology.controller.host.name)
+    return any(host.name in installing for host in hosts)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdfleet.fleet.deployment import load_deployment
+from pdfleet.fleet.deployment import Deployment, DeploymentRequest, load_deployment
+from pdfleet.fleet.roles import Role
 from pdfleet.lab.control import Lab, up
 from pdfleet.lab.hosts import LabHost, ssh_run
 from pdfleet.lab.paths import LabPaths
@@ -42,12 +43,18 @@ class LabHandle:
 def prometheus_url(profile: str) -> str:
     """The Prometheus bench, doctor and monitor must read for a lab profile: the topology's (lab-gw on the
     profile's monitoring.port), not on Prometheus's default port, so a task reading a fixed one misses it."""
-    topology = load_deployment(
-        profile, REPO_ROOT / "inventory" / "lab.yml", REPO_ROOT / "profiles", REPO_ROOT / "templates", ()
-    ).topology
+    topology = lab_deployment(profile).topology
     assert topology.prometheus is not None, f"{profile}: the lab inventory has no monitoring host"
     default = MonitoringSpec.model_fields["port"].default
     assert topology.prometheus.port != default, (
         f"{profile}: set monitoring.port to a port other than {default}"
     )
     return topology.prometheus.url
+
+
+def lab_deployment(profile: str, roles: tuple[Role, ...] = ()) -> Deployment:
+    """A lab profile on inventory/lab.yml, through the one door the tasks use."""
+    lab = REPO_ROOT / "inventory" / "lab.yml"
+    return load_deployment(
+        DeploymentRequest(profile, lab, REPO_ROOT / "profiles", REPO_ROOT / "templates", roles)
+    )

@@ -21,11 +21,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from pdfleet.fleet.deployment import load_deployment
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.monitoring.recording import chain_figures, chain_steps
 from roles import REGISTRY
-from tests.lab.helpers import REPO_ROOT, LabHandle, prometheus_url
+from tests.lab.helpers import REPO_ROOT, LabHandle, lab_deployment, prometheus_url
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
@@ -157,13 +156,7 @@ def traffic(provisioned: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Ite
 
 
 def _deployment(profile: str = PROFILE):  # noqa: ANN202 - Deployment
-    return load_deployment(
-        profile,
-        REPO_ROOT / "inventory" / "lab.yml",
-        REPO_ROOT / "profiles",
-        REPO_ROOT / "templates",
-        REGISTRY,
-    )
+    return lab_deployment(profile, REGISTRY)
 
 
 def test_every_target_is_up(prom: PrometheusClient) -> None:

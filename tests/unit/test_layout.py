@@ -406,3 +406,40 @@ def test_no_well_known_port_is_written_as_a_value() -> None:
         if PORT_AS_VALUE.search(line)
     ]
     assert not hits, "\n".join(hits)
+
+
+DOOR = REPO / "pdfleet" / "cli" / "options.py"  # the tasks' one way to fleet.deployment.load_deployment
+
+
+def _door_bypasses(tree: ast.AST, is_door: bool) -> Iterator[tuple[int, str]]:
+    """(line, what) for each load_deployment call outside the door and each dataclasses.replace."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name == "load_deployment" and not is_door:
+            yield node.lineno, "load_deployment called outside cli.options"
+        elif name == "replace" and (
+            isinstance(func, ast.Name)
+            or (isinstance(func.value, ast.Name) and func.value.id == "dataclasses")
+        ):
+            yield node.lineno, "dataclasses.replace: a Deployment finished after the door"
+
+
+def test_every_command_builds_its_deployment_through_the_one_door() -> None:
+    """Only cli.options calls load_deployment, and no task finishes its Deployment afterwards: what a
+    command needs (roles, hosts, keys, host wheel, stage) is asked of the door."""
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {what}"
+        for path in sorted((PACKAGE / "cli").rglob("*.py"))
+        for line, what in _door_bypasses(ast.parse(path.read_text(encoding="utf-8")), path == DOOR)
+    ]
+    assert not found, "build the Deployment in cli.options.open_deployment:\n" + "\n".join(found)
+    snippet = (
+        "d = load_deployment(p, i)\nd = dataclasses.replace(d, stage_override=s)\nt = x.replace('a', 'b')"
+    )
+    assert [w for _, w in _door_bypasses(ast.parse(snippet), False)] == [
+        "load_deployment called outside cli.options",
+        "dataclasses.replace: a Deployment finished after the door",
+    ]

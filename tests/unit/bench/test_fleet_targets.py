@@ -18,17 +18,16 @@ from pdfleet.bench.fleet_targets import (
     read_client_key,
 )
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.deployment import load_deployment
 from pdfleet.metrics.direct import DirectScrape
 from pdfleet.metrics.prometheus import PrometheusClient
-from tests.unit.fleet.helpers import monitoring_on_port
+from tests.unit.fleet.helpers import deploy, monitoring_on_port
 from tests.unit.metrics.helpers import prometheus, scrape_config
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def _lab(profile: str = "lab-cross"):  # noqa: ANN202
-    return load_deployment(profile, REPO / "inventory" / "lab.yml", REPO / "profiles", REPO / "templates", ())
+    return deploy(profile, REPO / "inventory" / "lab.yml", roles=(), secrets=None)
 
 
 def test_lab_cross_compares_two_colocated_gpus_with_one_prefill_and_one_decode() -> None:
@@ -78,7 +77,7 @@ def test_prometheus_is_read_on_the_profiles_monitoring_port(tmp_path: Path) -> N
     with prometheus(tmp_path / "prom", scrape_config([])) as prom:
         assert prom.port != 9090
         profiles, profile, inventory = monitoring_on_port(tmp_path, prom.port)
-        d = load_deployment(str(profile), inventory, profiles, REPO / "templates", ())
+        d = deploy(str(profile), inventory, profiles, roles=(), secrets=None)
         notes: list[str] = []
         sources, what = metrics_sources(d.topology, notes.append)
         source, kv = sources("disagg")

@@ -7,12 +7,10 @@ import dataclasses
 from pathlib import Path
 
 from pdfleet.cli.doctor_fleet import fleet_metrics
-from pdfleet.fleet.deployment import load_deployment
 from pdfleet.fleet.topology import Instance
 from pdfleet.metrics.direct import DirectScrape
 from pdfleet.metrics.prometheus import PrometheusClient
-from tests.unit.cli.helpers import REPO
-from tests.unit.fleet.helpers import monitoring_on_port
+from tests.unit.fleet.helpers import deploy, monitoring_on_port
 from tests.unit.metrics.helpers import exporter, prometheus, scrape_config
 
 
@@ -20,7 +18,7 @@ def test_prometheus_is_read_on_the_profiles_monitoring_port(tmp_path: Path) -> N
     with prometheus(tmp_path / "prom", scrape_config([])) as prom:
         assert prom.port != 9090
         profiles, profile, inventory = monitoring_on_port(tmp_path, prom.port)
-        d = load_deployment(str(profile), inventory, profiles, REPO / "templates", ())
+        d = deploy(str(profile), inventory, profiles, roles=(), secrets=None)
         # no lab address is contacted, whatever happens: the lab's vLLM instances are left out
         source, what, window = fleet_metrics(dataclasses.replace(d.topology, instances=()), 600, 0.1, 5)
     assert isinstance(source, PrometheusClient) and source.base_url == f"http://127.0.0.1:{prom.port}"
@@ -29,7 +27,7 @@ def test_prometheus_is_read_on_the_profiles_monitoring_port(tmp_path: Path) -> N
 
 def test_without_a_monitoring_host_the_vllm_endpoints_are_scraped_directly(tmp_path: Path) -> None:
     profiles, profile, inventory = monitoring_on_port(tmp_path, 9191)
-    d = load_deployment(str(profile), inventory, profiles, REPO / "templates", ())
+    d = deploy(str(profile), inventory, profiles, roles=(), secrets=None)
     with exporter() as exp:
         # one colocated instance on loopback in place of the lab's (which are not contacted here)
         local = Instance("colocated", "c1", "127.0.0.1", exp.port, (0,), None, None, None, None)

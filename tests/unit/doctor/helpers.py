@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from pdfleet.fleet.deployment import Deployment, load_deployment
-from roles import REGISTRY
+from pdfleet.fleet.deployment import Deployment
+from tests.unit.fleet.helpers import deploy
 
 REPO = Path(__file__).resolve().parents[3]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -24,7 +24,7 @@ def fixture(name: str) -> dict[str, Any]:
 
 def deployment(profile: str, inventory: str = "inventory/lab.yml") -> Deployment:
     """A real profile and inventory of the repo, loaded as the tasks load them."""
-    return load_deployment(profile, REPO / inventory, REPO / "profiles", REPO / "templates", REGISTRY)
+    return deploy(profile, REPO / inventory, secrets=None)
 
 
 VLLM_LOCAL_KEY = "sk-vllm-local-0123456789"

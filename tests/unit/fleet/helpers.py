@@ -9,7 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.deployment import Deployment, load_deployment
+from pdfleet.fleet.deployment import Deployment, DeploymentRequest, load_deployment
+from pdfleet.fleet.roles import Role
 from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.model.inventory import load_inventory
 from pdfleet.model.inventory_checks import check_against_inventory
@@ -27,12 +28,28 @@ EXAMPLES = {
 TEST_SECRETS = GatewaySecrets(client_sha256="1" * 64, admin_sha256="2" * 64)
 
 
+def deploy(
+    profile: str,
+    inventory: Path,
+    profiles: Path = REPO / "profiles",
+    roles: Iterable[Role] = REGISTRY,
+    secrets: GatewaySecrets | None = TEST_SECRETS,
+) -> Deployment:
+    """A deployment through the one door (every host), with these keys where its roles install keys."""
+    request = DeploymentRequest(
+        profile,
+        inventory,
+        profiles,
+        REPO / "templates",
+        tuple(roles),
+        secrets=None if secrets is None else (lambda _client, _admin: secrets),
+    )
+    return load_deployment(request)
+
+
 def fleet_of(profile: str, inventory: Path | None = None) -> Deployment:
     """The deployment of a shipped profile on an inventory (default: its example), with the test keys."""
-    inv = inventory or REPO / EXAMPLES[profile]
-    return load_deployment(
-        profile, inv, REPO / "profiles", REPO / "templates", REGISTRY, gateway_secrets=TEST_SECRETS
-    )
+    return deploy(profile, inventory or REPO / EXAMPLES[profile])
 
 
 def profile_inventory_pairs() -> list[tuple[str, Path]]:

@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.deployment import Deployment, load_deployment
+from pdfleet.fleet.deployment import Deployment
 from pdfleet.fleet.provision import render_fleet
 from pdfleet.fleet.render import RenderedFile, Renderer, write_tree
 from pdfleet.gateway.keys import KeysFile
 from pdfleet.gateway.policy import parse_policy
 from pdfleet.model.yamlfile import parse_yaml
-from roles import REGISTRY
-from tests.unit.fleet.helpers import REPO, TEST_SECRETS, profile_inventory_pairs
+from tests.unit.fleet.helpers import REPO, deploy, profile_inventory_pairs
 
 
 def test_write_tree_puts_each_file_under_its_host_with_its_mode(tmp_path: Path) -> None:
@@ -93,7 +92,7 @@ def _deployments(tmp_path: Path) -> list[tuple[str, Deployment]]:
     return [
         (
             f"{name}@{inv.name}",
-            load_deployment(name, inv, profiles, REPO / "templates", REGISTRY, gateway_secrets=TEST_SECRETS),
+            deploy(name, inv, profiles),
         )
         for name, inv in pairs
     ]

@@ -14,7 +14,7 @@ from vllm_router.router_args import RouterArgs
 
 import roles.gateway as gateway_role
 from pdfleet.errors import PdfleetError
-from pdfleet.fleet.deployment import Deployment, load_deployment
+from pdfleet.fleet.deployment import Deployment
 from pdfleet.fleet.host_wheel import wheel_name
 from pdfleet.fleet.provision import render_fleet
 from pdfleet.gateway.limits import check_limit_names
@@ -24,9 +24,8 @@ from pdfleet.model.profile import ROUTER_POLICIES
 from pdfleet.ops.base import FakeFacts, Run
 from pdfleet.ops.files import File, FileContent
 from pdfleet.ops.pip import PipList, PipRequirements
-from roles import REGISTRY
-from tests.unit.fleet.helpers import profile_inventory_pairs
-from tests.unit.roles.helpers import REPO, TEST_SECRETS, deployment, exec_start_argv
+from tests.unit.fleet.helpers import deploy, profile_inventory_pairs
+from tests.unit.roles.helpers import REPO, deployment, exec_start_argv
 
 ROUTER_UNIT_PATH = f"/etc/systemd/system/{gateway_role.ROUTER_UNIT}"
 
@@ -85,9 +84,7 @@ def test_profile_policies_are_the_ones_the_installed_router_accepts() -> None:
 def test_every_example_router_unit_selects_round_robin(profile: str, inventory: Path) -> None:
     """Each shipped profile on each inventory it fits: the router unit, where one is rendered, says
     round_robin for both pools (not the router's own cache_aware default), and the real parser agrees."""
-    fleet = load_deployment(
-        profile, inventory, REPO / "profiles", REPO / "templates", REGISTRY, gateway_secrets=TEST_SECRETS
-    )
+    fleet = deploy(profile, inventory)
     for argv in _router_argv(fleet):
         assert argv[argv.index("--policy") + 1] == "round_robin"
         assert "--prefill-policy" not in argv and "--decode-policy" not in argv
@@ -98,15 +95,7 @@ def test_every_example_router_unit_selects_round_robin(profile: str, inventory: 
 
 def test_some_example_renders_a_router_unit() -> None:
     """The test above checks something: lab-cross (P/D beside a colocated pool) renders a router unit."""
-    rendered = {
-        p
-        for p, inv in profile_inventory_pairs()
-        if _router_argv(
-            load_deployment(
-                p, inv, REPO / "profiles", REPO / "templates", REGISTRY, gateway_secrets=TEST_SECRETS
-            )
-        )
-    }
+    rendered = {p for p, inv in profile_inventory_pairs() if _router_argv(deploy(p, inv))}
     assert "lab-cross" in rendered
 
 
@@ -115,14 +104,7 @@ def _lab_cross_with(tmp_path: Path, router_policy: str) -> Deployment:
     profiles = tmp_path / "profiles"
     shutil.copytree(REPO / "profiles", profiles)
     (profiles / "rp.yml").write_text(f"extends: lab-cross\ngateway: {{router_policy: {router_policy}}}\n")
-    return load_deployment(
-        "rp",
-        REPO / "inventory" / "lab.yml",
-        profiles,
-        REPO / "templates",
-        REGISTRY,
-        gateway_secrets=TEST_SECRETS,
-    )
+    return deploy("rp", REPO / "inventory" / "lab.yml", profiles)
 
 
 @pytest.mark.parametrize("name", ROUTER_POLICIES)
@@ -151,14 +133,7 @@ def _lab_cross_gateway(tmp_path: Path, gateway_yaml: str) -> Deployment:
     profiles = tmp_path / "profiles"
     shutil.copytree(REPO / "profiles", profiles)
     (profiles / "lim.yml").write_text(f"extends: lab-cross\ngateway: {gateway_yaml}\n")
-    return load_deployment(
-        "lim",
-        REPO / "inventory" / "lab.yml",
-        profiles,
-        REPO / "templates",
-        REGISTRY,
-        gateway_secrets=TEST_SECRETS,
-    )
+    return deploy("lim", REPO / "inventory" / "lab.yml", profiles)
 
 
 def test_profile_limits_reach_the_policy_and_the_gateway_accepts_them(tmp_path: Path) -> None:
