@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
-from pdfleet.fleet.provision import live_policy, policy_stage, policy_version
+from pdfleet.fleet.live_stage import live_policy, policy_stage, policy_version
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
 from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway
@@ -139,11 +139,15 @@ def policy_text(ctx: RoleContext, version: int, stage: str, stages: dict[str, St
 
 def live_policy_text(ctx: RoleContext, facts: FactSource) -> str:
     """The policy file provision installs: the live stage kept (or `--stage`), the version bumped only
-    when the policy's meaning changes (pdfleet.fleet.provision's rule)."""
-    live = live_policy(facts.get(FileContent(POLICY_FILE)))
+    when the policy's meaning changes (pdfleet.fleet.live_stage's rule)."""
+    source = Path(POLICY_FILE)
+    live = live_policy(facts.get(FileContent(POLICY_FILE)), source)
     stage, stages = policy_stage(ctx.profile, live, ctx.stage_override)
-    version = policy_version(ctx.profile, live, lambda v: policy_text(ctx, v, stage, stages))
-    return policy_text(ctx, version, stage, stages)
+
+    def rendered(version: int) -> gateway_policy.PolicySpec:
+        return gateway_policy.parse_policy(source, policy_text(ctx, version, stage, stages))
+
+    return policy_text(ctx, policy_version(ctx.profile, live, rendered), stage, stages)
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:

@@ -4,7 +4,6 @@ lines, serve lines the simulator parses, a policy the real gateway loads)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
 import shutil
@@ -12,16 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-import roles.gateway as gateway_role
-from pdfleet.fleet.provision import live_policy, render_fleet
+from pdfleet.fleet.provision import render_fleet
 from pdfleet.fleet.render import RenderedFile, write_tree
-from pdfleet.gateway.live import parse_update, rewritten
-from pdfleet.ops.base import FakeFacts
-from pdfleet.ops.files import File, FileContent
 from tests.unit.fleet.helpers import EXAMPLES, REPO, fleet_of, profile_inventory_pairs
-from tests.unit.roles.helpers import deployment
 
 GOLDEN = REPO / "tests" / "golden"
 
@@ -200,53 +193,6 @@ def test_rendered_gateway_policy_and_keys_load_in_the_real_gateway(tmp_path: Pat
     assert router[router.index("--prefill") + 1] == "http://198.18.0.21:8100"
     assert router[router.index("--decode") + 1] == "http://198.18.0.31:8200"
     assert router[router.index("--kv-connector") + 1] == "nixl"
-
-
-# ---- the live-stage rule: provision never moves traffic back ------------------------------------
-
-
-def _gateway_plan(fleet, live_text):
-    """The policy file the gateway role would install on lab-gw, given the file there now."""
-    host = fleet.inventory.hosts["lab-gw"]
-    facts = FakeFacts({FileContent(gateway_role.POLICY_FILE): live_text})
-    ops = gateway_role.operations(fleet.context(host), facts)
-    (policy,) = [op for op in ops if isinstance(op, File) and op.path == gateway_role.POLICY_FILE]
-    return yaml.safe_load(policy.content)
-
-
-def test_provision_keeps_the_live_stage_and_bumps_the_version_only_on_a_change() -> None:
-    fleet = deployment("lab-cross")
-    ctx = fleet.context(fleet.inventory.hosts["lab-gw"])
-    fresh = _gateway_plan(fleet, None)
-    assert (fresh["version"], fresh["stage"]) == (1, "colocated")  # a new host: the initial stage
-    # the rollout controller put the host at a step (its own stage name and weights), version 7
-    stages = {k: v.model_dump() for k, v in fleet.profile.gateway.stages.items()}
-    update = parse_update(
-        {
-            "version": 7,
-            "stage": "long-prompts@2",
-            "stages": {**stages, "long-prompts@2": {"short": 0, "long": 50}},
-        }
-    )
-    rendered = gateway_role.policy_text(ctx, 1, "colocated", dict(fleet.profile.gateway.stages))
-    on_host = rewritten(Path("/etc/pdfleet/gateway/policy.yaml"), rendered, update)
-    assert live_policy(on_host) is not None
-    kept = _gateway_plan(fleet, on_host)
-    assert (kept["version"], kept["stage"], kept["stages"]["long-prompts@2"]) == (
-        7,
-        "long-prompts@2",
-        {"short": 0, "long": 50},
-    )
-    # a profile change the policy carries: same stage, one version up
-    gw = fleet.profile.gateway.model_copy(update={"long_prompt_tokens": 4096})
-    changed = dataclasses.replace(fleet, profile=fleet.profile.model_copy(update={"gateway": gw}))
-    bumped = _gateway_plan(changed, on_host)
-    assert (bumped["version"], bumped["stage"], bumped["long_prompt_tokens"]) == (8, "long-prompts@2", 4096)
-    # the explicit override
-    forced = _gateway_plan(dataclasses.replace(fleet, stage_override="colocated"), on_host)
-    assert (forced["version"], forced["stage"]) == (8, "colocated")
-    # a file pdfleet did not write is not a live policy: the initial stage
-    assert live_policy("just: [text") is None and live_policy("version: 1\nstage: x\nstages: {}\n") is None
 
 
 def test_the_mooncake_lab_profile_renders_the_router_and_units_for_mooncake() -> None:

@@ -1,0 +1,108 @@
+"""The live-stage rule: provision keeps the stage a gateway host runs (the rollout controller's), bumps the
+version only when the policy's meaning changes, and reads the host's policy with the gateway's own parser."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import roles.gateway as gateway_role
+from pdfleet.fleet.deployment import Deployment
+from pdfleet.fleet.live_stage import live_policy, meaning, policy_stage, policy_version
+from pdfleet.gateway.live import parse_update, rewritten
+from pdfleet.gateway.policy import parse_policy
+from pdfleet.model.stages import StageSpec
+from pdfleet.ops.base import FakeFacts
+from pdfleet.ops.files import File, FileContent
+from tests.unit.roles.helpers import deployment
+
+POLICY = Path(gateway_role.POLICY_FILE)
+
+
+def _rendered(fleet: Deployment, version: int = 1, stage: str = "colocated") -> str:
+    ctx = fleet.context(fleet.inventory.hosts["lab-gw"])
+    return gateway_role.policy_text(ctx, version, stage, dict(fleet.profile.gateway.stages))
+
+
+def _controller_step(fleet: Deployment) -> str:
+    """The policy file after the rollout controller put the host at a step of its own, version 7."""
+    stages = {k: v.model_dump() for k, v in fleet.profile.gateway.stages.items()}
+    update = parse_update(
+        {
+            "version": 7,
+            "stage": "long-prompts@2",
+            "stages": {**stages, "long-prompts@2": {"short": 0, "long": 50}},
+        }
+    )
+    return rewritten(POLICY, _rendered(fleet), update)
+
+
+def _gateway_plan(fleet: Deployment, live_text: str | None) -> dict[str, Any]:
+    """The policy file the gateway role would install on lab-gw, given the file there now."""
+    host = fleet.inventory.hosts["lab-gw"]
+    facts = FakeFacts({FileContent(gateway_role.POLICY_FILE): live_text})
+    ops = gateway_role.operations(fleet.context(host), facts)
+    (policy,) = [op for op in ops if isinstance(op, File) and op.path == gateway_role.POLICY_FILE]
+    return dict(yaml.safe_load(policy.content))
+
+
+def test_the_host_policy_is_read_by_the_gateways_own_parser() -> None:
+    fleet = deployment("lab-cross")
+    text = _controller_step(fleet)
+    live = live_policy(text, POLICY)
+    assert live == parse_policy(POLICY, text)
+    assert live is not None and (live.version, live.stage) == (7, "long-prompts@2")
+    # what the gateway would refuse is no live policy: the initial stage applies
+    assert live_policy(None, POLICY) is None and live_policy("just: [text", POLICY) is None
+    assert live_policy("version: 1\nstage: x\nstages: {}\n", POLICY) is None
+    refused = text.replace("stage: long-prompts@2", "stage: nowhere")
+    assert refused != text and live_policy(refused, POLICY) is None
+
+
+def test_the_stage_is_the_override_else_the_live_one_else_the_initial() -> None:
+    fleet = deployment("lab-cross")
+    profile = fleet.profile
+    live = live_policy(_controller_step(fleet), POLICY)
+    assert policy_stage(profile, None, None) == (profile.gateway.stage, dict(profile.gateway.stages))
+    stage, stages = policy_stage(profile, live, None)
+    assert (stage, stages["long-prompts@2"]) == ("long-prompts@2", StageSpec(short=0, long=50))
+    assert policy_stage(profile, live, "colocated") == ("colocated", dict(profile.gateway.stages))
+
+
+def test_the_version_moves_only_when_the_meaning_does() -> None:
+    fleet = deployment("lab-cross")
+    live = parse_policy(POLICY, _rendered(fleet, 7))
+    same = parse_policy(POLICY, _rendered(fleet, 1))
+    assert meaning(same) == meaning(live)
+    assert policy_version(fleet.profile, live, lambda v: parse_policy(POLICY, _rendered(fleet, v))) == 7
+    assert policy_version(fleet.profile, None, lambda v: same) == fleet.profile.gateway.policy_version
+    other = parse_policy(POLICY, _rendered(fleet, 7, "long-prompts"))
+    assert policy_version(fleet.profile, live, lambda v: other) == 8
+    ahead = fleet.profile.model_copy(
+        update={"gateway": fleet.profile.gateway.model_copy(update={"policy_version": 20})}
+    )
+    assert policy_version(ahead, live, lambda v: other) == 20  # the profile's own bump wins
+
+
+def test_provision_keeps_the_live_stage_and_bumps_the_version_only_on_a_change() -> None:
+    fleet = deployment("lab-cross")
+    fresh = _gateway_plan(fleet, None)
+    assert (fresh["version"], fresh["stage"]) == (1, "colocated")  # a new host: the initial stage
+    on_host = _controller_step(fleet)
+    kept = _gateway_plan(fleet, on_host)
+    assert (kept["version"], kept["stage"], kept["stages"]["long-prompts@2"]) == (
+        7,
+        "long-prompts@2",
+        {"short": 0, "long": 50},
+    )
+    # a profile change the policy carries: same stage, one version up
+    gw = fleet.profile.gateway.model_copy(update={"long_prompt_tokens": 4096})
+    changed = dataclasses.replace(fleet, profile=fleet.profile.model_copy(update={"gateway": gw}))
+    bumped = _gateway_plan(changed, on_host)
+    assert (bumped["version"], bumped["stage"], bumped["long_prompt_tokens"]) == (8, "long-prompts@2", 4096)
+    # the explicit override
+    forced = _gateway_plan(dataclasses.replace(fleet, stage_override="colocated"), on_host)
+    assert (forced["version"], forced["stage"]) == (8, "colocated")
