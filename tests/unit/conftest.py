@@ -1,6 +1,11 @@
 """Fixtures shared by every tests/unit package: an OpenSSH sshd on 127.0.0.1 for `@pytest.mark.sshd` tests
 (own host key, own config, own key pair), used by the ops SSH tests and the `invoke verify` tests; a real
-systemd for `@pytest.mark.systemd` tests (the unit-health fact and its readers)."""
+systemd for `@pytest.mark.systemd` tests (the unit-health fact and its readers).
+
+And the `procs` marker, kept true: a test that starts a process (subprocess, fork, spawn; seen by an
+audit hook, in its fixtures too) fails unless its file is marked `pytestmark = pytest.mark.procs` (sshd
+and systemd tests count as marked). The run ends with a `procs:` line: how many tests start processes
+and what they cost, against the others."""
 
 from __future__ import annotations
 
@@ -8,11 +13,13 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from _pytest.terminal import TerminalReporter
 
 from pdfleet.bench.procs import free_port, wait_http, wait_port
 from tests.unit.helpers import Sshd, SystemdUnits, UserSystemd
@@ -170,3 +177,60 @@ def systemd_sshd(systemd: UserSystemd, tmp_path_factory: pytest.TempPathFactory)
     extra = f"SetEnv PATH={path} XDG_RUNTIME_DIR={systemd.env['XDG_RUNTIME_DIR']}\n"
     with _running_sshd(tmp_path_factory.mktemp("systemd-sshd"), extra) as running:
         yield running
+
+
+# audit events of a new process: subprocess (asyncio's too), os.fork (multiprocessing), os.posix_spawn
+SPAWN_EVENTS = frozenset(
+    {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec"}
+)
+PROCS_MARKERS = ("procs", "sshd", "systemd")
+SPAWNS = pytest.StashKey[list[str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Record every process a test starts (an audit hook cannot be removed: the list is reset per test)."""
+    spawns: list[str] = []
+    config.stash[SPAWNS] = spawns
+
+    def hook(event: str, args: Sequence[object]) -> None:
+        if event in SPAWN_EVENTS:
+            spawns.append(f"{event} {str(args[0] if args else '')[:80]}")
+
+    sys.addaudithook(hook)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.config.stash[SPAWNS].clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """A passing test that started a process (its fixtures included) without the marker fails, naming it."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    spawns = item.config.stash[SPAWNS]
+    marked = any(item.get_closest_marker(m) for m in PROCS_MARKERS)
+    if call.when == "call" and report.passed and spawns and not marked:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} started a process ({spawns[0]}; {len(spawns)} in all) but its file is not "
+            "marked: add `pytestmark = pytest.mark.procs` (see tests/unit/conftest.py)"
+        )
+
+
+def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
+    """How many tests start processes and what they cost (setup + call + teardown, summed over workers)."""
+    tests: dict[bool, set[str]] = {True: set(), False: set()}
+    seconds: dict[bool, float] = {True: 0.0, False: 0.0}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if isinstance(rep, pytest.TestReport) and rep.nodeid.startswith("tests/unit/"):
+                marked = any(m in rep.keywords for m in PROCS_MARKERS)
+                tests[marked].add(rep.nodeid)
+                seconds[marked] += rep.duration
+    if tests[True] or tests[False]:
+        terminalreporter.write_line(
+            f"procs: {len(tests[True])} tests start processes, {seconds[True]:.1f} s; "
+            f"{len(tests[False])} others, {seconds[False]:.1f} s (summed over workers)"
+        )

@@ -21,6 +21,8 @@ from pdfleet.bench.workloads import WorkloadSpec, completion_body, synthetic_pro
 from pdfleet.errors import ValidationError
 from pdfleet.metrics.direct import DirectScrape
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 PLAN = BenchPlan(
     WorkloadSpec("random", input_len=64, output_len=8),
     seed=1,

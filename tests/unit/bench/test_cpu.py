@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from pdfleet.bench.cpu import busy_cpu_seconds, cpu_seconds, own_cpu_seconds, process_tree
+
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 
 def _spin(seconds: float) -> None:

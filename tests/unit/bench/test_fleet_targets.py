@@ -23,6 +23,8 @@ from pdfleet.metrics.prometheus import PrometheusClient
 from tests.unit.fleet.helpers import deploy, monitoring_on_port
 from tests.unit.metrics.helpers import prometheus, scrape_config
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 REPO = Path(__file__).resolve().parents[3]
 
 

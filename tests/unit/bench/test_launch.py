@@ -9,6 +9,8 @@ import pytest
 from pdfleet.bench.launch import SimProcess
 from pdfleet.bench.workloads import SIM_MODEL
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_a_sim_process_serves_while_entered_and_stops_after() -> None:
     """/health is 200 inside the block; the process has exited after it; its log is readable."""

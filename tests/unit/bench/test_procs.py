@@ -14,6 +14,8 @@ import pytest
 from pdfleet.bench.procs import free_port, keep_awake, pin, stop_processes, wait_http, wait_port
 from tests.unit.bench.helpers import text_server
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_free_port_can_be_bound() -> None:
     """The port is free on 127.0.0.1 right after."""

@@ -6,10 +6,14 @@ import asyncio
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from pdfleet.bench.client import Record, Stats, StreamClient, request_bytes
 from pdfleet.bench.procs import stop_processes
 from pdfleet.bench.proxies import PATH, Target, find_nginx, start_targets
 from pdfleet.bench.upstream import paced_body
+
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 
 def _stream_once(target: Target) -> Stats:

@@ -22,6 +22,8 @@ from pdfleet.bench.router_policy import (
 )
 from pdfleet.tokens import CharEstimate
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 NAN = float("nan")
 
 

@@ -7,10 +7,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from pdfleet.bench.client import Record, Stats, StreamClient, request_bytes
 from pdfleet.bench.procs import free_port, stop_processes, wait_port
 from pdfleet.bench.upstream import paced_body
 from tests.unit.bench.helpers import paced_upstream
+
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 PATH = "/v1/chat/completions"
 

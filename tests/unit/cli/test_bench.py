@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 REPO = Path(__file__).resolve().parents[3]
 
 

@@ -21,6 +21,8 @@ import pytest
 from pdfleet.cli import build_namespace
 from pdfleet.fleet.secrets import PLACEHOLDER
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 REPO = Path(__file__).resolve().parents[3]
 INVOKE = [sys.executable, "-m", "invoke"]
 CROSS = "inventory/examples/cross-rdma.yml"

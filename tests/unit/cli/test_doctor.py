@@ -15,6 +15,8 @@ import pytest
 from pdfleet.bench.procs import free_port
 from tests.unit.cli.helpers import REPO
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 BAD = [
     (["doctor"], "give --base-url URL"),
     (["doctor", "--base-url", "ftp://x/v1", "--api-key-env", "HOME"], "not an http:// or https:// URL"),

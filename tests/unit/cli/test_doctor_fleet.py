@@ -6,12 +6,16 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from pdfleet.cli.doctor_fleet import fleet_metrics
 from pdfleet.fleet.topology import Instance
 from pdfleet.metrics.direct import DirectScrape
 from pdfleet.metrics.prometheus import PrometheusClient
 from tests.unit.fleet.helpers import deploy, monitoring_on_port
 from tests.unit.metrics.helpers import exporter, prometheus, scrape_config
+
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 
 def test_prometheus_is_read_on_the_profiles_monitoring_port(tmp_path: Path) -> None:

@@ -20,6 +20,8 @@ from tests.unit.cli.helpers import REPO, project_context
 from tests.unit.fleet.helpers import fleet_of, monitoring_on_port
 from tests.unit.metrics.helpers import exporter, prometheus, scrape_config, wait_for
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_the_table_shows_the_chain_from_the_recorded_series(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

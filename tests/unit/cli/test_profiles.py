@@ -7,7 +7,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.unit.model.helpers import PROFILES, REPO
+
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:

@@ -15,6 +15,8 @@ from pdfleet.doctor.report import to_json
 from tests.unit.doctor.helpers import VLLM_LOCAL_KEY, ClientFleet
 from tests.unit.gateway.helpers import USER_KEY
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 CHAT_BODY = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 

@@ -10,6 +10,8 @@ import json
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from pdfleet.bench.launch import SimProcess
 from pdfleet.bench.procs import free_port
 from pdfleet.doctor.fleet import diagnose_fleet, gather_fleet
@@ -19,6 +21,8 @@ from pdfleet.model.inventory import Host
 from pdfleet.ops.ssh import LocalTransport
 from tests.unit.doctor.helpers import deployment
 from tests.unit.sim.helpers import MODEL
+
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 SIM = [MODEL, "--sim-time-scale", "0.02"]
 

@@ -32,6 +32,8 @@ from pdfleet.ops.ssh import LocalTransport
 from pdfleet.ops.unit_health import UnitHealth, UnitState
 from tests.unit.doctor.helpers import deployment, fixture
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 FACTS = fixture("fleet-facts.yml")
 
 

@@ -26,6 +26,8 @@ from pdfleet.fleet.host_wheel import (
 )
 from tests.unit.fleet.helpers import REPO, third_party_imports
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 # `metrics` is host code too: the rollout controller on the monitoring host reads Prometheus through it.
 OPERATOR_PACKAGES = ("cli", "fleet", "ops", "hw", "lab", "checks", "bench")
 # Imported by host code but provided by a host dependency or optional (tried, with a fallback).

@@ -16,6 +16,8 @@ from pdfleet.fleet.provision import render_fleet
 from pdfleet.fleet.render import RenderedFile, write_tree
 from tests.unit.fleet.helpers import EXAMPLES, REPO, fleet_of, profile_inventory_pairs
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 GOLDEN = REPO / "tests" / "golden"
 
 

@@ -22,6 +22,8 @@ from pdfleet.gateway.policy import parse_policy
 from pdfleet.model.yamlfile import parse_yaml
 from tests.unit.fleet.helpers import REPO, deploy, profile_inventory_pairs
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_write_tree_puts_each_file_under_its_host_with_its_mode(tmp_path: Path) -> None:
     files = {

@@ -23,6 +23,8 @@ from pdfleet.tokens import CharEstimate, count_chat_tokens, count_messages_token
 from tests.unit.gateway.helpers import ADMIN_KEY, USER_KEY, LoopThread, policy_dict, write_policy
 from tests.unit.sim.helpers import MODEL
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 LONG = "word " * 1200  # 1500 tokens at 4 chars/token: long at the test policy's threshold of 1000
 
 

@@ -17,6 +17,8 @@ import pytest
 from pdfleet.gateway.keys import hash_key
 from tests.unit.gateway.helpers import USER_KEY, policy_dict, write_keys, write_policy
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 EXE = [sys.executable, "-m", "pdfleet.gateway.cli"]
 POLICY = policy_dict(["http://127.0.0.1:9"], None)
 

@@ -28,6 +28,8 @@ from pdfleet.gateway.policy import (
 from pdfleet.tokens import HFTokenizer
 from tests.unit.gateway.helpers import COLO, DIS, LoopThread, load_test_policy, policy_dict, policy_error
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
     p = load_test_policy(tmp_path)

@@ -8,8 +8,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from pdfleet.fleet.host_wheel import record_line
 from pdfleet.lab.mirrors import pypi_requirements, write_simple_index
+
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 
 def test_pypi_requirements_cover_pdfleet_and_the_router() -> None:

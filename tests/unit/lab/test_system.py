@@ -10,6 +10,8 @@ import pytest
 from pdfleet.lab import system
 from pdfleet.lab.system import LabError, ProcessRef, preflight
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_preflight_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(system.sys, "platform", "darwin")

@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from pdfleet.lab.usage import _stat_cpu_ticks, namespace_cpu_seconds
+
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 
 def test_stat_fields_after_a_name_with_spaces_and_parens() -> None:

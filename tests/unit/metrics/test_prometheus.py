@@ -17,6 +17,8 @@ from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.metrics.source import MetricsUnavailable, QueryError, SeriesAbsent, bucket_quantile
 from tests.unit.metrics.helpers import exporter, prometheus, samples_seen, scrape_config, wait_for
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0)
 TTFT = [0.02] * 50 + [0.2] * 40 + [0.8] * 10  # P50 in (0.01, 0.05], P95 in (0.5, 1.0]
 LABELS = {"pool": "disagg", "role": "decode", "host": "h1"}

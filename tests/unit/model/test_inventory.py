@@ -17,6 +17,8 @@ from pdfleet.errors import ValidationError
 from pdfleet.model.inventory import IMPLICIT_GROUPS, load_inventory
 from tests.unit.model.helpers import REPO, write
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_cross_rdma_example_hosts_and_inheritance() -> None:
     inv = load_inventory(REPO / "inventory/examples/cross-rdma.yml")

@@ -24,6 +24,8 @@ from tests.unit.monitoring.helpers import alert_check, renderings, run_rule_test
 from tests.unit.monitoring.rule_cases import alert_cases
 from tests.unit.sim.helpers import MODEL, kv_config
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def _alerts(profile: Profile, has_gateway: bool) -> dict[str, dict[str, Any]]:
     rules = alert_rules(profile, has_gateway)["groups"][0]["rules"]  # type: ignore[index]

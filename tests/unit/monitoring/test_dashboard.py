@@ -13,6 +13,8 @@ from pdfleet.monitoring.recording import recorded_names
 from tests.unit.fleet.helpers import REPO, exported_series, fleet_of, profile_inventory_pairs, series_in
 from tests.unit.metrics.helpers import check_promql
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 PAIRS = profile_inventory_pairs()
 
 

@@ -40,6 +40,8 @@ from tests.unit.monitoring.helpers import Rendering, renderings, rule_check, run
 from tests.unit.monitoring.rule_cases import RULE_CASES
 from tests.unit.sim.helpers import MODEL, kv_config
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 INVENTED = ("vllm:kv_transfer_time_seconds", "vllm:prefill_queue_time_seconds")
 
 

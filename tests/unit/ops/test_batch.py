@@ -18,6 +18,8 @@ from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.ssh import LocalTransport, Output
 from pdfleet.ops.unit_health import UnitHealth
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 TOKEN = "0123456789abcdef"
 
 

@@ -12,6 +12,8 @@ from pdfleet.ops.ssh import LocalTransport
 from pdfleet.ops.systemd import restart_handler
 from tests.unit.ops.helpers import commands, file_info
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_stat_regular_file_with_sha() -> None:
     out = (

@@ -13,6 +13,8 @@ from pdfleet.ops.errors import FactError
 from pdfleet.ops.gather import HostFacts, gather_for
 from pdfleet.ops.ssh import LocalTransport
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_host_facts_caches_one_command_per_fact(tmp_path) -> None:
     counter = tmp_path / "count"

@@ -16,6 +16,8 @@ from pdfleet.ops.pip import PipList, PipRequirements, canonical_pip_name, parse_
 from pdfleet.ops.ssh import LocalTransport
 from tests.unit.ops.helpers import commands
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 SITE_DIRS = "\n".join(
     [
         "aiohttp-3.14.5.dist-info",

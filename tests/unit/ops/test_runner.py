@@ -21,7 +21,10 @@ from pdfleet.ops.files import Directory, File, FileState
 from pdfleet.ops.runner import CommandError, RunOptions, execute, run_fleet
 from pdfleet.ops.ssh import LocalTransport, Output
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uploads install files owned by root: needs root")
+pytestmark = [
+    pytest.mark.procs,
+    pytest.mark.skipif(os.geteuid() != 0, reason="uploads install files owned by root: needs root"),
+]
 
 
 def host(name: str) -> Host:

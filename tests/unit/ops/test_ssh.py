@@ -17,6 +17,8 @@ from pdfleet.ops.runner import RunOptions, run_fleet
 from pdfleet.ops.ssh import LocalTransport, known_hosts_pattern, open_connection, sudo_wrap
 from tests.unit.helpers import Sshd
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_sudo_wrap_quotes_any_command() -> None:
     cmd = "a='x y'; echo \"$a\" | tr ' ' _; printf '%s\\n' \"it's\""

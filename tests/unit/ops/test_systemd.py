@@ -27,6 +27,8 @@ from pdfleet.ops.systemd import (
 from pdfleet.ops.unit_health import UnitHealth, UnitState, http_code_cmd
 from tests.unit.ops.helpers import commands, file_info
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 UNIT = "[Unit]\nDescription=x\n[Service]\nExecStart=/bin/true\n"
 RUNNING = UnitState("loaded", "active", "running", "enabled")
 MISSING = UnitState("not-found", "inactive", "dead", "")

@@ -23,6 +23,8 @@ from tests.unit.fleet.helpers import fleet_of, profile_inventory_pairs
 from tests.unit.metrics.helpers import check_config_tree, promtool
 from tests.unit.roles.helpers import deployment
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 PAIRS = [(p, i) for p, i in profile_inventory_pairs() if "monitoring" in i.read_text()]
 
 

@@ -18,6 +18,8 @@ from pdfleet.rollout import commands
 from pdfleet.rollout.controller import Controller
 from tests.unit.rollout.helpers import MODEL, Load, fleet, wait_until
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 SIM_ARGS = [MODEL, "--served-model-name", "llama", "--sim-time-scale", "0.02"]
 GATES = [
     {"name": "fallback-rate", "metric": "fallback_rate", "max": 0.05},

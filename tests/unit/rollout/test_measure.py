@@ -17,6 +17,8 @@ from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.measure import figure, observe
 from tests.unit.metrics.helpers import exporter, prometheus, samples_seen, scrape_config, wait_for
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 WINDOW = 60
 BUCKETS = (0.1, 0.5, 1.0, 5.0)
 

@@ -25,6 +25,8 @@ from pdfleet.sim.runtime import Runtime
 from pdfleet.tokens import make_counter
 from tests.unit.sim.helpers import MODEL, wait_for
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 # ---- validation, in process -------------------------------------------------------------------------
 
 

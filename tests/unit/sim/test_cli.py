@@ -10,6 +10,8 @@ import pytest
 from pdfleet.sim.cli import main
 from tests.unit.sim.helpers import MODEL
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_cli_exits_2_on_unknown_option_without_traceback() -> None:
     proc = subprocess.run(

@@ -24,6 +24,8 @@ from pdfleet.sim.side_channel import ReadGrant, SideChannelServer
 from pdfleet.sim.stream import Sink
 from tests.unit.sim.helpers import MODEL, kv_config, post_json, wait_for
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 KV_BYTES_8B = 131072
 
 

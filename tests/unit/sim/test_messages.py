@@ -15,6 +15,8 @@ from pdfleet.bench.launch import SimProcess
 from pdfleet.sim.messages import to_chat
 from tests.unit.sim.helpers import MODEL
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimProcess]:

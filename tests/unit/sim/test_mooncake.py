@@ -20,6 +20,8 @@ from pdfleet.sim import mooncake
 from pdfleet.sim.config import parse_serve_args
 from tests.unit.sim.helpers import MODEL, wait_for
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def _mooncake(role: str, **extra: Any) -> str:
     return json.dumps({"kv_connector": "MooncakeConnector", "kv_role": role, **extra})

@@ -21,6 +21,8 @@ from pdfleet.sim.des import EngineNode, Simulation, closed_loop
 from pdfleet.sim.perf import LinkQueue
 from tests.unit.sim.helpers import MODEL as MODEL_8B
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def _node(*args: str) -> tuple[Simulation, EngineNode]:
     cfg = parse_serve_args([MODEL_8B, *args], env={})

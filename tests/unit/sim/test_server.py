@@ -22,6 +22,8 @@ from pdfleet.sim.config import parse_serve_args
 from pdfleet.sim.server import SimServer, _tokenizer_file
 from tests.unit.sim.helpers import MODEL, kv_config, make_tokenizer, words_text
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def test_start_serve_and_stop_on_an_ephemeral_port(caplog: pytest.LogCaptureFixture) -> None:
     cfg = parse_serve_args([MODEL, "--sim-time-scale", "0.01", "--disable-log-stats"], env={})

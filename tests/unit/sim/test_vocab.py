@@ -14,6 +14,8 @@ from pdfleet.sim.stream import DEFAULT_FILLER, FILLER
 from pdfleet.sim.vocab import choose_filler, filler_for
 from tests.unit.sim.helpers import MODEL, make_tokenizer
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 
 def _count(tok: Tokenizer, text: str) -> int:
     return len(tok.encode(text, add_special_tokens=False).ids)

@@ -11,6 +11,8 @@ import pytest
 from pdfleet.model import vllm_release_data, vllm_releases
 from tools import vllm_facts
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
