@@ -13,26 +13,10 @@ from rich.console import Console
 from pdfleet.fleet.deployment import Deployment
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import role_files
-from pdfleet.hw.gpu_facts import DriverFact, KernelFact, NvidiaPciFact, SecureBootFact
-from pdfleet.hw.rdma_facts import RdmaSysfsFact
 from pdfleet.model.inventory import Host
-from pdfleet.ops.apt import AptPackages
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
-from pdfleet.ops.kernel import LoadedModules
 from pdfleet.ops.report import console_progress
 from pdfleet.ops.runner import Report, RunOptions, run_fleet
-
-# What roles read about every host before they yield operations (base: installed packages).
-HOST_FACTS: tuple[Fact[Any], ...] = (AptPackages(),)
-# What the hardware roles read on hosts running vLLM (gpu_driver, rdma, kv_transfer detect first).
-POOL_HOST_FACTS: tuple[Fact[Any], ...] = (
-    SecureBootFact(),
-    NvidiaPciFact(),
-    DriverFact(),
-    KernelFact(),
-    LoadedModules(),
-    RdmaSysfsFact(),
-)
 
 
 def plan_host(deployment: Deployment, host: Host, facts: FactSource) -> Iterator[Operation | Skip]:
@@ -44,10 +28,12 @@ def plan_host(deployment: Deployment, host: Host, facts: FactSource) -> Iterator
 
 
 def host_facts(deployment: Deployment, host: Host) -> tuple[Fact[Any], ...]:
-    """The facts worth gathering in a host's first batch: those its roles read before any operation.
-    A fact missing here still works (gathered when read), at the cost of one more round trip."""
-    pool = bool(deployment.topology.on_host(host.name))
-    return HOST_FACTS + (POOL_HOST_FACTS if pool else ())
+    """The facts worth gathering in a host's first batch: the union of what the roles that apply to it
+    declare they read (role.facts). A fact missing there still works (gathered when read), at the cost of
+    one more round trip."""
+    ctx = deployment.context(host)
+    found = (fact for role in deployment.roles if role.applies(ctx) for fact in role.facts(ctx))
+    return tuple(dict.fromkeys(found))
 
 
 def render_fleet(deployment: Deployment, hosts: Iterable[Host]) -> dict[str, list[RenderedFile]]:

@@ -1,7 +1,9 @@
 """The role contract: what a role is (`Role`), what it sees (`RoleContext`), and how a run picks roles.
 
 A role is a plain package under `roles/` (listed, in run order, in `roles.REGISTRY`) whose module
-provides NAME, APT_PACKAGES, applies(ctx), operations(ctx, facts), files(ctx) and units(ctx).
+provides NAME, APT_PACKAGES, applies(ctx), facts(ctx), operations(ctx, facts), files(ctx) and units(ctx).
+`facts` are those its operations() reads before deciding (the runner gathers the union of a host's roles'
+in its first batch: one round trip instead of one per fact);
 `files` are the fact-independent files it installs, which `invoke render` writes for review and
 `operations` installs, so the two never disagree; `units` are the long-running units it keeps active.
 """
@@ -20,7 +22,7 @@ from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.fleet.topology import Instance, Topology
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
-from pdfleet.ops.base import FactSource, Handler, Operation, Skip
+from pdfleet.ops.base import Fact, FactSource, Handler, Operation, Skip
 from pdfleet.ops.files import Directory, File
 from pdfleet.ops.pip import PipRequirements
 from pdfleet.ops.systemd import restart_handler
@@ -67,6 +69,8 @@ class Role(Protocol):
     APT_PACKAGES: tuple[str, ...]
 
     def applies(self, ctx: RoleContext) -> bool: ...
+
+    def facts(self, ctx: RoleContext) -> tuple[Fact[Any], ...]: ...
 
     def operations(self, ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]: ...
 

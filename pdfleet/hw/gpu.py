@@ -9,7 +9,7 @@ GPU host recipe (reference/provisioning.md §1.1, §1.2, §1.4).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pdfleet.hw.gpu_facts import (
     SB_ENABLED,
@@ -22,7 +22,7 @@ from pdfleet.hw.gpu_facts import (
     NvidiaPciFact,
     SecureBootFact,
 )
-from pdfleet.ops.base import FactSource
+from pdfleet.ops.base import Fact, FactSource
 from pdfleet.ops.kernel import LoadedModules
 
 if TYPE_CHECKING:
@@ -48,6 +48,16 @@ class GpuFacts:
     secure_boot: str
     modules: frozenset[str]  # loaded kernel modules (nouveau, nvidia_peermem), underscore spelling
     mok_enrolled: bool = False
+
+
+# What gather_gpu_facts reads on every host (MOK enrollment only under Secure Boot, so not here).
+GPU_FACTS: tuple[Fact[Any], ...] = (
+    SecureBootFact(),
+    NvidiaPciFact(),
+    DriverFact(),
+    KernelFact(),
+    LoadedModules(),
+)
 
 
 def gather_gpu_facts(facts: FactSource) -> GpuFacts:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from pdfleet.fleet.host_layout import CONFIG_DIR, SERVICE_USER, STATE_DIR
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.ops.apt import AptPackage, AptPackages, AptUpdate
-from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import Directory, File
 from pdfleet.ops.users import Group, User
 from roles.base.defaults import APT_PACKAGES, MIRROR_LIST
@@ -18,6 +19,10 @@ NAME = "base"
 
 def applies(ctx: RoleContext) -> bool:
     return True
+
+
+def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
+    return (AptPackages(),)
 
 
 def mirror_line(apt_mirror: str, trusted: bool) -> str:

@@ -23,7 +23,7 @@ from pdfleet.gateway import policy as gateway_policy
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.profile import GatewayLimits, RouterPolicy
 from pdfleet.model.stages import StageSpec
-from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
+from pdfleet.ops.base import Fact, FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.files import Directory, File, FileContent
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 
@@ -42,6 +42,11 @@ SHUTDOWN_TIMEOUT_S = 50  # streams in flight get this long to finish; systemd wa
 
 def applies(ctx: RoleContext) -> bool:
     return ctx.host.in_group("gateway")
+
+
+def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
+    """The policy file the host runs (its live stage), where the gateway is installed."""
+    return () if _why_not(ctx) else (FileContent(POLICY_FILE),)
 
 
 def _why_not(ctx: RoleContext) -> str | None:

@@ -9,14 +9,15 @@ after a reboot yields a `reboot required` marker (pdfleet.ops.base.REBOOT_REQUIR
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.hw import HardwareError
-from pdfleet.hw.gpu import GpuPlan, gather_gpu_facts, plan_gpu
+from pdfleet.hw.gpu import GPU_FACTS, GpuPlan, gather_gpu_facts, plan_gpu
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.ops.apt import AptPackage, AptRepo
-from pdfleet.ops.base import REBOOT_REQUIRED, FactSource, Handler, Operation, Run, Skip
+from pdfleet.ops.base import REBOOT_REQUIRED, Fact, FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.files import File
 from pdfleet.ops.kernel import KernelModule
 from pdfleet.ops.systemd import Service
@@ -36,6 +37,10 @@ UPDATE_INITRAMFS = Handler("update-initramfs", (Run("update-initramfs -u"),))
 def applies(ctx: RoleContext) -> bool:
     """Every host running a vLLM pool; the hardware check decides what actually happens."""
     return bool(ctx.instances)
+
+
+def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
+    return GPU_FACTS
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:

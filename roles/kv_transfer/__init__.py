@@ -9,6 +9,7 @@ Per-instance side-channel settings belong to the services role.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from pdfleet.fleet.host_layout import KV_ENV_FILE
 from pdfleet.fleet.render import RenderedFile
@@ -18,7 +19,7 @@ from pdfleet.hw.gpu_facts import KernelFact, NvidiaPciFact
 from pdfleet.hw.kv import kv_env, kv_requirement, render_env, uses_rdma
 from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index, netdev_of
 from pdfleet.hw.rdma_facts import NetdevFact, RdmaSysfsFact
-from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import File
 from pdfleet.ops.pip import PipRequirements
 
@@ -29,6 +30,12 @@ APT_PACKAGES: tuple[str, ...] = ()
 def applies(ctx: RoleContext) -> bool:
     """Hosts running a prefill or decode instance (colocated pools move no KV)."""
     return any(inst.kv_role for inst in ctx.instances)
+
+
+def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
+    """GPUs and kernel (the GPUDirect mode); the RDMA devices where KV moves over RDMA (the GID index)."""
+    rdma = (RdmaSysfsFact(),) if uses_rdma(ctx.profile, ctx.host) else ()
+    return (NvidiaPciFact(), KernelFact(), *rdma)
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:

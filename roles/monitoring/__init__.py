@@ -12,6 +12,7 @@ daemon flags restart it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
@@ -31,7 +32,7 @@ from pdfleet.monitoring.monitoring_config import (
 )
 from pdfleet.monitoring.recording import recording_rules
 from pdfleet.ops.apt import AptPackage, AptPackages, AptUpdate
-from pdfleet.ops.base import FactSource, Handler, Operation, Run, Skip
+from pdfleet.ops.base import Fact, FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.files import Directory, File
 from pdfleet.ops.systemd import Service, restart_handler
 
@@ -46,6 +47,10 @@ HEADER = "# Managed by pdfleet (roles/monitoring); checked with promtool before 
 
 def applies(ctx: RoleContext) -> bool:
     return ctx.topology.prometheus_on(ctx.host.name) is not None
+
+
+def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
+    return (AptPackages(),)  # whether Prometheus is installed yet
 
 
 def _server(ctx: RoleContext) -> Prometheus:

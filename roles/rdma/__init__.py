@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
@@ -29,7 +30,7 @@ from pdfleet.hw.rdma import (
 )
 from pdfleet.hw.rdma_facts import NetdevFact, NetdevInfo, QosFact, QosToolsFact, RdmaDevice, RdmaSysfsFact
 from pdfleet.ops.apt import AptPackage
-from pdfleet.ops.base import Change, FactSource, Operation, Skip
+from pdfleet.ops.base import Change, Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import File
 from pdfleet.ops.kernel import KernelModule
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
@@ -52,6 +53,12 @@ REAPPLY = restart_handler(UNIT)  # a oneshot with RemainAfterExit: restart rerun
 def applies(ctx: RoleContext) -> bool:
     """Prefill/decode hosts of a cross-host profile (same-host KV moves over PCIe/NVLink)."""
     return ctx.profile.topology == "cross-host" and any(i.kv_role for i in ctx.instances)
+
+
+def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
+    """The devices always (said in the skip); the QoS tools once it will configure them."""
+    rdma = ctx.profile.rdma
+    return (RdmaSysfsFact(),) + ((QosToolsFact(),) if rdma.enabled and ctx.host.rdma_devices else ())
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:

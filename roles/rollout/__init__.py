@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import Any
 
 from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
 from pdfleet.fleet.render import RenderedFile
@@ -18,7 +19,7 @@ from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
 from pdfleet.fleet.topology import Controller
 from pdfleet.model.connectors import NIXL
 from pdfleet.model.monitoring import has_nixl_metrics
-from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import Directory, File
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 
@@ -28,6 +29,10 @@ APT_PACKAGES: tuple[str, ...] = ()
 
 def applies(ctx: RoleContext) -> bool:
     return ctx.topology.prometheus_on(ctx.host.name) is not None
+
+
+def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
+    return ()  # its operations() reads no fact
 
 
 def _why_not(ctx: RoleContext) -> str | None:

@@ -4,13 +4,14 @@ and only reported started once /health answers."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from pdfleet.fleet.host_layout import KV_ENV_FILE, SERVICE_USER, STATE_DIR, VLLM_START_TIMEOUT_S
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart, instance_unit
 from pdfleet.fleet.topology import Instance
 from pdfleet.fleet.vllm_args import serve_argv
-from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import File
 from pdfleet.ops.systemd import Service, SystemdUnit
 
@@ -20,6 +21,10 @@ APT_PACKAGES: tuple[str, ...] = ()
 
 def applies(ctx: RoleContext) -> bool:
     return bool(ctx.instances)
+
+
+def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
+    return ()  # its operations() reads no fact
 
 
 def _env_file(ctx: RoleContext, inst: Instance) -> RenderedFile:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
-from pdfleet.ops.base import FactSource, Operation, Skip
+from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import Directory
 from pdfleet.ops.pip import PipRequirements
 
@@ -16,6 +17,10 @@ APT_PACKAGES: tuple[str, ...] = ()
 
 def applies(ctx: RoleContext) -> bool:
     return bool(ctx.instances)
+
+
+def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
+    return ()  # its operations() reads no fact
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:

@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.fleet.provision import render_fleet
+import roles.gateway as gateway_role
+from pdfleet.fleet.provision import host_facts, render_fleet
 from pdfleet.fleet.render import RenderedFile, write_tree
+from pdfleet.hw.gpu import GPU_FACTS
+from pdfleet.hw.rdma_facts import RdmaSysfsFact
+from pdfleet.ops.apt import AptPackages
+from pdfleet.ops.files import FileContent
 from tests.unit.fleet.helpers import EXAMPLES, REPO, fleet_of, profile_inventory_pairs
+from tests.unit.roles.helpers import deployment
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -217,3 +223,21 @@ def test_the_mooncake_lab_profile_renders_the_router_and_units_for_mooncake() ->
         config = parse_serve_args(_exec_start_argv(content)[1:], env={})
         assert config.kv_transfer is not None and config.kv_transfer.connector == "MooncakeConnector"
         assert config.release.version == deployment.profile.vllm.version
+
+
+def test_a_hosts_first_batch_is_the_union_of_its_roles_declared_facts() -> None:
+    fleet = deployment("lab-cross")
+    batch = {
+        name: host_facts(fleet, fleet.inventory.hosts[name]) for name in ("lab-gw", "lab-colo1", "lab-p1")
+    }
+    assert batch["lab-gw"] == (
+        AptPackages(),
+        FileContent(gateway_role.POLICY_FILE),
+    )  # base, gateway, monitoring
+    assert batch["lab-colo1"] == (AptPackages(), *GPU_FACTS)  # no KV moves there: no RDMA devices read
+    assert batch["lab-p1"] == (
+        AptPackages(),
+        *GPU_FACTS,
+        RdmaSysfsFact(),
+    )  # rdma reads them (said in its skip)
+    assert len(set(batch["lab-p1"])) == len(batch["lab-p1"])  # each fact once, though several roles read it
