@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -97,6 +99,30 @@ def _systemctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[s
     )
 
 
+def _own_cgroups(name: str) -> list[Path]:
+    """A new cgroup `name` in each cgroup hierarchy a systemd would use (v1's name=systemd and the unified
+    one of a hybrid layout, or the v2 root), created empty; [] when there is none to use."""
+    root = Path("/sys/fs/cgroup")
+    candidates = [root / "systemd", root / "unified"] if (root / "systemd").is_dir() else [root]
+    groups = []
+    for hierarchy in candidates:
+        if (hierarchy / "cgroup.procs").exists():
+            (hierarchy / name).mkdir()
+            groups.append(hierarchy / name)
+    return groups
+
+
+def _remove_cgroup(group: Path) -> None:
+    """Remove a cgroup and the ones under it (deepest first; a cgroup still holding a process stays)."""
+    if not group.is_dir():
+        return
+    for path in sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+    with contextlib.suppress(OSError):
+        group.rmdir()
+
+
 @pytest.fixture(scope="session")
 def systemd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UserSystemd]:
     """A real systemd (this machine's, as a user instance) for the session. Not being PID 1, it refuses to
@@ -114,7 +140,11 @@ def systemd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UserSystemd]:
     wrapper = bin_dir / "systemctl"
     wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("systemctl")} --user "$@"\n')
     wrapper.chmod(0o755)
-    boot = f"mount -t tmpfs tmpfs /run/systemd && mkdir /run/systemd/system && exec {SYSTEMD} --user"
+    # its own cgroup in every hierarchy: a manager takes the cgroup it starts in as its root and moves every
+    # process there into its init.scope, which at the root cgroup would be every process of this machine
+    groups = _own_cgroups(f"pdfleet-test-{uuid.uuid4().hex[:12]}")
+    join = "".join(f"echo $$ > {g}/cgroup.procs && " for g in groups)
+    boot = f"{join}mount -t tmpfs tmpfs /run/systemd && mkdir /run/systemd/system && exec {SYSTEMD} --user"
     log = (work / "systemd.log").open("wb")
     proc = subprocess.Popen(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", boot],
@@ -135,12 +165,15 @@ def systemd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UserSystemd]:
         path = f"{bin_dir}:{env['PATH']}"
         yield UserSystemd(units, bin_dir, {"XDG_RUNTIME_DIR": env["XDG_RUNTIME_DIR"], "PATH": path})
     finally:
-        _systemctl(env, "exit")
         try:
+            _systemctl(env, "exit")
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(timeout=10)
         log.close()
+        for group in groups:
+            _remove_cgroup(group)
 
 
 HEALTH_UNIT = """[Service]
@@ -154,7 +187,10 @@ def systemd_units(systemd: UserSystemd, tmp_path_factory: pytest.TempPathFactory
     """Real units in the private systemd: one healthy (and an alias of it), one failed."""
     root = tmp_path_factory.mktemp("web")
     (root / "health").write_text("ok")
-    port, closed = free_port(), free_port()
+    # bound but never listening: refused for the whole session, and no other test's server can take it
+    closed_sock = socket.socket()
+    closed_sock.bind(("127.0.0.1", 0))
+    port, closed = free_port(), closed_sock.getsockname()[1]
     (systemd.units_dir / "web.service").write_text(HEALTH_UNIT.format(root=root, port=port))
     (systemd.units_dir / "down.service").write_text(FAILING_UNIT)
     (systemd.units_dir / "www.service").symlink_to("web.service")
@@ -162,8 +198,11 @@ def systemd_units(systemd: UserSystemd, tmp_path_factory: pytest.TempPathFactory
     _systemctl(env, "daemon-reload")
     _systemctl(env, "start", "web.service", "down.service")  # down.service fails: that is its job
     wait_http(f"http://127.0.0.1:{port}/health", timeout=20)
-    yield SystemdUnits(port, closed)
-    _systemctl(env, "stop", "web.service")
+    try:
+        yield SystemdUnits(port, closed)
+    finally:
+        _systemctl(env, "stop", "web.service")
+        closed_sock.close()
 
 
 @pytest.fixture(scope="session")

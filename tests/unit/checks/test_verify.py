@@ -241,8 +241,10 @@ def test_verify_reads_unit_health_over_ssh_from_a_real_systemd(
         return {r.check: r for r in run.results}
 
     healthy = verify_units(web)
-    assert {r.outcome for r in healthy.values()} == {PASS} and len(healthy) == 2
+    assert {r.outcome for r in healthy.values()} == {PASS} and len(healthy) == 2, healthy
     broken = verify_units(web, down)
     units, health = broken["services/units_installed_enabled_active"], broken["services/health_answers"]
-    assert units.outcome == FAIL and units.detail == "down.service static/failed"
-    assert health.outcome == FAIL and health.detail == f"/health does not answer: {down_url} (unreachable)"
+    assert units.outcome == FAIL and units.detail == "down.service static/failed", units
+    assert health.outcome == FAIL and health.detail == f"/health does not answer: {down_url} (unreachable)", (
+        health
+    )
