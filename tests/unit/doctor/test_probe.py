@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pdfleet.bench.procs import free_port
 from pdfleet.doctor.probe import gather_client_facts, key_shape, origin
 from tests.unit.doctor.helpers import ClientFleet
 from tests.unit.gateway.helpers import USER_KEY
+
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 
 def test_key_shape() -> None:
