@@ -1,11 +1,13 @@
-"""Molecule scenarios over the lab: `molecule test --all` passes (create → converge → idempotence → verify →
-destroy per lab profile), and its idempotence step fails when a converge is made non-idempotent on purpose
-(a template rendering random text each time). Each scenario boots, provisions from scratch and removes
-its own lab, so these tests restore the session's lab afterwards. Cost here: about 100 s per scenario."""
+"""Molecule scenarios over the lab: `molecule test --all` passes (one lab booted by the default scenario's
+create; per lab profile syntax → converge → idempotence → verify, each converging over the previous one;
+one destroy), and its idempotence step fails when a converge is made non-idempotent on purpose (a template
+rendering random text each time). `test --all` starts from a lab taken down, so its first scenario
+(lab-colocated) converges from scratch; these tests restore the session's lab afterwards."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,11 +73,20 @@ def test_idempotence_fails_when_a_converge_is_not_idempotent(lab: LabHandle, tmp
 
 
 def test_molecule_test_all_scenarios_pass(lab: LabHandle) -> None:
+    # Molecule's own destroy (its state then says "not created"): create boots the lab again, and the
+    # first scenario converges on bare hosts
+    destroyed = molecule("destroy", "-s", "default")
+    assert destroyed.returncode == 0, (destroyed.stdout + destroyed.stderr)[-4000:]
     try:
         result = molecule("test", "--all")
     finally:
-        lab.up()  # the scenarios leave the lab down; the session's other tests expect it up
-    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+        lab.up()  # the run ends with the lab down; the session's teardown expects it up
     out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-6000:]
     for scenario in ("lab-cross", "lab-same-host", "lab-colocated"):
-        assert scenario in out
+        for step in ("syntax", "converge", "idempotence", "verify"):
+            assert f"{scenario} > {step}: Executed: Successful" in out, (scenario, step, out[-6000:])
+    # shared state: the default scenario booted the lab and took it down, once each for the whole run
+    assert "default > create: Executed: Successful" in out, out[-6000:]
+    for step in ("create", "destroy"):
+        assert re.findall(rf"\[(\S+) > {step}\] Executing", out) == ["default"], (step, out[-6000:])
