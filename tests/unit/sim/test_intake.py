@@ -28,6 +28,8 @@ from pdfleet.sim.intake import (
 from pdfleet.tokens import make_counter
 from tests.unit.sim.helpers import MODEL, kv_config, make_tokenizer, post_json, random_words, words_text
 
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
 # ---- the arrival stamp ----------------------------------------------------------------------------------
 
 
