@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -100,9 +101,17 @@ def write_tree(files_by_host: Mapping[str, Iterable[RenderedFile]], out_dir: Pat
     for dest, rendered in tree_paths(files_by_host, out_dir):
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(rendered.content)
-            dest.chmod(int(rendered.mode, 8))
+            _write_with_mode(dest, rendered.content, int(rendered.mode, 8))
         except OSError as exc:
             raise PdfleetError(f"{dest}: cannot write: {exc.strerror or exc}") from None
         written.append(dest)
     return written
+
+
+def _write_with_mode(dest: Path, content: str, mode: int) -> None:
+    """Write a file that has its final mode before any byte lands: a key file is never readable by others,
+    not even for a moment, nor an older copy left with a wider mode."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    os.fchmod(fd, mode)  # O_CREAT's mode is filtered by the umask, and ignored for a file that exists
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(content)

@@ -4,12 +4,15 @@ never outside OUT; every file reads back, by the program that reads it, as exact
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
 import stat
 import subprocess
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -35,6 +38,24 @@ def test_write_tree_puts_each_file_under_its_host_with_its_mode(tmp_path: Path) 
     assert (tmp_path / "h1/etc/pdfleet/a.env").read_text() == "A=1\n"
     assert stat.S_IMODE((tmp_path / "h1/etc/pdfleet/a.env").stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "h2/etc/systemd/system/b.service").stat().st_mode) == 0o644
+
+
+def test_a_rewritten_key_file_is_narrowed_before_its_content_is_written(tmp_path: Path) -> None:
+    old = tmp_path / "h/etc/pdfleet/a.env"
+    old.parent.mkdir(parents=True)
+    old.write_text("OLD=1\n")
+    old.chmod(0o644)
+    modes: list[int] = []
+    real_fdopen = os.fdopen
+
+    def fdopen(fd: int, *args: Any, **kwargs: Any) -> Any:
+        modes.append(stat.S_IMODE(os.fstat(fd).st_mode))  # what the file is when its content goes in
+        return real_fdopen(fd, *args, **kwargs)
+
+    with mock.patch("pdfleet.fleet.render.os.fdopen", fdopen):
+        write_tree({"h": [RenderedFile("/etc/pdfleet/a.env", "A=1\n", mode="0600")]}, tmp_path)
+    assert modes == [0o600]
+    assert old.read_text() == "A=1\n" and stat.S_IMODE(old.stat().st_mode) == 0o600
 
 
 @pytest.mark.parametrize(
