@@ -11,6 +11,7 @@ import pytest
 from pdfleet.bench.procs import free_port
 from pdfleet.fleet.roles import ManagedUnit
 from pdfleet.fleet.status import UnitStatus, fleet_status, statuses
+from pdfleet.lab.sshkeys import ensure_client_key
 from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.ssh import LocalTransport
 from tests.unit.fleet.helpers import REPO, fleet_of
@@ -42,7 +43,10 @@ def test_rows_come_from_one_command_per_host(
 
 def test_a_host_that_does_not_answer_is_named_on_each_row(tmp_path: Path) -> None:
     fleet = fleet_of("lab-cross", REPO / "inventory/lab.yml")
-    host = dataclasses.replace(fleet.inventory.hosts["lab-d1"], address="127.0.0.1", port=free_port())
+    key = tmp_path / "id_ed25519"  # a key of its own: the lab's may not exist yet (lab.build runs beside)
+    ensure_client_key(key)
+    lab_d1 = fleet.inventory.hosts["lab-d1"]
+    host = dataclasses.replace(lab_d1, address="127.0.0.1", port=free_port(), key_file=str(key))
     rows = fleet_status(fleet, [host], str(tmp_path) + "/known_hosts", timeout=2)
     assert [r.unit for r in rows] == ["vllm-decode.service"]
     assert rows[0].active.startswith("unreachable: cannot connect to lab-d1 (127.0.0.1:")
