@@ -11,15 +11,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pdfleet.model.connectors import parse_version
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
 
 Port = Annotated[int, Field(ge=1, le=65535)]
-# vLLM exports the NixlConnector's vllm:nixl_* metrics from the release after 0.11.0 on: they arrived
-# with PR #26811 (opened 2025-10-14, after 0.11.0 was cut on 2025-10-02). The simulator exports them
-# where the release it models registers them (the facts table).
-NIXL_METRICS_AFTER = (0, 11, 0)
 
 
 class MonitoringSpec(BaseModel):
@@ -57,9 +52,8 @@ class MonitoringSpec(BaseModel):
 
 
 def has_nixl_metrics(engine: str, version: str) -> bool:
-    """Whether the pools export vllm:nixl_* (vLLM after 0.11.0; the simulator as the release it models)."""
-    if engine == "sim":
-        rel = find_release(version, RELEASES)
-        return rel is not None and "vllm:nixl_xfer_time_seconds" in rel.metric_names()
-    parsed = parse_version(version)
-    return parsed is not None and parsed[:3] > NIXL_METRICS_AFTER
+    """Whether the pools export vllm:nixl_*: the pinned release registers them (the facts table; vLLM and
+    the simulator modelling it alike). An untabled pin is refused by the profile checks."""
+    del engine  # the simulator exports what the release it models registers
+    rel = find_release(version, RELEASES)
+    return rel is not None and "vllm:nixl_xfer_time_seconds" in rel.metric_names()

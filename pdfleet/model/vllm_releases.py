@@ -382,16 +382,10 @@ def version_key(version: str) -> tuple[int, ...]:
 
 
 def find_release(version: str, table: dict[str, Release]) -> Release | None:
-    """The facts for a pin: the exact release, else the newest tabled patch release of the same minor
-    not newer than the pin (patch releases keep their minor's interfaces), else None."""
-    if version in table:
-        return table[version]
-    try:
-        wanted = version_key(version)
-    except ValueError:
-        return None
-    same_minor = [v for v in table if version_key(v)[:2] == wanted[:2] and version_key(v) <= wanted]
-    return table[max(same_minor, key=version_key)] if same_minor else None
+    """The facts for a pin: the exact tabled release, else None. Never a neighbour: a patch release can
+    change what pdfleet renders and checks (0.11.2 honours chunked prefill off, binds one side-channel
+    port where 0.11.0 binds one per TP rank), so an untabled pin is refused, not guessed."""
+    return table.get(version)
 
 
 def _number(value: object, what: str) -> float:

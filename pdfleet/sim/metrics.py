@@ -205,6 +205,7 @@ class SimMetrics:
         # vllm:nixl_* are registered by NixlPromMetrics where the release has it (0.33; 0.11 logs only)
         self.pd = pd and "vllm:nixl_xfer_time_seconds" in release.metric_names()
         self.after_expiry = "vllm:nixl_num_notifications_after_expiry" in release.metric_names()
+        self.expiry = "vllm:nixl_num_kv_expired_reqs" in release.metric_names()  # 0.33 (not 0.11.1/0.11.2)
         self.ttft = Hist(TTFT_BUCKETS)
         self.itl = Hist(ITL_BUCKETS)
         self.tpot = Hist(ITL_BUCKETS)
@@ -324,11 +325,12 @@ class SimCollector(Collector):
                 "Number of failed NIXL KV Cache notifications.",
                 m.nixl_failed_notifications,
             )
-            yield self._counter(
-                "vllm:nixl_num_kv_expired_reqs",
-                "Number of requests that had their KV expire.",
-                m.nixl_expired,
-            )
+            if m.expiry:
+                yield self._counter(
+                    "vllm:nixl_num_kv_expired_reqs",
+                    "Number of requests that had their KV expire.",
+                    m.nixl_expired,
+                )
             if m.after_expiry:
                 yield self._counter(
                     "vllm:nixl_num_notifications_after_expiry",

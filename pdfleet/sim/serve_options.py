@@ -115,7 +115,7 @@ def release_of(argv: Sequence[str]) -> Release:
 
 
 def release_named(version: str) -> Release:
-    """The facts-table row a `--sim-vllm-version` names (an exact release or a patch of a tabled minor)."""
+    """The facts-table row a `--sim-vllm-version` names: the exact release (a patch is never its minor)."""
     rel = find_release(version, RELEASES)
     if rel is None:
         raise ValidationError(

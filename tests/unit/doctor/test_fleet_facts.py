@@ -13,6 +13,7 @@ from pdfleet.doctor.fleet_facts import (
     P2pMatrix,
     TcpConnect,
     connect_command,
+    connects_planned,
     facts_to_gather,
     parse_p2p,
     parse_unit,
@@ -61,6 +62,25 @@ def test_side_channel_ports_follow_the_release() -> None:
     rel = RELEASES[d.profile.vllm.version]
     targets = side_channel_targets(d.profile, d.topology, rel)
     assert [(i.host, p, what) for i, p, what in targets] == [("lab-p1", 5600, "NIXL side channel")]
+
+
+@pytest.mark.parametrize(("pin", "ports"), [("0.11.0", [5600, 5601]), ("0.11.2", [5600])])
+def test_a_patch_pin_probes_its_own_release_s_ports(pin: str, ports: list[int]) -> None:
+    """TP 2 on 0.11.0 binds one port per rank; 0.11.2 one listener (a 0.11.2 pin read as 0.11.0 would
+    probe a port nothing binds: a false alarm)."""
+    d = deployment("lab-cross")
+    prefill = d.profile.pools.prefill
+    assert prefill is not None
+    profile = d.profile.model_copy(
+        update={
+            "vllm": d.profile.vllm.model_copy(update={"version": pin}),
+            "pools": d.profile.pools.model_copy(
+                update={"prefill": prefill.model_copy(update={"tensor_parallel_size": 2})}
+            ),
+        }
+    )
+    planned = connects_planned(profile, d.topology)
+    assert [port for host in planned.values() for _, port, _, _ in host] == ports
 
 
 def _loopback(topology: Topology, port: int) -> Topology:

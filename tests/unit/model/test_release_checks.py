@@ -26,6 +26,14 @@ CASES: list[tuple[str, str, str, str | None, str, str]] = [
         "vLLM 0.11.0's NixlConnector fails at start with kv_buffer_device 'cpu' on CUDA (allowed: cuda;",
     ),
     (
+        "buffer_device_cpu_patch",  # a 0.11.2 pin is 0.11.2's row, not its minor's: NIXL takes cpu there
+        "kv_transfer: {buffer_device: cpu}\n",
+        "0.11.0",
+        "0.11.2",
+        "kv_transfer.buffer_device",
+        "vLLM 0.11.0's NixlConnector fails at start with kv_buffer_device 'cpu'",
+    ),
+    (
         "load_failure_policy",
         "kv_transfer: {load_failure_policy: recompute}\n",
         "0.11.0",
@@ -59,13 +67,29 @@ CASES: list[tuple[str, str, str, str | None, str, str]] = [
         "vLLM 0.11.0 forces chunked prefill on for generative models whatever the flag says",
     ),
     (
+        "chunked_prefill_off_patch",  # 0.11.1 and 0.11.2 honour false
+        "pools: {decode: {enable_chunked_prefill: false, max_num_batched_tokens: 32768}}\n",
+        "0.11.0",
+        "0.11.2",
+        "pools.decode.enable_chunked_prefill",
+        "vLLM 0.11.0 forces chunked prefill on",
+    ),
+    (
         "untabled_pin",
         "",
         "0.20.0",
         None,
         "vllm.version",
-        "pdfleet has no facts for vLLM 0.20.0 (it knows 0.11.0, 0.33.0); pin one of those, or derive the "
-        "table for it: python -m tools.vllm_facts 0.20.0 --write",
+        "pdfleet has no facts for vLLM 0.20.0 (it knows 0.11.0, 0.11.1, 0.11.2, 0.33.0); pin one of those, "
+        "or derive the table for it: python -m tools.vllm_facts 0.20.0 --write",
+    ),
+    (
+        "untabled_patch_pin",  # never its minor's row: refused by name
+        "",
+        "0.11.3",
+        None,
+        "vllm.version",
+        "pdfleet has no facts for vLLM 0.11.3 (it knows 0.11.0, 0.11.1, 0.11.2, 0.33.0)",
     ),
 ]
 
@@ -95,6 +119,8 @@ def test_same_host_tp2_on_old_release_gets_decode_ports_past_prefill_s(tmp_path:
     assert old.side_channel_port_for("decode") == 5602  # type: ignore[attr-defined]
     new = _load(tmp_path, TP2_SAME_HOST, "0.33.0")
     assert new.side_channel_port_for("decode") == 5601  # type: ignore[attr-defined]
+    patch = _load(tmp_path, TP2_SAME_HOST, "0.11.2")  # one listener at base + dp_rank, as 0.33
+    assert patch.side_channel_port_for("decode") == 5601  # type: ignore[attr-defined]
 
 
 def test_same_host_tp2_side_channel_ports_collide_with_a_pool_port(tmp_path: Path) -> None:

@@ -106,3 +106,17 @@ def test_request_chain_histograms() -> None:
         OLD.metric("vllm:request_queue_time_seconds").buckets
         == NEW.metric("vllm:request_queue_time_seconds").buckets
     )
+
+
+@pytest.mark.parametrize("version", ["0.11.1", "0.11.2"])
+def test_patch_releases_have_rows_of_their_own(version: str) -> None:
+    """0.11.1/0.11.2 differ from 0.11.0 where an operator sees it (issue 25, item 1): port 5600, a 480 s
+    hold, one side-channel listener per instance, six vllm:nixl_* metrics, chunked prefill off honoured,
+    cpu buffers on CUDA."""
+    patch = RELEASES[version]
+    assert patch.env_default("VLLM_NIXL_SIDE_CHANNEL_PORT") == 5600
+    assert patch.kv_hold_s() == ("timeout", 480.0)
+    assert patch.side_channel_ports(5600, tensor_parallel_size=2) == (5600,)
+    assert OLD.side_channel_ports(5600, tensor_parallel_size=2) == (5600, 5601)
+    assert len([m for m in patch.metric_names() if m.startswith("vllm:nixl_")]) == 6
+    assert not patch.chunked_prefill.forced_on and "cpu" in patch.buffer_devices_on("cuda")

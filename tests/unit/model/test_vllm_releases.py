@@ -68,7 +68,8 @@ def test_metric_lookups() -> None:
 def test_find_release_for_a_pin() -> None:
     table = {"0.11.0": OLD, "0.11.2": dataclasses.replace(OLD, version="0.11.2"), "0.33.0": NEW}
     assert find_release("0.33.0", table) is NEW
-    assert find_release("0.11.1", table) is OLD  # the newest tabled patch not newer than the pin
-    assert find_release("0.11.5", table).version == "0.11.2"  # type: ignore[union-attr]
+    assert find_release("0.11.2", table).version == "0.11.2"  # type: ignore[union-attr]
+    assert find_release("0.11.1", table) is None  # never its minor's row: a patch can change the rules
+    assert find_release("0.11.5", table) is None
     assert find_release("0.12.0", table) is None and find_release("latest", table) is None
     assert version_key("0.33.0") > version_key("0.9.2")

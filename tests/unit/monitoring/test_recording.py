@@ -85,7 +85,7 @@ def test_kv_transfer_is_recorded_only_where_the_release_exports_nixl_metrics() -
     cross = _profile("cross-rdma")
     keys = lambda p: {s.key for s in chain_steps(p, False)}  # noqa: E731
     assert "kv_transfer" not in keys(_with(cross, "vllm", "0.11.0"))  # NIXL metrics came after 0.11.0
-    assert "kv_transfer" in keys(_with(cross, "vllm", "0.12.0"))
+    assert "kv_transfer" in keys(_with(cross, "vllm", "0.11.2"))  # the release registers them
     assert "kv_transfer" in keys(_with(cross, "sim", "0.33.0"))  # the simulator exports them as 0.33 does
     assert "kv_transfer" not in keys(_with(cross, "sim", "0.11.0"))  # and not as 0.11 does
     assert "kv_transfer" not in keys(_with(_profile("colocated"), "sim", "0.33.0"))  # nothing to transfer

@@ -8,6 +8,7 @@ import pytest
 
 from pdfleet.errors import ValidationError
 from pdfleet.sim.config import describe, parse_serve_args
+from pdfleet.sim.metrics import SimMetrics
 from tests.unit.sim.helpers import MODEL, kv_config
 
 # What pdfleet.fleet.vllm_args.serve_argv renders for a lab decode instance with engine "sim".
@@ -212,6 +213,21 @@ def test_release_rules_of_kv_transfer_config_and_defaults() -> None:
     assert parse_serve_args([MODEL, *off, "--sim-vllm-version", "0.11.0"], env={}).enable_chunked_prefill
     with pytest.raises(ValidationError, match="--sim-vllm-version 0.20.0: the simulator models vLLM 0.11"):
         parse_serve_args([MODEL, "--sim-vllm-version", "0.20.0"], env={})
+
+
+def test_a_patch_pin_models_its_own_release_not_its_minor() -> None:
+    """--sim-vllm-version 0.11.2 is 0.11.2 (port 5600, 480 s hold, chunked prefill off honoured, nixl_*
+    metrics), not 0.11.0; an untabled patch is refused by name."""
+    plain = kv_config("kv_producer")
+    cfg = parse_serve_args([MODEL, "--sim-vllm-version", "0.11.2", "--kv-transfer-config", plain], env={})
+    assert (cfg.release.version, cfg.side_channel_port, cfg.abort_timeout_s) == ("0.11.2", 5600, 480.0)
+    off = ["--no-enable-chunked-prefill", "--max-model-len", "8192", "--sim-vllm-version", "0.11.2"]
+    assert not parse_serve_args([MODEL, *off], env={}).enable_chunked_prefill
+    assert SimMetrics(8192, pd=True, release=cfg.release).pd  # vllm:nixl_* exported
+    with pytest.raises(
+        ValidationError, match=r"--sim-vllm-version 0.11.3: the simulator models vLLM 0.11.0, 0.11.1"
+    ):
+        parse_serve_args([MODEL, "--sim-vllm-version", "0.11.3"], env={})
 
 
 def test_prefix_caching_is_on_unless_the_flag_turns_it_off() -> None:

@@ -63,8 +63,16 @@ def test_an_unambiguous_abbreviation_is_read_as_the_option() -> None:
     ("version", "argv", "note"),
     [
         # --swap-space is gone from 0.33's CacheConfig; --task from its ModelConfig
-        ("0.33.0", ["--swap-space", "4"], "vLLM 0.33.0 has no option --swap-space; vLLM 0.11.0 has it"),
-        ("0.33.0", ["--task", "generate"], "vLLM 0.33.0 has no option --task; vLLM 0.11.0 has it"),
+        (
+            "0.33.0",
+            ["--swap-space", "4"],
+            "vLLM 0.33.0 has no option --swap-space; vLLM 0.11.0, 0.11.1, 0.11.2 have it",
+        ),
+        (
+            "0.33.0",
+            ["--task", "generate"],
+            "vLLM 0.33.0 has no option --task; vLLM 0.11.0, 0.11.1, 0.11.2 have it",
+        ),
         # 0.33's EnableDisableAction adds --disable-x beside --enable-x; 0.11 has only --no-enable-x
         (
             "0.11.0",
