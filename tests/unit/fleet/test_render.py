@@ -23,6 +23,7 @@ from pdfleet.fleet.render import RenderedFile, Renderer, write_tree
 from pdfleet.gateway.keys import KeysFile
 from pdfleet.gateway.policy import parse_policy
 from pdfleet.model.yamlfile import parse_yaml
+from tests.unit.fleet import golden
 from tests.unit.fleet.helpers import REPO, deploy, profile_inventory_pairs
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
@@ -201,3 +202,18 @@ def test_every_rendered_file_reads_back_as_written(tmp_path: Path) -> None:
                 problems.append(f"{label}: {path.relative_to(out)}: {problem}")
     assert not problems, "\n".join(problems)
     assert {".service", ".env", ".list", ".yaml"} <= kinds, kinds
+
+
+def _without_model_labels(text: str) -> str:
+    """A Prometheus config with its targets' `model:` label lines taken out (issue 24 added them)."""
+    return "".join(line for line in text.splitlines(keepends=True) if not re.match(r"^ {6}model: \S+$", line))
+
+
+@pytest.mark.parametrize("profile", sorted(golden.PAIRS))
+def test_every_single_model_profile_renders_as_before_models_could_be_listed(profile: str) -> None:
+    before, now = golden.golden(profile), golden.rendered(profile)
+    assert sorted(now) == sorted(before), "the same files on the same hosts"
+    changed = [key for key in before if now[key] != before[key]]
+    # the one change allowed: vLLM and router scrape targets carry the model's name as a label
+    assert all(key.endswith("/etc/prometheus/prometheus.yml") for key in changed), changed
+    assert all(_without_model_labels(now[key]) == before[key] for key in changed), changed
