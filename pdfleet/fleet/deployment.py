@@ -82,7 +82,8 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
     inventory = load_inventory(request.inventory)
     check_against_inventory(profile, inventory)
     if request.stage is not None:
-        problem = stage_problem(profile, request.stage)
+        # the gateway's one policy carries the first model's stages until it holds a stage per model
+        problem = stage_problem(profile.served[0], request.stage)
         if problem:
             raise ValidationError(f"--stage: {problem}")
     hosts = tuple(inventory.limit(request.limit).hosts.values())

@@ -6,59 +6,67 @@ which file (the profile or an `extends:` base) set a key, so later errors point 
 
 from __future__ import annotations
 
-import difflib
-import posixpath
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    model_validator,
-)
+from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
 
 from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
-from pdfleet.model.connectors import MOONCAKE, NIXL, NIXL_SIDE_CHANNEL_PORT
 from pdfleet.model.limits import KeyLimits
 from pdfleet.model.monitoring import MonitoringSpec
 from pdfleet.model.rollout import RolloutSpec
+from pdfleet.model.served import (
+    DEFAULT_ROUTER_METRICS_PORT,
+    DEFAULT_ROUTER_PORT,
+    MODEL_KEYS,
+    ModelGateway,
+    ServedModel,
+    expand_models,
+    slug,
+)
+from pdfleet.model.specs import (
+    DEFAULT_KV_ROLES,
+    DEFAULT_ROUTER_POLICY,
+    MAX_GPU_MEMORY_UTILIZATION,
+    POOL_NAMES,
+    ROUTER_POLICIES,
+    HostPath,
+    KVTransferSpec,
+    ModelSpec,
+    Pools,
+    PoolSpec,
+    Port,
+    Positive,
+    RouterPolicy,
+    SloSpec,
+    StrictModel,
+    one_or_per_pool,
+)
 from pdfleet.model.stages import StageSpec
-from pdfleet.model.vllm_release_data import RELEASES
-from pdfleet.model.vllm_releases import find_release
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
-POOL_NAMES = ("prefill", "decode", "colocated")
-DEFAULT_KV_ROLES: dict[str, str | None] = {
-    "prefill": "kv_producer",
-    "decode": "kv_consumer",
-    "colocated": None,
-}
+# The per-model building blocks live in pdfleet.model.specs; these names stay importable from here.
+__all__ = [
+    "DEFAULT_KV_ROLES",
+    "DEFAULT_ROUTER_POLICY",
+    "MAX_GPU_MEMORY_UTILIZATION",
+    "POOL_NAMES",
+    "ROUTER_POLICIES",
+    "KVTransferSpec",
+    "ModelSpec",
+    "PoolSpec",
+    "Pools",
+    "Profile",
+    "ProfileError",
+    "RouterPolicy",
+    "ServedModel",
+    "SloSpec",
+]
+
 # Names the simulator's catalog knows, so a profile can only ask for a GPU or link it models.
 SIM_GPUS = tuple(catalog.GPUS)
 SIM_LINKS = tuple(catalog.LINKS)
-MAX_GPU_MEMORY_UTILIZATION = 0.98
-
-Port = Annotated[int, Field(ge=1, le=65535)]
-Positive = Annotated[int, Field(gt=0)]
-
-
-def _host_path(value: str) -> str:
-    """A path on the hosts must be absolute and normalised: `invoke render` writes it under --out, and
-    provision installs it, so `..`, `.`, `//` or a relative path could land anywhere."""
-    if not value.startswith("/") or value == "/" or "//" in value or posixpath.normpath(value) != value:
-        raise ValueError(
-            f"must be an absolute, normalised path like /etc/pdfleet/gateway/keys.yaml "
-            f"(no '..', '.', '//' or trailing '/') (got {value!r})"
-        )
-    return value
-
-
-HostPath = Annotated[str, AfterValidator(_host_path)]
 
 
 def _auto_or(kind: type) -> BeforeValidator:
@@ -77,23 +85,7 @@ def _auto_or(kind: type) -> BeforeValidator:
     return BeforeValidator(check)
 
 
-class _Model(BaseModel):
-    """Strict, immutable, no unknown keys: a typo in a profile is an error, never silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class ModelSpec(_Model):
-    """The model served: Hugging Face id, optional local path and tokenizer."""
-
-    id: str = Field(min_length=1)
-    path: str | None = None
-    tokenizer: str | None = None
-    served_model_name: str | None = None
-    max_model_len: Positive | None = None
-
-
-class SimSpec(_Model):
+class SimSpec(StrictModel):
     """Simulator settings used when `vllm.engine` is `sim` (the GPU and KV link it models)."""
 
     # Literals built from the catalog's names at import, so the schema and its errors list them; mypy
@@ -103,7 +95,7 @@ class SimSpec(_Model):
     time_scale: float = Field(default=1.0, gt=0)
 
 
-class VllmSpec(_Model):
+class VllmSpec(StrictModel):
     """The pinned vLLM release and which engine serves (`vllm`, or the GPU-less simulator `sim`)."""
 
     version: str
@@ -112,86 +104,7 @@ class VllmSpec(_Model):
     sim: SimSpec
 
 
-class KVTransferSpec(_Model):
-    """KV transfer between prefill and decode: the vLLM connector and its transport settings."""
-
-    connector: str = NIXL
-    buffer_device: Literal["cuda", "cpu"] = "cuda"
-    side_channel_host: str = "auto"  # auto: each host's inventory address (ansible_host)
-    side_channel_port: Port = NIXL_SIDE_CHANNEL_PORT
-    mooncake_bootstrap_port: Port = 8998
-    mooncake_protocol: Literal["rdma", "tcp"] = "rdma"
-    ucx_tls: str | None = None
-    load_failure_policy: Literal["recompute", "fail"] | None = None
-    extra_config: dict[str, Any] = Field(default_factory=dict)
-
-    def side_channel_port_for(self, pool: str) -> int | None:
-        """NIXL side-channel port of a pool's instance: prefill uses the base port, decode base+1.
-
-        A same-host host runs both instances, and vLLM needs a distinct VLLM_NIXL_SIDE_CHANNEL_PORT per
-        instance on a host; using base+1 for decode everywhere keeps one rule for every topology.
-        None for the colocated pool (no connector) and for connectors other than NixlConnector.
-        """
-        if self.connector != NIXL:
-            return None
-        return {"prefill": self.side_channel_port, "decode": self.side_channel_port + 1}.get(pool)
-
-    def bootstrap_port_for(self, pool: str) -> int | None:
-        """MooncakeConnector's bootstrap port (VLLM_MOONCAKE_BOOTSTRAP_PORT): prefill instances only."""
-        if self.connector == MOONCAKE and pool == "prefill":
-            return self.mooncake_bootstrap_port
-        return None
-
-
-class PoolSpec(_Model):
-    """One pool's vLLM instance per host: port, GPU indices on that host, and engine limits."""
-
-    port: Port
-    gpus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
-    tensor_parallel_size: Positive = 1
-    max_num_batched_tokens: Positive
-    gpu_memory_utilization: float = Field(gt=0, le=MAX_GPU_MEMORY_UTILIZATION)
-    enable_chunked_prefill: bool = True
-    max_num_seqs: Positive = 256
-    kv_cache_dtype: str = "auto"
-    max_model_len: Positive | None = None
-    kv_role: Literal["kv_producer", "kv_consumer", "kv_both"] | None = None
-    extra_args: list[str] = Field(default_factory=list)
-
-
-class Pools(_Model):
-    """The pools a topology runs; prefill/decode get their kv_role default here."""
-
-    prefill: PoolSpec | None = None
-    decode: PoolSpec | None = None
-    colocated: PoolSpec | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_kv_roles(cls, data: Any) -> Any:
-        """Fill kv_role from the pool name when absent, so the rendered role is always explicit."""
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        for pool, role in DEFAULT_KV_ROLES.items():
-            spec = data.get(pool)
-            if isinstance(spec, dict) and "kv_role" not in spec and role is not None:
-                data[pool] = {**spec, "kv_role": role}
-        return data
-
-    def get(self, pool: str) -> PoolSpec:
-        """The spec of a pool that is set (KeyError for an unknown or unset pool)."""
-        spec = getattr(self, pool, None) if pool in POOL_NAMES else None
-        if spec is None:
-            raise KeyError(f"pool {pool!r} is not set in this profile")
-        return spec
-
-    def items(self) -> list[tuple[str, PoolSpec]]:
-        """(pool name, spec) for each pool that is set, in prefill, decode, colocated order."""
-        return [(name, spec) for name in POOL_NAMES if (spec := getattr(self, name)) is not None]
-
-
-class GpuSpec(_Model):
+class GpuSpec(StrictModel):
     """NVIDIA driver pin and GPU host settings."""
 
     driver_branch: str = Field(pattern=r"^\d{3}$")
@@ -202,7 +115,7 @@ class GpuSpec(_Model):
     persistence: bool = True
 
 
-class RdmaSpec(_Model):
+class RdmaSpec(StrictModel):
     """RoCE v2 settings for KV transfer NICs."""
 
     enabled: bool
@@ -215,7 +128,7 @@ class RdmaSpec(_Model):
     min_bandwidth_gbps: float | None = Field(default=None, gt=0)
 
 
-class Mirrors(_Model):
+class Mirrors(StrictModel):
     """Package sources: public by default, local mirrors for air-gapped sites and the lab."""
 
     apt: str | None = None
@@ -225,52 +138,7 @@ class Mirrors(_Model):
     cuda_repo: str = "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
 
 
-# vllm-router 0.1.17's choices for --policy, --prefill-policy and --decode-policy (its launcher's list;
-# each starts and routes in P/D mode). `rendezvous_hash`, named in the router's docs, is not among them.
-ROUTER_POLICIES = (
-    "random",
-    "round_robin",
-    "cache_aware",
-    "kv_aware",
-    "power_of_two",
-    "consistent_hash",
-    "sticky_least_loaded",
-)
-# round_robin: a counter, no work per prompt; cache_aware (the router's default) walks a prefix tree over
-# every prompt's text, which costs long prompts TTFT (bench/router_policy.py measures each policy).
-DEFAULT_ROUTER_POLICY = "round_robin"
-
-
-def _router_policy_name(value: Any) -> Any:
-    """A policy name vllm-router accepts in P/D mode, else an error naming the choices (and a near miss)."""
-    if isinstance(value, str) and value in ROUTER_POLICIES:
-        return value
-    near = difflib.get_close_matches(str(value).lower().replace("-", "_"), ROUTER_POLICIES, n=1)
-    hint = f"; did you mean {near[0]}?" if near else ""
-    raise ValueError(
-        f"not a policy vllm-router 0.1.17 accepts in P/D mode{hint} (got {value!r}); "
-        f"one of: {', '.join(ROUTER_POLICIES)}"
-    )
-
-
-class RouterPolicy(_Model):
-    """vllm-router's worker selection in P/D mode, per pool (its --prefill-policy and --decode-policy)."""
-
-    prefill: Annotated[str, BeforeValidator(_router_policy_name)] = DEFAULT_ROUTER_POLICY
-    decode: Annotated[str, BeforeValidator(_router_policy_name)] = DEFAULT_ROUTER_POLICY
-
-
-def _one_or_per_pool(value: Any) -> Any:
-    """`router_policy: NAME` sets both pools; `{prefill: NAME, decode: NAME}` each (unset: the default)."""
-    if isinstance(value, str):
-        name = _router_policy_name(value)
-        return {"prefill": name, "decode": name}
-    if isinstance(value, dict | RouterPolicy):
-        return value
-    raise ValueError(f"must be a policy name (both pools) or {{prefill: NAME, decode: NAME}} (got {value!r})")
-
-
-class GatewayLimits(_Model):
+class GatewayLimits(StrictModel):
     """Per-key limits the gateway's policy gets (`limits:`): a default for every key, overrides for the
     two keys provision makes (`client`, `admin`), and a prompt-token cap on the model alias."""
 
@@ -279,11 +147,11 @@ class GatewayLimits(_Model):
     model_max_prompt_tokens: Positive | None = None
 
 
-class GatewaySpec(_Model):
+class GatewaySpec(StrictModel):
     """The OpenAI-compatible gateway: ports, keys, long-prompt threshold and rollout stages."""
 
     port: Port = 8080
-    router_port: Port = 8090
+    router_port: Port = DEFAULT_ROUTER_PORT
     admin_port: Port | None = None
     keys_file: HostPath = "/etc/pdfleet/gateway/keys.yaml"
     long_prompt_tokens: Positive = 8192
@@ -293,8 +161,8 @@ class GatewaySpec(_Model):
     model_alias: str | None = None
     policy_version: Positive = 1  # bump to mark a policy change; the gateway reports it as a metric
     router_version: str = "0.1.17"  # PyPI vllm-router, the P/D router the gateway fronts
-    router_prometheus_port: Port = 29000
-    router_policy: Annotated[RouterPolicy, BeforeValidator(_one_or_per_pool)] = Field(
+    router_prometheus_port: Port = DEFAULT_ROUTER_METRICS_PORT
+    router_policy: Annotated[RouterPolicy, BeforeValidator(one_or_per_pool)] = Field(
         default_factory=RouterPolicy
     )
     # On the control machine: the plaintext client and admin keys (0600, generated when missing).
@@ -304,35 +172,7 @@ class GatewaySpec(_Model):
     limits: GatewayLimits = Field(default_factory=GatewayLimits)  # all off unless set
 
 
-class SloSpec(_Model):
-    """P99 targets the rollout gates on; bench's per-request goodput bounds, verdict bounds and stall gap."""
-
-    ttft_p99_ms: float = Field(gt=0)
-    tpot_p99_ms: float = Field(gt=0)
-    itl_p99_ms: float = Field(gt=0)
-    kv_transfer_p99_ms: float = Field(gt=0)
-    # `invoke bench`: the verdict compares each pool's TTFT/TPOT P95 with these (unset: the P99 target)
-    ttft_p95_ms: float | None = Field(default=None, gt=0)
-    tpot_p95_ms: float | None = Field(default=None, gt=0)
-    # ... and splitting pays only when both queues' P95 (vllm:request_queue_time_seconds) exceed these;
-    # that histogram's first bucket ends at 0.3 s, so a bound below 300 ms cannot be judged from it
-    prefill_queue_p95_ms: float = Field(default=500.0, gt=0)
-    decode_queue_p95_ms: float = Field(default=500.0, gt=0)
-    stall_ms: float = Field(default=500.0, gt=0)  # an inter-token gap this long: "the typewriter stopped"
-    attainment_pct: float = Field(default=90.0, gt=0, le=100)  # --sweep: share of good requests (DistServe)
-
-    @property
-    def ttft_bound_ms(self) -> float:
-        """The TTFT P95 bound of bench's verdict."""
-        return self.ttft_p95_ms if self.ttft_p95_ms is not None else self.ttft_p99_ms
-
-    @property
-    def tpot_bound_ms(self) -> float:
-        """The TPOT P95 bound of bench's verdict."""
-        return self.tpot_p95_ms if self.tpot_p95_ms is not None else self.tpot_p99_ms
-
-
-class Profile(_Model):
+class Profile(StrictModel):
     """A validated topology profile (see the module docstring for files, extends and errors)."""
 
     name: str
@@ -351,33 +191,88 @@ class Profile(_Model):
     slo: SloSpec
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    # several models (issue 24): each entry overrides per-model keys and inherits the rest from above
+    models: list[ServedModel] | None = Field(default=None, min_length=1)
     # key path -> file that set it (this file or a base), so later errors point at the file to edit
     _origins: dict[tuple[str, ...], Path] = PrivateAttr(default_factory=dict)
+    _served: tuple[ServedModel, ...] = PrivateAttr(default=())
 
     def origin_of(self, dotted: str) -> Path:
         """The profile file (itself or an `extends:` base) that set a key path, e.g. `pools.decode.gpus`."""
         return origin_of(dotted, self.source, self._origins)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_models(cls, data: Any) -> Any:
+        """Each `models:` entry merged over the per-model keys it inherits (pdfleet.model.served)."""
+        return expand_models(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _served_models(self) -> Profile:
+        """The served models, worked out once; each listed one learns its place, so its errors name
+        `models[i].key.path`."""
+        for index, spec in enumerate(self.models or ()):
+            spec._index = index
+        self._served = tuple(self.models) if self.models else (self._single(),)
+        return self
+
+    @property
+    def served(self) -> tuple[ServedModel, ...]:
+        """The models this profile serves, in order: its `models:` list, or its top level as one model."""
+        return self._served
+
+    def _single(self) -> ServedModel:
+        """The top level as one model: named after its alias (else its id), answering to that alias."""
+        gw = self.gateway
+        alias = gw.model_alias or self.model.id
+        gateway = ModelGateway.model_validate(
+            {key: getattr(gw, key) for key in ModelGateway.model_fields if key != "limits"}
+            | {"limits": {"model_max_prompt_tokens": gw.limits.model_max_prompt_tokens}}
+        )
+        return ServedModel(
+            name=slug(alias),
+            model=self.model,
+            aliases=[alias],
+            topology=self.topology,
+            pools=self.pools,
+            kv_transfer=self.kv_transfer,
+            slo=self.slo,
+            rollout=self.rollout,
+            gateway=gateway,
+        )
+
+    def served_model(self, name: str | None = None) -> ServedModel:
+        """A served model by name; without one, the only model (ValidationError naming the choices)."""
+        served = self.served
+        if name is None and len(served) == 1:
+            return served[0]
+        found = next((spec for spec in served if spec.name == name), None)
+        if found is None:
+            names = ", ".join(spec.name for spec in served)
+            what = "several models; name one" if name is None else f"no model {name!r}"
+            raise ValidationError(f"{self.source}: {what} (--model): {names}")
+        return found
+
+    def for_model(self, spec: ServedModel) -> Profile:
+        """This profile as if it served `spec` alone (its per-model keys at the top level), for readers
+        written against one model (release checks, bench, doctor); `served` is that model."""
+        gw = self.gateway
+        model_gw = spec.gateway.model_dump(exclude={"limits"})
+        limits = gw.limits.model_copy(update=spec.gateway.limits.model_dump())
+        gateway = gw.model_copy(update={**model_gw, "model_alias": spec.aliases[0], "limits": limits})
+        update = {key: getattr(spec, key) for key in MODEL_KEYS}
+        view = self.model_copy(update={**update, "gateway": gateway, "models": None})
+        view._served = (spec,)
+        return view
+
     @property
     def disaggregated(self) -> bool:
-        """True for same-host and cross-host (prefill/decode pools joined by a KV connector)."""
-        return self.topology != "colocated"
+        """True when any model it serves runs prefill/decode pools joined by a KV connector."""
+        return any(spec.disaggregated for spec in self.served)
 
     def side_channel_port_for(self, pool: str) -> int | None:
-        """See KVTransferSpec.side_channel_port_for; None for every pool of a colocated profile.
-
-        vLLM 0.11 binds one port per TP rank (base .. base+tp-1), so the decode instance starts past
-        the prefill instance's last port: a same-host pair with TP >= 2 would collide on base+1.
-        """
-        if not self.disaggregated:
-            return None
-        port = self.kv_transfer.side_channel_port_for(pool)
-        rel = find_release(self.vllm.version, RELEASES)
-        prefill = self.pools.prefill
-        if pool == "decode" and port is not None and rel is not None and prefill is not None:
-            base = self.kv_transfer.side_channel_port
-            return base + len(rel.side_channel_ports(base, prefill.tensor_parallel_size))
-        return port
+        """The first model's NIXL side-channel port of a pool (ServedModel.side_channel_port_for)."""
+        return self.served[0].side_channel_port_for(pool, self.vllm.version)
 
 
 class ProfileError(ValidationError):

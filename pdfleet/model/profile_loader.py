@@ -16,7 +16,8 @@ from typing import Any
 from pydantic import ValidationError as PydanticValidationError
 
 from pdfleet.errors import ValidationError
-from pdfleet.model.checks import problems_error, profile_problems
+from pdfleet.model.checks import profile_problems
+from pdfleet.model.problems import problems_error
 from pdfleet.model.profile import Origins, Profile, ProfileError, origin_of
 from pdfleet.model.schema_errors import schema_problems
 from pdfleet.model.yamlfile import read_yaml

@@ -337,10 +337,13 @@ def _default_ports() -> set[int]:
 
     import pdfleet.model.monitoring
     import pdfleet.model.profile
+    import pdfleet.model.served
+    import pdfleet.model.specs
     from pdfleet.model.profile_loader import list_profiles, load_profile
 
     ports: set[int] = set()
-    for module in (pdfleet.model.profile, pdfleet.model.monitoring):
+    modules = (pdfleet.model.profile, pdfleet.model.specs, pdfleet.model.served, pdfleet.model.monitoring)
+    for module in modules:
         for value in vars(module).values():
             if isinstance(value, type) and issubclass(value, BaseModel):
                 for name, info in value.model_fields.items():
@@ -348,8 +351,10 @@ def _default_ports() -> set[int]:
                         ports.add(info.default)
     for name in list_profiles(REPO / "profiles"):
         profile = load_profile(name, REPO / "profiles")
-        ports |= {spec.port for _, spec in profile.pools.items()}
-        ports |= {profile.gateway.port, profile.gateway.router_port, profile.monitoring.port}
+        for served in profile.served:
+            ports |= {spec.port for _, spec in served.pools.items()}
+            ports |= {served.gateway.router_port, served.gateway.router_prometheus_port}
+        ports |= {profile.gateway.port, profile.monitoring.port}
     return ports
 
 

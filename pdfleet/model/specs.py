@@ -1,0 +1,210 @@
+"""The per-model building blocks of a profile: the model, its pools, KV transfer, router policy and SLOs.
+
+Strict, immutable pydantic models (unknown keys are errors). A profile's top level and each entry of its
+`models:` list are made of these (pdfleet.model.served); the rest of the schema is pdfleet.model.profile.
+"""
+
+from __future__ import annotations
+
+import difflib
+import posixpath
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from pdfleet.model.connectors import MOONCAKE, NIXL, NIXL_SIDE_CHANNEL_PORT
+
+POOL_NAMES = ("prefill", "decode", "colocated")
+DEFAULT_KV_ROLES: dict[str, str | None] = {
+    "prefill": "kv_producer",
+    "decode": "kv_consumer",
+    "colocated": None,
+}
+
+MAX_GPU_MEMORY_UTILIZATION = 0.98
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+Positive = Annotated[int, Field(gt=0)]
+
+
+def _host_path(value: str) -> str:
+    """A path on the hosts must be absolute and normalised: `invoke render` writes it under --out, and
+    provision installs it, so `..`, `.`, `//` or a relative path could land anywhere."""
+    if not value.startswith("/") or value == "/" or "//" in value or posixpath.normpath(value) != value:
+        raise ValueError(
+            f"must be an absolute, normalised path like /etc/pdfleet/gateway/keys.yaml "
+            f"(no '..', '.', '//' or trailing '/') (got {value!r})"
+        )
+    return value
+
+
+HostPath = Annotated[str, AfterValidator(_host_path)]
+
+
+class StrictModel(BaseModel):
+    """Strict, immutable, no unknown keys: a typo in a profile is an error, never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ModelSpec(StrictModel):
+    """The model served: Hugging Face id, optional local path and tokenizer."""
+
+    id: str = Field(min_length=1)
+    path: str | None = None
+    tokenizer: str | None = None
+    served_model_name: str | None = None
+    max_model_len: Positive | None = None
+    revision: str | None = Field(default=None, min_length=1)  # vLLM's --revision: a branch, tag or commit
+
+
+class KVTransferSpec(StrictModel):
+    """KV transfer between prefill and decode: the vLLM connector and its transport settings."""
+
+    connector: str = NIXL
+    buffer_device: Literal["cuda", "cpu"] = "cuda"
+    side_channel_host: str = "auto"  # auto: each host's inventory address (ansible_host)
+    side_channel_port: Port = NIXL_SIDE_CHANNEL_PORT
+    mooncake_bootstrap_port: Port = 8998
+    mooncake_protocol: Literal["rdma", "tcp"] = "rdma"
+    ucx_tls: str | None = None
+    load_failure_policy: Literal["recompute", "fail"] | None = None
+    extra_config: dict[str, Any] = Field(default_factory=dict)
+
+    def side_channel_port_for(self, pool: str) -> int | None:
+        """NIXL side-channel port of a pool's instance: prefill uses the base port, decode base+1.
+
+        A same-host host runs both instances, and vLLM needs a distinct VLLM_NIXL_SIDE_CHANNEL_PORT per
+        instance on a host; using base+1 for decode everywhere keeps one rule for every topology.
+        None for the colocated pool (no connector) and for connectors other than NixlConnector.
+        """
+        if self.connector != NIXL:
+            return None
+        return {"prefill": self.side_channel_port, "decode": self.side_channel_port + 1}.get(pool)
+
+    def bootstrap_port_for(self, pool: str) -> int | None:
+        """MooncakeConnector's bootstrap port (VLLM_MOONCAKE_BOOTSTRAP_PORT): prefill instances only."""
+        if self.connector == MOONCAKE and pool == "prefill":
+            return self.mooncake_bootstrap_port
+        return None
+
+
+class PoolSpec(StrictModel):
+    """One pool's vLLM instance per host: port, GPU indices on that host, and engine limits."""
+
+    port: Port
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    tensor_parallel_size: Positive = 1
+    max_num_batched_tokens: Positive
+    gpu_memory_utilization: float = Field(gt=0, le=MAX_GPU_MEMORY_UTILIZATION)
+    enable_chunked_prefill: bool = True
+    max_num_seqs: Positive = 256
+    kv_cache_dtype: str = "auto"
+    max_model_len: Positive | None = None
+    kv_role: Literal["kv_producer", "kv_consumer", "kv_both"] | None = None
+    extra_args: list[str] = Field(default_factory=list)
+    # inventory host or group names the pool runs on (unset: the inventory group named after the pool)
+    hosts: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
+
+
+class Pools(StrictModel):
+    """The pools a topology runs; prefill/decode get their kv_role default here."""
+
+    prefill: PoolSpec | None = None
+    decode: PoolSpec | None = None
+    colocated: PoolSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_kv_roles(cls, data: Any) -> Any:
+        """Fill kv_role from the pool name when absent, so the rendered role is always explicit."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for pool, role in DEFAULT_KV_ROLES.items():
+            spec = data.get(pool)
+            if isinstance(spec, dict) and "kv_role" not in spec and role is not None:
+                data[pool] = {**spec, "kv_role": role}
+        return data
+
+    def get(self, pool: str) -> PoolSpec:
+        """The spec of a pool that is set (KeyError for an unknown or unset pool)."""
+        spec = getattr(self, pool, None) if pool in POOL_NAMES else None
+        if spec is None:
+            raise KeyError(f"pool {pool!r} is not set in this profile")
+        return spec
+
+    def items(self) -> list[tuple[str, PoolSpec]]:
+        """(pool name, spec) for each pool that is set, in prefill, decode, colocated order."""
+        return [(name, spec) for name in POOL_NAMES if (spec := getattr(self, name)) is not None]
+
+
+ROUTER_POLICIES = (
+    "random",
+    "round_robin",
+    "cache_aware",
+    "kv_aware",
+    "power_of_two",
+    "consistent_hash",
+    "sticky_least_loaded",
+)
+# round_robin: a counter, no work per prompt; cache_aware (the router's default) walks a prefix tree over
+# every prompt's text, which costs long prompts TTFT (bench/router_policy.py measures each policy).
+DEFAULT_ROUTER_POLICY = "round_robin"
+
+
+def _router_policy_name(value: Any) -> Any:
+    """A policy name vllm-router accepts in P/D mode, else an error naming the choices (and a near miss)."""
+    if isinstance(value, str) and value in ROUTER_POLICIES:
+        return value
+    near = difflib.get_close_matches(str(value).lower().replace("-", "_"), ROUTER_POLICIES, n=1)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    raise ValueError(
+        f"not a policy vllm-router 0.1.17 accepts in P/D mode{hint} (got {value!r}); "
+        f"one of: {', '.join(ROUTER_POLICIES)}"
+    )
+
+
+class RouterPolicy(StrictModel):
+    """vllm-router's worker selection in P/D mode, per pool (its --prefill-policy and --decode-policy)."""
+
+    prefill: Annotated[str, BeforeValidator(_router_policy_name)] = DEFAULT_ROUTER_POLICY
+    decode: Annotated[str, BeforeValidator(_router_policy_name)] = DEFAULT_ROUTER_POLICY
+
+
+def one_or_per_pool(value: Any) -> Any:
+    """`router_policy: NAME` sets both pools; `{prefill: NAME, decode: NAME}` each (unset: the default)."""
+    if isinstance(value, str):
+        name = _router_policy_name(value)
+        return {"prefill": name, "decode": name}
+    if isinstance(value, dict | RouterPolicy):
+        return value
+    raise ValueError(f"must be a policy name (both pools) or {{prefill: NAME, decode: NAME}} (got {value!r})")
+
+
+class SloSpec(StrictModel):
+    """P99 targets the rollout gates on; bench's per-request goodput bounds, verdict bounds and stall gap."""
+
+    ttft_p99_ms: float = Field(gt=0)
+    tpot_p99_ms: float = Field(gt=0)
+    itl_p99_ms: float = Field(gt=0)
+    kv_transfer_p99_ms: float = Field(gt=0)
+    # `invoke bench`: the verdict compares each pool's TTFT/TPOT P95 with these (unset: the P99 target)
+    ttft_p95_ms: float | None = Field(default=None, gt=0)
+    tpot_p95_ms: float | None = Field(default=None, gt=0)
+    # ... and splitting pays only when both queues' P95 (vllm:request_queue_time_seconds) exceed these;
+    # that histogram's first bucket ends at 0.3 s, so a bound below 300 ms cannot be judged from it
+    prefill_queue_p95_ms: float = Field(default=500.0, gt=0)
+    decode_queue_p95_ms: float = Field(default=500.0, gt=0)
+    stall_ms: float = Field(default=500.0, gt=0)  # an inter-token gap this long: "the typewriter stopped"
+    attainment_pct: float = Field(default=90.0, gt=0, le=100)  # --sweep: share of good requests (DistServe)
+
+    @property
+    def ttft_bound_ms(self) -> float:
+        """The TTFT P95 bound of bench's verdict."""
+        return self.ttft_p95_ms if self.ttft_p95_ms is not None else self.ttft_p99_ms
+
+    @property
+    def tpot_bound_ms(self) -> float:
+        """The TPOT P95 bound of bench's verdict."""
+        return self.tpot_p95_ms if self.tpot_p95_ms is not None else self.tpot_p99_ms
