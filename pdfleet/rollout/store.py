@@ -1,6 +1,10 @@
 """The controller's live state on disk: `state.json` (replaced atomically: temp file + rename) and
-`history.jsonl` (the audit log: every transition and measurement, one JSON object a line), under one
-lock, so the controller's tick and an operator's command never interleave."""
+`history.jsonl` (the audit log: every transition, measurement and gateway write, one JSON object a
+line), under one lock held only to read, decide and write the state (never across a network call), so
+an operator's command waits milliseconds, not for Prometheus or a gateway.
+
+A state file that cannot be read (not UTF-8, a directory, not a state) is one line naming the file and
+what to do; a torn line of the audit log (a write cut by a kill) is reported as such, never a traceback."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from pdfleet.rollout.machine import Event, RolloutState
 STATE = "state.json"
 HISTORY = "history.jsonl"
 LOCK = "lock"
+MOVE_AWAY = "move it away to start over from the gateways' policy"
 
 
 class Store:
@@ -59,12 +64,17 @@ class Store:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return None
+        except UnicodeDecodeError:
+            raise ValidationError(f"{path}: not a rollout state (not UTF-8 text); {MOVE_AWAY}") from None
+        except OSError as exc:
+            raise ValidationError(
+                f"{path}: cannot read the rollout state: {exc.strerror}; {MOVE_AWAY}"
+            ) from None
         try:
             return RolloutState.model_validate_json(text)
         except PydanticValidationError as exc:
             raise ValidationError(
-                f"{path}: not a rollout state ({exc.error_count()} problems); "
-                "move it away to start over from the gateways' policy"
+                f"{path}: not a rollout state ({exc.error_count()} problems); {MOVE_AWAY}"
             ) from None
 
     def save(self, state: RolloutState) -> None:
@@ -87,15 +97,40 @@ class Store:
         if not events:
             return
         path = self.directory / HISTORY
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as out:
-            out.write("".join(json.dumps(e, sort_keys=True) + "\n" for e in events))
+        text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in events)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise ValidationError(f"{path}: cannot write the audit log: {exc.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":  # a line torn by a kill: end it first
+                text = "\n" + text
+            os.write(fd, text.encode("utf-8"))  # one append: lines of concurrent writers never mix
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def history(self, last: int = 0) -> list[dict[str, Any]]:
-        """The audit log's events (the last `last` of them when > 0)."""
+        """The audit log's events (the last `last` of them when > 0); a line that is not an event (torn
+        by a kill mid-write, or not UTF-8) is an `unreadable` event naming its line, so nothing is hidden."""
+        path = self.directory / HISTORY
         try:
-            lines = (self.directory / HISTORY).read_text(encoding="utf-8").splitlines()
+            raw = path.read_bytes()
         except FileNotFoundError:
             return []
-        events = [json.loads(line) for line in lines if line.strip()]
+        except OSError as exc:
+            raise ValidationError(f"{path}: cannot read the audit log: {exc.strerror}") from None
+        events = [_event(line, n) for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
         return events[-last:] if last > 0 else events
+
+
+def _event(line: bytes, number: int) -> dict[str, Any]:
+    """One audit log line as an event."""
+    try:
+        event = json.loads(line.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError is a ValueError too
+        event = None
+    if isinstance(event, dict) and "event" in event:
+        return event
+    return {"event": "unreadable", "line": number, "reason": "not a JSON event (a write cut short?)"}

@@ -55,3 +55,33 @@ def test_a_corrupt_state_file_says_what_to_do(tmp_path: Path) -> None:
     (tmp_path / "state.json").write_text('{"phase": "flying"}')
     with pytest.raises(ValidationError, match="not a rollout state.*move it away"):
         Store(tmp_path).load()
+
+
+@pytest.mark.parametrize("kind", ["latin-1", "directory"])
+def test_an_unreadable_state_file_is_one_line_naming_it(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "state.json"
+    if kind == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(b'{"phase": "id\xe9le"}')
+    with pytest.raises(ValidationError) as err:
+        Store(tmp_path).load()
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and "move it away" in message and "\n" not in message
+
+
+def test_a_torn_audit_line_is_reported_and_the_next_event_starts_on_its_own_line(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.record([{"at": 1.0, "event": "write", "gateway": "gw0"}])
+    with open(tmp_path / "history.jsonl", "ab") as out:
+        out.write(b'{"at": 2.0, "event": "wro\xff')  # the controller killed mid-line
+    store.record([{"at": 3.0, "event": "resuming"}])
+    events = store.history()
+    assert [e["event"] for e in events] == ["write", "unreadable", "resuming"]
+    assert events[1]["line"] == 2
+    (tmp_path / "history.jsonl").unlink()
+    (tmp_path / "history.jsonl").mkdir()
+    with pytest.raises(ValidationError, match="history.jsonl: cannot write the audit log"):
+        store.record([{"at": 4.0, "event": "x"}])
+    with pytest.raises(ValidationError, match="history.jsonl: cannot read the audit log"):
+        store.history()
