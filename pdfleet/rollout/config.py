@@ -46,6 +46,8 @@ class ControllerConfig(BaseModel):
     state_dir: str = str(STATE_DIR)
     kv_transfer_metrics: bool = True  # the pools export vllm:nixl_xfer_time_seconds
     gateway_timeout_s: float = Field(2.0, gt=0, le=30)
+    # a tick's whole measurement; past it every gate is a metrics error (a hung Prometheus is blindness)
+    measure_timeout_s: float = Field(5.0, gt=0, le=60)
 
 
 def load_config(path: Path) -> ControllerConfig:

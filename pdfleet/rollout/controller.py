@@ -1,11 +1,17 @@
-"""`pdfleet-rollout run`: the controller's loop. Each tick, under the state lock: ask every gateway which
-policy it runs, measure the gates through the metrics source, advance the state machine, apply the
-policy the state asks for to every gateway, and record what happened.
+"""`pdfleet-rollout run`: the controller's loop. Each tick: ask every gateway which policy it runs and
+measure the gates (both without the state lock, so an operator's command never waits for a gateway or
+Prometheus), then, under the lock, advance the state machine on the freshly read state and save it,
+then bring every gateway to the saved version and confirm.
+
+Every transition is written ahead: the new version is saved (the intent) before any gateway is
+written, each gateway write is recorded before and after it is sent, and the version counts as applied
+only once every gateway reports it. A controller killed at any point finds on restart a state whose
+version is at or above every version it wrote, and resumes: gateways behind are brought up to it.
 
 A gateway that cannot be reached (or runs a policy the controller did not write) halts the rollout:
 no step is applied until every gateway reports the same version again (no split brain). With no
 rollout active, a higher version on every gateway (`invoke provision --stage S`) is adopted as the
-stable stage.
+stable stage. An abort is acted on within a poll interval whatever the metrics source does.
 """
 
 from __future__ import annotations
@@ -15,14 +21,15 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from pdfleet.errors import PdfleetError
 from pdfleet.metrics.source import MetricsSource
 from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.config import ControllerConfig
 from pdfleet.rollout.gates import GateResult, evaluate_gate
-from pdfleet.rollout.gateways import GatewayClient, GatewayError, GatewayReport
+from pdfleet.rollout.gateways import GatewayClient, GatewayReport
 from pdfleet.rollout.machine import (
     ACTIVE,
     Event,
@@ -31,11 +38,16 @@ from pdfleet.rollout.machine import (
     advance,
     gated_classes,
     initial_state,
+    mismatch,
+    on_mismatch,
 )
 from pdfleet.rollout.measure import observe
+from pdfleet.rollout.reconcile import blind_results, confirm, may_write, reconcile_reports, resuming
 from pdfleet.rollout.store import Store
 
 log = logging.getLogger("pdfleet.rollout")
+
+POLL_S = 0.1  # how often a waiting controller looks for an abort in the state file
 
 
 @dataclass
@@ -47,33 +59,68 @@ class Controller:
     gateways: GatewayClient
     store: Store
     clock: Callable[[], float] = time.time
+    _started: bool = field(default=False, init=False)
+    _inflight: threading.Thread | None = field(default=None, init=False)
+    _last_error: str = field(default="", init=False)
 
     # ---- the loop --------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Tick every `rollout.interval_s` until `stop` is set; a failing tick is logged, never fatal."""
+        """Tick every `rollout.interval_s` until `stop` is set (at once on an abort); a failing tick is
+        logged (an operator's error in one line, once while it lasts), never fatal."""
         interval = self.config.rollout.interval_s
         while not stop.is_set():
             started = time.monotonic()
             try:
                 self.tick()
+                self._last_error = ""
+            except (PdfleetError, OSError) as exc:
+                message = str(exc).replace("\n", "; ")
+                if message != self._last_error:
+                    log.error("rollout tick failed: %s", message)
+                self._last_error = message
             except Exception:  # the controller keeps going: the next tick starts from the saved state
                 log.exception("rollout tick failed")
-            stop.wait(max(0.0, interval - (time.monotonic() - started)))
+            self._wait(stop, interval - (time.monotonic() - started))
+
+    def _wait(self, stop: threading.Event, seconds: float) -> None:
+        """Sleep until the next tick, or less: until stopped or an abort waits to be acted on."""
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and time.monotonic() < deadline:
+            if self._abort_pending():
+                return
+            stop.wait(min(POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def _abort_pending(self) -> bool:
+        """An abort the operator asked for and no tick has acted on yet (read without the lock: the
+        state file is replaced in one rename)."""
+        try:
+            state = self.store.load()
+        except PdfleetError:
+            return False
+        return state is not None and state.abort and state.phase in ACTIVE
 
     def tick(self) -> RolloutState:
-        """One reconcile step, saved and recorded."""
+        """One reconcile step: observe (unlocked), decide and save (locked), write the gateways."""
         with self.store.locked():
-            state = self.store.load()
-            reports, problem = self._reports()
-            if state is None:
-                state = self._initial(reports)
-            state, events = self._reconcile(state, reports, problem)
-            self.store.save(state)
+            seen = self.store.load()
+        reports, problem = self._reports()
+        if seen is None:
+            seen = self._initial(reports)
+        if not self._started and problem is None:
+            self._started = True
+            self._record(resuming(seen, reports, self.clock()))
+        measured = self._measured(seen)
+        with self.store.locked():
+            state = self.store.load() or seen
+            if not _same_rollout(state, seen):  # the operator submitted meanwhile: measured for another
+                measured = Tick(measured.now)
+            state, events = self._reconcile(state, reports, problem, measured)
+            self.store.save(state)  # the intent: saved before any gateway is written
             self.store.record(events)
-        for event in events:
-            if event.get("event") != "measurement":
-                log.info("%s", _describe(event))
+        self._log(events)
+        if may_write(state, reports, problem):
+            state = self._apply(state, reports)
         return state
 
     # ---- pieces ----------------------------------------------------------------------------
@@ -84,7 +131,7 @@ class Controller:
         for target in self.config.gateways:
             try:
                 reports.append(self.gateways.report(target))
-            except GatewayError as exc:
+            except PdfleetError as exc:
                 return reports, str(exc)
         return reports, None
 
@@ -98,80 +145,64 @@ class Controller:
         stage = self.config.initial_stage
         return initial_state(stage, self.config.stages[stage], 1)
 
-    def _reconcile(
-        self, state: RolloutState, reports: list[GatewayReport], problem: str | None
-    ) -> tuple[RolloutState, list[Event]]:
+    def _measured(self, state: RolloutState) -> Tick:
+        """The gates measured for this tick, in a thread bounded by `measure_timeout_s`, given up at
+        once when an abort arrives (it needs no measurement). A source that does not answer in time
+        is a metrics error on every gate (the rollout is blind), never a wait holding anything."""
         now = self.clock()
-        events: list[Event] = []
-        if problem is not None:
-            if state.phase in ACTIVE and state.phase != "halted":
-                state = state.model_copy(update={"phase": "halted", "reason": f"halted: {problem}"})
-                events.append({"at": now, "event": "halted", "reason": problem})
+        if (
+            state.phase not in ACTIVE
+            or state.abort
+            or mismatch(state, self.config.rollout, self.config.stages)
+        ):
+            return Tick(now)
+        if self._inflight is not None and self._inflight.is_alive():
+            return Tick(now, self._blind(state, "the previous measurement has not returned"))
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["got"] = self.measure(state)
+            except Exception as exc:  # a failing source is a measurement error, not a dead controller
+                box["error"] = str(exc) or type(exc).__name__
+
+        self._inflight = threading.Thread(target=work, name="rollout-measure", daemon=True)
+        self._inflight.start()
+        deadline = time.monotonic() + self.config.measure_timeout_s
+        while self._inflight.is_alive():
+            if self._abort_pending():
+                return Tick(now)
+            if time.monotonic() > deadline:
+                why = f"no answer within {self.config.measure_timeout_s:g} s"
+                return Tick(now, self._blind(state, why))
+            self._inflight.join(POLL_S)
+        if "error" in box:
+            return Tick(now, self._blind(state, box["error"]))
+        results, samples = box["got"]
+        return Tick(now, results, samples)
+
+    def _reconcile(
+        self, state: RolloutState, reports: list[GatewayReport], problem: str | None, measured: Tick
+    ) -> tuple[RolloutState, list[Event]]:
+        now = measured.now
+        why = mismatch(state, self.config.rollout, self.config.stages)
+        if why is not None:
+            return on_mismatch(state, self.config.stages, why, now, self.config.initial_stage)
+        state, events, done = reconcile_reports(state, reports, problem, now)
+        if done:
             return state, events
-        foreign = [r for r in reports if r.version > state.version]
-        if foreign and state.phase in ACTIVE:
-            if state.abort:  # take what the top gateway runs, so the rollback outranks it everywhere
-                top = max(foreign, key=lambda r: r.version)
-                state = state.model_copy(
-                    update={"version": top.version, "stage": top.stage, "weights": top.weights}
-                )
-            elif state.phase != "halted" or not state.reason.startswith("halted: foreign"):
-                r = foreign[0]
-                why = (
-                    f"foreign policy: gateway {r.name} runs version {r.version} (stage {r.stage}), "
-                    "not written by the controller (invoke provision --stage?); rollout.abort to go back"
-                )
-                state = state.model_copy(update={"phase": "halted", "reason": f"halted: {why}"})
-                return state, [{"at": now, "event": "halted", "reason": why}]
-            else:
-                return state, []
-        if state.phase == "halted":
-            state = state.model_copy(update={"phase": "progressing", "reason": "every gateway answers again"})
-            events.append({"at": now, "event": "resumed"})
-        if state.phase not in ACTIVE:
-            adopted = self._adopt(state, reports, now)
-            if adopted is not None:
-                return adopted
-        state, more = self._advance(state, now)
-        events += more
-        state, more = self._apply(state, reports, now)
-        return state, [*events, *more]
-
-    def _adopt(
-        self, state: RolloutState, reports: list[GatewayReport], now: float
-    ) -> tuple[RolloutState, list[Event]] | None:
-        """With no rollout active: gateways all at one higher version (set by provision) become stable."""
-        versions = {(r.version, r.stage, r.weights) for r in reports}
-        if len(versions) != 1:
-            return None
-        version, stage, weights = versions.pop()
-        if version <= state.version:
-            return None
-        reason = f"adopted stage {stage} (version {version}) from the gateways"
-        new = state.model_copy(
-            update={
-                "stage": stage,
-                "weights": weights,
-                "version": version,
-                "applied_version": version,
-                "stable_stage": stage,
-                "reason": reason,
-            }
-        )
-        return new, [{"at": now, "event": "adopted", "stage": stage, "version": version}]
-
-    def _advance(self, state: RolloutState, now: float) -> tuple[RolloutState, list[Event]]:
-        if state.phase not in ACTIVE or state.target is None:
-            return state, []
-        plan = self.config.rollout.plans[state.target]
-        results, samples = self.measure(state)
-        return advance(state, plan, self.config.rollout, self.config.stages, Tick(now, results, samples))
+        if state.phase in ACTIVE and state.target is not None:
+            plan = self.config.rollout.plans[state.target]
+            state, more = advance(
+                state, plan, self.config.rollout, self.config.stages, measured, self.config.initial_stage
+            )
+            events += more
+        return state, events
 
     def measure(self, state: RolloutState, moving: StageSpec | None = None) -> tuple[list[GateResult], int]:
         """Every gate's result for the classes the rollout moved (or, for a dry run, would move), at the
         live weights; none moved: nothing to measure."""
-        stable = self.config.stages.get(state.stable_stage, StageSpec(short=0, long=0))
-        classes = gated_classes(moving or state.weights, stable)
+        classes = self.gated(state, moving)
         if not classes:
             return [], 0
         spec = self.config.rollout
@@ -180,47 +211,76 @@ class Controller:
         )
         return [evaluate_gate(g, o, self.config.slo) for g, o in observed], samples
 
-    def _stages(self, state: RolloutState) -> dict[str, StageSpec]:
-        """The profile's stages plus the current step's, as the gateways get them."""
-        return {**self.config.stages, state.stage: state.weights}
+    def gated(self, state: RolloutState, moving: StageSpec | None = None) -> list[str]:
+        """The length classes a measurement covers: those moved past the stable stage."""
+        stable = self.config.stages.get(state.stable_stage, StageSpec(short=0, long=0))
+        return gated_classes(moving or state.weights, stable)
 
-    def _apply(
-        self, state: RolloutState, reports: list[GatewayReport], now: float
-    ) -> tuple[RolloutState, list[Event]]:
-        """Bring every gateway to the state's version; confirm only when every one reports it."""
-        if all(r.version == state.version for r in reports):
-            if state.applied_version != state.version:
-                state = state.model_copy(update={"applied_version": state.version})
-            return state, []
-        events: list[Event] = []
+    def _blind(self, state: RolloutState, why: str) -> list[GateResult]:
+        return blind_results(self.config.rollout.gates, self.gated(state), why)
+
+    def _apply(self, state: RolloutState, reports: list[GatewayReport]) -> RolloutState:
+        """Bring every gateway to the saved version, then confirm under the lock once every gateway
+        reports it (a version every gateway already runs is confirmed with no write)."""
+        written, confirmed, problem = self._write(state, reports)
+        names = [t.name for t in self.config.gateways]
+        with self.store.locked():
+            fresh = self.store.load() or state
+            new, events = confirm(fresh, state.version, names, written, confirmed, problem, self.clock())
+            if new != fresh:
+                self.store.save(new)
+            self.store.record(events)
+        self._log(events)
+        return new
+
+    def _write(
+        self, state: RolloutState, reports: list[GatewayReport]
+    ) -> tuple[list[str], list[GatewayReport], str | None]:
+        """POST the saved version to each gateway behind it, each write recorded before it is sent
+        (so a write that reaches a gateway is in the audit log even if the controller dies on the
+        way back) and after it is answered; then every gateway's report."""
+        stages = {**self.config.stages, state.stage: state.weights}
+        written: list[str] = []
+        behind = [
+            (t, r) for t, r in zip(self.config.gateways, reports, strict=True) if r.version != state.version
+        ]
+        if not behind:
+            return written, reports, None
         try:
-            for target, report in zip(self.config.gateways, reports, strict=True):
-                if report.version != state.version:
-                    self.gateways.apply(target, state.version, state.stage, self._stages(state))
-            confirmed = [self.gateways.report(t) for t in self.config.gateways]
-        except GatewayError as exc:
-            if state.phase in ACTIVE:
-                state = state.model_copy(update={"phase": "halted", "reason": f"halted: {exc}"})
-            events.append({"at": now, "event": "halted", "reason": str(exc), "version": state.version})
-            return state, events
-        if all(r.version == state.version for r in confirmed):
-            state = state.model_copy(update={"applied_version": state.version})
-            events.append(
-                {
-                    "at": now,
-                    "event": "applied",
-                    "version": state.version,
-                    "stage": state.stage,
-                    "weights": state.weights.model_dump(),
-                    "gateways": [t.name for t in self.config.gateways],
-                }
-            )
-        return state, events
+            for target, report in behind:
+                write = {"gateway": target.name, "version": state.version, "stage": state.stage}
+                self.store.record(
+                    [{"at": self.clock(), "event": "write", "from_version": report.version, **write}]
+                )
+                self.gateways.apply(target, state.version, state.stage, stages)
+                self.store.record([{"at": self.clock(), "event": "wrote", **write}])
+                written.append(target.name)
+        except PdfleetError as exc:
+            return written, [], str(exc)
+        confirmed, problem = self._reports()
+        return written, confirmed, problem
+
+    def _record(self, events: list[Event]) -> None:
+        if events:
+            self.store.record(events)
+            self._log(events)
+
+    def _log(self, events: list[Event]) -> None:
+        for event in events:
+            if event.get("event") not in ("measurement", "write", "wrote"):
+                log.info("%s", _describe(event))
+
+
+def _same_rollout(a: RolloutState, b: RolloutState) -> bool:
+    """Both states are one rollout at one step and version (an operator's flag may differ)."""
+    keys = ("phase", "target", "step_index", "version", "stable_stage")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
 def time_to_next_step(state: RolloutState, config: ControllerConfig, now: float) -> float | None:
-    """Seconds until the current pause or analysis can end by itself (None: it waits for promote)."""
-    if state.phase not in ACTIVE or state.target is None:
+    """Seconds until the current pause or analysis can end by itself (None: it waits for promote, or
+    the plan is no longer in the profile)."""
+    if state.phase not in ACTIVE or state.target not in config.rollout.plans:
         return None
     steps = config.rollout.plans[state.target].steps
     if state.step_index >= len(steps):

@@ -112,13 +112,28 @@ def _moved(state: RolloutState, stage: str, weights: StageSpec) -> dict[str, Any
     return {"stage": stage, "weights": weights, "version": state.version + 1}
 
 
+def home_stage(state: RolloutState, stages: Mapping[str, StageSpec], fallback: str | None) -> str:
+    """Where a rollback goes: the stable stage, or (when the profile no longer has it) the fallback
+    (the controller's initial stage), or the profile's first stage: always a stage that exists."""
+    for name in (state.stable_stage, fallback):
+        if name is not None and name in stages:
+            return name
+    return next(iter(stages))
+
+
 def _rollback(
-    state: RolloutState, stages: Mapping[str, StageSpec], phase: Phase, reason: str, now: float
+    state: RolloutState,
+    stages: Mapping[str, StageSpec],
+    phase: Phase,
+    reason: str,
+    now: float,
+    fallback: str | None = None,
 ) -> tuple[RolloutState, list[Event]]:
-    stable = state.stable_stage
+    stable = home_stage(state, stages, fallback)
     update = {
         "phase": phase,
         "reason": reason,
+        "stable_stage": stable,
         "abort": False,
         "promote": False,
         "promote_full": False,
@@ -167,15 +182,52 @@ def _advance(state: RolloutState, now: float, why: str) -> tuple[RolloutState, l
     return new, [{"at": now, "event": "step", "step": new.step_index, "reason": why}]
 
 
-def advance(
-    state: RolloutState, plan: PlanSpec, spec: RolloutSpec, stages: Mapping[str, StageSpec], tick: Tick
+def mismatch(state: RolloutState, spec: RolloutSpec, stages: Mapping[str, StageSpec]) -> str | None:
+    """Why an active rollout no longer matches the profile (a plan or stage renamed or removed since it
+    started), in one line; None when it does."""
+    if state.phase not in ACTIVE:
+        return None
+    if state.target not in spec.plans:
+        plans = ", ".join(spec.plans) or "none"
+        return f"the profile has no rollout plan {state.target!r} any more (plans: {plans})"
+    for what, name in (("target", state.target), ("stable", state.stable_stage)):
+        if name not in stages:
+            return f"the {what} stage {name!r} is no longer in the profile's gateway.stages"
+    return None
+
+
+def on_mismatch(
+    state: RolloutState, stages: Mapping[str, StageSpec], why: str, now: float, fallback: str | None
 ) -> tuple[RolloutState, list[Event]]:
-    """One controller tick of an active rollout (a no-op otherwise)."""
+    """A rollout the profile no longer describes: halted with the reason in one line until the operator
+    aborts it; an abort goes back to a stage that exists (see home_stage)."""
+    if state.abort:
+        return _rollback(
+            state, stages, "aborted", f"aborted by the operator (rollout.abort); {why}", now, fallback
+        )
+    home = home_stage(state, stages, fallback)
+    reason = f"halted: {why}; rollout.abort goes back to stage {home}"
+    if state.phase == "halted" and state.reason == reason:
+        return state, []
+    new = state.model_copy(update={"phase": "halted", "reason": reason})
+    return new, [{"at": now, "event": "halted", "reason": reason}]
+
+
+def advance(
+    state: RolloutState,
+    plan: PlanSpec,
+    spec: RolloutSpec,
+    stages: Mapping[str, StageSpec],
+    tick: Tick,
+    fallback: str | None = None,
+) -> tuple[RolloutState, list[Event]]:
+    """One controller tick of an active rollout (a no-op otherwise). `fallback` is where an abort goes
+    when the stable stage is gone from the profile."""
     if state.phase not in ACTIVE or state.target is None:
         return state, []
     now = tick.now
     if state.abort:
-        return _rollback(state, stages, "aborted", "aborted by the operator (rollout.abort)", now)
+        return _rollback(state, stages, "aborted", "aborted by the operator (rollout.abort)", now, fallback)
     events: list[Event] = []
     results = [_result_dict(r) for r in tick.results]
     if results:
@@ -202,7 +254,7 @@ def advance(
             tick.results, counters, limits, samples=tick.samples, min_samples=spec.min_samples
         )
         if verdict.verdict in ("failed", "error"):
-            new, more = _rollback(state, stages, "degraded", verdict.reason, now)
+            new, more = _rollback(state, stages, "degraded", verdict.reason, now, fallback)
             return new, [*events, *more]
         state = state.model_copy(
             update={
@@ -210,7 +262,11 @@ def advance(
                 "consecutive_errors": verdict.counters.consecutive_errors,
             }
         )
-    new, more = _step(state, step, spec, stages, tick, limits)
+        if verdict.counters.consecutive_errors:  # blind: no step moves on until the gates can be read
+            return state.model_copy(
+                update={"reason": f"holding step {state.step_index}: {verdict.reason}"}
+            ), events
+    new, more = _step(state, step, spec, stages, tick, limits, fallback)
     return new, [*events, *more]
 
 
@@ -221,6 +277,7 @@ def _step(
     stages: Mapping[str, StageSpec],
     tick: Tick,
     limits: Limits,
+    fallback: str | None,
 ) -> tuple[RolloutState, list[Event]]:
     """The current step's own rule: weights applied, a pause over, an analysis decided."""
     now = tick.now
@@ -273,7 +330,7 @@ def _step(
         deadline_s=deadline,
     )
     if verdict.verdict in ("failed", "error"):
-        return _rollback(state, stages, "degraded", verdict.reason, now)
+        return _rollback(state, stages, "degraded", verdict.reason, now, fallback)
     counted = state.model_copy(
         update={
             "failed_checks": verdict.counters.failed_checks,

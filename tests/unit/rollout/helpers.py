@@ -4,9 +4,11 @@ generator that counts every request that does not end in a 200 with its stream c
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import itertools
 import json
+import socket
 import sys
 import threading
 import time
@@ -153,26 +155,32 @@ class Fleet:
     prom: Any
     state_dir: Path
 
-    def controller(self, rollout: dict[str, Any]) -> Controller:
-        config = ControllerConfig.model_validate(
-            {
-                "profile": "test",
-                "rollout": rollout,
-                "stages": STAGES,
-                "initial_stage": "colocated",
-                "slo": SLO,
-                "gateways": [{"name": f"gw{i}", "admin_url": g.url} for i, g in enumerate(self.gateways)],
-                "prometheus_url": self.prom.url,
-                "admin_key_file": "unused",
-                "state_dir": str(self.state_dir),
-                "kv_transfer_metrics": False,
-            }
-        )
+    def config(self, rollout: dict[str, Any], **more: Any) -> dict[str, Any]:
+        """The controller's configuration over this fleet (`more` overrides any key)."""
+        key = self.state_dir.parent / "admin.key"
+        key.write_text(ADMIN_KEY)
+        key.chmod(0o600)
+        return {
+            "profile": "test",
+            "rollout": rollout,
+            "stages": STAGES,
+            "initial_stage": "colocated",
+            "slo": SLO,
+            "gateways": [{"name": f"gw{i}", "admin_url": g.url} for i, g in enumerate(self.gateways)],
+            "prometheus_url": self.prom.url,
+            "admin_key_file": str(key),
+            "state_dir": str(self.state_dir),
+            "kv_transfer_metrics": False,
+            **more,
+        }
+
+    def controller(self, rollout: dict[str, Any], **more: Any) -> Controller:
+        config = ControllerConfig.model_validate(self.config(rollout, **more))
         return Controller(
             config,
-            PrometheusClient(self.prom.url, timeout=2.0),
+            PrometheusClient(config.prometheus_url, timeout=2.0),
             GatewayClient(ADMIN_KEY, 2.0),
-            Store(self.state_dir),
+            Store(Path(config.state_dir)),
         )
 
     def reports(self, controller: Controller) -> list[Any]:
@@ -194,6 +202,30 @@ def fleet(tmp: Path, colocated: str, disagg: str, gateways: int = 2) -> Iterator
         ]
         prom = stack.enter_context(prometheus(tmp / "prom", scrape_config(targets, interval_s=1)))
         yield Fleet(procs, prom, tmp / "state")
+
+
+@contextmanager
+def hung_server() -> Iterator[str]:
+    """An HTTP server on loopback that accepts every connection and never answers (a hung Prometheus)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                held.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in [*held, listener]:
+            conn.close()
 
 
 def wait_until(check: Any, timeout: float, what: str, every: float = 0.2) -> Any:

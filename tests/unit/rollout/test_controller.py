@@ -16,7 +16,7 @@ import pytest
 from pdfleet.bench.launch import SimProcess
 from pdfleet.rollout import commands
 from pdfleet.rollout.controller import Controller
-from tests.unit.rollout.helpers import MODEL, Load, fleet, wait_until
+from tests.unit.rollout.helpers import MODEL, Load, fleet, hung_server, wait_until
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -219,3 +219,175 @@ def test_a_foreign_policy_halts_the_rollout_and_abort_outranks_it(
             state = wait_until(lambda: _phase(controller, "aborted"), 10, "the abort")
         assert state.version == 11 and state.stage == "colocated"
         assert {(r.version, r.stage) for r in f.reports(controller)} == {(11, "colocated")}
+
+
+# ---- the way back: crash safety, a hung metrics source, a profile changed under a rollout ---------
+
+# The controller in a process of its own, built from its configuration file as `pdfleet-rollout run`
+# builds it, that SIGKILLs itself at one point of a step's apply sequence (fault injection: the
+# gateways, the HTTP and the state directory are all real).
+KILLED_AT = r"""
+import os, signal, sys, threading
+from pathlib import Path
+from pdfleet.rollout.cli import controller_from
+
+controller = controller_from(Path(sys.argv[1]))
+where, _, name = sys.argv[2].partition(":")
+die = lambda: os.kill(os.getpid(), signal.SIGKILL)
+apply, save = controller.gateways.apply, controller.store.save
+
+def failing_apply(target, *args):
+    if where == "before-write" and target.name == name:
+        die()
+    apply(target, *args)
+    if where == "after-write" and target.name == name:
+        die()
+
+def failing_save(state):
+    old = controller.store.load()
+    confirming = old is not None and state.applied_version > old.applied_version and state.version > 1
+    if where == "before-confirm" and confirming:
+        die()
+    save(state)
+    if where == "after-confirm" and confirming:
+        die()
+
+controller.gateways.apply, controller.store.save = failing_apply, failing_save
+controller.run(threading.Event())
+"""
+KILL_POINTS = [
+    "before-write:gw0",  # the intent saved, no gateway written
+    "after-write:gw0",  # gw0 took the step, the controller died before recording it
+    "before-write:gw1",  # gw0 written and recorded, gw1 not yet
+    "after-write:gw1",  # both took it, nothing confirmed
+    "before-confirm",
+    "after-confirm",
+]
+
+
+def _converged(controller: Controller, f: object) -> object:
+    state = controller.store.load()
+    reports = f.reports(controller)  # type: ignore[attr-defined]
+    versions = {r.version for r in reports}
+    if state is None or versions != {state.version} or state.applied_version != state.version:
+        return None
+    return state, reports
+
+
+def test_a_controller_killed_at_any_point_of_a_step_resumes_and_the_fleet_converges(
+    tmp_path: Path, colocated: SimProcess
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    steps = [
+        {"set_weight": {"short": 0, "long": 50}},
+        {"pause": {}},
+        {"set_weight": {"short": 0, "long": 100}},
+    ]
+    with fleet(tmp_path, colocated.url, colocated.url) as f:
+        rollout = {**_rollout(steps), "interval_s": 0.2}
+        config = tmp_path / "controller.json"
+        config.write_text(json.dumps(f.config(rollout)))
+        controller = f.controller(rollout)
+        with running(controller):
+            wait_until(lambda: controller.store.load(), 10, "the controller's first state")
+        for point in KILL_POINTS:
+            commands.submit_rollout(controller, "long-prompts")
+            child = subprocess.run(
+                [sys.executable, "-c", KILLED_AT, str(config), point], capture_output=True, timeout=60
+            )
+            assert child.returncode == -9, (point, child.stderr.decode()[-2000:])
+            # the restart: a new controller on the same state, no operator action
+            with running(f.controller(rollout)) as again:
+                state, reports = wait_until(
+                    lambda: _phase(again, "paused") and _converged(again, f), 15, f"convergence after {point}"
+                )
+            assert (state.stage, state.weights.long) == ("long-prompts@0", 50), point
+            assert {(r.stage, r.version) for r in reports} == {("long-prompts@0", state.version)}, point
+            history = controller.store.history()
+            assert not [e for e in history if e["event"] == "halted"], (point, history[-10:])
+            # every write that reached a gateway is in the audit log, recorded before it was sent
+            sent = {(e["gateway"], e["version"]) for e in history if e["event"] == "write"}
+            assert {(r.name, r.version) for r in reports} <= sent, point
+            if point != "after-confirm":
+                (resumed,) = [
+                    e for e in history if e["event"] == "resuming" and e["version"] == state.version
+                ]
+                at = {"before-write:gw0": [], "after-write:gw0": ["gw0"], "before-write:gw1": ["gw0"]}
+                assert resumed["gateways_at_version"] == at.get(point, ["gw0", "gw1"]), point
+            # back to the stable stage for the next point
+            with running(f.controller(rollout)):
+                commands.flag(controller, "abort")
+                wait_until(lambda: _phase(controller, "aborted"), 10, "the abort")
+                wait_until(lambda: _converged(controller, f), 10, "the fleet back on colocated")
+
+
+def test_with_prometheus_hung_nothing_moves_on_and_abort_reaches_the_gateways_within_a_second(
+    tmp_path: Path, colocated: SimProcess
+) -> None:
+    steps = [
+        {"set_weight": {"short": 0, "long": 50}},
+        {"pause": {"duration_s": 1}},
+        {"set_weight": {"short": 0, "long": 100}},
+    ]
+    rollout = {**_rollout(steps), "consecutive_error_limit": 1000}
+    with fleet(tmp_path, colocated.url, colocated.url) as f, hung_server() as hung:
+        controller = f.controller(rollout, prometheus_url=hung, measure_timeout_s=3)
+        with running(controller):
+            wait_until(lambda: controller.store.load(), 10, "the controller's first state")
+            commands.submit_rollout(controller, "long-prompts")
+            wait_until(lambda: _converged(controller, f), 10, "50% on every gateway")
+            time.sleep(4)  # time enough to end the 1 s pause, had any measurement come back
+            state = controller.store.load()
+            assert state is not None and (state.step_index, state.weights.long) == (0, 50), state.reason
+            assert "holding step 0: metrics error" in state.reason
+            blind = [r["message"] for e in _events(controller, "measurement") for r in e["results"]]  # type: ignore[union-attr]
+            assert blind and all("metrics error" in m for m in blind)
+            assert any("no answer within 3 s" in m for m in blind)
+            started = time.monotonic()
+            with controller.store.locked(timeout_s=0.5):  # no tick holds the lock while measuring
+                pass
+            commands.flag(controller, "abort")
+            wait_until(
+                lambda: {(r.stage, r.weights.long) for r in f.reports(controller)} == {("colocated", 0)},
+                5,
+                "every gateway on the stable stage",
+                every=0.02,
+            )
+            took = time.monotonic() - started
+        assert took < 1.0, f"the gateways took {took:.2f} s to go back"
+        assert _phase(controller, "aborted")
+
+
+def test_a_plan_renamed_mid_rollout_halts_in_one_line_and_aborts_cleanly(
+    tmp_path: Path, colocated: SimProcess
+) -> None:
+    steps = [
+        {"set_weight": {"short": 0, "long": 50}},
+        {"pause": {}},
+        {"set_weight": {"short": 0, "long": 100}},
+    ]
+    with fleet(tmp_path, colocated.url, colocated.url) as f:
+        controller = f.controller(_rollout(steps))
+        with running(controller):
+            wait_until(lambda: controller.store.load(), 10, "the controller's first state")
+            commands.submit_rollout(controller, "long-prompts")
+            wait_until(lambda: _phase(controller, "paused"), 10, "the pause at 50%")
+        # the profile changes under the rollout: its plan (and stage) renamed, the controller restarted
+        stages = {"colocated": {"short": 0, "long": 0}, "long-only": {"short": 0, "long": 100}}
+        renamed = {**_rollout(steps), "plans": {"long-only": {"steps": steps}}}
+        after = f.controller(renamed, stages=stages)
+        state = after.tick()
+        assert state.phase == "halted" and "\n" not in state.reason
+        assert state.reason == (
+            "halted: the profile has no rollout plan 'long-prompts' any more (plans: long-only); "
+            "rollout.abort goes back to stage colocated"
+        )
+        assert after.tick() == state and len(_events(after, "halted")) == 1  # said once, ticks go on
+        assert commands.status(after)["time_to_next_step_s"] is None
+        commands.flag(after, "abort")
+        state = after.tick()
+        assert (state.phase, state.stage, state.applied_version) == ("aborted", "colocated", state.version)
+        assert {(r.stage, r.version) for r in f.reports(after)} == {("colocated", state.version)}

@@ -9,7 +9,7 @@ import pytest
 from pdfleet.model.rollout import RolloutSpec
 from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.gates import GateResult
-from pdfleet.rollout.machine import Tick, advance, gated_classes, initial_state, submit
+from pdfleet.rollout.machine import Tick, advance, gated_classes, initial_state, mismatch, on_mismatch, submit
 
 STAGES = {"colocated": StageSpec(short=0, long=0), "long-prompts": StageSpec(short=0, long=100)}
 SPEC = RolloutSpec.model_validate(
@@ -165,3 +165,55 @@ def test_a_halted_rollout_records_but_does_not_move() -> None:
 def test_gated_classes_are_the_ones_moved() -> None:
     assert gated_classes(StageSpec(short=0, long=10), STAGES["colocated"]) == ["long"]
     assert gated_classes(StageSpec(short=10, long=100), STAGES["long-prompts"]) == ["short"]
+
+
+def test_failure_limit_counts_per_step_each_step_starts_again_at_zero() -> None:
+    """Documented in docs/rollout.md: `failure_limit` is per step (Argo: per analysis run)."""
+    spec = SPEC.model_copy(update={"failure_limit": 1})
+    state = _at_analysis()
+    state, _ = advance(state, PLAN, spec, STAGES, Tick(4.0, FAIL, 100))
+    assert (state.phase, state.failed_checks) == ("progressing", 1)
+    state, _ = advance(state, PLAN, spec, STAGES, Tick(14.0, PASS, 100))
+    assert (state.step_index, state.failed_checks) == (2, 0)  # the analysis passed: the count restarts
+    state, _ = advance(state, PLAN, spec, STAGES, Tick(15.0, FAIL, 100))
+    assert (state.phase, state.failed_checks) == ("paused", 1)  # one failure in this step: allowed
+    state, _ = advance(state, PLAN, spec, STAGES, Tick(16.0, FAIL, 100))
+    assert state.phase == "degraded"
+
+
+def test_no_step_moves_on_while_the_gates_cannot_be_read() -> None:
+    state, _ = _tick(_at_analysis(), 14.0, PASS)
+    state, _ = _tick(state, 15.0, PASS)
+    state = state.model_copy(update={"promote": True})
+    for now in (16.0, 17.0, 18.0):
+        state, _ = _tick(state, now, ERROR)
+        assert (state.step_index, state.phase) == (2, "paused") and "holding step 2" in state.reason
+    state, _ = _tick(state, 19.0, PASS)
+    assert state.step_index == 3  # readable again: the promote is taken
+
+
+def test_a_rollout_the_profile_no_longer_describes_halts_in_one_line_and_aborts_to_a_stage_that_exists() -> (
+    None
+):
+    state = _at_analysis()
+    renamed = SPEC.model_copy(update={"plans": {"all-long": PLAN}})
+    why = mismatch(state, renamed, STAGES)
+    assert why == "the profile has no rollout plan 'long-prompts' any more (plans: all-long)"
+    halted, events = on_mismatch(state, STAGES, why, 5.0, "colocated")
+    assert halted.phase == "halted" and "\n" not in halted.reason
+    assert halted.reason.endswith("rollout.abort goes back to stage colocated")
+    assert on_mismatch(halted, STAGES, why, 6.0, "colocated") == (halted, [])  # said once
+    aborted, events = on_mismatch(halted.model_copy(update={"abort": True}), STAGES, why, 7.0, "colocated")
+    assert (aborted.phase, aborted.stage, aborted.weights.long) == ("aborted", "colocated", 0)
+    assert aborted.version == state.version + 1
+    # the stable stage renamed: an abort goes to the controller's initial stage
+    stages = {"baseline": StageSpec(short=0, long=0), "long-prompts": STAGES["long-prompts"]}
+    assert (
+        mismatch(state, SPEC, stages)
+        == "the stable stage 'colocated' is no longer in the profile's gateway.stages"
+    )
+    home, _ = _tick(state.model_copy(update={"abort": True}), 8.0)
+    assert home.stage == "colocated"
+    gone, _ = advance(state.model_copy(update={"abort": True}), PLAN, SPEC, stages, Tick(8.0), "baseline")
+    assert (gone.phase, gone.stage, gone.stable_stage) == ("aborted", "baseline", "baseline")
+    assert mismatch(initial_state("gone", StageSpec(short=0, long=0), 1), renamed, stages) is None  # idle

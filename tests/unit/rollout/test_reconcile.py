@@ -1,0 +1,87 @@
+"""The controller's pure decisions around the machine: what a restart finds, when a version counts as
+applied, when the controller may write, what the gateways' reports do to the state."""
+
+from __future__ import annotations
+
+from pdfleet.model.rollout import GateSpec
+from pdfleet.model.stages import StageSpec
+from pdfleet.rollout.gateways import GatewayReport
+from pdfleet.rollout.machine import initial_state
+from pdfleet.rollout.reconcile import blind_results, confirm, may_write, reconcile_reports, resuming
+
+HALF = StageSpec(short=0, long=50)
+ZERO = StageSpec(short=0, long=0)
+STEP = initial_state("colocated", ZERO, 4).model_copy(
+    update={
+        "phase": "progressing",
+        "target": "long-prompts",
+        "stage": "long-prompts@0",
+        "weights": HALF,
+        "version": 5,
+    }
+)
+
+
+def _report(
+    name: str, version: int, stage: str = "long-prompts@0", weights: StageSpec = HALF
+) -> GatewayReport:
+    return GatewayReport(name, version, stage, weights)
+
+
+def test_a_restart_mid_step_names_the_gateways_already_written_and_those_behind() -> None:
+    reports = [_report("gw0", 5), _report("gw1", 4, "colocated", ZERO)]
+    (event,) = resuming(STEP.model_copy(update={"applied_version": 4}), reports, 1.0)
+    assert (event["event"], event["version"]) == ("resuming", 5)
+    assert (event["gateways_at_version"], event["gateways_behind"]) == (["gw0"], ["gw1"])
+    assert resuming(STEP.model_copy(update={"applied_version": 5}), reports, 1.0) == []
+
+
+def test_a_version_is_applied_only_once_every_gateway_reports_it() -> None:
+    state = STEP.model_copy(update={"applied_version": 4})
+    names = ["gw0", "gw1"]
+    half = [_report("gw0", 5), _report("gw1", 4)]
+    assert confirm(state, 5, names, ["gw0"], half, None, 1.0) == (state, [])
+    new, (event,) = confirm(state, 5, names, ["gw1"], [_report("gw0", 5), _report("gw1", 5)], None, 1.0)
+    assert new.applied_version == 5 and (event["event"], event["written"]) == ("applied", ["gw1"])
+    halted, (event,) = confirm(state, 5, names, ["gw0"], [], "gateway gw1 is not answering", 1.0)
+    assert halted.phase == "halted" and event["reason"] == "gateway gw1 is not answering"
+
+
+def test_the_controller_never_writes_a_version_below_what_a_gateway_runs() -> None:
+    assert may_write(STEP, [_report("gw0", 5), _report("gw1", 4)], None)
+    assert not may_write(STEP, [_report("gw0", 6), _report("gw1", 4)], None)
+    assert not may_write(STEP, [_report("gw0", 5)], "gateway gw1 is not answering")
+
+
+def test_a_foreign_version_halts_once_an_abort_outranks_it_and_idle_adopts_it() -> None:
+    foreign = [_report("gw0", 10, "long-prompts", StageSpec(short=0, long=100)), _report("gw1", 5)]
+    halted, events, done = reconcile_reports(STEP, foreign, None, 1.0)
+    assert (
+        done and halted.phase == "halted" and "foreign policy: gateway gw0 runs version 10" in halted.reason
+    )
+    assert reconcile_reports(halted, foreign, None, 2.0) == (halted, [], True)
+    aborting, _, done = reconcile_reports(halted.model_copy(update={"abort": True}), foreign, None, 3.0)
+    assert not done and aborting.version == 10  # the rollback will be version 11
+    idle = initial_state("colocated", ZERO, 4)
+    both = [_report("gw0", 7, "long-prompts", HALF), _report("gw1", 7, "long-prompts", HALF)]
+    adopted, (event,), done = reconcile_reports(idle, both, None, 4.0)
+    assert done and (adopted.stable_stage, adopted.version, event["event"]) == ("long-prompts", 7, "adopted")
+    resumed, (event,), done = reconcile_reports(
+        STEP.model_copy(update={"phase": "halted"}), [_report("gw0", 5)], None, 5.0
+    )
+    assert not done and resumed.phase == "progressing" and event["event"] == "resumed"
+
+
+def test_a_blind_tick_is_an_error_on_every_gate_of_every_class() -> None:
+    gates = [
+        GateSpec(name="a", metric="ttft", max_ratio=2.0),
+        GateSpec(name="b", metric="error_rate", max=0.1),
+    ]
+    results = blind_results(gates, ["short", "long"], "no answer within 5 s")
+    assert [(r.gate, r.length_class, r.outcome) for r in results] == [
+        ("a", "short", "error"),
+        ("b", "short", "error"),
+        ("a", "long", "error"),
+        ("b", "long", "error"),
+    ]
+    assert results[0].message == "a (short): metrics error: no answer within 5 s"
