@@ -115,3 +115,39 @@ def test_every_verdict_of_an_analysis_step() -> None:
     assert no_data.verdict == "inconclusive" and "g: inconclusive" in no_data.reason
     # a failure with too few samples is not measurable yet: the step waits
     assert _analysis([_r("fail")], samples=5).verdict == "running"
+
+
+def test_each_bound_is_inclusive_and_one_step_past_it_fails() -> None:
+    """The gates' boundaries (a `>` mutated to `>=`, or the reverse, fails one of these)."""
+    assert evaluate_gate(KV, _obs(value=500.0), SLO).outcome == "pass"
+    assert evaluate_gate(KV, _obs(value=500.001), SLO).outcome == "fail"
+    assert evaluate_gate(RATIO, _obs(value=300.0, baseline=200.0), SLO).outcome == "pass"
+    assert evaluate_gate(RATIO, _obs(value=300.001, baseline=200.0), SLO).outcome == "fail"
+    # at 99% the colocated pool is still a baseline; at 100% only the absolute bound holds
+    assert evaluate_gate(RATIO, _obs(value=400.0, baseline=200.0, weight=99), SLO).outcome == "fail"
+    assert evaluate_gate(RATIO, _obs(value=400.0, baseline=200.0, weight=100), SLO).outcome == "pass"
+
+
+def test_a_failure_counts_from_exactly_min_samples_and_rolls_back_one_past_the_limit() -> None:
+    def tick(samples: int, failed: int, limit: int) -> str:
+        return decide_tick(
+            [_r("fail")], Counters(failed), Limits(limit, 4), samples=samples, min_samples=10
+        ).verdict
+
+    assert tick(samples=9, failed=0, limit=0) == "running"
+    assert tick(samples=10, failed=0, limit=0) == "failed"
+    assert tick(samples=10, failed=1, limit=2) == "running"  # the 2nd failure of 2 allowed
+    assert tick(samples=10, failed=2, limit=2) == "failed"  # the 3rd
+    errors = Limits(0, 3)
+    assert decide_tick([_r("error")], Counters(0, 2), errors, samples=0, min_samples=10).verdict == "running"
+    assert decide_tick([_r("error")], Counters(0, 3), errors, samples=0, min_samples=10).verdict == "error"
+
+
+def test_an_analysis_ends_exactly_at_its_minimum_duration_and_its_deadline() -> None:
+    assert _analysis([_r("pass")], elapsed=30.0).verdict == "successful"
+    assert _analysis([_r("pass")], elapsed=29.99).verdict == "running"
+    assert _analysis([_r("pass")], samples=50, elapsed=30.0).verdict == "successful"
+    assert _analysis([_r("pass")], samples=49, elapsed=119.99).verdict == "running"
+    assert _analysis([_r("pass")], samples=49, elapsed=120.0).verdict == "inconclusive"
+    assert _analysis([_r("inconclusive")], elapsed=119.99).verdict == "running"
+    assert _analysis([_r("inconclusive")], elapsed=120.0).verdict == "inconclusive"
