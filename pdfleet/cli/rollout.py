@@ -17,7 +17,7 @@ from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP, open_deployment
 from pdfleet.cli.settings import Settings, repo_path
-from pdfleet.errors import ConnectError, ValidationError
+from pdfleet.errors import ConnectError, PdfleetError, ValidationError
 from pdfleet.fleet.deployment import Deployment
 from pdfleet.fleet.host_layout import SERVICE_USER
 from pdfleet.fleet.topology import Controller, controller_of
@@ -26,6 +26,21 @@ from pdfleet.ops.ssh import open_connection
 
 WATCH_EVERY_S = 1.0
 ENDED = ("succeeded", "degraded", "aborted", "idle")
+# where following stops: an end, or a halt (it waits for a gateway or an operator, not for time)
+STOPS = (*ENDED, "halted")
+NOT_DONE = {
+    "degraded": "rolled back by the controller",
+    "aborted": "rolled back by rollout.abort",
+    "halted": "halted, nothing moves until it is resolved (invoke rollout.status; rollout.abort goes back)",
+}
+
+
+class RolloutNotDone(PdfleetError):
+    """The rollout followed ended without reaching its target (rolled back or halted): exit 1, as
+    `kubectl argo rollouts status` exits non-zero on Degraded, so a pipeline gating on it stops."""
+
+    exit_code = 1
+
 
 Remote = Callable[[list[str]], str]
 
@@ -112,12 +127,36 @@ def follow(run: Remote, out: Callable[[str], None], every_s: float = WATCH_EVERY
         while True:
             doc = json.loads(run(["status"]))
             out("\033[H\033[2J" + format_status(doc))
-            if doc.get("phase") in ENDED:
+            if doc.get("phase") in STOPS:
                 return doc
             time.sleep(every_s)
     except KeyboardInterrupt:
         out("\nstopped watching; the rollout goes on on the monitoring host (invoke rollout.status)\n")
         return doc
+
+
+def verdict(doc: dict[str, Any], target: str) -> str:
+    """The last line of a followed rollout when it reached its target; RolloutNotDone (saying why)
+    when it was rolled back or halted."""
+    phase = str(doc.get("phase"))
+    why = f": {doc['reason']}" if doc.get("reason") else ""
+    if phase in NOT_DONE:
+        raise RolloutNotDone(f"the rollout to {target} did not complete: {phase}, {NOT_DONE[phase]}{why}")
+    if phase == "succeeded":
+        at = f"stage {doc.get('stage')} (version {doc.get('version')})"
+        return f"rollout to {target} succeeded: traffic at {at}\n"
+    return f"stopped following the rollout to {target} ({phase}); invoke rollout.status shows it\n"
+
+
+def submitted(doc: dict[str, Any]) -> str:
+    """What --no-watch prints: what was submitted and how to follow it."""
+    return (
+        f"submitted: rollout to {doc.get('target')} from stable stage {doc.get('stable_stage')} "
+        f"(traffic now at {doc.get('stage')}, version {doc.get('version')}); the controller on the "
+        "monitoring host runs it.\n"
+        "follow it: invoke rollout.status (the live view), invoke rollout.history (the audit log); "
+        "go back: invoke rollout.abort\n"
+    )
 
 
 def _print(text: str) -> None:
@@ -136,7 +175,8 @@ PROFILE_HELP = {
         **PROFILE_HELP,
         "stage": "The target stage (a plan in the profile's rollout.plans, e.g. long-prompts).",
         "dry_run": "Measure the gates a rollout to the stage would use, now; change nothing.",
-        "watch": "Follow the live view until the rollout ends (default on; --no-watch submits and returns).",
+        "watch": "Follow the live view until the rollout ends, exit 1 if it was rolled back or halted "
+        "(default on; --no-watch submits, says how to follow it and returns).",
     },
 )
 @user_errors
@@ -148,7 +188,8 @@ def start(
     dry_run: bool = False,
     watch: bool = True,
 ) -> None:
-    """Submit a rollout to a stage and follow it (Ctrl-C stops watching, not the rollout)."""
+    """Submit a rollout to a stage and follow it (Ctrl-C stops watching, not the rollout); exits 1 when
+    the rollout followed is rolled back or halted."""
     deployment, run = _remote(ctx, profile, inventory)
     plans = deployment.profile.rollout.plans if deployment else None
     if plans is not None and stage not in plans:
@@ -156,9 +197,11 @@ def start(
     if dry_run:
         _print(format_evaluation(json.loads(run(["evaluate", "--stage", stage]))))
         return
-    run(["submit", "--stage", stage])
-    if watch:
-        follow(run, _print)
+    doc = json.loads(run(["submit", "--stage", stage]))
+    if not watch:
+        _print(submitted(doc))
+        return
+    _print(verdict(follow(run, _print), stage))
 
 
 @task(help=PROFILE_HELP)

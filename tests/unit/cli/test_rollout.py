@@ -119,3 +119,35 @@ def test_bad_input_is_refused_before_connecting(capsys: pytest.CaptureFixture[st
     with pytest.raises(Exit):
         rollout.history(ctx, last=-1)
     assert "--last must be 0 (all) or a positive count" in capsys.readouterr().err
+
+
+def test_following_stops_on_a_halt_and_a_rollout_not_completed_exits_non_zero() -> None:
+    docs = iter([{**STATUS}, {**STATUS, "phase": "halted", "reason": "halted: gateway gw1 is not answering"}])
+    doc = rollout.follow(lambda args: json.dumps(next(docs)), [].append, every_s=0)
+    assert doc["phase"] == "halted"
+    for phase, says in [
+        (
+            "halted",
+            "halted, nothing moves until it is resolved (invoke rollout.status; rollout.abort goes back)",
+        ),
+        ("degraded", "rolled back by the controller"),
+        ("aborted", "rolled back by rollout.abort"),
+    ]:
+        with pytest.raises(rollout.RolloutNotDone) as err:
+            rollout.verdict(
+                {**STATUS, "phase": phase, "reason": "gate failed: fallback-rate"}, "long-prompts"
+            )
+        assert err.value.exit_code == 1
+        assert str(err.value) == (
+            f"the rollout to long-prompts did not complete: {phase}, {says}: gate failed: fallback-rate"
+        )
+    done = {**STATUS, "phase": "succeeded", "stage": "long-prompts", "version": 9}
+    assert rollout.verdict(done, "long-prompts") == (
+        "rollout to long-prompts succeeded: traffic at stage long-prompts (version 9)\n"
+    )
+
+
+def test_no_watch_says_what_was_submitted_and_how_to_follow_it() -> None:
+    text = rollout.submitted({**STATUS, "phase": "progressing", "stage": "colocated", "version": 3})
+    assert text.startswith("submitted: rollout to long-prompts from stable stage colocated")
+    assert "invoke rollout.status" in text and "invoke rollout.abort" in text
