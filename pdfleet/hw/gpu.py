@@ -1,9 +1,8 @@
 """GPU driver decisions: from parsed facts and the profile's `gpu:` section to a plan or a skip reason.
 
 Pure functions, no host access: the gpu_driver role turns a GpuPlan into operations, and the tests
-check every branch against fixture facts (H100 HGX, L40S PCIe, Secure Boot on, driver drift).
-Package names follow NVIDIA's CUDA apt repository as used by the NVIDIA driver role and NIXL's
-GPU host recipe (reference/provisioning.md §1.1, §1.2, §1.4).
+check every branch against fixture facts (H100 HGX, L40S PCIe, Secure Boot on, driver drift, each
+supported distribution). Repository and package names per distribution are `distro`'s decisions.
 """
 
 from __future__ import annotations
@@ -11,6 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from pdfleet.hw.distro import (
+    PlatformExtras,
+    PlatformRefusal,
+    check_branch,
+    cuda_repo_url,
+    driver_packages,
+    fabric_manager_package,
+    platform_extras,
+    resolve_platform,
+)
 from pdfleet.hw.gpu_facts import (
     SB_ENABLED,
     DriverFact,
@@ -22,6 +31,7 @@ from pdfleet.hw.gpu_facts import (
     NvidiaPciFact,
     SecureBootFact,
 )
+from pdfleet.hw.os_facts import OsRelease, OsReleaseFact
 from pdfleet.ops.base import Fact, FactSource
 from pdfleet.ops.kernel import LoadedModules
 
@@ -48,10 +58,12 @@ class GpuFacts:
     secure_boot: str
     modules: frozenset[str]  # loaded kernel modules (nouveau, nvidia_peermem), underscore spelling
     mok_enrolled: bool = False
+    os: OsRelease = OsRelease()
 
 
 # What gather_gpu_facts reads on every host (MOK enrollment only under Secure Boot, so not here).
 GPU_FACTS: tuple[Fact[Any], ...] = (
+    OsReleaseFact(),
     SecureBootFact(),
     NvidiaPciFact(),
     DriverFact(),
@@ -70,6 +82,7 @@ def gather_gpu_facts(facts: FactSource) -> GpuFacts:
         secure_boot,
         facts.get(LoadedModules()),
         facts.get(MokEnrolledFact(DKMS_MOK_CERT)) if secure_boot == SB_ENABLED else False,
+        facts.get(OsReleaseFact()),
     )
 
 
@@ -94,21 +107,20 @@ class GpuPlan:
     """What the gpu_driver role does on one host."""
 
     skip: str | None = None  # the whole role skips (no NVIDIA GPU)
-    error: str | None = None  # refuse to change anything (Secure Boot with unsigned modules)
+    error: str | None = None  # refuse to change anything (Secure Boot, unsupported platform or branch)
+    platform: str = ""  # e.g. "Ubuntu 24.04"
+    repo_url: str | None = None  # the driver repository to configure; None: the platform's own (DGX OS)
     branch: str = ""
     version_glob: str | None = None  # apt version glob for every driver package, e.g. "570.133.20-*"
     packages: tuple[str, ...] = ()
     headers_package: str | None = None  # installed when the running kernel's headers are missing
     fabric_manager: PlanChoice = PlanChoice(False, "")
+    fabric_manager_package: str = ""  # pinned to the driver's exact version by the role
+    extras: PlatformExtras = PlatformExtras((), False, "")
     gpudirect: GpuDirect = GpuDirect("none", "")
     persistence: PlanChoice = PlanChoice(False, "")
     reboot_reasons: tuple[str, ...] = ()
     driver_ready: bool = False  # the pinned driver is loaded now: services can start, modules load
-
-    @property
-    def fabric_manager_package(self) -> str:
-        """Fabric Manager's package for the branch (pinned to the driver's exact version by the role)."""
-        return f"nvidia-fabricmanager-{self.branch}"
 
 
 def driver_branch(spec: GpuSpec) -> str:
@@ -122,16 +134,6 @@ def cuda_major(spec: GpuSpec) -> int:
     """The CUDA major the pinned driver serves best: 13 from R580 on, else 12."""
     branch = driver_branch(spec)
     return 13 if branch.isdigit() and int(branch) >= CUDA13_MIN_BRANCH else 12
-
-
-def driver_packages(spec: GpuSpec) -> tuple[str, ...]:
-    """apt packages of the pinned branch: `nvidia-kernel-open-B` (open modules) then `cuda-drivers-B`.
-
-    The open kernel package goes first so the driver's kernel-module dependency is already met by
-    it and apt never builds the proprietary module only to replace it."""
-    branch = driver_branch(spec)
-    packages = [f"nvidia-kernel-open-{branch}"] if spec.open_modules else []
-    return (*packages, f"cuda-drivers-{branch}")
 
 
 def dmabuf_support(open_modules: bool, kernel: KernelInfo) -> PlanChoice:
@@ -205,10 +207,21 @@ def pinned_loaded(spec: GpuSpec, driver: DriverInfo) -> bool:
     return same and (driver.loaded_open is None or driver.loaded_open == bool(spec.open_modules))
 
 
-def plan_gpu(host: str, spec: GpuSpec, facts: GpuFacts, has_rdma: bool) -> GpuPlan:
-    """The gpu_driver plan for one host: skip without GPUs, refuse under Secure Boot, else what to do."""
+def plan_gpu(
+    host: str, spec: GpuSpec, facts: GpuFacts, has_rdma: bool, cuda_repo: str | dict[str, str] | None = None
+) -> GpuPlan:
+    """The gpu_driver plan for one host: skip without GPUs, refuse an unsupported platform or branch or
+    under Secure Boot, else what to do. `cuda_repo` is the profile's mirrors.cuda_repo."""
     if not facts.pci.gpus:
         return GpuPlan(skip="no NVIDIA GPU on the PCI bus")
+    branch = driver_branch(spec)
+    try:
+        platform = resolve_platform(host, facts.os)
+        check_branch(host, platform, branch)
+        repo_url = cuda_repo_url(host, platform, facts.os.arch, cuda_repo)
+        packages = driver_packages(host, platform, branch, bool(spec.open_modules))
+    except PlatformRefusal as exc:
+        return GpuPlan(error=str(exc))
     loaded_ok = pinned_loaded(spec, facts.driver)
     error = secure_boot_error(host, facts, loaded_ok)
     if error:
@@ -217,7 +230,6 @@ def plan_gpu(host: str, spec: GpuSpec, facts: GpuFacts, has_rdma: bool) -> GpuPl
         gpudirect = resolve_gpudirect(spec, facts.kernel, has_rdma)
     except ValueError as exc:
         return GpuPlan(error=f"{host}: {exc}")
-    branch = driver_branch(spec)
     reboots = []
     if not loaded_ok:
         have = facts.driver.loaded_version or "none"
@@ -233,11 +245,15 @@ def plan_gpu(host: str, spec: GpuSpec, facts: GpuFacts, has_rdma: bool) -> GpuPl
         reboots.append("nouveau is loaded; it is blacklisted and leaves at the next boot")
     persistence = PlanChoice(bool(spec.persistence), "gpu.persistence: " + str(spec.persistence).lower())
     return GpuPlan(
+        platform=platform.name,
+        repo_url=repo_url,
         branch=branch,
         version_glob=f"{spec.driver_version}-*" if spec.driver_version else None,
-        packages=driver_packages(spec),
+        packages=packages,
         headers_package=None if facts.kernel.headers_installed else facts.kernel.headers_package,
         fabric_manager=decide_fabric_manager(spec, facts.pci),
+        fabric_manager_package=fabric_manager_package(platform, branch),
+        extras=platform_extras(platform, facts.os.product_name),
         gpudirect=gpudirect,
         persistence=persistence,
         reboot_reasons=tuple(reboots),

@@ -3,12 +3,15 @@
 The GID index is never assumed to be 3: it is the RoCE v2 entry whose GID is the IPv4-mapped
 address of the host's `rdma_netdev` (reference/provisioning.md §2.2). QoS follows the mlnx-tools
 sequence (trust dscp, PFC on one priority, DSCP→priority) with mlnx_qos where present and
-iproute2 `dcb` otherwise (§2.4). Everything here is pure and tested against fixtures.
+iproute2 `dcb` otherwise (§2.4). The RDMA stack is the distribution's inbox rdma-core unless DOCA-OFED
+(or MLNX_OFED) is installed, whose own rdma-core the distribution's packages must not replace (§2.1).
+Everything here is pure and tested against fixtures.
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pdfleet.hw.rdma_facts import Gid, NetdevInfo, QosState, QosTools, RdmaDevice
@@ -18,6 +21,42 @@ if TYPE_CHECKING:
 
 ROCE_V2 = "RoCE v2"
 PORT = 1  # ConnectX Ethernet functions expose one port per RDMA device
+
+
+# The inbox RDMA userspace (Debian and Ubuntu name it alike, reference/provisioning.md §2.1).
+INBOX_PACKAGES: tuple[str, ...] = (
+    "rdma-core",
+    "ibverbs-providers",
+    "ibverbs-utils",
+    "rdmacm-utils",
+    "infiniband-diags",
+    "perftest",
+)
+DOCA_PACKAGES = ("doca-ofed", "doca-ofed-userspace")
+
+
+@dataclass(frozen=True)
+class RdmaStack:
+    """Which RDMA userspace the host runs: the distribution's (install the inbox packages) or DOCA-OFED's."""
+
+    doca: bool
+    reason: str
+
+
+def rdma_stack(installed: dict[str, str | None]) -> RdmaStack:
+    """DOCA-OFED when its packages are installed or rdma-core is NVIDIA's build (version `...mlnx...`, e.g.
+    2410mlnx54-1.2410068); otherwise the inbox rdma-core."""
+    doca = next((f"{p} {installed[p]}" for p in DOCA_PACKAGES if installed.get(p)), None)
+    core = installed.get("rdma-core") or ""
+    if doca is None and "mlnx" in core:
+        doca = f"rdma-core {core}"
+    if doca is None:
+        return RdmaStack(False, f"inbox rdma-core{' ' + core if core else ''} from the distribution")
+    return RdmaStack(
+        True,
+        f"DOCA-OFED is installed ({doca}): the distribution's RDMA packages would replace its libraries "
+        "(e.g. perftest pulls the distribution's librdmacm); install missing tools from the DOCA repository",
+    )
 
 
 class RdmaError(ValueError):

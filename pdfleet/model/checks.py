@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pdfleet.model import connectors
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.host_checks import HostRuns, host_problems
+from pdfleet.model.platforms import PLATFORM_KEYS, PLATFORMS, branches_by_platform
 from pdfleet.model.problems import Problem
 from pdfleet.model.profile import DEFAULT_KV_ROLES, PoolSpec, Profile
 from pdfleet.model.release_checks import release_problems
@@ -300,7 +301,8 @@ def _control_path(path: str) -> str:
 
 
 def _driver_problems(profile: Profile) -> Iterable[Problem]:
-    """A pinned driver version must belong to the pinned branch (570.x for branch 570)."""
+    """A pinned driver version must belong to the pinned branch (570.x for branch 570), and the branch must
+    exist on some supported platform (on each one the profile names a CUDA repository for)."""
     gpu = profile.gpu
     if gpu.driver_version is not None and gpu.driver_version.split(".", 1)[0] != gpu.driver_branch:
         yield Problem(
@@ -308,14 +310,30 @@ def _driver_problems(profile: Profile) -> Iterable[Problem]:
             f"{gpu.driver_version} is not in driver_branch {gpu.driver_branch}; "
             f"use a {gpu.driver_branch}.x version or change driver_branch",
         )
+    repo = profile.mirrors.cuda_repo
+    named = tuple(p for p in PLATFORMS if isinstance(repo, dict) and p.key in repo)
+    lacking = [p for p in named or PLATFORMS if gpu.driver_branch not in p.branches]
+    if lacking and (named or len(lacking) == len(PLATFORMS)):
+        where = ", ".join(p.name for p in lacking)
+        yield Problem(
+            "gpu.driver_branch",
+            f"{gpu.driver_branch} has no driver packages on {where}; branches: {branches_by_platform()}",
+        )
 
 
 def _mirror_problems(profile: Profile) -> Iterable[Problem]:
     """Mirrors are http(s) URLs; a trusted PyPI host only makes sense with a PyPI mirror."""
     mirrors = profile.mirrors
-    for key in ("apt", "pypi", "cuda_repo"):
-        value = getattr(mirrors, key)
+    urls = {"mirrors.apt": mirrors.apt, "mirrors.pypi": mirrors.pypi}
+    repo = mirrors.cuda_repo
+    urls.update({f"mirrors.cuda_repo.{k}": v for k, v in repo.items()} if isinstance(repo, dict) else {})
+    urls.update({"mirrors.cuda_repo": repo} if isinstance(repo, str) else {})
+    for key, value in urls.items():
         if value is not None and not value.startswith(("http://", "https://")):
-            yield Problem(f"mirrors.{key}", f"must be an http:// or https:// URL (got {value!r})")
+            yield Problem(key, f"must be an http:// or https:// URL (got {value!r})")
+    for name in sorted(set(repo) - set(PLATFORM_KEYS)) if isinstance(repo, dict) else ():
+        yield Problem(
+            f"mirrors.cuda_repo.{name}", f"is not a platform; use one of {', '.join(PLATFORM_KEYS)}"
+        )
     if mirrors.pypi_trusted_host is not None and mirrors.pypi is None:
         yield Problem("mirrors.pypi_trusted_host", "is set but mirrors.pypi is not; set both or neither")

@@ -135,7 +135,9 @@ class Mirrors(StrictModel):
     apt_trusted: bool = False
     pypi: str | None = None
     pypi_trusted_host: str | None = None
-    cuda_repo: str = "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
+    # NVIDIA's CUDA repository for each host's distribution by default (pdfleet.hw.distro); one URL for every
+    # distribution, or one per distribution ({ubuntu2404: URL, ...}; keys in pdfleet.model.platforms).
+    cuda_repo: str | dict[str, str] | None = None
 
 
 class GatewayLimits(StrictModel):

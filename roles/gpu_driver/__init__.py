@@ -1,9 +1,12 @@
-"""gpu_driver: NVIDIA's CUDA apt repo, the pinned and held driver branch, nouveau off, headers for the
-running kernel, Fabric Manager on NVSwitch systems, persistence daemon, GPUDirect (DMA-BUF or peermem).
+"""gpu_driver: NVIDIA's CUDA apt repo for the host's distribution, the pinned and held driver branch, nouveau
+off, headers for the running kernel, Fabric Manager on NVSwitch systems (IMEX/NVLink5 where the platform
+needs them), persistence daemon, GPUDirect (DMA-BUF or peermem).
 
-Hardware first: a host without an NVIDIA GPU on the PCI bus skips with that reason; Secure Boot
-with modules DKMS cannot sign refuses before anything is installed. A change that only takes effect
-after a reboot yields a `reboot required` marker (pdfleet.ops.base.REBOOT_REQUIRED) with the reasons.
+Hardware first: a host without an NVIDIA GPU on the PCI bus skips with that reason; an unsupported
+distribution, a branch its repository lacks, or Secure Boot with modules DKMS cannot sign refuses before
+anything is installed. Repository and package names per distribution: pdfleet.hw.distro. A change that
+only takes effect after a reboot yields a `reboot required` marker (pdfleet.ops.base.REBOOT_REQUIRED)
+with the reasons.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.hw import HardwareError
+from pdfleet.hw.distro import CUDA_KEY
 from pdfleet.hw.gpu import GPU_FACTS, GpuPlan, gather_gpu_facts, plan_gpu
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.ops.apt import AptPackage, AptRepo
@@ -23,11 +27,9 @@ from pdfleet.ops.kernel import KernelModule
 from pdfleet.ops.systemd import Service
 
 NAME = "gpu_driver"
-# Branch-specific packages (cuda-drivers-B, nvidia-kernel-open-B, nvidia-fabricmanager-B) come from
-# NVIDIA's CUDA repository (or its mirror), not the site's Debian mirror.
+# Branch-specific packages (cuda-drivers-B, nvidia-fabricmanager-B, ...) come from NVIDIA's repository for
+# the host's distribution (or its mirror), not the site's Debian/Ubuntu mirror.
 APT_PACKAGES: tuple[str, ...] = ("dkms",)
-
-CUDA_KEY = "3bf863cc.pub"  # the CUDA repositories' signing key (rotated in 2022)
 NOUVEAU_CONF = "/etc/modprobe.d/blacklist-nouveau.conf"
 APT_PIN = "/etc/apt/preferences.d/pdfleet-nvidia"
 UNATTENDED_BLACKLIST = "/etc/apt/apt.conf.d/51pdfleet-nvidia-no-unattended"
@@ -71,11 +73,9 @@ def unattended_blacklist() -> str:
     )
 
 
-def cuda_repo(ctx: RoleContext) -> AptRepo:
-    """NVIDIA's CUDA apt repository (a flat repo) or the profile's mirror of it."""
-    mirrors = ctx.profile.mirrors
-    uri = mirrors.cuda_repo if mirrors.cuda_repo.endswith("/") else mirrors.cuda_repo + "/"
-    if mirrors.apt_trusted:
+def cuda_repo(ctx: RoleContext, uri: str) -> AptRepo:
+    """NVIDIA's CUDA apt repository for the host's distribution (a flat repo), or the profile's mirror."""
+    if ctx.profile.mirrors.apt_trusted:
         return AptRepo("cuda", uri, "/", (), trusted=True)
     return AptRepo("cuda", uri, "/", (), key_url=uri + CUDA_KEY)
 
@@ -83,7 +83,12 @@ def cuda_repo(ctx: RoleContext) -> AptRepo:
 def plan_operations(ctx: RoleContext, plan: GpuPlan) -> Iterable[Operation | Skip]:
     """The operations for a GPU host that passed the checks."""
     driver_loaded = plan.driver_ready
-    yield cuda_repo(ctx)
+    if plan.repo_url:
+        yield cuda_repo(ctx, plan.repo_url)
+    else:
+        yield Skip(
+            "CUDA repository", f"{plan.platform}: the driver comes from DGX OS's own NVIDIA repositories"
+        )
     if plan.headers_package:
         yield AptPackage(plan.headers_package)
     for package in APT_PACKAGES:
@@ -100,6 +105,10 @@ def plan_operations(ctx: RoleContext, plan: GpuPlan) -> Iterable[Operation | Ski
         yield Service("nvidia-fabricmanager.service", enabled=True, running=True if driver_loaded else None)
     else:
         yield Skip("nvidia-fabricmanager", plan.fabric_manager.reason)
+    for package in plan.extras.packages:
+        yield AptPackage(package)
+    if plan.extras.imex:
+        yield Service("nvidia-imex.service", enabled=True, running=True if driver_loaded else None)
     if plan.persistence.do:
         yield Service("nvidia-persistenced.service", enabled=True, running=True if driver_loaded else None)
     else:
@@ -119,7 +128,10 @@ def plan_operations(ctx: RoleContext, plan: GpuPlan) -> Iterable[Operation | Ski
 def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
     """Detect the GPUs, then install and pin the driver stack (or skip / refuse with the reason)."""
     gpu_facts = gather_gpu_facts(facts)
-    plan = plan_gpu(ctx.host.name, ctx.profile.gpu, gpu_facts, uses_rdma(ctx.profile, ctx.host))
+    profile = ctx.profile
+    plan = plan_gpu(
+        ctx.host.name, profile.gpu, gpu_facts, uses_rdma(profile, ctx.host), profile.mirrors.cuda_repo
+    )
     if plan.skip:
         yield Skip("NVIDIA driver", plan.skip)
         return

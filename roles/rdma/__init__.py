@@ -1,4 +1,5 @@
-"""rdma: rdma-core and tools, RDMA kernel modules, RoCE v2 as RDMA-CM default, MTU, trust DSCP, PFC, ECN.
+"""rdma: rdma-core and tools (the distribution's, unless DOCA-OFED is installed), RDMA kernel modules,
+RoCE v2 as RDMA-CM default, MTU, trust DSCP, PFC, ECN.
 
 Runtime RoCE settings do not survive a reboot, so they live in one script run by a oneshot unit
 (pdfleet-roce.service) at boot; provision reruns it when the script changed or the NIC drifted.
@@ -16,6 +17,7 @@ from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.hw import HardwareError
 from pdfleet.hw.rdma import (
+    INBOX_PACKAGES,
     PORT,
     ROCE_V2,
     RdmaError,
@@ -25,25 +27,19 @@ from pdfleet.hw.rdma import (
     netdev_of,
     qos_converged,
     qos_tool,
+    rdma_stack,
     roce_script,
     roce_unit,
 )
 from pdfleet.hw.rdma_facts import NetdevFact, NetdevInfo, QosFact, QosToolsFact, RdmaDevice, RdmaSysfsFact
-from pdfleet.ops.apt import AptPackage
+from pdfleet.ops.apt import AptPackage, AptPackages
 from pdfleet.ops.base import Change, Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import File
 from pdfleet.ops.kernel import KernelModule
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 
 NAME = "rdma"
-APT_PACKAGES: tuple[str, ...] = (
-    "rdma-core",
-    "ibverbs-providers",
-    "ibverbs-utils",
-    "rdmacm-utils",
-    "infiniband-diags",
-    "perftest",
-)
+APT_PACKAGES: tuple[str, ...] = INBOX_PACKAGES
 MODULES = ("ib_uverbs", "rdma_ucm", "ib_umad")
 SCRIPT = "/usr/local/sbin/pdfleet-roce-setup"
 UNIT = "pdfleet-roce.service"
@@ -56,9 +52,10 @@ def applies(ctx: RoleContext) -> bool:
 
 
 def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
-    """The devices always (said in the skip); the QoS tools once it will configure them."""
+    """The devices always (said in the skip); installed packages and QoS tools once it configures them."""
     rdma = ctx.profile.rdma
-    return (RdmaSysfsFact(),) + ((QosToolsFact(),) if rdma.enabled and ctx.host.rdma_devices else ())
+    configures = rdma.enabled and ctx.host.rdma_devices
+    return (RdmaSysfsFact(),) + ((AptPackages(), QosToolsFact()) if configures else ())
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:
@@ -134,8 +131,12 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         compute_gid_index(found, declared, netdevs, rdma.gid_index)
     except RdmaError as exc:
         raise HardwareError(f"{ctx.host.name}: {exc}") from None
-    for package in APT_PACKAGES:
-        yield AptPackage(package)
+    stack = rdma_stack(facts.get(AptPackages()))
+    if stack.doca:
+        yield Skip("inbox RDMA packages", stack.reason)
+    else:
+        for package in APT_PACKAGES:
+            yield AptPackage(package)
     for module in MODULES:
         yield KernelModule(module, present=True, persist=True)
     tool = qos_tool(facts.get(QosToolsFact()))

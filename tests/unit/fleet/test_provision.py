@@ -16,6 +16,7 @@ import roles.gateway as gateway_role
 from pdfleet.fleet.provision import host_facts, render_fleet
 from pdfleet.fleet.render import RenderedFile, write_tree
 from pdfleet.hw.gpu import GPU_FACTS
+from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.hw.rdma_facts import RdmaSysfsFact
 from pdfleet.ops.apt import AptPackages
 from pdfleet.ops.files import FileContent
@@ -232,6 +233,7 @@ def test_a_hosts_first_batch_is_the_union_of_its_roles_declared_facts() -> None:
     }
     assert batch["lab-gw"] == (
         AptPackages(),
+        OsReleaseFact(),
         FileContent(gateway_role.POLICY_FILE),
     )  # base, gateway, monitoring
     assert batch["lab-colo1"] == (AptPackages(), *GPU_FACTS)  # no KV moves there: no RDMA devices read

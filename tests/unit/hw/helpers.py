@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from pdfleet.hw import gpu_facts, rdma_facts
+from pdfleet.hw import gpu_facts, os_facts, rdma_facts
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 from pdfleet.model.profile_loader import load_profile
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[3]
 PIN = "570.133.20"
 H100_DEVICES = tuple(f"mlx5_{i}" for i in range(8))
 # where fixture keys are looked up: the hardware facts, then the ops domains' facts
-FACT_MODULES = (gpu_facts, rdma_facts, kernel, files, apt, systemd, users, pip)
+FACT_MODULES = (gpu_facts, os_facts, rdma_facts, kernel, files, apt, systemd, users, pip)
 
 
 def fact_for(key: str) -> Fact[Any]:
@@ -61,6 +61,8 @@ class HostFacts(FakeFacts):
             pass
         if isinstance(fact, gpu_facts.MokEnrolledFact):
             return False
+        if isinstance(fact, os_facts.OsReleaseFact):  # the lab's hosts: Debian 12
+            return load_fixture("lab-container")[fact]
         if isinstance(fact, rdma_facts.QosFact):
             return rdma_facts.QosState(None, None)
         if isinstance(fact, AptPackages):

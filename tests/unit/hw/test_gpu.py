@@ -6,7 +6,8 @@ import pytest
 
 import roles.gpu_driver as role
 from pdfleet.hw import HardwareError, gpu_facts
-from pdfleet.hw.gpu import dmabuf_support, driver_packages, gather_gpu_facts, plan_gpu, resolve_gpudirect
+from pdfleet.hw.gpu import dmabuf_support, gather_gpu_facts, plan_gpu, resolve_gpudirect
+from pdfleet.ops.apt import AptRepo
 from pdfleet.ops.base import REBOOT_REQUIRED
 from tests.unit.hw.helpers import PIN, commands, context, fixture_facts, host, pinned, profile, run_role
 
@@ -97,10 +98,13 @@ def test_cuda_repo_follows_the_mirror() -> None:
         gpu={"driver_branch": "570"},
         mirrors={"cuda_repo": "http://198.18.0.1:8081/cuda", "apt_trusted": True},
     )
-    repo = role.cuda_repo(context(prof, host()))
+    ops, _, _ = run_role(role, context(prof, host()), fixture_facts(H100))
+    repo = next(op for op in ops if isinstance(op, AptRepo))
     assert repo.source_line() == "deb [trusted=yes] http://198.18.0.1:8081/cuda/ /\n"
-    public = role.cuda_repo(context(pinned(), host()))
-    assert public.key_url and public.key_url.startswith("https://developer.download.nvidia.com/")
+    ops, _, _ = run_role(role, context(pinned(), host()), fixture_facts(H100))
+    public = next(op for op in ops if isinstance(op, AptRepo))
+    assert public.uri == "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
+    assert public.key_url == public.uri + "3bf863cc.pub"
 
 
 def test_lab_host_skips_with_reason() -> None:
@@ -113,7 +117,7 @@ def test_lab_host_skips_with_reason() -> None:
 
 def test_proprietary_flavour_and_peermem_fallback() -> None:
     prof = pinned(open_modules=False)
-    assert driver_packages(prof.gpu) == ("cuda-drivers-570",)
+    assert plan_for(H100, prof).packages == ("cuda-drivers-570",)
     kernel = gpu_facts.KernelInfo("6.1.0-31-amd64", True)
     assert not dmabuf_support(False, kernel).do
     assert resolve_gpudirect(prof.gpu, kernel, True).mode == "peermem"
