@@ -5,15 +5,20 @@ from __future__ import annotations
 import pytest
 
 from pdfleet.hw import gpu_facts
+from pdfleet.hw.os_facts import OsReleaseFact
 from tests.unit.hw.helpers import FIXTURES, PIN, load_fixture
 
 ALL = sorted(p.stem for p in FIXTURES.glob("*.yml"))
+# OS-only fixtures (a distribution's facts), paired with a hardware fixture by test_distro
+OS_ONLY = ("debian-12", "dgx-os-6", "dgx-os-7", "rocky-9", "ubuntu-22.04", "ubuntu-24.04")
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_every_fixture_fact_names_its_format_source_and_parses(name: str) -> None:
     table = load_fixture(name)
-    assert {gpu_facts.NvidiaPciFact(), gpu_facts.DriverFact(), gpu_facts.KernelFact()} <= set(table)
+    assert OsReleaseFact() in table
+    if name not in OS_ONLY:
+        assert {gpu_facts.NvidiaPciFact(), gpu_facts.DriverFact(), gpu_facts.KernelFact()} <= set(table)
 
 
 def test_h100_hgx_has_eight_gpus_and_four_nvswitches() -> None:
