@@ -25,9 +25,9 @@ from pdfleet.gateway.errors import Reject, Style, error_response
 from pdfleet.gateway.intake import admit, authorize, request_id
 from pdfleet.gateway.keys import AuthResult
 from pdfleet.gateway.limits import Limiter, limits_summary
-from pdfleet.gateway.live import StageConflict, apply_update, is_noop, parse_update
+from pdfleet.gateway.live import StageConflict, apply_update, is_noop, parse_update, unknown_model
 from pdfleet.gateway.metrics import GatewayMetrics
-from pdfleet.gateway.policy import ActivePolicy, load_policy, restart_only_changes
+from pdfleet.gateway.policy import ActivePolicy, group_staging, load_policy, restart_only_changes
 from pdfleet.gateway.proxy import Proxy
 from pdfleet.gateway.server import ClientServer
 from pdfleet.gateway.upstream import UpstreamClient
@@ -227,7 +227,8 @@ class Gateway:
         return await self._guarded(request, body, admin=True)
 
     async def _admin_stage(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Set the live stage (admin key): rewrite the policy file's version, stage and stages, reload."""
+        """Set the live stage (admin key), of one model group when the body names one: rewrite the policy
+        file's version and that stage and stages, reload."""
 
         async def body(policy: ActivePolicy, _auth: AuthResult) -> web.Response:
             try:
@@ -238,6 +239,9 @@ class Gateway:
                 return error_response(400, str(exc), code="invalid_request")
             async with self._stage_lock:
                 active = self.policy.spec
+                unknown = unknown_model(active, update)
+                if unknown is not None:
+                    return error_response(404, unknown, code="model_not_found", param="model")
                 if not is_noop(active, update):
                     try:
                         if update.version <= active.version:
@@ -254,7 +258,12 @@ class Gateway:
                     if not ok:
                         return error_response(422, msg, code="policy_rejected")
             p = self.policy.spec
-            return web.json_response({"ok": True, "version": p.version, "stage": p.stage})
+            if update.model is None:
+                return web.json_response({"ok": True, "version": p.version, "stage": p.stage})
+            stage = group_staging(p, update.model).stage
+            return web.json_response(
+                {"ok": True, "version": p.version, "stage": stage, "model": update.model}
+            )
 
         return await self._guarded(request, body, admin=True)
 

@@ -26,7 +26,19 @@ from pdfleet.gateway.errors import Reject, Style, anthropic_status
 from pdfleet.gateway.keys import AuthResult, authenticate
 from pdfleet.gateway.limits import Limiter, prompt_limit
 from pdfleet.gateway.metrics import GatewayMetrics
-from pdfleet.gateway.policy import POOLS, ActivePolicy, Decision, Pool, Route, decide, length_class
+from pdfleet.gateway.outside import check_api
+from pdfleet.gateway.policy import (
+    NO_MODEL,
+    POOLS,
+    ActivePolicy,
+    Decision,
+    LengthClass,
+    Pool,
+    Route,
+    bucket_of,
+    decide,
+    length_class,
+)
 from pdfleet.tokens import CharEstimate, count_messages_tokens, count_request_tokens
 
 
@@ -182,6 +194,13 @@ def route_for(policy: ActivePolicy, data: dict[str, Any]) -> tuple[str, Route]:
     return model, route
 
 
+def check_route_api(alias: str, route: Route, endpoint: Endpoint) -> None:
+    """400 when an outside alias is called on an endpoint of the other API (nothing is translated)."""
+    problem = check_api(alias, route.outside, endpoint)
+    if problem is not None:
+        raise Reject(400, problem, code="model_api_mismatch", param="model")
+
+
 def _check_prompt(prompt: Any) -> bool:
     """OpenAI's allowed `prompt` shapes: str, [str], [int], [[int]]."""
     if isinstance(prompt, str):
@@ -239,6 +258,10 @@ def forced_pool(
     if value not in POOLS:
         raise Reject(400, f"header {name} must be one of: {', '.join(POOLS)}", param=name)
     pool: Pool = "disagg" if value == "disagg" else "colocated"
+    if route.outside is not None:
+        raise Reject(
+            400, f"model {route.alias!r} is an outside endpoint; header {name} cannot pick a pool", param=name
+        )
     if pool == "disagg" and route.disagg is None:
         raise Reject(
             400, f"model {route.alias!r} has no disagg pool; header {name} cannot force it", param=name
@@ -262,6 +285,25 @@ async def count_tokens(
         return count(data, policy.counter)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, count, data, policy.counter)
+
+
+def route_decision(
+    policy: ActivePolicy, route: Route, tokens: int, sticky: str, endpoint: Endpoint, forced: Pool | None
+) -> tuple[LengthClass, Decision]:
+    """The request's length class and where it goes, by its route's own group stage and threshold (an
+    outside alias: always its endpoint, classed by the top-level threshold)."""
+    staging = route.staging
+    if staging is None:  # an outside alias: no stage, no pools
+        return length_class(tokens, policy.spec.long_prompt_tokens), Decision(
+            "outside", "outside", bucket_of(sticky)
+        )
+    cls = length_class(tokens, staging.long_prompt_tokens)
+    carried = endpoint in route.disagg_endpoints
+    decision = decide(staging.weights, cls, sticky, route.disagg is not None and carried, forced)
+    if decision.reason == "no_disagg" and route.disagg is not None:
+        # the stage sends it to disagg, but the router cannot carry this endpoint: kept colocated
+        decision = Decision("colocated", "endpoint_not_on_disagg", decision.bucket)
+    return cls, decision
 
 
 def check_prompt_limit(
@@ -334,7 +376,7 @@ async def admit(
     An admitted request is counted in flight for its key: the caller releases it when the response
     ends (`limiter.release(ctx.key.name)`); a rejection here releases it itself.
     """
-    alias = "-"
+    alias = model = NO_MODEL
     held: str | None = None
     style: Style = "anthropic" if endpoint == "messages" else "openai"
     try:
@@ -348,6 +390,8 @@ async def admit(
         body = await read_body(request, policy.spec.max_body_bytes, policy.spec.clients.body_timeout_s)
         data = parse_body(body)
         alias, route = route_for(policy, data)
+        model = route.model
+        check_route_api(alias, route, endpoint)
         check_fields(endpoint, data)
         forced = forced_pool(request.headers, policy, route, endpoint)
         tokens = await count_tokens(policy, data, len(body), endpoint)
@@ -359,7 +403,7 @@ async def admit(
         if rej.code == "prompt_too_long":
             m.child(m.limit_rejections, held or "-", "prompt_tokens").inc()
         status = rej.status if style == "openai" else anthropic_status(rej.status)[0]
-        m.child(m.requests, alias, "none", "none", str(status)).inc()
+        m.child(m.requests, model, "none", "none", str(status)).inc()
         raise
     except BaseException:
         if held is not None:
@@ -367,18 +411,14 @@ async def admit(
         raise
     key, digest = auth.entry, auth.digest
     assert key is not None and digest is not None  # authorize() raised otherwise
-    cls = length_class(tokens, policy.spec.long_prompt_tokens)
     sticky = sticky_key(request.headers, policy, data, digest)
-    carried = endpoint in route.disagg_endpoints
-    decision = decide(policy.stage, cls, sticky, route.disagg is not None and carried, forced)
-    if decision.reason == "no_disagg" and route.disagg is not None:
-        # the stage sends it to disagg, but the router cannot carry this endpoint: counted, kept colocated
-        decision = Decision("colocated", "endpoint_not_on_disagg", decision.bucket)
-        m.child(m.kept_colocated, alias, endpoint, "router_lacks_endpoint").inc()
-    m.child(m.decisions, policy.spec.stage, cls, decision.pool, decision.reason).inc()
-    m.child(m.prompt_tokens, alias).observe(tokens)
-    policy.counts.requests += 1
-    policy.counts.decisions[cls][decision.pool] += 1
+    cls, decision = route_decision(policy, route, tokens, sticky, endpoint, forced)
+    if decision.reason == "endpoint_not_on_disagg":
+        m.child(m.kept_colocated, model, endpoint, "router_lacks_endpoint").inc()
+    stage = route.staging.stage if route.staging is not None else NO_MODEL
+    m.child(m.decisions, model, stage, cls, decision.pool, decision.reason).inc()
+    m.child(m.prompt_tokens, model).observe(tokens)
+    policy.counts.count(model, cls, decision.pool)
     stream = bool(data.get("stream", False))
     return RequestContext(
         rid, t0, policy, key, endpoint, alias, route, data, body, stream, tokens, cls, decision, style

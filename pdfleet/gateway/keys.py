@@ -48,18 +48,35 @@ def hash_key(key: str) -> str:
 
 def check_key_file_mode(path: Path) -> None:
     """Refuse a keys file that group or others can read or write (it must be 0600 or stricter)."""
+    check_secret_file_mode(path, "the keys file")
+
+
+def check_secret_file_mode(path: Path, what: str, where: str = "") -> None:
+    """Refuse a secret-holding file (`what`) that is not a regular file readable by its owner only;
+    `where` (the policy key naming it) heads the message when given."""
+    head = f"{where}: {path}" if where else str(path)
     try:
         st = path.stat()
     except OSError as exc:
-        raise ValidationError(f"{path}: cannot read the keys file: {exc.strerror}") from None
+        raise ValidationError(f"{head}: cannot read {what}: {exc.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise ValidationError(f"{path}: the keys file is not a regular file")
+        raise ValidationError(f"{head}: {what} is not a regular file")
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:
         raise ValidationError(
-            f"{path}: the keys file is group/world-accessible (mode {mode:04o}); it must be readable by "
+            f"{head}: {what} is group/world-accessible (mode {mode:04o}); it must be readable by "
             f"its owner only: run `chmod 600 {path}`. Refusing to use it."
         )
+
+
+def read_secret_file(path: Path, where: str = "") -> bytes:
+    """A secret file's bytes, never through a symlink at the file; errors name the file, not its content."""
+    head = f"{where}: {path}" if where else str(path)
+    try:
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+            return fh.read()
+    except OSError as exc:
+        raise ValidationError(f"{head}: cannot read the file: {exc.strerror}") from None
 
 
 def load_keys(path: Path) -> dict[str, KeyEntry]:

@@ -1,4 +1,10 @@
-"""Prometheus metrics of the gateway, all named `pdfleet_gateway_*`, in a registry per gateway instance."""
+"""Prometheus metrics of the gateway, all named `pdfleet_gateway_*`, in a registry per gateway instance.
+
+`model` is the request's model group (the pdfleet model name; an alias without a group: the alias; `-`
+before an alias is known), so a per-model rollout gate or dashboard selects one model and every
+fleet-wide reader sums it away. Its values come from the policy only: the label set stays bounded.
+`pool` is colocated, disagg, or outside (an alias served by an outside endpoint).
+"""
 
 from __future__ import annotations
 
@@ -110,28 +116,28 @@ class GatewayMetrics:
         r = self.registry
         self.requests = Counter(
             "pdfleet_gateway_requests",
-            "Every response, by model alias ('-': none known), pool, prompt length class and HTTP status",
+            "Every response, by model ('-': none known), pool, prompt length class and HTTP status",
             ["model", "pool", "length_class", "status"],
             registry=r,
         )
         self.ttft = Histogram(
             "pdfleet_gateway_ttft_seconds",
             "Time from request received to first streamed chunk from upstream",
-            ["pool", "length_class"],
+            ["model", "pool", "length_class"],
             buckets=TTFT_BUCKETS,
             registry=r,
         )
         self.chunk_gap = Histogram(
             "pdfleet_gateway_chunk_gap_seconds",
             "Gap between consecutive streamed chunks from upstream",
-            ["pool", "length_class"],
+            ["model", "pool", "length_class"],
             buckets=GAP_BUCKETS,
             registry=r,
         )
         self.stalls = Counter(
             "pdfleet_gateway_stream_stalls",
             "Streamed gaps longer than the policy's stall_threshold_ms (the typewriter stopped)",
-            ["pool", "length_class"],
+            ["model", "pool", "length_class"],
             registry=r,
         )
         self.fallbacks = Counter(
@@ -142,8 +148,8 @@ class GatewayMetrics:
         )
         self.decisions = Counter(
             "pdfleet_gateway_routing_decisions",
-            "Routing decisions by stage, length class, chosen pool and reason (weight, header, no_disagg)",
-            ["stage", "length_class", "pool", "reason"],
+            "Routing decisions by model, its stage, length class, chosen pool and reason",
+            ["model", "stage", "length_class", "pool", "reason"],
             registry=r,
         )
         self.prompt_tokens = Histogram(
@@ -156,14 +162,14 @@ class GatewayMetrics:
         self.duration = Histogram(
             "pdfleet_gateway_request_duration_seconds",
             "Whole request time through the gateway, by pool and length class",
-            ["pool", "length_class"],
+            ["model", "pool", "length_class"],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.stream_errors = Counter(
             "pdfleet_gateway_stream_errors",
             "Responses cut after the first byte (upstream error or timeout); ended with an error event",
-            ["pool", "reason"],
+            ["model", "pool", "reason"],
             registry=r,
         )
         self.client_disconnects = Counter(
@@ -187,7 +193,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.in_flight = Gauge(
-            "pdfleet_gateway_in_flight_requests", "Requests being proxied now", ["pool"], registry=r
+            "pdfleet_gateway_in_flight_requests", "Requests being proxied now", ["model", "pool"], registry=r
         )
         self.reloads = Counter(
             "pdfleet_gateway_policy_reloads",

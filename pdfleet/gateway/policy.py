@@ -7,6 +7,22 @@ reference, so a request keeps the policy it started with until it ends. This mod
 and writer of policy files: the gateway role renders through `policy_text`, `POST /admin/stage` rewrites
 through `with_stage` and `write_policy`, the bench's loopback gateways write through `write_policy`, and
 every reader (the gateway, provision's live-stage rule) parses through `parse_policy`.
+
+Several models, each rolled out on its own: `groups:` names model groups (the pdfleet model name) and
+each alias under `models:` may name its `group:`. A group may set its own `stage`, `stages` and
+`long_prompt_tokens`; whatever it leaves out follows the top-level keys, so a policy without `groups:`
+(every policy written before them) routes exactly as it did. Several aliases may share a group; they
+then share its stage. An alias without a group follows the top-level stage and is its own model in the
+metrics (label `model` = its group, else the alias; `-` before an alias is known).
+
+    groups:
+      chat-8b: {stage: long-prompts}              # its own stage, the top-level stages
+    models:
+      chat: {colocated: [http://10.0.0.11:8000], disagg: http://127.0.0.1:8100, group: chat-8b}
+      chat-latest: {colocated: [http://10.0.0.11:8000], group: chat-8b}
+      gpt-4o:                                     # an outside endpoint (outside.py): no pools, no stage
+        outside: {api: openai, base_url: https://api.openai.com, key_file: openai.key}
+        upstream_model: gpt-4o
 """
 
 from __future__ import annotations
@@ -19,133 +35,52 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
-from yarl import URL
 
 from pdfleet.errors import ValidationError
 from pdfleet.gateway.keys import KeyEntry, load_keys
-from pdfleet.gateway.limits import LimitsSpec, check_limit_names
+from pdfleet.gateway.limits import check_limit_names
+from pdfleet.gateway.outside import Outside, load_outside
+from pdfleet.gateway.policy_spec import (
+    ROUTER_PD_ENDPOINTS,
+    GroupSpec,
+    ModelRoute,
+    PolicySpec,
+    group_problems,
+    route_problems,
+)
 from pdfleet.model.schema_errors import schema_problems
 from pdfleet.model.stages import LENGTH_CLASSES, StageSpec
 from pdfleet.model.yamlfile import parse_yaml
-from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN, TextCounter, make_counter
+from pdfleet.tokens import TextCounter, make_counter
 
 POOLS: tuple[str, ...] = ("colocated", "disagg")
 BUCKETS = 100
 ENDPOINTS: tuple[str, ...] = ("chat", "completions", "messages")
-# What a P/D pool carries by default. vllm-router 0.1.17 forwards /v1/messages in P/D mode too (prefill
-# leg max_tokens=1 with kv_transfer_params, then decode), but vLLM's Messages route ignores
-# kv_transfer_params before vLLM PR #37535 (2026-03): there the decode instance silently redoes the
-# whole prefill. A fleet on a vLLM with it can add "messages" to a route's disagg_endpoints.
 Pool = Literal["colocated", "disagg"]
+Target = Literal["colocated", "disagg", "outside"]  # where a request goes: a pool or an outside endpoint
+TARGETS: tuple[str, ...] = ("colocated", "disagg", "outside")
+NO_MODEL = "-"  # the metrics' model label before an alias is known
 LengthClass = Literal["short", "long"]
-EndpointName = Literal["chat", "completions", "messages"]
-ROUTER_PD_ENDPOINTS: tuple[EndpointName, ...] = ("chat", "completions")
 
 
-def _base_url(value: str) -> str:
-    """A server root URL (http/https, host, no path), normalised without a trailing slash."""
-    url = URL(value)
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"{value!r} is not an http(s) URL with a host (e.g. http://10.0.0.11:8000)")
-    if url.path not in ("", "/") or url.query_string or url.fragment:
-        raise ValueError(
-            f"{value!r} has a path; give the server root (e.g. http://10.0.0.11:8000), "
-            "the gateway appends /v1/..."
-        )
-    return str(url.with_path("")).rstrip("/")
+@dataclass(frozen=True)
+class Staging:
+    """What routes a model group's requests: its stage's name and weights, its long-prompt threshold."""
 
-
-BaseUrl = Annotated[str, AfterValidator(_base_url)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ListenSpec(_Strict):
-    """Where the gateway listens; admin endpoints move to `admin_port` when it is set."""
-
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)  # 0: any free port (tests)
-    admin_port: int | None = Field(None, ge=0, le=65535)
-
-
-class EstimatorSpec(_Strict):
-    """Prompt-token estimator: the model's tokenizer.json when given, else characters per token."""
-
-    tokenizer: str | None = None
-    chars_per_token: float = Field(DEFAULT_CHARS_PER_TOKEN, gt=0, le=64)
-
-
-class TimeoutSpec(_Strict):
-    """Upstream timeouts in seconds; `first_byte_s` covers connect, headers and the first chunk."""
-
-    connect_s: float = Field(5.0, gt=0)
-    first_byte_s: float = Field(300.0, gt=0)
-    idle_s: float = Field(300.0, gt=0)
-
-
-class ClientSpec(_Strict):
-    """Bounds on the gateway's own clients: how long a request head, a request body and an idle
-    keep-alive connection may take, and how many connections one client address may hold.
-
-    The idle default outlasts a 60 s load-balancer idle timeout, so the balancer closes first and never
-    races the gateway's close; the connection cap is high because a balancer or NAT puts many clients
-    behind one address. A reload applies to connections accepted (and bodies read) after it.
-    """
-
-    header_timeout_s: float = Field(10.0, gt=0)  # first byte of a request head to its blank line
-    body_timeout_s: float = Field(60.0, gt=0)  # end of the head to the end of the body
-    idle_timeout_s: float = Field(75.0, gt=0)  # keep-alive: a connection with no request is closed
-    max_connections_per_address: int = Field(4096, ge=1)
-
-
-class StickySpec(_Strict):
-    """Where the sticky routing key comes from: session header, then the body's `user`, then the API key."""
-
-    session_header: str = Field("X-Session-Id", min_length=1)
-    use_user_field: bool = True
-
-
-class ModelRoute(_Strict):
-    """One model alias: its colocated base URLs, its disaggregated (vllm-router) URL, its upstream name."""
-
-    colocated: list[BaseUrl] = Field(min_length=1)
-    disagg: BaseUrl | None = None
-    upstream_model: str | None = Field(None, min_length=1)
-    # the endpoints the disagg pool (vllm-router in P/D mode) carries; the others stay colocated
-    disagg_endpoints: tuple[EndpointName, ...] = ROUTER_PD_ENDPOINTS
-
-
-class PolicySpec(_Strict):
-    """The whole policy file."""
-
-    version: int = Field(ge=1)
-    listen: ListenSpec = ListenSpec()
-    keys_file: str = Field(min_length=1)
-    models: dict[str, ModelRoute] = Field(min_length=1)
-    estimator: EstimatorSpec = EstimatorSpec()
-    long_prompt_tokens: int = Field(8192, ge=1)
-    stage: str = Field(min_length=1)
-    stages: dict[str, StageSpec] = Field(min_length=1)
-    sticky: StickySpec = StickySpec()
-    override_header: str | None = Field("X-Pdfleet-Pool", min_length=1)
-    stall_threshold_ms: float = Field(500.0, gt=0)
-    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    timeouts: TimeoutSpec = TimeoutSpec()
-    clients: ClientSpec = ClientSpec()
-    limits: LimitsSpec = LimitsSpec()
-    log_requests: bool = True
+    stage: str
+    weights: StageSpec
+    stages: Mapping[str, StageSpec]
+    long_prompt_tokens: int
 
 
 @dataclass(frozen=True)
 class Route:
-    """A compiled model alias: pools as URL tuples plus a round-robin over the colocated ones."""
+    """A compiled model alias: pools as URL tuples plus a round-robin over the colocated ones, its
+    group's staging, and its metrics label; or an outside endpoint (then no pools)."""
 
     alias: str
     colocated: tuple[str, ...]
@@ -153,6 +88,10 @@ class Route:
     upstream_model: str | None
     _rr: Iterator[int] = field(compare=False, repr=False)
     disagg_endpoints: frozenset[str] = frozenset(ROUTER_PD_ENDPOINTS)
+    staging: Staging | None = None  # None only for an outside alias
+    model: str = NO_MODEL  # the metrics label: the group, else the alias
+    group: str | None = None
+    outside: Outside | None = None
 
     def next_colocated(self) -> tuple[str, str | None]:
         """The next colocated URL and, when there is another one, the one to retry on."""
@@ -163,23 +102,36 @@ class Route:
 
 @dataclass(frozen=True)
 class Decision:
-    """Which pool a request goes to and why (weight, header, no-disagg)."""
+    """Which pool a request goes to and why (weight, header, no_disagg, endpoint_not_on_disagg, outside)."""
 
-    pool: Pool
+    pool: Target
     reason: str
     bucket: int
 
 
+def zero_decisions() -> dict[str, dict[str, int]]:
+    """Decisions per length class and target, all zero."""
+    return {c: dict.fromkeys(TARGETS, 0) for c in LENGTH_CLASSES}
+
+
 @dataclass
 class PolicyCounts:
-    """Counts since this policy became active (shown by /admin/policy)."""
+    """Counts since this policy became active (shown by /admin/policy), in all and per model label."""
 
     requests: int = 0
     in_flight: int = 0
-    decisions: dict[str, dict[str, int]] = field(
-        default_factory=lambda: {c: {p: 0 for p in POOLS} for c in LENGTH_CLASSES}
-    )
+    decisions: dict[str, dict[str, int]] = field(default_factory=zero_decisions)
     fallbacks: dict[str, int] = field(default_factory=dict)
+    by_model: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+
+    def count(self, model: str, cls: str, target: str) -> None:
+        """One routed request of a model in a length class, sent to a target."""
+        self.requests += 1
+        self.decisions[cls][target] += 1
+        own = self.by_model.get(model)
+        if own is None:
+            own = self.by_model[model] = zero_decisions()
+        own[cls][target] += 1
 
 
 @dataclass(frozen=True)
@@ -212,23 +164,51 @@ class ActivePolicy:
             "stages": {k: v.model_dump() for k, v in self.spec.stages.items()},
             "long_prompt_tokens": self.spec.long_prompt_tokens,
             "estimator": "tokenizer" if self.spec.estimator.tokenizer else "chars_per_token",
-            "models": {
-                a: {
-                    "colocated": list(r.colocated),
-                    "disagg": r.disagg,
-                    "upstream_model": r.upstream_model,
-                    "disagg_endpoints": sorted(r.disagg_endpoints),
-                }
-                for a, r in self.routes.items()
-            },
+            "groups": {name: self.group_summary(name) for name in self.spec.groups},
+            "models": {a: _route_summary(r) for a, r in self.routes.items()},
             "keys": len(self.keys),
             "counts": {
                 "requests": self.counts.requests,
                 "in_flight": self.counts.in_flight,
                 "decisions": self.counts.decisions,
                 "fallbacks": self.counts.fallbacks,
+                "by_model": self.counts.by_model,
             },
         }
+
+    def group_summary(self, name: str) -> dict[str, Any]:
+        """One group's stage, weights, stages, threshold, aliases and decisions (for /admin/policy)."""
+        staging = group_staging(self.spec, name)
+        return {
+            "stage": staging.stage,
+            "stage_percent_disagg": staging.weights.model_dump(),
+            "stages": {k: v.model_dump() for k, v in staging.stages.items()},
+            "long_prompt_tokens": staging.long_prompt_tokens,
+            "aliases": sorted(a for a, r in self.routes.items() if r.group == name),
+            "decisions": self.counts.by_model.get(name, zero_decisions()),
+        }
+
+
+def _route_summary(route: Route) -> dict[str, Any]:
+    """An alias as /admin/policy shows it (an outside one: its API, URL and key file, never its key)."""
+    out: dict[str, Any] = {"model": route.model, "group": route.group, "upstream_model": route.upstream_model}
+    if route.outside is not None:
+        return {**out, "outside": route.outside.summary()}
+    return {
+        **out,
+        "colocated": list(route.colocated),
+        "disagg": route.disagg,
+        "disagg_endpoints": sorted(route.disagg_endpoints),
+    }
+
+
+def group_staging(spec: PolicySpec, group: str | None) -> Staging:
+    """A group's staging (None: the top level), each key it leaves out taken from the top level."""
+    own = spec.groups[group] if group is not None else GroupSpec()
+    stages = own.stages if own.stages is not None else spec.stages
+    stage = own.stage if own.stage is not None else spec.stage
+    threshold = own.long_prompt_tokens if own.long_prompt_tokens is not None else spec.long_prompt_tokens
+    return Staging(stage, stages[stage], stages, threshold)
 
 
 def bucket_of(sticky_key: str) -> int:
@@ -275,9 +255,11 @@ def parse_policy(source: Path, text: str) -> PolicySpec:
         problems.append(f"{source}: stage: {spec.stage!r} is not a stage; stages are: {known}")
     if spec.listen.admin_port is not None and spec.listen.admin_port == spec.listen.port != 0:
         problems.append(f"{source}: listen.admin_port: must differ from listen.port ({spec.listen.port})")
-    for alias in spec.models:
+    for alias, route in spec.models.items():
         if not alias.strip() or alias != alias.strip():
             problems.append(f"{source}: models.{alias!r}: an alias must be non-empty, without outer spaces")
+        problems += [f"{source}: models.{alias}.{p}" for p in route_problems(spec, alias, route)]
+    problems += [f"{source}: {p}" for p in group_problems(spec)]
     if problems:
         raise ValidationError("\n".join(problems))
     return spec
@@ -292,12 +274,28 @@ def policy_text(data: Mapping[str, Any], source: Path, header: str = "") -> str:
     return text
 
 
-def with_stage(source: Path, text: str, version: int, stage: str, stages: Mapping[str, StageSpec]) -> str:
-    """The policy file's text with version, stage and stages replaced and every other key kept."""
+def with_stage(
+    source: Path,
+    text: str,
+    version: int,
+    stage: str,
+    stages: Mapping[str, StageSpec],
+    model: str | None = None,
+) -> str:
+    """The policy file's text with version, stage and stages replaced and every other key kept; with
+    `model`, that group's stage and stages (the top level and every other group kept)."""
     data = parse_yaml(text, source)
     if not isinstance(data, dict):
         raise ValidationError(f"{source}: is not a YAML mapping")
-    data.update(version=version, stage=stage, stages={k: v.model_dump() for k, v in stages.items()})
+    dumped = {k: v.model_dump() for k, v in stages.items()}
+    if model is None:
+        data.update(version=version, stage=stage, stages=dumped)
+    else:
+        groups = data.get("groups")
+        if not isinstance(groups, dict) or not isinstance(groups.get(model), dict):
+            raise ValidationError(f"{source}: groups.{model}: no such model group in the policy")
+        groups[model].update(stage=stage, stages=dumped)
+        data["version"] = version
     header = (
         "Managed by pdfleet: rendered by `invoke provision`; version, stage and stages set by the rollout "
         "controller (POST /admin/stage)."
@@ -352,17 +350,7 @@ def load_policy(path: str | Path) -> ActivePolicy:
             raise ValidationError(f"{source}: estimator.tokenizer: cannot load {tok_path}: {exc}") from None
     else:
         counter = make_counter(None, spec.estimator.chars_per_token)
-    routes = {
-        alias: Route(
-            alias,
-            tuple(r.colocated),
-            r.disagg,
-            r.upstream_model,
-            itertools.count(),
-            frozenset(r.disagg_endpoints),
-        )
-        for alias, r in spec.models.items()
-    }
+    routes = {alias: compile_route(spec, alias, r, source) for alias, r in spec.models.items()}
     return ActivePolicy(
         spec=spec,
         source=source,
@@ -372,6 +360,25 @@ def load_policy(path: str | Path) -> ActivePolicy:
         counter=counter,
         loaded_at=time.time(),
         counts=PolicyCounts(),
+    )
+
+
+def compile_route(spec: PolicySpec, alias: str, r: ModelRoute, source: Path) -> Route:
+    """An alias as requests use it: its pools and group's staging, or its outside endpoint (key read)."""
+    if r.outside is not None:
+        outside = load_outside(r.outside, source.parent, f"{source}: models.{alias}.outside.key_file")
+        rr = itertools.count()
+        return Route(alias, (), None, r.upstream_model, rr, frozenset(), None, alias, None, outside)
+    return Route(
+        alias,
+        tuple(r.colocated),
+        r.disagg,
+        r.upstream_model,
+        itertools.count(),
+        frozenset(r.disagg_endpoints),
+        group_staging(spec, r.group),
+        r.group or alias,
+        r.group,
     )
 
 

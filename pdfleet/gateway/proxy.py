@@ -20,7 +20,8 @@ from pdfleet.gateway.connection import UpstreamError, UpstreamResponse
 from pdfleet.gateway.context import RequestContext
 from pdfleet.gateway.errors import error_response, sse_error_event
 from pdfleet.gateway.metrics import GatewayMetrics
-from pdfleet.gateway.policy import LengthClass, Pool
+from pdfleet.gateway.outside import outside_headers
+from pdfleet.gateway.policy import LengthClass, Target
 from pdfleet.gateway.upstream import UpstreamClient
 
 log = logging.getLogger("pdfleet.gateway")
@@ -44,7 +45,7 @@ class _PassThrough(web.StreamResponse):
 class _Upstream:
     """An upstream response that produced its first chunk (or ended) within the first-byte timeout."""
 
-    pool: Pool
+    pool: Target
     resp: UpstreamResponse
 
 
@@ -52,7 +53,7 @@ class _Upstream:
 class _Failure:
     """An upstream attempt that failed before its first byte, and why."""
 
-    pool: Pool
+    pool: Target
     reason: str  # connect | timeout | status_5xx | disconnect | bad_response
     detail: str = ""
 
@@ -62,9 +63,11 @@ class _GapMeter:
 
     __slots__ = ("hist", "stalls", "stall_s", "prev")
 
-    def __init__(self, m: GatewayMetrics, pool: Pool, cls: LengthClass, stall_ms: float, t_first: float):
-        self.hist = m.child(m.chunk_gap, pool, cls)
-        self.stalls = m.child(m.stalls, pool, cls)
+    def __init__(
+        self, m: GatewayMetrics, model: str, pool: Target, cls: LengthClass, stall_ms: float, t_first: float
+    ):
+        self.hist = m.child(m.chunk_gap, model, pool, cls)
+        self.stalls = m.child(m.stalls, model, pool, cls)
         self.stall_s = stall_ms / 1000.0
         self.prev = t_first
 
@@ -77,17 +80,20 @@ class _GapMeter:
             self.stalls.inc()
 
 
-def attempts(ctx: RequestContext) -> list[tuple[Pool, str]]:
-    """Where to try, in order: the chosen pool, then one retry on the colocated pool."""
+def attempts(ctx: RequestContext) -> list[tuple[Target, str]]:
+    """Where to try, in order: the chosen pool, then one retry on the colocated pool; an outside
+    endpoint once."""
     route, decision = ctx.route, ctx.decision
+    if route.outside is not None:
+        return [("outside", route.outside.base_url)]
     if decision.pool == "disagg":
         assert route.disagg is not None
-        tries: list[tuple[Pool, str]] = [("disagg", route.disagg)]
+        tries: list[tuple[Target, str]] = [("disagg", route.disagg)]
         if decision.reason != "header":  # a forced pool is for testing: show its failures
             tries.append(("colocated", route.next_colocated()[0]))
         return tries
     primary, alt = route.next_colocated()
-    colocated: list[tuple[Pool, str]] = [("colocated", primary)]
+    colocated: list[tuple[Target, str]] = [("colocated", primary)]
     return colocated + ([("colocated", alt)] if alt else [])
 
 
@@ -101,22 +107,31 @@ class Proxy:
     async def forward(self, request: web.BaseRequest, ctx: RequestContext) -> web.StreamResponse:
         """Open upstream (with fallback), then stream its bytes to the client as they arrive."""
         m = self.metrics
-        path = _ENDPOINTS[ctx.endpoint]
-        headers = {
-            "Content-Type": "application/json",
-            "X-Request-Id": ctx.rid,
-            "Accept": request.headers.get("Accept", "*/*"),
-        }
+        model = ctx.route.model
+        outside = ctx.route.outside
+        if outside is not None:  # its own key in its API's header; the client's key stays here
+            path = outside.path(ctx.endpoint)
+            headers = outside_headers(outside, request.headers)
+        else:
+            path = _ENDPOINTS[ctx.endpoint]
+            headers = {
+                "Content-Type": "application/json",
+                "X-Request-Id": ctx.rid,
+                "Accept": request.headers.get("Accept", "*/*"),
+            }
         tries = attempts(ctx)
         up: _Upstream | None = None
         failure: _Failure | None = None
         for i, (pool, base) in enumerate(tries):
             last = i == len(tries) - 1
-            m.child(m.in_flight, pool).inc()
+            m.child(m.in_flight, model, pool).inc()
             try:
                 got = await self._open(ctx, pool, base, path, headers)
             finally:
-                m.child(m.in_flight, pool).dec()
+                m.child(m.in_flight, model, pool).dec()
+            if isinstance(got, _Upstream) and outside is not None and got.resp.status in (401, 403):
+                got.resp.close()  # its body could quote the outside key: never relayed
+                return self._refused_key(ctx, got.resp.status)
             if isinstance(got, _Upstream) and (got.resp.status < 500 or last):
                 up = got
                 break
@@ -133,25 +148,25 @@ class Proxy:
                 failure.detail or failure.reason,
             )
             if not last and pool == "disagg":
-                m.child(m.fallbacks, ctx.alias, ctx.cls, failure.reason).inc()
+                m.child(m.fallbacks, model, ctx.cls, failure.reason).inc()
                 fallbacks = ctx.policy.counts.fallbacks
                 fallbacks[failure.reason] = fallbacks.get(failure.reason, 0) + 1
         if up is None:
             assert failure is not None
             return self._unavailable(ctx, failure)
         fell_back = up.pool != ctx.decision.pool
-        m.child(m.in_flight, up.pool).inc()
+        m.child(m.in_flight, model, up.pool).inc()
         try:
             out, outcome = await self._stream(request, ctx, up, fell_back)
         finally:
-            m.child(m.in_flight, up.pool).dec()
-        m.child(m.requests, ctx.alias, up.pool, ctx.cls, str(up.resp.status)).inc()
-        m.child(m.duration, up.pool, ctx.cls).observe(time.perf_counter() - ctx.t0)
+            m.child(m.in_flight, model, up.pool).dec()
+        m.child(m.requests, model, up.pool, ctx.cls, str(up.resp.status)).inc()
+        m.child(m.duration, model, up.pool, ctx.cls).observe(time.perf_counter() - ctx.t0)
         log_request(ctx, up.pool, up.resp.status, outcome + (" fallback" if fell_back else ""))
         return out
 
     async def _open(
-        self, ctx: RequestContext, pool: Pool, base: str, path: str, headers: dict[str, str]
+        self, ctx: RequestContext, pool: Target, base: str, path: str, headers: dict[str, str]
     ) -> _Upstream | _Failure:
         """POST upstream and wait for its first chunk within the first-byte timeout."""
         t = ctx.policy.spec.timeouts
@@ -177,8 +192,25 @@ class Proxy:
             last = f"last tried: {failure.pool}, {failure.reason}"
             msg = f"no pool can serve model {ctx.alias!r} right now ({last})"
         resp = error_response(status, msg, code=code, headers={"X-Request-Id": ctx.rid}, style=ctx.style)
-        m.child(m.requests, ctx.alias, failure.pool, ctx.cls, str(resp.status)).inc()
+        m.child(m.requests, ctx.route.model, failure.pool, ctx.cls, str(resp.status)).inc()
         log_request(ctx, failure.pool, resp.status, "failed")
+        return resp
+
+    def _refused_key(self, ctx: RequestContext, status: int) -> web.Response:
+        """The outside endpoint refused the gateway's key for the alias: 502 (the client's own key was
+        fine), its answer dropped, the operator told which key file to check."""
+        msg = (
+            f"the outside endpoint of model {ctx.alias!r} refused the gateway's key for it (HTTP {status}); "
+            "the gateway's operator must check that alias's key file"
+        )
+        resp = error_response(
+            502, msg, code="outside_key_refused", headers={"X-Request-Id": ctx.rid}, style=ctx.style
+        )
+        self.metrics.child(self.metrics.requests, ctx.route.model, "outside", ctx.cls, str(resp.status)).inc()
+        log.warning(
+            "rid=%s model=%s outside endpoint refused the gateway's key: HTTP %d", ctx.rid, ctx.alias, status
+        )
+        log_request(ctx, "outside", resp.status, "failed")
         return resp
 
     async def _stream(
@@ -213,8 +245,9 @@ class Proxy:
         if enc:
             out.headers["Content-Encoding"] = enc
         timed = ctx.stream and sse
+        model = ctx.route.model
         if timed:
-            m.child(m.ttft, up.pool, ctx.cls).observe(resp.t_first - ctx.t0)
+            m.child(m.ttft, model, up.pool, ctx.cls).observe(resp.t_first - ctx.t0)
         try:
             await out.prepare(request)
             if resp.at_eof:  # the whole body came with the first bytes: one write for all
@@ -224,7 +257,11 @@ class Proxy:
             transport = request.transport
             if transport is None:
                 raise ConnectionResetError("client went away")
-            gaps = _GapMeter(m, up.pool, ctx.cls, spec.stall_threshold_ms, resp.t_first) if timed else None
+            gaps = (
+                _GapMeter(m, model, up.pool, ctx.cls, spec.stall_threshold_ms, resp.t_first)
+                if timed
+                else None
+            )
             error = await resp.relay(transport, chunked, gaps, spec.timeouts.idle_s)
             if error == "client_gone":
                 raise ConnectionResetError("client went away")
@@ -241,7 +278,7 @@ class Proxy:
             return out, "client_gone"
         finally:
             resp.close()
-        m.child(m.stream_errors, up.pool, error).inc()
+        m.child(m.stream_errors, model, up.pool, error).inc()
         log.warning("rid=%s pool=%s stream broke after first byte: %s", ctx.rid, up.pool, error)
         if sse:
             what = "timed out" if error == "timeout" else "failed"

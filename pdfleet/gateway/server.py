@@ -25,7 +25,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from pdfleet.gateway.errors import error_body, error_response
-from pdfleet.gateway.policy import ClientSpec
+from pdfleet.gateway.policy_spec import ClientSpec
 
 log = logging.getLogger("pdfleet.gateway")
 

@@ -1,8 +1,9 @@
 """How the controller talks to gateways: their admin endpoints over HTTP with the admin key.
 
 `GET /admin/policy` says which version and stage a gateway runs; `POST /admin/stage` sets a new one (the
-gateway rewrites its own policy file and reloads, no restart). The key travels only in the
-Authorization header; no error message here carries it.
+gateway rewrites its own policy file and reloads, no restart). Both may name a model: then the stage is
+that model group's (`groups:` in the gateway's policy), every other model's left as it is. The key
+travels only in the Authorization header; no error message here carries it.
 """
 
 from __future__ import annotations
@@ -65,24 +66,48 @@ class GatewayClient:
                 f"gateway {target.name} ({target.admin_url}) is not answering: {reason}"
             ) from None
 
-    def report(self, target: GatewayTarget) -> GatewayReport:
-        """The version and stage a gateway runs now."""
+    def report(self, target: GatewayTarget, model: str | None = None) -> GatewayReport:
+        """The version and stage a gateway runs now (of one model group when `model` is given)."""
         doc = self._call(target, "GET", "/admin/policy")
         try:
+            if model is not None:
+                groups = doc.get("groups") or {}
+                if model not in groups:
+                    raise GatewayError(
+                        f"gateway {target.name}: its policy has no model group {model!r} "
+                        f"(groups: {', '.join(groups) or 'none'})"
+                    )
+                staged = groups[model]
+            else:
+                staged = doc
             return GatewayReport(
                 target.name,
                 int(doc["version"]),
-                str(doc["stage"]),
-                StageSpec.model_validate(doc["stage_percent_disagg"]),
+                str(staged["stage"]),
+                StageSpec.model_validate(staged["stage_percent_disagg"]),
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             raise GatewayError(
                 f"gateway {target.name}: /admin/policy is not a pdfleet gateway's answer"
             ) from None
 
-    def apply(self, target: GatewayTarget, version: int, stage: str, stages: Mapping[str, StageSpec]) -> None:
-        """Make a gateway run `stage` as `version` (a no-op when it already does)."""
-        body = {"version": version, "stage": stage, "stages": {k: v.model_dump() for k, v in stages.items()}}
+    def apply(
+        self,
+        target: GatewayTarget,
+        version: int,
+        stage: str,
+        stages: Mapping[str, StageSpec],
+        model: str | None = None,
+    ) -> None:
+        """Make a gateway run `stage` as `version` (a no-op when it already does); with `model`, as that
+        model group's stage."""
+        body: dict[str, Any] = {
+            "version": version,
+            "stage": stage,
+            "stages": {k: v.model_dump() for k, v in stages.items()},
+        }
+        if model is not None:
+            body["model"] = model
         self._call(target, "POST", "/admin/stage", body)
 
 

@@ -227,10 +227,18 @@ def auth(key: str = USER_KEY) -> dict[str, str]:
 
 class Env:
     """Two fake upstreams (colocated, disagg), a gateway in front of them and a client session;
-    `upstream_model` renames the model alias upstream."""
+    `upstream_model` renames the model alias upstream; `models(colo_url, dis_url)` replaces the aliases."""
 
-    def __init__(self, tmp: Path, delay: float = 0.0, upstream_model: str | None = None, **policy_over: Any):
+    def __init__(
+        self,
+        tmp: Path,
+        delay: float = 0.0,
+        upstream_model: str | None = None,
+        models: Callable[[str, str], dict[str, Any]] | None = None,
+        **policy_over: Any,
+    ):
         self.tmp = tmp
+        self.models = models
         self.colo = FakeUpstream("colo", delay=delay)
         self.dis = FakeUpstream("dis", delay=delay)
         self.upstream_model = upstream_model
@@ -246,6 +254,8 @@ class Env:
         self.policy = policy_dict([self.colo.url], self.dis.url, **self.policy_over)
         if self.upstream_model is not None:
             self.policy["models"]["llama"]["upstream_model"] = self.upstream_model
+        if self.models is not None:
+            self.policy["models"] = self.models(self.colo.url, self.dis.url)
         self.path = write_policy(self.tmp, self.policy)
         self.gw = await start(Gateway(self.path, load_policy(self.path), shutdown_timeout=5))
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))

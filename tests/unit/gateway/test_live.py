@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -88,3 +89,79 @@ def test_rewritten_changes_three_keys_and_validates(tmp_path: Path) -> None:
     assert is_noop(spec, update) and not is_noop(
         spec, StageUpdate(version=6, stage="half", stages=update.stages)
     )
+
+
+def _two_models(colo: str, dis: str) -> dict[str, Any]:
+    """Aliases big (P/D, group big) and small (group small), both with a disagg pool."""
+    return {
+        "big": {"colocated": [colo], "disagg": dis, "group": "big"},
+        "small": {"colocated": [colo], "disagg": dis, "group": "small"},
+    }
+
+
+def test_two_models_route_and_roll_out_independently(tmp_path: Path) -> None:
+    groups = {"big": {}, "small": {"stage": "off"}}
+
+    async def pool_of(env: Env, alias: str) -> str:
+        status, headers, _ = await env.post(
+            "/v1/chat/completions", {**chat(LONG, stream=True), "model": alias}
+        )
+        assert status == 200
+        return str(headers["X-Pdfleet-Pool"])
+
+    async def scenario() -> None:
+        async with Env(tmp_path, models=_two_models, groups=groups, stages=STAGES) as env:
+            assert (await pool_of(env, "big"), await pool_of(env, "small")) == ("disagg", "colocated")
+            before = yaml.safe_load(env.path.read_text())
+            body = {"version": 2, "stage": "long-all", "stages": STAGES, "model": "small"}
+            status, _, raw = await env.post("/admin/stage", body, headers=auth(ADMIN_KEY))
+            assert status == 200 and json.loads(raw) == {
+                "ok": True,
+                "version": 2,
+                "stage": "long-all",
+                "model": "small",
+            }
+            after = yaml.safe_load(env.path.read_text())
+            assert after["groups"]["small"] == {"stage": "long-all", "stages": STAGES}
+            assert after["groups"]["big"] == before["groups"]["big"] == {}
+            assert (after["stage"], after["stages"]) == (before["stage"], before["stages"])
+            assert (await pool_of(env, "big"), await pool_of(env, "small")) == ("disagg", "disagg")
+            # the top level moves only the groups that follow it: big, not small (its own stage now)
+            top = {"version": 3, "stage": "off", "stages": STAGES}
+            assert (await env.post("/admin/stage", top, headers=auth(ADMIN_KEY)))[0] == 200
+            assert (await pool_of(env, "big"), await pool_of(env, "small")) == ("colocated", "disagg")
+            async with env.session.get(env.base + "/admin/policy", headers=auth(ADMIN_KEY)) as r:
+                info = await r.json()
+            assert (info["stage"], info["groups"]["small"]["stage"], info["groups"]["big"]["stage"]) == (
+                "off",
+                "long-all",
+                "off",
+            )
+            assert info["groups"]["small"]["decisions"]["long"]["disagg"] == 1  # since the last reload
+            assert info["groups"]["big"]["decisions"]["long"] == {"colocated": 1, "disagg": 0, "outside": 0}
+            # the metrics name the model, so one model's rollout gate reads its own figures
+            ttft = "pdfleet_gateway_ttft_seconds_count"
+            assert await env.metric(ttft, model="small", pool="disagg", length_class="long") == 2
+            assert await env.metric(ttft, model="big", pool="colocated") == 1
+            decided = "pdfleet_gateway_routing_decisions_total"
+            assert await env.metric(decided, model="small", stage="long-all", pool="disagg") == 2
+            # a retry is a no-op; an unknown model is refused and changes nothing
+            assert (await env.post("/admin/stage", {**body, "version": 3}, headers=auth(ADMIN_KEY)))[0] == 200
+            text = env.path.read_text()
+            status, _, raw = await env.post(
+                "/admin/stage", {**body, "version": 9, "model": "huge"}, headers=auth(ADMIN_KEY)
+            )
+            assert status == 404 and "'huge' is not a model group" in error_of(raw)["message"]
+            assert "groups: big, small" in error_of(raw)["message"] and env.path.read_text() == text
+
+    run(scenario())
+
+
+def test_a_model_update_on_a_policy_without_groups_is_refused(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path) as env:
+            body = {"version": 2, "stage": "off", "stages": STAGES, "model": "llama"}
+            status, _, raw = await env.post("/admin/stage", body, headers=auth(ADMIN_KEY))
+            assert status == 404 and "this policy has no groups" in error_of(raw)["message"]
+
+    run(scenario())

@@ -6,6 +6,7 @@ import json
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -26,7 +27,15 @@ from pdfleet.gateway.policy import (
     write_policy,
 )
 from pdfleet.tokens import HFTokenizer
-from tests.unit.gateway.helpers import COLO, DIS, LoopThread, load_test_policy, policy_dict, policy_error
+from tests.unit.gateway.helpers import (
+    COLO,
+    DIS,
+    LoopThread,
+    load_test_policy,
+    policy_dict,
+    policy_error,
+)
+from tests.unit.gateway.helpers import write_policy as write_test_policy
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -66,7 +75,7 @@ def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
         ),
         (
             lambda p: p["models"]["llama"].update(colocated=[]),
-            "models.llama.colocated: must have at least 1 item(s)",
+            "models.llama.colocated: give at least one colocated base URL",
         ),
         (
             lambda p: p.update(long_prompt_tokens=0),
@@ -286,3 +295,85 @@ def test_with_stage_changes_three_keys_and_keeps_the_rest(tmp_path: Path) -> Non
     assert (new.version, new.stage, new.stages) == (7, "half", {"half": StageSpec(short=50, long=50)})
     assert new.models == old.models and new.listen == old.listen and new.log_requests is False
     assert out.startswith("# Managed by pdfleet: rendered by `invoke provision`")
+
+
+# ---- model groups: each model its own stage ------------------------------------------------------
+
+
+def _grouped(**groups: Any) -> dict[str, Any]:
+    """Aliases big, big-latest (group big) and small (group small) over the same pools."""
+    pol = policy_dict(COLO, DIS, groups={"big": {}, "small": {}, **groups})
+    pol["models"] = {
+        "big": {"colocated": COLO, "disagg": DIS, "group": "big"},
+        "big-latest": {"colocated": COLO, "disagg": DIS, "group": "big"},
+        "small": {"colocated": COLO, "group": "small"},
+    }
+    return pol
+
+
+def test_a_group_takes_what_it_leaves_out_from_the_top_level(tmp_path: Path) -> None:
+    stages = {"mine": {"short": 10, "long": 90}}
+    p = load_policy(
+        write_test_policy(tmp_path, _grouped(big={"stage": "off"}, small={"stages": stages, "stage": "mine"}))
+    )
+    big, latest, small = p.routes["big"], p.routes["big-latest"], p.routes["small"]
+    assert big.staging is not None and small.staging is not None
+    assert (big.model, latest.model, small.model) == ("big", "big", "small")
+    assert big.staging == latest.staging  # aliases of one group share its stage
+    assert (big.staging.stage, big.staging.weights, big.staging.long_prompt_tokens) == (
+        "off",
+        StageSpec(short=0, long=0),
+        1000,
+    )
+    assert (small.staging.stage, small.staging.weights) == ("mine", StageSpec(short=10, long=90))
+    summary = p.summary()
+    assert summary["groups"]["big"]["aliases"] == ["big", "big-latest"]
+    assert summary["groups"]["small"]["stage"] == "mine" and summary["stage"] == "long-all"
+
+
+def test_a_policy_without_groups_routes_every_alias_by_the_top_level(tmp_path: Path) -> None:
+    p = load_test_policy(tmp_path)
+    route = p.routes["llama"]
+    assert route.staging is not None and route.group is None and route.model == "llama"
+    assert (route.staging.stage, route.staging.weights, route.staging.long_prompt_tokens) == (
+        "long-all",
+        p.stage,
+        p.spec.long_prompt_tokens,
+    )
+    assert "groups" not in p.spec.model_fields_set and p.summary()["groups"] == {}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            lambda p: p["models"]["small"].update(group="tiny"),
+            "models.small.group: 'tiny' is not under groups",
+        ),
+        (lambda p: p["groups"].update(big={"stage": "nope"}), "groups.big.stage: 'nope' is not a stage"),
+        (
+            lambda p: p["groups"].update(big={"stages": {"x": {"short": 0, "long": 0}}}),
+            "groups.big.stage: 'long-all' is not a stage; stages are: x",
+        ),
+        (lambda p: p["groups"].update(spare={}), "groups.spare: no alias under models: names this group"),
+        (lambda p: p["models"]["big"].pop("group"), "models.big.group: the alias is named like group 'big'"),
+        (lambda p: p["groups"].update(big={"long_prompt_tokens": 0}), "groups.big.long_prompt_tokens"),
+    ],
+)
+def test_bad_groups_are_refused_naming_the_key(tmp_path: Path, change: Any, expected: str) -> None:
+    pol = _grouped()
+    change(pol)
+    assert expected in policy_error(tmp_path, pol)
+
+
+def test_with_stage_of_a_model_changes_that_group_only(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    text = policy_text(_grouped(big={"stage": "off"}), path)
+    half = {"half": StageSpec(short=50, long=50)}
+    new = parse_policy(path, with_stage(path, text, 9, "half", half, model="small"))
+    old = parse_policy(path, text)
+    assert new.version == 9 and new.groups["small"].stage == "half" and new.groups["small"].stages == half
+    assert new.groups["big"] == old.groups["big"]
+    assert (new.stage, new.stages, new.models) == (old.stage, old.stages, old.models)
+    with pytest.raises(ValidationError, match="groups.nope: no such model group"):
+        with_stage(path, text, 9, "half", half, model="nope")

@@ -1,0 +1,165 @@
+"""The gateway policy file's schema (pydantic, unknown keys are errors) and the checks that span keys:
+each alias has pools or an outside endpoint, its group exists, each group's stage is one of its stages.
+
+The policy's format is described in pdfleet.gateway.policy, its one reader and writer.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from yarl import URL
+
+from pdfleet.gateway.limits import LimitsSpec
+from pdfleet.gateway.outside import OutsideSpec
+from pdfleet.model.stages import StageSpec
+from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
+
+EndpointName = Literal["chat", "completions", "messages"]
+# What a P/D pool carries by default. vllm-router 0.1.17 forwards /v1/messages in P/D mode too (prefill
+# leg max_tokens=1 with kv_transfer_params, then decode), but vLLM's Messages route ignores
+# kv_transfer_params before vLLM PR #37535 (2026-03): there the decode instance silently redoes the
+# whole prefill. A fleet on a vLLM with it can add "messages" to a route's disagg_endpoints.
+ROUTER_PD_ENDPOINTS: tuple[EndpointName, ...] = ("chat", "completions")
+
+
+def _base_url(value: str) -> str:
+    """A server root URL (http/https, host, no path), normalised without a trailing slash."""
+    url = URL(value)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"{value!r} is not an http(s) URL with a host (e.g. http://10.0.0.11:8000)")
+    if url.path not in ("", "/") or url.query_string or url.fragment:
+        raise ValueError(
+            f"{value!r} has a path; give the server root (e.g. http://10.0.0.11:8000), "
+            "the gateway appends /v1/..."
+        )
+    return str(url.with_path("")).rstrip("/")
+
+
+BaseUrl = Annotated[str, AfterValidator(_base_url)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenSpec(_Strict):
+    """Where the gateway listens; admin endpoints move to `admin_port` when it is set."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)  # 0: any free port (tests)
+    admin_port: int | None = Field(None, ge=0, le=65535)
+
+
+class EstimatorSpec(_Strict):
+    """Prompt-token estimator: the model's tokenizer.json when given, else characters per token."""
+
+    tokenizer: str | None = None
+    chars_per_token: float = Field(DEFAULT_CHARS_PER_TOKEN, gt=0, le=64)
+
+
+class TimeoutSpec(_Strict):
+    """Upstream timeouts in seconds; `first_byte_s` covers connect, headers and the first chunk."""
+
+    connect_s: float = Field(5.0, gt=0)
+    first_byte_s: float = Field(300.0, gt=0)
+    idle_s: float = Field(300.0, gt=0)
+
+
+class ClientSpec(_Strict):
+    """Bounds on the gateway's own clients: how long a request head, a request body and an idle
+    keep-alive connection may take, and how many connections one client address may hold.
+
+    The idle default outlasts a 60 s load-balancer idle timeout, so the balancer closes first and never
+    races the gateway's close; the connection cap is high because a balancer or NAT puts many clients
+    behind one address. A reload applies to connections accepted (and bodies read) after it.
+    """
+
+    header_timeout_s: float = Field(10.0, gt=0)  # first byte of a request head to its blank line
+    body_timeout_s: float = Field(60.0, gt=0)  # end of the head to the end of the body
+    idle_timeout_s: float = Field(75.0, gt=0)  # keep-alive: a connection with no request is closed
+    max_connections_per_address: int = Field(4096, ge=1)
+
+
+class StickySpec(_Strict):
+    """Where the sticky routing key comes from: session header, then the body's `user`, then the API key."""
+
+    session_header: str = Field("X-Session-Id", min_length=1)
+    use_user_field: bool = True
+
+
+class GroupSpec(_Strict):
+    """A model group (a pdfleet model): its own stage, stages and long-prompt threshold, each defaulting
+    to the policy's top-level one."""
+
+    stage: str | None = Field(None, min_length=1)
+    stages: dict[str, StageSpec] | None = Field(None, min_length=1)
+    long_prompt_tokens: int | None = Field(None, ge=1)
+
+
+class ModelRoute(_Strict):
+    """One model alias: its colocated base URLs, its disaggregated (vllm-router) URL, its upstream name,
+    its group; or, instead of pools, an outside endpoint."""
+
+    colocated: list[BaseUrl] = []
+    disagg: BaseUrl | None = None
+    upstream_model: str | None = Field(None, min_length=1)
+    # the endpoints the disagg pool (vllm-router in P/D mode) carries; the others stay colocated
+    disagg_endpoints: tuple[EndpointName, ...] = ROUTER_PD_ENDPOINTS
+    group: str | None = Field(None, min_length=1, max_length=64)
+    outside: OutsideSpec | None = None
+
+
+class PolicySpec(_Strict):
+    """The whole policy file."""
+
+    version: int = Field(ge=1)
+    listen: ListenSpec = ListenSpec()
+    keys_file: str = Field(min_length=1)
+    groups: dict[str, GroupSpec] = {}
+    models: dict[str, ModelRoute] = Field(min_length=1)
+    estimator: EstimatorSpec = EstimatorSpec()
+    long_prompt_tokens: int = Field(8192, ge=1)
+    stage: str = Field(min_length=1)
+    stages: dict[str, StageSpec] = Field(min_length=1)
+    sticky: StickySpec = StickySpec()
+    override_header: str | None = Field("X-Pdfleet-Pool", min_length=1)
+    stall_threshold_ms: float = Field(500.0, gt=0)
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    timeouts: TimeoutSpec = TimeoutSpec()
+    clients: ClientSpec = ClientSpec()
+    limits: LimitsSpec = LimitsSpec()
+    log_requests: bool = True
+
+
+def route_problems(spec: PolicySpec, alias: str, route: ModelRoute) -> list[str]:
+    """What is wrong with one alias: pools or an outside endpoint (not both, not neither), its group."""
+    if route.outside is not None:
+        pool_keys = ("colocated", "disagg", "disagg_endpoints", "group")
+        extra = [k for k in pool_keys if k in route.model_fields_set]
+        if extra:
+            return [f"{k}: an outside alias has no pools, P/D or group; remove {k}" for k in extra]
+        return []
+    if not route.colocated:
+        return ["colocated: give at least one colocated base URL (or outside: for an outside endpoint)"]
+    if route.group is not None and route.group not in spec.groups:
+        known = ", ".join(spec.groups) or "none"
+        return [f"group: {route.group!r} is not under groups: (groups: {known})"]
+    if route.group is None and alias in spec.groups:
+        return [f"group: the alias is named like group {alias!r}; set group: {alias} (or rename one)"]
+    return []
+
+
+def group_problems(spec: PolicySpec) -> list[str]:
+    """What is wrong with the groups: a stage not among its stages, a group no alias names."""
+    problems = []
+    named = {r.group for r in spec.models.values()}
+    for name, group in spec.groups.items():
+        stages = group.stages if group.stages is not None else spec.stages
+        stage = group.stage if group.stage is not None else spec.stage
+        if stage not in stages:
+            problems.append(f"groups.{name}.stage: {stage!r} is not a stage; stages are: {', '.join(stages)}")
+        if name not in named:
+            problems.append(f"groups.{name}: no alias under models: names this group (group: {name})")
+    return problems
