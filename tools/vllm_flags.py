@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from pdfleet.model.vllm_releases import ServeFlag, ServeFlagGroup, ServeFlags
 from tools.vllm_ast import NotConstant, Sources, call_name, const, find_class, find_function
+from tools.vllm_types import aliases, hints, literals, typing_of
 
 ARG_UTILS = "vllm/engine/arg_utils.py"
 FRONTENDS = ("vllm/entrypoints/common/cli_args.py", "vllm/entrypoints/openai/cli_args.py")
@@ -80,58 +81,6 @@ class _Classes:
         )
 
 
-def _aliases(tree: ast.Module) -> dict[str, ast.expr]:
-    """Module-level type aliases (`BlockSize = Literal[...]`, `X: TypeAlias = ...`)."""
-    out: dict[str, ast.expr] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            out[node.targets[0].id] = node.value
-        elif (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and node.value is not None
-            and "TypeAlias" in ast.unparse(node.annotation)
-        ):
-            out[node.target.id] = node.value
-    return out
-
-
-def _hints(node: ast.expr, aliases: dict[str, ast.expr], depth: int = 0) -> Iterator[str]:
-    """The kinds in a union annotation: None, bool, str, int, float, list, tuple, set, dict, Literal,
-    or a class name (aliases followed a few steps, string annotations parsed)."""
-    if depth > 5:
-        yield "other"
-    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-        yield from _hints(ast.parse(node.value, mode="eval").body, aliases, depth + 1)
-    elif isinstance(node, ast.Constant) and node.value is None:
-        yield "None"
-    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        yield from _hints(node.left, aliases, depth)
-        yield from _hints(node.right, aliases, depth)
-    elif isinstance(node, ast.Subscript):
-        base = ast.unparse(node.value).rsplit(".", 1)[-1]
-        inner = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        if base in ("Optional", "Union"):
-            yield from (h for item in inner for h in _hints(item, aliases, depth))
-            if base == "Optional":
-                yield "None"
-        elif base in ("Annotated", "SkipValidation", "InitVar"):
-            yield from _hints(inner[0], aliases, depth)
-        elif base == "tuple":
-            fixed = "..." not in ast.unparse(node.slice)
-            yield f"tuple:{len(inner)}" if fixed else "tuple:+"
-        else:
-            yield {"List": "list", "Dict": "dict", "Tuple": "tuple:+", "Set": "set"}.get(base, base)
-    elif isinstance(node, ast.Name | ast.Attribute):
-        name = ast.unparse(node).rsplit(".", 1)[-1]
-        if isinstance(node, ast.Name) and node.id in aliases and aliases[node.id] is not node:
-            yield from _hints(aliases[node.id], aliases, depth + 1)
-        else:
-            yield name
-    else:
-        yield "other"
-
-
 def _nargs(hints: set[str], classes: _Classes, rules: _Rules) -> str:
     """What `_compute_kwargs` makes of a field's kinds: "0" switch, "1" value, "?" optional, a list."""
     if any(classes.is_dataclass(h) for h in hints):
@@ -165,10 +114,14 @@ class _Reader:
     ) -> ServeFlag:
         """One option from its names, its explicit keywords and the field its kwargs came from."""
         nargs, action = "1", None
+        kinds: set[str] = set()
+        values: list[object] = []
         if origin is not None:
             annotation, path = self.classes.annotation(origin)
-            hints = set(_hints(annotation, _aliases(self.src.tree(path))))
-            nargs = _nargs(hints, self.classes, self.rules)
+            known = aliases(self.src.tree(path))
+            kinds = set(hints(annotation, known))
+            values = literals(annotation, known) if "Literal" in kinds else []
+            nargs = _nargs(kinds, self.classes, self.rules)
             action = "BooleanOptionalAction" if nargs == "0" else None
             for key, value in edits.get(origin, {}).items():
                 if value is not None:  # a deleted key (None) reads as an absent one below
@@ -194,7 +147,8 @@ class _Reader:
                 for prefix, inverse in self.rules.inverse_prefixes.items()
                 if n.startswith(prefix)
             ]
-        return ServeFlag(tuple(names + negatives), nargs, tuple(negatives))
+        types, choices = typing_of(kwargs, kinds, values)
+        return ServeFlag(tuple(names + negatives), nargs, tuple(negatives), types, choices)
 
     def function(self, func: ast.FunctionDef) -> list[ServeFlag]:
         """The options one function registers, in source order (literal `for` loops unrolled)."""
@@ -209,7 +163,8 @@ class _Reader:
             origin = None
             for kw in call.keywords:
                 if kw.arg is not None:
-                    kwargs[kw.arg] = kw.value
+                    loop = scope.get(kw.value.id) if isinstance(kw.value, ast.Name) else None
+                    kwargs[kw.arg] = loop if isinstance(loop, ast.expr) else kw.value
                 else:
                     origin, merged = _splat(kw.value, origins)
                     kwargs.update(merged)
@@ -264,6 +219,8 @@ def _add_argument_calls(body: list[ast.stmt], scope: dict[str, object]) -> Itera
                 for target, value in zip(targets, values, strict=False):
                     if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
                         bound[target.id] = value.value
+                    elif isinstance(target, ast.Name):  # `type=type` over `("--x", bool)`: the node
+                        bound[target.id] = value
                 yield from _add_argument_calls(stmt.body, bound)
             continue
         found = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and call_name(n) == "add_argument"]

@@ -274,9 +274,11 @@ NON_KV_RESERVE_BYTES = 2 * GIB
 # vLLM's default KV block size in tokens (--block-size default 16 on CUDA).
 DEFAULT_BLOCK_SIZE = 16
 
-# --kv-cache-dtype values vLLM accepts, and their element size in bytes ("auto" = the model dtype).
+# --kv-cache-dtype values the simulator can size, and their element size in bytes ("auto" = the model
+# dtype). Which values a release takes is the facts table's (`--kv-cache-dtype` choices), not this list.
 KV_CACHE_DTYPES: dict[str, int | None] = {
     "auto": None,
+    "float16": 2,
     "bfloat16": 2,
     "fp8": 1,
     "fp8_e4m3": 1,

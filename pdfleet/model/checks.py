@@ -17,7 +17,7 @@ from pdfleet.model.host_checks import HostRuns, host_problems
 from pdfleet.model.platforms import PLATFORM_KEYS, PLATFORMS, branches_by_platform
 from pdfleet.model.problems import Problem
 from pdfleet.model.profile import DEFAULT_KV_ROLES, PoolSpec, Profile
-from pdfleet.model.release_checks import release_problems
+from pdfleet.model.release_checks import managed_flag, release_problems
 from pdfleet.model.rollout import rollout_problems
 from pdfleet.model.served import ServedModel
 from pdfleet.model.vllm_release_data import NEWEST, RELEASES
@@ -69,7 +69,7 @@ def model_problems(profile: Profile, spec: ServedModel, rel: Release | None) -> 
         problems += _connector_problems(profile, spec, rel)
     problems += _side_channel_host_problems(spec)
     for pool, pool_spec in spec.pools.items():
-        problems += _pool_problems(spec, pool, pool_spec)
+        problems += _pool_problems(spec, pool, pool_spec, rel)
     problems += _gateway_problems(spec)
     plans = rollout_problems(spec.rollout, spec.gateway.stages)
     problems += [Problem(spec.key(path), message) for path, message in plans]
@@ -236,8 +236,9 @@ def _side_channel_host_problems(spec: ServedModel) -> Iterable[Problem]:
         )
 
 
-def _pool_problems(model: ServedModel, pool: str, spec: PoolSpec) -> Iterable[Problem]:
-    """Per-pool limits vLLM itself would refuse at start-up, caught before anything is installed."""
+def _pool_problems(model: ServedModel, pool: str, spec: PoolSpec, rel: Release | None) -> Iterable[Problem]:
+    """Per-pool limits vLLM itself would refuse at start-up, caught before anything is installed; extra_args
+    read as the pinned release's parser reads them (no release: as written)."""
     where = model.key(f"pools.{pool}")
     if len(set(spec.gpus)) != len(spec.gpus):
         yield Problem(f"{where}.gpus", f"lists a GPU twice (got {spec.gpus})")
@@ -261,11 +262,14 @@ def _pool_problems(model: ServedModel, pool: str, spec: PoolSpec) -> Iterable[Pr
         )
     for index, arg in enumerate(spec.extra_args):
         flag = arg.split("=", 1)[0]
-        base = flag.split(".", 1)[0]  # dotted --kv-transfer-config.kv_role form
-        if base in MANAGED_FLAGS:
+        written = flag.split(".", 1)[0]  # dotted --kv-transfer-config.kv_role form
+        base = managed_flag(arg, rel, MANAGED_FLAGS) if rel else written
+        if base is not None and base in MANAGED_FLAGS:
+            # an alias, a negative or an abbreviation: say which option vLLM reads it as
+            spelled = f" ({base} in vLLM {rel.version})" if rel and base != written else ""
             yield Problem(
                 f"{where}.extra_args[{index}]",
-                f"{flag} is rendered by pdfleet from {MANAGED_FLAGS[base].format(pool=where)}; "
+                f"{flag}{spelled} is rendered by pdfleet from {MANAGED_FLAGS[base].format(pool=where)}; "
                 "set that key instead",
             )
 

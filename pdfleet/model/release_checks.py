@@ -20,6 +20,7 @@ OPTIONAL_CONFIG_KEYS: dict[str, str] = {"kv_load_failure_policy": "load_failure_
 def release_problems(profile: Profile, rel: Release) -> Iterable[tuple[str, str]]:
     """Every problem of the profile against its pinned release (P/D keys only for P/D profiles)."""
     yield from _chunked_prefill_problems(profile, rel)
+    yield from _kv_cache_dtype_problems(profile, rel)
     if not profile.disaggregated:
         return
     yield from _config_key_problems(profile, rel)
@@ -99,3 +100,47 @@ def _chunked_prefill_problems(profile: Profile, rel: Release) -> Iterable[tuple[
                     f"({rel.chunked_prefill.source}); set it true, or pin a release that honours false"
                 ),
             )
+
+
+def _kv_cache_dtype_problems(profile: Profile, rel: Release) -> Iterable[tuple[str, str]]:
+    """kv_cache_dtype must be a value the release's `--kv-cache-dtype` takes: argparse choices (0.11) or
+    the CacheDType literal its CacheConfig validator checks (0.33, `CacheDType | str`)."""
+    flag = rel.serve_flag("--kv-cache-dtype")
+    if flag is None or not flag.choices:
+        return
+    fate = (
+        "argparse refuses it (invalid choice)"
+        if flag.choices_enforced
+        else "its CacheConfig refuses it (Invalid kv_cache_dtype) unless a platform plugin registers it"
+    )
+    for pool, spec in profile.pools.items():
+        if spec.kv_cache_dtype not in flag.choices:
+            yield (
+                f"pools.{pool}.kv_cache_dtype",
+                (
+                    f"vLLM {rel.version} fails at start with --kv-cache-dtype {spec.kv_cache_dtype!r}: "
+                    f"{fate}; it takes {', '.join(flag.choices)}"
+                ),
+            )
+
+
+def managed_flag(arg: str, rel: Release, managed: Iterable[str]) -> str | None:
+    """The managed option (one of `managed`) an extra_args word sets in this release's `vllm serve`, as
+    its parser reads the word: an alias (`--device-memory-utilization`), a negative (`--disable-x`), or an
+    unambiguous abbreviation (`--max-num-batched`, argparse's allow_abbrev); None when it sets none."""
+    word = arg.split("=", 1)[0].split(".", 1)[0]  # `--x=v`, and the dotted `--kv-transfer-config.kv_role`
+    wanted = set(managed)
+    if word in wanted:
+        return word
+    flag = rel.serve_flag(word)
+    if flag is None and rel.serve_flags.allow_abbrev and word.startswith("--"):
+        found = {
+            f.names
+            for g in rel.serve_flags.groups
+            for f in g.flags
+            if any(n.startswith(word) for n in f.names if n.startswith("--"))
+        }
+        flag = rel.serve_flag(next(iter(found))[0]) if len(found) == 1 else None
+    if flag is None:
+        return None
+    return next((name for name in flag.names if name in wanted), None)

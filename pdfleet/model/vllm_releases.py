@@ -219,6 +219,16 @@ class ServeFlag:
     names: tuple[str, ...]
     nargs: str  # "0" a switch, "1" one value, "?" an optional value, "+" / "*" a list
     negatives: tuple[str, ...] = ()  # the names that set a switch False (--no-x; 0.33: --disable-x)
+    # the kinds of its annotation (`int`, `str`, `Literal`, a config class...; `None` left out)
+    types: tuple[str, ...] = ()
+    # the Literal's values, sorted as `literal_to_kwargs` passes them: argparse `choices` when `str` is not
+    # among the types, else only a metavar (0.33's `CacheDType | str`: the config validator decides)
+    choices: tuple[str, ...] = ()
+
+    @property
+    def choices_enforced(self) -> bool:
+        """Whether argparse itself refuses a value outside `choices` (a Literal without `| str`)."""
+        return bool(self.choices) and "str" not in self.types
 
 
 @dataclass(frozen=True)

@@ -171,7 +171,7 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         raise ValidationError(
             f"max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs ({max_seqs})."
         )
-    kv_dtype_bytes = catalog.KV_CACHE_DTYPES[ns.kv_cache_dtype]
+    kv_dtype_bytes = _kv_dtype_bytes(ns.kv_cache_dtype, rel)
     num_blocks = _num_blocks(ns, spec, gpu, tp, kv_dtype_bytes, max_model_len)
     kv = _kv_transfer(ns.kv_transfer_config, rel)
     timeout = _hold_s(env, kv, rel)
@@ -219,6 +219,21 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         else 8998,
         release=rel,
     )
+
+
+def _kv_dtype_bytes(dtype: str, rel: Release) -> int | None:
+    """The KV element size of a --kv-cache-dtype the release takes (None: the model's dtype). A value
+    outside the release's CacheDType fails as vLLM's CacheConfig fails it; one the release takes but the
+    catalog has no size for is refused as the simulator's own limit, not vLLM's."""
+    flag = rel.serve_flag("--kv-cache-dtype")
+    if flag is not None and flag.choices and dtype not in flag.choices:
+        raise ValidationError(f"Invalid kv_cache_dtype: {dtype!r}. Valid values are: {list(flag.choices)}")
+    if dtype not in catalog.KV_CACHE_DTYPES:
+        raise ValidationError(
+            f"--kv-cache-dtype {dtype}: vLLM {rel.version} takes it, but the simulator has no KV element "
+            f"size for it (it models {', '.join(catalog.KV_CACHE_DTYPES)})"
+        )
+    return catalog.KV_CACHE_DTYPES[dtype]
 
 
 def _visible_devices(env: Mapping[str, str]) -> tuple[str, ...] | None:

@@ -55,8 +55,8 @@ _HONOURED: dict[str, dict[str, Any]] = {
     "--gpu-memory-utilization": {"type": float, "default": 0.9},
     "--enable-chunked-prefill": {"default": None},
     "--enable-prefix-caching": {"default": None},
-    "--kv-cache-dtype": {"default": "auto", "choices": sorted(catalog.KV_CACHE_DTYPES)},
-    "--block-size": {"type": int, "default": catalog.DEFAULT_BLOCK_SIZE, "choices": [1, 8, 16, 32, 64, 128]},
+    "--kv-cache-dtype": {"default": "auto"},  # choices: the release's (`_add`)
+    "--block-size": {"type": int, "default": catalog.DEFAULT_BLOCK_SIZE},
     "--num-gpu-blocks-override": {"type": int, "default": None},
     "--long-prefill-token-threshold": {"type": int, "default": 0},
     "--kv-transfer-config": {"default": None, "help": "JSON, as vLLM's KVTransferConfig"},
@@ -180,6 +180,8 @@ def _add(p: argparse.ArgumentParser, flag: ServeFlag) -> None:
     ignored: dict[str, Any] = {"dest": _ignored_dest(flag.names[0]), "help": argparse.SUPPRESS}
     kwargs = dict(_HONOURED[name]) if name else ignored
     kwargs.setdefault("dest", _dest(flag.names[0], kwargs))
+    if name and flag.choices_enforced:  # argparse choices as the release's parser has them
+        kwargs["choices"] = [kwargs.get("type", str)(c) for c in flag.choices]
     if flag.nargs == "0":
         kwargs = {k: v for k, v in kwargs.items() if k in ("dest", "default", "help")}
         p.add_argument(*flag.names, action=_Switch, negatives=flag.negatives, **kwargs)

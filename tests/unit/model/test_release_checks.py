@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
+from pdfleet.model.checks import MANAGED_FLAGS
 from pdfleet.model.profile_loader import load_profile
+from pdfleet.model.release_checks import managed_flag
+from pdfleet.model.vllm_release_data import RELEASES
 from tests.unit.model.helpers import GOOD
 
 TP2_SAME_HOST = (
@@ -75,6 +78,58 @@ CASES: list[tuple[str, str, str, str | None, str, str]] = [
         "vLLM 0.11.0 forces chunked prefill on",
     ),
     (
+        "kv_cache_dtype_not_a_choice",  # 0.11.0's argparse choices lack fp8_ds_mla; 0.33.0's literal has it
+        "pools: {decode: {kv_cache_dtype: fp8_ds_mla}}\n",
+        "0.11.0",
+        "0.33.0",
+        "pools.decode.kv_cache_dtype",
+        "vLLM 0.11.0 fails at start with --kv-cache-dtype 'fp8_ds_mla': argparse refuses it (invalid "
+        "choice); it takes auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2, fp8_inc",
+    ),
+    (
+        "kv_cache_dtype_float16",
+        "pools: {prefill: {kv_cache_dtype: float16}}\n",
+        "0.11.2",
+        "0.33.0",
+        "pools.prefill.kv_cache_dtype",
+        "vLLM 0.11.2 fails at start with --kv-cache-dtype 'float16'",
+    ),
+    (
+        "kv_cache_dtype_unknown_to_cache_config",  # 0.33: `CacheDType | str`, the validator refuses it
+        "pools: {decode: {kv_cache_dtype: fp4}}\n",
+        "0.33.0",
+        None,
+        "pools.decode.kv_cache_dtype",
+        "vLLM 0.33.0 fails at start with --kv-cache-dtype 'fp4': its CacheConfig refuses it (Invalid "
+        "kv_cache_dtype) unless a platform plugin registers it",
+    ),
+    (
+        "extra_args_negative_spelling",  # 0.33's EnableDisableAction: --disable-x sets enable_x False
+        "pools: {decode: {extra_args: [--disable-chunked-prefill]}}\n",
+        "0.33.0",
+        None,
+        "pools.decode.extra_args[0]",
+        "--disable-chunked-prefill (--enable-chunked-prefill in vLLM 0.33.0) is rendered by pdfleet from "
+        "pools.decode.enable_chunked_prefill",
+    ),
+    (
+        "extra_args_alias",
+        "pools: {decode: {extra_args: [--device-memory-utilization=0.5]}}\n",
+        "0.33.0",
+        None,
+        "pools.decode.extra_args[0]",
+        "--device-memory-utilization (--gpu-memory-utilization in vLLM 0.33.0) is rendered by pdfleet",
+    ),
+    (
+        "extra_args_abbreviation",  # argparse's allow_abbrev: an unambiguous prefix is the option
+        "pools: {prefill: {extra_args: [--max-num-batched, '1024']}}\n",
+        "0.33.0",
+        None,
+        "pools.prefill.extra_args[0]",
+        "--max-num-batched (--max-num-batched-tokens in vLLM 0.33.0) is rendered by pdfleet from "
+        "pools.prefill.max_num_batched_tokens",
+    ),
+    (
         "untabled_pin",
         "",
         "0.20.0",
@@ -133,3 +188,15 @@ def test_same_host_tp2_side_channel_ports_collide_with_a_pool_port(tmp_path: Pat
     ):
         _load(tmp_path, text, "0.11.0")
     _load(tmp_path, text.replace("port: 5601", "port: 5609"), "0.11.0")
+
+
+def test_managed_flag_reads_a_word_as_the_release_s_parser_does() -> None:
+    """An alias, a negative or an unambiguous prefix is the managed option; an ambiguous prefix or an
+    unmanaged option is none (0.11 has no --disable-x negatives: there it is no option at all)."""
+    new, old = RELEASES["0.33.0"], RELEASES["0.11.0"]
+    assert managed_flag("--max-num-batched=8", new, MANAGED_FLAGS) == "--max-num-batched-tokens"
+    assert managed_flag("--max-num-batched", old, MANAGED_FLAGS) == "--max-num-batched-tokens"
+    assert managed_flag("--kv-cache", new, MANAGED_FLAGS) is None  # ambiguous: vLLM's own error
+    assert managed_flag("--enforce-eager", new, MANAGED_FLAGS) is None
+    assert managed_flag("--disable-chunked-prefill", old, MANAGED_FLAGS) is None
+    assert managed_flag("--kv-transfer-config.kv_role", new, MANAGED_FLAGS) == "--kv-transfer-config"

@@ -230,6 +230,24 @@ def test_a_patch_pin_models_its_own_release_not_its_minor() -> None:
         parse_serve_args([MODEL, "--sim-vllm-version", "0.11.3"], env={})
 
 
+def test_kv_cache_dtype_is_the_release_s_choice() -> None:
+    """0.11.0's argparse refuses fp8_ds_mla and float16 (choices); 0.33.0 takes both (its CacheDType) and
+    refuses a value outside it as its CacheConfig does; a taken value the simulator cannot size is its own
+    refusal, worded as such."""
+    old = [MODEL, "--sim-vllm-version", "0.11.0", "--kv-cache-dtype"]
+    for dtype in ("fp8_ds_mla", "float16"):
+        with pytest.raises(ValidationError, match=f"argument --kv-cache-dtype: invalid choice: '{dtype}'"):
+            parse_serve_args([*old, dtype], env={})
+        assert parse_serve_args([MODEL, "--kv-cache-dtype", dtype], env={}).kv_cache_dtype == dtype
+    with pytest.raises(ValidationError, match=r"Invalid kv_cache_dtype: 'fp4'. Valid values are: \['auto'"):
+        parse_serve_args([MODEL, "--kv-cache-dtype", "fp4"], env={})
+    with pytest.raises(
+        ValidationError, match="vLLM 0.33.0 takes it, but the simulator has no KV element size"
+    ):
+        parse_serve_args([MODEL, "--kv-cache-dtype", "turboquant_k8v4"], env={})
+    assert parse_serve_args([*old, "fp8"], env={}).kv_cache_dtype == "fp8"
+
+
 def test_prefix_caching_is_on_unless_the_flag_turns_it_off() -> None:
     # unset: EngineArgs' default (0.11 True; 0.33 is_prefix_caching_supported, True for these models)
     for version in ("0.11.0", "0.33.0"):

@@ -35,7 +35,7 @@ def test_groups_name_the_files_and_the_parser(old: ServeFlags, new: ServeFlags) 
 
 
 def test_make_arg_parser_options_and_short_names(old: ServeFlags, new: ServeFlags) -> None:
-    assert _by_name(old)["--api-server-count"] == ServeFlag(("--api-server-count", "-asc"), "1")
+    assert _by_name(old)["--api-server-count"] == ServeFlag(("--api-server-count", "-asc"), "1", (), ("int",))
     assert _by_name(old)["--headless"] == ServeFlag(("--headless",), "0")  # store_true: no --no- form
     assert "--grpc" not in _by_name(old) and _by_name(new)["--grpc"].nargs == "0"
 
@@ -53,12 +53,15 @@ def test_frontend_fields_become_options_shaped_by_their_annotation(old: ServeFla
 
 def test_bool_fields_are_switches_with_their_negations(old: ServeFlags, new: ServeFlags) -> None:
     assert _by_name(old)["--enable-prefix-caching"] == ServeFlag(
-        ("--enable-prefix-caching", "--no-enable-prefix-caching"), "0", ("--no-enable-prefix-caching",)
+        ("--enable-prefix-caching", "--no-enable-prefix-caching"),
+        "0",
+        ("--no-enable-prefix-caching",),
+        ("bool",),
     )
     # 0.33's parser registers EnableDisableAction for BooleanOptionalAction: --enable-x pairs --disable-x
     negated = ("--no-enable-prefix-caching", "--disable-prefix-caching")
     assert _by_name(new)["--enable-prefix-caching"] == ServeFlag(
-        ("--enable-prefix-caching", *negated), "0", negated
+        ("--enable-prefix-caching", *negated), "0", negated, ("bool",)
     )
     assert "--enable-fastapi-docs" in _by_name(new)["--disable-fastapi-docs"].negatives
 
@@ -68,7 +71,9 @@ def test_engine_options_loops_and_aliases(old: ServeFlags, new: ServeFlags) -> N
     # SkipValidation[BlockSize] where BlockSize = Literal[...]: one value
     assert f["--block-size"].nargs == "1"
     # the deprecated guided-decoding loop, unrolled: `type=bool` still takes a value
-    assert f["--guided-decoding-disable-fallback"] == ServeFlag(("--guided-decoding-disable-fallback",), "1")
+    assert f["--guided-decoding-disable-fallback"] == ServeFlag(
+        ("--guided-decoding-disable-fallback",), "1", (), ("bool",)
+    )
     assert "--disable-log-requests" in f and "--disable-log-requests" not in _by_name(new)
     assert "--disable-log-requests" in _by_name(new)["--enable-log-requests"].negatives
 
@@ -79,3 +84,18 @@ def test_a_field_the_config_class_lacks_is_named() -> None:
     files["vllm/config/cache.py"] = files["vllm/config/cache.py"].replace("enable_prefix_caching", "x")
     with pytest.raises(KeyError, match="CacheConfig has no field enable_prefix_caching"):
         serve_flags(Sources("0.33.0", files))
+
+
+def test_choices_and_types_from_the_annotation(old: ServeFlags, new: ServeFlags) -> None:
+    """A Literal field's values are the option's choices (sorted by value, as literal_to_kwargs sorts them);
+    `| str` beside the Literal makes them a metavar only (0.33's CacheDType | str): not enforced."""
+    f, g = _by_name(old), _by_name(new)
+    dtype = f["--kv-cache-dtype"]
+    assert dtype.choices == ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+    assert dtype.types == ("Literal",) and dtype.choices_enforced
+    wide = g["--kv-cache-dtype"]
+    assert len(wide.choices) == 22 and {"float16", "nvfp4", "fp8_ds_mla"} <= set(wide.choices)
+    assert wide.types == ("Literal", "str") and not wide.choices_enforced
+    assert f["--block-size"].choices == ("1", "8", "16", "32", "64", "128")  # numerically sorted
+    assert g["--block-size"].types == ("int",) and not g["--block-size"].choices
+    assert f["--api-key"].types == ("list",)
