@@ -184,10 +184,14 @@ class Gateway:
     async def _models(self, request: web.BaseRequest) -> web.StreamResponse:
         """The model aliases, in the OpenAI list format."""
 
-        async def body(policy: ActivePolicy, _auth: AuthResult) -> web.Response:
+        async def body(policy: ActivePolicy, auth: AuthResult) -> web.Response:
             created = int(policy.loaded_at)
+            assert auth.entry is not None  # _guarded authorized it
+            allowed = self.limiter.limits(auth.entry.name).models  # a key sees the aliases it may use
             data = [
-                {"id": a, "object": "model", "created": created, "owned_by": "pdfleet"} for a in policy.routes
+                {"id": a, "object": "model", "created": created, "owned_by": "pdfleet"}
+                for a in policy.routes
+                if allowed is None or a in allowed
             ]
             return web.json_response({"object": "list", "data": data})
 
@@ -302,6 +306,8 @@ class Gateway:
         finally:
             policy.counts.in_flight -= 1
             limiter.release(ctx.key.name)
+            if ctx.model_slot is not None:
+                limiter.release(ctx.model_slot)
 
 
 @dataclass

@@ -35,3 +35,4 @@ class RequestContext:
     cls: LengthClass
     decision: Decision
     style: ErrorStyle = "openai"  # the shape of the gateway's own errors on this route
+    model_slot: str | None = None  # the limiter's slot of this key on this alias (per_model limits)

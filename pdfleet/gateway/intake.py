@@ -24,7 +24,7 @@ from pdfleet.gateway.anthropic import authorize_anthropic, check_messages_fields
 from pdfleet.gateway.context import Endpoint, RequestContext
 from pdfleet.gateway.errors import Reject, Style, anthropic_status
 from pdfleet.gateway.keys import AuthResult, authenticate
-from pdfleet.gateway.limits import Limiter, prompt_limit
+from pdfleet.gateway.limits import Limiter, admit_key, admit_model, check_prompt_limit
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.outside import check_api
 from pdfleet.gateway.policy import (
@@ -306,35 +306,6 @@ def route_decision(
     return cls, decision
 
 
-def check_prompt_limit(
-    policy: ActivePolicy, limiter: Limiter, key: str, alias: str, tokens: int, endpoint: Endpoint = "chat"
-) -> None:
-    """400 when the prompt estimate is over the key's or the alias's max_prompt_tokens."""
-    found = prompt_limit(policy.spec.limits, limiter.limits(key), alias)
-    if found is not None and tokens > found[0]:
-        limit, whose = found
-        raise Reject(
-            400,
-            f"the prompt is about {tokens} tokens (the gateway's estimate); the limit for this {whose} "
-            f"is {limit} prompt tokens. Shorten the prompt.",
-            code="prompt_too_long",
-            param="prompt" if endpoint == "completions" else "messages",
-        )
-
-
-def admit_key(limiter: Limiter, name: str, m: GatewayMetrics) -> None:
-    """Count the key's request in flight, or a 429 with Retry-After when it is over a limit."""
-    rejected = limiter.acquire(name)
-    if rejected is not None:
-        m.child(m.limit_rejections, name, rejected.reason).inc()
-        raise Reject(
-            429,
-            rejected.message,
-            code="rate_limit_exceeded",
-            headers={"Retry-After": str(rejected.retry_after_s)},
-        )
-
-
 def sticky_key(headers: Mapping[str, str], policy: ActivePolicy, data: dict[str, Any], digest: str) -> str:
     """Session header, else the body's `user`, else the API key's digest."""
     session = headers.get(policy.spec.sticky.session_header)
@@ -373,11 +344,13 @@ async def admit(
 ) -> RequestContext:
     """Authenticate, limit, read, validate, classify and decide; count the decision (or the rejection).
 
-    An admitted request is counted in flight for its key: the caller releases it when the response
-    ends (`limiter.release(ctx.key.name)`); a rejection here releases it itself.
+    An admitted request is counted in flight for its key (and its key's slot for the alias when it has
+    per_model limits): the caller releases both when the response ends (`ctx.key.name`, `ctx.model_slot`);
+    a rejection here releases them itself.
     """
     alias = model = NO_MODEL
     held: str | None = None
+    model_slot: str | None = None
     style: Style = "anthropic" if endpoint == "messages" else "openai"
     try:
         if endpoint == "messages":
@@ -395,19 +368,22 @@ async def admit(
         check_fields(endpoint, data)
         forced = forced_pool(request.headers, policy, route, endpoint)
         tokens = await count_tokens(policy, data, len(body), endpoint)
-        check_prompt_limit(policy, limiter, held, alias, tokens, endpoint)
+        check_prompt_limit(policy.spec.limits, limiter, held, alias, tokens, endpoint)
+        model_slot = admit_model(limiter, held, alias, m)
         body = upstream_body(route, alias, data, body)
     except Reject as rej:
-        if held is not None:
-            limiter.release(held)
+        for name in (held, model_slot):
+            if name is not None:
+                limiter.release(name)
         if rej.code == "prompt_too_long":
             m.child(m.limit_rejections, held or "-", "prompt_tokens").inc()
         status = rej.status if style == "openai" else anthropic_status(rej.status)[0]
         m.child(m.requests, model, "none", "none", str(status)).inc()
         raise
     except BaseException:
-        if held is not None:
-            limiter.release(held)
+        for name in (held, model_slot):
+            if name is not None:
+                limiter.release(name)
         raise
     key, digest = auth.entry, auth.digest
     assert key is not None and digest is not None  # authorize() raised otherwise
@@ -421,5 +397,19 @@ async def admit(
     policy.counts.count(model, cls, decision.pool)
     stream = bool(data.get("stream", False))
     return RequestContext(
-        rid, t0, policy, key, endpoint, alias, route, data, body, stream, tokens, cls, decision, style
+        rid,
+        t0,
+        policy,
+        key,
+        endpoint,
+        alias,
+        route,
+        data,
+        body,
+        stream,
+        tokens,
+        cls,
+        decision,
+        style,
+        model_slot,
     )

@@ -1,6 +1,7 @@
 """Per-key limits as the gateway's policy file and the profile's `gateway.limits` state them (all off by
 default): requests per second with a burst, concurrent requests, and maximum prompt tokens per key or
-model alias. One definition for both files, as `stages` is; `pdfleet.gateway.limits` enforces them.
+model alias; a key may be restricted to some aliases (`models`) and have limits of its own on one alias
+(`per_model`). One definition for both files, as `stages` is; `pdfleet.gateway.limits` enforces them.
 """
 
 from __future__ import annotations
@@ -12,17 +13,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class KeyLimits(_Strict):
-    """One key's limits; an unset field is no limit.
+class RateLimits(_Strict):
+    """Limits on a stream of requests; an unset field is no limit.
 
-    `concurrent_streams` counts every proxied request of the key from admission until its response
-    ends (a non-streaming request holds a GPU slot as long as a stream does).
+    `concurrent_streams` counts every proxied request from admission until its response ends (a
+    non-streaming request holds a GPU slot as long as a stream does).
     """
 
     requests_per_second: float | None = Field(None, gt=0)
     burst: int | None = Field(None, ge=1)  # bucket size; default: one second's worth, at least 1
     concurrent_streams: int | None = Field(None, ge=1)
     max_prompt_tokens: int | None = Field(None, ge=1)
+
+
+class KeyLimits(RateLimits):
+    """One key's limits: on all its requests, which aliases it may use (`models`; unset: every one), and
+    its own limits on one alias (`per_model`, applied besides the key's)."""
+
+    models: list[str] | None = Field(None, min_length=1)
+    per_model: dict[str, RateLimits] | None = None
 
 
 class ModelLimits(_Strict):

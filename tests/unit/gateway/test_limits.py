@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from pdfleet.gateway.limits import Limiter, check_limit_names, prompt_limit
-from pdfleet.model.limits import KeyLimits, LimitsSpec, ModelLimits
+from pdfleet.model.limits import KeyLimits, LimitsSpec, ModelLimits, RateLimits
 from tests.unit.gateway.helpers import ADMIN_KEY, LONG, USER_KEY, Env, auth, chat, error_of, run
 
 MESSAGES = {"model": "llama", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
@@ -299,3 +299,81 @@ async def _until(pred: Any, timeout: float = 5.0) -> None:
     while not pred():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached"
         await asyncio.sleep(0.01)
+
+
+# ---- limits that name models -------------------------------------------------------------------------
+
+
+def test_names_in_models_and_per_model_must_be_aliases() -> None:
+    spec = LimitsSpec(
+        default=KeyLimits(models=["llama", "gtp"]),
+        keys={"user": KeyLimits(per_model={"claud": RateLimits(concurrent_streams=1)})},
+    )
+    problems = check_limit_names(spec, {"user"}, {"llama", "gpt"}, "p.yaml")
+    assert problems == [
+        "p.yaml: limits.default.models[1]: 'gtp' is not a model alias (aliases: gpt, llama)",
+        "p.yaml: limits.keys.user.per_model.claud: not a model alias (aliases: gpt, llama)",
+    ]
+
+
+def test_a_keys_own_limits_on_one_alias_count_in_a_slot_of_their_own() -> None:
+    clock = Clock()
+    per = {"gpt": RateLimits(concurrent_streams=1, requests_per_second=1, burst=1)}
+    lim = Limiter(LimitsSpec(keys={"user": KeyLimits(per_model=per)}), clock)
+    assert lim.acquire_model("user", "llama") == (None, None)  # no limits of its own there
+    assert lim.acquire_model("admin", "gpt") == (None, None)
+    name, rejected = lim.acquire_model("user", "gpt")
+    assert (name, rejected) == ("user/gpt", None) and lim.in_flight == {"user/gpt": 1}
+    _, second = lim.acquire_model("user", "gpt")
+    assert second is not None and second.reason == "concurrency"
+    assert "key 'user' on model 'gpt' already has 1 requests in flight" in second.message
+    lim.release("user/gpt")
+    _, third = lim.acquire_model("user", "gpt")
+    assert third is not None and third.reason == "rate"  # the burst of 1 went to the first
+    clock.t += 1.0
+    assert lim.acquire_model("user", "gpt")[1] is None
+    lim.release("user/gpt")
+    lim.configure(LimitsSpec())  # a reload without per_model limits drops the slot's bucket
+    assert lim.buckets == {} and lim.acquire_model("user", "gpt") == (None, None)
+
+
+def test_a_key_may_be_kept_to_some_models_and_limited_on_one(tmp_path: Path) -> None:
+    def models(colo: str, dis: str) -> dict[str, Any]:
+        return {"llama": {"colocated": [colo], "disagg": dis}, "small": {"colocated": [colo]}}
+
+    limits = {
+        "keys": {
+            "user": {
+                "models": ["llama"],
+                "per_model": {"llama": {"concurrent_streams": 1, "max_prompt_tokens": 1200}},
+            }
+        }
+    }
+
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.05, models=models, limits=limits) as env:
+            limiter = env.gw.gateway.limiter  # type: ignore[union-attr]
+            st, _, raw = await env.post("/v1/chat/completions", {**chat(), "model": "small"})
+            err = error_of(raw)
+            assert (st, err["code"]) == (403, "model_not_allowed")
+            assert err["message"] == "the key 'user' may not use model 'small'; its models: llama"
+            st, _, _ = await env.post("/v1/chat/completions", {**chat(), "model": "small"}, auth(ADMIN_KEY))
+            assert st == 200  # the admin key has no such restriction
+            async with env.session.get(env.base + "/v1/models", headers=auth()) as r:
+                assert [m["id"] for m in (await r.json())["data"]] == ["llama"]
+            async with env.session.get(env.base + "/v1/models", headers=auth(ADMIN_KEY)) as r:
+                assert [m["id"] for m in (await r.json())["data"]] == ["llama", "small"]
+            url = env.base + "/v1/chat/completions"
+            held = await env.session.post(url, json=chat(stream=True, max_tokens=100), headers=auth())
+            assert held.status == 200 and limiter.in_flight == {"user": 1, "user/llama": 1}
+            st, h, raw = await env.post("/v1/chat/completions", chat())
+            assert st == 429 and "key 'user' on model 'llama'" in error_of(raw)["message"]
+            assert limiter.in_flight == {"user": 1, "user/llama": 1}  # the refused one holds nothing
+            held.close()
+            await _until(lambda: limiter.in_flight == {})
+            st, _, raw = await env.post("/v1/chat/completions", chat(LONG))
+            assert st == 400 and "limit for this key on model 'llama' is 1200" in error_of(raw)["message"]
+            assert await _rejections(env, "model") == 1 and await _rejections(env, "concurrency") == 1
+            assert limiter.in_flight == {}
+
+    run(scenario())
