@@ -22,15 +22,28 @@ from typing import Any, cast
 
 from aiohttp import http_exceptions as hx
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
+from aiohttp.streams import EMPTY_PAYLOAD
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 
 from pdfleet.gateway.errors import error_body, error_response
 from pdfleet.gateway.policy_spec import ClientSpec
 
 log = logging.getLogger("pdfleet.gateway")
 
+
+class UnsupportedRequestLine(hx.BadStatusLine):
+    """A request line llhttp parses but the gateway does not serve: no version (HTTP/0.9 style), a
+    version other than 1.0 or 1.1, no target, or CONNECT (the gateway is no proxy; aiohttp would hand
+    the connection over as a tunnel, past every deadline)."""
+
+
 # what the parser's exception class says, in words that quote nothing (most specific class first)
 _PROBLEMS: tuple[tuple[type[Exception], str], ...] = (
+    (
+        UnsupportedRequestLine,
+        "the request line is not 'METHOD /path HTTP/1.1' (HTTP/1.0 and 1.1 only, a target, no CONNECT)",
+    ),
     (hx.LineTooLong, "the request line or a header line is longer than the gateway's limit of 8190 bytes"),
     (
         hx.BadHttpMethod,
@@ -50,6 +63,15 @@ _PROBLEMS: tuple[tuple[type[Exception], str], ...] = (
 # llhttp's own reason ("Invalid header value char") heads its message; it is a constant of the parser,
 # kept only when it looks like one (letters and spaces), never the quoted bytes after it
 _PARSER_REASON = re.compile(r"([A-Za-z][A-Za-z ]{2,60}):\n\n")
+
+
+def unsupported_request(message: RawRequestMessage) -> bool:
+    """Whether a parsed request line is one the gateway refuses (see UnsupportedRequestLine)."""
+    return (
+        message.version not in (HttpVersion10, HttpVersion11)
+        or not message.path
+        or message.method == "CONNECT"
+    )
 
 
 def describe_protocol_error(exc: BaseException | None) -> str:
@@ -200,6 +222,7 @@ class _ClientProtocol(RequestHandler):
         count = self._request_count
         super().data_received(data)
         if self._request_count != count:  # one or more heads completed
+            self._refuse_unsupported()
             self.last_payload = self._messages[-1][1] if self._messages else None
             if self.head_timer is not None:
                 self.head_timer.cancel()
@@ -207,6 +230,17 @@ class _ClientProtocol(RequestHandler):
         elif in_head and data and self.head_timer is None:
             self.head_count = count
             self.head_timer = self._loop.call_later(self.limits.header_timeout_s, self._head_late)
+
+    def _refuse_unsupported(self) -> None:
+        """The first unsupported request line waiting becomes a protocol error (a 400 through
+        handle_error, then close) and what follows it is dropped: nothing of it reaches a handler."""
+        for i, (message, _) in enumerate(self._messages):
+            if isinstance(message, RawRequestMessage) and unsupported_request(message):
+                while len(self._messages) > i:
+                    self._messages.pop()
+                exc = UnsupportedRequestLine()
+                self._messages.append((_ErrInfo(status=400, exc=exc, message=""), EMPTY_PAYLOAD))
+                return
 
     def _head_late(self) -> None:
         """The head that began `header_timeout_s` ago is still not complete: 408 and close."""

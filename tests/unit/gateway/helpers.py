@@ -360,7 +360,8 @@ def raw_exchange(port: int, raw: bytes, timeout: float = 10.0) -> tuple[int, byt
     (status 0: the gateway closed the connection without one)."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(raw)
-        resp = http.client.HTTPResponse(sock)
+        method = raw.split(b" ", 1)[0].decode("latin-1")  # a HEAD's answer has no body to wait for
+        resp = http.client.HTTPResponse(sock, method=method)
         try:
             resp.begin()
         except http.client.RemoteDisconnected:

@@ -267,6 +267,42 @@ def test_connections_per_address_are_capped(tmp_path: Path) -> None:
     run(scenario())
 
 
+# ---- request lines the gateway does not serve (N1, N16) -------------------------------------------
+
+UNSERVED = [
+    b"CONNECT  ",  # no target, no version: aiohttp took it for a tunnel and held it past every deadline
+    b"CONNECT ",
+    b"CONNECT gw:443 HTTP/1.1",  # the gateway is no proxy
+    b"GET /health",  # HTTP/0.9 style: answered with an 'HTTP/0.9 200' status line
+    b"GET /health HTTP/0.9",
+    b"GET /health HTTP/2.0",  # answered with an 'HTTP/2.0 200' status line
+    b"POST /v1/chat/completions",  # no version: it was proxied
+]
+
+
+@pytest.mark.parametrize(
+    "tail", [b"", b"Host: gw\r\nContent-Length: %d\r\n" % len(GOOD)], ids=["bare", "headers"]
+)
+def test_request_lines_the_gateway_does_not_serve_get_a_400_and_a_close(tmp_path: Path, tail: bytes) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path, clients={"header_timeout_s": 30, "idle_timeout_s": 30}) as env:
+            for line in UNSERVED:
+                reader, writer = await asyncio.open_connection("127.0.0.1", env.gw.port)  # type: ignore[union-attr]
+                auth = b"Authorization: Bearer %s\r\n" % USER_KEY.encode()
+                writer.write(line + b"\r\n" + auth + tail + b"\r\n" + (GOOD if tail else b""))
+                got = await _read_all(reader, 3)  # answered and closed long before any deadline
+                writer.close()
+                head, _, body = got.partition(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.0 400 ") or head.startswith(b"HTTP/1.1 400 "), (line, head)
+                assert error_of(body)["code"] == "invalid_http_request", line
+                if not line.endswith(b"HTTP/1.1"):  # llhttp may refuse a CONNECT's headers itself
+                    assert "HTTP/1.0 and 1.1 only" in error_of(body)["message"], line
+                assert_no_key(got)
+            assert not env.colo.seen and not env.dis.seen  # nothing was proxied
+
+    run(scenario())
+
+
 # ---- random raw requests against one real gateway ------------------------------------------------
 
 
@@ -278,6 +314,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, LogCap
         tmp_path_factory.mktemp("gw-raw"),
         upstream_model="meta/llama",
         clients={"header_timeout_s": 1, "body_timeout_s": 1, "idle_timeout_s": 5},
+        listen={"host": "127.0.0.1", "port": 0, "admin_port": 0},
     )
     with LogCapture() as logs:
         loop.run(e.__aenter__)
@@ -314,20 +351,32 @@ _EXTRA = st.tuples(
 )
 
 
+_ODD_METHODS = st.sampled_from([b"CONNECT", b"PRI", b"OPTIONS", b"HEAD", b"PUT", b"DELETE", b"TRACE"])
+_ODD_VERSIONS = st.sampled_from(
+    [b"", b" ", b" HTTP/0.9", b" HTTP/2.0", b" HTTP/2", b" HTTP/1.2", b" http/1.1"]
+)
+
+
 @st.composite
 def _raw_requests(draw: st.DrawFn) -> bytes:
     """A valid request (a configured key in its Authorization line, maybe in other headers too) with up
     to three runs of random bytes spliced anywhere into its request line and headers."""
-    method = draw(st.sampled_from([b"POST", b"GET"]))
+    method = draw(st.sampled_from([b"POST", b"GET"]) | _ODD_METHODS)
     path = draw(
         st.sampled_from([b"/v1/chat/completions", b"/v1/completions", b"/admin/policy", b"/v1/models"])
+        | st.sampled_from([b"/admin/stage", b"*", b"", b"gw:443", b"/health"])
     )
     key = draw(_KEY)
-    lines = [method + b" " + path + b" " + draw(st.sampled_from([b"HTTP/1.1", b"HTTP/1.0"]))]
+    version = draw(st.sampled_from([b" HTTP/1.1", b" HTTP/1.0"]) | _ODD_VERSIONS)
+    lines = [method + b" " + path + version]
     lines += [b"Host: gw", b"Authorization: Bearer " + key, b"Content-Type: application/json"]
     lines += [name + b": " + value for name, value in draw(st.lists(_EXTRA, max_size=3))]
     body = json.dumps(
-        chat(max_tokens=1) if path == b"/v1/chat/completions" else {"model": "llama", "prompt": "p"}
+        chat(max_tokens=1)
+        if path == b"/v1/chat/completions"
+        else {"version": 1, "stage": "colocated"}
+        if path == b"/admin/stage"
+        else {"model": "llama", "prompt": "p"}
     )
     if method == b"POST":
         lines.append(b"Content-Length: %d" % len(body))
@@ -339,15 +388,20 @@ def _raw_requests(draw: st.DrawFn) -> bytes:
     return head + b"\r\n\r\n" + (body.encode() if method == b"POST" else b"")
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=_raw_requests())
-def test_random_raw_requests_get_no_5xx_and_leak_no_key(live: tuple[Env, LogCapture], raw: bytes) -> None:
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=_raw_requests(), admin=st.booleans())
+def test_random_raw_requests_get_no_5xx_no_hang_and_leak_no_key(
+    live: tuple[Env, LogCapture], raw: bytes, admin: bool
+) -> None:
+    """The client and the admin port: an answer (or a close) within the head deadline (1 s) plus a
+    margin, never a 5xx, no key in the answer or the log."""
     env, logs = live
     seen = len(logs.lines)
-    status, body = raw_exchange(env.gw.port, raw, timeout=10)  # type: ignore[union-attr]
-    event(f"status {status}")
+    port = env.gw.admin_port if admin else env.gw.port  # type: ignore[union-attr]
+    status, body = raw_exchange(port, raw, timeout=4)  # a socket timeout (a hang) fails the example
+    event(f"{'admin' if admin else 'client'} status {status}")
     assert status < 500, (raw, body)
-    if status >= 400:
+    if status >= 400 and not raw.startswith(b"HEAD "):  # a HEAD's answer has no body
         error_of(body)
     assert_no_key(body, "\n".join(logs.lines[seen:]))
     assert "Traceback" not in "\n".join(logs.lines[seen:])
