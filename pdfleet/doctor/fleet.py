@@ -13,6 +13,7 @@ from pdfleet.doctor.fleet_facts import (
     read_connects,
     read_instances,
     read_p2p,
+    read_platforms,
     read_rdma,
 )
 from pdfleet.doctor.fleet_rules import FLEET_RULES
@@ -59,6 +60,7 @@ def gather_fleet(
         connects = read_connects(profile, topology, hosts)
         p2p = read_p2p(topology, hosts) if profile.topology == "same-host" else {}
         rdma = read_rdma(profile, hosts, inventory.hosts, topology)
+        platforms = read_platforms(topology, hosts)
     finally:
         for transport in transports.values():
             transport.close()
@@ -69,7 +71,16 @@ def gather_fleet(
         roles = {r: len(topology.pool(r)) for r in ("prefill", "decode", "colocated") if topology.pool(r)}
         figures = gather_figures(source, release, roles, window)
     return FleetFacts(
-        profile, topology, tuple(instances), tuple(connects), p2p, tuple(rdma), figures, source_name, failed
+        profile,
+        topology,
+        tuple(instances),
+        tuple(connects),
+        p2p,
+        tuple(rdma),
+        figures,
+        source_name,
+        failed,
+        tuple(platforms),
     )
 
 

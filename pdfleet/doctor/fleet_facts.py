@@ -1,7 +1,8 @@
 """The fleet view's gatherer: what each pool instance runs (its unit's --kv-transfer-config, the release it
 reports, and the unit-health fact saying why an instance does not answer), TCP connects to the side channel
-run ON each decode host, GPU P2P on same-host pairs, the RDMA facts of cross-host hosts, and the metrics
-figures per role through the one `MetricsSource`.
+run ON each decode host, GPU P2P on same-host pairs, the RDMA facts of cross-host hosts, what each pool host
+runs (provision's OS fact and its CUDA repository line), and the metrics figures per role through the one
+`MetricsSource`.
 
 Everything here only reads; the decisions are in `fleet_rules` and `metrics_rules`.
 """
@@ -19,7 +20,9 @@ import httpx2
 
 from pdfleet.errors import PdfleetError
 from pdfleet.fleet.topology import Instance, Topology
+from pdfleet.hw.distro import CUDA_SOURCE
 from pdfleet.hw.gpu_facts import NvidiaPciFact
+from pdfleet.hw.os_facts import OsRelease, OsReleaseFact
 from pdfleet.hw.rdma import netdev_of, qos_tool
 from pdfleet.hw.rdma_facts import (
     NetdevFact,
@@ -100,6 +103,17 @@ class RoleFigures:
 
 
 @dataclass(frozen=True)
+class HostPlatform:
+    """What a pool host runs (the OS fact provision reads), whether it has NVIDIA GPUs, and the CUDA
+    repository line provision wrote there ("" when none)."""
+
+    host: str
+    os: OsRelease
+    gpus: bool
+    cuda_list: str
+
+
+@dataclass(frozen=True)
 class FleetFacts:
     """Everything the fleet rules read."""
 
@@ -114,6 +128,7 @@ class FleetFacts:
     figures: Mapping[str, RoleFigures] = field(default_factory=dict)
     metrics_source: str = ""
     unreachable: Mapping[str, str] = field(default_factory=dict)  # host -> why SSH failed
+    platforms: tuple[HostPlatform, ...] = ()
 
 
 def parse_unit(text: str) -> tuple[str | None, str | None, str | None]:
@@ -241,7 +256,9 @@ def facts_to_gather(profile: Profile, topology: Topology) -> dict[str, list[Fact
     if profile.topology == "same-host":
         for host in pair_hosts(topology):
             plan.setdefault(host, []).extend((NvidiaPciFact(), P2pMatrix()))
-    return plan
+    for host in {i.host for i in topology.instances}:
+        plan.setdefault(host, []).extend((OsReleaseFact(), NvidiaPciFact(), FileContent(CUDA_SOURCE)))
+    return {host: list(dict.fromkeys(facts)) for host, facts in plan.items()}
 
 
 def _get(facts: FactSource, fact: Fact[T]) -> tuple[T | None, str | None]:
@@ -327,6 +344,18 @@ def read_p2p(
             continue
         value, why = _get(hosts[host], P2pMatrix())
         out[host] = value if value is not None else f"`{P2P_COMMAND}`: {why}"
+    return out
+
+
+def read_platforms(topology: Topology, hosts: Mapping[str, FactSource]) -> list[HostPlatform]:
+    """What each reachable pool host runs (a host whose OS fact could not be read is left out)."""
+    out = []
+    for name in sorted({i.host for i in topology.instances} & set(hosts)):
+        os, _ = _get(hosts[name], OsReleaseFact())
+        pci, _ = _get(hosts[name], NvidiaPciFact())
+        listed, _ = _get(hosts[name], FileContent(CUDA_SOURCE))
+        if os is not None:
+            out.append(HostPlatform(name, os, bool(pci and pci.gpus), listed or ""))
     return out
 
 

@@ -1,5 +1,6 @@
 """KV-transfer timeout causes, as pure rules over `FleetFacts`: prefill and decode on different connectors or
-releases, the side channel not reachable from a decode host, no GPU P2P on a same-host pair, RoCE wrong.
+releases, the side channel not reachable from a decode host, no GPU P2P on a same-host pair, RoCE wrong;
+and a pool host's platform as provision decides it (unsupported, branch missing, repository drifted).
 
 The RoCE rule reuses the rdma role's own decisions (`pdfleet.hw.rdma`), so doctor and provision agree on
 what "configured" means.
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 from pdfleet.doctor.finding import Finding, profile_fix
 from pdfleet.doctor.fleet_facts import FleetFacts, RdmaHostFacts
+from pdfleet.hw.distro import PlatformRefusal, check_branch, repository_drift, resolve_platform
+from pdfleet.hw.gpu import driver_branch
 from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index, qos_converged
 
 P2P_OK = "OK"
@@ -249,6 +252,44 @@ def rule_roce(facts: FleetFacts) -> list[Finding]:
     return out
 
 
+def rule_platform(facts: FleetFacts) -> list[Finding]:
+    """A pool host on a platform pdfleet does not provision, a driver branch its platform lacks, or a CUDA
+    repository for another distribution than it runs (an in-place upgrade): provision's own decisions."""
+    out = []
+    branch = driver_branch(facts.profile.gpu)
+    for hp in facts.platforms:
+        try:
+            platform = resolve_platform(hp.host, hp.os)
+        except PlatformRefusal as exc:
+            fix = "run the host on a supported platform (docs/platforms.md); provision refuses it as it is"
+            out.append(
+                Finding(
+                    "fleet.platform",
+                    "error",
+                    f"{hp.host} runs {hp.os.describe()}",
+                    str(exc),
+                    fix,
+                    subject=hp.host,
+                )
+            )
+            continue
+        if not hp.gpus:
+            continue
+        try:
+            check_branch(hp.host, platform, branch)
+        except PlatformRefusal as exc:
+            what = f"{hp.host}: no driver packages of branch {branch} on {platform.name}"
+            fix = f"pin a gpu.driver_branch {platform.name} carries"
+            out.append(Finding("fleet.driver_branch", "error", what, str(exc), fix, subject=hp.host))
+            continue
+        drift = repository_drift(hp.host, platform, hp.os, facts.profile.mirrors.cuda_repo, hp.cuda_list)
+        if drift and hp.cuda_list:
+            what = f"{hp.host}'s CUDA repository is not the one for {platform.name}"
+            fix = "invoke provision --profile P: it plans the repository and packages for what the host runs"
+            out.append(Finding("fleet.cuda_repo", "warning", what, drift, fix, subject=hp.host))
+    return out
+
+
 FLEET_RULES = (
     rule_unreachable_hosts,
     rule_instances_unread,
@@ -257,4 +298,5 @@ FLEET_RULES = (
     rule_side_channel,
     rule_p2p,
     rule_roce,
+    rule_platform,
 )

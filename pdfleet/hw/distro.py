@@ -22,6 +22,8 @@ from pdfleet.hw.os_facts import OsRelease
 from pdfleet.model.platforms import Platform, branch_span, find_platform, supported_names
 
 CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
+CUDA_SOURCE = "/etc/apt/sources.list.d/cuda.list"  # where the gpu_driver role writes the repository line
+Override = str | dict[str, str] | None  # the profile's mirrors.cuda_repo
 CUDA_KEY = "3bf863cc.pub"  # the CUDA repositories' signing key (rotated in 2022)
 # CUDA repository architecture per `uname -m` (NVIDIA's driver role, commit 705bb08: aarch64 → sbsa)
 CUDA_ARCH = {"x86_64": "x86_64", "aarch64": "sbsa"}
@@ -55,9 +57,7 @@ def check_branch(host: str, platform: Platform, branch: str) -> None:
         )
 
 
-def cuda_repo_url(
-    host: str, platform: Platform, arch: str, override: str | dict[str, str] | None
-) -> str | None:
+def cuda_repo_url(host: str, platform: Platform, arch: str, override: Override) -> str | None:
     """The driver repository: the profile's mirror for this platform, else NVIDIA's CUDA repository for the
     distribution and architecture; None on DGX OS without a mirror (its NVIDIA repositories are set up)."""
     url = override.get(platform.key) if isinstance(override, dict) else override
@@ -71,6 +71,21 @@ def cuda_repo_url(
             f"supported: {', '.join(CUDA_ARCH)}"
         )
     return f"{CUDA_REPOS}/{platform.cuda_repo}/{CUDA_ARCH[arch]}/"
+
+
+def repository_drift(
+    host: str, platform: Platform, os: OsRelease, override: Override, listed: str
+) -> str | None:
+    """Why the CUDA repository line a host has (`listed`, the content of CUDA_SOURCE) is not the one its
+    platform needs now, e.g. after an in-place upgrade from 22.04 to 24.04; None when it is, or on DGX OS."""
+    want = cuda_repo_url(host, platform, os.arch, override)
+    if want is None or want in listed:
+        return None
+    found = re.search(r"\b\w+://\S+", listed)
+    return (
+        f"{host} runs {platform.name}, but {CUDA_SOURCE} names {found[0] if found else 'no repository'}; "
+        f"provision plans {want}"
+    )
 
 
 def driver_packages(host: str, platform: Platform, branch: str, open_modules: bool) -> tuple[str, ...]:

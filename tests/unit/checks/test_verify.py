@@ -129,6 +129,9 @@ def test_verify_over_ssh_skips_hardware_and_fails_naming_host_and_check(tmp_path
     assert by_check["gpu/driver_version_matches_pin"].outcome == SKIP
     assert by_check["gpu/driver_version_matches_pin"].detail == "no NVIDIA GPU on the PCI bus"
     assert by_check["rdma/mtu"].detail == "topology same-host: KV does not cross hosts"
+    # this machine runs Debian 12: the OS fact provision reads, read over SSH the same way
+    assert by_check["platform/supported"].outcome == PASS
+    assert by_check["platform/driver_branch_and_repository"].detail == "no NVIDIA GPU on the PCI bus"
     # no vLLM units or NIXL venv here: failures name the host and the check
     units = by_check["services/units_installed_enabled_active"]
     assert units.outcome == FAIL and units.host == "loop" and "vllm-prefill.service" in units.detail

@@ -4,6 +4,7 @@ machine's own shell (LocalTransport) against a loopback listener, open and then 
 from __future__ import annotations
 
 import dataclasses
+import platform
 import socket
 
 import pytest
@@ -20,11 +21,14 @@ from pdfleet.doctor.fleet_facts import (
     read_connects,
     read_instances,
     read_p2p,
+    read_platforms,
     reported_release,
     side_channel_targets,
 )
 from pdfleet.fleet.topology import Instance, Topology
+from pdfleet.hw.distro import CUDA_SOURCE
 from pdfleet.hw.gpu_facts import NvidiaPciFact
+from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.ops.base import FakeFacts
 from pdfleet.ops.files import FileContent
@@ -156,3 +160,21 @@ def test_p2p_of_a_host_without_gpus_says_so_as_the_gpu_role_does() -> None:
     if local.get(NvidiaPciFact()).gpus:
         pytest.skip("this machine has an NVIDIA GPU: the matrix is read instead")
     assert read_p2p(d.topology, {"lab-p1": local}) == {"lab-p1": "no NVIDIA GPU on the PCI bus"}
+
+
+def test_each_pool_host_is_asked_what_it_runs_and_this_machine_answers_for_real() -> None:
+    d = deployment("lab-cross")
+    plan = facts_to_gather(d.profile, d.topology)
+    for host in {i.host for i in d.topology.instances}:
+        assert {OsReleaseFact(), NvidiaPciFact(), FileContent(CUDA_SOURCE)} <= set(plan[host])
+        assert len(plan[host]) == len(set(plan[host]))
+    local = HostFacts(LocalTransport("lab-p1"))
+    local.gather([OsReleaseFact(), NvidiaPciFact(), FileContent(CUDA_SOURCE)])
+    [mine] = read_platforms(d.topology, {"lab-p1": local})
+    release = platform.freedesktop_os_release()  # Python's own reading of /etc/os-release
+    assert (mine.host, mine.os.id, mine.os.version_id) == (
+        "lab-p1",
+        release["ID"],
+        release.get("VERSION_ID", ""),
+    )
+    assert mine.os.arch == platform.machine()

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 
-from pdfleet.doctor.fleet_facts import Connect, FleetFacts, InstanceFacts, RdmaHostFacts, parse_p2p
+from pdfleet.doctor.fleet_facts import (
+    Connect,
+    FleetFacts,
+    HostPlatform,
+    InstanceFacts,
+    RdmaHostFacts,
+    parse_p2p,
+)
 from pdfleet.doctor.fleet_rules import (
     rule_connector_mismatch,
     rule_instances_unread,
     rule_p2p,
+    rule_platform,
     rule_release_mismatch,
     rule_roce,
     rule_side_channel,
     rule_unreachable_hosts,
 )
+from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.hw.rdma import netdev_of
 from pdfleet.hw.rdma_facts import NetdevFact, QosFact, RdmaSysfsFact
 from tests.unit.doctor.helpers import deployment, fixture
@@ -177,3 +186,37 @@ def test_instances_that_could_not_be_read_are_said() -> None:
         f, instances=(InstanceFacts(prefill, problem="x"),), unreachable={"lab-p1": "down"}
     )
     assert rule_instances_unread(gone) == []
+
+
+def _platform(host: str, distro: str, gpus: bool = True, listed: str = "") -> HostPlatform:
+    return HostPlatform(host, load_fixture(distro)[OsReleaseFact()], gpus, listed)
+
+
+def test_platform_an_unsupported_host_is_an_error_naming_what_it_runs() -> None:
+    [found] = rule_platform(cross_facts(platforms=(_platform("lab-p1", "rocky-9"),)))
+    assert (found.rule, found.severity, found.subject) == ("fleet.platform", "error", "lab-p1")
+    assert (
+        found.what == "lab-p1 runs Rocky Linux 9.4 (Blue Onyx) (x86_64)"
+        and "supported: Debian 12" in found.evidence
+    )
+
+
+def test_platform_a_host_upgraded_in_place_shows_its_old_repository() -> None:
+    cuda = "https://developer.download.nvidia.com/compute/cuda/repos"
+    jammy = f"deb [signed-by=/etc/apt/keyrings/cuda.asc] {cuda}/ubuntu2204/x86_64/ /\n"
+    [found] = rule_platform(cross_facts(platforms=(_platform("lab-p1", "ubuntu-24.04", listed=jammy),)))
+    assert (found.rule, found.severity) == ("fleet.cuda_repo", "warning")
+    assert (
+        f"{cuda}/ubuntu2204/x86_64/" in found.evidence
+        and f"provision plans {cuda}/ubuntu2404/x86_64/" in found.evidence
+    )
+    noble = jammy.replace("2204", "2404")
+    assert rule_platform(cross_facts(platforms=(_platform("lab-p1", "ubuntu-24.04", listed=noble),))) == []
+
+
+def test_platform_a_branch_the_host_lacks_and_gpu_less_debian_hosts_pass() -> None:
+    facts = cross_facts(platforms=(_platform("lab-p1", "dgx-os-6"),))  # lab-cross pins R580; DGX OS 6 has 550
+    [found] = rule_platform(facts)
+    assert found.rule == "fleet.driver_branch" and "its repository carries 550" in found.evidence
+    lab = (_platform("lab-p1", "debian-12", gpus=False), _platform("lab-d1", "debian-12", gpus=False))
+    assert rule_platform(cross_facts(platforms=lab)) == []

@@ -13,7 +13,13 @@ import roles.base as base_role
 import roles.gpu_driver as gpu_role
 import roles.rdma as rdma_role
 from pdfleet.hw import HardwareError
-from pdfleet.hw.distro import PlatformRefusal, cuda_repo_url, platform_extras, resolve_platform
+from pdfleet.hw.distro import (
+    PlatformRefusal,
+    cuda_repo_url,
+    platform_extras,
+    repository_drift,
+    resolve_platform,
+)
 from pdfleet.hw.gpu import gather_gpu_facts, plan_gpu
 from pdfleet.hw.kv import uses_rdma
 from pdfleet.hw.os_facts import OsReleaseFact
@@ -214,3 +220,17 @@ def test_aarch64_uses_the_sbsa_repository_and_a_per_distribution_mirror_wins() -
 def test_every_platform_names_branches_within_the_cuda_branch_list() -> None:
     assert {p.key for p in PLATFORMS} == {"debian12", "ubuntu2204", "ubuntu2404", "dgxos6", "dgxos7"}
     assert all(p.branches and p.branches == tuple(sorted(p.branches)) for p in PLATFORMS)
+
+
+def test_repository_drift_names_what_the_host_has_and_what_provision_plans() -> None:
+    os = load_fixture("ubuntu-24.04")[OsReleaseFact()]
+    noble = resolve_platform("gpu-01", os)
+    jammy_line = f"deb [signed-by=/etc/apt/keyrings/cuda.asc] {CUDA}/ubuntu2204/x86_64/ /\n"
+    assert repository_drift("gpu-01", noble, os, None, jammy_line) == (
+        f"gpu-01 runs Ubuntu 24.04, but /etc/apt/sources.list.d/cuda.list names {CUDA}/ubuntu2204/x86_64/; "
+        f"provision plans {CUDA}/ubuntu2404/x86_64/"
+    )
+    assert repository_drift("gpu-01", noble, os, None, jammy_line.replace("2204", "2404")) is None
+    assert "names no repository" in (repository_drift("gpu-01", noble, os, None, "") or "")
+    dgx = load_fixture("dgx-os-7")[OsReleaseFact()]
+    assert repository_drift("gpu-01", resolve_platform("gpu-01", dgx), dgx, None, "") is None
