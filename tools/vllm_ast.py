@@ -110,6 +110,15 @@ def const(node: ast.AST, scope: dict[str, object] | None = None) -> object:
         raise NotConstant(ast.unparse(node))
     if isinstance(node, ast.ListComp) and len(node.generators) == 1:
         return _comprehension(node, scope)
+    if (  # `tuple(2 ** (10 + i) for i in range(1, 25, 2))`
+        _is_call(node, "tuple")
+        and isinstance(node, ast.Call)
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.GeneratorExp)
+        and len(node.args[0].generators) == 1
+    ):
+        gen = node.args[0]
+        return _comprehension(ast.ListComp(elt=gen.elt, generators=gen.generators), scope)
     raise NotConstant(ast.unparse(node))
 
 

@@ -261,7 +261,31 @@ def handshake(src: Sources, files: list[str]) -> Handshake:
         check = next(calls(tree, "check_nixl_version"), None)
         if check is not None and check.args:
             minimum = str(const(check.args[0]))
-    return Handshake(version, factors or (), minimum, where)
+    return Handshake(
+        version, factors or (), minimum, where, _receive_timeout(src, files), _reports_load_errors(src, files)
+    )
+
+
+def _receive_timeout(src: Sources, files: list[str]) -> int | None:
+    """zmq.RCVTIMEO (ms) set in the function that opens D's handshake query socket (`zmq.REQ`)."""
+    for path in files:
+        for func in (n for n in ast.walk(src.tree(path)) if isinstance(n, ast.FunctionDef)):
+            if "zmq.REQ" not in ast.unparse(func):
+                continue
+            for call in calls(func, "setsockopt"):
+                if len(call.args) == 2 and ast.unparse(call.args[0]) == "zmq.RCVTIMEO":
+                    return const_int(call.args[1])
+    return None
+
+
+def _reports_load_errors(src: Sources, files: list[str]) -> bool:
+    """Whether the connector defines `get_block_ids_with_load_errors` (the scheduler's way to learn which
+    blocks a failed handshake or read left invalid)."""
+    return any(
+        isinstance(n, ast.FunctionDef) and n.name == "get_block_ids_with_load_errors"
+        for path in files
+        for n in ast.walk(src.tree(path))
+    )
 
 
 LEASE_NAMES = ("self._kv_lease_duration", "kv_lease_duration")

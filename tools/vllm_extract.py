@@ -285,7 +285,7 @@ def extract(src: Sources) -> Release:
     nixl = connector_files(src, reg, NIXL)
     mooncake = connector_files(src, reg, MOONCAKE)
     try:
-        metrics = vllm_metrics.metrics(src, nixl)
+        metrics = vllm_metrics.metrics(src, nixl, mooncake)
     except NotConstant as exc:  # a registration pdfleet cannot read is a fact to review, not to guess
         raise KeyError(f"vLLM {src.version}: unreadable metric definition {exc}") from exc
     return Release(

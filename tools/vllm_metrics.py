@@ -1,6 +1,7 @@
 """vLLM's Prometheus metrics as registered in its source: `self._gauge_cls(name="vllm:...", ...)` calls in
-the stat logger (v1/metrics/loggers.py) and NixlConnector's stats. Speculative-decoding metrics are not
-tabled (pdfleet renders no speculative decoding; 0.33 builds their names from a list of tuples).
+the stat logger (v1/metrics/loggers.py) and the NIXL and Mooncake connectors' stats, with what each
+connector counter adds up (`counting_rules`). Speculative-decoding metrics are not tabled (pdfleet
+renders no speculative decoding; 0.33 builds their names from a list of tuples).
 
 Bucket lists are evaluated from the tree in the order the function builds them (a list bound to
 `buckets` and re-bound later, `buckets[1:]`, `[2 ** (10 + i) for i in range(1, 25, 2)]`, 0.33's
@@ -11,6 +12,8 @@ Bucket lists are evaluated from the tree in the order the function builds them (
 from __future__ import annotations
 
 import ast
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdfleet.model.vllm_releases import Metric
@@ -109,11 +112,30 @@ def _bounds(value: object) -> tuple[float, ...] | None:
     return bounds
 
 
+def _module_constants(tree: ast.Module) -> dict[str, object]:
+    """Module-level names bound to constant values (MooncakeConnector's `_XFER_TIME_BUCKETS = (...)`)."""
+    found: dict[str, object] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target = node.targets[0]
+        if isinstance(target, ast.Name):
+            try:
+                found[target.id] = const(node.value, found)
+            except NotConstant:
+                continue
+    return found
+
+
 def _function_metrics(
-    func: ast.FunctionDef, path: str, labels: list[str], families: dict[str, object]
+    func: ast.FunctionDef,
+    path: str,
+    labels: list[str],
+    families: dict[str, object],
+    module: dict[str, object],
 ) -> list[Metric]:
     """Metrics one function registers, with the `if` conditions around each."""
-    scope: dict[str, object] = {"labelnames": labels}
+    scope: dict[str, object] = {**module, "labelnames": labels}
     found = []
     for node, tests in guarded(func.body):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -141,18 +163,53 @@ def _function_metrics(
     return found
 
 
-def metric_files(src: Sources, nixl_files: list[str]) -> list[str]:
-    """The stat logger and the NIXL files that register `vllm:nixl_*`."""
-    return [LOGGERS] + [p for p in nixl_files if '"vllm:nixl_' in src.files[p]]
+def metric_files(src: Sources, nixl_files: Sequence[str], mooncake_files: Sequence[str] = ()) -> list[str]:
+    """The stat logger and the connector files that register `vllm:nixl_*` and `vllm:mooncake_*`."""
+    nixl = [p for p in nixl_files if '"vllm:nixl_' in src.files[p]]
+    return [LOGGERS] + nixl + [p for p in mooncake_files if '"vllm:mooncake_' in src.files[p]]
 
 
-def metrics(src: Sources, nixl_files: list[str]) -> tuple[Metric, ...]:
-    """Every `vllm:` metric the release registers in those files, sorted by name then condition."""
+def metrics(
+    src: Sources, nixl_files: Sequence[str], mooncake_files: Sequence[str] = ()
+) -> tuple[Metric, ...]:
+    """Every `vllm:` metric the release registers in those files, sorted by name then condition; a
+    connector counter carries the stats keys its `observe` adds up."""
     labels = base_labels(src)
     families = _families(src)
     found: dict[tuple[str, str | None], Metric] = {}
-    for path in metric_files(src, nixl_files):
-        for func in (n for n in ast.walk(src.tree(path)) if isinstance(n, ast.FunctionDef)):
-            for metric in _function_metrics(func, path, labels, families):
-                found.setdefault((metric.name, metric.when), metric)
+    for path in metric_files(src, nixl_files, mooncake_files):
+        tree = src.tree(path)
+        module = _module_constants(tree)
+        counted = counting_rules(tree)
+        for func in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            for metric in _function_metrics(func, path, labels, families, module):
+                keys = counted.get(metric.name.removeprefix("vllm:"), ())
+                found.setdefault((metric.name, metric.when), dataclasses.replace(metric, counts=keys))
     return tuple(sorted(found.values(), key=lambda m: (m.name, m.when or "")))
+
+
+def counting_rules(tree: ast.Module) -> dict[str, tuple[str, ...]]:
+    """What each connector counter adds up, from its `observe`: `zip([self.counter_x, ...], [keys, ...])`
+    (0.11/0.33 NIXL; a key or a tuple of keys) or `for metric, key in ((self.counter_x, "key"), ...)`
+    (0.33 Mooncake). Keyed by the metric's name without `vllm:` (`counter_nixl_x` registers `vllm:nixl_x`)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for func in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "observe"):
+        pairs: list[tuple[ast.expr, ast.expr]] = []
+        for loop in (n for n in ast.walk(func) if isinstance(n, ast.For)):
+            it = loop.iter
+            if call_name(it) == "zip" and isinstance(it, ast.Call) and len(it.args) == 2:
+                left, right = it.args
+                if isinstance(left, ast.List | ast.Tuple) and isinstance(right, ast.List | ast.Tuple):
+                    pairs += list(zip(left.elts, right.elts, strict=False))
+            elif isinstance(it, ast.Tuple | ast.List):
+                pairs += [
+                    (e.elts[0], e.elts[1]) for e in it.elts if isinstance(e, ast.Tuple) and len(e.elts) == 2
+                ]
+        for attr, keys in pairs:
+            name = ast.unparse(attr).removeprefix("self.")
+            if not name.startswith("counter_"):
+                continue
+            value = const(keys) if isinstance(keys, ast.Constant | ast.Tuple | ast.List) else None
+            items = value if isinstance(value, list) else [value]
+            out[name.removeprefix("counter_")] = tuple(str(v) for v in items if isinstance(v, str))
+    return out

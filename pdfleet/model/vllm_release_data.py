@@ -141,6 +141,8 @@ V0_11_0 = Release(
         hash_factors=(),
         min_nixl=None,
         source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+        receive_timeout_ms=None,
+        reports_load_errors=False,
     ),
     lease=Lease(
         heartbeat_interval=None,
@@ -196,6 +198,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:generation_tokens",
@@ -205,6 +208,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:gpu_cache_usage_perc",
@@ -214,6 +218,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_hits",
@@ -223,6 +228,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_queries",
@@ -232,6 +238,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:inter_token_latency_seconds",
@@ -261,6 +268,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:iteration_tokens_total",
@@ -270,6 +278,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:kv_cache_usage_perc",
@@ -279,6 +288,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:lora_requests_info",
@@ -292,6 +302,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when="vllm_config.lora_config is not None",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_preemptions",
@@ -301,6 +312,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_requests_running",
@@ -310,6 +322,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_requests_waiting",
@@ -319,6 +332,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prefix_cache_hits",
@@ -328,6 +342,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prefix_cache_queries",
@@ -337,6 +352,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prompt_tokens",
@@ -346,6 +362,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_decode_time_seconds",
@@ -377,6 +394,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_generation_tokens",
@@ -386,6 +404,7 @@ V0_11_0 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_inference_time_seconds",
@@ -417,6 +436,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_max_num_generation_tokens",
@@ -426,6 +446,7 @@ V0_11_0 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_params_max_tokens",
@@ -435,6 +456,7 @@ V0_11_0 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_params_n",
@@ -444,6 +466,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_prefill_time_seconds",
@@ -475,6 +498,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_prompt_tokens",
@@ -484,6 +508,7 @@ V0_11_0 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_queue_time_seconds",
@@ -515,6 +540,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_success",
@@ -524,6 +550,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_time_per_output_token_seconds",
@@ -553,6 +580,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:time_per_output_token_seconds",
@@ -582,6 +610,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:time_to_first_token_seconds",
@@ -614,6 +643,7 @@ V0_11_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
     ),
     serve_flags=ServeFlags(
@@ -1888,6 +1918,8 @@ V0_11_1 = Release(
         hash_factors=(),
         min_nixl=None,
         source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+        receive_timeout_ms=5000,
+        reports_load_errors=True,
     ),
     lease=Lease(
         heartbeat_interval=None,
@@ -1926,6 +1958,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when="envs.VLLM_COMPUTE_NANS_IN_LOGITS",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:e2e_request_latency_seconds",
@@ -1957,6 +1990,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:engine_sleep_state",
@@ -1966,6 +2000,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_hits",
@@ -1975,6 +2010,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_queries",
@@ -1984,6 +2020,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:generation_tokens",
@@ -1993,6 +2030,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:gpu_cache_usage_perc",
@@ -2002,6 +2040,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_hits",
@@ -2011,6 +2050,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_queries",
@@ -2020,6 +2060,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:inter_token_latency_seconds",
@@ -2049,6 +2090,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:iteration_tokens_total",
@@ -2058,6 +2100,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:kv_cache_usage_perc",
@@ -2067,6 +2110,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:lora_requests_info",
@@ -2080,6 +2124,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when="vllm_config.lora_config is not None",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:mm_cache_hits",
@@ -2089,6 +2134,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:mm_cache_queries",
@@ -2098,6 +2144,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_bytes_transferred",
@@ -2120,6 +2167,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_num_descriptors",
@@ -2129,6 +2177,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_num_failed_notifications",
@@ -2138,6 +2187,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=("num_failed_notifications",),
         ),
         Metric(
             name="vllm:nixl_num_failed_transfers",
@@ -2147,6 +2197,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=("num_failed_transfers",),
         ),
         Metric(
             name="vllm:nixl_post_time_seconds",
@@ -2156,6 +2207,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_xfer_time_seconds",
@@ -2165,6 +2217,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_preemptions",
@@ -2174,6 +2227,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_requests_running",
@@ -2183,6 +2237,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_requests_waiting",
@@ -2192,6 +2247,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prefix_cache_hits",
@@ -2201,6 +2257,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prefix_cache_queries",
@@ -2210,6 +2267,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prompt_tokens",
@@ -2219,6 +2277,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_decode_time_seconds",
@@ -2250,6 +2309,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_generation_tokens",
@@ -2259,6 +2319,7 @@ V0_11_1 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_inference_time_seconds",
@@ -2290,6 +2351,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_max_num_generation_tokens",
@@ -2299,6 +2361,7 @@ V0_11_1 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_params_max_tokens",
@@ -2308,6 +2371,7 @@ V0_11_1 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_params_n",
@@ -2317,6 +2381,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_prefill_time_seconds",
@@ -2348,6 +2413,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_prompt_tokens",
@@ -2357,6 +2423,7 @@ V0_11_1 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_queue_time_seconds",
@@ -2388,6 +2455,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_success",
@@ -2397,6 +2465,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_time_per_output_token_seconds",
@@ -2426,6 +2495,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:time_per_output_token_seconds",
@@ -2455,6 +2525,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:time_to_first_token_seconds",
@@ -2487,6 +2558,7 @@ V0_11_1 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
     ),
     serve_flags=ServeFlags(
@@ -3878,6 +3950,8 @@ V0_11_2 = Release(
         hash_factors=(),
         min_nixl=None,
         source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+        receive_timeout_ms=5000,
+        reports_load_errors=True,
     ),
     lease=Lease(
         heartbeat_interval=None,
@@ -3916,6 +3990,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when="envs.VLLM_COMPUTE_NANS_IN_LOGITS",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:e2e_request_latency_seconds",
@@ -3947,6 +4022,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:engine_sleep_state",
@@ -3956,6 +4032,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_hits",
@@ -3965,6 +4042,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_queries",
@@ -3974,6 +4052,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:generation_tokens",
@@ -3983,6 +4062,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:gpu_cache_usage_perc",
@@ -3992,6 +4072,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_hits",
@@ -4001,6 +4082,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_queries",
@@ -4010,6 +4092,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:inter_token_latency_seconds",
@@ -4039,6 +4122,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:iteration_tokens_total",
@@ -4048,6 +4132,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:kv_cache_usage_perc",
@@ -4057,6 +4142,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:lora_requests_info",
@@ -4070,6 +4156,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when="vllm_config.lora_config is not None",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:mm_cache_hits",
@@ -4079,6 +4166,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:mm_cache_queries",
@@ -4088,6 +4176,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_bytes_transferred",
@@ -4110,6 +4199,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_num_descriptors",
@@ -4119,6 +4209,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_num_failed_notifications",
@@ -4128,6 +4219,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=("num_failed_notifications",),
         ),
         Metric(
             name="vllm:nixl_num_failed_transfers",
@@ -4137,6 +4229,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=("num_failed_transfers",),
         ),
         Metric(
             name="vllm:nixl_post_time_seconds",
@@ -4146,6 +4239,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_xfer_time_seconds",
@@ -4155,6 +4249,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_preemptions",
@@ -4164,6 +4259,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_requests_running",
@@ -4173,6 +4269,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_requests_waiting",
@@ -4182,6 +4279,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prefix_cache_hits",
@@ -4191,6 +4289,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prefix_cache_queries",
@@ -4200,6 +4299,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prompt_tokens",
@@ -4209,6 +4309,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_decode_time_seconds",
@@ -4240,6 +4341,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_generation_tokens",
@@ -4249,6 +4351,7 @@ V0_11_2 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_inference_time_seconds",
@@ -4280,6 +4383,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_max_num_generation_tokens",
@@ -4289,6 +4393,7 @@ V0_11_2 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_params_max_tokens",
@@ -4298,6 +4403,7 @@ V0_11_2 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_params_n",
@@ -4307,6 +4413,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_prefill_time_seconds",
@@ -4338,6 +4445,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_prompt_tokens",
@@ -4347,6 +4455,7 @@ V0_11_2 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_queue_time_seconds",
@@ -4378,6 +4487,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_success",
@@ -4387,6 +4497,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_time_per_output_token_seconds",
@@ -4416,6 +4527,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:time_per_output_token_seconds",
@@ -4445,6 +4557,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:time_to_first_token_seconds",
@@ -4477,6 +4590,7 @@ V0_11_2 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
     ),
     serve_flags=ServeFlags(
@@ -5995,6 +6109,8 @@ V0_33_0 = Release(
         ),
         min_nixl="1.5.0",
         source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/metadata.py",
+        receive_timeout_ms=5000,
+        reports_load_errors=True,
     ),
     lease=Lease(
         heartbeat_interval="kv_lease_duration // 6",
@@ -6037,6 +6153,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:corrupted_requests",
@@ -6046,6 +6163,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when="envs.VLLM_COMPUTE_NANS_IN_LOGITS",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:e2e_request_latency_seconds",
@@ -6077,6 +6195,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:engine_sleep_state",
@@ -6086,6 +6205,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_hits",
@@ -6095,6 +6215,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_queries",
@@ -6104,6 +6225,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:generation_tokens",
@@ -6113,6 +6235,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:inter_token_latency_seconds",
@@ -6142,6 +6265,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:iteration_tokens_total",
@@ -6151,6 +6275,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:kv_block_idle_before_evict_seconds",
@@ -6182,6 +6307,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when="self.kv_cache_metrics_enabled",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:kv_block_lifetime_seconds",
@@ -6213,6 +6339,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when="self.kv_cache_metrics_enabled",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:kv_block_reuse_gap_seconds",
@@ -6244,6 +6371,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when="self.kv_cache_metrics_enabled",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:kv_cache_usage_perc",
@@ -6253,6 +6381,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:lora_requests_info",
@@ -6266,6 +6395,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when="vllm_config.lora_config is not None",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:mm_cache_hits",
@@ -6275,6 +6405,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:mm_cache_queries",
@@ -6284,6 +6415,80 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
+        ),
+        Metric(
+            name="vllm:mooncake_bytes_transferred",
+            kind="histogram",
+            labels=("model_name", "engine"),
+            buckets=(
+                2048,
+                8192,
+                32768,
+                131072,
+                524288,
+                2097152,
+                8388608,
+                33554432,
+                134217728,
+                536870912,
+                2147483648,
+                8589934592,
+            ),
+            buckets_rule=None,
+            when=None,
+            source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
+            counts=(),
+        ),
+        Metric(
+            name="vllm:mooncake_num_descriptors",
+            kind="histogram",
+            labels=("model_name", "engine"),
+            buckets=(10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000),
+            buckets_rule=None,
+            when=None,
+            source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
+            counts=(),
+        ),
+        Metric(
+            name="vllm:mooncake_num_failed_recvs",
+            kind="counter",
+            labels=("model_name", "engine"),
+            buckets=None,
+            buckets_rule=None,
+            when=None,
+            source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
+            counts=("num_failed_recvs",),
+        ),
+        Metric(
+            name="vllm:mooncake_num_failed_transfers",
+            kind="counter",
+            labels=("model_name", "engine"),
+            buckets=None,
+            buckets_rule=None,
+            when=None,
+            source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
+            counts=("num_failed_transfers",),
+        ),
+        Metric(
+            name="vllm:mooncake_num_kv_expired_reqs",
+            kind="counter",
+            labels=("model_name", "engine"),
+            buckets=None,
+            buckets_rule=None,
+            when=None,
+            source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
+            counts=("num_kv_expired_reqs",),
+        ),
+        Metric(
+            name="vllm:mooncake_xfer_time_seconds",
+            kind="histogram",
+            labels=("model_name", "engine"),
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0),
+            buckets_rule=None,
+            when=None,
+            source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_bytes_transferred",
@@ -6306,6 +6511,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_num_descriptors",
@@ -6315,6 +6521,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_num_failed_notifications",
@@ -6324,6 +6531,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
+            counts=("num_failed_notifications",),
         ),
         Metric(
             name="vllm:nixl_num_failed_transfers",
@@ -6333,6 +6541,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
+            counts=("num_failed_transfers", "num_failed_handshakes", "num_failed_notifications"),
         ),
         Metric(
             name="vllm:nixl_num_kv_expired_reqs",
@@ -6342,6 +6551,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
+            counts=("num_kv_expired_reqs",),
         ),
         Metric(
             name="vllm:nixl_num_notifications_after_expiry",
@@ -6351,6 +6561,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
+            counts=("num_notifications_after_expiry",),
         ),
         Metric(
             name="vllm:nixl_post_time_seconds",
@@ -6360,6 +6571,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
+            counts=(),
         ),
         Metric(
             name="vllm:nixl_xfer_time_seconds",
@@ -6369,6 +6581,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_preemptions",
@@ -6378,6 +6591,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_requests_kv_fetch_by_stage",
@@ -6387,6 +6601,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when="kv_transfer_config is not None and kv_transfer_config.is_kv_consumer",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_requests_running",
@@ -6396,6 +6611,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_requests_waiting",
@@ -6405,6 +6621,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:num_requests_waiting_by_reason",
@@ -6414,6 +6631,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prefix_cache_hits",
@@ -6423,6 +6641,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prefix_cache_queries",
@@ -6432,6 +6651,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prompt_tokens",
@@ -6441,6 +6661,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prompt_tokens_by_source",
@@ -6450,6 +6671,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prompt_tokens_cached",
@@ -6459,6 +6681,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:prompt_tokens_cached_by_source",
@@ -6468,6 +6691,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_decode_time_seconds",
@@ -6499,6 +6723,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_generation_tokens",
@@ -6508,6 +6733,7 @@ V0_33_0 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_inference_time_seconds",
@@ -6539,6 +6765,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_max_num_generation_tokens",
@@ -6548,6 +6775,7 @@ V0_33_0 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_num_preemptions",
@@ -6557,6 +6785,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_params_max_tokens",
@@ -6566,6 +6795,7 @@ V0_33_0 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_params_n",
@@ -6575,6 +6805,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_prefill_kv_computed_tokens",
@@ -6584,6 +6815,7 @@ V0_33_0 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_prefill_time_seconds",
@@ -6615,6 +6847,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_prompt_tokens",
@@ -6624,6 +6857,7 @@ V0_33_0 = Release(
             buckets_rule="build_1_2_5_buckets(max_model_len)",
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_queue_time_seconds",
@@ -6655,6 +6889,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_success",
@@ -6664,6 +6899,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:request_time_per_output_token_seconds",
@@ -6693,6 +6929,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:time_to_first_token_seconds",
@@ -6725,6 +6962,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when=None,
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
         Metric(
             name="vllm:watermark_requests",
@@ -6734,6 +6972,7 @@ V0_33_0 = Release(
             buckets_rule=None,
             when="vllm_config.watermark_config is not None",
             source="vllm/v1/metrics/loggers.py",
+            counts=(),
         ),
     ),
     serve_flags=ServeFlags(

@@ -146,6 +146,11 @@ class Handshake:
     hash_factors: tuple[str, ...]  # keys of the compatibility-hash factors dict
     min_nixl: str | None  # check_nixl_version(...) at worker start
     source: str
+    # zmq.RCVTIMEO on D's handshake query socket (None: D waits for P's answer without a bound, 0.11.0)
+    receive_timeout_ms: int | None = None
+    # the worker reports blocks it could not load (`get_block_ids_with_load_errors`), so the scheduler
+    # recomputes or fails the request; False: a failed handshake or read has no way back (0.11.0)
+    reports_load_errors: bool = True
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,9 @@ class Metric:
     buckets_rule: str | None  # when the bounds depend on the model (e.g. 1-2-5 up to max_model_len)
     when: str | None  # the condition it is registered under (None: always)
     source: str
+    # what a KV-connector counter adds up, as its `observe` zips it with the connector's stats keys (0.33's
+    # nixl_num_failed_transfers: transfers, handshakes and notifications); empty: not a connector counter
+    counts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

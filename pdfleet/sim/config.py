@@ -27,8 +27,8 @@ from pdfleet.sim.perf import PerfModel
 from pdfleet.sim.serve_options import parse_argv, release_named
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
-# What vLLM 0.11 does with a failed KV load (no kv_load_failure_policy field yet): it marks the blocks
-# invalid and the scheduler recomputes them.
+# What vLLM 0.11.1/0.11.2 do with a failed KV load (no kv_load_failure_policy field yet): they mark the
+# blocks invalid and the scheduler recomputes them; 0.11.0 reports no load errors, so nothing is recomputed.
 NO_POLICY_FIELD = "recompute"
 MOONCAKE_PORT_ENV = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
 MOONCAKE_TIMEOUT_ENV = "VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"
@@ -112,7 +112,9 @@ class SimConfig:
             enable_chunked_prefill=self.enable_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             hold_timeout_s=self.abort_timeout_s,
-            recompute_on_load_failure=bool(kv and kv.load_failure_policy == "recompute"),
+            # recomputing needs the worker to report the blocks it could not load (not 0.11.0)
+            recompute_on_load_failure=bool(kv and kv.load_failure_policy == "recompute")
+            and self.release.handshake.reports_load_errors,
             enable_prefix_caching=self.enable_prefix_caching,
             prefix_stats_skip_preempted=self.release.prefix_caching.preempted_apart,
         )

@@ -25,6 +25,7 @@ from typing import Any
 from pdfleet.model.catalog import DEFAULT_BLOCK_SIZE
 from pdfleet.sim.blocks import BlockPool
 from pdfleet.sim.perf import PerfModel
+from pdfleet.sim.prompt_stats import PromptTokens
 
 # How long a producer holds finished blocks for its consumer: VLLM_NIXL_ABORT_REQUEST_TIMEOUT's default
 # since PR #25897 [VLLM-PD §2.1], in simulated seconds.
@@ -62,6 +63,7 @@ class SimRequest:
     finish_reason: str | None = None
     num_preemptions: int = 0
     kv_id: str = ""  # what the producer holds the blocks under for the consumer (default: request_id)
+    cached: tuple[int, int] = (0, 0)  # prompt tokens from the local prefix cache, from a KV transfer
     block_hashes: tuple[bytes, ...] = ()  # the prompt's full blocks, chained (pdfleet.sim.blocks)
 
 
@@ -115,7 +117,7 @@ class Engine:
         self.prefix_cache_queries = 0  # tokens looked up in the prefix cache, as vLLM counts them
         self.prefix_cache_hits = 0  # of those, tokens found cached
         self.num_preemptions = 0
-        self.prompt_tokens_computed = 0
+        self.prompt = PromptTokens()  # vllm:prompt_tokens and its 0.33 split by source
         self.generation_tokens = 0
 
     # ---- state the driver reads -------------------------------------------------------------
@@ -200,7 +202,8 @@ class Engine:
 
     def _count_prefix(self, req: SimRequest, queried: int) -> None:
         """Add an admitted request's lookup to vllm:prefix_cache_queries/hits (in tokens)."""
-        self.prompt_tokens_computed += req.computed  # cached prompt tokens count as processed, as vLLM's
+        if not req.num_preemptions:  # the first admission's hit is what vLLM's PrefillStats records
+            req.cached = (req.computed, req.cached[1])
         if queried and not (req.num_preemptions and self.limits.prefix_stats_skip_preempted):
             self.prefix_cache_queries += queried
             self.prefix_cache_hits += req.computed
@@ -319,28 +322,25 @@ class Engine:
         """Apply a finished step at time `end`: advance requests, emit tokens, finish and free."""
         emitted: list[SimRequest] = []
         finished: list[SimRequest] = []
-        prompt_done = 0
         for req, n in batch.entries:
             if req.state is not State.RUNNING:
                 continue  # aborted while the step ran
             before = req.computed
             req.computed = before + n
             total = req.prompt_tokens + req.generated
-            if before < req.prompt_tokens:
-                prompt_done += min(req.computed, req.prompt_tokens) - before
-                if req.block_hashes:  # full prompt blocks become cached as they are computed
-                    full = min(len(req.block_hashes), req.computed // self.limits.block_size)
-                    self.pool.cache(req.block_ids, req.block_hashes, full)
+            if before < req.prompt_tokens and req.block_hashes:  # full prompt blocks become cached
+                full = min(len(req.block_hashes), req.computed // self.limits.block_size)
+                self.pool.cache(req.block_ids, req.block_hashes, full)
             if req.computed == total:
                 req.generated += 1
                 if req.first_token is None:
                     req.first_token = end
+                    self.prompt.first_token(req.prompt_tokens, *req.cached)
                 req.prev_token = req.last_token
                 req.last_token = end
                 emitted.append(req)
                 if req.generated >= req.max_tokens:
                     finished.append(req)
-        self.prompt_tokens_computed += prompt_done
         self.generation_tokens += len(emitted)
         if finished:
             for req in finished:
@@ -371,6 +371,7 @@ class Engine:
         req.remote_prefill = None  # the remote copy is consumed; a later preemption recomputes locally
         if ok:
             req.computed = req.prompt_tokens - 1
+            req.cached = (0, req.computed)  # counted in vllm:prompt_tokens at its first token, as vLLM does
         elif self.limits.recompute_on_load_failure:
             req.computed = 0
         else:

@@ -272,10 +272,12 @@ class KVConnector:
         try:
             if self.mooncake:
                 params = await self._mooncake_source(params)
-            grant, notified = await pull(params, self.compat, wait_transfer)
+            grant, notified = await pull(params, self.compat, wait_transfer, self._receive_timeout_s())
             m = self.metrics
             if not notified:
                 m.nixl_failed_notifications += 1
+                # 0.33 counts it in nixl_num_failed_transfers too (the table's counting rule)
+                m.nixl_failed_transfers += int(m.notification_is_failed_transfer)
             m.nixl_xfer.observe(timing["xfer"])
             m.nixl_post.observe(timing["post"])
             m.nixl_bytes.observe(grant.nbytes)
@@ -298,12 +300,26 @@ class KVConnector:
                     req.request_id,
                     exc,
                 )
+        if not ok and not self.cfg.release.handshake.reports_load_errors:
+            # 0.11.0 has no way back: the worker raises on the missing agent or failed read (the engine
+            # dies there; the simulator fails the request only), and nothing is recomputed
+            log.error(
+                "vLLM %s reports no KV load errors (no get_block_ids_with_load_errors): request %s "
+                "cannot be recomputed",
+                self.cfg.release.version,
+                req.request_id,
+            )
         failed = self.engine.kv_loaded(req.request_id, ok)
         if failed is not None:
             sink: Sink = failed.sink
             self.metrics.success["error"] += 1
             sink.settle(f"KV transfer for request {failed.request_id} failed (kv_load_failure_policy=fail)")
         self.wake()
+
+    def _receive_timeout_s(self) -> float | None:
+        """The release's handshake receive timeout in seconds (None: 0.11.0 waits without a bound)."""
+        timeout_ms = self.cfg.release.handshake.receive_timeout_ms
+        return None if timeout_ms is None else timeout_ms / 1000
 
     async def _mooncake_source(self, params: dict[str, Any]) -> dict[str, Any]:
         """Where to read a Mooncake request's KV: the producer's worker, from its bootstrap server."""

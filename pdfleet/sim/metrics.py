@@ -206,6 +206,11 @@ class SimMetrics:
         self.pd = pd and "vllm:nixl_xfer_time_seconds" in release.metric_names()
         self.after_expiry = "vllm:nixl_num_notifications_after_expiry" in release.metric_names()
         self.expiry = "vllm:nixl_num_kv_expired_reqs" in release.metric_names()  # 0.33 (not 0.11.1/0.11.2)
+        failed = next((m for m in release.metrics if m.name == "vllm:nixl_num_failed_transfers"), None)
+        # 0.33's observe adds failed notifications to nixl_num_failed_transfers (0.11.x: apart)
+        self.notification_is_failed_transfer = (
+            failed is not None and "num_failed_notifications" in failed.counts
+        )
         self.ttft = Hist(TTFT_BUCKETS)
         self.itl = Hist(ITL_BUCKETS)
         self.tpot = Hist(ITL_BUCKETS)
@@ -287,9 +292,7 @@ class SimCollector(Collector):
         yield self._counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.", engine.num_preemptions
         )
-        yield self._counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", engine.prompt_tokens_computed
-        )
+        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", engine.prompt.total)
         # registered on every start (0 while caching is off), in tokens, as the release's loggers.py
         yield self._counter(
             "vllm:prefix_cache_queries",

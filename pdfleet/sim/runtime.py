@@ -304,7 +304,7 @@ class Runtime:
             span = max(now - last, 1e-9)
             last = now
             engine = self.engine
-            prompt, gen = engine.prompt_tokens_computed, engine.generation_tokens
+            prompt, gen = engine.prompt.total, engine.generation_tokens
             d_prompt, d_gen = prompt - self._window_tokens[0], gen - self._window_tokens[1]
             self._window_tokens = (prompt, gen)
             if d_prompt or d_gen or engine.num_running or engine.num_waiting:

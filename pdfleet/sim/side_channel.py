@@ -143,28 +143,45 @@ class PullError(Exception):
 
 
 async def pull(
-    params: dict[str, Any], compat: str, wait_transfer: Callable[[ReadGrant], Awaitable[None]]
+    params: dict[str, Any],
+    compat: str,
+    wait_transfer: Callable[[ReadGrant], Awaitable[None]],
+    timeout_s: float | None = HANDSHAKE_TIMEOUT_S,
 ) -> tuple[ReadGrant, bool]:
     """Consumer side: read the blocks named in kv_transfer_params, wait the transfer, notify the producer.
 
-    Returns the grant and whether the producer acknowledged the notification.
+    `timeout_s` is the release's handshake receive timeout; None (0.11.0: no zmq.RCVTIMEO) waits for the
+    producer without a bound, and a refused connection is retried every second as a zmq REQ socket
+    reconnects. Returns the grant and whether the producer acknowledged the notification.
     """
     host = params.get("remote_host")
     port = params.get("remote_port")
     if not host or not port:
         raise PullError("kv_transfer_params has no remote_host/remote_port", handshake=True)
+    reader, writer = await _connect(str(host), port, timeout_s)
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, int(port), limit=MAX_LINE), HANDSHAKE_TIMEOUT_S
-        )
-    except (TimeoutError, OSError, ValueError) as exc:
-        raise PullError(f"cannot reach the KV side channel at {host}:{port}: {exc}", handshake=True) from exc
-    try:
-        grant = await _read(reader, writer, params, compat, f"{host}:{port}")
+        grant = await _read(reader, writer, params, compat, f"{host}:{port}", timeout_s)
         await wait_transfer(grant)
-        return grant, await _notify(reader, writer, params.get("remote_request_id"))
+        return grant, await _notify(reader, writer, params.get("remote_request_id"), timeout_s)
     finally:
         writer.close()
+
+
+async def _connect(
+    host: str, port: Any, timeout_s: float | None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The side-channel connection; PullError (a handshake failure) once the timeout has passed."""
+    while True:
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_connection(host, int(port), limit=MAX_LINE), timeout_s or HANDSHAKE_TIMEOUT_S
+            )
+        except (TimeoutError, OSError, ValueError) as exc:
+            if timeout_s is not None or isinstance(exc, ValueError):
+                raise PullError(
+                    f"cannot reach the KV side channel at {host}:{port}: {exc}", handshake=True
+                ) from exc
+        await asyncio.sleep(1.0)  # no receive timeout: the REQ socket keeps reconnecting
 
 
 async def _read(
@@ -173,6 +190,7 @@ async def _read(
     params: dict[str, Any],
     compat: str,
     where: str,
+    timeout_s: float | None = HANDSHAKE_TIMEOUT_S,
 ) -> ReadGrant:
     """Ask the producer for the blocks in kv_transfer_params; PullError if it refuses or the channel fails."""
     msg = {
@@ -183,7 +201,7 @@ async def _read(
         "compat_hash": compat,
     }
     try:
-        reply = await _ask(reader, writer, msg)
+        reply = await _ask(reader, writer, msg, timeout_s)
         if not reply.get("ok"):
             raise PullError(str(reply.get("error")), handshake="compatibility" in str(reply.get("error")))
         return ReadGrant(int(reply["num_tokens"]), int(reply["num_blocks"]), int(reply["bytes"]))
@@ -210,22 +228,30 @@ async def heartbeat(params: dict[str, Any]) -> bool:
         writer.close()
 
 
-async def _notify(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request_id: Any) -> bool:
+async def _notify(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    request_id: Any,
+    timeout_s: float | None = HANDSHAKE_TIMEOUT_S,
+) -> bool:
     """Tell the producer the blocks were read (NIXL's notification); False if it did not acknowledge."""
     try:
-        await _ask(reader, writer, {"op": "done", "remote_request_id": request_id})
+        await _ask(reader, writer, {"op": "done", "remote_request_id": request_id}, timeout_s)
     except (TimeoutError, OSError, json.JSONDecodeError):
         return False
     return True
 
 
 async def _ask(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, msg: dict[str, Any]
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    msg: dict[str, Any],
+    timeout_s: float | None = HANDSHAKE_TIMEOUT_S,
 ) -> dict[str, Any]:
-    """Send one message and wait (with the handshake timeout) for its one-line reply."""
+    """Send one message and wait (with the handshake timeout; None: without a bound) for its reply."""
     writer.write(json.dumps(msg).encode() + b"\n")
     await writer.drain()
-    line = await asyncio.wait_for(reader.readline(), HANDSHAKE_TIMEOUT_S)
+    line = await asyncio.wait_for(reader.readline(), timeout_s)
     if not line:
         raise ConnectionError("side channel closed")
     result: dict[str, Any] = json.loads(line)

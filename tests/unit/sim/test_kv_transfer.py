@@ -20,7 +20,7 @@ from pdfleet.sim.config import parse_serve_args
 from pdfleet.sim.engine import SimRequest, State
 from pdfleet.sim.kv_transfer import KVConnector
 from pdfleet.sim.metrics import SimMetrics
-from pdfleet.sim.side_channel import ReadGrant, SideChannelServer
+from pdfleet.sim.side_channel import PullError, ReadGrant, SideChannelServer, pull
 from pdfleet.sim.stream import Sink
 from tests.unit.sim.helpers import MODEL, kv_config, post_json, wait_for
 
@@ -229,6 +229,97 @@ def test_a_failed_load_fails_the_request_under_the_fail_policy() -> None:
     assert kv.metrics.nixl_failed_transfers == 1 and kv.metrics.success["error"] == 1 and woken == [None]
 
 
+def _release_connector(version: str) -> KVConnector:
+    """A consumer modelling one release, its metrics registered as that release registers them."""
+    args = [MODEL, "--sim-vllm-version", version, "--kv-transfer-config", kv_config("kv_consumer")]
+    cfg = parse_serve_args(args, env={})
+    assert cfg.kv_transfer is not None
+    metrics = SimMetrics(cfg.max_model_len, pd=True, release=cfg.release)
+    return KVConnector(cfg, cfg.kv_transfer, cfg.engine(), metrics, SimClock(0.001), lambda: None)
+
+
+@pytest.mark.parametrize(("version", "failed_transfers"), [("0.33.0", 1), ("0.11.2", 0)])
+def test_a_failed_notification_counts_as_the_release_counts_it(version: str, failed_transfers: int) -> None:
+    """0.33's NixlPromMetrics.observe adds failed notifications to nixl_num_failed_transfers as well (kept
+    in nixl_num_failed_notifications for compatibility); 0.11.2 counts them apart (issue 25 item 3)."""
+    kv = _release_connector(version)
+
+    def refuse(rid: str) -> None:
+        raise ValueError("the producer drops the notification")
+
+    async def run() -> None:
+        kv.clock.start(asyncio.get_running_loop())
+        grant = ReadGrant(500, 32, 500 * KV_BYTES_8B)
+        side = SideChannelServer("engine-p", kv.compat, lambda rid: grant, refuse)
+        await side.start("127.0.0.1", 0)
+        assert side._server is not None
+        port = side._server.sockets[0].getsockname()[1]
+        params = {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "p"}
+        req = SimRequest("d", 500, 3, remote_prefill=params)
+        kv.engine.add(req, 0.0)
+        kv.engine.schedule(0.0)
+        try:
+            await kv.load(req)
+        finally:
+            await side.close()
+
+    asyncio.run(run())
+    m = kv.metrics
+    assert (m.nixl_failed_notifications, m.nixl_failed_transfers, m.nixl_xfer.n) == (1, failed_transfers, 1)
+
+
+@pytest.mark.parametrize(("version", "recovers"), [("0.11.0", False), ("0.11.2", True)])
+def test_a_failed_handshake_recovers_only_where_the_release_reports_load_errors(
+    version: str, recovers: bool
+) -> None:
+    """0.11.1+ mark the blocks invalid and recompute (no kv_load_failure_policy field yet); 0.11.0 has no
+    get_block_ids_with_load_errors, so nothing is recomputed: the request fails (issue 25 item 5)."""
+    kv = _release_connector(version)
+
+    async def run() -> Sink:
+        sink = Sink("completion", "cmpl-d", MODEL, False, False, asyncio.get_running_loop())
+        req = SimRequest("d", 500, 3, remote_prefill={}, sink=sink)  # no remote address: handshake fails
+        kv.engine.add(req, 0.0)
+        kv.engine.schedule(0.0)
+        await kv.load(req)
+        return sink
+
+    sink = asyncio.run(run())
+    assert (sink.error is None) is recovers and kv.metrics.nixl_failed_transfers == 1
+    assert kv._receive_timeout_s() == (5.0 if recovers else None)  # zmq.RCVTIMEO 5000 ms; 0.11.0 none
+
+
+def test_without_a_receive_timeout_the_handshake_waits_for_a_silent_producer() -> None:
+    """0.11.0 sets no zmq.RCVTIMEO on its handshake query: a producer that never answers is waited for
+    (0.11.1+ give up after 5 s, a handshake failure)."""
+
+    async def run() -> tuple[bool, str]:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(30)
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        params = {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "p"}
+
+        async def never(grant: ReadGrant) -> None:
+            raise AssertionError("no grant from a silent producer")
+
+        waiting = asyncio.ensure_future(pull(params, "c", never, None))
+        await asyncio.sleep(1.0)
+        still = not waiting.done()
+        waiting.cancel()
+        try:
+            await pull(params, "c", never, 0.2)
+            bounded = "answered"
+        except PullError as exc:
+            bounded = str(exc)
+        server.close()
+        return still, bounded
+
+    still, bounded = asyncio.run(run())
+    assert still and "failed" in bounded
+
+
 # ---- two simulator processes ------------------------------------------------------------------------
 
 
@@ -270,6 +361,10 @@ def test_vllm_router_serves_a_streaming_chat_through_the_pair(pair: tuple[SimPro
     after_p, after_d = scrape_metrics(producer.url), scrape_metrics(consumer.url)
     # the producer prefilled (one token, max_tokens=1 from the router); the consumer pulled exactly that KV
     assert after_p["vllm:request_success_total"] == before_p["vllm:request_success_total"] + 1
+    # both count the whole prompt once (vLLM's IterationStats at the first token), the consumer the KV it
+    # received included: a decode pool's prompt rate is the prompts it serves (issue 25 item 2)
+    for before, after in ((before_p, after_p), (before_d, after_d)):
+        assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == prompt_tokens
     if "--sim-vllm-version" in consumer.argv and "0.11.0" in consumer.argv:
         # 0.11 registers no vllm:nixl_* metrics (its transfers show in the log line only)
         assert not any(name.startswith("vllm:nixl_") for name in after_d)
@@ -344,14 +439,12 @@ def test_kv_transfer_params_round_trip_without_router(pair: tuple[SimProcess, Si
     status, out = post_json(consumer.url + "/v1/completions", body, leg)
     assert status == 200 and out["usage"]["completion_tokens"] == 5
     assert scrape_metrics(producer.url)["vllm:kv_cache_usage_perc"] == 0.0
-    # a second pull of the same blocks fails: they were freed (a load failure's default on each release:
-    # 0.33 kv_load_failure_policy "fail" answers 500; 0.11 has no policy and recomputes)
+    # a second pull of the same blocks fails: they were freed. 0.33's kv_load_failure_policy "fail"
+    # answers 500; 0.11.0 reports no load errors, so nothing is recomputed: the request fails too
     status, err = post_json(consumer.url + "/v1/completions", body, leg)
+    assert status == 500 and "KV transfer" in err["error"]["message"]
     if old:
-        assert status == 200 and err["usage"]["completion_tokens"] == 5
-        assert "NIXL transfer failed for request" in consumer.log() or "Handshake failed" in consumer.log()
-    else:
-        assert status == 500 and "KV transfer" in err["error"]["message"]
+        assert "reports no KV load errors (no get_block_ids_with_load_errors)" in consumer.log()
 
 
 def test_recompute_policy_and_lease_expiry() -> None:
@@ -403,11 +496,12 @@ def test_recompute_policy_and_lease_expiry() -> None:
         assert scrape_metrics(d.url)["vllm:nixl_num_failed_transfers_total"] == 1
 
 
-@pytest.mark.parametrize("version", ["0.33.0", "0.11.0"])
+@pytest.mark.parametrize("version", ["0.33.0", "0.11.2"])
 def test_a_waiting_consumer_keeps_a_0_33_lease_alive_a_0_11_timeout_runs_out(version: str) -> None:
     """The consumer is busy (max_num_seqs 1, a 2000-token decode, ~13 simulated s) while the second
     request's KV waits on the producer with a 6 s hold: 0.33's heartbeats renew the lease and the KV
-    is read; 0.11's fixed timeout frees it first, and the consumer recomputes (0.11 has no policy)."""
+    is read; 0.11.2's fixed timeout frees it first, and the consumer recomputes (no policy field; the
+    worker reports the invalid blocks; 0.11.0 cannot: see the handshake test above)."""
     side = free_port()
     lease = {"kv_connector_extra_config": {"kv_lease_duration": 6}} if version == "0.33.0" else {}
     common = [MODEL, "--sim-time-scale", "0.1", "--sim-vllm-version", version]

@@ -54,7 +54,9 @@ def test_registry_and_the_connector_files_it_points_at(old: Sources, new: Source
     # 0.33 registers the nixl package: all its files; Mooncake's module shares its own folder's helpers
     assert f"{NIXL_033}/pull_scheduler.py" in nixl_files(new) and f"{NIXL_033}/stats.py" in nixl_files(new)
     mooncake = mooncake_files(new)
-    assert mooncake == [f"{MOONCAKE_033}/mooncake_connector.py", f"{MOONCAKE_033}/mooncake_utils.py"]
+    assert mooncake == [
+        f"{MOONCAKE_033}/{name}.py" for name in ("mooncake_connector", "mooncake_utils", "stats")
+    ]
 
 
 def test_kv_transfer_config_fields_and_unknown_keys(old: Sources, new: Sources) -> None:

@@ -4,6 +4,7 @@ the conditions they are registered under, and histogram bounds as the registerin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tools import vllm_extract as ex
 from tools import vllm_metrics
@@ -59,10 +60,11 @@ TTFT = (
 )
 
 
-def metrics(version: str) -> dict[str, object]:
+def metrics(version: str) -> dict[str, Any]:
     src = Sources.from_dir(FIXTURES / f"vllm-{version}", version)
     nixl = ex.connector_files(src, ex.registry(src), ex.NIXL)
-    return {m.name: m for m in vllm_metrics.metrics(src, nixl)}
+    mooncake = ex.connector_files(src, ex.registry(src), ex.MOONCAKE)
+    return {m.name: m for m in vllm_metrics.metrics(src, nixl, mooncake)}
 
 
 def test_0_11_stat_logger_metrics() -> None:
@@ -110,3 +112,30 @@ def test_0_33_bucket_families_and_nixl_metrics() -> None:
     # the stat logger's labelnames, handed to the connector's metrics
     assert found["vllm:nixl_num_kv_expired_reqs"].labels == ("model_name", "engine")
     assert len([name for name in found if name.startswith("vllm:nixl_")]) == 8
+
+
+def test_0_33_mooncake_metrics_module_buckets_and_counting_rules() -> None:
+    """MooncakeConnector's six metrics (module-level bucket tuples, a `tuple(genexp)` among them), and what
+    each connector counter adds up: 0.33's nixl_num_failed_transfers counts handshake and notification
+    failures too (issue 25 items 3, 4)."""
+    found = metrics("0.33.0")
+    mooncake = sorted(n for n in found if n.startswith("vllm:mooncake_"))
+    assert [n.removeprefix("vllm:mooncake_") for n in mooncake] == [
+        "bytes_transferred",
+        "num_descriptors",
+        "num_failed_recvs",
+        "num_failed_transfers",
+        "num_kv_expired_reqs",
+        "xfer_time_seconds",
+    ]
+    xfer = found["vllm:mooncake_xfer_time_seconds"]
+    assert xfer.kind == "histogram" and xfer.buckets[0] == 0.005 and xfer.buckets[-1] == 5.0
+    assert found["vllm:mooncake_bytes_transferred"].buckets == tuple(2**e for e in range(11, 34, 2))
+    assert found["vllm:mooncake_num_failed_recvs"].counts == ("num_failed_recvs",)
+    assert found["vllm:nixl_num_failed_transfers"].counts == (
+        "num_failed_transfers",
+        "num_failed_handshakes",
+        "num_failed_notifications",
+    )
+    assert found["vllm:nixl_num_failed_notifications"].counts == ("num_failed_notifications",)
+    assert found["vllm:time_to_first_token_seconds"].counts == ()  # not a connector counter
