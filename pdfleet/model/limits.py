@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MIN_RATE = 0.001  # requests per second: one per ~17 minutes, the longest Retry-After a limit can ask
+MAX_RATE = 1_000_000.0
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -20,7 +23,9 @@ class RateLimits(_Strict):
     non-streaming request holds a GPU slot as long as a stream does).
     """
 
-    requests_per_second: float | None = Field(None, gt=0)
+    # finite and within what a token bucket and a Retry-After header can say: .inf overflowed the bucket
+    # (a 500 on every request), 1e-300 asked clients to wait a 301-digit number of seconds
+    requests_per_second: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE, allow_inf_nan=False)
     burst: int | None = Field(None, ge=1)  # bucket size; default: one second's worth, at least 1
     concurrent_streams: int | None = Field(None, ge=1)
     max_prompt_tokens: int | None = Field(None, ge=1)

@@ -37,6 +37,15 @@ def test_check_ok_and_bad(tmp_path: Path) -> None:
     assert f"{path}: keys_file: required key is missing" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_check_refuses_a_rate_limit_no_bucket_can_hold(tmp_path: Path) -> None:
+    """N5: `.inf` passed --check, then every request of every key was a 500 (OverflowError)."""
+    path = write_policy(tmp_path, {**POLICY, "limits": {"default": {"requests_per_second": float("inf")}}})
+    assert ".inf" in path.read_text()
+    r = _run("--config", str(path), "--check")
+    assert r.returncode == 2 and "limits.default.requests_per_second" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_refuses_group_readable_keys_file(tmp_path: Path) -> None:
     write_keys(tmp_path / "keys.yaml", 0o644)
     path = write_policy(tmp_path, POLICY)

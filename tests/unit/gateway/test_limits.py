@@ -161,9 +161,22 @@ def test_prompt_limit_is_the_tighter_of_key_and_alias() -> None:
 
 
 def test_limits_are_validated() -> None:
-    for bad in ({"requests_per_second": 0}, {"burst": 0}, {"concurrent_streams": -1}, {"bogus": 1}):
+    rates = [0, float("inf"), float("nan"), 1e-300, 1e300, 0.0009]  # N5: .inf and 1e-300 passed
+    for bad in (
+        *({"requests_per_second": r} for r in rates),
+        {"burst": 0},
+        {"concurrent_streams": -1},
+        {"bogus": 1},
+    ):
         with pytest.raises(ValidationError):
             KeyLimits(**bad)  # type: ignore[arg-type]
+    # the slowest rate allowed asks for a wait a header can say
+    clock = Clock()
+    lim = _limiter(clock, requests_per_second=0.001)
+    assert lim.acquire("user") is None
+    lim.release("user")
+    rejected = lim.acquire("user")
+    assert rejected is not None and rejected.retry_after_s == 1000
     spec = LimitsSpec(keys={"nobody": KeyLimits()}, models={"gpt": ModelLimits()})
     problems = check_limit_names(spec, {"user", "admin"}, {"llama"}, "policy.yaml")
     assert problems == [

@@ -94,7 +94,7 @@ def test_valid_policy_loads_with_defaults(tmp_path: Path) -> None:
         ),
         (
             lambda p: p.update(limits={"default": {"requests_per_second": 0}}),
-            "limits.default.requests_per_second: must be > 0",
+            "limits.default.requests_per_second: must be >= 0.001 (got 0)",
         ),
         (lambda p: p.update(limits={"keys": {"user": {"rps": 1}}}), "limits.keys.user.rps: unknown key"),
         (
