@@ -22,7 +22,7 @@ from aiohttp import web
 from pdfleet.errors import PdfleetError
 from pdfleet.gateway.context import Endpoint
 from pdfleet.gateway.errors import Reject, Style, error_response
-from pdfleet.gateway.intake import admit, authorize, request_id
+from pdfleet.gateway.intake import admit, authorize, parse_body, read_body, request_id
 from pdfleet.gateway.keys import AuthResult
 from pdfleet.gateway.limits import Limiter, limits_summary
 from pdfleet.gateway.live import StageConflict, apply_update, is_noop, parse_update, unknown_model
@@ -42,6 +42,7 @@ Routes = dict[str, dict[str, Handler]]
 # for 10-80 ms (measured at 500 streams). Rarer collections cut the total GC time ~10x and the tail
 # with it; cyclic garbage is still collected within a few thousand requests, so memory stays bounded.
 GC_THRESHOLDS = (20_000, 20, 100)
+MAX_STAGE_BODY = 1024 * 1024  # a stage update is a few hundred bytes; 1 MiB as aiohttp's default was
 
 
 class Gateway:
@@ -179,7 +180,18 @@ class Gateway:
                 raise Reject(403, "this endpoint needs an admin key", code="admin_key_required")
             return await fn(policy, auth)
         except Reject as rej:
-            return rej.response()
+            return await self._rejected(request, rej.response(), rej.close)
+
+    @staticmethod
+    async def _rejected(request: web.BaseRequest, resp: web.Response, close: bool) -> web.Response:
+        """A rejection's response; `close` (a body too slow or unreadable): sent, then the connection
+        closed, with no lingering read of the rest of the body."""
+        if close:
+            resp.force_close()
+            await resp.prepare(request)
+            await resp.write_eof()
+            request.protocol.force_close()
+        return resp
 
     async def _models(self, request: web.BaseRequest) -> web.StreamResponse:
         """The model aliases, in the OpenAI list format."""
@@ -235,10 +247,11 @@ class Gateway:
         file's version and that stage and stages, reload."""
 
         async def body(policy: ActivePolicy, _auth: AuthResult) -> web.Response:
+            # read as a proxied body is (413, 408, 400 for a broken encoding; any nesting is a 400), never
+            # aiohttp's request.json(): its 413, a RecursionError and a bad gzip were 500s (issue 27 N8)
+            raw = await read_body(request, MAX_STAGE_BODY, policy.spec.clients.body_timeout_s)
             try:
-                update = parse_update(await request.json())
-            except ValueError:
-                return error_response(400, "the body is not JSON", code="invalid_request")
+                update = parse_update(parse_body(raw))
             except PdfleetError as exc:
                 return error_response(400, str(exc), code="invalid_request")
             async with self._stage_lock:
@@ -294,12 +307,7 @@ class Gateway:
             ctx = await admit(request, policy, endpoint, rid, t0, self.metrics, limiter)
         except Reject as rej:
             resp = rej.response({"X-Request-Id": rid}, "anthropic" if endpoint == "messages" else "openai")
-            if rej.close:  # a body too slow or unreadable: answer and close, no lingering read of it
-                resp.force_close()
-                await resp.prepare(request)
-                await resp.write_eof()
-                request.protocol.force_close()
-            return resp
+            return await self._rejected(request, resp, rej.close)
         policy.counts.in_flight += 1
         try:
             return await self.proxy.forward(request, ctx)

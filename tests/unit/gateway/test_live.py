@@ -4,6 +4,7 @@ is a no-op; a version that does not rise, a bad body or a user key change nothin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -71,8 +72,40 @@ def test_bad_updates_change_nothing(tmp_path: Path) -> None:
                 got, _, raw = await env.post("/admin/stage", body, headers=headers)
                 assert got == status and fragment in error_of(raw)["message"], (body, raw)
             got, _, raw = await env.post("/admin/stage", None, headers=auth(ADMIN_KEY), raw=b"{not json")
-            assert got == 400 and "not JSON" in error_of(raw)["message"]
+            assert got == 400 and "not valid JSON" in error_of(raw)["message"]
             assert env.path.read_text() == text
+
+    run(scenario())
+
+
+def test_a_body_too_big_too_deep_badly_compressed_or_too_slow_is_a_4xx(tmp_path: Path) -> None:
+    """N8: these were 500s (aiohttp's 413 raised through request.json(), a RecursionError, a bad gzip),
+    and a body that never ended was waited for without a deadline."""
+
+    async def scenario() -> None:
+        async with Env(tmp_path, clients={"body_timeout_s": 0.5}) as env:
+            text = env.path.read_text()
+            admin = auth(ADMIN_KEY)
+            big = json.dumps({"version": 2, "stage": "off", "stages": STAGES, "pad": "x" * (1 << 20)})
+            got, _, raw = await env.post("/admin/stage", None, headers=admin, raw=big.encode())
+            assert got == 413 and error_of(raw)["code"] == "request_too_large"
+            deep = b"[" * 1025 + b"]" * 1025
+            for nested in (deep, b'{"version": 2, "stage": ' + deep + b"}"):
+                got, _, raw = await env.post("/admin/stage", None, headers=admin, raw=nested)
+                assert got == 400, raw
+            gz = {**admin, "Content-Encoding": "gzip"}
+            got, _, raw = await env.post("/admin/stage", None, headers=gz, raw=b"\x1f\x8b\x08\x00garbage")
+            assert got == 400 and error_of(raw)["message"], raw
+            reader, writer = await asyncio.open_connection("127.0.0.1", env.gw.port)  # type: ignore[union-attr]
+            writer.write(
+                b"POST /admin/stage HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n"
+                b'Content-Length: 500\r\n\r\n{"version": ' % ADMIN_KEY.encode()
+            )
+            got_raw = await asyncio.wait_for(reader.read(), 5)  # answered and closed: the body never ends
+            writer.close()
+            assert got_raw.startswith(b"HTTP/1.1 408")
+            assert env.path.read_text() == text
+            assert await env.metric("pdfleet_gateway_requests_total", status="500") == 0
 
     run(scenario())
 
