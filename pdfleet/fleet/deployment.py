@@ -5,7 +5,7 @@ what the roles see of one host."""
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,8 @@ from pdfleet.model.profile_loader import load_profile
 GATEWAY_ROLE = "gateway"  # the role that installs the gateway's keys (roles/gateway)
 ROLLOUT_ROLE = "rollout"  # installs the admin key for the rollout controller (roles/rollout)
 
-Secrets = Callable[[str, str], GatewaySecrets]  # (client key file, admin key file) -> the gateway's keys
+# (client key file, admin key file, outside alias -> key file) -> the gateway's keys
+Secrets = Callable[[str, str, Mapping[str, str]], GatewaySecrets]
 HostWheel = Callable[[], Path]  # this clone's host wheel on the control machine (built, or from the cache)
 
 
@@ -92,7 +93,12 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
     keys, wheel = None, None
     if installs_gateway_side(roles, topology, hosts):
         gw = profile.gateway
-        keys = None if request.secrets is None else request.secrets(gw.client_key_file, gw.admin_key_file)
+        outside = {alias: o.key_file for alias, o in gw.outside.items()}
+        keys = (
+            None
+            if request.secrets is None
+            else request.secrets(gw.client_key_file, gw.admin_key_file, outside)
+        )
         wheel = None if request.host_wheel is None else request.host_wheel()
     renderer = Renderer(request.templates_dir)
     return Deployment(

@@ -1,9 +1,12 @@
-"""Secrets kept on the control machine: the gateway's client and admin keys.
+"""Secrets kept on the control machine: the gateway's client and admin keys, and the keys of its outside
+aliases (the profile's `gateway.outside`: a hosted provider's key, which the operator puts there).
 
 Each key lives in its own file (mode 0600, generated on first provision) so an operator can hand it to
 clients; gateway hosts receive SHA-256 hashes of them, and the monitoring host (the rollout controller)
 the admin key itself. Both files are checked before either is created, so a bad one leaves nothing new
-behind. `invoke render`, a review command, creates neither: a missing key is a named placeholder.
+behind. `invoke render`, a review command, creates neither: a missing key is a named placeholder. An
+outside alias's key is never generated: provision refuses a missing one, render shows a placeholder; the
+gateway hosts get it as a 0600 file (the gateway sends it to that provider only).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +34,7 @@ class GatewaySecrets:
     admin_sha256: str
     admin_key: str | None = field(default=None, repr=False, compare=False)
     placeholders: tuple[Path, ...] = ()  # key files that do not exist yet: their keys here are placeholders
+    outside_keys: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)  # alias -> key
 
 
 def existing_key(file: Path) -> str | None:
@@ -92,22 +97,51 @@ def _checked_keys(client: Path, admin: Path) -> tuple[str | None, str | None]:
     return client_key, admin_key
 
 
-def gateway_secrets(client_key_file: str, admin_key_file: str) -> GatewaySecrets:
-    """Hashes of the client and admin keys. Both files are checked first (distinct files, distinct keys,
-    each sound); only then is a missing one generated."""
+def _outside_keys(files: Mapping[str, str], review: bool) -> tuple[dict[str, str], list[Path]]:
+    """Each outside alias's key from its file; a missing file is refused (provision), or a placeholder
+    listed as missing (`review`)."""
+    keys: dict[str, str] = {}
+    missing: list[Path] = []
+    for alias, name in files.items():
+        path = Path(name).expanduser()
+        key = existing_key(path)
+        if key is None and not review:
+            raise ValidationError(
+                f"gateway.outside.{alias}.key_file: {path} does not exist; put the provider's key for "
+                f"{alias!r} there (one line, chmod 600)"
+            )
+        if key is None:
+            missing.append(path)
+        keys[alias] = key if key is not None else PLACEHOLDER.format(which=f"outside-{alias}")
+    return keys, missing
+
+
+def gateway_secrets(
+    client_key_file: str, admin_key_file: str, outside: Mapping[str, str] | None = None
+) -> GatewaySecrets:
+    """Hashes of the client and admin keys, and the outside aliases' keys (`outside`: alias -> key file).
+    Every file is checked first (distinct files, distinct keys, each sound, every outside key there); only
+    then is a missing client or admin key generated."""
     client, admin = Path(client_key_file).expanduser(), Path(admin_key_file).expanduser()
     client_key, admin_key = _checked_keys(client, admin)
+    outside_keys, _ = _outside_keys(outside or {}, review=False)
     client_key = client_key if client_key is not None else _create_key_file(client)
     admin_key = admin_key if admin_key is not None else _create_key_file(admin)
-    return GatewaySecrets(hash_key(client_key), hash_key(admin_key), admin_key)
+    return GatewaySecrets(hash_key(client_key), hash_key(admin_key), admin_key, (), outside_keys)
 
 
-def review_secrets(client_key_file: str, admin_key_file: str) -> GatewaySecrets:
+def review_secrets(
+    client_key_file: str, admin_key_file: str, outside: Mapping[str, str] | None = None
+) -> GatewaySecrets:
     """The keys as `gateway_secrets` checks them, but creating nothing: a key file that does not exist yet
-    (provision would generate it) stands as a placeholder key, listed in `placeholders`."""
+    (provision would generate it, or the operator put it there) stands as a placeholder key, listed in
+    `placeholders`."""
     client, admin = Path(client_key_file).expanduser(), Path(admin_key_file).expanduser()
     client_key, admin_key = _checked_keys(client, admin)
+    outside_keys, outside_missing = _outside_keys(outside or {}, review=True)
     missing = tuple(path for path, key in ((client, client_key), (admin, admin_key)) if key is None)
     client_key = client_key if client_key is not None else PLACEHOLDER.format(which="client")
     admin_key = admin_key if admin_key is not None else PLACEHOLDER.format(which="admin")
-    return GatewaySecrets(hash_key(client_key), hash_key(admin_key), admin_key, missing)
+    return GatewaySecrets(
+        hash_key(client_key), hash_key(admin_key), admin_key, (*missing, *outside_missing), outside_keys
+    )

@@ -14,15 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import Field
 from yarl import URL
 
 from pdfleet.errors import ValidationError
 from pdfleet.gateway.keys import check_secret_file_mode, read_secret_file
+from pdfleet.model.outside import Api, OutsideEndpoint
 
-Api = Literal["openai", "anthropic"]
 # the client endpoints each kind of outside API serves (the gateway does not translate between APIs)
 API_ENDPOINTS: dict[str, tuple[str, ...]] = {"openai": ("chat", "completions"), "anthropic": ("messages",)}
 _API_NAMES = {"openai": "the OpenAI API", "anthropic": "the Anthropic Messages API"}
@@ -35,28 +34,9 @@ ANTHROPIC_VERSION = "2023-06-01"  # sent when the client names none (Anthropic's
 MAX_KEY_BYTES = 4096
 
 
-def _outside_url(value: str) -> str:
-    """An http(s) URL with a host and an optional path prefix (the gateway appends /v1/...)."""
-    url = URL(value)
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"{value!r} is not an http(s) URL with a host (e.g. https://api.example.com)")
-    if url.query_string or url.fragment or url.user or url.password:
-        raise ValueError(f"{value!r} has a query, fragment or user part; give scheme, host and path only")
-    if url.path.rstrip("/").endswith("/v1"):
-        raise ValueError(f"{value!r} ends with /v1; give the URL before it, the gateway appends /v1/...")
-    return str(url.with_query(None)).rstrip("/")
-
-
-OutsideUrl = Annotated[str, AfterValidator(_outside_url)]
-
-
-class OutsideSpec(BaseModel):
+class OutsideSpec(OutsideEndpoint):
     """Where an outside alias goes: which API it speaks, its base URL, the file holding its key."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    api: Api
-    base_url: OutsideUrl
     key_file: str = Field(min_length=1)
 
 

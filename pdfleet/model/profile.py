@@ -15,6 +15,7 @@ from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
 from pdfleet.model.limits import KeyLimits
 from pdfleet.model.monitoring import MonitoringSpec
+from pdfleet.model.outside import ALIAS_PATTERN, OutsideAlias
 from pdfleet.model.rollout import RolloutSpec
 from pdfleet.model.served import (
     DEFAULT_ROUTER_METRICS_PORT,
@@ -172,6 +173,8 @@ class GatewaySpec(StrictModel):
     client_key_file: str = "~/.config/pdfleet/gateway-client.key"
     admin_key_file: str = "~/.config/pdfleet/gateway-admin.key"
     limits: GatewayLimits = Field(default_factory=GatewayLimits)  # all off unless set
+    # aliases served by a hosted OpenAI/Anthropic-compatible API (pdfleet.model.outside), beside the models
+    outside: dict[Annotated[str, Field(pattern=ALIAS_PATTERN)], OutsideAlias] = Field(default_factory=dict)
 
 
 class Profile(StrictModel):

@@ -26,6 +26,7 @@ from pdfleet.model.stages import StageSpec
 from pdfleet.ops.base import Fact, FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.files import Directory, File, FileContent
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
+from roles.gateway.outside import outside_files, outside_routes
 
 NAME = "gateway"
 APT_PACKAGES: tuple[str, ...] = ()
@@ -126,7 +127,7 @@ def policy_text(ctx: RoleContext, version: int, stage: str, stages: dict[str, St
         "version": version,
         "listen": listen,
         "keys_file": gw.keys_file,
-        "models": {alias: route},
+        "models": {alias: route, **outside_routes(gw.outside, [alias], CONFIG_DIR)},
         "estimator": {"chars_per_token": gw.chars_per_token},
         "long_prompt_tokens": gw.long_prompt_tokens,
         "stage": stage,
@@ -191,6 +192,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
             ),
         ),
     ]
+    out += outside_files(secrets.outside_keys, CONFIG_DIR, owner)
     if gateway.router_url:
         out.append(
             RenderedFile(

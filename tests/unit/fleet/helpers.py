@@ -42,7 +42,7 @@ def deploy(
         profiles,
         REPO / "templates",
         tuple(roles),
-        secrets=None if secrets is None else (lambda _client, _admin: secrets),
+        secrets=None if secrets is None else (lambda _client, _admin, _outside: secrets),
     )
     return load_deployment(request)
 

@@ -4,6 +4,7 @@ refusing bad input before anything is asked for."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,8 @@ class Calls:
         self.wheels = 0
         self.wheel = tmp / "pdfleet-0+htest-py3-none-any.whl"
 
-    def secrets(self, client: str, admin: str) -> GatewaySecrets:
+    def secrets(self, client: str, admin: str, outside: Mapping[str, str]) -> GatewaySecrets:
+        assert outside == {}  # the lab profiles name no outside alias
         self.keys.append((client, admin))
         return TEST_SECRETS
 

@@ -112,3 +112,25 @@ def test_review_refuses_what_provision_refuses(tmp_path: Path) -> None:
         review_secrets(str(tmp_path / "client.key"), str(admin))
     with pytest.raises(ValidationError, match="are the same file"):
         review_secrets(str(admin), str(tmp_path / "." / "admin.key"))
+
+
+def test_outside_keys_are_read_never_generated_and_a_missing_one_is_a_placeholder_in_review(
+    tmp_path: Path,
+) -> None:
+    client, admin, hosted = tmp_path / "c.key", tmp_path / "a.key", tmp_path / "hosted.key"
+    outside = {"gpt-4o": str(hosted)}
+    with pytest.raises(ValidationError) as exc:
+        gateway_secrets(str(client), str(admin), outside)
+    assert f"gateway.outside.gpt-4o.key_file: {hosted} does not exist" in str(exc.value)
+    assert not client.exists() and not admin.exists()  # checked before anything is generated
+    review = review_secrets(str(client), str(admin), outside)
+    assert review.outside_keys["gpt-4o"] == PLACEHOLDER.format(which="outside-gpt-4o")
+    assert hosted in review.placeholders
+    hosted.write_text("sk-hosted-provider-key\n")
+    hosted.chmod(0o644)
+    with pytest.raises(ValidationError, match="chmod 600"):
+        gateway_secrets(str(client), str(admin), outside)
+    hosted.chmod(0o600)
+    got = gateway_secrets(str(client), str(admin), outside)
+    assert got.outside_keys == {"gpt-4o": "sk-hosted-provider-key"}
+    assert "sk-hosted-provider-key" not in repr(got)
