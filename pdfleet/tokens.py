@@ -1,11 +1,16 @@
 """Prompt-token counting shared by the simulator and the gateway, so both count the same way.
 
 With a `tokenizer.json` (HF `tokenizers`, optional extra) the count is the model's own. Without one
-the count is a deterministic estimate: ceil(characters / chars_per_token), at least 1. Chat
-messages are counted over the text the chat template would see: for each message its role and its
-content joined by newlines (text parts of multi-part content only), plus a fixed 3 tokens per
-message for the template's role markers, which is what Llama-3 templates add. An Anthropic Messages
-body is counted over the chat messages vLLM builds from it (`messages_as_chat`).
+the count is a deterministic estimate: ASCII characters / chars_per_token plus the UTF-8 bytes of every
+other character / 2 (a CJK character is ~1.5 tokens, an emoji ~2: chars/4 undercounted them several
+fold), rounded up, at least 1. It is an estimate: a limit on prompt tokens is exact only with a tokenizer.
+
+Chat messages are counted over the text the chat template would see: for each message its role, its
+content (text parts of multi-part content: typed `text`, `input_text` or untyped) and its tool calls'
+names and arguments, plus a fixed 3 tokens per message for the template's role markers, which is what
+Llama-3 templates add; and the request's `tools` and `documents`, which the template renders into the
+prompt too (every string in them, keys included). An Anthropic Messages body is counted over the chat
+messages vLLM builds from it (`messages_as_chat`) plus its `tools`.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from typing import Any, Protocol
 from pdfleet.errors import ValidationError
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
+NON_ASCII_BYTES_PER_TOKEN = 2.0
 TOKENS_PER_CHAT_MESSAGE = 3
+TEXT_PART_TYPES = (None, "text", "input_text")  # content parts whose `text` the template renders
 
 
 class TextCounter(Protocol):
@@ -37,7 +44,11 @@ class CharEstimate:
     def count(self, text: str) -> int:
         if not text:
             return 0
-        return max(1, math.ceil(len(text) / self.chars_per_token))
+        if text.isascii():
+            return max(1, math.ceil(len(text) / self.chars_per_token))
+        ascii_chars = len(text.encode("ascii", "ignore"))
+        other_bytes = len(text.encode("utf-8", "surrogatepass")) - ascii_chars
+        return max(1, math.ceil(ascii_chars / self.chars_per_token + other_bytes / NON_ASCII_BYTES_PER_TOKEN))
 
 
 class HFTokenizer:
@@ -81,9 +92,32 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        return "\n".join(str(p) for p in parts)
+        parts = [
+            p["text"]
+            for p in content
+            if isinstance(p, dict) and p.get("type") in TEXT_PART_TYPES and isinstance(p.get("text"), str)
+        ]
+        return "\n".join(parts)
     return ""
+
+
+def strings_of(value: Any) -> str:
+    """Every string in a JSON value (keys included, numbers as text), newline-joined; iterative, so a
+    deeply nested value is counted rather than a way around the count."""
+    out: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict):
+            out.extend(str(k) for k in item)
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            out.append(str(item))
+    return "\n".join(out)
 
 
 def count_chat_tokens(messages: list[Any], counter: TextCounter) -> int:
@@ -97,6 +131,9 @@ def count_chat_tokens(messages: list[Any], counter: TextCounter) -> int:
             + counter.count(str(msg.get("role", "")))
             + counter.count(_content_text(msg.get("content")))
         )
+        calls = msg.get("tool_calls")
+        if calls:  # a function's name and arguments (a JSON string, or an object from a lax client)
+            total += counter.count(strings_of(calls))
     return total
 
 
@@ -115,7 +152,8 @@ def count_request_tokens(body: dict[str, Any], counter: TextCounter) -> int:
     """Prompt tokens of an OpenAI chat or completions request body."""
     if "messages" in body:
         msgs = body["messages"]
-        return count_chat_tokens(msgs if isinstance(msgs, list) else [], counter)
+        rendered = strings_of([body.get("tools"), body.get("documents")])
+        return count_chat_tokens(msgs if isinstance(msgs, list) else [], counter) + counter.count(rendered)
     return count_completion_tokens(body.get("prompt"), counter)
 
 
@@ -165,5 +203,5 @@ def messages_as_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def count_messages_tokens(body: dict[str, Any], counter: TextCounter) -> int:
-    """Prompt tokens of an Anthropic Messages request body (system + messages content blocks)."""
-    return count_chat_tokens(messages_as_chat(body), counter)
+    """Prompt tokens of an Anthropic Messages request body (system + messages content blocks + tools)."""
+    return count_chat_tokens(messages_as_chat(body), counter) + counter.count(strings_of(body.get("tools")))
