@@ -48,13 +48,14 @@ GATEWAY_BUSY, GATEWAY_QUIET = 'pool="disagg", length_class="long"', 'pool="coloc
 
 
 def _quantile_cases(
-    level: str, source: str, histograms: dict[str, str], busy: str, quiet: str
+    level: str, source: str, histograms: dict[str, str], busy: str, quiet: str, models: tuple[str, str]
 ) -> list[RuleCase]:
+    """`models`: the `model` label of the busy group's two series (the gateway's: two models, summed)."""
     cases = []
     for key, histogram in histograms.items():
         inputs = (
-            *buckets(histogram, f'{busy}, instance="a:8000", model_name="m"', BUSY_A),
-            *buckets(histogram, f'{busy}, instance="b:8000", model_name="m"', BUSY_B),
+            *buckets(histogram, f'{busy}, instance="a:8000", model_name="m", {models[0]}', BUSY_A),
+            *buckets(histogram, f'{busy}, instance="b:8000", model_name="m", {models[1]}', BUSY_B),
             *buckets(histogram, f'{quiet}, instance="c:8000", model_name="m"', QUIET_SHAPE),
         )
         for q in (0.5, 0.95, 0.99):
@@ -69,9 +70,12 @@ def _quantile_cases(
     return cases
 
 
+# the gateway's histograms carry `model` (each model group's series): a fleet figure sums the models
 QUANTILE_CASES = _quantile_cases(
-    "pool_role", "vllm", VLLM_HISTOGRAMS, VLLM_BUSY, VLLM_QUIET
-) + _quantile_cases("pool_class", "gateway", GATEWAY_HISTOGRAMS, GATEWAY_BUSY, GATEWAY_QUIET)
+    "pool_role", "vllm", VLLM_HISTOGRAMS, VLLM_BUSY, VLLM_QUIET, ('model="m"', 'model="m"')
+) + _quantile_cases(
+    "pool_class", "gateway", GATEWAY_HISTOGRAMS, GATEWAY_BUSY, GATEWAY_QUIET, ('model="big"', 'model="small"')
+)
 
 # ---- the gateway's counters ------------------------------------------------------------------------------
 
@@ -102,11 +106,11 @@ GATEWAY_CASES = [
         "stream errors not summed over reasons and gateways, or kept apart by reason",
         (
             Series(
-                f'{STREAM_ERRORS}{{instance="gw1:8080", pool="disagg", reason="upstream"}}',
+                f'{STREAM_ERRORS}{{instance="gw1:8080", model="big", pool="disagg", reason="upstream"}}',
                 0.25,
             ),
             Series(
-                f'{STREAM_ERRORS}{{instance="gw2:8080", pool="disagg", reason="timeout"}}',
+                f'{STREAM_ERRORS}{{instance="gw2:8080", model="small", pool="disagg", reason="timeout"}}',
                 0.5,
             ),
             Series(
@@ -122,9 +126,10 @@ GATEWAY_CASES = [
         (
             Series(f'{FALLBACKS}{{model="llama", length_class="long", reason="connect"}}', per_s=0.25),
             Series(f'{FALLBACKS}{{model="llama", length_class="short", reason="connect"}}', per_s=0.125),
-            Series(f'{FALLBACKS}{{model="llama", length_class="long", reason="status"}}', per_s=0.5),
+            Series(f'{FALLBACKS}{{model="small", length_class="long", reason="status"}}', per_s=0.5),
+            Series(f'{FALLBACKS}{{model="big", length_class="long", reason="status"}}', per_s=0.25),
         ),
-        {'{reason="connect"}': 0.375, '{reason="status"}': 0.5},
+        {'{reason="connect"}': 0.375, '{reason="status"}': 0.75},
     ),
     RuleCase(
         "fleet:gateway_fallback:ratio",

@@ -36,10 +36,11 @@ class World:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with ExitStack() as stack:
         gw, dec, colo = (stack.enter_context(exporter()) for _ in range(3))
+        # the gateway's label sets: every series carries the model (two here: big has the traffic)
         ttft = Histogram(
             "pdfleet_gateway_ttft_seconds",
             "t",
-            ["pool", "length_class"],
+            ["model", "pool", "length_class"],
             buckets=BUCKETS,
             registry=gw.registry,
         )
@@ -49,40 +50,44 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         decisions = Counter(
             "pdfleet_gateway_routing_decisions",
             "d",
-            ["stage", "length_class", "pool", "reason"],
+            ["model", "stage", "length_class", "pool", "reason"],
             registry=gw.registry,
         )
         fallbacks = Counter(
             "pdfleet_gateway_fallbacks", "f", ["model", "length_class", "reason"], registry=gw.registry
         )
-        stalls = Counter("pdfleet_gateway_stream_stalls", "s", ["pool", "length_class"], registry=gw.registry)
+        stalls = Counter(
+            "pdfleet_gateway_stream_stalls", "s", ["model", "pool", "length_class"], registry=gw.registry
+        )
         tpot = [
             Histogram("vllm:request_time_per_output_token_seconds", "t", buckets=BUCKETS, registry=e.registry)
             for e in (dec, colo)
         ]
         kv = Histogram("vllm:nixl_xfer_time_seconds", "k", buckets=BUCKETS, registry=dec.registry)
         children = [
-            requests.labels("m", "disagg", "long", "200"),
-            requests.labels("m", "disagg", "long", "503"),
-            requests.labels("m", "colocated", "long", "200"),
-            decisions.labels("s", "long", "disagg", "weight"),
-            fallbacks.labels("m", "long", "connect"),
-            stalls.labels("colocated", "long"),
-            ttft.labels("disagg", "long"),
-            ttft.labels("colocated", "long"),
-            fallbacks.labels("m", "short", "connect"),
+            requests.labels("big", "disagg", "long", "200"),
+            requests.labels("big", "disagg", "long", "503"),
+            requests.labels("big", "colocated", "long", "200"),
+            decisions.labels("big", "s", "long", "disagg", "weight"),
+            fallbacks.labels("big", "long", "connect"),
+            stalls.labels("big", "colocated", "long"),
+            ttft.labels("big", "disagg", "long"),
+            ttft.labels("big", "colocated", "long"),
+            fallbacks.labels("big", "short", "connect"),
+            requests.labels("small", "colocated", "long", "200"),
+            stalls.labels("small", "colocated", "long"),
         ]  # at zero first
         targets = [
             (f"127.0.0.1:{gw.port}", {"role": "gateway"}),
-            (f"127.0.0.1:{dec.port}", {"pool": "disagg", "role": "decode"}),
-            (f"127.0.0.1:{colo.port}", {"pool": "colocated", "role": "colocated"}),
+            (f"127.0.0.1:{dec.port}", {"pool": "disagg", "role": "decode", "model": "big"}),
+            (f"127.0.0.1:{colo.port}", {"pool": "colocated", "role": "colocated", "model": "big"}),
         ]
         prom = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), scrape_config(targets)))
         client = prom.client
         wait_for(samples_seen(client, "pdfleet_gateway_requests_total", 2), what="two scrapes at zero")
         for _ in range(40):
-            ttft.labels("disagg", "long").observe(0.3)
-            ttft.labels("colocated", "long").observe(3.0)
+            ttft.labels("big", "disagg", "long").observe(0.3)
+            ttft.labels("big", "colocated", "long").observe(3.0)
             tpot[0].observe(0.05)
             tpot[1].observe(0.3)
             kv.observe(0.2)
@@ -93,6 +98,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         children[4].inc(8)
         children[5].inc(10)
         children[8].inc(5)  # another class's fallbacks: not the long class's rate
+        children[9].inc(20)  # the small model: colocated only, a few stalls
+        children[10].inc(6)
         fallback_values = lambda: sorted(s.value for s in client.instant("pdfleet_gateway_fallbacks_total"))  # noqa: E731
         wait_for(lambda: fallback_values() == [5.0, 8.0], what="the observations scraped")
         wait_for(samples_seen(client, "pdfleet_gateway_fallbacks_total", 6), what="a few scrapes after them")
@@ -128,3 +135,26 @@ def test_observe_counts_samples_and_leaves_out_kv_without_nixl_metrics(world: Wo
     down = PrometheusClient("http://127.0.0.1:9", timeout=1.0)
     observed, samples = observe(down, gates[:1], StageSpec(short=0, long=50), ["long"], WINDOW)
     assert samples == 0 and observed[0][1].error is not None and "not answering" in observed[0][1].error
+
+
+def test_a_model_reads_its_own_series_and_no_model_sums_them(world: World) -> None:
+    src = world.client
+    stalls = _gate("stalls")
+    every, big, small = (figure(src, stalls, "long", WINDOW, m) for m in (None, "big", "small"))
+    assert every["colocated"] is not None and big["colocated"] is not None and small["colocated"] is not None
+    assert every["colocated"] == pytest.approx(big["colocated"] + small["colocated"], rel=0.01)
+    assert small["colocated"] == pytest.approx(6.0, rel=0.1) and small["disagg"] is None  # no P/D there
+    assert figure(src, _gate("ttft", quantile=0.5), "long", WINDOW, "small") == {
+        "disagg": None,
+        "colocated": None,
+    }
+    assert figure(src, _gate("ttft", quantile=0.5), "long", WINDOW, "big") == figure(
+        src, _gate("ttft", quantile=0.5), "long", WINDOW
+    )
+    assert figure(src, _gate("tpot", quantile=0.5), "long", WINDOW, "small") == {
+        "disagg": None,
+        "colocated": None,
+    }
+    assert figure(src, _gate("tpot", quantile=0.5), "long", WINDOW, "big")["disagg"] is not None
+    _, samples = observe(src, [stalls], StageSpec(short=0, long=50), ["long"], WINDOW, model="small")
+    assert samples == 0  # the small model sent nothing to a disagg pool
