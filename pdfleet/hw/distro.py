@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from pdfleet.hw.os_facts import OsRelease
 from pdfleet.model.platforms import Platform, branch_span, find_platform, supported_names
@@ -86,6 +87,19 @@ def repository_drift(
         f"{host} runs {platform.name}, but {CUDA_SOURCE} names {found[0] if found else 'no repository'}; "
         f"provision plans {want}"
     )
+
+
+def missing_packages(
+    host: str, where: str, versions: dict[str, tuple[str, ...]], version_glob: str | None
+) -> str | None:
+    """A refusal when the configured repositories (`apt-cache policy`) offer no version of a package the plan
+    installs, or none matching the pinned version; None when each can be installed as planned."""
+    for name, have in versions.items():
+        if not have:
+            return f"{host}: {name} is in none of the configured repositories ({where})"
+        if version_glob and not any(fnmatchcase(v, version_glob) for v in have):
+            return f"{host}: {name}={version_glob} is not in {where}; it has {', '.join(have[:6])}"
+    return None
 
 
 def driver_packages(host: str, platform: Platform, branch: str, open_modules: bool) -> tuple[str, ...]:

@@ -1,7 +1,9 @@
-"""Debian packages: installed-version and hold facts, and the AptUpdate, AptPackage and AptRepo operations."""
+"""Debian packages: installed-version, hold and available-version facts, and the AptUpdate, AptPackage and
+AptRepo operations."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -60,6 +62,40 @@ class AptPackages(Fact[dict[str, str | None]]):
         if self.names:
             return {n: installed.get(n) for n in self.names}
         return installed
+
+
+_POLICY_VERSION = re.compile(r"^(?:\*\*\* )?(\S+) (-?\d+)$")
+
+
+def parse_apt_policy(stdout: str) -> dict[str, tuple[str, ...]]:
+    """The versions apt knows per package (the installed one included) from `apt-cache policy NAME...`:
+    each `NAME:` block's version table rows `[***] VERSION PRIORITY`; a name apt cannot find has no block."""
+    out: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    in_table = False
+    for line in stdout.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith(":"):
+            current, in_table = out.setdefault(line.rstrip()[:-1], []), False
+        elif current is not None and line.strip() == "Version table:":
+            in_table = True
+        elif current is not None and in_table and (m := _POLICY_VERSION.match(line.strip())):
+            current.append(m[1])
+    return {name: tuple(versions) for name, versions in out.items()}
+
+
+@dataclass(frozen=True)
+class AptPolicy(Fact[dict[str, tuple[str, ...]]]):
+    """The versions of `names` the configured repositories (and dpkg) offer; () for one apt does not know."""
+
+    names: tuple[str, ...]
+
+    def command(self) -> str:
+        names = " ".join(shlex.quote(n) for n in self.names)
+        return f"LC_ALL=C apt-cache policy {names} 2>/dev/null; true"
+
+    def parse(self, stdout: str, rc: int) -> dict[str, tuple[str, ...]]:
+        found = parse_apt_policy(stdout)
+        return {name: found.get(name, ()) for name in self.names}
 
 
 @dataclass(frozen=True)

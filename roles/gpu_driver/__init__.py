@@ -17,12 +17,12 @@ from typing import Any
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
 from pdfleet.hw import HardwareError
-from pdfleet.hw.distro import CUDA_KEY
+from pdfleet.hw.distro import CUDA_KEY, CUDA_SOURCE, missing_packages
 from pdfleet.hw.gpu import GPU_FACTS, GpuPlan, gather_gpu_facts, plan_gpu
 from pdfleet.hw.kv import uses_rdma
-from pdfleet.ops.apt import AptPackage, AptRepo
+from pdfleet.ops.apt import AptPackage, AptPolicy, AptRepo
 from pdfleet.ops.base import REBOOT_REQUIRED, Fact, FactSource, Handler, Operation, Run, Skip
-from pdfleet.ops.files import File
+from pdfleet.ops.files import File, FileContent
 from pdfleet.ops.kernel import KernelModule
 from pdfleet.ops.systemd import Service
 
@@ -42,7 +42,8 @@ def applies(ctx: RoleContext) -> bool:
 
 
 def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
-    return GPU_FACTS
+    """The GPU facts, and the CUDA repository line already there (whether apt-cache policy can be asked)."""
+    return (*GPU_FACTS, FileContent(CUDA_SOURCE))
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:
@@ -125,6 +126,18 @@ def plan_operations(ctx: RoleContext, plan: GpuPlan) -> Iterable[Operation | Ski
         yield Skip(REBOOT_REQUIRED, "; ".join(plan.reboot_reasons))
 
 
+def check_available(ctx: RoleContext, plan: GpuPlan, facts: FactSource) -> None:
+    """Refuse, before anything is installed, a package (or pinned version) the host's repository lacks; only
+    once that repository is configured as planned (before, apt cannot say: this run's apt-get update will)."""
+    if plan.repo_url and facts.get(FileContent(CUDA_SOURCE)) != cuda_repo(ctx, plan.repo_url).source_line():
+        return
+    names = (*plan.packages, *((plan.fabric_manager_package,) if plan.fabric_manager.do else ()))
+    where = plan.repo_url or f"{plan.platform}'s NVIDIA repositories"
+    error = missing_packages(ctx.host.name, where, facts.get(AptPolicy(names)), plan.version_glob)
+    if error:
+        raise HardwareError(error)
+
+
 def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
     """Detect the GPUs, then install and pin the driver stack (or skip / refuse with the reason)."""
     gpu_facts = gather_gpu_facts(facts)
@@ -137,4 +150,5 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         return
     if plan.error:
         raise HardwareError(plan.error)
+    check_available(ctx, plan, facts)
     yield from plan_operations(ctx, plan)

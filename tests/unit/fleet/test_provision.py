@@ -15,6 +15,7 @@ import pytest
 import roles.gateway as gateway_role
 from pdfleet.fleet.provision import host_facts, render_fleet
 from pdfleet.fleet.render import RenderedFile, write_tree
+from pdfleet.hw.distro import CUDA_SOURCE
 from pdfleet.hw.gpu import GPU_FACTS
 from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.hw.rdma_facts import RdmaSysfsFact
@@ -236,10 +237,14 @@ def test_a_hosts_first_batch_is_the_union_of_its_roles_declared_facts() -> None:
         OsReleaseFact(),
         FileContent(gateway_role.POLICY_FILE),
     )  # base, gateway, monitoring
-    assert batch["lab-colo1"] == (AptPackages(), *GPU_FACTS)  # no KV moves there: no RDMA devices read
+    cuda_list = FileContent(
+        CUDA_SOURCE
+    )  # whether the driver repository is configured (apt-cache policy then)
+    assert batch["lab-colo1"] == (AptPackages(), *GPU_FACTS, cuda_list)  # no KV moves there: no RDMA devices
     assert batch["lab-p1"] == (
         AptPackages(),
         *GPU_FACTS,
+        cuda_list,
         RdmaSysfsFact(),
     )  # rdma reads them (said in its skip)
     assert len(set(batch["lab-p1"])) == len(batch["lab-p1"])  # each fact once, though several roles read it

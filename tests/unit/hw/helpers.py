@@ -13,7 +13,7 @@ from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 from pdfleet.model.profile_loader import load_profile
 from pdfleet.ops import apt, files, kernel, pip, systemd, users
-from pdfleet.ops.apt import AptHolds, AptPackages, CommandRc
+from pdfleet.ops.apt import AptHolds, AptPackages, AptPolicy, CommandRc
 from pdfleet.ops.base import Fact, FakeFacts
 from pdfleet.ops.files import DirectoryState, FileContent, FileState
 from pdfleet.ops.kernel import LoadedModules
@@ -34,6 +34,8 @@ def fact_for(key: str) -> Fact[Any]:
     assert m, key
     cls = next(getattr(mod, m[1]) for mod in FACT_MODULES if hasattr(mod, m[1]))
     args = [a.strip() for a in m[2].split(",")] if m[2] else []
+    if cls is AptPolicy:  # its one argument is the tuple of names
+        return AptPolicy(tuple(args))
     return cls(*args)  # type: ignore[no-any-return]
 
 

@@ -14,8 +14,10 @@ import roles.gpu_driver as gpu_role
 import roles.rdma as rdma_role
 from pdfleet.hw import HardwareError
 from pdfleet.hw.distro import (
+    CUDA_SOURCE,
     PlatformRefusal,
     cuda_repo_url,
+    missing_packages,
     platform_extras,
     repository_drift,
     resolve_platform,
@@ -27,7 +29,7 @@ from pdfleet.hw.rdma import INBOX_PACKAGES
 from pdfleet.model.platforms import PLATFORMS, find_platform
 from pdfleet.ops.apt import AptPackage, AptRepo
 from pdfleet.ops.base import Upload
-from pdfleet.ops.files import FileState, PathInfo
+from pdfleet.ops.files import FileContent, FileState, PathInfo
 from tests.unit.hw.helpers import commands, context, fixture_facts, host, load_fixture, pinned, run_role
 
 H100 = "h100-sxm-8x-nvswitch-cx7"
@@ -72,7 +74,7 @@ EXPECTED: dict[str, tuple[str, str, str | None, tuple[str, ...], str, str, bool]
     ),
     "dgx-os-7": (
         "580",
-        "580.95.05",
+        "580.159.03",
         None,
         ("nvidia-driver-580-open",),
         "linux-headers-6.8.0-1025-nvidia",
@@ -200,7 +202,7 @@ def test_imex_on_gb200_and_nvlink5_tools_on_b200_under_dgx_os_7() -> None:
     ubuntu = find_platform("ubuntu", "24.04", False)
     assert ubuntu is not None and platform_extras(ubuntu, "DGXGB200").packages == ()
     os = dataclasses.replace(load_fixture("dgx-os-7")[OsReleaseFact()], product_name="DGXGB200")
-    prof = pinned(driver_branch="580", driver_version="580.95.05")
+    prof = pinned(driver_branch="580", driver_version="580.159.03")
     ops, _, _ = run_role(gpu_role, context(prof, host()), on("dgx-os-7", {OsReleaseFact(): os}))
     assert any(isinstance(op, AptPackage) and op.name == "nvidia-imex" for op in ops)
     assert any(getattr(op, "unit", "") == "nvidia-imex.service" for op in ops)
@@ -234,3 +236,35 @@ def test_repository_drift_names_what_the_host_has_and_what_provision_plans() -> 
     assert "names no repository" in (repository_drift("gpu-01", noble, os, None, "") or "")
     dgx = load_fixture("dgx-os-7")[OsReleaseFact()]
     assert repository_drift("gpu-01", resolve_platform("gpu-01", dgx), dgx, None, "") is None
+
+
+def _configured(prof: Any, distro: str) -> dict[Any, Any]:
+    """The host's cuda.list as this plan writes it: the repository is there, so apt-cache policy is asked."""
+    return {FileContent(CUDA_SOURCE): _repo(prof, distro).source_line()}
+
+
+def test_a_configured_repository_is_asked_for_the_pinned_packages_before_anything_changes() -> None:
+    prof = pinned(driver_branch="580", driver_version="580.95.05")
+    ops, _, _ = run_role(
+        gpu_role, context(prof, host()), on("ubuntu-24.04", _configured(prof, "ubuntu-24.04"))
+    )
+    assert any(isinstance(op, AptPackage) and op.name == "cuda-drivers-580" for op in ops)
+    missing = pinned(driver_branch="580", driver_version="580.65.06")
+    with pytest.raises(HardwareError) as err:
+        list(
+            gpu_role.operations(
+                context(missing, host()), on("ubuntu-24.04", _configured(missing, "ubuntu-24.04"))
+            )
+        )
+    where = f"{CUDA}/ubuntu2404/x86_64/"
+    assert (
+        str(err.value)
+        == f"gpu-01: nvidia-driver-580-open=580.65.06-* is not in {where}; it has 580.95.05-0ubuntu1"
+    )
+
+
+def test_dgx_os_repositories_are_asked_whatever_cuda_list_holds() -> None:
+    prof = pinned(driver_branch="580", driver_version="580.95.05")  # DGX OS 7's repositories carry 580.159.03
+    with pytest.raises(HardwareError, match="nvidia-driver-580-open=580.95.05-\\* is not in DGX OS 7"):
+        list(gpu_role.operations(context(prof, host()), on("dgx-os-7")))
+    assert missing_packages("h", "r", {"p": ()}, None) == "h: p is in none of the configured repositories (r)"

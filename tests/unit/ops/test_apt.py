@@ -9,6 +9,7 @@ from pdfleet.ops.apt import (
     AptHolds,
     AptPackage,
     AptPackages,
+    AptPolicy,
     AptRepo,
     AptUpdate,
     CommandRc,
@@ -142,3 +143,32 @@ def test_apt_update_guarded_by_age() -> None:
     assert commands(op.plan(FakeFacts({CommandRc(fresh_check): 1}))) == [
         "DEBIAN_FRONTEND=noninteractive apt-get update -q"
     ]
+
+
+# `LC_ALL=C apt-cache policy` as apt prints it (apt-cache(8)): the installed version marked ***, one priority
+# and source line per version; a package apt cannot locate prints no block (the message goes to stderr).
+POLICY = (
+    "rdma-core:\n"
+    "  Installed: 44.0-2\n"
+    "  Candidate: 44.0-2\n"
+    "  Version table:\n"
+    " *** 44.0-2 500\n"
+    "        500 http://deb.debian.org/debian bookworm/main amd64 Packages\n"
+    "        100 /var/lib/dpkg/status\n"
+    "perftest:\n"
+    "  Installed: (none)\n"
+    "  Candidate: 4.5+0.17-1\n"
+    "  Version table:\n"
+    "     4.5+0.17-1 500\n"
+    "        500 http://deb.debian.org/debian bookworm/main amd64 Packages\n"
+)
+
+
+def test_apt_policy_lists_every_version_apt_knows_and_none_for_an_unknown_package() -> None:
+    fact = AptPolicy(("rdma-core", "perftest", "cuda-drivers-590"))
+    assert fact.parse(POLICY, 0) == {
+        "rdma-core": ("44.0-2",),
+        "perftest": ("4.5+0.17-1",),
+        "cuda-drivers-590": (),
+    }
+    assert fact.command() == "LC_ALL=C apt-cache policy rdma-core perftest cuda-drivers-590 2>/dev/null; true"

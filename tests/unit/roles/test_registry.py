@@ -12,6 +12,7 @@ from pdfleet.fleet.render import Renderer
 from pdfleet.fleet.roles import Role, RoleContext
 from pdfleet.hw.gpu_facts import MokEnrolledFact
 from pdfleet.hw.rdma_facts import NetdevFact, QosFact
+from pdfleet.ops.apt import AptPolicy
 from pdfleet.ops.base import Fact, FactSource
 from roles import REGISTRY
 from tests.unit.hw.helpers import HostFacts, context, fixture_facts, host, pinned
@@ -20,7 +21,7 @@ from tests.unit.roles.helpers import REPO, deployment
 HOOKS = ("applies", "facts", "operations", "files", "units")
 # Facts whose key comes from another fact's value (a netdev of a found device, QoS of that netdev, MOK
 # enrollment under Secure Boot): a role cannot name them before the first batch, so they are gathered after.
-DERIVED = (NetdevFact, QosFact, MokEnrolledFact)
+DERIVED = (NetdevFact, QosFact, MokEnrolledFact, AptPolicy)
 H100 = "h100-sxm-8x-nvswitch-cx7"
 
 
