@@ -268,3 +268,12 @@ def test_dgx_os_repositories_are_asked_whatever_cuda_list_holds() -> None:
     with pytest.raises(HardwareError, match="nvidia-driver-580-open=580.95.05-\\* is not in DGX OS 7"):
         list(gpu_role.operations(context(prof, host()), on("dgx-os-7")))
     assert missing_packages("h", "r", {"p": ()}, None) == "h: p is in none of the configured repositories (r)"
+
+
+@pytest.mark.parametrize("distro", sorted(EXPECTED))
+def test_each_distributions_recorded_apt_cache_policy_offers_the_pinned_packages(distro: str) -> None:
+    branch, version, repo, packages, _, fabric_manager, _ = EXPECTED[distro]
+    prof = pinned(driver_branch=branch, driver_version=version)
+    state = _configured(prof, distro) if repo else {}
+    ops, _, _ = run_role(gpu_role, context(prof, host()), on(distro, state))  # no refusal: every name offered
+    assert {op.name for op in ops if isinstance(op, AptPackage)} >= {*packages, fabric_manager}
