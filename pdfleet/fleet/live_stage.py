@@ -38,12 +38,13 @@ def policy_stage(
     profile: Profile, live: PolicySpec | None, override: str | None
 ) -> tuple[str, dict[str, StageSpec]]:
     """The stage to render and the stages beside it: the override, else the live one (a rollout step's
-    weights kept), else the profile's initial stage."""
-    stages = dict(profile.gateway.stages)
+    weights kept), else the profile's initial stage (the first model's: the policy's one stage)."""
+    first = profile.served[0].gateway
+    stages = dict(first.stages)
     if override is not None:
         return override, stages
     if live is None:
-        return profile.gateway.stage, stages
+        return first.stage, stages
     if live.stage not in stages:
         stages[live.stage] = live.stages[live.stage]
     return live.stage, stages

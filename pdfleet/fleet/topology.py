@@ -1,11 +1,12 @@
 """The fleet's topology, computed once per command from the profile and the inventory: the one address book.
 
-Every pool instance (which host, which address and port, GPUs, kv role, side-channel ports, unit and
-env file), the gateway hosts with their admin URLs, the pool URLs the gateway routes between, the P/D
-router, every metrics endpoint, Prometheus on the monitoring hosts, the rollout controller and its paths,
-which hosts are lab hosts and which install the host wheel. Roles, verify, status, render, bench, doctor,
-monitor and rollout read this one object; nobody recomputes where a service listens
-(tests/unit/test_layout.py fails on code that does).
+Every pool instance of every model the profile serves (which model, host, address and port, GPUs, kv
+role, side-channel ports, unit and env file), each model's pool URLs and its P/D router on every gateway
+host (`Topology.models`), the gateway hosts with their admin URLs, every metrics endpoint (vLLM and
+router targets carry the model's name as the `model` label), Prometheus on the monitoring hosts, the
+rollout controller and its paths, which hosts are lab hosts and which install the host wheel. Roles,
+verify, status, render, bench, doctor, monitor and rollout read this one object; nobody recomputes where
+a service listens (tests/unit/test_layout.py fails on code that does).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from types import MappingProxyType
 from pdfleet.fleet.host_layout import CONFIG_DIR, UNIT_DIR
 from pdfleet.model.inventory import Host, Inventory
 from pdfleet.model.profile import Profile
+from pdfleet.model.served import ServedModel, pool_hosts
 from pdfleet.rollout.config import DEFAULT_CONFIG, STATE_DIR
 
 ROUTER_ADDRESS = "127.0.0.1"  # vllm-router listens on each gateway host's loopback, for its gateway only
@@ -39,10 +41,17 @@ class Instance:
     side_channel_host: str | None  # VLLM_NIXL_SIDE_CHANNEL_HOST (NixlConnector only)
     side_channel_port: int | None
     bootstrap_port: int | None  # VLLM_MOONCAKE_BOOTSTRAP_PORT (MooncakeConnector prefill only)
+    model: str = ""  # the name of the model it serves (ServedModel.name)
+    listed: bool = False  # the profile lists models: its unit and env file names carry the model's name
+
+    @property
+    def stem(self) -> str:
+        """vllm-{pool} for a single-model profile (names as ever), vllm-{model}-{pool} in a models: list."""
+        return f"vllm-{self.model}-{self.pool}" if self.listed else f"vllm-{self.pool}"
 
     @property
     def unit(self) -> str:
-        return f"vllm-{self.pool}.service"
+        return f"{self.stem}.service"
 
     @property
     def unit_path(self) -> str:
@@ -50,7 +59,7 @@ class Instance:
 
     @property
     def env_file(self) -> str:
-        return f"{CONFIG_DIR}/vllm-{self.pool}.env"
+        return f"{CONFIG_DIR}/{self.stem}.env"
 
     @property
     def url(self) -> str:
@@ -62,6 +71,51 @@ class Instance:
 
 
 @dataclass(frozen=True)
+class Router:
+    """A disaggregated model's vllm-router on a gateway host: its API on that host's loopback (for its
+    gateway only), its metrics on the host's address (for Prometheus)."""
+
+    model: str
+    host: str
+    address: str
+    port: int
+    metrics_port: int
+    unit: str  # vllm-router-pd.service for a single-model profile, else vllm-router-{model}-pd.service
+
+    @property
+    def url(self) -> str:
+        return f"http://{ROUTER_ADDRESS}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"{self.url}/health"
+
+
+@dataclass(frozen=True)
+class ModelTopology:
+    """Where one model runs: its instances, and its P/D router on each gateway host (none: colocated only,
+    or no gateway)."""
+
+    name: str
+    aliases: tuple[str, ...]
+    instances: tuple[Instance, ...]
+    routers: tuple[Router, ...]
+    disaggregated: bool  # it runs prefill and decode pools
+
+    def pool(self, pool: str) -> list[Instance]:
+        """Every instance of one of its pools, in inventory order."""
+        return [i for i in self.instances if i.pool == pool]
+
+    def pool_urls(self, pool: str) -> list[str]:
+        """Base URLs of every instance of one of its pools."""
+        return [i.url for i in self.pool(pool)]
+
+    def router_on(self, host: str) -> Router | None:
+        """Its router on a gateway host, if it has one there."""
+        return next((r for r in self.routers if r.host == host), None)
+
+
+@dataclass(frozen=True)
 class Gateway:
     """pdfleet-gateway on a gateway host, and the P/D router beside it (on that host's loopback)."""
 
@@ -69,7 +123,8 @@ class Gateway:
     address: str
     port: int
     admin_port: int | None
-    router_port: int | None  # None: the profile does not disaggregate, no router runs
+    # the first disaggregated model's router (None: no model disaggregates); Topology.models has each one's
+    router_port: int | None
     router_metrics_port: int | None
 
     @property
@@ -177,18 +232,32 @@ class Topology:
     # the rollout controller, when it is installed (a monitoring host, gateways and a rollout plan)
     controller: Controller | None = None
     no_controller_reason: str | None = "the inventory has no host in the `monitoring` group"
+    models: tuple[ModelTopology, ...] = ()  # per served model, in the profile's order
 
     def on_host(self, host: str) -> list[Instance]:
-        """The instances a host runs, in pool order (prefill, decode, colocated)."""
+        """The instances a host runs, model by model, each in pool order (prefill, decode, colocated)."""
         return [i for i in self.instances if i.host == host]
 
-    def pool(self, pool: str) -> list[Instance]:
-        """Every instance of a pool, in inventory order."""
-        return [i for i in self.instances if i.pool == pool]
+    def model(self, name: str | None = None) -> ModelTopology:
+        """A model's topology by name; without one, the first model's (a single-model profile's only one)."""
+        if name is None:
+            return self.models[0]
+        found = next((m for m in self.models if m.name == name), None)
+        if found is None:
+            raise KeyError(f"no model {name!r}; models: {', '.join(m.name for m in self.models)}")
+        return found
 
-    def pool_urls(self, pool: str) -> list[str]:
-        """Base URLs of every instance of a pool."""
-        return [i.url for i in self.pool(pool)]
+    def pool(self, pool: str, model: str | None = None) -> list[Instance]:
+        """Every instance of a pool, in inventory order: of one model, or (None) of every model."""
+        return [i for i in self.instances if i.pool == pool and (model is None or i.model == model)]
+
+    def pool_urls(self, pool: str, model: str | None = None) -> list[str]:
+        """Base URLs of every instance of a pool (of one model, or of every model)."""
+        return [i.url for i in self.pool(pool, model)]
+
+    def routers_on(self, host: str) -> list[Router]:
+        """Every P/D router a gateway host runs, one per disaggregated model, in the profile's order."""
+        return [r for m in self.models if (r := m.router_on(host)) is not None]
 
     def gateway_on(self, host: str) -> Gateway | None:
         """The gateway a host runs, if any."""
@@ -212,7 +281,9 @@ class Topology:
                 i.host,
                 i.address,
                 i.port,
-                MappingProxyType({"pool": GATEWAY_POOL[i.pool], "role": i.pool, "host": i.host}),
+                MappingProxyType(
+                    {"pool": GATEWAY_POOL[i.pool], "role": i.pool, "host": i.host, "model": i.model}
+                ),
             )
             for i in self.instances
         ]
@@ -226,10 +297,11 @@ class Topology:
                     MappingProxyType({"role": "gateway", "host": g.host}),
                 )
             )
-            if g.router_metrics_port is not None:
-                labels = MappingProxyType({"pool": "disagg", "role": "router", "host": g.host})
-                port = g.router_metrics_port
-                out.append(MetricsEndpoint("vllm-router", g.host, g.address, port, labels))
+            for r in self.routers_on(g.host):
+                labels = MappingProxyType(
+                    {"pool": "disagg", "role": "router", "host": g.host, "model": r.model}
+                )
+                out.append(MetricsEndpoint("vllm-router", g.host, g.address, r.metrics_port, labels))
         return tuple(out)
 
 
@@ -241,13 +313,16 @@ def build_topology(
     `lab_network`: addresses inside it are lab hosts (the CLI passes the lab's network).
     """
     hosts = list(inventory.hosts.values())
-    instances = tuple(
-        _instance(profile, h, pool) for h in hosts for pool, _ in profile.pools.items() if h.in_group(pool)
-    )
+    served = profile.served
+    instances = tuple(i for spec in served for i in _instances(profile, inventory, spec))
+    without = [spec.name for spec in served if spec.pools.colocated is None]
     reason = None
-    if profile.pools.colocated is None:
-        reason = "the profile has no colocated pool; the gateway routes between colocated and P/D pools"
-    gateways = () if reason else tuple(_gateway(profile, h) for h in inventory.group("gateway"))
+    if without:
+        which = f"model {without[0]}" if profile.models else "the profile"
+        reason = f"{which} has no colocated pool; the gateway routes between colocated and P/D pools"
+    gateway_hosts = () if reason else tuple(inventory.group("gateway"))
+    models = tuple(_model(spec, instances, gateway_hosts) for spec in served)
+    gateways = tuple(_gateway(profile, h, models) for h in gateway_hosts)
     monitoring = tuple(
         Prometheus(h.name, h.address, profile.monitoring.port) for h in monitoring_hosts(inventory)
     )
@@ -266,6 +341,7 @@ def build_topology(
         monitoring,
         controller,
         why_no_controller,
+        models,
     )
 
 
@@ -278,34 +354,70 @@ def _controller(
         return None, f"the inventory has no host in the `{MONITORING_GROUP}` group"
     if not gateways:
         return None, "the topology has no gateway: there is no stage to roll out"
-    if not profile.rollout.plans:
+    if not any(spec.rollout.plans for spec in profile.served):
         return None, "the profile has no rollout.plans"
     return controller, None
 
 
-def _instance(profile: Profile, host: Host, pool: str) -> Instance:
-    spec = profile.pools.get(pool)
-    kv = profile.kv_transfer
-    sc_port = profile.side_channel_port_for(pool)  # None for the colocated pool and non-NIXL connectors
+def _instances(profile: Profile, inventory: Inventory, spec: ServedModel) -> list[Instance]:
+    """A model's instances: host by host in inventory order, each host's in pool order."""
+    on = {pool: {h.name for h in pool_hosts(inventory, spec, pool)} for pool, _ in spec.pools.items()}
+    return [
+        _instance(profile, spec, host, pool)
+        for host in inventory.hosts.values()
+        for pool in on
+        if host.name in on[pool]
+    ]
+
+
+def _instance(profile: Profile, spec: ServedModel, host: Host, pool: str) -> Instance:
+    pool_spec = spec.pools.get(pool)
+    kv = spec.kv_transfer
+    # None for the colocated pool and non-NIXL connectors
+    sc_port = spec.side_channel_port_for(pool, profile.vllm.version)
     sc_host = None
     if sc_port is not None:
         sc_host = host.address if kv.side_channel_host == "auto" else kv.side_channel_host
-    boot = kv.bootstrap_port_for(pool) if profile.disaggregated else None
+    boot = spec.bootstrap_port_for(pool)
     return Instance(
-        pool, host.name, host.address, spec.port, tuple(spec.gpus), spec.kv_role, sc_host, sc_port, boot
+        pool,
+        host.name,
+        host.address,
+        pool_spec.port,
+        tuple(pool_spec.gpus),
+        pool_spec.kv_role,
+        sc_host,
+        sc_port,
+        boot,
+        spec.name,
+        spec.listed,
     )
 
 
-def _gateway(profile: Profile, host: Host) -> Gateway:
+def _model(
+    spec: ServedModel, instances: tuple[Instance, ...], gateway_hosts: tuple[Host, ...]
+) -> ModelTopology:
+    """A model's share of the topology: its instances and, if it disaggregates, a router per gateway host."""
+    unit = f"vllm-router-{spec.name}-pd.service" if spec.listed else "vllm-router-pd.service"
+    gw = spec.gateway
+    routers = tuple(
+        Router(spec.name, h.name, h.address, gw.router_port, gw.router_prometheus_port, unit)
+        for h in (gateway_hosts if spec.has_router else ())
+    )
+    mine = tuple(i for i in instances if i.model == spec.name)
+    return ModelTopology(spec.name, tuple(spec.aliases), mine, routers, spec.has_router)
+
+
+def _gateway(profile: Profile, host: Host, models: tuple[ModelTopology, ...]) -> Gateway:
     gw = profile.gateway
-    pd = profile.pools.prefill is not None and profile.pools.decode is not None
+    first = next((r for m in models if (r := m.router_on(host.name)) is not None), None)
     return Gateway(
         host.name,
         host.address,
         gw.port,
         gw.admin_port,
-        gw.router_port if pd else None,
-        gw.router_prometheus_port if pd else None,
+        None if first is None else first.port,
+        None if first is None else first.metrics_port,
     )
 
 

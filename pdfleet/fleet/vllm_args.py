@@ -1,4 +1,4 @@
-"""The `vllm serve` (or `pdfleet-sim serve`) command line for one pool instance, from the profile."""
+"""The `vllm serve` (or `pdfleet-sim serve`) command line for one pool instance, from its model's spec."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pdfleet.fleet.topology import Instance
 from pdfleet.hw.kv import kv_connector_extra_config
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
+from pdfleet.model.served import ServedModel
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
 
@@ -17,7 +18,8 @@ def kv_transfer_config(profile: Profile, host: Host, inst: Instance) -> dict[str
     """The --kv-transfer-config object for a P/D instance; None for the colocated pool."""
     if inst.kv_role is None:
         return None
-    kv = profile.kv_transfer
+    spec = profile.served_model(inst.model)
+    kv = spec.kv_transfer
     config: dict[str, Any] = {
         "kv_connector": kv.connector,
         "kv_role": inst.kv_role,
@@ -26,7 +28,8 @@ def kv_transfer_config(profile: Profile, host: Host, inst: Instance) -> dict[str
     if kv.load_failure_policy is not None:
         config["kv_load_failure_policy"] = kv.load_failure_policy
     extra = dict(kv.extra_config)
-    extra.update(kv_connector_extra_config(profile, host))  # Mooncake's protocol and the host's NICs
+    # Mooncake's protocol and the host's NICs
+    extra.update(kv_connector_extra_config(profile.for_model(spec), host))
     if extra:
         config["kv_connector_extra_config"] = extra
     rel = find_release(profile.vllm.version, RELEASES)
@@ -35,21 +38,12 @@ def kv_transfer_config(profile: Profile, host: Host, inst: Instance) -> dict[str
     return config
 
 
-def served_model_names(profile: Profile) -> list[str]:
-    """The names a pool answers to: the model's own, then the gateway's alias, so the gateway can pass
-    request bodies through untouched instead of rewriting `model`."""
-    names = [profile.model.served_model_name or profile.model.id]
-    alias = profile.gateway.model_alias
-    if alias and alias not in names:
-        names.append(alias)
-    return names
-
-
 def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
     """argv for the pool's server: the pinned vLLM, or the simulator with the same options."""
-    spec = profile.pools.get(inst.pool)
+    served: ServedModel = profile.served_model(inst.model)
+    spec = served.pools.get(inst.pool)
     venv = profile.vllm.venv.rstrip("/")
-    model = profile.model
+    model = served.model
     if profile.vllm.engine == "sim":
         argv = [f"{venv}/bin/pdfleet-sim", "serve", model.path or model.id]
     else:
@@ -60,7 +54,7 @@ def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
         "--port",
         str(inst.port),
         "--served-model-name",
-        *served_model_names(profile),
+        *served.served_model_names(),
         "--tensor-parallel-size",
         str(spec.tensor_parallel_size),
         "--max-num-batched-tokens",
@@ -76,6 +70,8 @@ def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
     max_len = spec.max_model_len or model.max_model_len
     if max_len:
         argv += ["--max-model-len", str(max_len)]
+    if model.revision:
+        argv += ["--revision", model.revision]
     kv_config = kv_transfer_config(profile, host, inst)
     if kv_config is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]

@@ -9,9 +9,9 @@ Source keys (full citations in /work/shared/reference/perf-and-simulation.md, "�
 - [NV-H200]     NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s, same Hopper tensor cores as H100 SXM
                 (989 TF BF16).
 - [NV-L40S]     NVIDIA L40S datasheet: 48 GB GDDR6.
-- [HF-LLAMA]    meta-llama/Llama-3.1-{8B,70B} config.json (layers, hidden size, KV heads, FFN, vocab),
-                cross-checked against [PERF §2.6]: 8B has 8.03 B params and 128 KiB KV/token,
-                70B ~320 KiB/token.
+- [HF-LLAMA]    meta-llama/Llama-3.1-{8B,70B} and Llama-3.2-1B config.json (layers, hidden size, KV heads,
+                FFN, vocab, tie_word_embeddings), cross-checked against [PERF §2.6]: 8B has 8.03 B params and
+                128 KiB KV/token, 70B ~320 KiB/token; 3.2-1B: 1.24 B params (tied), 32 KiB KV/token.
 - [MOONCAKE]    Mooncake vLLM P/D measurements, quoted in [PERF §1.3]: t_xfer ≈ 0.5 ms + bytes/(0.71·nominal).
 - [LLMD-SETUP]  llm-d-inference-sim latency-profiles.md, quoted in [PERF §2.6]: per-transfer setup NVLink/shm
                 0.1–0.5 ms, RDMA 0.5–2 ms, TCP 2–10 ms.
@@ -58,6 +58,7 @@ class ModelShape:
     max_model_len: int
     dtype_bytes: int  # bf16 weights and KV ("auto" kv-cache dtype)
     sources: str
+    tied_embeddings: bool = False  # lm_head is the input embedding (config.json tie_word_embeddings)
 
     @property
     def linear_params(self) -> int:
@@ -75,8 +76,8 @@ class ModelShape:
 
     @property
     def total_params(self) -> int:
-        """All parameters (untied embeddings, norms ignored: < 0.01%)."""
-        return self.linear_params + 2 * self.embedding_params
+        """All parameters (embeddings once when tied, else twice; norms ignored: < 0.01%)."""
+        return self.linear_params + (1 if self.tied_embeddings else 2) * self.embedding_params
 
     @property
     def weight_bytes(self) -> int:
@@ -201,6 +202,21 @@ MODELS: dict[str, ModelShape] = {
             max_model_len=131072,
             dtype_bytes=2,
             sources="[HF-LLAMA] config.json; [PERF §2.6] ~320 KiB KV/token",
+        ),
+        ModelShape(
+            "Llama-3.2-1B",
+            ("meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-1B"),
+            layers=16,
+            hidden=2048,
+            heads=32,
+            kv_heads=8,
+            head_dim=64,
+            ffn=8192,
+            vocab=128256,
+            max_model_len=131072,
+            dtype_bytes=2,
+            sources="[HF-LLAMA] config.json (tie_word_embeddings: true); 1.24 B params, 32 KiB KV/token",
+            tied_embeddings=True,
         ),
     )
 }

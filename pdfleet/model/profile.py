@@ -200,7 +200,7 @@ class Profile(StrictModel):
     models: list[ServedModel] | None = Field(default=None, min_length=1)
     # key path -> file that set it (this file or a base), so later errors point at the file to edit
     _origins: dict[tuple[str, ...], Path] = PrivateAttr(default_factory=dict)
-    _served: tuple[ServedModel, ...] = PrivateAttr(default=())
+    _only: ServedModel | None = PrivateAttr(default=None)  # a for_model() view's one model
 
     def origin_of(self, dotted: str) -> Path:
         """The profile file (itself or an `extends:` base) that set a key path, e.g. `pools.decode.gpus`."""
@@ -213,18 +213,19 @@ class Profile(StrictModel):
         return expand_models(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
-    def _served_models(self) -> Profile:
-        """The served models, worked out once; each listed one learns its place, so its errors name
-        `models[i].key.path`."""
+    def _number_models(self) -> Profile:
+        """Each listed model learns its place, so its errors name `models[i].key.path`."""
         for index, spec in enumerate(self.models or ()):
             spec._index = index
-        self._served = tuple(self.models) if self.models else (self._single(),)
         return self
 
     @property
     def served(self) -> tuple[ServedModel, ...]:
-        """The models this profile serves, in order: its `models:` list, or its top level as one model."""
-        return self._served
+        """The models this profile serves, in order: its `models:` list, or its top level as one model
+        (worked out on each call, so a model_copy with new top-level keys serves what it says)."""
+        if self._only is not None:
+            return (self._only,)
+        return tuple(self.models) if self.models else (self._single(),)
 
     def _single(self) -> ServedModel:
         """The top level as one model: named after its alias (else its id), answering to that alias."""
@@ -262,12 +263,14 @@ class Profile(StrictModel):
         """This profile as if it served `spec` alone (its per-model keys at the top level), for readers
         written against one model (release checks, bench, doctor); `served` is that model."""
         gw = self.gateway
-        model_gw = spec.gateway.model_dump(exclude={"limits"})
-        limits = gw.limits.model_copy(update=spec.gateway.limits.model_dump())
+        # attributes, not model_dump(): model_copy does not validate, so stages must stay StageSpecs
+        model_gw = {key: getattr(spec.gateway, key) for key in ModelGateway.model_fields if key != "limits"}
+        cap = spec.gateway.limits.model_max_prompt_tokens
+        limits = gw.limits.model_copy(update={"model_max_prompt_tokens": cap})
         gateway = gw.model_copy(update={**model_gw, "model_alias": spec.aliases[0], "limits": limits})
         update = {key: getattr(spec, key) for key in MODEL_KEYS}
         view = self.model_copy(update={**update, "gateway": gateway, "models": None})
-        view._served = (spec,)
+        view._only = spec
         return view
 
     @property

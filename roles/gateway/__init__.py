@@ -1,7 +1,10 @@
-"""gateway: pdfleet-gateway (one key, one base URL) and vllm-router in P/D mode on the gateway group.
+"""gateway: pdfleet-gateway (one key, one base URL) and a vllm-router in P/D mode per disaggregated model
+on the gateway group.
 
-The gateway routes each request to the colocated pool or, through the router, to the P/D pool, by
-the live stage; the router runs the prefill→decode protocol. Policy and key hashes live under
+The gateway maps each request's `model` alias to its model's pools, and routes it to the colocated pool
+or, through that model's router, to its P/D pool, by the live stage; the router runs the prefill→decode
+protocol. Every model's aliases are in the one policy (the stage and long-prompt threshold are the first
+model's until the gateway's policy holds them per model). Policy and key hashes live under
 /etc/pdfleet/gateway (0600), the policy written by the gateway's own policy module; a policy change
 reloads the gateway (SIGHUP), never restarts it. The
 profile's `gateway.stage` is only the initial stage: provision keeps the stage the host runs (set by the
@@ -18,10 +21,11 @@ from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
 from pdfleet.fleet.live_stage import live_policy, policy_stage, policy_version
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
-from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway
+from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway, ModelTopology, Router
 from pdfleet.gateway import policy as gateway_policy
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.profile import GatewayLimits, RouterPolicy
+from pdfleet.model.served import ServedModel
 from pdfleet.model.stages import StageSpec
 from pdfleet.ops.base import Fact, FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.files import Directory, File, FileContent
@@ -35,7 +39,6 @@ CONFIG_DIR = "/etc/pdfleet/gateway"
 POLICY_FILE = f"{CONFIG_DIR}/policy.yaml"
 VENV = "/opt/pdfleet/gateway"
 GATEWAY_UNIT = "pdfleet-gateway.service"
-ROUTER_UNIT = "vllm-router-pd.service"
 ROUTER_CONNECTORS = {NIXL: "nixl", MOONCAKE: "mooncake"}  # vllm-router --kv-connector
 START_TIMEOUT_S = 300
 SHUTDOWN_TIMEOUT_S = 50  # streams in flight get this long to finish; systemd waits 10 s more
@@ -72,32 +75,34 @@ def policy_args(policy: RouterPolicy) -> list[str]:
     return ["--prefill-policy", policy.prefill, "--decode-policy", policy.decode]
 
 
-def router_argv(ctx: RoleContext, gateway: Gateway) -> list[str]:
-    """vllm-router in P/D mode over every prefill and decode instance, selecting by the profile's policy."""
-    kv = ctx.profile.kv_transfer
+def router_argv(ctx: RoleContext, router: Router) -> list[str]:
+    """A model's vllm-router in P/D mode over its prefill and decode instances, selecting by its policy."""
+    spec = ctx.profile.served_model(router.model)
+    model = ctx.topology.model(router.model)
     argv = [f"{VENV}/bin/vllm-router", "--vllm-pd-disaggregation"]
-    for inst in ctx.topology.pool("prefill"):
+    for inst in model.pool("prefill"):
         argv += ["--prefill", inst.url] + ([str(inst.bootstrap_port)] if inst.bootstrap_port else [])
-    for url in ctx.topology.pool_urls("decode"):
+    for url in model.pool_urls("decode"):
         argv += ["--decode", url]
     argv += [
-        *policy_args(ctx.profile.gateway.router_policy),
+        *policy_args(spec.gateway.router_policy),
         "--kv-connector",
-        ROUTER_CONNECTORS.get(kv.connector, "nixl"),
+        ROUTER_CONNECTORS.get(spec.kv_transfer.connector, "nixl"),
         "--host",
         ROUTER_ADDRESS,
         "--port",
-        str(gateway.router_port),
+        str(router.port),
         "--prometheus-host",
-        gateway.address,  # scraped by Prometheus on the monitoring host
+        router.address,  # scraped by Prometheus on the monitoring host
         "--prometheus-port",
-        str(gateway.router_metrics_port),
+        str(router.metrics_port),
     ]
     return argv
 
 
-def policy_limits(limits: GatewayLimits, alias: str) -> dict[str, Any]:
-    """The policy's `limits:` section from the profile's (empty when none is set: limits default to off)."""
+def policy_limits(limits: GatewayLimits, models: dict[str, int | None]) -> dict[str, Any]:
+    """The policy's `limits:` section from the profile's (empty when none is set: limits default to off);
+    `models`: each alias and its model's prompt-token cap."""
     out: dict[str, Any] = {}
     default = limits.default.model_dump(exclude_none=True)
     if default:
@@ -105,35 +110,48 @@ def policy_limits(limits: GatewayLimits, alias: str) -> dict[str, Any]:
     keys = {name: lim.model_dump(exclude_none=True) for name, lim in limits.keys.items()}
     if any(keys.values()):
         out["keys"] = {name: lim for name, lim in keys.items() if lim}
-    if limits.model_max_prompt_tokens is not None:
-        out["models"] = {alias: {"max_prompt_tokens": limits.model_max_prompt_tokens}}
+    capped = {alias: {"max_prompt_tokens": cap} for alias, cap in models.items() if cap is not None}
+    if capped:
+        out["models"] = capped
     return out
+
+
+def _route(ctx: RoleContext, model: ModelTopology) -> dict[str, Any]:
+    """One model's route on this gateway: its colocated URLs, and its router when it disaggregates."""
+    route: dict[str, Any] = {"colocated": model.pool_urls("colocated")}
+    router = model.router_on(ctx.host.name)
+    if router is not None:
+        route["disagg"] = router.url
+    return route
 
 
 def policy_text(ctx: RoleContext, version: int, stage: str, stages: dict[str, StageSpec]) -> str:
     """The gateway's policy file for this host at a version and stage, written (and checked) by the
-    gateway's own policy module."""
+    gateway's own policy module: every model's aliases, each to its model's pools."""
     gw = ctx.profile.gateway
+    first: ServedModel = ctx.profile.served[0]
     gateway = _gateway(ctx)
-    alias = gw.model_alias or ctx.profile.model.id
     listen: dict[str, Any] = {"host": gateway.address, "port": gw.port}
     if gw.admin_port:
         listen["admin_port"] = gw.admin_port
-    # the pools serve the alias too (vllm_args.served_model_names): bodies pass through unchanged
-    route: dict[str, Any] = {"colocated": list(ctx.topology.pool_urls("colocated"))}
-    if gateway.router_url:
-        route["disagg"] = gateway.router_url
+    # the pools serve the aliases too (ServedModel.served_model_names): bodies pass through unchanged
+    routes: dict[str, Any] = {}
+    caps: dict[str, int | None] = {}
+    for spec, model in zip(ctx.profile.served, ctx.topology.models, strict=True):
+        for alias in spec.aliases:
+            routes[alias] = _route(ctx, model)
+            caps[alias] = spec.gateway.limits.model_max_prompt_tokens
     doc: dict[str, Any] = {
         "version": version,
         "listen": listen,
         "keys_file": gw.keys_file,
-        "models": {alias: route, **outside_routes(gw.outside, [alias], CONFIG_DIR)},
+        "models": {**routes, **outside_routes(gw.outside, list(routes), CONFIG_DIR)},
         "estimator": {"chars_per_token": gw.chars_per_token},
-        "long_prompt_tokens": gw.long_prompt_tokens,
+        "long_prompt_tokens": first.gateway.long_prompt_tokens,
         "stage": stage,
         "stages": {name: spec.model_dump() for name, spec in stages.items()},
     }
-    limits = policy_limits(gw.limits, alias)
+    limits = policy_limits(gw.limits, caps)
     if limits:
         doc["limits"] = limits
     header = (
@@ -161,11 +179,12 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
     if _why_not(ctx):
         return []
     gw = ctx.profile.gateway
-    gateway = _gateway(ctx)
+    first = ctx.profile.served[0].gateway
+    routers = ctx.topology.routers_on(ctx.host.name)
     secrets = ctx.gateway_secrets
     assert secrets is not None
-    stage = ctx.stage_override or gw.stage
-    policy = policy_text(ctx, gw.policy_version, stage, dict(gw.stages))
+    stage = ctx.stage_override or first.stage
+    policy = policy_text(ctx, gw.policy_version, stage, dict(first.stages))
     keys = ctx.render(
         "gateway-keys.yaml.j2", client_sha256=secrets.client_sha256, admin_sha256=secrets.admin_sha256
     )
@@ -178,7 +197,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
             ctx.render(
                 "pdfleet-gateway.service.j2",
                 service_user=SERVICE_USER,
-                router_unit=ROUTER_UNIT if gateway.router_url else None,
+                router_unit=" ".join(r.unit for r in routers) or None,
                 config_dir=CONFIG_DIR,
                 argv=[
                     f"{VENV}/bin/pdfleet-gateway",
@@ -193,18 +212,15 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
         ),
     ]
     out += outside_files(secrets.outside_keys, CONFIG_DIR, owner)
-    if gateway.router_url:
-        out.append(
-            RenderedFile(
-                f"{UNIT_DIR}/{ROUTER_UNIT}",
-                ctx.render(
-                    "vllm-router-pd.service.j2",
-                    service_user=SERVICE_USER,
-                    kv_connector=ctx.profile.kv_transfer.connector,
-                    argv=router_argv(ctx, gateway),
-                ),
-            )
+    for router in routers:
+        connector = ctx.profile.served_model(router.model).kv_transfer.connector
+        unit = ctx.render(
+            "vllm-router-pd.service.j2",
+            service_user=SERVICE_USER,
+            kv_connector=connector,
+            argv=router_argv(ctx, router),
         )
+        out.append(RenderedFile(f"{UNIT_DIR}/{router.unit}", unit))
     return out
 
 
@@ -212,10 +228,8 @@ def units(ctx: RoleContext) -> list[ManagedUnit]:
     if _why_not(ctx):
         return []
     gateway = _gateway(ctx)
-    found = [ManagedUnit(GATEWAY_UNIT, gateway.port, f"{gateway.url}/health")]
-    if gateway.router_url:
-        found.insert(0, ManagedUnit(ROUTER_UNIT, gateway.router_port, f"{gateway.router_url}/health"))
-    return found
+    routers = [ManagedUnit(r.unit, r.port, r.health_url) for r in ctx.topology.routers_on(ctx.host.name)]
+    return [*routers, ManagedUnit(GATEWAY_UNIT, gateway.port, f"{gateway.url}/health")]
 
 
 def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:

@@ -53,8 +53,9 @@ def _controller(ctx: RoleContext) -> Controller:
 
 
 def controller_config(ctx: RoleContext) -> str:
-    """controller.json: the profile's plans, gates, stages and SLOs; the gateways' admin URLs."""
-    profile = ctx.profile
+    """controller.json: the profile's plans, gates, stages and SLOs; the gateways' admin URLs. The first
+    model's (the gateway's stage is its) until rollouts go by model."""
+    profile = ctx.profile.for_model(ctx.profile.served[0])
     controller = _controller(ctx)
     prometheus = ctx.topology.prometheus_on(ctx.host.name)
     assert prometheus is not None, "the controller runs on a monitoring host"

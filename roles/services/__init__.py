@@ -1,5 +1,5 @@
-"""services: env files (0600) and systemd units for every vLLM pool the host serves; enabled, started,
-and only reported started once /health answers."""
+"""services: env files (0600) and systemd units for every vLLM instance the host runs, whatever model it
+serves; enabled, started, and only reported started once /health answers."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _unit_file(ctx: RoleContext, inst: Instance) -> RenderedFile:
     content = ctx.render(
         "vllm.service.j2",
         pool=inst.pool,
-        model_id=ctx.profile.model.id,
+        model_id=ctx.profile.served_model(inst.model).model.id,
         service_user=SERVICE_USER,
         state_dir=STATE_DIR,
         env_file=inst.env_file,

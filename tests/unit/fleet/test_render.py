@@ -161,10 +161,11 @@ def _check_file(scratch: Path, path: Path, deployment: Deployment) -> str:
         return "" if len(lines) == 1 and lines[0].startswith("deb ") else f"not one deb line: {lines}"
     if path.name == "policy.yaml":
         spec = parse_policy(path, text)
-        gw = deployment.profile.gateway
-        alias = gw.model_alias or deployment.profile.model.id
+        gw, first = deployment.profile.gateway, deployment.profile.served[0].gateway
+        aliases = [alias for served in deployment.profile.served for alias in served.aliases]
         expected = (list(spec.models), spec.stage, set(spec.stages), spec.keys_file)
-        return "" if expected == ([alias], gw.stage, set(gw.stages), gw.keys_file) else f"policy: {expected}"
+        wanted = (aliases, first.stage, set(first.stages), gw.keys_file)
+        return "" if expected == wanted else f"policy: {expected}"
     if path.name == Path(deployment.profile.gateway.keys_file).name:
         keys = KeysFile.model_validate(parse_yaml(text, path))
         return "" if {k.sha256 for k in keys.keys} == {"1" * 64, "2" * 64} else "keys: wrong hashes"

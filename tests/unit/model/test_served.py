@@ -79,7 +79,7 @@ def test_a_single_model_profile_is_a_list_of_one_named_after_its_alias() -> None
     assert spec.gateway.router_port == profile.gateway.router_port and spec.rollout == profile.rollout
     assert spec.key("pools.colocated.port") == "pools.colocated.port"
     assert spec.served_model_names() == ["meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"]
-    assert profile.served_model() is spec
+    assert profile.served_model() == spec  # built from the top level on each call
 
 
 def test_without_an_alias_the_name_is_a_slug_of_the_id(tmp_path: Path) -> None:
@@ -137,6 +137,11 @@ def test_a_model_view_is_the_profile_as_if_it_served_that_model_alone(tmp_path: 
     assert view.topology == "colocated" and view.pools == small.pools and view.model == small.model
     assert view.gateway.model_alias == "small-model" and view.gateway.long_prompt_tokens == 4096
     assert view.gateway.port == profile.gateway.port and view.vllm == profile.vllm
+    assert (
+        view.gateway.stages == small.gateway.stages
+        and view.gateway.router_policy == small.gateway.router_policy
+    )
+    assert view.model_dump() == type(view).model_validate(view.model_dump()).model_dump()  # a valid profile
 
 
 def test_the_top_level_may_leave_per_model_keys_to_the_first_model(tmp_path: Path) -> None:

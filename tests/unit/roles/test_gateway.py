@@ -27,7 +27,7 @@ from pdfleet.ops.pip import PipList, PipRequirements
 from tests.unit.fleet.helpers import deploy, profile_inventory_pairs
 from tests.unit.roles.helpers import REPO, deployment, exec_start_argv
 
-ROUTER_UNIT_PATH = f"/etc/systemd/system/{gateway_role.ROUTER_UNIT}"
+ROUTER_UNIT_PATH = "/etc/systemd/system/vllm-router-pd.service"  # a single-model profile's router
 
 
 def test_gateway_role_uploads_the_wheel_and_pip_installs_from_it(tmp_path: Path) -> None:
