@@ -66,22 +66,40 @@ class BenchPlan:
         return Schedule(concurrency=self.concurrency or 1, duration_s=duration)
 
 
+# bounds a run can have: past them a float overflowed (a timestamp, a sleep) or the requests built
+# before a run starts filled the memory (issue 27 N11)
+MAX_RATE = 100_000.0
+MAX_DURATION_S = 7 * 24 * 3600.0
+MAX_PROMPTS = 1_000_000
+MAX_BURSTINESS = 1000.0
+
+
 def check_plan(plan: BenchPlan) -> None:
     """Options that contradict each other or make no run (a ValidationError names the option)."""
     if plan.rate is not None and plan.concurrency is not None:
         raise ValidationError("give --rate R or --concurrency C, not both")
-    if plan.rate is not None and not plan.rate > 0:
-        raise ValidationError(f"--rate {plan.rate}: must be > 0 requests/s")
+    if plan.rate is not None and not 0 < plan.rate <= MAX_RATE:
+        raise ValidationError(f"--rate {plan.rate}: must be > 0 and at most {MAX_RATE:g} requests/s")
     if plan.concurrency is not None and plan.concurrency < 1:
         raise ValidationError(f"--concurrency {plan.concurrency}: must be at least 1")
     if plan.duration_s is not None and plan.num_prompts is not None:
         raise ValidationError("give --duration S or --num-prompts N, not both")
-    if plan.duration_s is not None and not plan.duration_s > 0:
-        raise ValidationError(f"--duration {plan.duration_s}: must be > 0 s")
-    if plan.num_prompts is not None and plan.num_prompts < 1:
-        raise ValidationError(f"--num-prompts {plan.num_prompts}: must be at least 1")
-    if not plan.burstiness > 0:
-        raise ValidationError(f"--burstiness {plan.burstiness}: must be > 0 (1 = Poisson)")
+    if plan.duration_s is not None and not 0 < plan.duration_s <= MAX_DURATION_S:
+        raise ValidationError(f"--duration {plan.duration_s}: must be > 0 and at most {MAX_DURATION_S:g} s")
+    if plan.num_prompts is not None and not 1 <= plan.num_prompts <= MAX_PROMPTS:
+        raise ValidationError(
+            f"--num-prompts {plan.num_prompts}: must be at least 1 and at most {MAX_PROMPTS} "
+            "(each pool's requests are built before its run starts)"
+        )
+    if not 0 < plan.burstiness <= MAX_BURSTINESS:
+        raise ValidationError(
+            f"--burstiness {plan.burstiness}: must be > 0 and at most {MAX_BURSTINESS:g} (1 = Poisson)"
+        )
+    if plan.rate is not None and plan.duration_s is not None and plan.rate * plan.duration_s > MAX_PROMPTS:
+        raise ValidationError(
+            f"--rate {plan.rate:g} x --duration {plan.duration_s:g} is more than {MAX_PROMPTS} requests "
+            "a pool (each pool's requests are built before its run starts)"
+        )
     unknown = [p for p in plan.pools if p not in POOLS]
     if unknown or not plan.pools:
         raise ValidationError(f"--pools {','.join(plan.pools)}: pools are {', '.join(POOLS)}")

@@ -8,6 +8,7 @@ bar per pool; Ctrl-C stops cleanly and the report is written, marked partial.
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import sys
 import time
@@ -64,11 +65,14 @@ def _number(value: str | None, kind: type, option: str) -> Any:
     if value is None:
         return None
     try:
-        return kind(value)
+        number = kind(value)
     except (TypeError, ValueError):
         raise ValidationError(
             f"--{option} {value!r}: not a {'whole ' if kind is int else ''}number"
         ) from None
+    if kind is float and not math.isfinite(number):
+        raise ValidationError(f"--{option} {value!r}: not a finite number")
+    return number
 
 
 def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan:

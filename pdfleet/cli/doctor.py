@@ -71,7 +71,7 @@ def doctor(
     timeout: str = "10",
 ) -> None:
     """Diagnose a client's setup (401s, wrong base URL or endpoint) or a fleet (KV transfer, tuning)."""
-    wait = number("--timeout", timeout)
+    wait = number("--timeout", timeout, most=3600.0)
     if wait <= 0:
         raise ValidationError(f"--timeout: {timeout} must be more than 0 seconds")
     client_opts = base_url or api_key_env or anthropic or model or endpoint or body or stream
@@ -136,8 +136,24 @@ def _client(
     return findings, url
 
 
+def shown_url(url: str) -> str:
+    """The URL as an error may show it: a user name and password before the host become `***`."""
+    scheme, sep, rest = url.partition("//")
+    authority = rest.split("/", 1)[0]
+    if not sep or "@" not in authority:
+        return url
+    return f"{scheme}//***@{rest[len(authority.rsplit('@', 1)[0]) + 1 :]}"
+
+
 def check_url(url: str) -> None:
-    """An http(s) URL with a host and, if any, a numeric port (else a ValidationError naming it)."""
+    """An http(s) URL with a host and, if any, a numeric port, and no password in it (else a
+    ValidationError naming it, the user name and password masked)."""
+    shown = shown_url(url)
+    if shown != url:  # it was printed in the report's title and findings, and sent as Basic auth
+        raise ValidationError(
+            f"--base-url {shown!r}: carries a user name or password (masked here); a pdfleet gateway "
+            "takes its key in the Authorization header: drop it from the URL and give --api-key-env VAR"
+        )
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -183,7 +199,8 @@ def script_call(endpoint: str | None, body: str | None, stream: bool) -> ScriptC
         )
     path = repo_path(body) if not Path(body).is_absolute() else Path(body)
     try:
-        raw = path.read_bytes()[: MAX_BODY_BYTES + 1]
+        with path.open("rb") as file:  # at most one byte past the limit: /dev/zero is not read whole
+            raw = file.read(MAX_BODY_BYTES + 1)
     except OSError as exc:
         raise ValidationError(f"--body {body}: cannot read it: {exc.strerror}") from None
     if len(raw) > MAX_BODY_BYTES:
@@ -192,6 +209,8 @@ def script_call(endpoint: str | None, body: str | None, stream: bool) -> ScriptC
         data: Any = json.loads(raw)
     except ValueError as exc:
         raise ValidationError(f"--body {body}: not JSON ({exc})") from None
+    except RecursionError:
+        raise ValidationError(f"--body {body}: nested too deep to be a request body") from None
     if not isinstance(data, dict):
         raise ValidationError(f"--body {body}: the body must be a JSON object")
     cleaned = endpoint.strip().strip("/")

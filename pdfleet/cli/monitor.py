@@ -17,6 +17,7 @@ from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.monitoring.chain_table import format_table, prometheus_url, read_chain
 
 MIN_INTERVAL_S = 1.0
+MAX_MINUTES = 366 * 24 * 60.0  # a year: far past any retention; a larger one overflowed a timestamp
 
 
 @task(
@@ -40,7 +41,7 @@ def monitor(
     prometheus: str | None = None,
 ) -> None:
     """Show TTFT, queue, prefill, KV transfer, decode, TPOT, ITL, stalls per pool and class."""
-    span = number("--minutes", minutes)
+    span = number("--minutes", minutes, most=MAX_MINUTES)
     every = number("--interval", interval)
     if every < MIN_INTERVAL_S:
         raise ValidationError(f"--interval: {every:g} s is less than {MIN_INTERVAL_S:g} s")
@@ -66,12 +67,15 @@ def monitor(
             return
 
 
-def number(option: str, text: str) -> float:
-    """A finite number from an option's text (invoke's own float parsing ends in a traceback)."""
+def number(option: str, text: str, most: float = 86_400.0) -> float:
+    """A finite number up to `most` from an option's text (invoke's own float parsing ends in a
+    traceback, and a huge one overflowed a timestamp or a sleep further on)."""
     try:
         value = float(text)
     except ValueError:
         raise ValidationError(f"{option}: {text!r} is not a number") from None
     if not math.isfinite(value):
         raise ValidationError(f"{option}: {text!r} is not a finite number")
+    if value > most:
+        raise ValidationError(f"{option}: {text} is more than {most:g}")
     return value

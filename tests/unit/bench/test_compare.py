@@ -99,6 +99,14 @@ def test_a_down_pool_is_named_and_the_other_pools_results_are_written(tmp_path: 
         ({"duration_s": 5.0, "num_prompts": 3}, "give --duration S or --num-prompts N, not both"),
         ({"pools": ("colocated", "pd")}, "pools are colocated, disagg"),
         ({"burstiness": 0.0}, "--burstiness 0.0"),
+        ({"rate": 1e308}, "--rate 1e\\+308: must be > 0 and at most 100000"),
+        ({"burstiness": 1e308}, "at most 1000"),
+        ({"duration_s": 1e308, "num_prompts": None}, "at most 604800 s"),
+        ({"num_prompts": 10**8}, "at most 1000000"),
+        (
+            {"rate": 1000.0, "duration_s": 10_000.0, "num_prompts": None},
+            "is more than 1000000 requests a pool",
+        ),
     ],
 )
 def test_contradicting_options_are_refused(changes: dict[str, object], message: str) -> None:

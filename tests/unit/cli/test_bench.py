@@ -58,6 +58,11 @@ def test_bench_is_listed_and_every_option_has_help() -> None:
             "error: --workload trace needs --dataset PATH (a Mooncake trace JSONL file)",
         ),
         (["--workload", "trace", "--dataset", "no/such.jsonl"], "error: --dataset"),
+        # N11: these ended in tracebacks, or built 10^8 requests before starting
+        (["--rate", "inf"], "error: --rate 'inf': not a finite number"),
+        (["--burstiness", "inf"], "error: --burstiness 'inf': not a finite number"),
+        (["--duration", "1e308"], "error: --duration 1e+308: must be > 0 and at most 604800 s"),
+        (["--num-prompts", "100000000"], "error: --num-prompts 100000000: must be at least 1 and at most"),
     ],
 )
 def test_bad_options_are_one_clear_error_and_write_nothing(

@@ -40,6 +40,12 @@ BAD = [
         "--endpoint and --body go together",
     ),
     (["doctor", "--profile", "lab-cross", "--minutes", "0"], "less than 1"),
+    (["doctor", "--base-url", "http://127.0.0.1:8080/v1", "--timeout", "1e308"], "is more than 3600"),
+    (  # N12: /dev/zero was read whole before the 1 MiB check
+        ["doctor", "--base-url", "http://127.0.0.1:8080/v1", "--api-key-env", "HOME", "--endpoint"]
+        + ["completions", "--body", "/dev/zero"],
+        "--body /dev/zero: larger than",
+    ),
 ]
 
 
@@ -130,3 +136,21 @@ def test_the_fleet_view_over_ssh(tmp_path: Path, sshd) -> None:  # type: ignore[
     doc = json.loads(closed.stdout)
     side = next(f for f in doc["findings"] if f["rule"] == "kv.side_channel")
     assert closed.returncode == 1 and f"127.0.0.1:{port}" in side["what"] and "refused" in side["what"]
+
+
+def test_a_body_nested_too_deep_is_a_clear_error(tmp_path: Path) -> None:
+    """N11: a 100k-deep --body ended in a RecursionError traceback."""
+    from pdfleet.cli.doctor import script_call
+    from pdfleet.errors import ValidationError
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValidationError, match="nested too deep"):
+        script_call("completions", str(deep), False)
+
+
+def test_a_password_in_the_base_url_is_refused_and_never_shown() -> None:
+    """N14: it was printed in the report's title and a finding, and sent as Basic auth."""
+    res = invoke(["doctor", "--base-url", "http://user:s3cret-pw@127.0.0.1:9/v1", "--api-key-env", "HOME"])
+    assert res.returncode != 0 and "carries a user name or password" in res.stderr
+    assert "s3cret-pw" not in res.stderr + res.stdout and "http://***@127.0.0.1:9/v1" in res.stderr

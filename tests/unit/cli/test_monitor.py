@@ -87,6 +87,8 @@ def test_prometheus_down_is_one_clear_error(capsys: pytest.CaptureFixture[str]) 
         ({"minutes": "abc"}, "--minutes: 'abc' is not a number"),
         ({"minutes": "0.5"}, "--minutes: 0.5 is less than one minute"),
         ({"interval": "0"}, "--interval: 0 s is less than 1 s"),
+        ({"minutes": "1e308"}, "--minutes: 1e308 is more than 527040"),  # N11: a traceback
+        ({"interval": "1e308"}, "--interval: 1e308 is more than 86400"),
         ({"prometheus": "ftp://x"}, "--prometheus: 'ftp://x' is not an http(s) URL"),
     ],
 )
