@@ -52,6 +52,7 @@ class UpstreamClient:
         self._idle: dict[Hashable, dict[Connection, None]] = {}
         self._origins: dict[str, Origin] = {}
         self._tls: ssl.SSLContext | None = None
+        self._reaper: asyncio.TimerHandle | None = None
 
     def origin(self, base_url: str) -> Origin:
         """The parsed origin of a base URL, cached."""
@@ -139,6 +140,26 @@ class UpstreamClient:
         conn.idle_since = time.monotonic()
         conn.reused = False
         self._idle.setdefault(conn.origin, {})[conn] = None
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().call_later(_IDLE_REUSE_S, self._reap)
+
+    def _reap(self) -> None:
+        """Close the idle connections too old to be reused: reuse takes the youngest, so after a burst
+        the rest stayed open for good (issue 27 N17: 500 file descriptors after a burst of 500)."""
+        self._reaper = None
+        now = time.monotonic()
+        due: float | None = None
+        for idle in self._idle.values():
+            while idle:  # oldest first: a dict keeps the order connections came back in
+                conn = next(iter(idle))
+                if now - conn.idle_since < _IDLE_REUSE_S:
+                    due = min(due, conn.idle_since) if due is not None else conn.idle_since
+                    break
+                del idle[conn]
+                conn.abort()
+        if due is not None:
+            delay = max(0.05, due + _IDLE_REUSE_S - now)
+            self._reaper = asyncio.get_running_loop().call_later(delay, self._reap)
 
     def forget(self, conn: Connection) -> None:
         """Drop a closed connection from the idle set."""
@@ -148,6 +169,9 @@ class UpstreamClient:
 
     def close(self) -> None:
         """Close every idle connection (shutdown)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         for idle in self._idle.values():
             for conn in list(idle):
                 conn.abort()

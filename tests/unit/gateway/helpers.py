@@ -441,6 +441,7 @@ class RawServer:
     # an idle keep-alive connection just as the next request goes out
     drop_after: int | None = None
     connections: int = 0
+    open: int = 0  # connections the client has not closed yet
     requests: list[bytes] = field(default_factory=list)
     server: asyncio.Server | None = None
 
@@ -459,6 +460,7 @@ class RawServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.open += 1
         served = 0
         try:
             while True:
@@ -482,6 +484,7 @@ class RawServer:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
+            self.open -= 1
             writer.close()
 
 

@@ -89,6 +89,25 @@ def test_stale_keep_alive_connection_is_retried_on_a_new_one() -> None:
     run_uvloop(scenario())
 
 
+def test_idle_connections_too_old_to_reuse_are_closed_after_a_burst() -> None:
+    """N17: reuse takes the youngest idle connection, so after a burst the others stayed open for good."""
+
+    async def scenario() -> None:
+        async with RawServer(lambda _req: [chunked(b"ok")]) as srv:
+            client = UpstreamClient()
+            got = await asyncio.gather(*(fetch(client, srv.url) for _ in range(40)))
+            assert all(body == b"ok" for _, body, _ in got)
+            await asyncio.sleep(0.1)
+            assert srv.open == srv.connections > 10  # the burst's connections, all idle now
+            assert (await fetch(client, srv.url))[1] == b"ok"  # a young one is still reused
+            assert srv.connections == srv.open
+            await asyncio.sleep(4.0 + 1.0)  # past the reuse age (vLLM closes at 5 s, others never)
+            assert srv.open == 0
+            client.close()
+
+    run_uvloop(scenario())
+
+
 def test_origin_host_header() -> None:
     assert Origin.parse("http://10.0.0.1:8000").host_header == "10.0.0.1:8000"
     assert Origin.parse("http://router.local").host_header == "router.local"
