@@ -1,6 +1,6 @@
 """Provisioning: the per-host plan (roles → operations) that the runner applies, the facts its first batch
-gathers (what the host's roles declare they read), and its offline render. The live-stage rule (provision
-never moves traffic by itself) is pdfleet.fleet.live_stage."""
+gathers (what the host runs, and what the host's roles declare they read), and its offline render. The
+live-stage rule (provision never moves traffic by itself) is pdfleet.fleet.live_stage."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from rich.console import Console
 from pdfleet.fleet.deployment import Deployment
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import role_files
+from pdfleet.hw import HardwareError
+from pdfleet.hw.distro import PlatformRefusal, resolve_platform
+from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.model.inventory import Host
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.report import console_progress
@@ -20,7 +23,12 @@ from pdfleet.ops.runner import Report, RunOptions, run_fleet
 
 
 def plan_host(deployment: Deployment, host: Host, facts: FactSource) -> Iterator[Operation | Skip]:
-    """The ordered operations of every role that applies to this host."""
+    """The ordered operations of every role that applies to this host; a host on a platform pdfleet does not
+    provision is refused first, whichever roles run (`--roles`), so nothing is planned or installed there."""
+    try:
+        resolve_platform(host.name, facts.get(OsReleaseFact()))
+    except PlatformRefusal as exc:
+        raise HardwareError(str(exc)) from None
     ctx = deployment.context(host)
     for role in deployment.roles:
         if role.applies(ctx):
@@ -33,7 +41,7 @@ def host_facts(deployment: Deployment, host: Host) -> tuple[Fact[Any], ...]:
     one more round trip."""
     ctx = deployment.context(host)
     found = (fact for role in deployment.roles if role.applies(ctx) for fact in role.facts(ctx))
-    return tuple(dict.fromkeys(found))
+    return tuple(dict.fromkeys((OsReleaseFact(), *found)))
 
 
 def render_fleet(deployment: Deployment, hosts: Iterable[Host]) -> dict[str, list[RenderedFile]]:

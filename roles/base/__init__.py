@@ -1,7 +1,4 @@
-"""base: the apt mirror (when the profile names one), common packages, the service user, pdfleet dirs.
-
-It runs first on every host, so it refuses a host whose distribution pdfleet does not provision (the OS
-fact, pdfleet.hw.distro) before any role changes anything there."""
+"""base: the apt mirror (when the profile names one), common packages, the service user, pdfleet dirs."""
 
 from __future__ import annotations
 
@@ -11,9 +8,6 @@ from typing import Any
 from pdfleet.fleet.host_layout import CONFIG_DIR, SERVICE_USER, STATE_DIR
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext
-from pdfleet.hw import HardwareError
-from pdfleet.hw.distro import PlatformRefusal, resolve_platform
-from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.ops.apt import AptPackage, AptPackages, AptUpdate
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import Directory, File
@@ -28,7 +22,7 @@ def applies(ctx: RoleContext) -> bool:
 
 
 def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
-    return (AptPackages(), OsReleaseFact())
+    return (AptPackages(),)
 
 
 def mirror_line(apt_mirror: str, trusted: bool) -> str:
@@ -53,11 +47,8 @@ def units(ctx: RoleContext) -> list[ManagedUnit]:
 
 
 def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
-    """Refuse an unsupported distribution, then the mirror, packages, service user and directories."""
-    try:
-        resolve_platform(ctx.host.name, facts.get(OsReleaseFact()))
-    except PlatformRefusal as exc:
-        raise HardwareError(str(exc)) from None
+    """The mirror, common packages, service user and directories (provision.plan_host has already refused a
+    platform pdfleet does not provision)."""
     for rendered in files(ctx):
         yield File(rendered.path, rendered.content.encode(), mode=rendered.mode)
     installed = facts.get(AptPackages())

@@ -232,18 +232,26 @@ def test_a_hosts_first_batch_is_the_union_of_its_roles_declared_facts() -> None:
     batch = {
         name: host_facts(fleet, fleet.inventory.hosts[name]) for name in ("lab-gw", "lab-colo1", "lab-p1")
     }
+    os_fact = OsReleaseFact()  # provision's own, on every host: what it runs decides whether to go on
     assert batch["lab-gw"] == (
+        os_fact,
         AptPackages(),
-        OsReleaseFact(),
         FileContent(gateway_role.POLICY_FILE),
     )  # base, gateway, monitoring
+    gpu = tuple(f for f in GPU_FACTS if f != os_fact)
     cuda_list = FileContent(
         CUDA_SOURCE
     )  # whether the driver repository is configured (apt-cache policy then)
-    assert batch["lab-colo1"] == (AptPackages(), *GPU_FACTS, cuda_list)  # no KV moves there: no RDMA devices
-    assert batch["lab-p1"] == (
+    assert batch["lab-colo1"] == (
+        os_fact,
         AptPackages(),
-        *GPU_FACTS,
+        *gpu,
+        cuda_list,
+    )  # no KV moves there: no RDMA devices
+    assert batch["lab-p1"] == (
+        os_fact,
+        AptPackages(),
+        *gpu,
         cuda_list,
         RdmaSysfsFact(),
     )  # rdma reads them (said in its skip)

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-import roles.base as base_role
 import roles.gpu_driver as gpu_role
 import roles.rdma as rdma_role
+from pdfleet.fleet.provision import plan_host
 from pdfleet.hw import HardwareError
 from pdfleet.hw.distro import (
     CUDA_SOURCE,
@@ -31,6 +31,7 @@ from pdfleet.ops.apt import AptPackage, AptRepo
 from pdfleet.ops.base import Upload
 from pdfleet.ops.files import FileContent, FileState, PathInfo
 from tests.unit.hw.helpers import commands, context, fixture_facts, host, load_fixture, pinned, run_role
+from tests.unit.roles.helpers import deployment
 
 H100 = "h100-sxm-8x-nvswitch-cx7"
 CUDA = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -162,9 +163,11 @@ def test_a_host_upgraded_in_place_from_2204_to_2404_shows_a_plan_change() -> Non
 
 def test_an_unsupported_distribution_is_refused_before_anything_with_one_line() -> None:
     facts = fixture_facts("lab-container", load_fixture("rocky-9"))
-    ctx = context(pinned(), host("gpu-07"))
-    with pytest.raises(HardwareError) as err:
-        list(base_role.operations(ctx, facts))
+    lab = deployment("lab-cross")
+    for roles in (lab.roles, (rdma_role,)):  # whichever roles run (--roles), nothing is planned there
+        only = dataclasses.replace(lab, roles=roles)
+        with pytest.raises(HardwareError) as err:
+            list(plan_host(only, dataclasses.replace(lab.inventory.hosts["lab-p1"], name="gpu-07"), facts))
     message = str(err.value)
     assert "\n" not in message and message.startswith("gpu-07: runs Rocky Linux 9.4 (Blue Onyx)")
     assert "supported: Debian 12, Ubuntu 22.04, Ubuntu 24.04, DGX OS 6 (Ubuntu 22.04), DGX OS 7" in message
