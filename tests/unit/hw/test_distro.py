@@ -30,6 +30,7 @@ from pdfleet.model.platforms import PLATFORMS, find_platform
 from pdfleet.ops.apt import AptPackage, AptRepo
 from pdfleet.ops.base import Upload
 from pdfleet.ops.files import FileContent, FileState, PathInfo
+from tests.unit.fleet.helpers import REPO, deploy
 from tests.unit.hw.helpers import commands, context, fixture_facts, host, load_fixture, pinned, run_role
 from tests.unit.roles.helpers import deployment
 
@@ -127,11 +128,16 @@ def test_each_distribution_plans_inbox_rdma_core_unless_doca_ofed_is_installed(d
 
 
 def test_provision_check_on_an_ubuntu_2404_host_shows_the_ubuntu2404_repository() -> None:
-    ctx = context(pinned(driver_branch="580", driver_version="580.95.05"), host())
-    _, _, changes = run_role(gpu_role, ctx, on("ubuntu-24.04"))
-    diffs = "\n".join(c.diff for c in changes if c.op == "apt repo cuda")
+    """provision's planner (every role of cross-rdma) on a host of its example fleet whose facts say 24.04."""
+    fleet = deploy("cross-rdma", REPO / "inventory/examples/cross-rdma.yml")
+    facts = on("ubuntu-24.04")
+    planned = list(plan_host(fleet, fleet.inventory.hosts["colo-01"], facts))
+    [repo] = [op for op in planned if isinstance(op, AptRepo)]
+    diffs = "\n".join(c.diff for c in repo.plan(facts))
     assert f"deb [signed-by=/etc/apt/keyrings/cuda.asc] {CUDA}/ubuntu2404/x86_64/ /" in diffs
-    assert "debian12" not in diffs
+    assert "debian12" not in diffs and f"fetch key {CUDA}/ubuntu2404/x86_64/3bf863cc.pub" in diffs
+    names = {op.name for op in planned if isinstance(op, AptPackage)}
+    assert {"nvidia-driver-580-open", "cuda-drivers-580", "nvidia-fabricmanager"} <= names
 
 
 def _repo(prof: Any, distro: str) -> AptRepo:
