@@ -34,20 +34,46 @@ def meaning(policy: PolicySpec) -> dict[str, Any]:
     return policy.model_dump(exclude={"version"})
 
 
-def policy_stage(
-    profile: Profile, live: PolicySpec | None, override: str | None
-) -> tuple[str, dict[str, StageSpec]]:
+Staging = tuple[str, dict[str, StageSpec]]  # a stage, and the stages beside it
+
+
+def policy_stage(profile: Profile, live: PolicySpec | None, override: str | None) -> Staging:
     """The stage to render and the stages beside it: the override, else the live one (a rollout step's
-    weights kept), else the profile's initial stage (the first model's: the policy's one stage)."""
+    weights kept), else the profile's initial stage (the first model's: the policy's top-level stage)."""
     first = profile.served[0].gateway
     stages = dict(first.stages)
     if override is not None:
         return override, stages
     if live is None:
         return first.stage, stages
-    if live.stage not in stages:
-        stages[live.stage] = live.stages[live.stage]
-    return live.stage, stages
+    return _kept(live.stage, live.stages, stages)
+
+
+def model_stages(profile: Profile, live: PolicySpec | None, override: str | None) -> dict[str, Staging]:
+    """Each listed model's stage and stages (its policy group's): the override for the first model, else
+    the group's live stage (the controller sets it per model), else the model's initial stage. {} for a
+    single-model profile, whose policy has no groups."""
+    if not profile.models:
+        return {}
+    out: dict[str, Staging] = {}
+    for index, spec in enumerate(profile.served):
+        stages = dict(spec.gateway.stages)
+        group = None if live is None else live.groups.get(spec.name)
+        if index == 0 and override is not None:
+            out[spec.name] = (override, stages)
+        elif live is not None and group is not None:
+            live_stages = group.stages if group.stages is not None else live.stages
+            out[spec.name] = _kept(group.stage or live.stage, live_stages, stages)
+        else:
+            out[spec.name] = (spec.gateway.stage, stages)
+    return out
+
+
+def _kept(stage: str, live_stages: dict[str, StageSpec], stages: dict[str, StageSpec]) -> Staging:
+    """The live stage kept, its weights added when the profile has no stage of that name (a step's)."""
+    if stage not in stages and stage in live_stages:
+        stages[stage] = live_stages[stage]
+    return stage, stages
 
 
 def policy_version(profile: Profile, live: PolicySpec | None, render: Callable[[int], PolicySpec]) -> int:

@@ -3,22 +3,22 @@ on the gateway group.
 
 The gateway maps each request's `model` alias to its model's pools, and routes it to the colocated pool
 or, through that model's router, to its P/D pool, by the live stage; the router runs the prefill→decode
-protocol. Every model's aliases are in the one policy (the stage and long-prompt threshold are the first
-model's until the gateway's policy holds them per model). Policy and key hashes live under
-/etc/pdfleet/gateway (0600), the policy written by the gateway's own policy module; a policy change
-reloads the gateway (SIGHUP), never restarts it. The
-profile's `gateway.stage` is only the initial stage: provision keeps the stage the host runs (set by the
-rollout controller through /admin/stage) unless `invoke provision --stage S` overrides it.
+protocol. Every model's aliases are in the one policy; in a `models:` profile each model is a policy group
+with its own stage, stages and long-prompt threshold (the top level's are the first model's). Policy and
+key hashes live under /etc/pdfleet/gateway (0600), the policy written by the gateway's own policy module;
+a policy change reloads the gateway (SIGHUP), never restarts it. The profile's `gateway.stage` is only the
+initial stage: provision keeps the stage the host runs (set by the rollout controller through
+/admin/stage, per model group too) unless `invoke provision --stage S` overrides it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
-from pdfleet.fleet.live_stage import live_policy, policy_stage, policy_version
+from pdfleet.fleet.live_stage import Staging, live_policy, model_stages, policy_stage, policy_version
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
 from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway, ModelTopology, Router
@@ -125,9 +125,16 @@ def _route(ctx: RoleContext, model: ModelTopology) -> dict[str, Any]:
     return route
 
 
-def policy_text(ctx: RoleContext, version: int, stage: str, stages: dict[str, StageSpec]) -> str:
+def policy_text(
+    ctx: RoleContext,
+    version: int,
+    stage: str,
+    stages: dict[str, StageSpec],
+    groups: Mapping[str, Staging] | None = None,
+) -> str:
     """The gateway's policy file for this host at a version and stage, written (and checked) by the
-    gateway's own policy module: every model's aliases, each to its model's pools."""
+    gateway's own policy module: every model's aliases, each to its model's pools; a `models:` profile's
+    models are the policy's groups, each with its own stage (`groups`), stages and long-prompt threshold."""
     gw = ctx.profile.gateway
     first: ServedModel = ctx.profile.served[0]
     gateway = _gateway(ctx)
@@ -137,10 +144,18 @@ def policy_text(ctx: RoleContext, version: int, stage: str, stages: dict[str, St
     # the pools serve the aliases too (ServedModel.served_model_names): bodies pass through unchanged
     routes: dict[str, Any] = {}
     caps: dict[str, int | None] = {}
+    group_docs: dict[str, Any] = {}
     for spec, model in zip(ctx.profile.served, ctx.topology.models, strict=True):
+        group = (groups or {}).get(spec.name)
         for alias in spec.aliases:
-            routes[alias] = _route(ctx, model)
+            routes[alias] = _route(ctx, model) | ({"group": spec.name} if group else {})
             caps[alias] = spec.gateway.limits.model_max_prompt_tokens
+        if group:
+            group_docs[spec.name] = {
+                "stage": group[0],
+                "stages": {name: weights.model_dump() for name, weights in group[1].items()},
+                "long_prompt_tokens": spec.gateway.long_prompt_tokens,
+            }
     doc: dict[str, Any] = {
         "version": version,
         "listen": listen,
@@ -151,6 +166,8 @@ def policy_text(ctx: RoleContext, version: int, stage: str, stages: dict[str, St
         "stage": stage,
         "stages": {name: spec.model_dump() for name, spec in stages.items()},
     }
+    if group_docs:
+        doc["groups"] = group_docs
     limits = policy_limits(gw.limits, caps)
     if limits:
         doc["limits"] = limits
@@ -167,11 +184,12 @@ def live_policy_text(ctx: RoleContext, facts: FactSource) -> str:
     source = Path(POLICY_FILE)
     live = live_policy(facts.get(FileContent(POLICY_FILE)), source)
     stage, stages = policy_stage(ctx.profile, live, ctx.stage_override)
+    groups = model_stages(ctx.profile, live, ctx.stage_override)
 
     def rendered(version: int) -> gateway_policy.PolicySpec:
-        return gateway_policy.parse_policy(source, policy_text(ctx, version, stage, stages))
+        return gateway_policy.parse_policy(source, policy_text(ctx, version, stage, stages, groups))
 
-    return policy_text(ctx, policy_version(ctx.profile, live, rendered), stage, stages)
+    return policy_text(ctx, policy_version(ctx.profile, live, rendered), stage, stages, groups)
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:
@@ -184,7 +202,8 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
     secrets = ctx.gateway_secrets
     assert secrets is not None
     stage = ctx.stage_override or first.stage
-    policy = policy_text(ctx, gw.policy_version, stage, dict(first.stages))
+    groups = model_stages(ctx.profile, None, ctx.stage_override)
+    policy = policy_text(ctx, gw.policy_version, stage, dict(first.stages), groups)
     keys = ctx.render(
         "gateway-keys.yaml.j2", client_sha256=secrets.client_sha256, admin_sha256=secrets.admin_sha256
     )

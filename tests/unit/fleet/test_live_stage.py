@@ -11,7 +11,7 @@ import yaml
 
 import roles.gateway as gateway_role
 from pdfleet.fleet.deployment import Deployment
-from pdfleet.fleet.live_stage import live_policy, meaning, policy_stage, policy_version
+from pdfleet.fleet.live_stage import live_policy, meaning, model_stages, policy_stage, policy_version
 from pdfleet.gateway.live import parse_update, rewritten
 from pdfleet.gateway.policy import parse_policy
 from pdfleet.model.stages import StageSpec
@@ -106,3 +106,38 @@ def test_provision_keeps_the_live_stage_and_bumps_the_version_only_on_a_change()
     # the explicit override
     forced = _gateway_plan(dataclasses.replace(fleet, stage_override="colocated"), on_host)
     assert (forced["version"], forced["stage"]) == (8, "colocated")
+
+
+def test_each_listed_model_is_a_policy_group_that_keeps_its_own_live_stage() -> None:
+    fleet = deployment("lab-two-models")
+    fresh = _gateway_plan(fleet, None)
+    assert {alias: route["group"] for alias, route in fresh["models"].items()} == {
+        "llama-3.1-8b": "llama-8b",
+        "llama-3.2-1b": "llama-1b",
+    }
+    assert {name: (g["stage"], g["long_prompt_tokens"]) for name, g in fresh["groups"].items()} == {
+        "llama-8b": ("colocated", 8192),
+        "llama-1b": ("colocated", 4096),
+    }
+    # the controller moved the P/D model alone (/admin/stage with its model): provision keeps that group's
+    # stage and weights, and the other group's stage
+    stages = {k: v.model_dump() for k, v in fleet.profile.served[0].gateway.stages.items()}
+    body = {
+        "version": 5,
+        "stage": "long-prompts@1",
+        "stages": {**stages, "long-prompts@1": {"short": 0, "long": 10}},
+    }
+    on_host = rewritten(POLICY, yaml.safe_dump(fresh), parse_update({**body, "model": "llama-8b"}))
+    kept = _gateway_plan(fleet, on_host)
+    assert kept["version"] == 5 and kept["stage"] == "colocated"
+    assert kept["groups"]["llama-8b"]["stage"] == "long-prompts@1"
+    assert kept["groups"]["llama-8b"]["stages"]["long-prompts@1"] == {"short": 0, "long": 10}
+    assert kept["groups"]["llama-1b"]["stage"] == "colocated"
+    live = live_policy(on_host, POLICY)
+    assert model_stages(fleet.profile, live, None)["llama-8b"][0] == "long-prompts@1"
+    assert (
+        model_stages(fleet.profile, live, "all-disagg")["llama-8b"][0] == "all-disagg"
+    )  # --stage: the first
+    assert (
+        model_stages(deployment("lab-cross").profile, live, None) == {}
+    )  # a single-model policy has no groups
