@@ -57,24 +57,34 @@ class UpstreamResponse:
         chunked: bool,
         on_chunk: Callable[[], None] | None,
         idle_s: float,
+        held: bytes | None = None,
     ) -> asyncio.Future[EndReason | None]:
         """Write every further body piece to `transport` as it comes (HTTP-chunk framed when `chunked`).
 
-        The future resolves with None at a clean end, else with why the relay stopped (`timeout`:
-        no body bytes for `idle_s`).
+        `held` (an event stream: the bytes of `first` after its last whole event): only whole events
+        are written, the rest held until its event ends, so a stream cut mid-event leaves the client
+        at an event boundary, where an error event can follow (a partial event completed by it was
+        unparsable JSON to the SDKs). The future resolves with None at a clean end, else with why the
+        relay stopped (`timeout`: no body bytes for `idle_s`).
         """
         fut: asyncio.Future[EndReason | None] = asyncio.get_running_loop().create_future()
         for piece in self._pending:
+            if held is not None:
+                piece, held = whole_events(held + piece)
+                if not piece:
+                    continue
             transport.write(_frame(piece) if chunked else piece)
             if on_chunk is not None:
                 on_chunk()
         self._pending = []
         if self._ended:
+            if held and self._end_reason is None:  # a clean end: what it held is the stream's tail
+                transport.write(_frame(held) if chunked else held)
             fut.set_result(self._end_reason)
         elif self._conn is None:  # closed by its owner meanwhile
             fut.set_result("upstream_error")
         else:
-            self._conn.start_relay(transport, chunked, on_chunk, idle_s, fut)
+            self._conn.start_relay(transport, chunked, on_chunk, idle_s, fut, held)
         return fut
 
     def close(self) -> None:
@@ -86,6 +96,16 @@ class UpstreamResponse:
 
 def _frame(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def whole_events(data: bytes) -> tuple[bytes, bytes]:
+    """An event stream's bytes split after its last whole event (a blank line ends one) and the rest;
+    a rest past the write buffer's bound is not held (an upstream that never ends an event)."""
+    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+    end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+    if len(data) - end > _HIGH_WATER:
+        return data, b""
+    return data[:end], data[end:]
 
 
 class ConnectionPool(Protocol):
@@ -126,6 +146,7 @@ class Connection(ResponseParser, asyncio.Protocol):
         self.last_data = 0.0
         self.paused = False
         self.drain_timer: asyncio.TimerHandle | None = None
+        self.held: bytes | None = None  # an event stream's incomplete last event (None: not held back)
 
     # ---- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -203,6 +224,11 @@ class Connection(ResponseParser, asyncio.Protocol):
         if sink.is_closing():
             self._finish("client_gone")
             return
+        if self.held is not None:
+            payload, self.held = whole_events(self.held + payload)
+            if not payload:  # part of an event: data all the same, not idle
+                self.last_data = self.loop.time()
+                return
         sink.write(_frame(payload) if self.sink_chunked else payload)
         self.last_data = self.loop.time()
         if self.on_chunk is not None:
@@ -281,9 +307,12 @@ class Connection(ResponseParser, asyncio.Protocol):
         on_chunk: Callable[[], None] | None,
         idle_s: float,
         end: asyncio.Future[EndReason | None],
+        held: bytes | None = None,
     ) -> None:
-        """Attach the client transport: from now on body pieces go straight to it."""
+        """Attach the client transport: from now on body pieces go straight to it (whole events only
+        when `held` is not None)."""
         self.sink, self.sink_chunked, self.on_chunk, self.end = transport, chunked, on_chunk, end
+        self.held = held
         self.idle_s = idle_s
         self.last_data = self.loop.time()
         self.idle_timer = self.loop.call_at(self.last_data + idle_s, self._idle_check)
@@ -305,6 +334,10 @@ class Connection(ResponseParser, asyncio.Protocol):
     def _finish(self, reason: EndReason | None) -> None:
         """End the relay (None: clean end); pool the connection after a clean end, else drop it."""
         end, self.end = self.end, None
+        held, self.held = self.held, None
+        sink = self.sink
+        if reason is None and held and sink is not None and not sink.is_closing():
+            sink.write(_frame(held) if self.sink_chunked else held)  # a clean end: the stream's tail
         if reason is None:
             self._release()
         else:

@@ -3,7 +3,9 @@
 The response is written chunk by chunk as it arrives, never buffered or re-framed: after the first
 chunk, the upstream connection writes each piece straight to the client's transport (upstream.py).
 A failure before the first byte moves the request to the next attempt; after it, an SSE stream ends
-with an error event and any other body is cut, so the client sees it as incomplete.
+with an error event and any other body is cut, so the client sees it as incomplete. An SSE stream is
+relayed in whole events (an event's start is held until its blank line), so the error event never
+completes half an event into JSON no SDK can parse.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from pdfleet.gateway.connection import UpstreamError, UpstreamResponse
+from pdfleet.gateway.connection import UpstreamError, UpstreamResponse, whole_events
 from pdfleet.gateway.context import RequestContext
 from pdfleet.gateway.errors import error_response, sse_error_event
 from pdfleet.gateway.metrics import GatewayMetrics
@@ -253,7 +255,8 @@ class Proxy:
             if resp.at_eof:  # the whole body came with the first bytes: one write for all
                 await out.write_eof(resp.first)
                 return out, "ok"
-            await out.write(resp.first)  # sends the held-back headers with the first chunk
+            first, held = whole_events(resp.first) if sse else (resp.first, None)
+            await out.write(first)  # sends the held-back headers with the first chunk (even empty)
             transport = request.transport
             if transport is None:
                 raise ConnectionResetError("client went away")
@@ -262,7 +265,7 @@ class Proxy:
                 if timed
                 else None
             )
-            error = await resp.relay(transport, chunked, gaps, spec.timeouts.idle_s)
+            error = await resp.relay(transport, chunked, gaps, spec.timeouts.idle_s, held)
             if error == "client_gone":
                 raise ConnectionResetError("client went away")
             if error is None:
@@ -284,8 +287,7 @@ class Proxy:
             what = "timed out" if error == "timeout" else "failed"
             try:
                 await out.write(
-                    b"\n\n"
-                    + sse_error_event(
+                    sse_error_event(  # at an event boundary: whole events only were relayed
                         f"upstream {what} mid-stream (request {ctx.rid})",
                         504 if error == "timeout" else 502,
                         ctx.style,

@@ -134,8 +134,11 @@ class FakeUpstream:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(n):
-            if self.mode == "cut" and i == self.cut_after:
+            if self.mode in ("cut", "cut-mid-event") and i == self.cut_after:
                 assert request.transport is not None
+                if self.mode == "cut-mid-event":  # half an event, then the connection drops
+                    await resp.write(b'data: {"id": "c1", "object": "chat.completion.chunk", "choi')
+                    await asyncio.sleep(0.05)
                 request.transport.abort()
                 return resp
             if self.delay:

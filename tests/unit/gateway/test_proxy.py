@@ -158,6 +158,30 @@ def test_stream_broken_after_first_byte_ends_with_error_event(tmp_path: Path) ->
     run(scenario())
 
 
+@pytest.mark.procs  # the OpenAI SDK runs `uname` once (its platform headers)
+def test_a_stream_cut_mid_event_gives_the_sdk_the_api_error(tmp_path: Path) -> None:
+    """N9: the gateway completed the half event with its `\\n\\n`, so the SDK raised JSONDecodeError on
+    the half JSON instead of the API error; now only whole events reach the client before the error."""
+    import openai
+
+    async def scenario() -> None:
+        async with Env(tmp_path) as env:
+            env.colo.mode = env.dis.mode = "cut-mid-event"
+            client = openai.AsyncOpenAI(base_url=env.base + "/v1", api_key=USER_KEY, max_retries=0)
+            for prompt in ("hello", LONG):  # the colocated pool and the disaggregated one
+                stream = await client.chat.completions.create(
+                    model="llama", messages=[{"role": "user", "content": prompt}], stream=True, max_tokens=8
+                )
+                got = []
+                with pytest.raises(openai.APIError, match="upstream failed mid-stream"):
+                    async for chunk in stream:
+                        got.append(chunk.choices[0].delta.content)
+                assert got == ["t0 ", "t1 "]  # the whole events before the cut
+            await client.close()
+
+    run(scenario())
+
+
 def test_idle_timeout_mid_stream_ends_with_error_event(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with Env(
