@@ -230,7 +230,16 @@ def validate(
             "in the completion). Please reduce the length of the messages or completion.",
             param="max_tokens",
         )
-    stream = bool(body.get("stream", False))
+    least = body.get("min_tokens") or 0
+    if least > max_tokens:  # vLLM's SamplingParams refuses it (issue 27 N15: the sim accepted it)
+        raise RequestError(
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {least}.",
+            param="min_tokens",
+        )
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):  # "yes" is no boolean to vLLM (N15)
+        raise RequestError("stream: Input should be a valid boolean", param="stream")
+    stream = bool(stream)
     opts = body.get("stream_options") or {}
     if opts and not stream:
         raise RequestError("Stream options can only be defined when `stream=True`.", param="stream_options")

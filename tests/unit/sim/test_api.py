@@ -76,6 +76,15 @@ def test_generation_requests_get_vllms_defaults(kind: str, body: dict[str, Any],
         ("completion", {"prompt": "x" * 4000}, 400, "prompt", "maximum context length is 1000 tokens"),
         ("chat", {**CHAT, "max_tokens": 996}, 400, "max_tokens", "you requested 1001 tokens"),
         ("chat", {**CHAT, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream=True"),
+        # issue 27 N15: both were accepted
+        (
+            "chat",
+            {**CHAT, "max_tokens": 10, "min_tokens": 11},
+            400,
+            "min_tokens",
+            "min_tokens must be less than or equal to max_tokens=10, got 11.",
+        ),
+        ("chat", {**CHAT, "stream": "yes"}, 400, "stream", "stream: Input should be a valid boolean"),
     ],
 )
 def test_bad_generation_requests_get_vllms_errors(
