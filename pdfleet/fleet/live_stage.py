@@ -49,21 +49,26 @@ def policy_stage(profile: Profile, live: PolicySpec | None, override: str | None
     return _kept(live.stage, live.stages, stages)
 
 
-def model_stages(profile: Profile, live: PolicySpec | None, override: str | None) -> dict[str, Staging]:
-    """Each listed model's stage and stages (its policy group's): the override for the first model, else
-    the group's live stage (the controller sets it per model), else the model's initial stage. {} for a
-    single-model profile, whose policy has no groups."""
+def model_stages(
+    profile: Profile, live: PolicySpec | None, override: str | None
+) -> dict[str, Staging | None]:
+    """Each listed model's stage and stages (its policy group's), or None where the group follows the
+    policy's top-level stage (the first model's, which `--stage` and a controller without `model` set):
+    the first model unless the host's policy gives its group a stage of its own (and no `--stage`); the
+    others keep their group's live stage (the controller sets it per model), else their initial one. {}
+    for a single-model profile, whose policy has no groups."""
     if not profile.models:
         return {}
-    out: dict[str, Staging] = {}
+    out: dict[str, Staging | None] = {}
     for index, spec in enumerate(profile.served):
         stages = dict(spec.gateway.stages)
         group = None if live is None else live.groups.get(spec.name)
-        if index == 0 and override is not None:
-            out[spec.name] = (override, stages)
-        elif live is not None and group is not None:
+        overridden = index == 0 and override is not None
+        if live is not None and group is not None and group.stage is not None and not overridden:
             live_stages = group.stages if group.stages is not None else live.stages
-            out[spec.name] = _kept(group.stage or live.stage, live_stages, stages)
+            out[spec.name] = _kept(group.stage, live_stages, stages)
+        elif index == 0:
+            out[spec.name] = None
         else:
             out[spec.name] = (spec.gateway.stage, stages)
     return out

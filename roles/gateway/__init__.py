@@ -125,12 +125,21 @@ def _route(ctx: RoleContext, model: ModelTopology) -> dict[str, Any]:
     return route
 
 
+def _group_doc(spec: ServedModel, staging: Staging | None) -> dict[str, Any]:
+    """A model's policy group: its threshold, and its stage and stages unless it follows the top level's."""
+    doc: dict[str, Any] = {"long_prompt_tokens": spec.gateway.long_prompt_tokens}
+    if staging is not None:
+        doc["stage"] = staging[0]
+        doc["stages"] = {name: weights.model_dump() for name, weights in staging[1].items()}
+    return doc
+
+
 def policy_text(
     ctx: RoleContext,
     version: int,
     stage: str,
     stages: dict[str, StageSpec],
-    groups: Mapping[str, Staging] | None = None,
+    groups: Mapping[str, Staging | None] | None = None,
 ) -> str:
     """The gateway's policy file for this host at a version and stage, written (and checked) by the
     gateway's own policy module: every model's aliases, each to its model's pools; a `models:` profile's
@@ -146,16 +155,12 @@ def policy_text(
     caps: dict[str, int | None] = {}
     group_docs: dict[str, Any] = {}
     for spec, model in zip(ctx.profile.served, ctx.topology.models, strict=True):
-        group = (groups or {}).get(spec.name)
+        listed = groups is not None and spec.name in groups
         for alias in spec.aliases:
-            routes[alias] = _route(ctx, model) | ({"group": spec.name} if group else {})
+            routes[alias] = _route(ctx, model) | ({"group": spec.name} if listed else {})
             caps[alias] = spec.gateway.limits.model_max_prompt_tokens
-        if group:
-            group_docs[spec.name] = {
-                "stage": group[0],
-                "stages": {name: weights.model_dump() for name, weights in group[1].items()},
-                "long_prompt_tokens": spec.gateway.long_prompt_tokens,
-            }
+        if listed:
+            group_docs[spec.name] = _group_doc(spec, (groups or {})[spec.name])
     doc: dict[str, Any] = {
         "version": version,
         "listen": listen,

@@ -115,29 +115,34 @@ def test_each_listed_model_is_a_policy_group_that_keeps_its_own_live_stage() -> 
         "llama-3.1-8b": "llama-8b",
         "llama-3.2-1b": "llama-1b",
     }
-    assert {name: (g["stage"], g["long_prompt_tokens"]) for name, g in fresh["groups"].items()} == {
-        "llama-8b": ("colocated", 8192),
-        "llama-1b": ("colocated", 4096),
+    # the first model's group follows the top-level stage (what --stage and today's controller set)
+    assert fresh["groups"] == {
+        "llama-8b": {"long_prompt_tokens": 8192},
+        "llama-1b": {"stage": "colocated", "stages": fresh["stages"], "long_prompt_tokens": 4096},
     }
-    # the controller moved the P/D model alone (/admin/stage with its model): provision keeps that group's
-    # stage and weights, and the other group's stage
-    stages = {k: v.model_dump() for k, v in fleet.profile.served[0].gateway.stages.items()}
-    body = {
-        "version": 5,
-        "stage": "long-prompts@1",
-        "stages": {**stages, "long-prompts@1": {"short": 0, "long": 10}},
-    }
-    on_host = rewritten(POLICY, yaml.safe_dump(fresh), parse_update({**body, "model": "llama-8b"}))
+    # the controller moved the 1B model alone (/admin/stage with its model): provision keeps that group's
+    # stage and weights, and the top-level stage
+    stages = {k: v.model_dump() for k, v in fleet.profile.served[1].gateway.stages.items()}
+    body = {"version": 5, "stage": "canary@1", "stages": {**stages, "canary@1": {"short": 0, "long": 10}}}
+    on_host = rewritten(POLICY, yaml.safe_dump(fresh), parse_update({**body, "model": "llama-1b"}))
     kept = _gateway_plan(fleet, on_host)
     assert kept["version"] == 5 and kept["stage"] == "colocated"
-    assert kept["groups"]["llama-8b"]["stage"] == "long-prompts@1"
-    assert kept["groups"]["llama-8b"]["stages"]["long-prompts@1"] == {"short": 0, "long": 10}
-    assert kept["groups"]["llama-1b"]["stage"] == "colocated"
+    assert kept["groups"]["llama-1b"]["stage"] == "canary@1"
+    assert kept["groups"]["llama-1b"]["stages"]["canary@1"] == {"short": 0, "long": 10}
+    assert "stage" not in kept["groups"]["llama-8b"]
     live = live_policy(on_host, POLICY)
-    assert model_stages(fleet.profile, live, None)["llama-8b"][0] == "long-prompts@1"
-    assert (
-        model_stages(fleet.profile, live, "all-disagg")["llama-8b"][0] == "all-disagg"
-    )  # --stage: the first
-    assert (
-        model_stages(deployment("lab-cross").profile, live, None) == {}
-    )  # a single-model policy has no groups
+    assert model_stages(fleet.profile, live, None)["llama-1b"] == ("canary@1", kept_stages(kept, "llama-1b"))
+    # once the P/D model's group has a stage of its own (a per-model controller), provision keeps it
+    body8 = {"version": 6, "stage": "long-prompts", "stages": stages}
+    moved = rewritten(POLICY, on_host, parse_update({**body8, "model": "llama-8b"}))
+    assert _gateway_plan(fleet, moved)["groups"]["llama-8b"]["stage"] == "long-prompts"
+    # --stage sets the top level, which the first model's group follows
+    forced = _gateway_plan(dataclasses.replace(fleet, stage_override="all-disagg"), moved)
+    assert forced["stage"] == "all-disagg" and "stage" not in forced["groups"]["llama-8b"]
+    assert forced["groups"]["llama-1b"]["stage"] == "canary@1"
+    assert model_stages(deployment("lab-cross").profile, live, None) == {}  # a single-model policy: no groups
+
+
+def kept_stages(policy: dict[str, Any], group: str) -> dict[str, StageSpec]:
+    """A rendered group's stages as StageSpecs."""
+    return {k: StageSpec(**v) for k, v in policy["groups"][group]["stages"].items()}
