@@ -86,13 +86,20 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 
 def excerpt(value: Any, limit: int = 40) -> str:
     """A short, masked rendering of a value for error messages: files can hold secrets, so a long string
-    shows only its start and its length, and control characters are escaped."""
+    shows only its start and its length, and control characters are escaped. A string that could be a
+    key (12 characters or more, one token: no space, dot, slash, colon or @, as URLs, paths, host names
+    and sentences have) is masked at any length: a key of 38 characters was printed whole."""
     text = repr(value)
+    if isinstance(value, str) and (len(text) > limit or _key_like(value)):
+        return f"{value[:4]!r}... ({len(value)} characters)"
     if len(text) <= limit:
         return text
-    if isinstance(value, str):
-        return f"{value[:4]!r}... ({len(value)} characters)"
     return f"a {type(value).__name__} ({len(text)} characters)"
+
+
+def _key_like(value: str) -> bool:
+    """Whether a string has the shape of an API key or token (see excerpt)."""
+    return len(value) >= 12 and not any(c in value for c in " ./:@")
 
 
 def control_character(text: str) -> str | None:

@@ -186,6 +186,12 @@ BAD_INVENTORIES = [
     ("host_name_slash", "all:\n  hosts:\n    a/b: {}\n", "'a/b' is not a host name"),
     ("host_name_trailing_dash", "all:\n  hosts:\n    gpu-: {}\n", "'gpu-' is not a host name"),
     ("host_name_space", "all:\n  hosts:\n    'gpu 1': {}\n", "'gpu 1' is not a host name"),
+    # issue 27 N13: a key pasted into the wrong variable, short enough to fit an excerpt, was printed whole
+    (
+        "a_short_key_as_a_port",
+        "all:\n  hosts:\n    p1: {ansible_port: sk-user-0123456789abcdef}\n",
+        ": all.hosts.p1.ansible_port: must be a port number 1-65535 (got 'sk-u'... (24 characters))",
+    ),
     # issue 18 C5: a key file given as the inventory must not be printed back
     (
         "a_key_file",

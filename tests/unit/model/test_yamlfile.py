@@ -160,6 +160,10 @@ def test_long_values_are_quoted_as_a_short_masked_excerpt() -> None:
     shown = excerpt(key)
     assert key[5:] not in shown and "54 characters" in shown
     assert excerpt("short") == "'short'"
+    # issue 27 N13: a key short enough to fit the limit was printed whole
+    assert excerpt("sk-user-0123456789abcdef") == "'sk-u'... (24 characters)"
+    assert excerpt("198.18.0.1:8082/simple") == "'198.18.0.1:8082/simple'"  # a URL, a host: shown
+    assert excerpt("gpu-node-1") == "'gpu-node-1'"
 
 
 PDFLEET_SOURCES = [
