@@ -62,6 +62,7 @@ class Controller:
     _started: bool = field(default=False, init=False)
     _inflight: threading.Thread | None = field(default=None, init=False)
     _last_error: str = field(default="", init=False)
+    _abort_ticked: bool = field(default=False, init=False)  # the last tick began with an abort pending
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -87,7 +88,8 @@ class Controller:
         """Sleep until the next tick, or less: until stopped or an abort waits to be acted on."""
         deadline = time.monotonic() + seconds
         while not stop.is_set() and time.monotonic() < deadline:
-            if self._abort_pending():
+            # an abort the last tick saw and could not act on (a gateway down) waits for the next tick
+            if not self._abort_ticked and self._abort_pending():
                 return
             stop.wait(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
@@ -104,6 +106,7 @@ class Controller:
         """One reconcile step: observe (unlocked), decide and save (locked), write the gateways."""
         with self.store.locked():
             seen = self.store.load()
+        self._abort_ticked = seen is not None and seen.abort
         reports, problem = self._reports()
         if seen is None:
             seen = self._initial(reports)

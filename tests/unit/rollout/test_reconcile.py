@@ -3,6 +3,8 @@ applied, when the controller may write, what the gateways' reports do to the sta
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pdfleet.model.rollout import GateSpec
 from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.gateways import GatewayReport
@@ -85,3 +87,51 @@ def test_a_blind_tick_is_an_error_on_every_gate_of_every_class() -> None:
         ("b", "long", "error"),
     ]
     assert results[0].message == "a (short): metrics error: no answer within 5 s"
+
+
+def test_an_abort_no_gateway_can_take_does_not_make_the_controller_spin(tmp_path: Path) -> None:
+    """An abort wakes the controller at once, but one a tick already saw (a gateway down: nothing can be
+    written) waits for the next tick instead of ticking back to back."""
+    import socket
+    import threading
+    import time
+
+    from pdfleet.metrics.prometheus import PrometheusClient
+    from pdfleet.rollout.config import ControllerConfig
+    from pdfleet.rollout.controller import Controller
+    from pdfleet.rollout.gateways import GatewayClient
+    from pdfleet.rollout.store import Store
+
+    with socket.socket() as s:  # a port nothing listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    config = ControllerConfig.model_validate(
+        {
+            "profile": "t",
+            "rollout": {"interval_s": 0.5, "gates": [], "plans": {"long": {"steps": [{"pause": {}}]}}},
+            "stages": {"colocated": ZERO.model_dump(), "long": {"short": 0, "long": 100}},
+            "initial_stage": "colocated",
+            "slo": {"ttft_p99_ms": 1.0, "tpot_p99_ms": 1.0, "itl_p99_ms": 1.0, "kv_transfer_p99_ms": 1.0},
+            "gateways": [{"name": "gw0", "admin_url": closed}],
+            "prometheus_url": closed,
+            "admin_key_file": "unused",
+            "state_dir": str(tmp_path),
+        }
+    )
+    ticks: list[float] = []
+
+    class Counting(Controller):
+        def tick(self):  # type: ignore[no-untyped-def]
+            ticks.append(time.monotonic())
+            return super().tick()
+
+    store = Store(tmp_path)
+    store.save(STEP.model_copy(update={"phase": "halted", "target": "long", "abort": True}))
+    controller = Counting(config, PrometheusClient(closed, timeout=1), GatewayClient("k", 1.0), store)
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
+    thread.start()
+    time.sleep(2.0)
+    stop.set()
+    thread.join(5)
+    assert 2 <= len(ticks) <= 6, len(ticks)  # every 0.5 s, not back to back
