@@ -38,6 +38,12 @@ def render(
     keys = deployment.gateway_secrets
     if keys is not None and keys.placeholders:
         print(placeholder_note(keys.placeholders))
+        unset = keys.unset_outside()
+        if unset:
+            print(
+                f"outside aliases without their key file: {', '.join(unset)}; provision never generates "
+                "those: put each provider's key in its gateway.outside.<alias>.key_file (chmod 600) first"
+            )
 
 
 def placeholder_note(missing: tuple[Path, ...]) -> str:

@@ -36,6 +36,10 @@ class GatewaySecrets:
     placeholders: tuple[Path, ...] = ()  # key files that do not exist yet: their keys here are placeholders
     outside_keys: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)  # alias -> key
 
+    def unset_outside(self) -> list[str]:
+        """The outside aliases whose key file does not exist yet (their keys here are placeholders)."""
+        return [a for a, k in self.outside_keys.items() if k == PLACEHOLDER.format(which=f"outside-{a}")]
+
 
 def existing_key(file: Path) -> str | None:
     """The key in `file`, or None when there is no such file; refuses a directory, anything but a regular

@@ -126,11 +126,12 @@ def test_outside_keys_are_read_never_generated_and_a_missing_one_is_a_placeholde
     review = review_secrets(str(client), str(admin), outside)
     assert review.outside_keys["gpt-4o"] == PLACEHOLDER.format(which="outside-gpt-4o")
     assert hosted in review.placeholders
+    assert review.unset_outside() == ["gpt-4o"]
     hosted.write_text("sk-hosted-provider-key\n")
     hosted.chmod(0o644)
     with pytest.raises(ValidationError, match="chmod 600"):
         gateway_secrets(str(client), str(admin), outside)
     hosted.chmod(0o600)
     got = gateway_secrets(str(client), str(admin), outside)
-    assert got.outside_keys == {"gpt-4o": "sk-hosted-provider-key"}
+    assert got.outside_keys == {"gpt-4o": "sk-hosted-provider-key"} and got.unset_outside() == []
     assert "sk-hosted-provider-key" not in repr(got)
