@@ -7,10 +7,12 @@ the `slo:` section does not (KV transfer P95, prefill queue, preemptions, fallba
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
 
@@ -51,9 +53,37 @@ class MonitoringSpec(BaseModel):
         return self
 
 
-def has_nixl_metrics(engine: str, version: str) -> bool:
-    """Whether the pools export vllm:nixl_*: the pinned release registers them (the facts table; vLLM and
-    the simulator modelling it alike). An untabled pin is refused by the profile checks."""
-    del engine  # the simulator exports what the release it models registers
+@dataclass(frozen=True)
+class KVTransferSeries:
+    """What a P/D fleet exports about KV transfer: the connector's transfer-time histogram, its failure
+    counters, and the role whose instances observe the histogram (NIXL: D pulls; Mooncake: P pushes, its
+    stats.py says the histograms are populated on P only)."""
+
+    connector: str
+    histogram: str
+    failed: tuple[str, ...]  # counters (registered names, without _total) of failed transfers
+    role: str
+
+
+# per connector: (histogram, failure counters, the role observing the histogram), as vLLM names them
+_KV_SERIES = {
+    NIXL: ("vllm:nixl_xfer_time_seconds", ("vllm:nixl_num_failed_transfers",), "decode"),
+    MOONCAKE: (
+        "vllm:mooncake_xfer_time_seconds",
+        ("vllm:mooncake_num_failed_transfers", "vllm:mooncake_num_failed_recvs"),
+        "prefill",
+    ),
+}
+
+
+def kv_transfer_series(connector: str, version: str) -> KVTransferSeries | None:
+    """The KV-transfer series of a connector on a pinned release, where the release registers them (the
+    facts table; vLLM and the simulator modelling it alike); None otherwise (0.11.0, an untabled pin)."""
     rel = find_release(version, RELEASES)
-    return rel is not None and "vllm:nixl_xfer_time_seconds" in rel.metric_names()
+    if rel is None or connector not in _KV_SERIES:
+        return None
+    histogram, failed, role = _KV_SERIES[connector]
+    names = rel.metric_names()
+    if histogram not in names:
+        return None
+    return KVTransferSeries(connector, histogram, tuple(f for f in failed if f in names), role)

@@ -197,7 +197,7 @@ def target_alerts() -> list[Alert]:
 def alert_rules(profile: Profile, has_gateway: bool) -> dict[str, object]:
     """The alerts file: one group, every alert with the profile's `for:`."""
     alerts = slo_alerts(profile, has_gateway)
-    if any(s.nixl for s in chain_steps(profile, has_gateway)):
+    if any(s.kv for s in chain_steps(profile, has_gateway)):
         alerts += kv_alerts(profile)
     alerts += engine_alerts(profile)
     if has_gateway:

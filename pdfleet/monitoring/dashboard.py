@@ -79,20 +79,15 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
     if kv:
         panels = [
             Panel(
-                "KV transfer time (vllm:nixl_xfer_time_seconds)",
+                f"KV transfer time ({kv[0].histogram})",
                 _quantile_queries(kv[0], "", "{{role}}"),
                 description=f"Over {profile.monitoring.kv_transfer_p95_ms:g} ms at P95: the transport "
                 "is the bottleneck.",
             )
         ]
-        if "pool_role:vllm_nixl_failed_transfers:rate" in figures:
-            panels.append(
-                Panel(
-                    "Failed KV transfers",
-                    (Query("pool_role:vllm_nixl_failed_transfers:rate", "{{role}}"),),
-                    unit="reqps",
-                )
-            )
+        failed = [name for name in figures if name.endswith("_failed_transfers:rate")]
+        if failed:
+            panels.append(Panel("Failed KV transfers", (Query(failed[0], "{{role}}"),), unit="reqps"))
         rows.append(("KV transfer", panels))
     rows.append(
         (

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdfleet.model.monitoring import has_nixl_metrics
+from pdfleet.model.monitoring import KVTransferSeries, kv_transfer_series
 from pdfleet.model.profile import Profile
 
 QUANTILES = (0.5, 0.95, 0.99)
@@ -28,7 +28,7 @@ class Step:
     title: str
     histogram: str
     by: tuple[str, ...]
-    nixl: bool = False  # exported only by releases with the NixlConnector's Prometheus metrics
+    kv: bool = False  # the KV connector's histogram: the profile's connector and release decide its name
 
     @property
     def level(self) -> str:
@@ -52,7 +52,7 @@ CHAIN: tuple[Step, ...] = (
     Step("ttft", "TTFT in vLLM", "vllm:time_to_first_token_seconds", VLLM_BY),
     Step("queue", "queue time (WAITING)", "vllm:request_queue_time_seconds", VLLM_BY),
     Step("prefill", "prefill time", "vllm:request_prefill_time_seconds", VLLM_BY),
-    Step("kv_transfer", "KV transfer (NIXL)", "vllm:nixl_xfer_time_seconds", VLLM_BY, nixl=True),
+    Step("kv_transfer", "KV transfer (NIXL)", "vllm:nixl_xfer_time_seconds", VLLM_BY, kv=True),
     Step("decode", "decode time", "vllm:request_decode_time_seconds", VLLM_BY),
     Step("tpot", "TPOT per request", "vllm:request_time_per_output_token_seconds", VLLM_BY),
     Step("itl", "inter-token latency", "vllm:inter_token_latency_seconds", VLLM_BY),
@@ -174,18 +174,29 @@ def figures(window: str) -> tuple[Figure, ...]:
     )
 
 
-NIXL_FIGURES = ("pool_role:vllm_nixl_failed_transfers:rate",)
+KV_TITLES = {"NixlConnector": "NIXL", "MooncakeConnector": "Mooncake"}
 
 
-def nixl_figures(window: str) -> tuple[Figure, ...]:
-    """The NixlConnector's counters, for releases that export them."""
-    return (
-        Figure(
-            NIXL_FIGURES[0],
-            _rate("vllm:nixl_num_failed_transfers_total", VLLM_BY, window),
-            "failed KV transfers/s",
-        ),
-    )
+def kv_failed_figure(series: KVTransferSeries) -> str:
+    """The recorded name of a connector's failed transfers/s: `pool_role:vllm_nixl_failed_transfers:rate`."""
+    prefix = series.histogram.removeprefix("vllm:").split("_", 1)[0]
+    return f"pool_role:vllm_{prefix}_failed_transfers:rate"
+
+
+def kv_figures(series: KVTransferSeries, window: str) -> tuple[Figure, ...]:
+    """The connector's failure counters as one rate (Mooncake's sender and receiver failures together)."""
+    if not series.failed:
+        return ()
+    names = "|".join(f"{name}_total" for name in series.failed)
+    counter = f"{series.failed[0]}_total" if len(series.failed) == 1 else f'{{__name__=~"{names}"}}'
+    return (Figure(kv_failed_figure(series), _rate(counter, VLLM_BY, window), "failed KV transfers/s"),)
+
+
+def kv_series(profile: Profile) -> KVTransferSeries | None:
+    """The KV-transfer series this deployment exports (None: not P/D, or the release registers none)."""
+    if not profile.disaggregated:
+        return None
+    return kv_transfer_series(profile.kv_transfer.connector, profile.vllm.version)
 
 
 def window_of(profile: Profile) -> str:
@@ -193,22 +204,29 @@ def window_of(profile: Profile) -> str:
 
 
 def chain_steps(profile: Profile, has_gateway: bool) -> list[Step]:
-    """The chain's steps this deployment has data for (no gateway steps without a gateway, no NIXL
-    steps on a release without NIXL metrics or a profile without NixlConnector)."""
-    nixl = (
-        profile.disaggregated
-        and profile.kv_transfer.connector == "NixlConnector"
-        and has_nixl_metrics(profile.vllm.engine, profile.vllm.version)
-    )
-    return [s for s in CHAIN if (has_gateway or s.source != "gateway") and (nixl or not s.nixl)]
+    """The chain's steps this deployment has data for (no gateway steps without a gateway; the KV step on
+    the connector's own histogram, none where the release registers none)."""
+    series = kv_series(profile)
+    steps = []
+    for step in CHAIN:
+        if not has_gateway and step.source == "gateway":
+            continue
+        if step.kv:
+            if series is None:
+                continue
+            title = f"KV transfer ({KV_TITLES.get(series.connector, series.connector)})"
+            step = Step(step.key, title, series.histogram, step.by, kv=True)
+        steps.append(step)
+    return steps
 
 
 def chain_figures(profile: Profile, has_gateway: bool) -> list[Figure]:
     """The rates and gauges this deployment has data for."""
     window = window_of(profile)
     found = [f for f in figures(window) if has_gateway or not f.gateway]
-    if any(s.nixl for s in chain_steps(profile, has_gateway)):
-        found += list(nixl_figures(window))
+    series = kv_series(profile)
+    if series is not None:
+        found += list(kv_figures(series, window))
     return found
 
 

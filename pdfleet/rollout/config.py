@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
@@ -44,7 +45,10 @@ class ControllerConfig(BaseModel):
     prometheus_url: str = Field(pattern=r"^https?://[^/\s]+$")
     admin_key_file: str = Field(min_length=1)
     state_dir: str = str(STATE_DIR)
-    kv_transfer_metrics: bool = True  # the pools export vllm:nixl_xfer_time_seconds
+    kv_transfer_metrics: bool = True  # the pools export the connector's KV-transfer histogram
+    # which histogram, observed on which role's instances (NIXL: D pulls; Mooncake: P pushes)
+    kv_transfer_histogram: str = Field("vllm:nixl_xfer_time_seconds", pattern=r"^vllm:[a-z_]+$")
+    kv_transfer_role: Literal["prefill", "decode"] = "decode"
     gateway_timeout_s: float = Field(2.0, gt=0, le=30)
     # a tick's whole measurement; past it every gate is a metrics error (a hung Prometheus is blindness)
     measure_timeout_s: float = Field(5.0, gt=0, le=60)

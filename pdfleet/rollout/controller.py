@@ -209,8 +209,10 @@ class Controller:
         if not classes:
             return [], 0
         spec = self.config.rollout
+        config = self.config
+        kv = (config.kv_transfer_histogram, config.kv_transfer_role)
         observed, samples = observe(
-            self.source, spec.gates, state.weights, classes, spec.window_s, self.config.kv_transfer_metrics
+            self.source, spec.gates, state.weights, classes, spec.window_s, config.kv_transfer_metrics, kv=kv
         )
         return [evaluate_gate(g, o, self.config.slo) for g, o in observed], samples
 

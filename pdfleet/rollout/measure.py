@@ -31,6 +31,7 @@ HISTOGRAMS = {
     "kv_transfer": "vllm:nixl_xfer_time_seconds",
 }
 POOLS = ("disagg", "colocated")
+KV_SERIES = (HISTOGRAMS["kv_transfer"], "decode")  # NixlConnector's: D pulls, D observes
 
 
 def _match(cls: str | None, model: str | None) -> dict[str, str] | None:
@@ -61,21 +62,28 @@ def _per_pool(
 
 
 def _vllm_quantile(
-    source: MetricsSource, gate: GateSpec, window_s: float, model: str | None = None
+    source: MetricsSource,
+    gate: GateSpec,
+    window_s: float,
+    model: str | None = None,
+    kv: tuple[str, str] = KV_SERIES,
 ) -> dict[str, float | None]:
-    """vLLM's own histograms: the disaggregated pool's decode instances, and the colocated pool."""
+    """vLLM's own histograms: the disaggregated pool's decode instances, and the colocated pool; the KV
+    transfer's on the role that observes it (`kv`: histogram and role, Mooncake's on prefill)."""
     out: dict[str, float | None] = {}
     mine = {"model": model} if model is not None else {}
+    role = kv[1] if gate.metric == "kv_transfer" else "decode"
     pools = (
-        ("disagg", {"pool": "disagg", "role": "decode", **mine}),
+        ("disagg", {"pool": "disagg", "role": role, **mine}),
         ("colocated", {"pool": "colocated", **mine}),
     )
+    histogram = kv[0] if gate.metric == "kv_transfer" else HISTOGRAMS[gate.metric]
     for pool, match in pools:
         if gate.metric == "kv_transfer" and pool == "colocated":
             out[pool] = None
             continue
         try:
-            got = source.quantile(gate.quantile, HISTOGRAMS[gate.metric], window_s, match=match)
+            got = source.quantile(gate.quantile, histogram, window_s, match=match)
             out[pool] = got.get(())
         except SeriesAbsent:
             out[pool] = None
@@ -102,14 +110,20 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 
 def figure(
-    source: MetricsSource, gate: GateSpec, cls: str, window_s: float, model: str | None = None
+    source: MetricsSource,
+    gate: GateSpec,
+    cls: str,
+    window_s: float,
+    model: str | None = None,
+    kv: tuple[str, str] = KV_SERIES,
 ) -> dict[str, float | None]:
-    """The gate's figure per pool, of one model or (None) of all (MetricsError when the source fails)."""
+    """The gate's figure per pool, of one model or (None) of all (MetricsError when the source fails);
+    a KV-transfer gate on `kv`'s histogram and role."""
     if gate.metric in ("ttft", "itl", "request"):
         got = _per_pool(source, "quantile", HISTOGRAMS[gate.metric], window_s, cls, gate.quantile, model)
         return {p: None if v is None else v * 1000.0 for p, v in got.items()}
     if gate.metric in ("tpot", "kv_transfer"):
-        got = _vllm_quantile(source, gate, window_s, model)
+        got = _vllm_quantile(source, gate, window_s, model, kv)
         return {p: None if v is None else v * 1000.0 for p, v in got.items()}
     requests = _per_pool(source, "increase", REQUESTS, window_s, cls, model=model)
     if gate.metric == "error_rate":
@@ -139,12 +153,13 @@ def observe(
     window_s: float,
     kv_transfer_metrics: bool = True,
     model: str | None = None,
+    kv: tuple[str, str] = KV_SERIES,
 ) -> tuple[list[tuple[GateSpec, Observation]], int]:
     """Every gate's observation per gated class, and the requests routed to the disaggregated pool in
     those classes (the samples).
 
-    Per-pool metrics (vLLM's) are measured once, under the first gated class. A KV transfer gate on a
-    release without NIXL metrics is left out.
+    Per-pool metrics (vLLM's) are measured once, under the first gated class. A KV transfer gate reads the
+    connector's histogram on the role that observes it (`kv`); on a release without one it is left out.
     """
     out: list[tuple[GateSpec, Observation]] = []
     samples = 0
@@ -160,7 +175,7 @@ def observe(
             if gate.metric == "kv_transfer" and not kv_transfer_metrics:
                 continue
             try:
-                got = figure(source, gate, cls, window_s, model)
+                got = figure(source, gate, cls, window_s, model, kv)
             except MetricsError as exc:
                 out.append((gate, Observation(gate.name, cls, weight=weight, error=str(exc))))
                 continue

@@ -69,6 +69,7 @@ class KVConnector:
         self.compat = compat_hash(cfg.model_spec.name, cfg.kv_cache_dtype, cfg.block_size, version)
         self._side: SideChannelServer | None = None
         self.mooncake = kv.connector == MOONCAKE
+        self._granted: dict[str, ReadGrant] = {}  # Mooncake's P: reads granted, not yet reported done
         self._bootstrap: mooncake.BootstrapServer | None = None
         self._link = LinkQueue(cfg.link)
         self._window: list[tuple[float, float, int, int]] = []  # (xfer s, post s, bytes, descriptors)
@@ -96,7 +97,9 @@ class KVConnector:
         if not self.kv.is_producer:
             return
         host = self.cfg.host or "127.0.0.1"
-        self._side = SideChannelServer(self.kv.engine_id, self.compat, self.grant, self.release)
+        self._side = SideChannelServer(
+            self.kv.engine_id, self.compat, self.grant, self.release, pushed=self.pushed
+        )
         port = await self._side.start(host, 0)
         self._bootstrap = mooncake.BootstrapServer()
         await self._bootstrap.start(self.cfg.host or "0.0.0.0", self.cfg.mooncake_bootstrap_port)
@@ -203,12 +206,25 @@ class KVConnector:
         req = self.engine.held_request(rid)
         if req is None:
             return None
-        return ReadGrant(
+        grant = ReadGrant(
             req.prompt_tokens, len(req.block_ids), req.prompt_tokens * self.cfg.kv_bytes_per_token
         )
+        if self.mooncake:  # P pushes: it observes the transfer once the consumer reports it done
+            self._granted[rid] = grant
+        return grant
+
+    def pushed(self, rid: str, xfer_s: float) -> None:
+        """Side channel (Mooncake's P): the transfer of a granted read took xfer_s simulated seconds.
+        Mooncake pushes from P, so P's vllm:mooncake_* histograms observe it (mooncake/stats.py)."""
+        grant = self._granted.pop(rid, None)
+        if grant is not None and self.metrics.mooncake:
+            self.metrics.mooncake_xfer.observe(xfer_s)
+            self.metrics.mooncake_bytes.observe(grant.nbytes)
+            self.metrics.mooncake_descriptors.observe(grant.num_blocks)
 
     def release(self, rid: str) -> None:
         """Side channel: the consumer read the blocks; free them and maybe admit waiting work."""
+        self._granted.pop(rid, None)
         if self.engine.release_held(rid) is not None:
             self.wake()
         else:
@@ -238,7 +254,11 @@ class KVConnector:
     def expire_leases(self, now: float) -> None:
         """Free producer blocks whose consumer never came, logging as vLLM does (once per step)."""
         for req in self.engine.expire_held(now):
-            self.metrics.nixl_expired += 1
+            self._granted.pop(req.kv_id or req.request_id, None)
+            if self.mooncake:
+                self.metrics.mooncake_expired += 1
+            else:
+                self.metrics.nixl_expired += 1
             log.warning(
                 "Releasing expired KV blocks for request %s which were retrieved by %d decode worker(s) "
                 "within %d seconds.",
@@ -253,7 +273,7 @@ class KVConnector:
         params = req.remote_prefill or {}
         timing: dict[str, float] = {}
 
-        async def wait_transfer(grant: ReadGrant) -> None:
+        async def wait_transfer(grant: ReadGrant) -> float:
             if grant.num_tokens != req.prompt_tokens:
                 # another prompt, or a count the producer never made: these blocks are not this KV
                 raise PullError(
@@ -267,6 +287,7 @@ class KVConnector:
             timing["post"] = self.cfg.link.setup_s
             await self.clock.sleep(end - now)
             timing["xfer"] = end - now
+            return end - now
 
         ok = True
         try:
@@ -285,11 +306,14 @@ class KVConnector:
             self._window.append((timing["xfer"], timing["post"], grant.nbytes, grant.num_blocks))
         except mooncake.BootstrapError as exc:
             ok = False
-            self.metrics.nixl_failed_transfers += 1
+            self.metrics.mooncake_recvs += 1
             log.error("Mooncake transfer failed for request %s: %s", req.request_id, exc)
         except PullError as exc:
             ok = False
-            self.metrics.nixl_failed_transfers += 1
+            if self.mooncake:
+                self.metrics.mooncake_recvs += 1  # D detects it: a failed receive
+            else:
+                self.metrics.nixl_failed_transfers += 1
             if exc.handshake:
                 log.error(
                     "Handshake failed for request %s, marking blocks as invalid (%s)", req.request_id, exc

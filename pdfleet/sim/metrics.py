@@ -3,8 +3,7 @@
 Durations are SIMULATED seconds (what the GPU would have shown), whatever --sim-time-scale is.
 Histograms are plain bucket arrays (bisect per observation) exported through a custom collector on a
 per-server registry, so 500 streams × ~100 tokens/s cost little CPU and nothing is global.
-Bucket bounds follow vllm/v1/metrics/loggers.py ([VLLM-PD §3]; the ITL histogram starts at 10 ms as
-the reference notes) [bounds partly unverified for the nixl_* histograms].
+Bucket bounds are the facts table's (read from each release's loggers.py and connector stats).
 """
 
 from __future__ import annotations
@@ -26,74 +25,6 @@ from pdfleet.model.vllm_release_data import NEWEST, RELEASES
 from pdfleet.model.vllm_releases import Release
 from pdfleet.sim.engine import Engine
 
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-REQUEST_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
 # The simulator's own lateness, in wall seconds (not a vLLM metric).
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -132,6 +63,41 @@ REQUEST_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
     ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens_hist"),
     ("vllm:request_generation_tokens", "Number of generation tokens processed.", "generation_tokens_hist"),
     ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", "max_tokens_hist"),
+)
+# MooncakeConnector's (0.33, mooncake/stats.py): push-based, so P observes the histograms
+MOONCAKE_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
+    (
+        "vllm:mooncake_xfer_time_seconds",
+        "Histogram of transfer duration for Mooncake KV Cache transfers.",
+        "mooncake_xfer",
+    ),
+    (
+        "vllm:mooncake_bytes_transferred",
+        "Histogram of bytes transferred per Mooncake KV Cache transfer.",
+        "mooncake_bytes",
+    ),
+    (
+        "vllm:mooncake_num_descriptors",
+        "Histogram of number of descriptors per Mooncake KV Cache transfer.",
+        "mooncake_descriptors",
+    ),
+)
+MOONCAKE_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    (
+        "vllm:mooncake_num_failed_transfers",
+        "Number of failed Mooncake KV Cache transfers.",
+        "mooncake_failed",
+    ),
+    (
+        "vllm:mooncake_num_failed_recvs",
+        "Number of failed Mooncake KV Cache receives.",
+        "mooncake_recvs",
+    ),
+    (
+        "vllm:mooncake_num_kv_expired_reqs",
+        "Number of requests that had their KV expire. NOTE: This metric is tracked on the P instance.",
+        "mooncake_expired",
+    ),
 )
 NIXL_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
     (
@@ -194,14 +160,22 @@ def _buckets(release: Release, name: str) -> tuple[float, ...]:
     return tuple(float(b) for b in table.metric(name).buckets or ())
 
 
+# The request histograms' bounds: the same in every tabled release (tests compare each one's export)
+TTFT_BUCKETS = _buckets(RELEASES[NEWEST], "vllm:time_to_first_token_seconds")
+ITL_BUCKETS = _buckets(RELEASES[NEWEST], "vllm:inter_token_latency_seconds")
+REQUEST_BUCKETS = _buckets(RELEASES[NEWEST], "vllm:e2e_request_latency_seconds")
 XFER_BUCKETS = _buckets(RELEASES[NEWEST], "vllm:nixl_xfer_time_seconds")
 
 
 class SimMetrics:
     """All the numbers the server exports; the engine's own counters are read at scrape time."""
 
-    def __init__(self, max_model_len: int, pd: bool, release: Release | None = None) -> None:
+    def __init__(
+        self, max_model_len: int, pd: bool, release: Release | None = None, mooncake: bool = False
+    ) -> None:
         release = release or RELEASES[NEWEST]
+        # vllm:mooncake_* are MooncakePromMetrics' where the release registers them (0.33)
+        self.mooncake = mooncake and "vllm:mooncake_xfer_time_seconds" in release.metric_names()
         # vllm:nixl_* are registered by NixlPromMetrics where the release has it (0.33; 0.11 logs only)
         self.pd = pd and "vllm:nixl_xfer_time_seconds" in release.metric_names()
         self.after_expiry = "vllm:nixl_num_notifications_after_expiry" in release.metric_names()
@@ -231,6 +205,12 @@ class SimMetrics:
         self.nixl_failed_notifications = 0
         self.nixl_expired = 0
         self.nixl_after_expiry = 0  # a consumer's notification for blocks that had already expired
+        self.mooncake_xfer = Hist(_buckets(release, "vllm:mooncake_xfer_time_seconds"))
+        self.mooncake_bytes = Hist(_buckets(release, "vllm:mooncake_bytes_transferred"))
+        self.mooncake_descriptors = Hist(_buckets(release, "vllm:mooncake_num_descriptors"))
+        self.mooncake_failed = 0  # on P: a send that failed (the simulator's P never fails one)
+        self.mooncake_recvs = 0  # on D: a receive that failed
+        self.mooncake_expired = 0  # on P: held blocks no consumer read in time
         # simulator health: how far real time lags the simulated schedule
         self.steps = 0
         self.busy_sim_s = 0.0
@@ -340,6 +320,11 @@ class SimCollector(Collector):
                     "Number of NIXL notifications received after the request's KV had expired.",
                     m.nixl_after_expiry,
                 )
+        if m.mooncake:
+            for name, doc, attr in MOONCAKE_HISTOGRAMS:
+                yield self._hist(name, doc, getattr(m, attr))
+            for name, doc, attr in MOONCAKE_COUNTERS:
+                yield self._counter(name, doc, getattr(m, attr))
         # not vLLM metrics: the simulator's own schedule-keeping, in wall seconds vs simulated seconds
         yield GaugeMetricFamily("pdfleet_sim_steps", "Engine steps run.", value=m.steps)
         yield GaugeMetricFamily(

@@ -55,7 +55,8 @@ class Runtime:
         kv = cfg.kv_transfer
         # vllm:nixl_* are NixlConnector's (MooncakeConnector registers none of them)
         nixl = kv is not None and kv.connector == "NixlConnector"
-        self.metrics = SimMetrics(cfg.max_model_len, pd=nixl, release=cfg.release)
+        mooncake = kv is not None and kv.connector == "MooncakeConnector"
+        self.metrics = SimMetrics(cfg.max_model_len, pd=nixl, release=cfg.release, mooncake=mooncake)
         self._wake = asyncio.Event()
         self.kv = (
             None if kv is None else KVConnector(cfg, kv, self.engine, self.metrics, self.clock, self.wake)

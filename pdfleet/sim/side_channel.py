@@ -65,8 +65,10 @@ class SideChannelServer:
         grant: Callable[[str], ReadGrant | None],
         release: Callable[[str], None],
         renew: Callable[[str], bool] | None = None,
+        pushed: Callable[[str, float], None] | None = None,
     ) -> None:
         self.engine_id = engine_id
+        self._pushed = pushed  # Mooncake's P: the transfer time the consumer's `done` reports
         self.compat = compat
         self._grant = grant
         self._release = release
@@ -127,6 +129,8 @@ class SideChannelServer:
                 "compat_hash": self.compat,
             }
         if op == "done":
+            if self._pushed is not None and isinstance(msg.get("xfer_s"), int | float):
+                self._pushed(rid, float(msg["xfer_s"]))
             self._release(rid)
             return {"ok": True}
         if op == "heartbeat" and self._renew is not None:
@@ -145,7 +149,7 @@ class PullError(Exception):
 async def pull(
     params: dict[str, Any],
     compat: str,
-    wait_transfer: Callable[[ReadGrant], Awaitable[None]],
+    wait_transfer: Callable[[ReadGrant], Awaitable[float | None]],
     timeout_s: float | None = HANDSHAKE_TIMEOUT_S,
 ) -> tuple[ReadGrant, bool]:
     """Consumer side: read the blocks named in kv_transfer_params, wait the transfer, notify the producer.
@@ -161,8 +165,8 @@ async def pull(
     reader, writer = await _connect(str(host), port, timeout_s)
     try:
         grant = await _read(reader, writer, params, compat, f"{host}:{port}", timeout_s)
-        await wait_transfer(grant)
-        return grant, await _notify(reader, writer, params.get("remote_request_id"), timeout_s)
+        xfer_s = await wait_transfer(grant)
+        return grant, await _notify(reader, writer, params.get("remote_request_id"), timeout_s, xfer_s)
     finally:
         writer.close()
 
@@ -233,10 +237,15 @@ async def _notify(
     writer: asyncio.StreamWriter,
     request_id: Any,
     timeout_s: float | None = HANDSHAKE_TIMEOUT_S,
+    xfer_s: float | None = None,
 ) -> bool:
-    """Tell the producer the blocks were read (NIXL's notification); False if it did not acknowledge."""
+    """Tell the producer the blocks were read (NIXL's notification, with the modelled transfer time a
+    pushing producer observes); False if it did not acknowledge."""
+    msg: dict[str, Any] = {"op": "done", "remote_request_id": request_id}
+    if xfer_s is not None:
+        msg["xfer_s"] = xfer_s
     try:
-        await _ask(reader, writer, {"op": "done", "remote_request_id": request_id}, timeout_s)
+        await _ask(reader, writer, msg, timeout_s)
     except (TimeoutError, OSError, json.JSONDecodeError):
         return False
     return True

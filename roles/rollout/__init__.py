@@ -17,8 +17,7 @@ from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
 from pdfleet.fleet.topology import Controller
-from pdfleet.model.connectors import NIXL
-from pdfleet.model.monitoring import has_nixl_metrics
+from pdfleet.monitoring.recording import kv_series
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import Directory, File
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
@@ -60,11 +59,7 @@ def controller_config(ctx: RoleContext) -> str:
     prometheus = ctx.topology.prometheus_on(ctx.host.name)
     assert prometheus is not None, "the controller runs on a monitoring host"
     gateways = [{"name": g.host, "admin_url": g.admin_url} for g in ctx.topology.gateways]
-    kv_metrics = (
-        profile.disaggregated
-        and profile.kv_transfer.connector == NIXL
-        and has_nixl_metrics(profile.vllm.engine, profile.vllm.version)
-    )
+    kv = kv_series(profile)  # the connector's own histogram (Mooncake's on P), or none on this release
     doc = {
         "profile": profile.name,
         "rollout": profile.rollout.model_dump(mode="json"),
@@ -75,7 +70,8 @@ def controller_config(ctx: RoleContext) -> str:
         "prometheus_url": prometheus.url,
         "admin_key_file": controller.key_file,
         "state_dir": controller.state_dir,
-        "kv_transfer_metrics": kv_metrics,
+        "kv_transfer_metrics": kv is not None,
+        **({"kv_transfer_histogram": kv.histogram, "kv_transfer_role": kv.role} if kv else {}),
     }
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 

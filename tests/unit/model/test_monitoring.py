@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.model.monitoring import has_nixl_metrics
+from pdfleet.model.connectors import MOONCAKE, NIXL
+from pdfleet.model.monitoring import KVTransferSeries, kv_transfer_series
 from pdfleet.model.profile import ProfileError
 from pdfleet.model.profile_loader import load_profile
 from tests.unit.model.helpers import GOOD, PROFILES, SHIPPED, write
@@ -50,11 +51,16 @@ def test_bad_values_name_the_file_and_key(tmp_path: Path, section: str, message:
         _profile(tmp_path, section)
 
 
-def test_nixl_metrics_as_the_pinned_release_registers_them() -> None:
-    assert not has_nixl_metrics("vllm", "0.11.0")
-    assert not has_nixl_metrics("vllm", "0.10.2")  # untabled: refused by the profile checks, not assumed
-    assert has_nixl_metrics("vllm", "0.11.2") and has_nixl_metrics("vllm", "0.11.1")
-    assert has_nixl_metrics("sim", "0.11.2")
-    assert has_nixl_metrics("sim", "0.33.0")  # the simulator exports them as the release it models does
-    assert not has_nixl_metrics("sim", "0.11.0")
-    assert not has_nixl_metrics("vllm", "main")  # not an exact pin: not assumed
+def test_kv_transfer_series_as_the_pinned_release_registers_them() -> None:
+    """NIXL's from 0.11.1 on (D observes), Mooncake's on 0.33 (P observes: it pushes); none on 0.11.0
+    or an untabled pin (refused by the profile checks, never assumed)."""
+    assert kv_transfer_series(NIXL, "0.11.0") is None and kv_transfer_series(NIXL, "0.10.2") is None
+    assert kv_transfer_series(NIXL, "main") is None
+    nixl = kv_transfer_series(NIXL, "0.11.2")
+    assert nixl == KVTransferSeries(
+        NIXL, "vllm:nixl_xfer_time_seconds", ("vllm:nixl_num_failed_transfers",), "decode"
+    )
+    mooncake = kv_transfer_series(MOONCAKE, "0.33.0")
+    assert mooncake is not None and mooncake.histogram == "vllm:mooncake_xfer_time_seconds"
+    assert mooncake.role == "prefill" and "vllm:mooncake_num_failed_recvs" in mooncake.failed
+    assert kv_transfer_series(MOONCAKE, "0.11.2") is None  # not registered before 0.13

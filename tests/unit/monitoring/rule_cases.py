@@ -8,6 +8,7 @@ against the rendered alert files), and so do the gateway's event counters health
 from __future__ import annotations
 
 from pdfleet.model.profile import Profile
+from pdfleet.monitoring.recording import kv_series
 from tests.unit.monitoring.helpers import AlertCase, RuleCase, Series, buckets
 
 # ---- quantiles: one shape per histogram, two instances summed, a second group kept apart ---------------
@@ -47,16 +48,25 @@ VLLM_BUSY, VLLM_QUIET = 'pool="disagg", role="decode"', 'pool="colocated", role=
 GATEWAY_BUSY, GATEWAY_QUIET = 'pool="disagg", length_class="long"', 'pool="colocated", length_class="short"'
 
 
+# the KV step reads the profile's connector's histogram: its case feeds both (a rule reads one of them)
+KV_HISTOGRAMS = ("vllm:nixl_xfer_time_seconds", "vllm:mooncake_xfer_time_seconds")
+
+
 def _quantile_cases(
     level: str, source: str, histograms: dict[str, str], busy: str, quiet: str, models: tuple[str, str]
 ) -> list[RuleCase]:
     """`models`: the `model` label of the busy group's two series (the gateway's: two models, summed)."""
     cases = []
     for key, histogram in histograms.items():
-        inputs = (
-            *buckets(histogram, f'{busy}, instance="a:8000", model_name="m", {models[0]}', BUSY_A),
-            *buckets(histogram, f'{busy}, instance="b:8000", model_name="m", {models[1]}', BUSY_B),
-            *buckets(histogram, f'{quiet}, instance="c:8000", model_name="m"', QUIET_SHAPE),
+        fed = KV_HISTOGRAMS if histogram in KV_HISTOGRAMS else (histogram,)
+        inputs = tuple(
+            series
+            for name in fed
+            for series in (
+                *buckets(name, f'{busy}, instance="a:8000", model_name="m", {models[0]}', BUSY_A),
+                *buckets(name, f'{busy}, instance="b:8000", model_name="m", {models[1]}', BUSY_B),
+                *buckets(name, f'{quiet}, instance="c:8000", model_name="m"', QUIET_SHAPE),
+            )
         )
         for q in (0.5, 0.95, 0.99):
             cases.append(
@@ -257,20 +267,25 @@ def _slo_cases(profile: Profile, has_gateway: bool) -> list[AlertCase]:
 
 
 def _kv_cases(profile: Profile) -> list[AlertCase]:
-    hist = VLLM_HISTOGRAMS["kv_transfer"]
-    decode, prefill = 'pool="disagg", role="decode"', 'pool="disagg", role="prefill"'
+    """The connector's own histogram, hot on the role that observes it (Mooncake: prefill)."""
+    series = kv_series(profile)
+    if series is None:  # no KV alerts render: nothing to transfer, or a release without the histogram
+        return []
+    hist = series.histogram
+    roles = ('pool="disagg", role="decode"', 'pool="disagg", role="prefill"')
+    hot, cold = roles if series.role == "decode" else roles[::-1]
     return [
         AlertCase(
             "PdfleetKVTransferSlow",
             "the P95 against the wrong limit",
-            _above_and_below(hist, decode, prefill, profile.monitoring.kv_transfer_p95_ms / 1000),
-            (decode,),
+            _above_and_below(hist, hot, cold, profile.monitoring.kv_transfer_p95_ms / 1000),
+            (hot,),
         ),
         AlertCase(
             "PdfleetKVTransferOverSLO",
             "the P99 against the wrong SLO",
-            _above_and_below(hist, decode, prefill, profile.slo.kv_transfer_p99_ms / 1000),
-            (decode,),
+            _above_and_below(hist, hot, cold, profile.slo.kv_transfer_p99_ms / 1000),
+            (hot,),
         ),
     ]
 

@@ -35,7 +35,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with ExitStack() as stack:
-        gw, dec, colo = (stack.enter_context(exporter()) for _ in range(3))
+        gw, dec, colo, pre = (stack.enter_context(exporter()) for _ in range(4))
         # the gateway's label sets: every series carries the model (two here: big has the traffic)
         ttft = Histogram(
             "pdfleet_gateway_ttft_seconds",
@@ -64,6 +64,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             for e in (dec, colo)
         ]
         kv = Histogram("vllm:nixl_xfer_time_seconds", "k", buckets=BUCKETS, registry=dec.registry)
+        # MooncakeConnector pushes from P: its histogram is on the prefill instances
+        pushed = Histogram("vllm:mooncake_xfer_time_seconds", "k", buckets=BUCKETS, registry=pre.registry)
         children = [
             requests.labels("big", "disagg", "long", "200"),
             requests.labels("big", "disagg", "long", "503"),
@@ -81,6 +83,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             (f"127.0.0.1:{gw.port}", {"role": "gateway"}),
             (f"127.0.0.1:{dec.port}", {"pool": "disagg", "role": "decode", "model": "big"}),
             (f"127.0.0.1:{colo.port}", {"pool": "colocated", "role": "colocated", "model": "big"}),
+            (f"127.0.0.1:{pre.port}", {"pool": "disagg", "role": "prefill", "model": "big"}),
         ]
         prom = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), scrape_config(targets)))
         client = prom.client
@@ -91,6 +94,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             tpot[0].observe(0.05)
             tpot[1].observe(0.3)
             kv.observe(0.2)
+            pushed.observe(2.0)
         children[0].inc(36)
         children[1].inc(4)
         children[2].inc(40)
@@ -123,6 +127,21 @@ def test_each_metric_per_pool_in_its_unit(world: World) -> None:
     assert stall["disagg"] == 0.0 and stall["colocated"] is not None and stall["colocated"] > 0
     nothing = figure(src, _gate("ttft"), "short", WINDOW)
     assert nothing == {"disagg": None, "colocated": None}
+
+
+def test_the_kv_gate_reads_the_connector_s_histogram_on_the_role_observing_it(world: World) -> None:
+    """Mooncake's KV gate (issue 25 item 4): vllm:mooncake_xfer_time_seconds on the prefill instances,
+    not NIXL's on the decode instances."""
+    gate = _gate("kv_transfer", quantile=0.5)
+    kv = ("vllm:mooncake_xfer_time_seconds", "prefill")
+    mooncake = figure(world.client, gate, "long", WINDOW, kv=kv)
+    assert (
+        mooncake["disagg"] is not None and 1000 < mooncake["disagg"] < 5000 and mooncake["colocated"] is None
+    )
+    nixl = figure(world.client, gate, "long", WINDOW)
+    assert nixl["disagg"] is not None and nixl["disagg"] < 500
+    observed, _ = observe(world.client, [gate], StageSpec(short=0, long=50), ["long"], WINDOW, True, kv=kv)
+    assert observed[0][1].value is not None and observed[0][1].value > 1000
 
 
 def test_observe_counts_samples_and_leaves_out_kv_without_nixl_metrics(world: World) -> None:

@@ -55,3 +55,23 @@ def test_prefix_cache_counters_are_exported_as_the_release_registers_them(versio
         row = RELEASES[version].metric(name)
         assert row.kind == "counter" and row.when is None  # registered on every start, in both releases
         assert families[name].type == "counter"  # type: ignore[attr-defined]
+
+
+def test_mooncake_metrics_as_the_release_registers_them() -> None:
+    """A Mooncake instance exports MooncakeConnector's six families with the table's kinds and buckets
+    (checked by the test above's rules too), and no vllm:nixl_*; 0.11.x registers none of them."""
+    cfg = parse_serve_args([MODEL, "--kv-transfer-config", kv_config("kv_producer")], env={})
+    metrics = SimMetrics(cfg.max_model_len, pd=False, release=cfg.release, mooncake=True)
+    collector = SimCollector(metrics, cfg.engine(), MODEL, {"block_size": "16"})
+    families = {f.name: f for f in collector.collect()}  # type: ignore[attr-defined]
+    table = {m for m in RELEASES["0.33.0"].metric_names() if m.startswith("vllm:mooncake_")}
+    assert {n for n in families if n.startswith("vllm:mooncake_")} == table and len(table) == 6
+    assert not any(n.startswith("vllm:nixl_") for n in families)
+    for name in table:
+        row = RELEASES["0.33.0"].metric(name)
+        assert families[name].type == row.kind  # type: ignore[attr-defined]
+        if row.buckets:
+            bounds = [s.labels["le"] for s in families[name].samples if s.name.endswith("_bucket")]  # type: ignore[attr-defined]
+            assert [float(b) for b in bounds] == [*map(float, row.buckets), float("inf")]
+    old = SimMetrics(cfg.max_model_len, pd=False, release=RELEASES["0.11.2"], mooncake=True)
+    assert not old.mooncake

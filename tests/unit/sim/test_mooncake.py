@@ -143,6 +143,12 @@ def test_vllm_router_in_mooncake_mode_streams_a_chat_through_the_pair(
     counted = after_d["vllm:prompt_tokens_total"] - before_d["vllm:prompt_tokens_total"]
     assert counted == 1004
     assert not any(name.startswith("vllm:nixl_") for name in after_d)  # NixlConnector's, not Mooncake's
+    # MooncakeConnector's own metrics (issue 25 item 4): it pushes from P, so P observes the transfer
+    count, size = "vllm:mooncake_xfer_time_seconds_count", "vllm:mooncake_bytes_transferred_sum"
+    assert after_p[count] == before_p[count] + 1 and after_d[count] == before_d[count]
+    assert after_p[size] - before_p[size] == 1004 * 131072  # the prompt's KV, Llama-3.1-8B in bf16
+    assert after_p["vllm:mooncake_xfer_time_seconds_sum"] > before_p["vllm:mooncake_xfer_time_seconds_sum"]
+    assert after_d["vllm:mooncake_num_failed_recvs_total"] == before_d["vllm:mooncake_num_failed_recvs_total"]
     # Mooncake's P returns no kv_transfer_params: the consumer counted the prompt itself
     reused = "pdfleet_sim_prompt_counts_reused_total"
     assert after_d[reused] == before_d[reused]
