@@ -4,10 +4,13 @@ lines, serve lines the simulator parses, a policy the real gateway loads)."""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from pdfleet.hw.distro import CUDA_SOURCE
 from pdfleet.hw.gpu import GPU_FACTS
 from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.hw.rdma_facts import RdmaSysfsFact
+from pdfleet.model.platforms import find_platform
 from pdfleet.ops.apt import AptPackages
 from pdfleet.ops.files import FileContent
 from tests.unit.fleet.helpers import EXAMPLES, REPO, fleet_of, profile_inventory_pairs
@@ -256,3 +260,53 @@ def test_a_hosts_first_batch_is_the_union_of_its_roles_declared_facts() -> None:
         RdmaSysfsFact(),
     )  # rdma reads them (said in its skip)
     assert len(set(batch["lab-p1"])) == len(batch["lab-p1"])  # each fact once, though several roles read it
+
+
+@pytest.mark.sshd
+def test_provision_check_over_ssh_reads_what_the_host_runs_first(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
+    """`invoke provision --check` on this machine over loopback SSH: the OS fact is read (this machine runs
+    a platform pdfleet provisions, or it is refused in one line), nothing changes, the GPU role plans no
+    repository without a GPU (or this platform's own with one)."""
+    inv = tmp_path / "inv.yml"
+    host = (
+        f"          ansible_host: 127.0.0.1\n          ansible_port: {sshd.port}\n"
+        f"          ansible_user: root\n          ansible_ssh_private_key_file: {sshd.key_file}\n"
+        f"          pdfleet_known_hosts_file: {sshd.known_hosts}\n"
+    )
+    inv.write_text(
+        "all:\n  children:\n    prefill:\n      hosts:\n        loop:\n" + host + "          gpus: [0, 1]\n"
+        "    decode:\n      hosts:\n        loop: {}\n"
+        "    colocated:\n      hosts:\n        colo:\n" + host + "          gpus: [0]\n"
+    )
+    report = tmp_path / "report.json"
+    argv = ["provision", "--profile", "same-host-pcie", "--inventory", str(inv), "--limit", "loop", "--check"]
+    argv += [
+        "--roles",
+        "base,gpu_driver",
+        "--json",
+        str(report),
+    ]  # no systemd as PID 1 here for the unit roles
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run(
+        [sys.executable, "-m", "invoke", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    release = platform.freedesktop_os_release()
+    supported = find_platform(release["ID"], release.get("VERSION_ID", ""), Path("/etc/dgx-release").exists())
+    assert report.exists(), run.stdout + run.stderr
+    loop = json.loads(report.read_text())["hosts"]["loop"]
+    if supported is None:
+        assert (
+            run.returncode == 1 and loop["error"].startswith("planner: loop: runs ") and loop["changed"] == 0
+        )
+        return
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert loop["failed"] == 0 and loop["error"] is None and loop["changed"] > 0  # a plan, nothing applied
+    repo = [c["diff"] for c in loop["changes"] if c["op"] == "apt repo cuda"]
+    vendors = Path("/sys/bus/pci/devices").glob("*/vendor")
+    gpus = any(v.read_text().strip() == "0x10de" for v in vendors)  # NVIDIA's PCI vendor id
+    assert bool(repo) == gpus and all(f"/{supported.cuda_repo}/" in d for d in repo if supported.cuda_repo)
