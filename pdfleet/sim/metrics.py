@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from pdfleet.model.vllm_release_data import NEWEST, RELEASES
 from pdfleet.model.vllm_releases import Release
+from pdfleet.sim import more_metrics
 from pdfleet.sim.engine import Engine
 
 # The simulator's own lateness, in wall seconds (not a vLLM metric).
@@ -99,6 +100,21 @@ MOONCAKE_COUNTERS: tuple[tuple[str, str, str], ...] = (
         "mooncake_expired",
     ),
 )
+# Histograms some releases register on every start: 0.11's deprecated TPOT (the inter-token latencies
+# again), the tokens of each engine step, and 0.33's prompt tokens each request computed itself.
+RELEASE_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
+    (
+        "vllm:time_per_output_token_seconds",
+        "Histogram of time per output token in seconds. DEPRECATED: use vllm:inter_token_latency_seconds.",
+        "itl",
+    ),
+    ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", "iteration_tokens"),
+    (
+        "vllm:request_prefill_kv_computed_tokens",
+        "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+        "prefill_kv_computed",
+    ),
+)
 NIXL_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
     (
         "vllm:nixl_xfer_time_seconds",
@@ -171,9 +187,16 @@ class SimMetrics:
     """All the numbers the server exports; the engine's own counters are read at scrape time."""
 
     def __init__(
-        self, max_model_len: int, pd: bool, release: Release | None = None, mooncake: bool = False
+        self,
+        max_model_len: int,
+        pd: bool,
+        release: Release | None = None,
+        mooncake: bool = False,
+        consumer: bool = False,
     ) -> None:
         release = release or RELEASES[NEWEST]
+        self.release = release
+        self.consumer = consumer  # a kv_consumer: 0.33 registers vllm:num_requests_kv_fetch_by_stage
         # vllm:mooncake_* are MooncakePromMetrics' where the release registers them (0.33)
         self.mooncake = mooncake and "vllm:mooncake_xfer_time_seconds" in release.metric_names()
         # vllm:nixl_* are registered by NixlPromMetrics where the release has it (0.33; 0.11 logs only)
@@ -196,6 +219,8 @@ class SimMetrics:
         self.prompt_tokens_hist = Hist(one_two_five(max_model_len))
         self.generation_tokens_hist = Hist(one_two_five(max_model_len))
         self.max_tokens_hist = Hist(one_two_five(max_model_len))
+        self.prefill_kv_computed = Hist(one_two_five(max_model_len))  # per request, computed here (0.33)
+        self.iteration_tokens = Hist(_buckets(release, "vllm:iteration_tokens_total"))  # per engine step
         self.success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
         self.nixl_xfer = Hist(_buckets(release, "vllm:nixl_xfer_time_seconds"))
         self.nixl_post = Hist(_buckets(release, "vllm:nixl_post_time_seconds"))
@@ -295,8 +320,10 @@ class SimCollector(Collector):
         for reason, count in m.success.items():
             success.add_metric([*self.labels.values(), reason], count)
         yield success
-        for name, doc, attr in REQUEST_HISTOGRAMS + (NIXL_HISTOGRAMS if m.pd else ()):
-            yield self._hist(name, doc, getattr(m, attr))
+        for name, doc, attr in REQUEST_HISTOGRAMS + RELEASE_HISTOGRAMS + (NIXL_HISTOGRAMS if m.pd else ()):
+            if name in m.release.metric_names() or name.startswith("vllm:nixl_"):
+                yield self._hist(name, doc, getattr(m, attr))
+        yield from more_metrics.families(m.release, engine, self.labels, m.consumer)
         if m.pd:
             yield self._counter(
                 "vllm:nixl_num_failed_transfers",

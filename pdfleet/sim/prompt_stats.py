@@ -10,6 +10,7 @@ prompt it received, not only the one token it computed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
@@ -20,8 +21,8 @@ class PromptTokens:
     """The counters, in tokens, summed over every request that produced its first token."""
 
     by_source: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
-    # vllm:request_prefill_kv_computed_tokens: per request, the prompt tokens computed here
-    computed_per_request: list[int] = field(default_factory=list)
+    # vllm:request_prefill_kv_computed_tokens: told each request's prompt tokens computed here
+    observer: Callable[[int], None] | None = None
 
     @property
     def total(self) -> int:
@@ -41,5 +42,6 @@ class PromptTokens:
         self.by_source["local_compute"] += computed
         self.by_source["local_cache_hit"] += local_hit
         self.by_source["external_kv_transfer"] += external
-        self.computed_per_request.append(computed)
+        if self.observer is not None:
+            self.observer(computed)
         return computed

@@ -56,7 +56,9 @@ class Runtime:
         # vllm:nixl_* are NixlConnector's (MooncakeConnector registers none of them)
         nixl = kv is not None and kv.connector == "NixlConnector"
         mooncake = kv is not None and kv.connector == "MooncakeConnector"
-        self.metrics = SimMetrics(cfg.max_model_len, pd=nixl, release=cfg.release, mooncake=mooncake)
+        consumer = kv is not None and kv.is_consumer
+        self.metrics = SimMetrics(cfg.max_model_len, nixl, cfg.release, mooncake, consumer)
+        self.engine.prompt.observer = self.metrics.prefill_kv_computed.observe
         self._wake = asyncio.Event()
         self.kv = (
             None if kv is None else KVConnector(cfg, kv, self.engine, self.metrics, self.clock, self.wake)
@@ -184,6 +186,7 @@ class Runtime:
             done_wall = loop.time()
             lag = done_wall - target
             m.steps += 1
+            m.iteration_tokens.observe(batch.tokens)
             m.busy_sim_s += batch.duration
             m.busy_wall_s += done_wall - last_emit_wall
             last_emit_wall = done_wall

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pdfleet.model.vllm_release_data import RELEASES
+from pdfleet.sim import more_metrics
 from pdfleet.sim.config import parse_serve_args
 from pdfleet.sim.metrics import SimCollector, SimMetrics
 from tests.unit.sim.helpers import MODEL, kv_config
@@ -19,7 +20,7 @@ def _families(version: str) -> dict[str, object]:
     cfg = parse_serve_args(
         [MODEL, "--sim-vllm-version", version, "--kv-transfer-config", kv_config("kv_consumer")], env={}
     )
-    metrics = SimMetrics(cfg.max_model_len, pd=True, release=cfg.release)
+    metrics = SimMetrics(cfg.max_model_len, pd=True, release=cfg.release, consumer=True)
     collector = SimCollector(metrics, cfg.engine(), MODEL, {"block_size": "16"})
     return {f.name: f for f in collector.collect() if f.name.startswith("vllm:")}  # type: ignore[attr-defined]
 
@@ -75,3 +76,21 @@ def test_mooncake_metrics_as_the_release_registers_them() -> None:
             assert [float(b) for b in bounds] == [*map(float, row.buckets), float("inf")]
     old = SimMetrics(cfg.max_model_len, pd=False, release=RELEASES["0.11.2"], mooncake=True)
     assert not old.mooncake
+
+
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_every_family_the_release_always_registers_is_exported(version: str) -> None:
+    """Issue 25 item 8: a NIXL consumer exports every family its release registers on every start (the
+    stat logger's and NixlConnector's; 0.33's KV-fetch stages on a consumer too), but for the few
+    per-request parameters more_metrics names, so dashboards of KV-fetch stages and external-KV tokens
+    can be built and checked in the lab."""
+    rel = RELEASES[version]
+    exported = set(_families(version))
+    wanted = {n for n in rel.metric_names() if not n.startswith("vllm:mooncake_")} - more_metrics.NOT_EXPORTED
+    if "vllm:num_requests_kv_fetch_by_stage" in rel.metric_names(include_conditional=True):
+        wanted.add("vllm:num_requests_kv_fetch_by_stage")
+    assert wanted - exported == set()
+    if version == "0.33.0":
+        assert {"vllm:prompt_tokens_by_source", "vllm:external_prefix_cache_hits"} <= exported
+    if version == "0.11.0":
+        assert {"vllm:time_per_output_token_seconds", "vllm:iteration_tokens_total"} <= exported

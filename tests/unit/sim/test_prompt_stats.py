@@ -7,12 +7,13 @@ from pdfleet.sim.prompt_stats import SOURCES, PromptTokens
 
 
 def test_a_request_counts_its_whole_prompt_split_by_source() -> None:
-    stats = PromptTokens()
+    computed: list[int] = []
+    stats = PromptTokens(observer=computed.append)
     assert stats.first_token(1004, 0, 1003) == 1  # a decode instance: the KV came over the transfer
     assert stats.first_token(100, 64, 0) == 36  # a local prefix-cache hit
     assert stats.total == 1104 and stats.cached == 1067
     assert stats.by_source == {"local_compute": 37, "local_cache_hit": 64, "external_kv_transfer": 1003}
-    assert stats.computed_per_request == [1, 36]
+    assert computed == [1, 36]  # vllm:request_prefill_kv_computed_tokens observes each request
     assert tuple(stats.by_source) == SOURCES
 
 
