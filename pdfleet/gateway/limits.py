@@ -24,12 +24,24 @@ from pdfleet.model.limits import KeyLimits, LimitsSpec, RateLimits
 
 def check_limit_names(limits: LimitsSpec, key_names: set[str], aliases: set[str], source: str) -> list[str]:
     """Problems with names in `limits:` that are not a key name in the keys file or not a model alias."""
+    return check_limit_keys(limits, key_names, source) + check_limit_aliases(limits, aliases, source)
+
+
+def check_limit_keys(limits: LimitsSpec, key_names: set[str], source: str) -> list[str]:
+    """Problems with key names in `limits:` the keys file does not have (known only once it is read)."""
+    known = ", ".join(sorted(key_names))
+    return [
+        f"{source}: limits.keys.{name}: no key of that name in the keys file (names: {known})"
+        for name in limits.keys
+        if name not in key_names
+    ]
+
+
+def check_limit_aliases(limits: LimitsSpec, aliases: set[str], source: str) -> list[str]:
+    """Problems with alias names in `limits:` that are not one of the policy's aliases (checked with the
+    policy file itself, so a rendered policy naming one is refused before it is written)."""
     out = []
     shown = ", ".join(sorted(aliases))
-    for name in limits.keys:
-        if name not in key_names:
-            known = ", ".join(sorted(key_names))
-            out.append(f"{source}: limits.keys.{name}: no key of that name in the keys file (names: {known})")
     for alias in limits.models:
         if alias not in aliases:
             out.append(f"{source}: limits.models.{alias}: not a model alias (aliases: {shown})")

@@ -42,7 +42,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from pdfleet.errors import ValidationError
 from pdfleet.gateway.keys import KeyEntry, load_keys
-from pdfleet.gateway.limits import check_limit_names
+from pdfleet.gateway.limits import check_limit_aliases, check_limit_keys
 from pdfleet.gateway.outside import Outside, load_outside
 from pdfleet.gateway.policy_spec import (
     ROUTER_PD_ENDPOINTS,
@@ -260,6 +260,7 @@ def parse_policy(source: Path, text: str) -> PolicySpec:
             problems.append(f"{source}: models.{alias!r}: an alias must be non-empty, without outer spaces")
         problems += [f"{source}: models.{alias}.{p}" for p in route_problems(spec, alias, route)]
     problems += [f"{source}: {p}" for p in group_problems(spec)]
+    problems += check_limit_aliases(spec.limits, set(spec.models), str(source))
     if problems:
         raise ValidationError("\n".join(problems))
     return spec
@@ -336,7 +337,7 @@ def load_policy(path: str | Path) -> ActivePolicy:
     if not keys_path.is_absolute():
         keys_path = source.parent / keys_path
     keys = load_keys(keys_path)
-    problems = check_limit_names(spec.limits, {k.name for k in keys.values()}, set(spec.models), str(source))
+    problems = check_limit_keys(spec.limits, {k.name for k in keys.values()}, str(source))
     if problems:
         raise ValidationError("\n".join(problems))
     tok = spec.estimator.tokenizer

@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from pdfleet.errors import ValidationError as PdfleetValidationError
 from pdfleet.gateway.limits import Limiter, check_limit_names, prompt_limit
+from pdfleet.gateway.policy import policy_text
 from pdfleet.model.limits import KeyLimits, LimitsSpec, ModelLimits, RateLimits
-from tests.unit.gateway.helpers import ADMIN_KEY, LONG, USER_KEY, Env, auth, chat, error_of, run
+from tests.unit.gateway.helpers import ADMIN_KEY, LONG, USER_KEY, Env, auth, chat, error_of, policy_dict, run
 
 MESSAGES = {"model": "llama", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -390,3 +392,14 @@ def test_a_key_may_be_kept_to_some_models_and_limited_on_one(tmp_path: Path) -> 
             assert limiter.in_flight == {}
 
     run(scenario())
+
+
+def test_a_policy_naming_an_unknown_alias_in_its_limits_is_refused_before_it_is_written(
+    tmp_path: Path,
+) -> None:
+    doc = policy_dict(["http://127.0.0.1:9"], None, limits={"keys": {"user": {"models": ["lama"]}}})
+    path = tmp_path / "policy.yaml"
+    with pytest.raises(PdfleetValidationError) as exc:
+        policy_text(doc, path)  # what provision renders through: no keys file is read yet
+    assert "limits.keys.user.models[0]: 'lama' is not a model alias (aliases: llama)" in str(exc.value)
+    assert not path.exists()
