@@ -58,9 +58,14 @@ def check_limit_aliases(limits: LimitsSpec, aliases: set[str], source: str) -> l
     return out
 
 
+# between key and alias in a slot's name: a control character, which no key name (the YAML loader refuses
+# them in every file pdfleet reads) can hold, so a slot never shares a key's counts
+SLOT_SEP = "\x1f"
+
+
 def slot(key: str, alias: str) -> str:
     """The limiter's slot of a key's requests to one alias (its per_model limits count there)."""
-    return f"{key}/{alias}"
+    return f"{key}{SLOT_SEP}{alias}"
 
 
 @dataclass
@@ -207,8 +212,10 @@ def prompt_limit(spec: LimitsSpec, key_limits: KeyLimits, alias: str) -> tuple[i
 
 
 def limits_summary(limiter: Limiter) -> Mapping[str, object]:
-    """What /admin/policy shows of the limits: the spec and the in-flight counts per key name."""
-    return {"spec": limiter.spec.model_dump(exclude_defaults=True), "in_flight": dict(limiter.in_flight)}
+    """What /admin/policy shows of the limits: the spec and the in-flight counts per key name (a key's slot
+    on one alias as `key/alias`)."""
+    in_flight = {name.replace(SLOT_SEP, "/"): n for name, n in limiter.in_flight.items()}
+    return {"spec": limiter.spec.model_dump(exclude_defaults=True), "in_flight": in_flight}
 
 
 def model_refusal(key_limits: KeyLimits, key: str, alias: str) -> str | None:

@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from pdfleet.errors import ValidationError as PdfleetValidationError
-from pdfleet.gateway.limits import Limiter, check_limit_names, prompt_limit
+from pdfleet.gateway.limits import Limiter, check_limit_names, limits_summary, prompt_limit, slot
 from pdfleet.gateway.policy import policy_text
 from pdfleet.model.limits import KeyLimits, LimitsSpec, ModelLimits, RateLimits
 from tests.unit.gateway.helpers import ADMIN_KEY, LONG, USER_KEY, Env, auth, chat, error_of, policy_dict, run
@@ -338,16 +338,20 @@ def test_a_keys_own_limits_on_one_alias_count_in_a_slot_of_their_own() -> None:
     assert lim.acquire_model("user", "llama") == (None, None)  # no limits of its own there
     assert lim.acquire_model("admin", "gpt") == (None, None)
     name, rejected = lim.acquire_model("user", "gpt")
-    assert (name, rejected) == ("user/gpt", None) and lim.in_flight == {"user/gpt": 1}
+    assert (name, rejected) == (slot("user", "gpt"), None) and lim.in_flight == {slot("user", "gpt"): 1}
+    assert limits_summary(lim)["in_flight"] == {"user/gpt": 1}
+    # a key whose name looks like a slot's display form counts apart from it
+    assert lim.acquire("user/gpt") is None and lim.in_flight[slot("user", "gpt")] == 1
+    lim.release("user/gpt")
     _, second = lim.acquire_model("user", "gpt")
     assert second is not None and second.reason == "concurrency"
     assert "key 'user' on model 'gpt' already has 1 requests in flight" in second.message
-    lim.release("user/gpt")
+    lim.release(slot("user", "gpt"))
     _, third = lim.acquire_model("user", "gpt")
     assert third is not None and third.reason == "rate"  # the burst of 1 went to the first
     clock.t += 1.0
     assert lim.acquire_model("user", "gpt")[1] is None
-    lim.release("user/gpt")
+    lim.release(slot("user", "gpt"))
     lim.configure(LimitsSpec())  # a reload without per_model limits drops the slot's bucket
     assert lim.buckets == {} and lim.acquire_model("user", "gpt") == (None, None)
 
@@ -380,10 +384,10 @@ def test_a_key_may_be_kept_to_some_models_and_limited_on_one(tmp_path: Path) -> 
                 assert [m["id"] for m in (await r.json())["data"]] == ["llama", "small"]
             url = env.base + "/v1/chat/completions"
             held = await env.session.post(url, json=chat(stream=True, max_tokens=100), headers=auth())
-            assert held.status == 200 and limiter.in_flight == {"user": 1, "user/llama": 1}
+            assert held.status == 200 and limiter.in_flight == {"user": 1, slot("user", "llama"): 1}
             st, h, raw = await env.post("/v1/chat/completions", chat())
             assert st == 429 and "key 'user' on model 'llama'" in error_of(raw)["message"]
-            assert limiter.in_flight == {"user": 1, "user/llama": 1}  # the refused one holds nothing
+            assert limiter.in_flight == {"user": 1, slot("user", "llama"): 1}  # the refused one holds nothing
             held.close()
             await _until(lambda: limiter.in_flight == {})
             st, _, raw = await env.post("/v1/chat/completions", chat(LONG))
