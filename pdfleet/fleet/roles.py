@@ -49,6 +49,15 @@ class RoleContext:
         """The vLLM instances this host runs."""
         return self.topology.on_host(self.host.name)
 
+    @property
+    def kv_profile(self) -> Profile:
+        """The profile as the host's P/D model has it (its KV connector and topology at the top level): the
+        model of its first prefill or decode instance, else the first model. What host-wide KV settings
+        (the transfer library, kv-transfer.env) follow on a host serving several models."""
+        inst = next((i for i in self.instances if i.kv_role), None)
+        spec = self.profile.served_model(inst.model) if inst else self.profile.served[0]
+        return self.profile.for_model(spec)
+
     def render(self, template: str, **variables: Any) -> str:
         return self.renderer.render(template, **variables)
 

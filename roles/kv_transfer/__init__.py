@@ -34,7 +34,7 @@ def applies(ctx: RoleContext) -> bool:
 
 def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
     """GPUs and kernel (the GPUDirect mode); the RDMA devices where KV moves over RDMA (the GID index)."""
-    rdma = (RdmaSysfsFact(),) if uses_rdma(ctx.profile, ctx.host) else ()
+    rdma = (RdmaSysfsFact(),) if uses_rdma(ctx.kv_profile, ctx.host) else ()
     return (NvidiaPciFact(), KernelFact(), *rdma)
 
 
@@ -48,7 +48,7 @@ def units(ctx: RoleContext) -> list[ManagedUnit]:
 
 def gid_index(ctx: RoleContext, facts: FactSource) -> tuple[int | None, str]:
     """The RoCE v2 GID index for the env file, or None with the reason it is not set."""
-    if not uses_rdma(ctx.profile, ctx.host):
+    if not uses_rdma(ctx.kv_profile, ctx.host):
         return None, "KV does not move over RDMA on this host"
     found = facts.get(RdmaSysfsFact())
     declared = tuple(ctx.host.rdma_devices)
@@ -68,14 +68,14 @@ def gpudirect_mode(ctx: RoleContext, facts: FactSource) -> str:
         return "none"
     try:
         kernel = facts.get(KernelFact())
-        return resolve_gpudirect(ctx.profile.gpu, kernel, uses_rdma(ctx.profile, ctx.host)).mode
+        return resolve_gpudirect(ctx.profile.gpu, kernel, uses_rdma(ctx.kv_profile, ctx.host)).mode
     except ValueError:
         return "none"  # the gpu_driver role reports it as an error
 
 
 def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
     """The transfer library in the venv (not for the simulator) and the env file for every vLLM unit."""
-    profile = ctx.profile
+    profile = ctx.kv_profile  # the host's P/D model's connector
     requirement = kv_requirement(profile)
     if profile.vllm.engine == "sim":
         reason = "engine: sim: the simulator models the transfer, there is no NIXL/Mooncake wheel"

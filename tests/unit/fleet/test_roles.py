@@ -27,7 +27,7 @@ from pdfleet.ops.base import FakeFacts, Operation, Run
 from pdfleet.ops.files import Directory, File, FileContent
 from pdfleet.ops.pip import PipRequirements
 from roles import REGISTRY
-from tests.unit.fleet.helpers import REPO, fleet_of
+from tests.unit.fleet.helpers import REPO, deploy, fleet_of
 
 
 def test_apt_packages_of_all_roles_include_base() -> None:
@@ -100,3 +100,37 @@ def test_gateway_and_rollout_install_host_code_by_the_one_sequence(tmp_path: Pat
     plain = host_wheel_install(dataclasses.replace(fleet, host_wheel=None).context(ctx.host), "/opt/x")
     assert [type(op) for op in plain] == [Directory, PipRequirements]
     assert isinstance(plain[1], PipRequirements) and plain[1].find_links == ()
+
+
+def test_host_wide_kv_settings_follow_the_model_whose_pd_instance_the_host_runs(tmp_path: Path) -> None:
+    for path in (REPO / "profiles").glob("*.yml"):
+        (tmp_path / path.name).write_text(path.read_text())
+    (tmp_path / "two-pd.yml").write_text(
+        "extends: lab-cross\ngateway: {model_alias: null}\nmodels:\n  - {name: nixl, aliases: [a]}\n"
+        "  - name: moon\n    aliases: [b]\n"
+        "    kv_transfer: {connector: MooncakeConnector, mooncake_protocol: tcp}\n"
+        "    gateway: {router_port: 8091, router_prometheus_port: 29001}\n"
+        "    pools:\n      prefill: {port: 8101, gpus: [1], hosts: [p2]}\n"
+        "      decode: {port: 8201, gpus: [1], hosts: [d1]}\n"
+        "      colocated: {port: 8001, gpus: [1], hosts: [c1]}\n"
+    )
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    p2: {ansible_host: 10.0.0.22, gpus: [0, 1]}\n  children:\n"
+        "    prefill: {hosts: {p1: {ansible_host: 10.0.0.21, gpus: [0, 1]}}}\n"
+        "    decode: {hosts: {d1: {ansible_host: 10.0.0.31, gpus: [0, 1]}}}\n"
+        "    colocated: {hosts: {c1: {ansible_host: 10.0.0.11, gpus: [0, 1]}}}\n"
+    )
+    fleet = deploy("two-pd", inventory, tmp_path)
+    connector = {
+        name: fleet.context(host).kv_profile.kv_transfer.connector
+        for name, host in fleet.inventory.hosts.items()
+    }
+    # d1 runs both models' decode instances: the first one's (in the profile's order) sets the host-wide file
+    assert connector == {
+        "p2": "MooncakeConnector",
+        "p1": "NixlConnector",
+        "d1": "NixlConnector",
+        "c1": "NixlConnector",
+    }
+    assert [i.unit for i in fleet.topology.on_host("p2")] == ["vllm-moon-prefill.service"]
