@@ -18,6 +18,12 @@ only mid-upgrade, and the simulator models it (the compatibility hash carries th
 `handshake.hash_factors` has it). The side-channel default port (5557 vs 5600) — pdfleet always
 renders `VLLM_NIXL_SIDE_CHANNEL_PORT` (the profile's `kv_transfer.side_channel_port`), so vLLM's default
 never applies to a unit; the simulator uses the release's default when the variable is unset.
+
+Where the shared reference (vllm-pd.md) disagrees with the 0.11.0 wheel, the wheel is right and the
+reference describes 0.11.1+ (whose rows match it): `VLLM_NIXL_SIDE_CHANNEL_PORT` defaults to 5557 in
+0.11.0 with a listener per TP rank (base + dp_rank * tp_size + tp_rank), not 5600 with one listener;
+`VLLM_NIXL_ABORT_REQUEST_TIMEOUT` is 120 s in 0.11.0 (PR #25897's 480 s landed after the 0.11.0 cut);
+and 0.11.0's handshake query sets no 5 s receive timeout (`handshake.receive_timeout_ms` None).
 """
 
 from __future__ import annotations
