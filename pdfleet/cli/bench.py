@@ -23,7 +23,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pdfleet.bench.compare import POOLS, BenchPlan, BenchResult, check_plan, run_compare
-from pdfleet.bench.fleet_targets import gateway_of, metrics_sources, pool_targets, pools_of, read_client_key
+from pdfleet.bench.fleet_targets import (
+    bench_model,
+    gateway_of,
+    metrics_sources,
+    pool_targets,
+    pools_of,
+    read_client_key,
+)
 from pdfleet.bench.report import HEADLINE, headline_rows, write_all
 from pdfleet.bench.stats import Bounds
 from pdfleet.bench.verdict import Thresholds, Verdict
@@ -46,7 +53,9 @@ HELP = {
     "concurrency": "Fixed concurrency: this many requests in flight, one after another (instead of --rate).",
     "duration": f"Seconds of load per pool (default {DEFAULT_DURATION_S:g}; or --num-prompts).",
     "num_prompts": "Requests per pool (instead of --duration).",
-    "pools": "Pools to run, comma-separated, in order (default: every pool the profile has).",
+    "model": "The model whose pools to compare, by its name in the profile's models: (default: the first "
+    "disaggregated one).",
+    "pools": "Pools to run, comma-separated, in order (default: every pool the model has).",
     "sweep": "Also find each pool's largest rate (per GPU) meeting slo.attainment_pct of requests.",
     "out": "Directory for results.json, requests.jsonl, report.md/html, plots (default: output_dir/bench-*).",
     "seed": "Seed of the workload and the arrivals (the same for every pool).",
@@ -76,8 +85,10 @@ def _number(value: str | None, kind: type, option: str) -> Any:
 
 
 def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan:
-    """The BenchPlan of the task's options and the profile's SLOs, time scale and length threshold."""
-    profile = deployment.profile
+    """The BenchPlan of the task's options and the benched model's SLOs, length threshold and the profile's
+    time scale."""
+    spec = bench_model(deployment.profile, opts.get("model"))
+    profile = deployment.profile.for_model(spec)
     slo = profile.slo
     defaults = WorkloadSpec()
     workload = WorkloadSpec(
@@ -100,7 +111,7 @@ def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan
         rate = DEFAULT_RATE
     if duration is None and num is None and opts["workload"] != "trace":
         duration = DEFAULT_DURATION_S
-    have = pools_of(deployment.topology)
+    have = pools_of(deployment.topology, spec.name)
     pools = tuple(p.strip() for p in opts["pools"].split(",") if p.strip()) if opts["pools"] else have
     unknown = [p for p in pools if p not in POOLS]
     if unknown:
@@ -110,7 +121,7 @@ def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan
     missing = [p for p in pools if p not in have]
     if missing:
         raise ValidationError(
-            f"--pools: profile {profile.name} has no {', '.join(missing)} pool behind its gateway "
+            f"--pools: {_whose(deployment, spec.name)} no {', '.join(missing)} pool behind its gateway "
             f"(it has: {', '.join(have) or 'none'})"
         )
     scale = profile.vllm.sim.time_scale if profile.vllm.engine == "sim" else 1.0
@@ -134,9 +145,19 @@ def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan
     return plan
 
 
-def thresholds_of(deployment: Deployment) -> Thresholds:
-    """The verdict's bounds from the profile's slo."""
-    slo = deployment.profile.slo
+def _whose(deployment: Deployment, model: str) -> str:
+    """`profile P has` (one model, messages as ever) or `model M of profile P has`."""
+    name = deployment.profile.name
+    return (
+        f"profile {name} has"
+        if len(deployment.profile.served) == 1
+        else f"model {model} of profile {name} has"
+    )
+
+
+def thresholds_of(deployment: Deployment, model: str | None = None) -> Thresholds:
+    """The verdict's bounds from the benched model's slo."""
+    slo = bench_model(deployment.profile, model).slo
     return Thresholds(slo.ttft_bound_ms, slo.tpot_bound_ms, slo.prefill_queue_p95_ms, slo.decode_queue_p95_ms)
 
 
@@ -150,16 +171,20 @@ def headline_table(doc: dict[str, Any]) -> Table:
     return table
 
 
-async def _run(plan: BenchPlan, deployment: Deployment, key: str, console: Console) -> BenchResult:
-    """Run every pool with a progress bar; SIGINT sets the stop event instead of killing the run."""
+async def _run(
+    plan: BenchPlan, deployment: Deployment, key: str, console: Console, model: str | None
+) -> BenchResult:
+    """Run every pool of the benched model with a progress bar; SIGINT sets the stop event instead of
+    killing the run."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
     topology = deployment.topology
-    sources, what = metrics_sources(topology, lambda m: console.print(m))
-    console.print(f"server side: {what}")
-    targets = pool_targets(topology, plan.pools, sources)
-    gw = gateway_of(deployment.profile, topology, key)
+    spec = bench_model(deployment.profile, model)
+    sources, what = metrics_sources(topology, lambda m: console.print(m), spec.name)
+    console.print(f"model {spec.name}, server side: {what}")
+    targets = pool_targets(topology, plan.pools, sources, spec.name)
+    gw = gateway_of(deployment.profile, topology, key, spec.aliases[0])
     bars = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -202,19 +227,16 @@ def run_bench(
     settings = Settings.of(ctx)
     deployment = open_deployment(ctx, profile, inventory)
     plan = plan_from_options(deployment, opts)
+    spec = bench_model(deployment.profile, opts.get("model"))
     key = read_client_key(deployment.profile.gateway.client_key_file)
     out_dir = (
         repo_path(out)
         if out
         else settings.output_dir / f"bench-{deployment.profile.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    result = _event_loop_run(_run(plan, deployment, key, console))
+    result = _event_loop_run(_run(plan, deployment, key, console, spec.name))
     doc, verdict = write_all(
-        out_dir,
-        result,
-        deployment.profile.gateway.model_alias or deployment.profile.model.id,
-        deployment.profile.name,
-        thresholds_of(deployment),
+        out_dir, result, spec.aliases[0], deployment.profile.name, thresholds_of(deployment, spec.name)
     )
     return doc, verdict, out_dir
 
@@ -232,7 +254,7 @@ def print_outcome(doc: dict[str, Any], verdict: Verdict, out_dir: Path, console:
     return [f"{p}: {s['error']}" for p, s in doc["pools"].items() if "error" in s]
 
 
-@task(help=HELP, auto_shortflags=False)  # 18 options: short flags would collide
+@task(help=HELP, auto_shortflags=False)  # 19 options: short flags would collide
 @user_errors
 def bench(
     ctx: Context,
@@ -243,6 +265,7 @@ def bench(
     concurrency: str | None = None,
     duration: str | None = None,
     num_prompts: str | None = None,
+    model: str | None = None,
     pools: str | None = None,
     sweep: bool = False,
     out: str | None = None,
@@ -263,6 +286,7 @@ def bench(
         "concurrency": concurrency,
         "duration": duration,
         "num_prompts": num_prompts,
+        "model": model,
         "pools": pools,
         "sweep": sweep,
         "seed": seed,

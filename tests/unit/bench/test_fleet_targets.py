@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from prometheus_client import Gauge
 
 from pdfleet.bench.fleet_targets import (
+    ModelSeries,
+    bench_model,
     direct_targets,
     gateway_of,
     gpu_count,
@@ -21,7 +25,7 @@ from pdfleet.errors import ValidationError
 from pdfleet.metrics.direct import DirectScrape
 from pdfleet.metrics.prometheus import PrometheusClient
 from tests.unit.fleet.helpers import deploy, monitoring_on_port
-from tests.unit.metrics.helpers import prometheus, scrape_config
+from tests.unit.metrics.helpers import exporter, prometheus, samples_seen, scrape_config, wait_for
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -85,3 +89,40 @@ def test_prometheus_is_read_on_the_profiles_monitoring_port(tmp_path: Path) -> N
         source, kv = sources("disagg")
         assert what == f"Prometheus at http://127.0.0.1:{prom.port}" and not notes
         assert isinstance(source, PrometheusClient) and source.base_url == prom.url and kv is source
+
+
+def test_two_models_bench_the_disaggregated_one_unless_told() -> None:
+    d = _lab("lab-two-models")
+    assert bench_model(d.profile, None).name == "llama-8b"  # the first disaggregated model
+    small = bench_model(d.profile, "llama-1b")
+    assert pools_of(d.topology, "llama-1b") == ("colocated",)  # colocated only: no router, no disagg
+    assert pools_of(d.topology, "llama-8b") == ("colocated", "disagg")
+    assert gpu_count(d.topology, "colocated", "llama-1b") == 1  # lab-colo2's second GPU
+    assert gpu_count(d.topology, "colocated", "llama-8b") == 2
+    assert gpu_count(d.topology, "colocated") == 3  # every model's
+    assert gateway_of(d.profile, d.topology, "sk-x", small.aliases[0]).model == "llama-3.2-1b"
+    assert {t.labels["model"] for t in direct_targets(d.topology, "colocated", "llama-1b")} == {"llama-1b"}
+    with pytest.raises(ValidationError) as err:
+        bench_model(d.profile, "gpt-4o")
+    assert str(err.value) == (
+        "--model gpt-4o: profile lab-two-models serves no such model; models: llama-8b, llama-1b"
+    )
+
+
+def test_a_models_series_leave_the_other_models_same_pool_out(tmp_path: Path) -> None:
+    """Both models run a colocated pool: the bench of one reads its own instances' gauge, not the sum."""
+    with exporter() as big, exporter() as small:
+        for exp, value in ((big, 0.75), (small, 0.25)):
+            Gauge("vllm:kv_cache_usage_perc", "KV", registry=exp.registry).set(value)
+        targets: list[tuple[str, Mapping[str, str]]] = [
+            (f"127.0.0.1:{big.port}", {"pool": "colocated", "role": "colocated", "model": "llama-8b"}),
+            (f"127.0.0.1:{small.port}", {"pool": "colocated", "role": "colocated", "model": "llama-1b"}),
+        ]
+        with prometheus(tmp_path / "prom", scrape_config(targets)) as prom:
+            wait_for(samples_seen(prom.client, "vllm:kv_cache_usage_perc", 2), what="two scrapes")
+            match = {"pool": "colocated"}
+            both = prom.client.value("vllm:kv_cache_usage_perc", ("role",), match)
+            assert both == {("colocated",): 1.0}
+            for model, value in (("llama-8b", 0.75), ("llama-1b", 0.25)):
+                got = ModelSeries(prom.client, model).value("vllm:kv_cache_usage_perc", ("role",), match)
+                assert got == {("colocated",): value}

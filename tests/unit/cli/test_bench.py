@@ -84,6 +84,26 @@ def test_a_pool_the_profile_lacks_is_refused() -> None:
     )
 
 
+def test_an_unknown_model_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = _invoke("bench", "--profile", "lab-two-models", "--model", "gpt-4o", "--out", str(out))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert (
+        "error: --model gpt-4o: profile lab-two-models serves no such model; models: llama-8b, llama-1b"
+        in proc.stderr
+    )
+    assert not out.exists()
+
+
+def test_a_pool_the_model_lacks_is_refused() -> None:
+    proc = _invoke("bench", "--profile", "lab-two-models", "--model", "llama-1b", "--pools", "disagg")
+    assert proc.returncode != 0
+    assert (
+        "error: --pools: model llama-1b of profile lab-two-models has no disagg pool behind its gateway "
+        "(it has: colocated)" in proc.stderr
+    )
+
+
 def _fleet_files(tmp: Path, ports: dict[str, int]) -> tuple[Path, Path]:
     """A same-host P/D profile with its colocated baseline, every host on a loopback address of its own."""
     profiles = tmp / "profiles"
