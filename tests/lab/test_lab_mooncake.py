@@ -86,8 +86,11 @@ def test_a_streamed_chat_through_the_gateway_moves_its_kv_over_mooncake(client: 
     success = "vllm:request_success_total"
     assert prefill[success] - prefill_before[success] == 1  # the router's max_tokens=1 prefill leg
     assert decode[success] - decode_before[success] == 1
-    # the decode computed only the prompt's last token: the rest came from the prefill's KV
-    computed = decode["vllm:prompt_tokens_total"] - decode_before["vllm:prompt_tokens_total"]
-    assert computed < chunks[-1].usage.prompt_tokens
+    # the decode counts the whole prompt once, the KV it received included, as vLLM does (issue 25 item 2)
+    counted = decode["vllm:prompt_tokens_total"] - decode_before["vllm:prompt_tokens_total"]
+    assert counted == chunks[-1].usage.prompt_tokens
+    # Mooncake pushes from P: the prefill instance observed the transfer (issue 25 item 4)
+    pushed = "vllm:mooncake_xfer_time_seconds_count"
+    assert prefill[pushed] - prefill_before[pushed] == 1
     assert prefill["vllm:kv_cache_usage_perc"] == 0.0  # the held blocks were read and freed
     assert not any(name.startswith("vllm:nixl_") for name in decode)  # MooncakeConnector, not NIXL
