@@ -135,6 +135,64 @@ class Service(Operation):
         return changes
 
 
+# The first line of every unit file pdfleet renders (templates/*.service.j2): what marks a unit as its own.
+MANAGED_MARKER = "# Managed by pdfleet;"
+
+
+@dataclass(frozen=True)
+class ManagedUnitFiles(Fact[frozenset[str]]):
+    """The unit files in `directory` matching `glob` whose first line is pdfleet's marker: the units
+    pdfleet installed there (a unit an operator wrote under the same name pattern is not one of them)."""
+
+    glob: str
+    directory: str = "/etc/systemd/system"
+
+    def command(self) -> str:
+        # the glob stays unquoted so the shell expands it; a glob matching nothing leaves it literal,
+        # which [ -f ] skips
+        return (
+            f"for f in {q(self.directory)}/{self.glob}; do "
+            f'[ -f "$f" ] && head -n 1 "$f" | grep -qF {q(MANAGED_MARKER)} && echo "${{f##*/}}"; '
+            "done; true"
+        )
+
+    def parse(self, stdout: str, rc: int) -> frozenset[str]:
+        return frozenset(line.strip() for line in stdout.splitlines() if line.strip())
+
+
+@dataclass(frozen=True)
+class RetireUnits(Operation):
+    """pdfleet's own units matching `glob` that the host no longer runs (not in `keep`): stopped,
+    disabled, their unit file and env file (`env_dir`/<stem>.env) removed, then one daemon-reload.
+    Without this a renamed or dropped instance keeps running on its port beside its successor."""
+
+    glob: str
+    keep: frozenset[str]
+    env_dir: str | None = None
+    directory: str = "/etc/systemd/system"
+
+    def describe(self) -> str:
+        return f"retired units {self.directory}/{self.glob}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (ManagedUnitFiles(self.glob, self.directory),)
+
+    def plan(self, facts: FactSource) -> list[Change]:
+        stale = sorted(facts.get(ManagedUnitFiles(self.glob, self.directory)) - self.keep)
+        return [self._remove(unit) for unit in stale]
+
+    def _remove(self, unit: str) -> Change:
+        paths = [f"{self.directory}/{unit}"]
+        if self.env_dir:
+            paths.append(f"{self.env_dir}/{unit.removesuffix('.service')}.env")
+        commands: tuple[Command, ...] = (
+            Run(f"systemctl disable --now {q(unit)}", on_fail=journal_cmd(unit)),
+            Run(f"systemctl reset-failed {q(unit)} 2>/dev/null; rm -f {' '.join(q(p) for p in paths)}"),
+        )
+        diff = f"stop, disable and remove {unit} and {', '.join(paths[1:]) or 'its unit file'} (not run here)"
+        return Change(self.describe(), diff, commands, notify=(DAEMON_RELOAD,))
+
+
 def systemd_arg(arg: str) -> str:
     """Quote one argv word for ExecStart= so systemd passes it intact (JSON included).
 

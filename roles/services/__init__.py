@@ -1,30 +1,41 @@
 """services: env files (0600) and systemd units for every vLLM instance the host runs, whatever model it
-serves; enabled, started, and only reported started once /health answers."""
+serves; enabled, started, and only reported started once /health answers. First, on every host, it retires
+the vLLM and vllm-router units pdfleet installed that the profile no longer puts there (a renamed instance,
+a dropped pool, another profile's model), so none keeps holding a port its successor needs."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from pdfleet.fleet.host_layout import KV_ENV_FILE, SERVICE_USER, STATE_DIR, VLLM_START_TIMEOUT_S
+from pdfleet.fleet.host_layout import CONFIG_DIR, KV_ENV_FILE, SERVICE_USER, STATE_DIR, VLLM_START_TIMEOUT_S
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart, instance_unit
 from pdfleet.fleet.topology import Instance
 from pdfleet.fleet.vllm_args import serve_argv
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import File
-from pdfleet.ops.systemd import Service, SystemdUnit
+from pdfleet.ops.systemd import ManagedUnitFiles, RetireUnits, Service, SystemdUnit
 
 NAME = "services"
 APT_PACKAGES: tuple[str, ...] = ()
+# vllm-{pool}, vllm-{model}-{pool}, vllm-router-pd and vllm-router-{model}-pd: the vLLM instances' units
+# (this role's) and the P/D routers' (the gateway role's, which runs after this one)
+UNIT_GLOB = "vllm-*.service"
 
 
 def applies(ctx: RoleContext) -> bool:
-    return bool(ctx.instances)
+    return True  # every host: one that runs no instance any more may still hold old ones to retire
 
 
 def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
-    return ()  # its operations() reads no fact
+    return (ManagedUnitFiles(UNIT_GLOB),)
+
+
+def retire(ctx: RoleContext) -> RetireUnits:
+    """The removal of pdfleet's vLLM/router units this host does not run under the profile."""
+    keep = {inst.unit for inst in ctx.instances} | {r.unit for r in ctx.topology.routers_on(ctx.host.name)}
+    return RetireUnits(UNIT_GLOB, frozenset(keep), env_dir=CONFIG_DIR)
 
 
 def _env_file(ctx: RoleContext, inst: Instance) -> RenderedFile:
@@ -66,6 +77,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
 
 
 def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
+    yield retire(ctx)  # first: an old unit may hold the port a new one is about to start on
     for inst in ctx.instances:
         env = _env_file(ctx, inst)
         unit = _unit_file(ctx, inst)

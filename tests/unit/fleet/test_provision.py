@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import roles.gateway as gateway_role
+import roles.services as services_role
 from pdfleet.fleet.provision import host_facts, render_fleet
 from pdfleet.fleet.render import RenderedFile, write_tree
 from pdfleet.hw.distro import CUDA_SOURCE
@@ -25,6 +26,7 @@ from pdfleet.hw.rdma_facts import RdmaSysfsFact
 from pdfleet.model.platforms import find_platform
 from pdfleet.ops.apt import AptPackages
 from pdfleet.ops.files import FileContent
+from pdfleet.ops.systemd import ManagedUnitFiles
 from tests.unit.fleet.helpers import EXAMPLES, REPO, fleet_of, profile_inventory_pairs
 from tests.unit.roles.helpers import deployment
 
@@ -237,11 +239,13 @@ def test_a_hosts_first_batch_is_the_union_of_its_roles_declared_facts() -> None:
         name: host_facts(fleet, fleet.inventory.hosts[name]) for name in ("lab-gw", "lab-colo1", "lab-p1")
     }
     os_fact = OsReleaseFact()  # provision's own, on every host: what it runs decides whether to go on
+    units = ManagedUnitFiles(services_role.UNIT_GLOB)  # services, on every host: old units to retire
     assert batch["lab-gw"] == (
         os_fact,
         AptPackages(),
+        units,
         FileContent(gateway_role.POLICY_FILE),
-    )  # base, gateway, monitoring
+    )  # base, services, gateway, monitoring
     gpu = tuple(f for f in GPU_FACTS if f != os_fact)
     cuda_list = FileContent(
         CUDA_SOURCE
@@ -251,6 +255,7 @@ def test_a_hosts_first_batch_is_the_union_of_its_roles_declared_facts() -> None:
         AptPackages(),
         *gpu,
         cuda_list,
+        units,
     )  # no KV moves there: no RDMA devices
     assert batch["lab-p1"] == (
         os_fact,
@@ -258,6 +263,7 @@ def test_a_hosts_first_batch_is_the_union_of_its_roles_declared_facts() -> None:
         *gpu,
         cuda_list,
         RdmaSysfsFact(),
+        units,
     )  # rdma reads them (said in its skip)
     assert len(set(batch["lab-p1"])) == len(batch["lab-p1"])  # each fact once, though several roles read it
 

@@ -16,6 +16,9 @@ from pdfleet.ops.files import FileState
 from pdfleet.ops.runner import CommandError, execute
 from pdfleet.ops.ssh import LocalTransport
 from pdfleet.ops.systemd import (
+    MANAGED_MARKER,
+    ManagedUnitFiles,
+    RetireUnits,
     Service,
     SystemdUnit,
     env_value,
@@ -153,3 +156,47 @@ def test_systemd_command_and_env_value_quoting() -> None:
     assert env_value(3) == "3" and env_value("rc,ud:1") == "rc,ud:1"
     assert env_value("a b") == '"a b"'
     assert env_value('say "hi" \\') == '"say \\"hi\\" \\\\"'
+
+
+def test_managed_unit_files_lists_only_units_carrying_pdfleets_marker(tmp_path: Path) -> None:
+    (tmp_path / "vllm-prefill.service").write_text(f"{MANAGED_MARKER} local edits are reverted\n[Unit]\n")
+    (tmp_path / "vllm-router-pd.service").write_text(f"{MANAGED_MARKER} x\n")
+    (tmp_path / "vllm-mine.service").write_text("[Unit]\nDescription=an operator's own\n")
+    (tmp_path / "pdfleet-gateway.service").write_text(f"{MANAGED_MARKER} x\n")  # not matching the glob
+    fact = ManagedUnitFiles("vllm-*.service", str(tmp_path))
+    out = LocalTransport().run(fact.command())
+    assert fact.parse(out.stdout, out.rc) == {"vllm-prefill.service", "vllm-router-pd.service"}
+    empty = ManagedUnitFiles("vllm-*.service", str(tmp_path / "none"))
+    out = LocalTransport().run(empty.command())
+    assert out.rc == 0 and empty.parse(out.stdout, out.rc) == frozenset()
+
+
+def test_retire_units_removes_what_is_not_kept_and_nothing_on_a_second_run(tmp_path: Path) -> None:
+    units, env = tmp_path / "units", tmp_path / "env"
+    units.mkdir()
+    env.mkdir()
+    op = RetireUnits("vllm-*.service", frozenset({"vllm-m-colocated.service"}), str(env), str(units))
+    fact = ManagedUnitFiles("vllm-*.service", str(units))
+    found = frozenset({"vllm-m-colocated.service", "vllm-prefill.service", "vllm-router-pd.service"})
+    changes = op.plan(FakeFacts({fact: found}))
+    assert [c.diff for c in changes] == [
+        f"stop, disable and remove vllm-prefill.service and {env}/vllm-prefill.env (not run here)",
+        f"stop, disable and remove vllm-router-pd.service and {env}/vllm-router-pd.env (not run here)",
+    ]
+    assert commands(changes)[:2] == [
+        "systemctl disable --now vllm-prefill.service",
+        f"systemctl reset-failed vllm-prefill.service 2>/dev/null; rm -f {units}/vllm-prefill.service "
+        f"{env}/vllm-prefill.env",
+    ]
+    assert all(c.notify == (DAEMON_RELOAD,) for c in changes)
+    # the removal itself, without systemctl: the files go, the kept unit's stay
+    for name in found:
+        (units / name).write_text(f"{MANAGED_MARKER}\n")
+    (env / "vllm-prefill.env").write_text("X=1\n")
+    (env / "vllm-m-colocated.env").write_text("X=1\n")
+    for cmd in commands(changes)[1::2]:
+        assert LocalTransport().run(str(cmd).replace("systemctl", "true")).rc == 0
+    assert sorted(p.name for p in units.iterdir()) == ["vllm-m-colocated.service"]
+    assert sorted(p.name for p in env.iterdir()) == ["vllm-m-colocated.env"]
+    out = LocalTransport().run(fact.command())
+    assert op.plan(FakeFacts({fact: fact.parse(out.stdout, out.rc)})) == []  # a second run changes 0
