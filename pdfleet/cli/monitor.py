@@ -1,4 +1,5 @@
-"""`invoke monitor`: the request chain per pool and class from Prometheus, now and over the last minutes."""
+"""`invoke monitor`: the request chain per model, pool and class from Prometheus, now and over the last
+minutes (a section per model, or the one `--model` names)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pdfleet.cli.options import HELP, open_deployment
 from pdfleet.errors import ConnectError, ValidationError
 from pdfleet.lab.network import lab_route_problem
 from pdfleet.metrics.prometheus import PrometheusClient
-from pdfleet.monitoring.chain_table import format_table, prometheus_url, read_chain
+from pdfleet.model.profile import Profile
+from pdfleet.model.served import ServedModel
+from pdfleet.monitoring.chain_table import format_table, model_labels, of_model, prometheus_url, read_chain
 
 MIN_INTERVAL_S = 1.0
 MAX_MINUTES = 366 * 24 * 60.0  # a year: far past any retention; a larger one overflowed a timestamp
@@ -28,6 +31,8 @@ MAX_MINUTES = 366 * 24 * 60.0  # a year: far past any retention; a larger one ov
         "watch": "Refresh the table every --interval seconds until Ctrl-C.",
         "interval": "Seconds between refreshes with --watch (default 5; at least 1).",
         "prometheus": "Read this Prometheus (http://HOST:PORT) instead of the inventory's monitoring host.",
+        "model": "Show only this model (its name in the profile's models:); default: every model, a section "
+        "each.",
     }
 )
 @user_errors
@@ -39,13 +44,15 @@ def monitor(
     watch: bool = False,
     interval: str = "5",
     prometheus: str | None = None,
+    model: str | None = None,
 ) -> None:
-    """Show TTFT, queue, prefill, KV transfer, decode, TPOT, ITL, stalls per pool and class."""
+    """Show TTFT, queue, prefill, KV transfer, decode, TPOT, ITL, stalls per model, pool and class."""
     span = number("--minutes", minutes, most=MAX_MINUTES)
     every = number("--interval", interval)
     if every < MIN_INTERVAL_S:
         raise ValidationError(f"--interval: {every:g} s is less than {MIN_INTERVAL_S:g} s")
     deployment = open_deployment(ctx, profile, inventory)
+    shown = shown_models(deployment.profile, model)
     url = prometheus_url(deployment.topology, prometheus)
     # a lab address while the lab is down would route off this machine: refuse, as verify does
     problem = lab_route_problem([urlparse(url).hostname or ""])
@@ -55,7 +62,14 @@ def monitor(
     while True:
         table = read_chain(client, deployment.profile, deployment.topology, span)
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        text = format_table(table, f"pdfleet monitor — {deployment.profile.name} — {url} — {stamp}")
+        name = deployment.profile.name
+        text = "\n".join(
+            format_table(
+                of_model(table, model_labels(spec)),
+                f"pdfleet monitor — {name}{_of(deployment.profile, spec)} — {url} — {stamp}",
+            )
+            for spec in shown
+        )
         if watch:
             print("\033[H\033[2J", end="")  # clear the terminal between refreshes
         print(text, end="", flush=True)
@@ -65,6 +79,17 @@ def monitor(
             time.sleep(every)
         except KeyboardInterrupt:
             return
+
+
+def shown_models(profile: Profile, name: str | None) -> tuple[ServedModel, ...]:
+    """The models to show: the one `--model` names (an unknown one refused, naming the known ones), else
+    every model the profile serves."""
+    return profile.served if name is None else (profile.served_model(name),)
+
+
+def _of(profile: Profile, spec: ServedModel) -> str:
+    """` — model M` in a section's title when the profile serves several models."""
+    return f" — model {spec.name}" if len(profile.served) > 1 else ""
 
 
 def number(option: str, text: str, most: float = 86_400.0) -> float:

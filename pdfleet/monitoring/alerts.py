@@ -124,7 +124,7 @@ def engine_alerts(profile: Profile) -> list[Alert]:
         out.append(
             Alert(
                 "PdfleetPrefillQueueWithIdleGPUs",
-                f'{queue}{{role="prefill"}} > {mon.prefill_queue_p95_ms / 1000:g} and on (pool, role) '
+                f'{queue}{{role="prefill"}} > {mon.prefill_queue_p95_ms / 1000:g} and on (model, pool, role) '
                 f'pool_role:vllm_kv_cache_usage_perc:max{{role="prefill"}} < {mon.prefill_kv_usage_below:g}',
                 "Prefill requests wait {{ $value | humanizeDuration }} (P95) while the prefill instances' KV "
                 f"cache is under monitoring.prefill_kv_usage_below ({mon.prefill_kv_usage_below:g}): the "

@@ -3,12 +3,13 @@ N minutes (quantiles straight from the histograms), per pool and length class or
 
 A cell without data says so ("no data"): a histogram with no observation in the window, or a series
 no target exports. A Prometheus that does not answer is an error for the caller, never an empty table.
+The rows are read per model (the `model` label the rules keep) and shown a model at a time (`of_model`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlparse
 
 from pdfleet.errors import ValidationError
@@ -16,7 +17,8 @@ from pdfleet.fleet.topology import Topology
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.metrics.source import SeriesAbsent
 from pdfleet.model.profile import Profile
-from pdfleet.monitoring.recording import QUANTILES, Figure, Step, chain_figures, chain_steps
+from pdfleet.model.served import ServedModel
+from pdfleet.monitoring.recording import MODEL, QUANTILES, Figure, Step, chain_figures, chain_steps
 
 NO_DATA = "no data"
 Group = tuple[str, ...]
@@ -73,11 +75,11 @@ def _step_rows(client: PrometheusClient, step: Step, window_s: int) -> StepRows:
     over: dict[float, dict[Group, float]] = {}
     for q in QUANTILES:
         try:
-            now[q] = client.grouped(step.recorded(q), step.by, step.recorded(q))
+            now[q] = client.grouped(step.recorded(q), step.group, step.recorded(q))
         except SeriesAbsent:
             now[q] = {}
         try:
-            over[q] = client.quantile(q, step.histogram, window_s, by=step.by)
+            over[q] = client.quantile(q, step.histogram, window_s, by=step.group)
         except SeriesAbsent:
             over[q] = {}
     groups = sorted({g for table in (*now.values(), *over.values()) for g in table})
@@ -103,6 +105,36 @@ def read_chain(client: PrometheusClient, profile: Profile, topology: Topology, m
             values = {}
         figures.append(FigureRows(figure, {k: v for k, v in values.items() if not math.isnan(v)}))
     return ChainTable(steps, tuple(figures), window_s, profile.monitoring.rule_window_s)
+
+
+def model_labels(spec: ServedModel) -> frozenset[str]:
+    """The `model` label values of a model's series: its name (vLLM and router targets, its gateway group)
+    and its aliases (a single-model profile's gateway has no group: its series carry the alias)."""
+    return frozenset((spec.name, *spec.aliases))
+
+
+def _mine(group: Group, names: frozenset[str]) -> bool:
+    return bool(group) and group[0] in names
+
+
+def of_model(table: ChainTable, names: frozenset[str]) -> ChainTable:
+    """The table of one model: the rows whose `model` label is one of `names`, without that label; the
+    fleet-wide figures (no labels) as they are."""
+    steps = tuple(
+        replace(
+            sr,
+            now={g[1:]: v for g, v in sr.now.items() if _mine(g, names)},
+            window={g[1:]: v for g, v in sr.window.items() if _mine(g, names)},
+        )
+        for sr in table.steps
+    )
+    figures = tuple(
+        replace(fr, values={g[1:]: v for g, v in fr.values.items() if _mine(g, names)})
+        if fr.figure.labels[:1] == (MODEL,)
+        else fr
+        for fr in table.figures
+    )
+    return replace(table, steps=steps, figures=figures)
 
 
 def fmt_seconds(value: float | None) -> str:

@@ -1,11 +1,14 @@
 """The request chain as Prometheus recording rules, on vLLM's real metric names for the pinned release.
 
 vLLM's histograms carry no length class, so its figures are per pool (`colocated`, `disagg`) and role
-(`prefill`, `decode`, `colocated`: prefill and decode instances apart). Per length class come the
-gateway's own histograms (TTFT, chunk gaps, request time, stalls), which it labels with the class; a
-vLLM pool figure is a class figure only while the active stage sends that pool one class (e.g.
-`long-prompts`: the disaggregated pool serves long prompts only). Bench, rollout, doctor and
-`invoke monitor` read the recorded names from here, never spelling them again.
+(`prefill`, `decode`, `colocated`: prefill and decode instances apart). Every per-pool figure also keeps
+the `model` label (issue 24: a profile may serve several models, each with its own pools; vLLM targets
+carry their model's name, the gateway's series their model group's), so one model's colocated pool never
+merges with another's; the recorded names do not spell it (`pool_role:...` keeps `model` as well).
+Per length class come the gateway's own histograms (TTFT, chunk gaps, request time, stalls), which it
+labels with the class; a vLLM pool figure is a class figure only while the active stage sends that pool
+one class (e.g. `long-prompts`: the disaggregated pool serves long prompts only). Bench, rollout, doctor
+and `invoke monitor` read the recorded names from here, never spelling them again.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pdfleet.model.profile import Profile
 QUANTILES = (0.5, 0.95, 0.99)
 VLLM_BY = ("pool", "role")
 GATEWAY_BY = ("pool", "length_class")
+MODEL = "model"  # kept by every figure but the fleet-wide ones, never spelt in a recorded name
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,11 @@ class Step:
     @property
     def source(self) -> str:
         return "gateway" if self.histogram.startswith("pdfleet_gateway_") else "vllm"
+
+    @property
+    def group(self) -> tuple[str, ...]:
+        """The labels its recorded series keep: the model, then `by`."""
+        return (MODEL, *self.by)
 
     def recorded(self, q: float) -> str:
         """The recorded series of one quantile, e.g. `pool_role:vllm_ttft_seconds:p95`."""
@@ -71,14 +80,18 @@ class Figure:
 
     @property
     def labels(self) -> tuple[str, ...]:
-        """The labels the series keeps, as its name's level says (`pool_class:...` → pool, length_class)."""
+        """The labels the series keeps: `model`, then what its name's level says (`pool_class:...` → pool,
+        length_class); a `fleet:` figure keeps none."""
         level = self.name.split(":", 1)[0]
-        return tuple("length_class" if p == "class" else p for p in level.split("_") if p != "fleet")
+        if level == "fleet":
+            return ()
+        return (MODEL, *("length_class" if p == "class" else p for p in level.split("_")))
 
 
 def _rate(counter: str, by: tuple[str, ...], window: str, per: int = 1, match: str = "") -> str:
+    """A counter's rate summed per model and `by`."""
     scale = f"{per} * " if per != 1 else ""
-    return f"{scale}sum by ({', '.join(by)}) (rate({counter}{match}[{window}]))"
+    return f"{scale}sum by ({', '.join((MODEL, *by))}) (rate({counter}{match}[{window}]))"
 
 
 def figures(window: str) -> tuple[Figure, ...]:
@@ -143,17 +156,17 @@ def figures(window: str) -> tuple[Figure, ...]:
         ),
         Figure(
             "pool_role:vllm_num_requests_running:sum",
-            "sum by (pool, role) (vllm:num_requests_running)",
+            "sum by (model, pool, role) (vllm:num_requests_running)",
             "running",
         ),
         Figure(
             "pool_role:vllm_num_requests_waiting:sum",
-            "sum by (pool, role) (vllm:num_requests_waiting)",
+            "sum by (model, pool, role) (vllm:num_requests_waiting)",
             "waiting",
         ),
         Figure(
             "pool_role:vllm_kv_cache_usage_perc:max",
-            "max by (pool, role) (vllm:kv_cache_usage_perc)",
+            "max by (model, pool, role) (vllm:kv_cache_usage_perc)",
             "KV cache usage (busiest instance)",
         ),
         Figure(
@@ -231,9 +244,9 @@ def chain_figures(profile: Profile, has_gateway: bool) -> list[Figure]:
 
 
 def quantile_expr(step: Step, q: float, window: str) -> str:
-    """histogram_quantile over the fleet's buckets, grouped by the step's labels."""
+    """histogram_quantile over the fleet's buckets, grouped by the step's labels and the model."""
     return (
-        f"histogram_quantile({q:g}, sum by ({', '.join(['le', *step.by])}) "
+        f"histogram_quantile({q:g}, sum by ({', '.join(['le', *step.group])}) "
         f"(rate({step.histogram}_bucket[{window}])))"
     )
 

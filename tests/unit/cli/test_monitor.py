@@ -46,7 +46,9 @@ def test_the_table_shows_the_chain_from_the_recorded_series(
             while not stop.wait(0.1):
                 ttft.observe(0.3)
 
-        labels = {"pool": "disagg", "role": "decode", "host": "lab-d1"}
+        # as the topology labels lab-cross's decode target: its model's name (the rows are shown per model)
+        model = fleet.topology.pool("decode")[0].model
+        labels = {"pool": "disagg", "role": "decode", "host": "lab-d1", "model": model}
         config = scrape_config([(f"127.0.0.1:{exp.port}", labels)], rule_files=[str(rules)])
         thread = threading.Thread(target=traffic, daemon=True)
         thread.start()
@@ -79,6 +81,19 @@ def test_prometheus_down_is_one_clear_error(capsys: pytest.CaptureFixture[str]) 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "is not answering" in err and "Traceback" not in err
+
+
+def test_an_unknown_model_is_refused_naming_the_known_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(Exit):
+        monitor(
+            project_context(),
+            profile="lab-two-models",
+            model="gpt-4o",
+            prometheus=f"http://127.0.0.1:{free_port()}",
+        )
+    err = capsys.readouterr().err
+    assert "no model 'gpt-4o' (--model): llama-8b, llama-1b" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(

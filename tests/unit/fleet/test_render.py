@@ -210,11 +210,25 @@ def _without_model_labels(text: str) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if not re.match(r"^ {6}model: \S+$", line))
 
 
+def _without_model_grouping(text: str) -> str:
+    """Recording or alert rules with the `model` label taken out of their `by (...)`/`on (...)` lists
+    (issue 24: the rules keep each model's series apart)."""
+    for keeps in ("by (le, ", "by (", "on ("):
+        text = text.replace(f"{keeps}model, ", keeps)
+    return text
+
+
+RULE_FILES = ("/etc/prometheus/pdfleet/recording.yml", "/etc/prometheus/pdfleet/alerts.yml")
+
+
 @pytest.mark.parametrize("profile", sorted(golden.PAIRS))
 def test_every_single_model_profile_renders_as_before_models_could_be_listed(profile: str) -> None:
     before, now = golden.golden(profile), golden.rendered(profile)
     assert sorted(now) == sorted(before), "the same files on the same hosts"
     changed = [key for key in before if now[key] != before[key]]
-    # the one change allowed: vLLM and router scrape targets carry the model's name as a label
-    assert all(key.endswith("/etc/prometheus/prometheus.yml") for key in changed), changed
-    assert all(_without_model_labels(now[key]) == before[key] for key in changed), changed
+    # the one change allowed: the model label, on vLLM and router scrape targets and in the rules' groupings
+    targets = [key for key in changed if key.endswith("/etc/prometheus/prometheus.yml")]
+    rules = [key for key in changed if key.endswith(RULE_FILES)]
+    assert sorted(targets + rules) == sorted(changed), changed
+    assert all(_without_model_labels(now[key]) == before[key] for key in targets), targets
+    assert all(_without_model_grouping(now[key]) == before[key] for key in rules), rules

@@ -53,9 +53,10 @@ KV_HISTOGRAMS = ("vllm:nixl_xfer_time_seconds", "vllm:mooncake_xfer_time_seconds
 
 
 def _quantile_cases(
-    level: str, source: str, histograms: dict[str, str], busy: str, quiet: str, models: tuple[str, str]
+    level: str, source: str, histograms: dict[str, str], busy: str, quiet: str
 ) -> list[RuleCase]:
-    """`models`: the `model` label of the busy group's two series (the gateway's: two models, summed)."""
+    """Two models (issue 24): `big`'s busy group (two instances, summed) and quiet group, and `small`'s
+    one instance in the busy group's pool, kept apart from `big`'s (merged, the busy P99 would move)."""
     cases = []
     for key, histogram in histograms.items():
         fed = KV_HISTOGRAMS if histogram in KV_HISTOGRAMS else (histogram,)
@@ -63,29 +64,32 @@ def _quantile_cases(
             series
             for name in fed
             for series in (
-                *buckets(name, f'{busy}, instance="a:8000", model_name="m", {models[0]}', BUSY_A),
-                *buckets(name, f'{busy}, instance="b:8000", model_name="m", {models[1]}', BUSY_B),
-                *buckets(name, f'{quiet}, instance="c:8000", model_name="m"', QUIET_SHAPE),
+                *buckets(name, f'{busy}, instance="a:8000", model_name="m", model="big"', BUSY_A),
+                *buckets(name, f'{busy}, instance="b:8000", model_name="m", model="big"', BUSY_B),
+                *buckets(name, f'{quiet}, instance="c:8000", model_name="m", model="big"', QUIET_SHAPE),
+                *buckets(name, f'{busy}, instance="d:8001", model_name="s", model="small"', QUIET_SHAPE),
             )
         )
         for q in (0.5, 0.95, 0.99):
             cases.append(
                 RuleCase(
                     f"{level}:{source}_{key}_seconds:p{q * 100:g}",
-                    "a wrong histogram, quantile or grouping (instances not summed, groups merged)",
+                    "a wrong histogram, quantile or grouping (instances not summed, groups or models merged)",
                     inputs,
-                    {"{" + busy + "}": BUSY[q], "{" + quiet + "}": QUIET[q]},
+                    {
+                        "{" + busy + ', model="big"}': BUSY[q],
+                        "{" + quiet + ', model="big"}': QUIET[q],
+                        "{" + busy + ', model="small"}': QUIET[q],
+                    },
                 )
             )
     return cases
 
 
-# the gateway's histograms carry `model` (each model group's series): a fleet figure sums the models
+# vLLM's and the gateway's series carry `model` (the target's model, the gateway's model group): kept apart
 QUANTILE_CASES = _quantile_cases(
-    "pool_role", "vllm", VLLM_HISTOGRAMS, VLLM_BUSY, VLLM_QUIET, ('model="m"', 'model="m"')
-) + _quantile_cases(
-    "pool_class", "gateway", GATEWAY_HISTOGRAMS, GATEWAY_BUSY, GATEWAY_QUIET, ('model="big"', 'model="small"')
-)
+    "pool_role", "vllm", VLLM_HISTOGRAMS, VLLM_BUSY, VLLM_QUIET
+) + _quantile_cases("pool_class", "gateway", GATEWAY_HISTOGRAMS, GATEWAY_BUSY, GATEWAY_QUIET)
 
 # ---- the gateway's counters ------------------------------------------------------------------------------
 
@@ -109,11 +113,14 @@ GATEWAY_CASES = [
             Series(f'{REQ}{{model="llama", pool="colocated", length_class="short", status="404"}}', per_s=3),
         ),
         # disagg/long: 502 + 503 = 0.5 + 0.25; colocated/short: the 500 only
-        {'{pool="disagg", length_class="long"}': 0.75, '{pool="colocated", length_class="short"}': 0.125},
+        {
+            '{model="llama", pool="disagg", length_class="long"}': 0.75,
+            '{model="llama", pool="colocated", length_class="short"}': 0.125,
+        },
     ),
     RuleCase(
         "pool:gateway_stream_errors:rate",
-        "stream errors not summed over reasons and gateways, or kept apart by reason",
+        "stream errors not summed over reasons and gateways, kept apart by reason, or models merged",
         (
             Series(
                 f'{STREAM_ERRORS}{{instance="gw1:8080", model="big", pool="disagg", reason="upstream"}}',
@@ -128,18 +135,26 @@ GATEWAY_CASES = [
                 0.1,
             ),
         ),
-        {'{pool="disagg"}': 0.75, '{pool="colocated"}': 0.1},
+        {
+            '{model="big", pool="disagg"}': 0.25,
+            '{model="small", pool="disagg"}': 0.5,
+            '{pool="colocated"}': 0.1,
+        },
     ),
     RuleCase(
         "reason:gateway_fallbacks:rate",
-        "fallbacks not summed over classes, or reasons merged",
+        "fallbacks not summed over classes, or reasons or models merged",
         (
             Series(f'{FALLBACKS}{{model="llama", length_class="long", reason="connect"}}', per_s=0.25),
             Series(f'{FALLBACKS}{{model="llama", length_class="short", reason="connect"}}', per_s=0.125),
             Series(f'{FALLBACKS}{{model="small", length_class="long", reason="status"}}', per_s=0.5),
             Series(f'{FALLBACKS}{{model="big", length_class="long", reason="status"}}', per_s=0.25),
         ),
-        {'{reason="connect"}': 0.375, '{reason="status"}': 0.75},
+        {
+            '{model="llama", reason="connect"}': 0.375,
+            '{model="small", reason="status"}': 0.5,
+            '{model="big", reason="status"}': 0.25,
+        },
     ),
     RuleCase(
         "fleet:gateway_fallback:ratio",

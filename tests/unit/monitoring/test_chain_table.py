@@ -14,6 +14,8 @@ from pdfleet.monitoring.chain_table import (
     StepRows,
     fmt_seconds,
     format_table,
+    model_labels,
+    of_model,
     prometheus_url,
 )
 from pdfleet.monitoring.recording import CHAIN, figures
@@ -70,3 +72,34 @@ def test_rows_per_group_and_no_data_rows() -> None:
     assert next(line for line in lines if line.startswith(queue.title)).count(NO_DATA) == 6
     figure_row = next(line for line in lines if line.startswith(fig.title))
     assert figure_row.split()[-3:] == ["disagg", "long", "2.5"]
+
+
+def test_each_model_gets_its_own_rows_and_the_fleet_figures() -> None:
+    """lab-two-models: both run a colocated pool; a section shows its model's rows only, the label gone.
+    The P/D model's gateway series carry its group name, a single-model profile's its alias."""
+    fleet = fleet_of("lab-two-models", REPO / "inventory" / "lab.yml")
+    big, small = (model_labels(spec) for spec in fleet.profile.served)
+    assert big == {"llama-8b", "llama-3.1-8b"} and small == {"llama-1b", "llama-3.2-1b"}
+    ttft = CHAIN[0]
+    both: dict[tuple[str, ...], dict[float, float | None]] = {
+        ("llama-8b", "colocated", "long"): {0.5: 0.5},
+        ("llama-1b", "colocated", "long"): {0.5: 0.1},
+    }
+    rates = {f.name: f for f in figures("30s")}
+    table = ChainTable(
+        (StepRows(ttft, both, both),),
+        (
+            FigureRows(
+                rates["pool_class:gateway_requests:rate"], {("llama-3.2-1b", "colocated", "long"): 3.0}
+            ),
+            FigureRows(rates["fleet:gateway_fallback:ratio"], {(): 0.25}),
+        ),
+        600,
+        30,
+    )
+    mine = of_model(table, small)
+    assert mine.steps[0].now == {("colocated", "long"): {0.5: 0.1}}
+    assert mine.figures[0].values == {("colocated", "long"): 3.0}
+    assert mine.figures[1].values == {(): 0.25}  # fleet-wide: shown in every section
+    theirs = of_model(table, big)
+    assert theirs.steps[0].window == {("colocated", "long"): {0.5: 0.5}} and theirs.figures[0].values == {}
