@@ -3,12 +3,15 @@
 One row per part of the chain: the gateway's view per pool and length class, vLLM's per pool and role,
 KV transfer, queues and running requests, KV cache and preemptions, stalls/jitter/fallbacks, routing
 decisions by stage, and scrape health. Every panel reads a recorded series of
-`pdfleet.monitoring.recording` (or `up`), so the dashboard, the alerts and `invoke monitor` agree.
+`pdfleet.monitoring.recording` (or `up`), so the dashboard, the alerts and `invoke monitor` agree. A
+`model` variable (one option per model the profile serves) narrows every per-model series to one model:
+its `model` label is the model's name or one of its aliases (a single-model gateway labels by alias).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +20,7 @@ from pdfleet.model.profile import Profile
 from pdfleet.monitoring.recording import QUANTILES, Step, chain_figures, chain_steps
 
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
+MODEL_MATCH = 'model=~"$model"'  # a custom variable whose value is a regex: name|alias|...
 WIDTH = 12
 HEIGHT = 8
 
@@ -47,8 +51,36 @@ def _roles(topology: Topology) -> list[str]:
     return [r for r in ("prefill", "decode", "colocated") if r in present]
 
 
+def _of_model(series: str, match: str = "") -> str:
+    """A recorded series of the chosen model (and `match`, e.g. `pool="disagg"`)."""
+    return f"{series}{{{', '.join(m for m in (match, MODEL_MATCH) if m)}}}"
+
+
 def _quantile_queries(step: Step, match: str, legend: str) -> tuple[Query, ...]:
-    return tuple(Query(f"{step.recorded(q)}{match}", f"{legend} P{q * 100:g}") for q in QUANTILES)
+    return tuple(Query(_of_model(step.recorded(q), match), f"{legend} P{q * 100:g}") for q in QUANTILES)
+
+
+def _regex(value: str) -> str:
+    """A label value as a regex inside a PromQL double-quoted string (Grafana pastes it in unescaped)."""
+    return re.escape(value).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def model_variable(profile: Profile) -> dict[str, Any]:
+    """Grafana's `model` variable: one option per served model, its value the regex of its label values."""
+    options = [
+        {"text": spec.name, "value": "|".join(_regex(v) for v in dict.fromkeys((spec.name, *spec.aliases)))}
+        for spec in profile.served
+    ]
+    return {
+        "name": "model",
+        "label": "model",
+        "type": "custom",
+        "query": ",".join(f"{o['text']} : {o['value']}" for o in options),
+        "current": {**options[0], "selected": True},
+        "options": [{**o, "selected": i == 0} for i, o in enumerate(options)],
+        "multi": False,
+        "includeAll": False,
+    }
 
 
 def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[Panel]]]:
@@ -62,7 +94,7 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
         panels = [
             Panel(
                 f"{step.title} — {pool} pool",
-                _quantile_queries(step, f'{{pool="{pool}"}}', "{{length_class}}"),
+                _quantile_queries(step, f'pool="{pool}"', "{{length_class}}"),
             )
             for step in gw_steps
             for pool in _pools(topology)
@@ -70,7 +102,7 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
         rows.append(("The chain at the gateway, per pool and length class", panels))
     vllm_steps = [s for s in steps if s.source == "vllm" and s.key != "kv_transfer"]
     panels = [
-        Panel(f"{step.title} — {role} instances", _quantile_queries(step, f'{{role="{role}"}}', "{{pool}}"))
+        Panel(f"{step.title} — {role} instances", _quantile_queries(step, f'role="{role}"', "{{pool}}"))
         for step in vllm_steps
         for role in _roles(topology)
     ]
@@ -87,7 +119,9 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
         ]
         failed = [name for name in figures if name.endswith("_failed_transfers:rate")]
         if failed:
-            panels.append(Panel("Failed KV transfers", (Query(failed[0], "{{role}}"),), unit="reqps"))
+            panels.append(
+                Panel("Failed KV transfers", (Query(_of_model(failed[0]), "{{role}}"),), unit="reqps")
+            )
         rows.append(("KV transfer", panels))
     rows.append(
         (
@@ -95,24 +129,24 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
             [
                 Panel(
                     "Waiting requests",
-                    (Query("pool_role:vllm_num_requests_waiting:sum", "{{pool}} {{role}}"),),
+                    (Query(_of_model("pool_role:vllm_num_requests_waiting:sum"), "{{pool}} {{role}}"),),
                     unit="short",
                 ),
                 Panel(
                     "Running requests",
-                    (Query("pool_role:vllm_num_requests_running:sum", "{{pool}} {{role}}"),),
+                    (Query(_of_model("pool_role:vllm_num_requests_running:sum"), "{{pool}} {{role}}"),),
                     unit="short",
                 ),
                 Panel(
                     "Finished requests/s",
-                    (Query("pool_role:vllm_requests:rate", "{{pool}} {{role}}"),),
+                    (Query(_of_model("pool_role:vllm_requests:rate"), "{{pool}} {{role}}"),),
                     unit="reqps",
                 ),
                 Panel(
                     "Tokens/s",
                     (
-                        Query("pool_role:vllm_prompt_tokens:rate", "prompt {{role}}"),
-                        Query("pool_role:vllm_generation_tokens:rate", "generated {{role}}"),
+                        Query(_of_model("pool_role:vllm_prompt_tokens:rate"), "prompt {{role}}"),
+                        Query(_of_model("pool_role:vllm_generation_tokens:rate"), "generated {{role}}"),
                     ),
                     unit="short",
                 ),
@@ -125,12 +159,12 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
             [
                 Panel(
                     "KV cache usage (busiest instance)",
-                    (Query("pool_role:vllm_kv_cache_usage_perc:max", "{{pool}} {{role}}"),),
+                    (Query(_of_model("pool_role:vllm_kv_cache_usage_perc:max"), "{{pool}} {{role}}"),),
                     unit="percentunit",
                 ),
                 Panel(
                     "Preemptions per minute",
-                    (Query("pool_role:vllm_num_preemptions:per_min", "{{pool}} {{role}}"),),
+                    (Query(_of_model("pool_role:vllm_num_preemptions:per_min"), "{{pool}} {{role}}"),),
                     unit="short",
                 ),
             ],
@@ -143,12 +177,22 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
                 [
                     Panel(
                         "Stalls per minute",
-                        (Query("pool_class:gateway_stream_stalls:per_min", "{{pool}} {{length_class}}"),),
+                        (
+                            Query(
+                                _of_model("pool_class:gateway_stream_stalls:per_min"),
+                                "{{pool}} {{length_class}}",
+                            ),
+                        ),
                         unit="short",
                     ),
                     Panel(
                         "Stream jitter (gap P99 − P50)",
-                        (Query("pool_class:gateway_chunk_gap_seconds:jitter", "{{pool}} {{length_class}}"),),
+                        (
+                            Query(
+                                _of_model("pool_class:gateway_chunk_gap_seconds:jitter"),
+                                "{{pool}} {{length_class}}",
+                            ),
+                        ),
                     ),
                     Panel(
                         "Fallbacks per request",
@@ -158,9 +202,11 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
                     Panel(
                         "Requests, 5xx and cut streams /s",
                         (
-                            Query("pool_class:gateway_requests:rate", "{{pool}} {{length_class}}"),
-                            Query("pool_class:gateway_errors:rate", "5xx {{pool}} {{length_class}}"),
-                            Query("pool:gateway_stream_errors:rate", "cut {{pool}}"),
+                            Query(_of_model("pool_class:gateway_requests:rate"), "{{pool}} {{length_class}}"),
+                            Query(
+                                _of_model("pool_class:gateway_errors:rate"), "5xx {{pool}} {{length_class}}"
+                            ),
+                            Query(_of_model("pool:gateway_stream_errors:rate"), "cut {{pool}}"),
                         ),
                         unit="reqps",
                     ),
@@ -175,7 +221,7 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
                         "Routing decisions by stage",
                         (
                             Query(
-                                "stage_class_pool_reason:gateway_routing_decisions:rate",
+                                _of_model("stage_class_pool_reason:gateway_routing_decisions:rate"),
                                 "{{stage}} {{length_class}} → {{pool}} ({{reason}})",
                             ),
                         ),
@@ -249,7 +295,7 @@ def dashboard(profile: Profile, topology: Topology) -> dict[str, Any]:
         "schemaVersion": 39,
         "refresh": "30s",
         "time": {"from": "now-1h", "to": "now"},
-        "templating": {"list": []},
+        "templating": {"list": [model_variable(profile)]},
         "annotations": {"list": []},
         "panels": panels,
     }

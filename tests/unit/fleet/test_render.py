@@ -11,7 +11,7 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from unittest import mock
 
 import pytest
@@ -219,6 +219,14 @@ def _without_model_grouping(text: str) -> str:
 
 
 RULE_FILES = ("/etc/prometheus/pdfleet/recording.yml", "/etc/prometheus/pdfleet/alerts.yml")
+DASHBOARD = "/etc/prometheus/pdfleet/grafana-dashboard.json"
+
+
+def _without_model_variable(text: str) -> dict[str, Any]:
+    """The dashboard without its `model` variable and the matcher every per-model query carries."""
+    doc = json.loads(text.replace(', model=~\\"$model\\"', "").replace('{model=~\\"$model\\"}', ""))
+    doc["templating"]["list"] = [v for v in doc["templating"]["list"] if v.get("name") != "model"]
+    return cast(dict[str, Any], doc)
 
 
 @pytest.mark.parametrize("profile", sorted(golden.PAIRS))
@@ -229,6 +237,8 @@ def test_every_single_model_profile_renders_as_before_models_could_be_listed(pro
     # the one change allowed: the model label, on vLLM and router scrape targets and in the rules' groupings
     targets = [key for key in changed if key.endswith("/etc/prometheus/prometheus.yml")]
     rules = [key for key in changed if key.endswith(RULE_FILES)]
-    assert sorted(targets + rules) == sorted(changed), changed
+    dashboards = [key for key in changed if key.endswith(DASHBOARD)]
+    assert sorted(targets + rules + dashboards) == sorted(changed), changed
     assert all(_without_model_labels(now[key]) == before[key] for key in targets), targets
     assert all(_without_model_grouping(now[key]) == before[key] for key in rules), rules
+    assert all(_without_model_variable(now[key]) == json.loads(before[key]) for key in dashboards), dashboards

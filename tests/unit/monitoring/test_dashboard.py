@@ -4,14 +4,24 @@ recording rules or the scrape targets produce; panels follow the topology."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+import yaml
+from prometheus_client import Gauge
 
 from pdfleet.monitoring.dashboard import dashboard, dashboard_json, panel_queries
-from pdfleet.monitoring.recording import recorded_names
+from pdfleet.monitoring.recording import recorded_names, recording_rules
 from tests.unit.fleet.helpers import REPO, exported_series, fleet_of, profile_inventory_pairs, series_in
-from tests.unit.metrics.helpers import check_promql
+from tests.unit.metrics.helpers import (
+    check_promql,
+    exporter,
+    prometheus,
+    samples_seen,
+    scrape_config,
+    wait_for,
+)
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -24,7 +34,8 @@ def test_every_panel_query_is_valid_and_reads_known_series(
 ) -> None:
     fleet = fleet_of(profile, inventory)
     model = json.loads(dashboard_json(fleet.profile, fleet.topology))
-    queries = panel_queries(model)
+    chosen = model["templating"]["list"][0]["current"]["value"]  # as Grafana pastes it in
+    queries = [query.replace("$model", chosen) for query in panel_queries(model)]
     assert queries
     checked = check_promql(queries, tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -60,3 +71,37 @@ def test_the_model_is_importable_json_with_a_datasource_input() -> None:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${DS_PROMETHEUS}"
             assert 0 <= panel["gridPos"]["x"] < 24
+
+
+def test_the_model_variable_selects_one_models_series_on_a_real_prometheus(tmp_path: Path) -> None:
+    """lab-two-models: both models run a colocated pool; each option of the `model` variable keeps its own
+    model's series (vLLM's label: the name; the gateway's: the group name) and never the other's."""
+    fleet = fleet_of("lab-two-models", REPO / "inventory" / "lab.yml")
+    doc = dashboard(fleet.profile, fleet.topology)
+    variable = doc["templating"]["list"][0]
+    assert variable["name"] == "model" and [o["text"] for o in variable["options"]] == [
+        "llama-8b",
+        "llama-1b",
+    ]
+    series = "pool_role:vllm_kv_cache_usage_perc:max"
+    query = next(q for q in panel_queries(doc) if q.startswith(series))
+    rules = recording_rules(fleet.profile, True)
+    for group in rules["groups"]:  # type: ignore[attr-defined]
+        group["interval"] = "1s"  # the profile's 15 s would make the test wait for it
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    with exporter() as big, exporter() as small, exporter() as other:
+        targets: list[tuple[str, Mapping[str, str]]] = []
+        for exp, name, value in ((big, "llama-8b", 0.75), (small, "llama-1b", 0.25), (other, "llama-8", 0.5)):
+            Gauge("vllm:kv_cache_usage_perc", "KV", registry=exp.registry).set(value)
+            targets.append(
+                (f"127.0.0.1:{exp.port}", {"pool": "colocated", "role": "colocated", "model": name})
+            )
+        config = scrape_config(targets, rule_files=[str(tmp_path / "rules.yml")])
+        with prometheus(tmp_path / "prom", config) as prom:
+            wait_for(samples_seen(prom.client, series, 2), what="the KV usage rule evaluated twice")
+            for option, value in zip(variable["options"], (0.75, 0.25), strict=True):
+                got = prom.client.instant(query.replace("$model", option["value"]))
+                assert [(s.labels["model"], s.value) for s in got] == [(option["text"], value)]
+    single = fleet_of("lab-cross", REPO / "inventory" / "lab.yml")  # the gateway labels by alias there
+    (only,) = dashboard(single.profile, single.topology)["templating"]["list"][0]["options"]
+    assert only["value"] == "llama\\\\-3\\\\-1\\\\-8b|llama\\\\-3\\\\.1\\\\-8b"
