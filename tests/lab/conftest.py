@@ -2,6 +2,8 @@
 
 Every test under tests/lab is marked `lab` and skipped, with the reason, where the lab cannot run
 (not Linux, not root, a tool missing). Set PDFLEET_LAB_KEEP=1 to leave the lab up after the session.
+The files of BESIDE_UNITS are also marked `beside_units`: `./dev test` runs them while the unit tests
+run, and the others after (two sessions, the first with PDFLEET_LAB_KEEP=1).
 """
 
 from __future__ import annotations
@@ -24,27 +26,53 @@ from tests.lab.helpers import REPO_ROOT, LabHandle
 LAB_DIR = Path(__file__).resolve().parent
 
 
-# The order of the lab files: one provision from scratch per session, every later file on that fleet.
-# infra takes the lab down and up (leaving it bare), then provision's first test converges lab-cross
-# from scratch (asserting every host changed); molecule's scenarios end with the lab booted bare, so
-# they run after every other lab test.
-FIRST = ("test_lab_infra.py", "test_lab_provision.py")
-LAST = "test_lab_molecule.py"
+# The order of the lab tests: one lab boot and two provisions from scratch per session, every later test
+# on that fleet. infra takes the lab down and up (leaving it bare); Molecule's `test --all` boots the lab
+# again (its first scenario converges on those bare hosts) and ends with it booted bare; then provision's
+# first test converges lab-cross from scratch (asserting every host changed), and the rest run on that
+# fleet. A key is a file or a file::test; a test takes the first key naming it.
+FIRST = (
+    "test_lab_infra.py",
+    "test_lab_molecule.py::test_molecule_test_all_scenarios_pass",
+    "test_lab_provision.py",
+)
+# After the rest, in this order: the bench, whose load stays in Prometheus's last minutes (doctor's
+# healthy-fleet test reads `--minutes 1` and must find no tuning advice), and Molecule's other test, which
+# converges lab-cross with a broken template and provisions it back.
+LAST = ("test_lab_bench.py", "test_lab_molecule.py")
+# The files that stay reliable with the unit tests busy on the same two cores: they check states, files
+# and answers, not latencies, and wait on conditions rather than fixed windows. The others measure
+# latencies, rates or alert timings (bench, doctor's tuning rules, monitoring's alerts, the rollout's
+# gates) and run after the unit tests, with the machine otherwise idle.
+BESIDE_UNITS = (
+    "test_lab_infra.py",
+    "test_lab_molecule.py",
+    "test_lab_provision.py",
+    "test_lab_verify.py",
+    "test_lab_gateway.py",
+    "test_lab_gateway_anthropic.py",
+    "test_lab_mooncake.py",
+    "test_lab_demo.py",
+)
 
 
-def file_rank(name: str) -> int:
-    """Where a lab test file runs: FIRST in their order, then the rest (stable sort: file order), LAST."""
-    if name in FIRST:
-        return FIRST.index(name)
-    return len(FIRST) + (name == LAST)
+def run_rank(file: str, test: str) -> int:
+    """Where a lab test runs: FIRST in their order, then the rest (stable sort: file order), LAST."""
+    for index, key in enumerate(FIRST):
+        if key in (file, f"{file}::{test}"):
+            return index
+    return len(FIRST) + (1 + LAST.index(file) if file in LAST else 0)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test in this directory as a lab test, and order the files (see FIRST)."""
+    """Mark every test in this directory as a lab test (and `beside_units`, see BESIDE_UNITS), and order
+    the files (see FIRST)."""
     for item in items:
         if LAB_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.lab)
-    items.sort(key=lambda item: file_rank(Path(str(item.path)).name))
+            if Path(str(item.path)).name in BESIDE_UNITS:
+                item.add_marker(pytest.mark.beside_units)
+    items.sort(key=lambda item: run_rank(Path(str(item.path)).name, getattr(item, "originalname", item.name)))
 
 
 def lab_unavailable() -> str | None:

@@ -2,7 +2,8 @@
 create; per lab profile syntax → converge → idempotence → verify, each converging over the previous one;
 one destroy), and its idempotence step fails when a converge is made non-idempotent on purpose (a template
 rendering random text each time). `test --all` starts from a lab taken down, so its first scenario
-(lab-colocated) converges from scratch; these tests restore the session's lab afterwards."""
+(lab-colocated) converges from scratch; the session runs it right after infra (bare hosts either way) and
+provision's from-scratch test after it, on the bare hosts it leaves (tests/lab/conftest.py: FIRST)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def molecule(
 def test_idempotence_fails_when_a_converge_is_not_idempotent(lab: LabHandle, tmp_path: Path) -> None:
     """The env file template gains a line of random text: every converge rewrites it, so the second
     converge reports a change and Molecule's idempotence step fails, naming the provision task. It runs
-    on the session's lab (create finds it up), before `test --all` takes the lab down and up."""
+    last, on the session's lab-cross fleet (create finds the lab up), and provisions it back."""
     templates = tmp_path / "templates"
     shutil.copytree(REPO_ROOT / "templates", templates)
     env_template = templates / "vllm.env.j2"
@@ -57,8 +58,7 @@ def test_idempotence_fails_when_a_converge_is_not_idempotent(lab: LabHandle, tmp
         assert converged.returncode == 0, (converged.stdout + converged.stderr)[-4000:]
         second = molecule("idempotence", "-s", "lab-cross", env=env)
     finally:
-        # the session's lab, converged with the shipped templates again (no destroy: `test --all` next
-        # starts with one)
+        # the session's lab, converged with the shipped templates again (no destroy: the lab stays up)
         restored = subprocess.run(
             [sys.executable, "-m", "invoke", "provision", "--profile", "lab-cross"],
             cwd=REPO_ROOT,

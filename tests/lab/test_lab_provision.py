@@ -55,7 +55,8 @@ def _provision(profile: str, inventory: Path, report: Path, *extra: str) -> dict
 
 def _bare(lab: LabHandle) -> None:
     """The lab's hosts as `lab.up` boots them: taken down and up again if any was provisioned (the
-    session runs this file right after infra's down/up tests, so this is normally a check only)."""
+    session runs this file right after Molecule's `test --all`, which leaves them bare, so this is normally a
+    check only)."""
     if any(lab.ssh(h, "test -e /etc/pdfleet -o -e /opt/pdfleet")[0] == 0 for h in lab.hosts):
         down(lab.lab)
         lab.up()
