@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, TypeGuard
 
 from aiohttp import web
+from pydantic import TypeAdapter
+from pydantic import ValidationError as PydanticValidationError
 
 from pdfleet.sim.blocks import block_hashes, prompt_units
 from pdfleet.sim.config import SimConfig
@@ -184,6 +186,19 @@ def count_prompt(body: dict[str, Any], counter: TextCounter) -> int:
         raise RequestError(f"The prompt could not be tokenized: {exc}", param="prompt") from exc
 
 
+# vLLM's request models are lax pydantic (`stream: bool | None`): "yes", "off", 1 or 1.0 are booleans to
+# it, "maybe" or 2 are 400s. The same adapter gives the simulator vLLM's answer for every value.
+_STREAM = TypeAdapter(bool | None)
+
+
+def _stream_flag(value: Any) -> bool:
+    """`stream` read as vLLM reads it (see _STREAM); anything it refuses is a 400 with its message."""
+    try:
+        return bool(_STREAM.validate_python(value))
+    except PydanticValidationError:
+        raise RequestError("stream: Input should be a valid boolean", param="stream") from None
+
+
 def validate(
     body: dict[str, Any], kind: str, cfg: SimConfig, counter: TextCounter, known_tokens: int | None = None
 ) -> Parsed:
@@ -236,10 +251,7 @@ def validate(
             f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {least}.",
             param="min_tokens",
         )
-    stream = body.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):  # "yes" is no boolean to vLLM (N15)
-        raise RequestError("stream: Input should be a valid boolean", param="stream")
-    stream = bool(stream)
+    stream = _stream_flag(body.get("stream", False))
     opts = body.get("stream_options") or {}
     if opts and not stream:
         raise RequestError("Stream options can only be defined when `stream=True`.", param="stream_options")

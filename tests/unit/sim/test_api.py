@@ -56,6 +56,10 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
             ("llama", 5, 128, "stop", True, True),
         ),
         ("completion", {"prompt": [1, 2, 3], "max_tokens": 2}, ("llama", 3, 2, "length", False, False)),
+        # vLLM's lax pydantic booleans: "yes" and 1 stream, "off" does not
+        ("chat", {**CHAT, "stream": "yes"}, ("llama", 5, 128, "stop", True, False)),
+        ("chat", {**CHAT, "stream": 1}, ("llama", 5, 128, "stop", True, False)),
+        ("chat", {**CHAT, "stream": "off"}, ("llama", 5, 128, "stop", False, False)),
     ],
 )
 def test_generation_requests_get_vllms_defaults(kind: str, body: dict[str, Any], expected: tuple) -> None:
@@ -84,7 +88,9 @@ def test_generation_requests_get_vllms_defaults(kind: str, body: dict[str, Any],
             "min_tokens",
             "min_tokens must be less than or equal to max_tokens=10, got 11.",
         ),
-        ("chat", {**CHAT, "stream": "yes"}, 400, "stream", "stream: Input should be a valid boolean"),
+        # vLLM's lax pydantic takes "yes" as true (the sim read it as N15 said); "maybe" it refuses
+        ("chat", {**CHAT, "stream": "maybe"}, 400, "stream", "stream: Input should be a valid boolean"),
+        ("chat", {**CHAT, "stream": 2}, 400, "stream", "stream: Input should be a valid boolean"),
     ],
 )
 def test_bad_generation_requests_get_vllms_errors(
