@@ -63,8 +63,9 @@ def _host(lab: LabHandle, name: str) -> LabHost:
 
 
 def _start_outside(lab: LabHandle, key: str) -> str:
-    """A simulator on lab-d1 standing in for a hosted provider: a transient unit whose key (VLLM_API_KEY)
-    comes from a 0600 env file written over SFTP, never on a command line. Returns its base URL."""
+    """A simulator on lab-d1 (from the venv provision put there) standing in for a hosted provider: a
+    transient unit whose key (VLLM_API_KEY) comes from a 0600 env file written over SFTP, never on a
+    command line. Returns its base URL."""
     host = _host(lab, OUTSIDE_HOST)
     client = ssh_client(host.address, lab.paths.key_file, lab.paths.known_hosts, 20)
     try:
@@ -107,7 +108,7 @@ def fleet(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     key_file = tmp / "outside.key"
     key_file.touch(mode=0o600)
     key_file.write_text(secrets.token_urlsafe(24) + "\n")
-    outside_url = _start_outside(lab, key_file.read_text().strip())
+    outside_url = f"http://{_host(lab, OUTSIDE_HOST).address}:{OUTSIDE_PORT}"
     # the same name as the shipped profile, which it extends (a file never extends itself)
     profile = tmp / "lab-two-models.yml"
     profile.write_text(
@@ -122,6 +123,7 @@ def fleet(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         _provision(str(profile), tmp / "first.json")
         second = _provision(str(profile), tmp / "second.json")
         assert second["totals"]["changed"] == 0, {h: v["changes"] for h, v in second["hosts"].items()}
+        assert _start_outside(lab, key_file.read_text().strip()) == outside_url
         env = _client_env()
         client = openai.OpenAI(
             base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=60
