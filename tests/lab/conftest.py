@@ -53,6 +53,7 @@ BESIDE_UNITS = (
     "test_lab_gateway_anthropic.py",
     "test_lab_mooncake.py",
     "test_lab_demo.py",
+    "test_lab_two_models.py",  # provisions lab-two-models and lab-cross back: answers, stages, counters
 )
 
 
