@@ -47,6 +47,11 @@ def profiles(
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    for status in statuses:
+        if status.warnings:
+            print(f"\n{status.name}: warning")
+            for warning in status.warnings:
+                print(f"  {warning}")
     bad = [s for s in statuses if not s.ok]
     for status in bad:
         print(f"\n{status.name}:")

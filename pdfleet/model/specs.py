@@ -47,15 +47,62 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+HUB = "hub"
+# An environment variable's name, as a shell and systemd read it.
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _weights_source(value: str) -> str:
+    """`hub`, an http(s) mirror directory, or an absolute path on the control machine: anything else would
+    be read as one of them by accident (a relative path against whatever directory invoke ran in)."""
+    if value == HUB or value.startswith(("http://", "https://")):
+        return value
+    if value.startswith("/") and posixpath.normpath(value) == value.rstrip("/"):
+        return value
+    raise ValueError(
+        "must be 'hub', an http:// or https:// mirror directory, or an absolute path on the control "
+        f"machine like /srv/models (got {value!r})"
+    )
+
+
+class TokenSource(StrictModel):
+    """Where the control machine reads the hub token: a file (mode 0600) or an environment variable, never
+    the token itself (a profile is committed and printed)."""
+
+    file: str | None = Field(default=None, min_length=1)
+    env: str | None = Field(default=None, pattern=ENV_NAME)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TokenSource:
+        if (self.file is None) == (self.env is None):
+            raise ValueError(
+                "set exactly one of file (a path on the control machine) or env (a variable name)"
+            )
+        return self
+
+
 class ModelSpec(StrictModel):
-    """The model served: Hugging Face id, optional local path and tokenizer."""
+    """The model served: Hugging Face id, optional local path and tokenizer, and where its weights come
+    from (`source`: unset, vLLM fetches them itself by id; else provision stages them, see roles/weights)."""
 
     id: str = Field(min_length=1)
     path: str | None = None
     tokenizer: str | None = None
     served_model_name: str | None = None
     max_model_len: Positive | None = None
-    revision: str | None = Field(default=None, min_length=1)  # vLLM's --revision: a branch, tag or commit
+    # the hub's commit hash (or a branch/tag vLLM resolves itself), or a site mirror's version id
+    revision: str | None = Field(default=None, min_length=1)
+    # hub: the hub's HTTP API; http(s)://...: a mirror directory holding <id>/<revision>/manifest.json and
+    # the files; /abs/path: the same layout on the control machine, pushed to the hosts
+    source: Annotated[str, AfterValidator(_weights_source)] | None = None
+    token: TokenSource | None = None  # the hub token's file or variable on the control machine
+    # per host and file, curl's --limit-rate (bytes per second, K/M/G suffixes)
+    bandwidth_limit: str | None = Field(default=None, pattern=r"^[1-9][0-9]*[KMG]?$")
+
+    @property
+    def staged(self) -> bool:
+        """True when provision stages the weights (a source is set) and vLLM loads them offline."""
+        return self.source is not None
 
 
 class KVTransferSpec(StrictModel):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pdfleet.errors import ValidationError
+from pdfleet.model.checks import weights_warnings
 from pdfleet.model.inventory import Inventory
 from pdfleet.model.inventory_checks import check_against_inventory
 from pdfleet.model.profile import KVTransferSpec, VllmSpec
@@ -25,6 +26,7 @@ class ProfileStatus:
     connector: str
     vllm: str
     problems: tuple[str, ...]
+    warnings: tuple[str, ...] = ()  # `file: key.path: message` lines that do not make it invalid
 
     @property
     def ok(self) -> bool:
@@ -46,8 +48,12 @@ def survey_profiles(
     default_connector = KVTransferSpec.model_fields["connector"].default
     statuses = []
     for name in list(names) if names is not None else list_profiles(profiles_dir):
+        warnings: tuple[str, ...] = ()
         try:
             profile = load_profile(name, profiles_dir)
+            warnings = tuple(
+                f"{profile.origin_of(w.path)}: {w.path}: {w.message}" for w in weights_warnings(profile)
+            )
             if inventory is not None:
                 check_against_inventory(profile, inventory)
             problems: tuple[str, ...] = ()
@@ -67,6 +73,7 @@ def survey_profiles(
                 connector="-" if topology == "colocated" else connector,
                 vllm=str(vllm.get("version", "?")),
                 problems=problems,
+                warnings=warnings,
             )
         )
     return statuses
