@@ -1,14 +1,14 @@
 """Roles: one concern each (pdfleet.fleet.roles describes the contract), listed here in the order they run.
 
-Drivers and NICs come before the KV libraries, the venv before the units using it, the pools before
-the gateway in front of them, monitoring (it scrapes them all), and the rollout controller last (it reads
-Prometheus and drives the gateways).
+Drivers and NICs come before the KV libraries, the venv and the staged weights before the units using
+them, the pools before the gateway in front of them, monitoring (it scrapes them all), and the rollout
+controller last (it reads Prometheus and drives the gateways).
 """
 
 from __future__ import annotations
 
 from pdfleet.fleet.roles import Role
-from roles import base, gateway, gpu_driver, kv_transfer, monitoring, rdma, rollout, services, vllm
+from roles import base, gateway, gpu_driver, kv_transfer, monitoring, rdma, rollout, services, vllm, weights
 
 REGISTRY: tuple[Role, ...] = (
     base,
@@ -16,6 +16,7 @@ REGISTRY: tuple[Role, ...] = (
     rdma,
     kv_transfer,
     vllm,
+    weights,
     services,
     gateway,
     monitoring,

@@ -14,6 +14,7 @@ from pdfleet.fleet.deployment import Deployment, DeploymentRequest, Secrets, loa
 from pdfleet.fleet.host_wheel import cached_host_wheel
 from pdfleet.fleet.roles import select_roles
 from pdfleet.fleet.secrets import gateway_secrets, review_secrets
+from pdfleet.fleet.weights import load_manifests
 from pdfleet.ops.runner import RunOptions
 from roles import REGISTRY
 
@@ -43,11 +44,14 @@ def open_deployment(
     stage: str | None = None,
     keys: Keys = "none",
     wheel: Callable[[str], None] | None = None,
+    manifests: bool = False,
 ) -> Deployment:
     """Every task's deployment, from its options and invoke.yaml's defaults, through the one door
     (fleet.deployment.load_deployment): `roles` (default all), `--limit`ed hosts, `--stage`, the gateway's
     keys as `keys` says (asked only when a selected role installs them on a selected host) and, with
-    `wheel` (progress messages), the host wheel the selected hosts install. Everything is validated first."""
+    `wheel` (progress messages), the host wheel the selected hosts install; with `manifests`, the staged
+    models' manifests from their mirrors (when the weights role runs on a host serving one). Everything is
+    validated first."""
     settings = Settings.of(ctx)
     request = DeploymentRequest(
         profile,
@@ -60,6 +64,7 @@ def open_deployment(
         stage=stage,
         secrets=KEYS[keys],
         host_wheel=None if wheel is None else functools.partial(cached_host_wheel, progress=wheel),
+        manifests=load_manifests if manifests else None,
     )
     deployment = load_deployment(request)
     if wheel is not None:

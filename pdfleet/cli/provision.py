@@ -56,6 +56,7 @@ def provision(
         stage=stage,
         keys="provision",
         wheel=lambda msg: console.print(msg, highlight=False),
+        manifests=True,
     )
     lab_site.require_routable(deployment.hosts)
     options = run_options(ctx, check=check, serial=serial, json=json, reboot=reboot)

@@ -5,8 +5,8 @@ what the roles see of one host."""
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdfleet.errors import ValidationError
@@ -20,12 +20,18 @@ from pdfleet.model.inventory import Host, Inventory, load_inventory
 from pdfleet.model.inventory_checks import check_against_inventory
 from pdfleet.model.profile import Profile
 from pdfleet.model.profile_loader import load_profile
+from pdfleet.model.specs import ModelSpec
+from pdfleet.model.weights import WeightsManifest
 
 GATEWAY_ROLE = "gateway"  # the role that installs the gateway's keys (roles/gateway)
 ROLLOUT_ROLE = "rollout"  # installs the admin key for the rollout controller (roles/rollout)
 
 # (client key file, admin key file, outside alias -> key file) -> the gateway's keys
 Secrets = Callable[[str, str, Mapping[str, str]], GatewaySecrets]
+# the staged models (one per id) -> their manifests by model id (pdfleet.fleet.weights.load_manifests)
+Manifests = Callable[[Sequence[ModelSpec]], Mapping[str, WeightsManifest]]
+# roles whose plans read the manifests: the weights role stages by them (verify and doctor read them too)
+MANIFEST_ROLES = ("weights",)
 HostWheel = Callable[[], Path]  # this clone's host wheel on the control machine (built, or from the cache)
 
 
@@ -43,6 +49,7 @@ class Deployment:
     gateway_secrets: GatewaySecrets | None = None
     host_wheel: Path | None = None  # uploaded by the roles of hosts that run pdfleet code
     stage_override: str | None = None  # `invoke provision --stage S`
+    manifests: Mapping[str, WeightsManifest] = field(default_factory=dict)  # staged models' by model id
 
     def context(self, host: Host) -> RoleContext:
         """What the roles see for one host."""
@@ -55,6 +62,7 @@ class Deployment:
             self.gateway_secrets,
             self.host_wheel,
             self.stage_override,
+            self.manifests,
         )
 
 
@@ -73,6 +81,7 @@ class DeploymentRequest:
     stage: str | None = None  # `invoke provision --stage S`: over the gateways' live stage
     secrets: Secrets | None = None  # asked only when a selected role installs keys on a selected host
     host_wheel: HostWheel | None = None  # asked only when a selected host gets the wheel uploaded
+    manifests: Manifests | None = None  # asked only when a selected role reads staged models' manifests
 
 
 def load_deployment(request: DeploymentRequest) -> Deployment:
@@ -101,8 +110,28 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
         )
         wheel = None if request.host_wheel is None else request.host_wheel()
     renderer = Renderer(request.templates_dir)
+    manifests: Mapping[str, WeightsManifest] = {}
+    if request.manifests is not None and any(role.NAME in MANIFEST_ROLES for role in roles):
+        staged = [spec.model for spec in profile.served if spec.model.staged]
+        on_selected = {name for host in hosts for name in (i.model for i in topology.on_host(host.name))}
+        wanted = [
+            model
+            for model in staged
+            if any(profile.served_model(name).model.id == model.id for name in on_selected)
+        ]
+        manifests = request.manifests(wanted) if wanted else {}
     return Deployment(
-        profile, inventory, topology, roles, renderer, host_version(), hosts, keys, wheel, request.stage
+        profile,
+        inventory,
+        topology,
+        roles,
+        renderer,
+        host_version(),
+        hosts,
+        keys,
+        wheel,
+        request.stage,
+        manifests,
     )
 
 

@@ -9,3 +9,5 @@ WHEEL_DIR = f"{HOST_CODE_DIR}/wheels"  # this clone's host wheel, uploaded by pr
 KV_ENV_FILE = f"{CONFIG_DIR}/kv-transfer.env"
 # A 70B model can take many minutes to load; vLLM answers /health only after.
 VLLM_START_TIMEOUT_S = 1800
+# Staged model weights: <id>/<revision>/ each (roles/weights), read-only to the service user.
+MODELS_DIR = f"{STATE_DIR}/models"

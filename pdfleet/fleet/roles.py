@@ -10,8 +10,8 @@ in its first batch: one round trip instead of one per fact);
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +22,8 @@ from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.fleet.topology import Instance, Topology
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
+from pdfleet.model.specs import ModelSpec
+from pdfleet.model.weights import WeightsManifest
 from pdfleet.ops.base import Fact, FactSource, Handler, Operation, Skip
 from pdfleet.ops.files import Directory, File
 from pdfleet.ops.pip import PipRequirements
@@ -43,6 +45,8 @@ class RoleContext:
     host_wheel: Path | None = None
     # `invoke provision --stage S`: the gateways' stage, over the live one (None: keep the live stage)
     stage_override: str | None = None
+    # each staged model's manifest by model id, read on the control machine (pdfleet.fleet.weights)
+    manifests: Mapping[str, WeightsManifest] = field(default_factory=dict)
 
     @property
     def instances(self) -> list[Instance]:
@@ -60,6 +64,13 @@ class RoleContext:
 
     def render(self, template: str, **variables: Any) -> str:
         return self.renderer.render(template, **variables)
+
+    def manifest(self, model: ModelSpec) -> WeightsManifest:
+        """A staged model's manifest (the command that built this context must have read it)."""
+        found = self.manifests.get(model.id)
+        if found is None:
+            raise ValidationError(f"{model.id} at {model.revision}: its weights manifest was not read")
+        return found
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from pdfleet.fleet.topology import Instance
+from pdfleet.fleet.weights import staged_dir
 from pdfleet.hw.kv import kv_connector_extra_config
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
@@ -44,10 +45,13 @@ def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
     spec = served.pools.get(inst.pool)
     venv = profile.vllm.venv.rstrip("/")
     model = served.model
+    # a staged model loads from its staged directory (vLLM's positional model: a local path); the simulator
+    # reads no weights and knows the model by id
+    staged = model.staged and profile.vllm.engine == "vllm"
     if profile.vllm.engine == "sim":
         argv = [f"{venv}/bin/pdfleet-sim", "serve", model.path or model.id]
     else:
-        argv = [f"{venv}/bin/vllm", "serve", model.path or model.id]
+        argv = [f"{venv}/bin/vllm", "serve", staged_dir(model) if staged else model.path or model.id]
     argv += [
         "--host",
         inst.address,
@@ -70,7 +74,7 @@ def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
     max_len = spec.max_model_len or model.max_model_len
     if max_len:
         argv += ["--max-model-len", str(max_len)]
-    if model.revision:
+    if model.revision and not staged:  # a local directory is that revision already
         argv += ["--revision", model.revision]
     kv_config = kv_transfer_config(profile, host, inst)
     if kv_config is not None:

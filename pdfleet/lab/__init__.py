@@ -31,10 +31,13 @@ Layout on disk (the state root, `/var/lib/pdfleet-lab/`):
     mirrors/pypi/              the PEP 503 tree served on :8082: packages/*.whl (dependency wheels
                                hard-linked from pypi-deps plus the pdfleet wheel of this clone) and
                                simple/<project>/index.html
+    mirrors/models/            the model mirror served on :8083 (byte ranges): the lab's small model
+                               at each revision, <id>/<revision>/{files, manifest.json}
     run/                       mirror server logs
     gateway-client.key         the gateway client key provisioning leaves for `lab.env` (0600)
 
 Modules: paths (locations, addresses), system (preflight, processes), state, network (bridge),
-image (debootstrap cache), sshkeys, hosts (nspawn), mirrors (apt + PyPI), control (up/down/status),
-capacity (memory per host), usage (a host's CPU, for bench/converge.py).
+image (debootstrap cache), sshkeys, hosts (nspawn), mirrors (apt + PyPI + models), model_mirror (the
+lab's model and its range-answering server), control (up/down/status), capacity (memory per host),
+usage (a host's CPU, for bench/converge.py).
 """

@@ -16,8 +16,17 @@ from pdfleet.lab import mirrors
 from pdfleet.lab.capacity import available_mib, memory_problem
 from pdfleet.lab.hosts import LabHost
 from pdfleet.lab.image import default_recipe, ensure_image, prune_images
+from pdfleet.lab.model_mirror import build_lab_models
 from pdfleet.lab.network import ensure_bridge, link_exists, remove_link
-from pdfleet.lab.paths import BRIDGE, BRIDGE_ADDRESS, NETWORK, LabPaths, apt_mirror_url, pypi_mirror_url
+from pdfleet.lab.paths import (
+    BRIDGE,
+    BRIDGE_ADDRESS,
+    NETWORK,
+    LabPaths,
+    apt_mirror_url,
+    models_mirror_url,
+    pypi_mirror_url,
+)
 from pdfleet.lab.sshkeys import ensure_client_key, known_hosts_lines
 from pdfleet.lab.state import HostRecord, LabState
 from pdfleet.lab.system import LabError, Progress, atomic_write, exclusive, preflight, quiet_progress
@@ -141,6 +150,8 @@ def _build_caches(lab: Lab, progress: Progress) -> _Caches:
         apt = mirrors.build_apt_mirror(paths, recipe, image, lab.apt_packages, progress)
         deps = deps_future.result()
     mirrors.populate_pypi(paths, deps)
+    progress("model mirror: the lab model's revisions")
+    build_lab_models(paths.models_dir)
     progress("pypi mirror: the host wheel of this clone")
     version = mirrors.refresh_host_wheel(paths)
     return _Caches(recipe.key, image, tuple(apt.unavailable), version)
@@ -356,7 +367,7 @@ def status(lab: Lab) -> LabStatus:
     found = []
     for kind, port in mirrors.SERVERS.items():
         ref = state.servers.get(kind)
-        url = apt_mirror_url() if kind == "apt" else pypi_mirror_url()
+        url = {"apt": apt_mirror_url, "pypi": pypi_mirror_url, "models": models_mirror_url}[kind]()
         alive = bool(ref and ref.alive())
         found.append(MirrorStatus(kind, url, alive, alive and labhosts.tcp_open(BRIDGE_ADDRESS, port)))
     return LabStatus(link_exists(BRIDGE), tuple(hosts), tuple(found))

@@ -1,6 +1,7 @@
-"""The mirrors the control machine serves the lab hosts: a flat apt repository and a PEP 503 index.
+"""The mirrors the control machine serves the lab hosts: a flat apt repository, a PEP 503 index, and a
+model mirror (pdfleet.lab.model_mirror: the lab's small model at its revisions).
 
-Provisioning in the lab runs air-gapped like a secured site: hosts reach only these two servers,
+Provisioning in the lab runs air-gapped like a secured site: hosts reach only these servers,
 bound to the bridge address. Both repositories are built on the control machine and cached by a
 key over what they must contain, so a warm lab.up rebuilds nothing.
 
@@ -33,7 +34,7 @@ from pdfleet.fleet.host_wheel import (
 )
 from pdfleet.lab.hosts import tcp_open, wait_tcp
 from pdfleet.lab.image import ImageRecipe
-from pdfleet.lab.paths import APT_PORT, BRIDGE_ADDRESS, PYPI_PORT, LabPaths, pypi_mirror_url
+from pdfleet.lab.paths import APT_PORT, BRIDGE_ADDRESS, MODELS_PORT, PYPI_PORT, LabPaths, pypi_mirror_url
 from pdfleet.lab.system import (
     LabError,
     ProcessRef,
@@ -315,11 +316,13 @@ def write_simple_index(root: Path) -> None:
 
 # ---------------------------------------------------------------- servers
 
-SERVERS: dict[str, int] = {"apt": APT_PORT, "pypi": PYPI_PORT}
+SERVERS: dict[str, int] = {"apt": APT_PORT, "pypi": PYPI_PORT, "models": MODELS_PORT}
+# the model mirror answers byte ranges (an interrupted copy continues); http.server does not
+SERVER_MODULES: dict[str, str] = {"models": "pdfleet.lab.model_mirror"}
 
 
 def served_directory(paths: LabPaths, kind: str) -> Path:
-    return paths.apt_served if kind == "apt" else paths.pypi_dir
+    return {"apt": paths.apt_served, "pypi": paths.pypi_dir, "models": paths.models_dir}[kind]
 
 
 def server_command(paths: LabPaths, kind: str) -> list[str]:
@@ -327,7 +330,7 @@ def server_command(paths: LabPaths, kind: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "http.server",
+        SERVER_MODULES.get(kind, "http.server"),
         "--bind",
         BRIDGE_ADDRESS,
         "--directory",

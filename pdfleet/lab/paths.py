@@ -12,6 +12,7 @@ NETWORK = ipaddress.IPv4Network("198.18.0.0/24")
 BRIDGE_ADDRESS = "198.18.0.1"
 APT_PORT = 8081
 PYPI_PORT = 8082
+MODELS_PORT = 8083  # the model mirror (pdfleet.lab.model_mirror)
 LOGIN_USER = "ops"
 
 
@@ -58,6 +59,11 @@ class LabPaths:
         return self.mirrors_dir / "pypi"
 
     @property
+    def models_dir(self) -> Path:
+        """The model mirror's root: <model id>/<revision>/ with files and manifest.json."""
+        return self.mirrors_dir / "models"
+
+    @property
     def run_dir(self) -> Path:
         return self.root / "run"
 
@@ -84,3 +90,8 @@ def apt_mirror_url() -> str:
 def pypi_mirror_url() -> str:
     """The PEP 503 index as lab hosts (and lab profiles' mirrors.pypi) address it."""
     return f"http://{BRIDGE_ADDRESS}:{PYPI_PORT}/simple/"
+
+
+def models_mirror_url() -> str:
+    """The model mirror as lab hosts (and lab profiles' model.source) address it."""
+    return f"http://{BRIDGE_ADDRESS}:{MODELS_PORT}/"

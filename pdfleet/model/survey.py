@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from pdfleet.errors import ValidationError
-from pdfleet.model.checks import weights_warnings
 from pdfleet.model.inventory import Inventory
 from pdfleet.model.inventory_checks import check_against_inventory
 from pdfleet.model.profile import KVTransferSpec, VllmSpec
 from pdfleet.model.profile_loader import list_profiles, load_profile, raw_profile
+from pdfleet.model.weights_checks import weights_warnings
 
 
 @dataclass(frozen=True)

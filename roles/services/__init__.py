@@ -1,7 +1,8 @@
 """services: env files (0600) and systemd units for every vLLM instance the host runs, whatever model it
-serves; enabled, started, and only reported started once /health answers. First, on every host, it retires
-the vLLM and vllm-router units pdfleet installed that the profile no longer puts there (a renamed instance,
-a dropped pool, another profile's model), so none keeps holding a port its successor needs."""
+serves (a staged model's from its staged directory, offline: roles/weights); enabled, started, and only
+reported started once /health answers. First, on every host, it retires the vLLM and vllm-router units
+pdfleet installed that the profile no longer puts there (a renamed instance, a dropped pool, another
+profile's model), so none keeps holding a port its successor needs."""
 
 from __future__ import annotations
 
@@ -38,6 +39,15 @@ def retire(ctx: RoleContext) -> RetireUnits:
     return RetireUnits(UNIT_GLOB, frozenset(keep), env_dir=CONFIG_DIR)
 
 
+def _hf_env(ctx: RoleContext, inst: Instance) -> dict[str, str]:
+    """Hugging Face's cache; and offline for a staged model (roles/weights put every file it reads on the
+    host, so the hub is never asked: an air-gapped site works and no host loads another revision)."""
+    env = {"HF_HOME": f"{STATE_DIR}/hf"}
+    if ctx.profile.served_model(inst.model).model.staged:
+        env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
 def _env_file(ctx: RoleContext, inst: Instance) -> RenderedFile:
     content = ctx.render(
         "vllm.env.j2",
@@ -45,7 +55,7 @@ def _env_file(ctx: RoleContext, inst: Instance) -> RenderedFile:
         gpus=inst.gpus,
         side_channel_host=inst.side_channel_host,
         side_channel_port=inst.side_channel_port,
-        extra_env={"HF_HOME": f"{STATE_DIR}/hf"},
+        extra_env=_hf_env(ctx, inst),
     )
     return RenderedFile(inst.env_file, content, mode="0600", secret=True)
 

@@ -12,6 +12,7 @@ from pdfleet.fleet.render import Renderer
 from pdfleet.fleet.roles import Role, RoleContext
 from pdfleet.hw.gpu_facts import MokEnrolledFact
 from pdfleet.hw.rdma_facts import NetdevFact, QosFact
+from pdfleet.model.weights import ManifestFile, WeightsManifest
 from pdfleet.ops.apt import AptPolicy
 from pdfleet.ops.base import Fact, FactSource
 from roles import REGISTRY
@@ -33,6 +34,7 @@ def test_the_registry_runs_drivers_first_then_the_gateway_monitoring_and_the_rol
         "rdma",
         "kv_transfer",
         "vllm",
+        "weights",
         "services",
         "gateway",
         "monitoring",
@@ -65,7 +67,16 @@ def _hosts() -> list[tuple[str, RoleContext, FactSource]]:
     lab = deployment("lab-cross")
     gw = lab.context(lab.inventory.hosts["lab-gw"])
     h100 = dataclasses.replace(context(pinned(), host()), renderer=Renderer(REPO / "templates"))
-    return [("h100", h100, fixture_facts(H100)), ("lab-gw", gw, HostFacts({}))]
+    staged = deployment("lab-weights")  # a staged model: the weights role applies on its pool hosts
+    manifest = WeightsManifest(
+        model=staged.profile.model.id,
+        revision="lab-r1",
+        files=(ManifestFile(path="config.json", size=2, sha256="0" * 64),),
+    )
+    d1 = dataclasses.replace(
+        staged.context(staged.inventory.hosts["lab-d1"]), manifests={staged.profile.model.id: manifest}
+    )
+    return [("h100", h100, fixture_facts(H100)), ("lab-gw", gw, HostFacts({})), ("lab-d1", d1, HostFacts({}))]
 
 
 @pytest.mark.parametrize("role", REGISTRY, ids=lambda r: r.NAME)
@@ -74,7 +85,8 @@ def test_every_role_declares_the_facts_its_planning_reads(role: Role) -> None:
     then holds it, one round trip per host instead of one per fact."""
     ran = False
     for name, ctx, source in _hosts():
-        if not role.applies(ctx):
+        # lab-d1 is there for the weights role: its other roles are checked on the recorded H100's facts
+        if not role.applies(ctx) or (name == "lab-d1" and role.NAME != "weights"):
             continue
         ran = True
         reads = _Reads(source)

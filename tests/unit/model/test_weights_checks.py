@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.model.checks import weights_warnings
 from pdfleet.model.profile import Profile, ProfileError
 from pdfleet.model.profile_loader import load_profile
 from pdfleet.model.survey import survey_profiles
+from pdfleet.model.weights_checks import weights_warnings
 from tests.unit.model.helpers import GOOD
 
 PIN = "0e9e39f249a16976918f6564b8830bc894c89659"  # a hub commit hash's shape

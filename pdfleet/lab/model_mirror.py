@@ -1,0 +1,182 @@
+"""The lab's model mirror: a small model repository in Hugging Face's layout, made by the lab (config,
+tokenizer, a few MiB of safetensors with their index), at two revisions with their manifests, served over
+HTTP with byte ranges (a static server that answers `Range:` is what lets an interrupted copy continue).
+
+Layout under the served root: `<model id>/<revision>/{files, manifest.json}`, as a site's mirror holds it
+(pdfleet.fleet.weights). The bytes are derived from the revision's name, so every lab builds the same
+files and a profile can pin them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import struct
+import sys
+from collections.abc import Sequence
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from pdfleet.model.weights import MANIFEST_NAME, WeightsManifest, manifest_of_dir
+
+LAB_MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the simulator's catalog knows it by this id
+LAB_REVISIONS = ("lab-r1", "lab-r2")  # lab-r2: the "other revision" a decode pool is pinned to
+SHARDS = 2
+SHARD_BYTES = 2 * 1024 * 1024  # two 2 MiB shards: enough for a copy to be interrupted half way
+
+
+def _stream(seed: str, size: int) -> bytes:
+    """`size` bytes derived from `seed` (SHA-256 in counter mode): the same everywhere, unlike urandom."""
+    out = bytearray()
+    counter = 0
+    while len(out) < size:
+        out += hashlib.sha256(f"{seed}/{counter}".encode()).digest()
+        counter += 1
+    return bytes(out[:size])
+
+
+def _safetensors(name: str, data: bytes) -> bytes:
+    """A valid safetensors file holding one U8 tensor `name` of these bytes (8-byte header length,
+    JSON header, data)."""
+    header = json.dumps({name: {"dtype": "U8", "shape": [len(data)], "data_offsets": [0, len(data)]}})
+    header_bytes = header.encode().ljust((len(header) + 7) // 8 * 8)
+    return struct.pack("<Q", len(header_bytes)) + header_bytes + data
+
+
+def lab_model_files(revision: str) -> dict[str, bytes]:
+    """The repository's files at a revision: config, generation config, tokenizer, shards and index."""
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 131072,
+        "torch_dtype": "uint8",
+        "_pdfleet_lab_revision": revision,
+    }
+    files: dict[str, bytes] = {
+        "config.json": (json.dumps(config, indent=1) + "\n").encode(),
+        "generation_config.json": b'{"bos_token_id": 1, "eos_token_id": 2}\n',
+        "tokenizer_config.json": (
+            b'{"model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast"}\n'
+        ),
+        "special_tokens_map.json": b'{"bos_token": "<s>", "eos_token": "</s>"}\n',
+        "tokenizer.json": (
+            json.dumps(
+                {"version": "1.0", "model": {"type": "BPE", "vocab": {f"b{i}": i for i in range(256)}}}
+            )
+            + "\n"
+        ).encode(),
+    }
+    weight_map: dict[str, str] = {}
+    for index in range(1, SHARDS + 1):
+        name = f"model-{index:05d}-of-{SHARDS:05d}.safetensors"
+        tensor = f"layers.{index - 1}.weight"
+        files[name] = _safetensors(tensor, _stream(f"{revision}/{name}", SHARD_BYTES))
+        weight_map[tensor] = name
+    index_doc = {"metadata": {"total_size": SHARDS * SHARD_BYTES}, "weight_map": weight_map}
+    files["model.safetensors.index.json"] = (json.dumps(index_doc, indent=1) + "\n").encode()
+    return files
+
+
+def build_lab_models(root: Path) -> list[WeightsManifest]:
+    """Write every lab revision under `root` (skipped when its manifest already lists the same files)."""
+    manifests = []
+    for revision in LAB_REVISIONS:
+        directory = root / LAB_MODEL / revision
+        manifest_file = directory / MANIFEST_NAME
+        files = lab_model_files(revision)
+        if manifest_file.exists():
+            manifest = WeightsManifest.model_validate_json(manifest_file.read_text())
+            have = {f.path: f.sha256 for f in manifest.files}
+            if have == {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}:
+                manifests.append(manifest)
+                continue
+        directory.mkdir(parents=True, exist_ok=True)
+        for path, data in files.items():
+            tmp = directory / f".{path}.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, directory / path)
+        manifest = manifest_of_dir(directory, LAB_MODEL, revision)
+        tmp = directory / f".{MANIFEST_NAME}.tmp"
+        tmp.write_text(manifest.to_json())
+        os.replace(tmp, manifest_file)
+        manifests.append(manifest)
+    return manifests
+
+
+_RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+
+
+class RangeHandler(SimpleHTTPRequestHandler):
+    """http.server's static files, plus single `Range: bytes=N-[M]` requests (206) that curl -C - sends."""
+
+    def send_head(self) -> Any:
+        match = _RANGE.match(self.headers.get("Range", ""))
+        path = Path(self.translate_path(self.path))
+        if match is None or not path.is_file():
+            return super().send_head()
+        size = path.stat().st_size
+        start = int(match.group(1))
+        end = min(int(match.group(2)), size - 1) if match.group(2) else size - 1
+        if start >= size or end < start:
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        handle = path.open("rb")
+        handle.seek(start)
+        self.send_response(206)
+        self.send_header("Content-Type", self.guess_type(str(path)))
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        self._remaining = end - start + 1
+        return handle
+
+    def copyfile(self, source: Any, outputfile: Any) -> None:
+        """Only the requested range of a 206 answer; the whole file otherwise."""
+        remaining = getattr(self, "_remaining", None)
+        if remaining is None:
+            super().copyfile(source, outputfile)
+            return
+        while remaining > 0:
+            chunk = source.read(min(1 << 16, remaining))
+            if not chunk:
+                break
+            outputfile.write(chunk)
+            remaining -= len(chunk)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
+        sys.stderr.write(f"{self.address_string()} {format % args}\n")
+
+
+def make_server(bind: str, port: int, directory: Path) -> ThreadingHTTPServer:
+    """A range-answering static server of `directory` (port 0: any free port)."""
+
+    def handler(*args: Any) -> RangeHandler:
+        return RangeHandler(*args, directory=str(directory))
+
+    return ThreadingHTTPServer((bind, port), handler)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m pdfleet.lab.model_mirror --bind ADDR --directory DIR PORT`: serve until killed."""
+    parser = argparse.ArgumentParser(prog="python -m pdfleet.lab.model_mirror", description=main.__doc__)
+    parser.add_argument("--bind", required=True, help="address to listen on (the lab's bridge)")
+    parser.add_argument("--directory", required=True, type=Path, help="the mirror's root")
+    parser.add_argument("port", type=int, help="TCP port")
+    args = parser.parse_args(argv)
+    make_server(args.bind, args.port, args.directory).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

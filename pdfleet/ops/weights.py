@@ -1,0 +1,188 @@
+"""Staged model weights: the fact that reads a revision's files on a host (one batched sha256sum, the
+partial downloads, the free space) and the operations that fetch each missing or wrong file, resumably,
+checked against its SHA-256 before it takes the file's name.
+
+A download goes to `<file>.part` (curl -C - continues it after an interruption), is checked, then renamed
+over the file: vLLM never sees a partial or corrupt file under its real name.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pdfleet.model.weights import ManifestFile, WeightsManifest
+from pdfleet.ops.base import Change, Fact, FactSource, Handler, Operation, Run
+from pdfleet.ops.errors import FactError, OperationError
+
+q = shlex.quote
+PART = ".part"
+CURL_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class StagedState:
+    """A revision's directory on a host: each present file's SHA-256 and each partial download's size
+    (by manifest path), and the bytes free on the filesystem that holds (or will hold) it."""
+
+    sha256: Mapping[str, str]
+    partial: Mapping[str, int]
+    free_bytes: int
+
+
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB': sizes in progress lines and refusals."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class StagedFiles(Fact[StagedState]):
+    """One command per revision: `df` of the nearest existing parent, the `.part` sizes, and one
+    sha256sum over every manifest file present (manifest paths hold no newline, quote or backslash)."""
+
+    directory: str
+    paths: tuple[str, ...]
+    sudo: ClassVar[bool] = True
+
+    def command(self) -> str:
+        d = q(self.directory)
+        words = " ".join(q(p) for p in self.paths)
+        return (
+            f'p={d}; while [ ! -e "$p" ]; do p=$(dirname -- "$p"); done; '
+            'df -P -B1 -- "$p" | awk \'NR==2 {print "free|" $4}\'; '
+            f"cd {d} 2>/dev/null || exit 0; set --; for f in {words}; do "
+            'if [ -f "$f.part" ]; then printf "part|%s|%s\\n" "$(stat -c %s -- "$f.part")" "$f"; fi; '
+            'if [ -f "$f" ]; then set -- "$@" "$f"; fi; done; '
+            'if [ $# -gt 0 ]; then sha256sum -- "$@"; fi'
+        )
+
+    def parse(self, stdout: str, rc: int) -> StagedState:
+        if rc != 0:
+            raise FactError(f"cannot read {self.directory} (exit {rc})")
+        free: int | None = None
+        partial: dict[str, int] = {}
+        shas: dict[str, str] = {}
+        for line in stdout.splitlines():
+            if line.startswith("free|"):
+                free = int(line[5:])
+            elif line.startswith("part|"):
+                _, size, path = line.split("|", 2)
+                partial[path] = int(size)
+            elif line.strip():
+                digest, sep, path = line.partition("  ")
+                if not sep or len(digest) != 64:
+                    raise FactError(f"unexpected sha256sum output: {line!r}")
+                shas[path] = digest
+        if free is None:
+            raise FactError(f"df printed no free space for {self.directory}")
+        return StagedState(shas, partial, free)
+
+
+def missing_files(manifest: WeightsManifest, state: StagedState) -> list[ManifestFile]:
+    """The manifest's files a host lacks or holds with another SHA-256."""
+    return [f for f in manifest.files if state.sha256.get(f.path) != f.sha256]
+
+
+def bytes_to_fetch(manifest: WeightsManifest, state: StagedState) -> int:
+    """What the missing files still need on disk: a partial download shorter than its file continues, so
+    only its remainder counts."""
+    total = 0
+    for f in missing_files(manifest, state):
+        part = state.partial.get(f.path, 0)
+        total += f.size - part if part < f.size else f.size
+    return total
+
+
+@dataclass(frozen=True)
+class WeightsSpace(Operation):
+    """Refuses the host's plan, before any change is made, when the revision's missing files do not fit
+    on its filesystem (a download that fills the disk half way would take vLLM and the host with it)."""
+
+    directory: str
+    manifest: WeightsManifest
+
+    def describe(self) -> str:
+        return f"disk space for {self.directory}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (StagedFiles(self.directory, tuple(f.path for f in self.manifest.files)),)
+
+    def plan(self, facts: FactSource) -> list[Change]:
+        state = facts.get(StagedFiles(self.directory, tuple(f.path for f in self.manifest.files)))
+        needed = bytes_to_fetch(self.manifest, state)
+        if needed > state.free_bytes:
+            raise OperationError(
+                f"{self.manifest.model} at {self.manifest.revision} needs {human_bytes(needed)} more in "
+                f"{self.directory} but its filesystem has {human_bytes(state.free_bytes)} free; nothing was "
+                "downloaded (free space, or move pdfleet's state directory to a larger disk)"
+            )
+        return []
+
+
+@dataclass(frozen=True)
+class StageFile(Operation):
+    """One file of a revision at `directory/path` with the manifest's SHA-256: fetched from `url` into
+    `path.part` (continued when a partial one is there), checked, then renamed into place.
+
+    `header_file` is a 0600 file of request headers (`Authorization: Bearer ...` for the hub), given to
+    curl as `-H @file` so the token is on no command line."""
+
+    directory: str
+    file: ManifestFile
+    url: str
+    paths: tuple[str, ...]  # every manifest path: the StagedFiles fact this operation shares
+    limit: str | None = None  # curl --limit-rate
+    header_file: str | None = None
+    notify: tuple[Handler, ...] = field(default=())
+
+    def describe(self) -> str:
+        return f"weights {self.directory}/{self.file.path} ({human_bytes(self.file.size)})"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (StagedFiles(self.directory, self.paths),)
+
+    def plan(self, facts: FactSource) -> list[Change]:
+        state = facts.get(StagedFiles(self.directory, self.paths))
+        have = state.sha256.get(self.file.path)
+        if have == self.file.sha256:
+            return []
+        part = state.partial.get(self.file.path, 0)
+        if have is None:
+            diff = f"fetch {self.file.path} ({human_bytes(self.file.size)}, sha256 {self.file.sha256[:12]})"
+        else:
+            diff = f"replace {self.file.path}: sha256 {have[:12]} → {self.file.sha256[:12]}"
+        if 0 < part < self.file.size:
+            diff += f"; continue the partial download at {human_bytes(part)}"
+        return [Change(self.describe(), diff, (Run(self.command()),), notify=self.notify)]
+
+    def command(self) -> str:
+        """The shell that fetches, checks and renames (see the class docstring)."""
+        f = self.file
+        dest, part = q(f.path), q(f.path + PART)
+        curl = ["curl", "-fsSL", "--retry", str(CURL_RETRIES), "-C", "-", "-o", part]
+        if self.limit:
+            curl += ["--limit-rate", q(self.limit)]
+        if self.header_file:
+            curl += ["-H", q("@" + self.header_file)]
+        curl.append(q(self.url))
+        size = f'"$(stat -c %s -- {part} 2>/dev/null || echo 0)"'
+        mismatch = (
+            f"{f.path}: SHA-256 differs from the manifest after download from {self.url} "
+            "(removed; the next run fetches it again)"
+        )
+        return (
+            f'set -e; cd {q(self.directory)}; mkdir -p -- "$(dirname -- {dest})"; '
+            # longer than the file: not a prefix of it, start over
+            f"if [ {size} -gt {f.size} ]; then rm -f -- {part}; fi; "
+            f"if [ {size} -lt {f.size} ]; then {' '.join(curl)}; fi; "
+            f"if ! echo {q(f'{f.sha256}  {f.path}{PART}')} | sha256sum -c --status; then rm -f -- {part}; "
+            f"echo {q(mismatch)} >&2; exit 1; fi; "
+            f"chmod 0644 -- {part}; mv -f -- {part} {dest}"
+        )

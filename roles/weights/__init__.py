@@ -1,0 +1,76 @@
+"""weights: each staged model's pinned revision in its directory on every host that serves it, before the
+vLLM units start (the services role runs after this one). Every file of the revision's manifest is checked
+by SHA-256 (one batched sha256sum per revision: a converged host changes nothing and downloads nothing);
+a missing, partial or corrupt file is fetched from the model's mirror (resumed when partial) and checked
+before it takes its name; a host whose disk cannot hold the missing files is refused before any download.
+The instances serving the model restart when one of its files changed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pdfleet.fleet.host_layout import MODELS_DIR
+from pdfleet.fleet.render import RenderedFile
+from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
+from pdfleet.fleet.weights import file_url, staged_dir
+from pdfleet.model.specs import ModelSpec
+from pdfleet.ops.base import Fact, FactSource, Operation, Skip
+from pdfleet.ops.files import Directory
+from pdfleet.ops.weights import StagedFiles, StageFile, WeightsSpace
+
+NAME = "weights"
+APT_PACKAGES: tuple[str, ...] = ()  # curl and coreutils: the base role's
+
+
+def staged_models(ctx: RoleContext) -> list[ModelSpec]:
+    """The staged models this host serves, one per model id (the profile checks pin one revision per id)."""
+    found: dict[str, ModelSpec] = {}
+    for inst in ctx.instances:
+        model = ctx.profile.served_model(inst.model).model
+        if model.staged:
+            found.setdefault(model.id, model)
+    return list(found.values())
+
+
+def applies(ctx: RoleContext) -> bool:
+    return bool(staged_models(ctx))
+
+
+def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
+    return tuple(
+        StagedFiles(staged_dir(model), tuple(f.path for f in ctx.manifest(model).files))
+        for model in staged_models(ctx)
+    )
+
+
+def files(ctx: RoleContext) -> list[RenderedFile]:
+    return []
+
+
+def units(ctx: RoleContext) -> list[ManagedUnit]:
+    return []
+
+
+def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
+    for model in staged_models(ctx):
+        manifest = ctx.manifest(model)
+        directory = staged_dir(model)
+        paths = tuple(f.path for f in manifest.files)
+        restarts = tuple(
+            instance_restart(inst)
+            for inst in ctx.instances
+            if ctx.profile.served_model(inst.model).model.id == model.id
+        )
+        yield WeightsSpace(directory, manifest)  # first: refuses the host before the directory is made
+        yield Directory(MODELS_DIR, mode="0755")
+        yield Directory(directory, mode="0755")
+        for file in manifest.files:
+            yield StageFile(
+                directory,
+                file,
+                file_url(model, file.path),
+                paths,
+                limit=model.bandwidth_limit,
+                notify=restarts,
+            )

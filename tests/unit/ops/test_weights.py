@@ -1,0 +1,164 @@
+"""Staging weights (issue 31) with the real commands on this machine against a range-answering mirror on
+loopback: a fresh copy checked by SHA-256, a converged directory planning nothing, an interrupted copy
+continued from its partial file, a corrupt file replaced, a mirror serving wrong bytes refused without
+the file taking its name, and a disk too small refused before anything is fetched."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pdfleet.lab.model_mirror import LAB_MODEL, build_lab_models, make_server
+from pdfleet.model.weights import WeightsManifest
+from pdfleet.ops.base import Change, FakeFacts, Run
+from pdfleet.ops.errors import OperationError
+from pdfleet.ops.gather import HostFacts
+from pdfleet.ops.runner import CommandError, execute
+from pdfleet.ops.ssh import LocalTransport
+from pdfleet.ops.weights import StagedFiles, StagedState, StageFile, WeightsSpace, bytes_to_fetch
+
+pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
+
+REVISION = "lab-r1"
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, WeightsManifest]]:
+    """The lab's model served on 127.0.0.1 (any free port): its URL root, directory and r1 manifest."""
+    root = tmp_path_factory.mktemp("mirror")
+    manifests = build_lab_models(root)
+    server = make_server("127.0.0.1", 0, root)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", root, manifests[0]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _ops(base: str, directory: Path, manifest: WeightsManifest) -> list[StageFile]:
+    paths = tuple(f.path for f in manifest.files)
+    return [
+        StageFile(str(directory), f, f"{base}{LAB_MODEL}/{REVISION}/{f.path}", paths) for f in manifest.files
+    ]
+
+
+def _plan_and_apply(ops: list[StageFile], apply: bool = True) -> list[Change]:
+    """Plan every op against fresh facts of this machine, then run the planned commands."""
+    facts = HostFacts(LocalTransport())
+    changes = [c for op in ops for c in op.plan(facts)]
+    if apply:
+        for change in changes:
+            for cmd in change.commands:
+                execute(LocalTransport(), cmd, timeout=60)
+    return changes
+
+
+def _shas(directory: Path) -> dict[str, str]:
+    return {
+        p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in directory.rglob("*")
+        if p.is_file()
+    }
+
+
+def test_stage_verify_converge_corrupt_and_resume(
+    mirror: tuple[str, Path, WeightsManifest], tmp_path: Path
+) -> None:
+    base, _, manifest = mirror
+    directory = tmp_path / "models" / LAB_MODEL / REVISION
+    directory.mkdir(parents=True)
+    ops = _ops(base, directory, manifest)
+    assert len(_plan_and_apply(ops)) == len(manifest.files)
+    assert _shas(directory) == {f.path: f.sha256 for f in manifest.files}  # every file, no .part left
+    assert _plan_and_apply(ops) == []  # converged: nothing to fetch
+
+    shard = next(f for f in manifest.files if f.path.endswith(".safetensors"))
+    target = directory / shard.path
+    data = bytearray(target.read_bytes())
+    data[100] ^= 0xFF  # one flipped byte: same size, other checksum
+    target.write_bytes(bytes(data))
+    (changed,) = _plan_and_apply(ops)
+    assert changed.diff.startswith(f"replace {shard.path}: sha256 ")
+    assert _shas(directory)[shard.path] == shard.sha256
+
+    # an interrupted copy: the first half of the shard as its .part, the file itself gone
+    whole = target.read_bytes()
+    target.unlink()
+    (directory / f"{shard.path}.part").write_bytes(whole[: len(whole) // 2])
+    (changed,) = _plan_and_apply(ops, apply=False)
+    assert "continue the partial download at 1.0 MiB" in changed.diff
+    (cmd,) = changed.commands
+    assert isinstance(cmd, Run) and " -C - " in cmd.cmd
+    _plan_and_apply(ops)
+    assert _shas(directory) == {f.path: f.sha256 for f in manifest.files}
+
+
+def test_a_partial_file_is_continued_not_fetched_again(
+    mirror: tuple[str, Path, WeightsManifest], tmp_path: Path
+) -> None:
+    """The .part's first half is kept as it is: a wrong first half (not refetched) fails the check, which
+    shows curl asked only for the rest; the bad .part is removed so the next run starts over."""
+    base, _, manifest = mirror
+    directory = tmp_path / "d"
+    directory.mkdir()
+    shard = next(f for f in manifest.files if f.path.endswith(".safetensors"))
+    (directory / f"{shard.path}.part").write_bytes(b"\0" * (shard.size // 2))
+    (op,) = [op for op in _ops(base, directory, manifest) if op.file == shard]
+    with pytest.raises(CommandError, match=f"{shard.path}: SHA-256 differs from the manifest after download"):
+        _plan_and_apply([op])
+    assert not (directory / shard.path).exists() and not (directory / f"{shard.path}.part").exists()
+    _plan_and_apply([op])
+    assert _shas(directory) == {shard.path: shard.sha256}
+
+
+def test_a_mirror_serving_other_bytes_never_puts_them_in_place(
+    mirror: tuple[str, Path, WeightsManifest], tmp_path: Path
+) -> None:
+    base, root, manifest = mirror
+    directory = tmp_path / "d"
+    directory.mkdir()
+    config = next(f for f in manifest.files if f.path == "config.json")
+    other = root / "other.json"
+    other.write_text("{}\n")
+    op = StageFile(str(directory), config, f"{base}other.json", (config.path,))
+    with pytest.raises(CommandError, match="config.json: SHA-256 differs from the manifest"):
+        _plan_and_apply([op])
+    assert list(directory.iterdir()) == []
+    missing = StageFile(str(directory), config, f"{base}no-such-file", (config.path,))
+    with pytest.raises(CommandError, match="404"):
+        _plan_and_apply([missing])
+
+
+def test_the_fact_reads_shas_partials_and_free_space_in_one_command(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a").write_bytes(b"a")
+    (tmp_path / "sub" / "b.part").write_bytes(b"123")
+    fact = StagedFiles(str(tmp_path), ("a", "sub/b", "c"))
+    state = HostFacts(LocalTransport()).get(fact)
+    assert state.sha256 == {"a": hashlib.sha256(b"a").hexdigest()}
+    assert state.partial == {"sub/b": 3} and state.free_bytes > 0
+    absent = HostFacts(LocalTransport()).get(StagedFiles(str(tmp_path / "x" / "y"), ("a",)))
+    assert absent.sha256 == {} and absent.free_bytes > 0  # the nearest existing parent's filesystem
+
+
+def test_a_disk_too_small_is_refused_before_any_download(mirror: tuple[str, Path, WeightsManifest]) -> None:
+    _, _, manifest = mirror
+    shard = next(f for f in manifest.files if f.path.endswith(".safetensors"))
+    fact = StagedFiles("/d", tuple(f.path for f in manifest.files))
+    need = bytes_to_fetch(manifest, StagedState({}, {shard.path: 1000}, 0))
+    assert need == manifest.total_bytes - 1000  # a partial file counts for what it already holds
+    space = WeightsSpace("/d", manifest)
+    tight = FakeFacts({fact: StagedState({}, {shard.path: 1000}, need - 1)})
+    with pytest.raises(
+        OperationError, match=r"needs 4\.0 MiB more in /d but its filesystem has 4\.0 MiB free"
+    ):
+        space.plan(tight)
+    assert space.plan(FakeFacts({fact: StagedState({}, {shard.path: 1000}, need)})) == []
+    staged = {f.path: f.sha256 for f in manifest.files}
+    assert space.plan(FakeFacts({fact: StagedState(staged, {}, 0)})) == []  # converged: nothing needed
