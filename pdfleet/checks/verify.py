@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import shlex
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +26,7 @@ from pdfleet.fleet.roles import ManagedUnit, instance_unit
 from pdfleet.fleet.topology import Topology
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
+from pdfleet.model.weights import WeightsManifest
 from pdfleet.ops.base import Fact
 from pdfleet.ops.errors import FactError
 from pdfleet.ops.gather import HostFacts
@@ -140,6 +141,7 @@ class VerifyPlugin:
     hosts: list[Host]
     options: VerifyOptions
     units_for: Callable[[Host], list[ManagedUnit]] | None = None
+    manifests: Mapping[str, WeightsManifest] = field(default_factory=dict)  # staged models' by model id
     results: list[CheckResult] = field(default_factory=list)
     _connections: dict[str, SshTransport | str] = field(default_factory=dict)  # host -> it, or why not
     _targets: dict[str, Any] = field(default_factory=dict)
@@ -254,11 +256,12 @@ def run_verify(
     hosts: Sequence[Host],
     options: VerifyOptions,
     units_for: Callable[[Host], list[ManagedUnit]] | None = None,
+    manifests: Mapping[str, WeightsManifest] | None = None,
 ) -> VerifyRun:
     """Run the host checks against the hosts; every outcome is returned, JUnit XML written if asked."""
     if not hosts:
         raise ValidationError("verify: no hosts selected (check --limit)")
-    plugin = VerifyPlugin(profile, topology, list(hosts), options, units_for)
+    plugin = VerifyPlugin(profile, topology, list(hosts), options, units_for, dict(manifests or {}))
     with tempfile.TemporaryDirectory(prefix="pdfleet-verify-") as tmp:
         ini = Path(tmp) / "pytest.ini"
         ini.write_text(HOST_CHECKS_INI)

@@ -30,7 +30,7 @@ def fleet_findings(
 ) -> tuple[list[Finding], str]:
     """Load the deployment (bad profile or inventory: a clear error), gather, diagnose."""
     settings = Settings.of(ctx)
-    deployment = open_deployment(ctx, profile, inventory)
+    deployment = open_deployment(ctx, profile, inventory, manifests=True)
     inv, topo = deployment.inventory, deployment.topology
     problem = lab_route_problem([h.address for h in inv.hosts.values()])
     if problem:
@@ -40,7 +40,7 @@ def fleet_findings(
         return open_connection(host, settings.known_hosts, settings.connect_timeout, check_sudo=False)
 
     source: Metrics = functools.partial(fleet_metrics, topo, window_s, sample_s, timeout)
-    facts = gather_fleet(deployment.profile, inv, topo, connect, source, timeout)
+    facts = gather_fleet(deployment.profile, inv, topo, connect, source, timeout, deployment.manifests)
     print(f"metrics: {facts.metrics_source or 'not read'}", file=sys.stderr)  # which Prometheus, if any
     return diagnose_fleet(facts), deployment.profile.name
 

@@ -35,8 +35,9 @@ def verify(
     rdma_bandwidth: bool = False,
     checks: str | None = None,
 ) -> None:
-    """Check hosts against the profile over SSH: driver, RDMA, KV library, units, ports, /health, secrets."""
-    deployment = open_deployment(ctx, profile, inventory, limit=limit, keys="provision")
+    """Check hosts against the profile over SSH: driver, RDMA, KV library, staged weights, units, ports,
+    /health, secrets."""
+    deployment = open_deployment(ctx, profile, inventory, limit=limit, keys="provision", manifests=True)
     hosts = deployment.hosts
     lab_site.require_routable(hosts)
     settings = Settings.of(ctx)
@@ -52,7 +53,7 @@ def verify(
         """Every unit the profile's roles keep running on the host (vLLM pools, gateway, router)."""
         return role_units(deployment.roles, deployment.context(host))
 
-    run = run_verify(deployment.profile, deployment.topology, hosts, options, units_for)
+    run = run_verify(deployment.profile, deployment.topology, hosts, options, units_for, deployment.manifests)
     print_results(run)
     if run.failed or run.exit_code not in (0, 5):
         raise Exit(code=1)

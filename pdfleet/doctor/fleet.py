@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from pdfleet.doctor.finding import Finding
 from pdfleet.doctor.fleet_facts import (
@@ -26,6 +26,7 @@ from pdfleet.model.inventory import Inventory
 from pdfleet.model.profile import Profile
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
+from pdfleet.model.weights import WeightsManifest
 from pdfleet.ops.errors import FactError
 from pdfleet.ops.gather import HostFacts
 
@@ -40,8 +41,10 @@ def gather_fleet(
     connect: HostConnect,
     metrics: Metrics | None,
     timeout: float,
+    manifests: Mapping[str, WeightsManifest] | None = None,
 ) -> FleetFacts:
-    """Every fact the fleet rules read; hosts are connected once and closed at the end."""
+    """Every fact the fleet rules read; hosts are connected once and closed at the end. `manifests`: the
+    staged models' (by model id), which the weights rule compares each host's files with."""
     names = sorted({i.host for i in topology.instances})
     transports, failed = connect_hosts(names, inventory.hosts, connect)
     try:
@@ -56,7 +59,7 @@ def gather_fleet(
             except (FactError, PdfleetError) as exc:
                 failed[name] = str(exc)
                 del hosts[name]
-        instances = read_instances(topology, hosts, timeout)
+        instances = read_instances(topology, hosts, timeout, profile)
         connects = read_connects(profile, topology, hosts)
         p2p = read_p2p(topology, hosts) if profile.topology == "same-host" else {}
         rdma = read_rdma(profile, hosts, inventory.hosts, topology)
@@ -81,6 +84,7 @@ def gather_fleet(
         source_name,
         failed,
         tuple(platforms),
+        dict(manifests or {}),
     )
 
 

@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 import httpx2
 
 from pdfleet.errors import PdfleetError
+from pdfleet.fleet.host_layout import MODELS_DIR
 from pdfleet.fleet.topology import Instance, Topology
+from pdfleet.fleet.weights import staged_dir
 from pdfleet.hw.distro import CUDA_SOURCE
 from pdfleet.hw.gpu_facts import NvidiaPciFact
 from pdfleet.hw.os_facts import OsRelease, OsReleaseFact
@@ -38,11 +40,13 @@ from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import Release, find_release
+from pdfleet.model.weights import WeightsManifest
 from pdfleet.ops.base import Fact, FactSource
 from pdfleet.ops.errors import FactError
 from pdfleet.ops.files import FileContent
 from pdfleet.ops.ssh import Transport
 from pdfleet.ops.unit_health import UnitHealth
+from pdfleet.ops.weights import StagedListing
 
 T = TypeVar("T")
 CONNECT_TIMEOUT_S = 3
@@ -60,6 +64,8 @@ class InstanceFacts:
     kv_role: str | None = None
     release: str | None = None  # /version's answer, or the simulator's --sim-vllm-version
     problem: str | None = None  # why the unit or the release could not be read
+    revision: str | None = None  # the model revision its unit serves (--revision, or its staged directory)
+    files: Mapping[str, str] | None = None  # a staged model's files on its host: path -> sha256
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,7 @@ class FleetFacts:
     metrics_source: str = ""
     unreachable: Mapping[str, str] = field(default_factory=dict)  # host -> why SSH failed
     platforms: tuple[HostPlatform, ...] = ()
+    manifests: Mapping[str, WeightsManifest] = field(default_factory=dict)  # staged models' by model id
 
 
 def parse_unit(text: str) -> tuple[str | None, str | None, str | None]:
@@ -145,6 +152,26 @@ def parse_unit(text: str) -> tuple[str | None, str | None, str | None]:
         kv = {}
     kv = kv if isinstance(kv, dict) else {}
     return kv.get("kv_connector"), kv.get("kv_role"), opts.get("--sim-vllm-version")
+
+
+def unit_revision(text: str) -> str | None:
+    """The revision a rendered vLLM unit serves: its --revision, or the revision directory it loads from
+    (a staged model: MODELS_DIR/<id>/<revision>); None when it floats."""
+    line = next((ln for ln in text.splitlines() if ln.startswith("ExecStart=")), "")
+    try:
+        argv = shlex.split(line.removeprefix("ExecStart="))
+    except ValueError:
+        return None
+    if "--revision" in argv[:-1]:
+        return argv[argv.index("--revision") + 1]
+    model = argv[2] if len(argv) > 2 and argv[1] == "serve" else ""
+    return model.rsplit("/", 1)[-1] if model.startswith(MODELS_DIR + "/") else None
+
+
+def staged_directory(profile: Profile, inst: Instance) -> str | None:
+    """The staged directory of the instance's model, None when the model is not staged."""
+    model = profile.served_model(inst.model).model
+    return staged_dir(model) if model.staged else None
 
 
 def reported_release(body: str) -> str | None:
@@ -251,6 +278,8 @@ def facts_to_gather(profile: Profile, topology: Topology) -> dict[str, list[Fact
     plan: dict[str, list[Fact[Any]]] = {}
     for inst in topology.instances:
         plan.setdefault(inst.host, []).extend((FileContent(inst.unit_path), UnitHealth(inst.unit)))
+        if (directory := staged_directory(profile, inst)) is not None:
+            plan[inst.host].append(StagedListing(directory))
     for host, connects in connects_planned(profile, topology).items():
         plan.setdefault(host, []).extend(c[3] for c in connects)
     if profile.topology == "same-host":
@@ -277,9 +306,10 @@ def unit_note(facts: FactSource, inst: Instance) -> str:
 
 
 def read_instances(
-    topology: Topology, hosts: Mapping[str, FactSource], timeout: float
+    topology: Topology, hosts: Mapping[str, FactSource], timeout: float, profile: Profile | None = None
 ) -> list[InstanceFacts]:
-    """Each instance's unit (read on its host) and /version (asked over HTTP, once the unit is read)."""
+    """Each instance's unit (read on its host), the revision it serves and (a staged model, with the
+    profile) the files of its staged directory, and /version (asked over HTTP, once the unit is read)."""
     out = []
     with httpx2.Client(timeout=timeout, trust_env=False) as http:
         for inst in topology.instances:
@@ -292,13 +322,16 @@ def read_instances(
                 out.append(InstanceFacts(inst, problem=f"{inst.unit_path}: {why or 'no such unit file'}"))
                 continue
             connector, role, sim_version = parse_unit(text)
+            revision = unit_revision(text)
+            directory = staged_directory(profile, inst) if profile is not None else None
+            files = _get(facts, StagedListing(directory))[0] if directory is not None else None
             try:
                 release = reported_release(http.get(inst.url + "/version").text) or sim_version
             except httpx2.HTTPError as exc:
                 problem = f"{inst.url}/version: {exc}{unit_note(facts, inst)}"
-                out.append(InstanceFacts(inst, connector, role, sim_version, problem))
+                out.append(InstanceFacts(inst, connector, role, sim_version, problem, revision, files))
                 continue
-            out.append(InstanceFacts(inst, connector, role, release))
+            out.append(InstanceFacts(inst, connector, role, release, None, revision, files))
     return out
 
 

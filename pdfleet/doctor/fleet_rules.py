@@ -1,12 +1,15 @@
 """KV-transfer timeout causes, as pure rules over `FleetFacts`: prefill and decode on different connectors or
 releases, the side channel not reachable from a decode host, no GPU P2P on a same-host pair, RoCE wrong;
-and a pool host's platform as provision decides it (unsupported, branch missing, repository drifted).
+prefill and decode serving different model revisions or files (issue 31); and a pool host's platform as
+provision decides it (unsupported, branch missing, repository drifted).
 
 The RoCE rule reuses the rdma role's own decisions (`pdfleet.hw.rdma`), so doctor and provision agree on
 what "configured" means.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from pdfleet.doctor.finding import Finding, profile_fix
 from pdfleet.doctor.fleet_facts import FleetFacts, RdmaHostFacts
@@ -290,11 +293,69 @@ def rule_platform(facts: FleetFacts) -> list[Finding]:
     return out
 
 
+def _file_differences(files: Mapping[str, str], want: Mapping[str, str]) -> list[str]:
+    """What a host's staged files lack or hold differently from `want` (path -> sha256), sorted."""
+    out = [f"{path}: missing" for path in sorted(set(want) - set(files))]
+    out += [
+        f"{path}: sha256 {files[path][:12]}, expected {want[path][:12]}"
+        for path in sorted(set(want) & set(files))
+        if files[path] != want[path]
+    ]
+    return out + [f"{path}: not in the revision" for path in sorted(set(files) - set(want))]
+
+
+def rule_weights(facts: FleetFacts) -> list[Finding]:
+    """A model's prefill and decode instances serve one revision, and (a staged model) the same files as its
+    manifest: otherwise KV transfer works but the output is garbage (caches computed by other weights)."""
+    out: list[Finding] = []
+    pd = [i for i in facts.instances if i.instance.pool in ("prefill", "decode") and i.problem is None]
+    for name in dict.fromkeys(i.instance.model for i in pd):
+        model = facts.profile.served_model(name).model
+        mine = [i for i in pd if i.instance.model == name]
+        revisions = {f"{i.instance.pool}@{i.instance.host}": i.revision or "floating" for i in mine}
+        if len(set(revisions.values())) > 1:
+            out.append(
+                Finding(
+                    "weights.revision_mismatch",
+                    "error",
+                    f"prefill and decode instances of {model.id} serve different revisions: KV transfer "
+                    "works but the output is garbage",
+                    "\n".join(f"{k}: revision {v}" for k, v in sorted(revisions.items())),
+                    f"pin model.revision ({model.revision or 'the hub commit hash'}) and re-provision every "
+                    "pool host: invoke provision --profile P",
+                    subject=name,
+                )
+            )
+        manifest = facts.manifests.get(model.id)
+        if not model.staged or manifest is None:
+            continue
+        want = {f.path: f.sha256 for f in manifest.files}
+        for i in mine:
+            diffs = (
+                ["the staged directory is missing"] if i.files is None else _file_differences(i.files, want)
+            )
+            if diffs:
+                out.append(
+                    Finding(
+                        "weights.files",
+                        "error",
+                        f"{i.instance.host}'s {i.instance.pool} instance serves files other than {model.id} "
+                        f"at {model.revision}: KV transfer works but the output is garbage",
+                        "\n".join(diffs[:10] + ([f"... {len(diffs) - 10} more"] if len(diffs) > 10 else [])),
+                        f"invoke provision --profile P --limit {i.instance.host} (the weights role fetches "
+                        "the manifest's files and restarts the instance)",
+                        subject=i.instance.host,
+                    )
+                )
+    return out
+
+
 FLEET_RULES = (
     rule_unreachable_hosts,
     rule_instances_unread,
     rule_connector_mismatch,
     rule_release_mismatch,
+    rule_weights,
     rule_side_channel,
     rule_p2p,
     rule_roce,

@@ -186,3 +186,32 @@ class StageFile(Operation):
             f"echo {q(mismatch)} >&2; exit 1; fi; "
             f"chmod 0644 -- {part}; mv -f -- {part} {dest}"
         )
+
+
+@dataclass(frozen=True)
+class StagedListing(Fact["dict[str, str] | None"]):
+    """Every file in a staged directory (but partial downloads) with its SHA-256, whatever the manifest
+    says: what `invoke doctor --profile` compares across instances. None when the directory is absent."""
+
+    directory: str
+    sudo: ClassVar[bool] = True
+
+    def command(self) -> str:
+        d = q(self.directory)
+        return (
+            f"[ -d {d} ] || {{ echo absent; exit 0; }}; cd {d} && "
+            "find . -type f ! -name '*.part' -print0 | sort -z | xargs -0 -r sha256sum --"
+        )
+
+    def parse(self, stdout: str, rc: int) -> dict[str, str] | None:
+        if rc != 0:
+            raise FactError(f"cannot list {self.directory} (exit {rc})")
+        if stdout.strip() == "absent":
+            return None
+        found: dict[str, str] = {}
+        for line in stdout.splitlines():
+            digest, sep, path = line.partition("  ")
+            if not sep or len(digest) != 64:
+                raise FactError(f"unexpected sha256sum output: {line!r}")
+            found[path.removeprefix("./")] = digest
+        return found

@@ -24,6 +24,7 @@ from pdfleet.doctor.fleet_facts import (
     read_platforms,
     reported_release,
     side_channel_targets,
+    unit_revision,
 )
 from pdfleet.fleet.topology import Instance, Topology
 from pdfleet.hw.distro import CUDA_SOURCE
@@ -178,3 +179,11 @@ def test_each_pool_host_is_asked_what_it_runs_and_this_machine_answers_for_real(
         release.get("VERSION_ID", ""),
     )
     assert mine.os.arch == platform.machine()
+
+
+def test_unit_revision_reads_the_revision_flag_or_the_staged_directory() -> None:
+    assert unit_revision(FACTS["unit_prefill"]["text"]) is None  # a floating revision
+    sim = "ExecStart=/opt/v/bin/pdfleet-sim serve org/m --port 1 --revision lab-r1 --sim-gpu H100-SXM\n"
+    staged = "ExecStart=/opt/v/bin/vllm serve /var/lib/pdfleet/models/org/m/abc123 --port 1\n"
+    assert unit_revision(sim) == "lab-r1" and unit_revision(staged) == "abc123"
+    assert unit_revision("ExecStart=/opt/v/bin/vllm serve /data/m --port 1\n") is None

@@ -21,10 +21,12 @@ from pdfleet.doctor.fleet_rules import (
     rule_roce,
     rule_side_channel,
     rule_unreachable_hosts,
+    rule_weights,
 )
 from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.hw.rdma import netdev_of
 from pdfleet.hw.rdma_facts import NetdevFact, QosFact, RdmaSysfsFact
+from pdfleet.model.weights import ManifestFile, WeightsManifest
 from tests.unit.doctor.helpers import deployment, fixture
 from tests.unit.hw.helpers import load_fixture
 
@@ -220,3 +222,66 @@ def test_platform_a_branch_the_host_lacks_and_gpu_less_debian_hosts_pass() -> No
     assert found.rule == "fleet.driver_branch" and "its repository carries 550" in found.evidence
     lab = (_platform("lab-p1", "debian-12", gpus=False), _platform("lab-d1", "debian-12", gpus=False))
     assert rule_platform(cross_facts(platforms=lab)) == []
+
+
+def _weights_facts(revisions: dict[str, str | None], files: dict[str, dict[str, str] | None]) -> FleetFacts:
+    """lab-weights' prefill and decode instances serving these revisions and staged files (by pool), with
+    a two-file manifest."""
+    d = deployment("lab-weights")
+    manifest = WeightsManifest(
+        model=d.profile.model.id,
+        revision="lab-r1",
+        files=(
+            ManifestFile(path="a", size=1, sha256="a" * 64),
+            ManifestFile(path="b", size=1, sha256="b" * 64),
+        ),
+    )
+    instances = tuple(
+        InstanceFacts(i, "NixlConnector", None, "0.33.0", None, revisions[i.pool], files[i.pool])
+        for i in d.topology.instances
+        if i.pool in revisions
+    )
+    return FleetFacts(d.profile, d.topology, instances, manifests={d.profile.model.id: manifest})
+
+
+def test_one_revision_and_the_manifest_s_files_are_fine() -> None:
+    good = {"a": "a" * 64, "b": "b" * 64}
+    assert (
+        rule_weights(
+            _weights_facts({"prefill": "lab-r1", "decode": "lab-r1"}, {"prefill": good, "decode": good})
+        )
+        == []
+    )
+
+
+def test_a_decode_instance_on_another_revision_or_with_swapped_files_is_named() -> None:
+    good = {"a": "a" * 64, "b": "b" * 64}
+    swapped = {"a": "b" * 64, "b": "b" * 64, "extra": "c" * 64}
+    (revision, files) = rule_weights(
+        _weights_facts({"prefill": "lab-r1", "decode": "lab-r2"}, {"prefill": good, "decode": swapped})
+    )
+    assert revision.rule == "weights.revision_mismatch" and revision.severity == "error"
+    assert "serve different revisions: KV transfer works but the output is garbage" in revision.what
+    assert revision.evidence == "decode@lab-d1: revision lab-r2\nprefill@lab-p1: revision lab-r1"
+    assert files.rule == "weights.files" and files.subject == "lab-d1"
+    assert files.what.startswith("lab-d1's decode instance serves files other than meta-llama/Llama-3.1-8B")
+    assert files.evidence == f"a: sha256 {'b' * 12}, expected {'a' * 12}\nextra: not in the revision"
+    assert "--limit lab-d1" in files.fix
+    (missing,) = rule_weights(
+        _weights_facts({"prefill": "lab-r1", "decode": "lab-r1"}, {"prefill": good, "decode": None})
+    )
+    assert missing.subject == "lab-d1" and missing.evidence == "the staged directory is missing"
+
+
+def test_an_unstaged_model_is_checked_for_its_revision_only() -> None:
+    f = cross_facts()
+    f = dataclasses.replace(
+        f,
+        instances=tuple(
+            InstanceFacts(i, "NixlConnector", None, "0.33.0", None, "r1" if i.pool == "prefill" else None)
+            for i in f.topology.instances
+            if i.pool in ("prefill", "decode")
+        ),
+    )
+    (finding,) = rule_weights(f)
+    assert finding.evidence == "decode@lab-d1: revision floating\nprefill@lab-p1: revision r1"
