@@ -14,7 +14,7 @@ from pdfleet.fleet.deployment import Deployment, DeploymentRequest, Secrets, loa
 from pdfleet.fleet.host_wheel import cached_host_wheel
 from pdfleet.fleet.roles import select_roles
 from pdfleet.fleet.secrets import gateway_secrets, review_secrets
-from pdfleet.fleet.weights import load_manifests
+from pdfleet.fleet.weights import load_manifests, load_tokens
 from pdfleet.ops.runner import RunOptions
 from roles import REGISTRY
 
@@ -65,6 +65,7 @@ def open_deployment(
         secrets=KEYS[keys],
         host_wheel=None if wheel is None else functools.partial(cached_host_wheel, progress=wheel),
         manifests=load_manifests if manifests else None,
+        hub_tokens=load_tokens if manifests else None,
     )
     deployment = load_deployment(request)
     if wheel is not None:

@@ -30,6 +30,7 @@ ROLLOUT_ROLE = "rollout"  # installs the admin key for the rollout controller (r
 Secrets = Callable[[str, str, Mapping[str, str]], GatewaySecrets]
 # the staged models (one per id) -> their manifests by model id (pdfleet.fleet.weights.load_manifests)
 Manifests = Callable[[Sequence[ModelSpec]], Mapping[str, WeightsManifest]]
+Tokens = Callable[[Sequence[ModelSpec]], Mapping[str, str]]  # the same models -> hub tokens by model id
 # roles whose plans read the manifests: the weights role stages by them (verify and doctor read them too)
 MANIFEST_ROLES = ("weights",)
 HostWheel = Callable[[], Path]  # this clone's host wheel on the control machine (built, or from the cache)
@@ -50,6 +51,7 @@ class Deployment:
     host_wheel: Path | None = None  # uploaded by the roles of hosts that run pdfleet code
     stage_override: str | None = None  # `invoke provision --stage S`
     manifests: Mapping[str, WeightsManifest] = field(default_factory=dict)  # staged models' by model id
+    hub_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)  # staged hub models' by model id
 
     def context(self, host: Host) -> RoleContext:
         """What the roles see for one host."""
@@ -63,6 +65,7 @@ class Deployment:
             self.host_wheel,
             self.stage_override,
             self.manifests,
+            self.hub_tokens,
         )
 
 
@@ -82,6 +85,7 @@ class DeploymentRequest:
     secrets: Secrets | None = None  # asked only when a selected role installs keys on a selected host
     host_wheel: HostWheel | None = None  # asked only when a selected host gets the wheel uploaded
     manifests: Manifests | None = None  # asked only when a selected role reads staged models' manifests
+    hub_tokens: Tokens | None = None  # asked with the manifests: the hub tokens hosts download with
 
 
 def load_deployment(request: DeploymentRequest) -> Deployment:
@@ -111,6 +115,7 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
         wheel = None if request.host_wheel is None else request.host_wheel()
     renderer = Renderer(request.templates_dir)
     manifests: Mapping[str, WeightsManifest] = {}
+    tokens: Mapping[str, str] = {}
     if request.manifests is not None and any(role.NAME in MANIFEST_ROLES for role in roles):
         staged = [spec.model for spec in profile.served if spec.model.staged]
         on_selected = {name for host in hosts for name in (i.model for i in topology.on_host(host.name))}
@@ -120,6 +125,8 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
             if any(profile.served_model(name).model.id == model.id for name in on_selected)
         ]
         manifests = request.manifests(wanted) if wanted else {}
+        if request.hub_tokens is not None and wanted:
+            tokens = request.hub_tokens(wanted)
     return Deployment(
         profile,
         inventory,
@@ -132,6 +139,7 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
         wheel,
         request.stage,
         manifests,
+        tokens,
     )
 
 

@@ -47,6 +47,8 @@ class RoleContext:
     stage_override: str | None = None
     # each staged model's manifest by model id, read on the control machine (pdfleet.fleet.weights)
     manifests: Mapping[str, WeightsManifest] = field(default_factory=dict)
+    # each staged hub model's token by model id (never rendered: only the weights role's 0600 header file)
+    hub_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def instances(self) -> list[Instance]:

@@ -17,6 +17,7 @@ from pydantic import ValidationError as PydanticError
 
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.host_layout import MODELS_DIR
+from pdfleet.fleet.hub import hub_manifest, read_token, resolve_url
 from pdfleet.model.specs import HUB, ModelSpec
 from pdfleet.model.weights import MANIFEST_NAME, WeightsManifest
 
@@ -36,7 +37,9 @@ def revision_url(model: ModelSpec) -> str:
 
 
 def file_url(model: ModelSpec, path: str) -> str:
-    """One file's URL on an http(s) mirror."""
+    """One file's URL: the hub's resolve URL, or on an http(s) mirror."""
+    if model.source == HUB:
+        return resolve_url(model, path)
     return revision_url(model) + urllib.parse.quote(path)
 
 
@@ -79,12 +82,10 @@ def load_manifest(model: ModelSpec) -> WeightsManifest:
 
 
 def stageable(model: ModelSpec) -> str | None:
-    """Why provision cannot stage this model's source yet (None: it can): today it copies from an http(s)
-    mirror; the hub's API and pushing a control-machine directory to the hosts are still to come."""
+    """Why provision cannot stage this model's source yet (None: it can): it copies from an http(s) mirror
+    or the hub; pushing a control-machine directory to the hosts is still to come."""
     source = model.source
-    if source == HUB:
-        return "staging from the hub is not built yet; stage from a mirror (an http(s) directory)"
-    if source is not None and not source.startswith(("http://", "https://")):
+    if source is not None and source != HUB and not source.startswith(("http://", "https://")):
         return (
             f"pushing {source} from the control machine is not built yet; serve it over http(s) "
             f"(e.g. python3 -m http.server --directory {source}) and name that URL"
@@ -93,8 +94,8 @@ def stageable(model: ModelSpec) -> str | None:
 
 
 def load_manifests(models: Iterable[ModelSpec]) -> dict[str, WeightsManifest]:
-    """Each staged model's manifest by model id (read once per id); a source provision cannot stage yet is
-    refused here, before any host is touched."""
+    """Each staged model's manifest by model id (read once per id; from the hub with its token); a source
+    provision cannot stage yet is refused here, before any host is touched."""
     found: dict[str, WeightsManifest] = {}
     for model in models:
         if not model.staged or model.id in found:
@@ -102,5 +103,18 @@ def load_manifests(models: Iterable[ModelSpec]) -> dict[str, WeightsManifest]:
         why = stageable(model)
         if why is not None:
             raise ValidationError(f"model.source: {why}")
-        found[model.id] = load_manifest(model)
+        found[model.id] = (
+            hub_manifest(model, read_token(model)) if model.source == HUB else load_manifest(model)
+        )
+    return found
+
+
+def load_tokens(models: Iterable[ModelSpec]) -> dict[str, str]:
+    """The hub token of each staged hub model that names one, by model id (read on the control machine)."""
+    found: dict[str, str] = {}
+    for model in models:
+        if model.staged and model.source == HUB and model.id not in found:
+            token = read_token(model)
+            if token is not None:
+                found[model.id] = token
     return found

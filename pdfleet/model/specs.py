@@ -96,6 +96,7 @@ class ModelSpec(StrictModel):
     # the files; /abs/path: the same layout on the control machine, pushed to the hosts
     source: Annotated[str, AfterValidator(_weights_source)] | None = None
     token: TokenSource | None = None  # the hub token's file or variable on the control machine
+    hub_endpoint: str | None = None  # source hub: the hub's URL (unset: https://huggingface.co)
     # per host and file, curl's --limit-rate (bytes per second, K/M/G suffixes)
     bandwidth_limit: str | None = Field(default=None, pattern=r"^[1-9][0-9]*[KMG]?$")
 

@@ -32,7 +32,7 @@ def weights_problems(spec: ServedModel) -> Iterable[Problem]:
     """A staged model names exactly what it stages: a path-safe revision, a token only from the hub."""
     model = spec.model
     if model.source is None:
-        for key in ("token", "bandwidth_limit"):
+        for key in ("token", "bandwidth_limit", "hub_endpoint"):
             if getattr(model, key) is not None:
                 yield Problem(
                     spec.key(f"model.{key}"), "applies to staged weights only; set model.source too"
@@ -49,6 +49,14 @@ def weights_problems(spec: ServedModel) -> Iterable[Problem]:
             spec.key("model.revision"),
             "a staged revision names a directory on the hosts: letters, digits, '.', '_' and '-' "
             f"(got {model.revision!r})",
+        )
+    if model.hub_endpoint is not None and (
+        model.source != HUB or not model.hub_endpoint.startswith(("http://", "https://"))
+    ):
+        yield Problem(
+            spec.key("model.hub_endpoint"),
+            f"is the hub's http(s) URL, for source 'hub' only (got {model.hub_endpoint!r}, "
+            f"source {model.source!r})",
         )
     if model.token is not None and model.source != HUB:
         yield Problem(

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pdfleet.model.weights import ManifestFile, WeightsManifest
-from pdfleet.ops.base import Change, Fact, FactSource, Handler, Operation, Run
+from pdfleet.ops.base import Change, Fact, FactSource, Handler, Operation, Run, relabel
 from pdfleet.ops.errors import FactError, OperationError
+from pdfleet.ops.files import File, FileState
 
 q = shlex.quote
 PART = ".part"
@@ -215,3 +216,53 @@ class StagedListing(Fact["dict[str, str] | None"]):
                 raise FactError(f"unexpected sha256sum output: {line!r}")
             found[path.removeprefix("./")] = digest
         return found
+
+
+@dataclass(frozen=True)
+class DownloadHeaders(Operation):
+    """The 0600 file of request headers (the hub token) curl reads with `-H @file`, written only when the
+    revision has files to fetch (a converged host never receives the token); HeadersRemoved deletes it
+    after the downloads. Its diff never shows the content."""
+
+    path: str
+    content: bytes = field(repr=False)
+    directory: str
+    paths: tuple[str, ...]
+    manifest: WeightsManifest
+
+    def describe(self) -> str:
+        return f"download headers {self.path}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (StagedFiles(self.directory, self.paths), FileState(self.path))
+
+    def plan(self, facts: FactSource) -> list[Change]:
+        if not missing_files(self.manifest, facts.get(StagedFiles(self.directory, self.paths))):
+            return []
+        file = File(self.path, self.content, mode="0600", secret=True)
+        return relabel(file.plan(facts), self.describe())
+
+
+@dataclass(frozen=True)
+class HeadersRemoved(Operation):
+    """The download headers file gone once the revision's files are in place (or when a run that failed
+    half way left it)."""
+
+    path: str
+    directory: str
+    paths: tuple[str, ...]
+    manifest: WeightsManifest
+
+    def describe(self) -> str:
+        return f"remove {self.path}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (StagedFiles(self.directory, self.paths), FileState(self.path))
+
+    def plan(self, facts: FactSource) -> list[Change]:
+        fetching = bool(missing_files(self.manifest, facts.get(StagedFiles(self.directory, self.paths))))
+        if not fetching and facts.get(FileState(self.path)) is None:
+            return []
+        return [
+            Change(self.describe(), f"remove {self.path} (the hub token)", (Run(f"rm -f -- {q(self.path)}"),))
+        ]

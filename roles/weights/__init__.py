@@ -3,21 +3,23 @@ vLLM units start (the services role runs after this one). Every file of the revi
 by SHA-256 (one batched sha256sum per revision: a converged host changes nothing and downloads nothing);
 a missing, partial or corrupt file is fetched from the model's mirror (resumed when partial) and checked
 before it takes its name; a host whose disk cannot hold the missing files is refused before any download.
-The instances serving the model restart when one of its files changed."""
+The instances serving the model restart when one of its files changed. From the hub, the token waits in a
+0600 headers file (curl -H @file) only while files are fetched, then is removed."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
-from pdfleet.fleet.host_layout import MODELS_DIR
+from pdfleet.fleet.host_layout import CONFIG_DIR, MODELS_DIR
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
 from pdfleet.fleet.weights import file_url, staged_dir
 from pdfleet.model.specs import ModelSpec
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import Directory
-from pdfleet.ops.weights import StagedFiles, StageFile, WeightsSpace
+from pdfleet.ops.weights import DownloadHeaders, HeadersRemoved, StagedFiles, StageFile, WeightsSpace
 
 NAME = "weights"
 APT_PACKAGES: tuple[str, ...] = ()  # curl and coreutils: the base role's
@@ -65,6 +67,11 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         yield WeightsSpace(directory, manifest)  # first: refuses the host before the directory is made
         yield Directory(MODELS_DIR, mode="0755")
         yield Directory(directory, mode="0755")
+        token = ctx.hub_tokens.get(model.id)
+        headers = headers_file(model) if token is not None else None
+        if headers is not None and token is not None:
+            content = f"Authorization: Bearer {token}\n".encode()
+            yield DownloadHeaders(headers, content, directory, paths, manifest)
         for file in manifest.files:
             yield StageFile(
                 directory,
@@ -72,5 +79,14 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
                 file_url(model, file.path),
                 paths,
                 limit=model.bandwidth_limit,
+                header_file=headers,
                 notify=restarts,
             )
+        if headers is not None:
+            yield HeadersRemoved(headers, directory, paths, manifest)
+
+
+def headers_file(model: ModelSpec) -> str:
+    """Where a hub model's token waits (0600, root) while its files download: not the units' env files, so
+    no unit ever carries it."""
+    return f"{CONFIG_DIR}/weights-{re.sub(r'[^A-Za-z0-9.-]+', '-', model.id)}.headers"

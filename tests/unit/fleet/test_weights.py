@@ -68,10 +68,8 @@ def test_unreadable_malformed_or_other_manifests_are_refused(served: tuple[str, 
         (bad / "manifest.json").replace(root / LAB_MODEL / "lab-r1" / "manifest.json")
 
 
-def test_sources_provision_cannot_stage_yet_are_refused_before_any_host(served: tuple[str, Path]) -> None:
+def test_a_control_machine_directory_is_refused_before_any_host(served: tuple[str, Path]) -> None:
     _, root = served
-    with pytest.raises(ValidationError, match="model.source: staging from the hub is not built yet"):
-        load_manifests([_model("hub")])
     with pytest.raises(
         ValidationError, match=f"model.source: pushing {root} from the control machine is not built"
     ):

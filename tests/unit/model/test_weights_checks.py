@@ -65,6 +65,11 @@ def test_a_staged_model_names_source_revision_token_and_limit(
         ("model: {source: hub, revision: r1, bandwidth_limit: fast}", "model.bandwidth_limit: "),
         ("model: {bandwidth_limit: 10M}", "model.bandwidth_limit: applies to staged weights only"),
         ("model: {source: hub, revision: r1, path: /data/llama}", "model.path: is where vLLM reads"),
+        (
+            "model: {source: 'http://m/', revision: r1, hub_endpoint: 'http://h/'}",
+            "model.hub_endpoint: is the hub's",
+        ),
+        ("model: {source: hub, revision: r1, hub_endpoint: h.example}", "model.hub_endpoint: is the hub's"),
     ],
 )
 def test_bad_weights_settings_are_refused_naming_file_and_key(
