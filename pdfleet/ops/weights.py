@@ -21,6 +21,7 @@ from pdfleet.ops.files import File, FileState
 q = shlex.quote
 PART = ".part"
 CURL_RETRIES = 3
+NO_RANGES = 33  # curl's exit code when the server cannot resume (no byte ranges)
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ class StageFile(Operation):
         if self.header_file:
             curl += ["-H", q("@" + self.header_file)]
         curl.append(q(self.url))
+        fetch = " ".join(curl)
         size = f'"$(stat -c %s -- {part} 2>/dev/null || echo 0)"'
         mismatch = (
             f"{f.path}: SHA-256 differs from the manifest after download from {self.url} "
@@ -182,7 +184,9 @@ class StageFile(Operation):
             f'set -e; cd {q(self.directory)}; mkdir -p -- "$(dirname -- {dest})"; '
             # longer than the file: not a prefix of it, start over
             f"if [ {size} -gt {f.size} ]; then rm -f -- {part}; fi; "
-            f"if [ {size} -lt {f.size} ]; then {' '.join(curl)}; fi; "
+            # exit 33: the server answers no byte ranges (python -m http.server), so start the file over
+            f"if [ {size} -lt {f.size} ]; then {fetch} || {{ rc=$?; [ $rc -eq {NO_RANGES} ] || exit $rc; "
+            f"rm -f -- {part}; {fetch}; }}; fi; "
             f"if ! echo {q(f'{f.sha256}  {f.path}{PART}')} | sha256sum -c --status; then rm -f -- {part}; "
             f"echo {q(mismatch)} >&2; exit 1; fi; "
             f"chmod 0644 -- {part}; mv -f -- {part} {dest}"

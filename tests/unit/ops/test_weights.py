@@ -5,9 +5,11 @@ the file taking its name, and a disk too small refused before anything is fetche
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,29 @@ def test_a_disk_too_small_is_refused_before_any_download(mirror: tuple[str, Path
     assert space.plan(FakeFacts({fact: StagedState({}, {shard.path: 1000}, need)})) == []
     staged = {f.path: f.sha256 for f in manifest.files}
     assert space.plan(FakeFacts({fact: StagedState(staged, {}, 0)})) == []  # converged: nothing needed
+
+
+def test_a_mirror_without_byte_ranges_starts_a_partial_file_over(
+    mirror: tuple[str, Path, WeightsManifest], tmp_path: Path
+) -> None:
+    """python -m http.server answers no Range: curl exits 33 on the partial file, which is fetched whole."""
+    _, root, manifest = mirror
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}/"
+        directory = tmp_path / "d"
+        directory.mkdir()
+        shard = next(f for f in manifest.files if f.path.endswith(".safetensors"))
+        (directory / f"{shard.path}.part").write_bytes(b"\0" * 100)
+        (op,) = [op for op in _ops(base, directory, manifest) if op.file == shard]
+        _plan_and_apply([op])
+        assert _shas(directory) == {shard.path: shard.sha256}
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        return
