@@ -1,0 +1,164 @@
+"""The per-request decision, pure: policy in, facts in, target and exactly one reason out (issue 32).
+
+Like rollout/gates.py, nothing here reads a clock, a socket or a counter: the gateway gathers the facts
+(the prefix index, the load poller, its own outstanding prompt tokens) and this module decides, so each
+reason has a unit test and the decision's cost is measurable alone.
+
+The order, and the reason each step gives:
+1. a forced pool (the override header) wins: `forced_header`;
+2. the colocated instance is chosen (round robin, or prefix-affine and load-aware), and the request's
+   length class is taken from its whole prompt or from what that instance would still have to prefill;
+3. the sticky bucket against the stage's percentage for that class: outside the share the request
+   stays colocated as `short` (a long prompt in that bucket would have gone), `cached_prefix` (its
+   whole prompt would have gone, its uncached part does not) or `stage_weight` (not even a long one);
+4. in the share: `no_pd_pool` (the alias has none), `endpoint_not_carried` (the P/D router cannot carry
+   the endpoint), `prefill_busy` / `decode_busy` (a bound the policy sets is passed, or the figure is
+   unknown: stale facts are never taken as idle);
+5. else the P/D pool: `stage_weight`.
+`fallback` is not decided here: the proxy gives it to a request the P/D pool failed before its first
+byte and the colocated pool served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pdfleet.model.routing import DeciderSpec
+from pdfleet.model.stages import StageSpec
+
+Reason = Literal[
+    "forced_header",
+    "stage_weight",
+    "short",
+    "cached_prefix",
+    "prefill_busy",
+    "decode_busy",
+    "endpoint_not_carried",
+    "no_pd_pool",
+    "fallback",
+]
+REASONS: tuple[Reason, ...] = (
+    "forced_header",
+    "stage_weight",
+    "short",
+    "cached_prefix",
+    "prefill_busy",
+    "decode_busy",
+    "endpoint_not_carried",
+    "no_pd_pool",
+    "fallback",
+)
+PoolName = Literal["colocated", "disagg"]
+ClassName = Literal["short", "long"]
+
+
+@dataclass(frozen=True)
+class Load:
+    """One P/D instance's queue as last scraped: requests waiting, and how old that figure is (None:
+    never scraped, or the last scrape failed)."""
+
+    waiting: int | None
+    age_s: float | None
+
+    def known(self, stale_s: float) -> int | None:
+        """The figure when it is fresh, else None (unknown: never idle)."""
+        if self.waiting is None or self.age_s is None or self.age_s > stale_s:
+            return None
+        return self.waiting
+
+
+@dataclass(slots=True)
+class Facts:
+    """What the gateway knows about one request and the pools when it decides.
+
+    `cached` and `outstanding` have one entry per colocated instance, in the route's order: the
+    prompt tokens the gateway estimates that instance has cached, and the prompt tokens it has been
+    sent and not yet prefilled (sent, no first byte yet). `rr` is the route's round-robin counter.
+    Not frozen (nor Verdict): a frozen dataclass's __init__ costs several microseconds per request.
+    """
+
+    tokens: int
+    bucket: int
+    cached: Sequence[int]
+    outstanding: Sequence[int]
+    rr: int
+    has_pd_pool: bool = False
+    endpoint_carried: bool = True
+    forced: PoolName | None = None
+    prefill: Sequence[Load] = ()
+    decode: Sequence[Load] = ()
+
+
+@dataclass(slots=True)
+class Verdict:
+    """Where one request goes: a pool (and which colocated instance; its index in the route), its
+    length class, the tokens the class was taken from, and why."""
+
+    pool: PoolName
+    instance: int
+    cls: ClassName
+    effective: int
+    reason: Reason
+
+
+def length_class(tokens: int, threshold: int) -> ClassName:
+    """`long` at or past the threshold."""
+    return "long" if tokens >= threshold else "short"
+
+
+def choose_instance(spec: DeciderSpec, facts: Facts) -> int:
+    """The colocated instance: the round robin's next, or (prefix_load) the one with the least
+    outstanding prompt tokens plus this request's uncached tokens; ties go in round-robin order, so an
+    idle pool with no cache still spreads."""
+    n = len(facts.cached)
+    start = facts.rr % n
+    if spec.colocated_choice == "round_robin" or n == 1:
+        return start
+    best, best_cost = start, -1
+    for k in range(n):
+        i = (start + k) % n
+        cost = facts.outstanding[i] + max(0, facts.tokens - facts.cached[i])
+        if best_cost < 0 or cost < best_cost:
+            best, best_cost = i, cost
+    return best
+
+
+def _busy(loads: Sequence[Load], bound: int | None, stale_s: float) -> bool:
+    """Past the bound: any instance's queue over it, or any figure unknown (a stopped instance)."""
+    if bound is None:
+        return False
+    for load in loads:
+        waiting = load.known(stale_s)
+        if waiting is None or waiting > bound:
+            return True
+    return False
+
+
+def decide(spec: DeciderSpec, stage: StageSpec, threshold: int, facts: Facts) -> Verdict:
+    """The target and the one reason for a request (see the module docstring for the order)."""
+    instance = choose_instance(spec, facts)
+    cached = facts.cached[instance] if spec.threshold_on == "effective" else 0
+    effective = max(0, facts.tokens - cached)
+    cls = length_class(effective, threshold)
+
+    def colocated(reason: Reason) -> Verdict:
+        return Verdict("colocated", instance, cls, effective, reason)
+
+    if facts.forced is not None:
+        return Verdict(facts.forced, instance, cls, effective, "forced_header")
+    if facts.bucket >= getattr(stage, cls):
+        if cls == "short" and facts.bucket < stage.long:
+            whole = length_class(facts.tokens, threshold)
+            return colocated("cached_prefix" if whole == "long" else "short")
+        return colocated("stage_weight")
+    if not facts.has_pd_pool:
+        return colocated("no_pd_pool")
+    if not facts.endpoint_carried:
+        return colocated("endpoint_not_carried")
+    if _busy(facts.prefill, spec.prefill_busy_waiting, spec.stale_s):
+        return colocated("prefill_busy")
+    if _busy(facts.decode, spec.decode_busy_waiting, spec.stale_s):
+        return colocated("decode_busy")
+    return Verdict("disagg", instance, cls, effective, "stage_weight")

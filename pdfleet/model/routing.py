@@ -1,0 +1,64 @@
+"""The per-request decider's settings: one definition for the profile's `gateway.decider` and the gateway
+policy's `decider:` (rendered from it), like stages.py for the rollout stages.
+
+What they mean (issue 32; the decision itself is pdfleet.gateway.decider):
+- `threshold_on`: `prompt` classes a request by its whole estimated prompt (the routing before the
+  decider); `effective` by the tokens the chosen colocated instance would still have to prefill (its
+  prompt minus the prefix the gateway estimates that instance has cached), as llm-d's
+  prefix-based-pd-decider and Dynamo's conditional disaggregation do.
+- `colocated_choice`: `round_robin` (the routing before the decider) or `prefix_load`: the colocated
+  instance with the least (outstanding prompt tokens to prefill + this request's uncached tokens), so a
+  conversation keeps its cache and two long prefills do not stack on one instance while another idles.
+  Issue 26's bench compares the two.
+- `block_tokens`, `index_blocks`: the approximate prefix index's block (vLLM's default block size is 16
+  tokens) and its bound per candidate, in blocks (least recently used blocks are forgotten first).
+- `prefill_busy_waiting`: a request the stage sends to the P/D pool stays colocated (`prefill busy`)
+  while a prefill instance has more than this many requests waiting (`vllm:num_requests_waiting`), or
+  its figure is unknown (not scraped within `stale_s`: a stopped instance is never idle);
+  `decode_busy_waiting` the same for the decode instances (`decode busy`). Unset: no bypass.
+- `poll_s`: how often the gateway scrapes the P/D pool's instances (at most 1 s).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ThresholdOn = Literal["prompt", "effective"]
+ColocatedChoice = Literal["round_robin", "prefix_load"]
+VLLM_DEFAULT_BLOCK_TOKENS = 16
+
+
+class DeciderSpec(BaseModel):
+    """How the gateway decides where each request goes (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threshold_on: ThresholdOn = "prompt"
+    colocated_choice: ColocatedChoice = "round_robin"
+    block_tokens: int = Field(VLLM_DEFAULT_BLOCK_TOKENS, ge=1, le=1024)
+    index_blocks: int = Field(65536, ge=16, le=16_777_216)
+    prefill_busy_waiting: int | None = Field(None, ge=0)
+    decode_busy_waiting: int | None = Field(None, ge=0)
+    poll_s: float = Field(1.0, gt=0, le=1.0)
+    stale_s: float = Field(2.0, gt=0, le=60)
+
+    @model_validator(mode="after")
+    def _stale_after_a_poll(self) -> DeciderSpec:
+        if self.stale_s <= self.poll_s:
+            raise ValueError(
+                f"stale_s ({self.stale_s:g}) must exceed poll_s ({self.poll_s:g}): "
+                "every figure would be stale before the next scrape"
+            )
+        return self
+
+    @property
+    def uses_index(self) -> bool:
+        """The prefix index is kept only when something reads it."""
+        return self.threshold_on == "effective" or self.colocated_choice == "prefix_load"
+
+    @property
+    def polls(self) -> bool:
+        """The P/D pool's instances are scraped only when a bypass bound is set."""
+        return self.prefill_busy_waiting is not None or self.decode_busy_waiting is not None
