@@ -21,6 +21,7 @@ from aiohttp import web
 
 from pdfleet.errors import PdfleetError
 from pdfleet.gateway.context import Endpoint
+from pdfleet.gateway.deciding import Deciding
 from pdfleet.gateway.errors import Reject, Style, error_response
 from pdfleet.gateway.intake import admit, authorize, parse_body, read_body, request_id
 from pdfleet.gateway.keys import AuthResult
@@ -57,7 +58,8 @@ class Gateway:
         self.last_reload: dict[str, Any] = {"ok": True, "at": policy.loaded_at, "error": None}
         # no connection cap: the pools apply their own
         self.upstream = UpstreamClient()
-        self.proxy = Proxy(self.upstream, self.metrics)
+        self.deciding = Deciding(policy)  # outlives reloads: what the prefix index learned, the queues
+        self.proxy = Proxy(self.upstream, self.metrics, self.deciding.outstanding)
         self.limiter = Limiter(policy.spec.limits)  # outlives reloads: what each key uses now
         self._reload_lock = asyncio.Lock()
         self._stage_lock = asyncio.Lock()  # one /admin/stage write at a time
@@ -122,6 +124,7 @@ class Gateway:
                 return False, msg
             self.policy = new
             self.limiter.configure(new.spec.limits)
+            self.deciding.configure(new)
             self.metrics.reloads.labels("ok").inc()
             self.metrics.set_policy(new.spec.version, new.spec.stage, new.sha256)
             self.last_reload = {"ok": True, "at": new.loaded_at, "error": None}
@@ -304,7 +307,7 @@ class Gateway:
         rid = request_id(request.headers.get("X-Request-Id"))
         limiter = self.limiter
         try:
-            ctx = await admit(request, policy, endpoint, rid, t0, self.metrics, limiter)
+            ctx = await admit(request, policy, endpoint, rid, t0, self.metrics, limiter, self.deciding)
         except Reject as rej:
             resp = rej.response({"X-Request-Id": rid}, "anthropic" if endpoint == "messages" else "openai")
             return await self._rejected(request, resp, rej.close)
@@ -331,6 +334,7 @@ class Running:
         """Stop listening, let in-flight requests finish (up to the shutdown timeout), close upstreams."""
         for runner in reversed(self.runners):
             await runner.cleanup()
+        await self.gateway.deciding.stop()
         self.gateway.upstream.close()
 
 
@@ -356,6 +360,7 @@ async def start(gateway: Gateway) -> Running:
         runners.append(runner)
         ports.append(runner.addresses[0][1])
     assert ports[0] is not None
+    gateway.deciding.start()
     return Running(gateway, runners, ports[0], ports[1])
 
 

@@ -22,23 +22,13 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from pdfleet.gateway.anthropic import authorize_anthropic, check_messages_fields
 from pdfleet.gateway.context import Endpoint, RequestContext
+from pdfleet.gateway.deciding import Deciding
 from pdfleet.gateway.errors import Reject, Style, anthropic_status
 from pdfleet.gateway.keys import AuthResult, authenticate
 from pdfleet.gateway.limits import Limiter, admit_key, admit_model, check_prompt_limit
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.outside import check_api
-from pdfleet.gateway.policy import (
-    NO_MODEL,
-    POOLS,
-    ActivePolicy,
-    Decision,
-    LengthClass,
-    Pool,
-    Route,
-    bucket_of,
-    decide,
-    length_class,
-)
+from pdfleet.gateway.policy import NO_MODEL, POOLS, ActivePolicy, Pool, Route
 from pdfleet.tokens import CharEstimate, count_messages_tokens, count_request_tokens
 
 
@@ -287,25 +277,6 @@ async def count_tokens(
     return await loop.run_in_executor(None, count, data, policy.counter)
 
 
-def route_decision(
-    policy: ActivePolicy, route: Route, tokens: int, sticky: str, endpoint: Endpoint, forced: Pool | None
-) -> tuple[LengthClass, Decision]:
-    """The request's length class and where it goes, by its route's own group stage and threshold (an
-    outside alias: always its endpoint, classed by the top-level threshold)."""
-    staging = route.staging
-    if staging is None:  # an outside alias: no stage, no pools
-        return length_class(tokens, policy.spec.long_prompt_tokens), Decision(
-            "outside", "outside", bucket_of(sticky)
-        )
-    cls = length_class(tokens, staging.long_prompt_tokens)
-    carried = endpoint in route.disagg_endpoints
-    decision = decide(staging.weights, cls, sticky, route.disagg is not None and carried, forced)
-    if decision.reason == "no_disagg" and route.disagg is not None:
-        # the stage sends it to disagg, but the router cannot carry this endpoint: kept colocated
-        decision = Decision("colocated", "endpoint_not_on_disagg", decision.bucket)
-    return cls, decision
-
-
 def sticky_key(headers: Mapping[str, str], policy: ActivePolicy, data: dict[str, Any], digest: str) -> str:
     """Session header, else the body's `user`, else the API key's digest."""
     session = headers.get(policy.spec.sticky.session_header)
@@ -341,8 +312,10 @@ async def admit(
     t0: float,
     m: GatewayMetrics,
     limiter: Limiter,
+    deciding: Deciding,
 ) -> RequestContext:
-    """Authenticate, limit, read, validate, classify and decide; count the decision (or the rejection).
+    """Authenticate, limit, read, validate, classify and decide (`deciding`: the decider's live facts);
+    count the decision (or the rejection).
 
     An admitted request is counted in flight for its key (and its key's slot for the alias when it has
     per_model limits): the caller releases both when the response ends (`ctx.key.name`, `ctx.model_slot`);
@@ -388,11 +361,11 @@ async def admit(
     key, digest = auth.entry, auth.digest
     assert key is not None and digest is not None  # authorize() raised otherwise
     sticky = sticky_key(request.headers, policy, data, digest)
-    cls, decision = route_decision(policy, route, tokens, sticky, endpoint, forced)
-    if decision.reason == "endpoint_not_on_disagg":
+    cls, decision = deciding.route(policy, route, data, endpoint, tokens, sticky, forced)
+    if decision.reason == "endpoint_not_carried":
         m.child(m.kept_colocated, model, endpoint, "router_lacks_endpoint").inc()
     stage = route.staging.stage if route.staging is not None else NO_MODEL
-    m.child(m.decisions, model, stage, cls, decision.pool, decision.reason).inc()
+    m.child(m.decisions, model, stage, cls, decision.pool, decision.legacy_reason).inc()
     m.child(m.prompt_tokens, model).observe(tokens)
     policy.counts.count(model, cls, decision.pool)
     stream = bool(data.get("stream", False))

@@ -152,6 +152,13 @@ class GatewayMetrics:
             ["model", "stage", "length_class", "pool", "reason"],
             registry=r,
         )
+        self.decided = Counter(
+            "pdfleet_gateway_decisions",
+            "Routed requests by model and the decider's one reason (forced_header, stage_weight, short, "
+            "cached_prefix, prefill_busy, decode_busy, endpoint_not_carried, no_pd_pool, fallback)",
+            ["model", "reason"],
+            registry=r,
+        )
         self.prompt_tokens = Histogram(
             "pdfleet_gateway_prompt_tokens",
             "Estimated prompt tokens per routed request",

@@ -80,7 +80,8 @@ class Staging:
 @dataclass(frozen=True)
 class Route:
     """A compiled model alias: pools as URL tuples plus a round-robin over the colocated ones, its
-    group's staging, and its metrics label; or an outside endpoint (then no pools)."""
+    group's staging, its metrics label and the P/D instances the decider scrapes; or an outside
+    endpoint (then no pools)."""
 
     alias: str
     colocated: tuple[str, ...]
@@ -92,21 +93,46 @@ class Route:
     model: str = NO_MODEL  # the metrics label: the group, else the alias
     group: str | None = None
     outside: Outside | None = None
+    prefill: tuple[str, ...] = ()  # the P/D pool's instances the decider scrapes
+    decode: tuple[str, ...] = ()
 
-    def next_colocated(self) -> tuple[str, str | None]:
-        """The next colocated URL and, when there is another one, the one to retry on."""
-        i = next(self._rr)
+    def next_rr(self) -> int:
+        """The round robin's next position over the colocated instances."""
+        return next(self._rr)
+
+    def colocated_pair(self, instance: int) -> tuple[str, str | None]:
+        """A colocated instance's URL and, when there is another one, the next one to retry on."""
         n = len(self.colocated)
-        return self.colocated[i % n], (self.colocated[(i + 1) % n] if n > 1 else None)
+        return self.colocated[instance % n], (self.colocated[(instance + 1) % n] if n > 1 else None)
 
 
-@dataclass(frozen=True)
+# the reason the routing-decisions metric (rollout measure, dashboards) has named each decision since
+# before the decider; pdfleet_gateway_decisions_total carries the decider's own closed set
+LEGACY_REASONS = {
+    "forced_header": "header",
+    "stage_weight": "weight",
+    "short": "weight",
+    "cached_prefix": "weight",
+    "no_pd_pool": "no_disagg",
+    "endpoint_not_carried": "endpoint_not_on_disagg",
+}
+
+
+@dataclass(slots=True)
 class Decision:
-    """Which pool a request goes to and why (weight, header, no_disagg, endpoint_not_on_disagg, outside)."""
+    """Which pool a request goes to and why (a pdfleet.gateway.decider reason, or `outside`), its sticky
+    bucket, the colocated instance (its index in the route) and the tokens its class was taken from."""
 
     pool: Target
     reason: str
     bucket: int
+    instance: int = 0
+    effective: int = 0
+
+    @property
+    def legacy_reason(self) -> str:
+        """The reason as pdfleet_gateway_routing_decisions names it."""
+        return LEGACY_REASONS.get(self.reason, self.reason)
 
 
 def zero_decisions() -> dict[str, dict[str, int]]:
@@ -164,6 +190,7 @@ class ActivePolicy:
             "stages": {k: v.model_dump() for k, v in self.spec.stages.items()},
             "long_prompt_tokens": self.spec.long_prompt_tokens,
             "estimator": "tokenizer" if self.spec.estimator.tokenizer else "chars_per_token",
+            "decider": self.spec.decider.model_dump(),
             "groups": {name: self.group_summary(name) for name in self.spec.groups},
             "models": {a: _route_summary(r) for a, r in self.routes.items()},
             "keys": len(self.keys),
@@ -199,6 +226,8 @@ def _route_summary(route: Route) -> dict[str, Any]:
         "colocated": list(route.colocated),
         "disagg": route.disagg,
         "disagg_endpoints": sorted(route.disagg_endpoints),
+        "prefill": list(route.prefill),
+        "decode": list(route.decode),
     }
 
 
@@ -220,24 +249,6 @@ def bucket_of(sticky_key: str) -> int:
 def length_class(prompt_tokens: int, long_prompt_tokens: int) -> LengthClass:
     """`long` when the prompt has at least the threshold's tokens."""
     return "long" if prompt_tokens >= long_prompt_tokens else "short"
-
-
-def decide(
-    stage: StageSpec, cls: LengthClass, sticky_key: str, has_disagg: bool, forced: Pool | None = None
-) -> Decision:
-    """The pool for one request: forced by header, else bucket < stage percentage → disagg.
-
-    Raising a class's percentage only ever moves buckets from colocated to disagg, so a ramp never
-    moves a conversation back and forth.
-    """
-    bucket = bucket_of(sticky_key)
-    if forced is not None:
-        return Decision(forced, "header", bucket)
-    if bucket < getattr(stage, cls):
-        if has_disagg:
-            return Decision("disagg", "weight", bucket)
-        return Decision("colocated", "no_disagg", bucket)
-    return Decision("colocated", "weight", bucket)
 
 
 def parse_policy(source: Path, text: str) -> PolicySpec:
@@ -380,6 +391,9 @@ def compile_route(spec: PolicySpec, alias: str, r: ModelRoute, source: Path) -> 
         group_staging(spec, r.group),
         r.group or alias,
         r.group,
+        None,
+        tuple(r.prefill),
+        tuple(r.decode),
     )
 
 

@@ -13,6 +13,7 @@ from yarl import URL
 
 from pdfleet.gateway.limits import LimitsSpec
 from pdfleet.gateway.outside import OutsideSpec
+from pdfleet.model.routing import DeciderSpec
 from pdfleet.model.stages import StageSpec
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
@@ -109,6 +110,9 @@ class ModelRoute(_Strict):
     disagg_endpoints: tuple[EndpointName, ...] = ROUTER_PD_ENDPOINTS
     group: str | None = Field(None, min_length=1, max_length=64)
     outside: OutsideSpec | None = None
+    # the P/D pool's vLLM instances, scraped for their queues when the decider has a bypass bound
+    prefill: list[BaseUrl] = []
+    decode: list[BaseUrl] = []
 
 
 class PolicySpec(_Strict):
@@ -131,12 +135,13 @@ class PolicySpec(_Strict):
     clients: ClientSpec = ClientSpec()
     limits: LimitsSpec = LimitsSpec()
     log_requests: bool = True
+    decider: DeciderSpec = DeciderSpec()
 
 
 def route_problems(spec: PolicySpec, alias: str, route: ModelRoute) -> list[str]:
     """What is wrong with one alias: pools or an outside endpoint (not both, not neither), its group."""
     if route.outside is not None:
-        pool_keys = ("colocated", "disagg", "disagg_endpoints", "group")
+        pool_keys = ("colocated", "disagg", "disagg_endpoints", "group", "prefill", "decode")
         extra = [k for k in pool_keys if k in route.model_fields_set]
         if extra:
             return [f"{k}: an outside alias has no pools, P/D or group; remove {k}" for k in extra]
@@ -148,7 +153,21 @@ def route_problems(spec: PolicySpec, alias: str, route: ModelRoute) -> list[str]
         return [f"group: {route.group!r} is not under groups: (groups: {known})"]
     if route.group is None and alias in spec.groups:
         return [f"group: the alias is named like group {alias!r}; set group: {alias} (or rename one)"]
-    return []
+    return _bypass_problems(spec.decider, route)
+
+
+def _bypass_problems(decider: DeciderSpec, route: ModelRoute) -> list[str]:
+    """A bypass bound needs the P/D pool's instances to scrape (else its queue is never known)."""
+    if route.disagg is None:
+        return []
+    problems = []
+    for side, bound in (("prefill", decider.prefill_busy_waiting), ("decode", decider.decode_busy_waiting)):
+        if bound is not None and not getattr(route, side):
+            problems.append(
+                f"{side}: decider.{side}_busy_waiting is set but this alias lists no {side} instance to "
+                f"scrape; list the P/D pool's {side} base URLs (e.g. http://10.0.0.12:8100)"
+            )
+    return problems
 
 
 def group_problems(spec: PolicySpec) -> list[str]:

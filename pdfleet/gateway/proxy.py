@@ -21,6 +21,7 @@ from aiohttp import web
 from pdfleet.gateway.connection import UpstreamError, UpstreamResponse, whole_events
 from pdfleet.gateway.context import RequestContext
 from pdfleet.gateway.errors import error_response, sse_error_event
+from pdfleet.gateway.load import Outstanding
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.outside import outside_headers
 from pdfleet.gateway.policy import LengthClass, Target
@@ -83,18 +84,18 @@ class _GapMeter:
 
 
 def attempts(ctx: RequestContext) -> list[tuple[Target, str]]:
-    """Where to try, in order: the chosen pool, then one retry on the colocated pool; an outside
-    endpoint once."""
+    """Where to try, in order: the chosen pool (the decider's colocated instance), then one retry on the
+    colocated pool; an outside endpoint once."""
     route, decision = ctx.route, ctx.decision
     if route.outside is not None:
         return [("outside", route.outside.base_url)]
+    primary, alt = route.colocated_pair(decision.instance)
     if decision.pool == "disagg":
         assert route.disagg is not None
         tries: list[tuple[Target, str]] = [("disagg", route.disagg)]
-        if decision.reason != "header":  # a forced pool is for testing: show its failures
-            tries.append(("colocated", route.next_colocated()[0]))
+        if decision.reason != "forced_header":  # a forced pool is for testing: show its failures
+            tries.append(("colocated", primary))
         return tries
-    primary, alt = route.next_colocated()
     colocated: list[tuple[Target, str]] = [("colocated", primary)]
     return colocated + ([("colocated", alt)] if alt else [])
 
@@ -102,9 +103,10 @@ def attempts(ctx: RequestContext) -> list[tuple[Target, str]]:
 class Proxy:
     """Forwards admitted requests through one upstream client, recording what happened in the metrics."""
 
-    def __init__(self, upstream: UpstreamClient, metrics: GatewayMetrics) -> None:
+    def __init__(self, upstream: UpstreamClient, metrics: GatewayMetrics, outstanding: Outstanding) -> None:
         self.upstream = upstream
         self.metrics = metrics
+        self.outstanding = outstanding  # prompt tokens each colocated instance has still to prefill
 
     async def forward(self, request: web.BaseRequest, ctx: RequestContext) -> web.StreamResponse:
         """Open upstream (with fallback), then stream its bytes to the client as they arrive."""
@@ -127,10 +129,15 @@ class Proxy:
         for i, (pool, base) in enumerate(tries):
             last = i == len(tries) - 1
             m.child(m.in_flight, model, pool).inc()
+            charged = ctx.decision.effective if pool == "colocated" else 0
+            if charged:
+                self.outstanding.add(base, charged)
             try:
                 got = await self._open(ctx, pool, base, path, headers)
             finally:
                 m.child(m.in_flight, model, pool).dec()
+                if charged:  # a first byte (or a failure): its prefill is over
+                    self.outstanding.done(base, charged)
             if isinstance(got, _Upstream) and outside is not None and got.resp.status in (401, 403):
                 got.resp.close()  # its body could quote the outside key: never relayed
                 return self._refused_key(ctx, got.resp.status)
@@ -157,6 +164,7 @@ class Proxy:
             assert failure is not None
             return self._unavailable(ctx, failure)
         fell_back = up.pool != ctx.decision.pool
+        count_decision(m, ctx, "fallback" if fell_back else ctx.decision.reason)
         m.child(m.in_flight, model, up.pool).inc()
         try:
             out, outcome = await self._stream(request, ctx, up, fell_back)
@@ -193,7 +201,9 @@ class Proxy:
             status, code = 503, "upstream_unavailable"
             last = f"last tried: {failure.pool}, {failure.reason}"
             msg = f"no pool can serve model {ctx.alias!r} right now ({last})"
-        resp = error_response(status, msg, code=code, headers={"X-Request-Id": ctx.rid}, style=ctx.style)
+        headers = {"X-Request-Id": ctx.rid, "X-Pdfleet-Decision": ctx.decision.reason}
+        resp = error_response(status, msg, code=code, headers=headers, style=ctx.style)
+        count_decision(m, ctx, ctx.decision.reason)
         m.child(m.requests, ctx.route.model, failure.pool, ctx.cls, str(resp.status)).inc()
         log_request(ctx, failure.pool, resp.status, "failed")
         return resp
@@ -230,6 +240,7 @@ class Proxy:
                 "Content-Type": ctype,
                 "X-Request-Id": ctx.rid,
                 "X-Pdfleet-Pool": up.pool,
+                "X-Pdfleet-Decision": "fallback" if fell_back else ctx.decision.reason,
                 "X-Pdfleet-Policy-Version": str(spec.version),
             },
         )
@@ -301,19 +312,26 @@ class Proxy:
         return out, error
 
 
+def count_decision(m: GatewayMetrics, ctx: RequestContext, reason: str) -> None:
+    """The one reason of a routed request (an outside alias's requests are no P/D decision)."""
+    if ctx.route.outside is None:
+        m.child(m.decided, ctx.route.model, reason).inc()
+
+
 def log_request(ctx: RequestContext, pool: str, status: int, outcome: str) -> None:
     """One line per proxied request (never the key itself, only its name)."""
     if ctx.policy.spec.log_requests and log.isEnabledFor(logging.INFO):
         ms = (time.perf_counter() - ctx.t0) * 1000
         d = ctx.decision
         log.info(
-            "rid=%s key=%s model=%s class=%s tokens=%d decided=%s/%s bucket=%d pool=%s status=%d "
-            "outcome=%s ms=%.1f",
+            "rid=%s key=%s model=%s class=%s tokens=%d effective=%d decided=%s/%s bucket=%d pool=%s "
+            "status=%d outcome=%s ms=%.1f",
             ctx.rid,
             ctx.key.name,
             ctx.alias,
             ctx.cls,
             ctx.tokens,
+            d.effective,
             d.pool,
             d.reason,
             d.bucket,

@@ -43,22 +43,22 @@ def _ctx(policy: ActivePolicy, decision: Decision) -> RequestContext:
 
 def test_disagg_is_retried_once_on_colocated_unless_forced(tmp_path: Path) -> None:
     policy = load_test_policy(tmp_path)
-    assert attempts(_ctx(policy, Decision("disagg", "weight", 1))) == [
+    assert attempts(_ctx(policy, Decision("disagg", "stage_weight", 1))) == [
         ("disagg", "http://127.0.0.1:8090"),
         ("colocated", "http://127.0.0.1:8001"),
     ]
-    assert attempts(_ctx(policy, Decision("disagg", "header", 1))) == [("disagg", "http://127.0.0.1:8090")]
+    forced = Decision("disagg", "forced_header", 1)
+    assert attempts(_ctx(policy, forced)) == [("disagg", "http://127.0.0.1:8090")]
 
 
-def test_colocated_round_robins_and_retries_on_the_next_one(tmp_path: Path) -> None:
+def test_colocated_goes_to_the_decided_instance_and_retries_on_the_next_one(tmp_path: Path) -> None:
     two = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
     policy = load_test_policy(tmp_path, models={"llama": {"colocated": two}})
-    colocated = Decision("colocated", "weight", 1)
-    first, second = attempts(_ctx(policy, colocated)), attempts(_ctx(policy, colocated))
-    assert {first[0][1], second[0][1]} == set(two)
-    assert [p for p, _ in first] == ["colocated", "colocated"] and first[0][1] != first[1][1]
+    for i in (0, 1):
+        tries = attempts(_ctx(policy, Decision("colocated", "stage_weight", 1, instance=i)))
+        assert tries == [("colocated", two[i]), ("colocated", two[1 - i])]
     one = load_test_policy(tmp_path)
-    assert attempts(_ctx(one, colocated)) == [("colocated", "http://127.0.0.1:8001")]
+    assert attempts(_ctx(one, Decision("colocated", "short", 1))) == [("colocated", "http://127.0.0.1:8001")]
 
 
 # ---- end to end: faults ------------------------------------------------------------------------

@@ -1,0 +1,119 @@
+"""The gateway's side of the decider: it gathers one request's facts (prefix index, queues, outstanding
+prompt tokens), asks the pure decision (decider.py), and records where the prompt went.
+
+One `Deciding` lives as long as the gateway, across policy reloads, so a reload keeps what the index
+learned; `configure` applies a policy's `decider:` settings (a changed block size or bound starts the
+index afresh) and the P/D instances to scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from pdfleet.gateway.decider import Facts, Load, decide
+from pdfleet.gateway.load import Outstanding, QueueWatch
+from pdfleet.gateway.policy import ActivePolicy, Decision, LengthClass, Pool, Route, bucket_of, length_class
+from pdfleet.gateway.prefix_index import PrefixIndex, prompt_blocks, prompt_text
+from pdfleet.model.routing import DeciderSpec
+
+_NO_LOADS: tuple[Load, ...] = ()
+
+
+class Deciding:
+    """The decider's live state: the prefix index, the P/D queues, the colocated outstanding tokens."""
+
+    def __init__(self, policy: ActivePolicy) -> None:
+        self.index: PrefixIndex | None = None
+        self.queues = QueueWatch()
+        self.outstanding = Outstanding()
+        self.spec = DeciderSpec()
+        self._poller: asyncio.Task[None] | None = None
+        self.configure(policy)
+
+    def configure(self, policy: ActivePolicy) -> None:
+        """Apply a (new) policy's settings and the instances it names."""
+        spec = policy.spec.decider
+        if not spec.uses_index:
+            self.index = None
+        elif self.index is None or (self.index.capacity, self.index.block_tokens) != (
+            spec.index_blocks,
+            spec.block_tokens,
+        ):
+            self.index = PrefixIndex(spec.index_blocks, spec.block_tokens)
+        scraped: list[str] = []
+        if spec.polls:
+            for route in policy.routes.values():
+                scraped += route.prefill if spec.prefill_busy_waiting is not None else ()
+                scraped += route.decode if spec.decode_busy_waiting is not None else ()
+        self.queues.watch(scraped)
+        self.spec = spec
+
+    def start(self) -> None:
+        """Start scraping the P/D instances (a no-op loop while none is watched)."""
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self.queues.run(lambda: self.spec.poll_s))
+
+    async def stop(self) -> None:
+        """Stop scraping."""
+        task, self._poller = self._poller, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def route(
+        self,
+        policy: ActivePolicy,
+        route: Route,
+        data: dict[str, Any],
+        endpoint: str,
+        tokens: int,
+        sticky: str,
+        forced: Pool | None,
+    ) -> tuple[LengthClass, Decision]:
+        """The request's length class and decision; its prompt recorded on the chosen candidate."""
+        bucket = bucket_of(sticky)
+        staging = route.staging
+        if staging is None:  # an outside alias: no stage, no pools
+            return length_class(tokens, policy.spec.long_prompt_tokens), Decision(
+                "outside", "outside", bucket
+            )
+        spec = policy.spec.decider
+        urls = route.colocated
+        index = self.index
+        blocks: list[int] | None = None
+        if index is not None:
+            text = prompt_text(data, endpoint)
+            blocks = prompt_blocks(text, spec.block_tokens, policy.spec.estimator.chars_per_token)
+            cached = [index.cached_tokens(u, blocks, tokens) for u in urls]
+        else:
+            cached = [0] * len(urls)
+        busy = spec.colocated_choice == "prefix_load"
+        outstanding = self.outstanding.of(urls) if busy else [0] * len(urls)
+        prefill = decode = _NO_LOADS
+        if spec.polls:
+            now = time.monotonic()
+            if spec.prefill_busy_waiting is not None:
+                prefill = tuple(self.queues.load(u, now) for u in route.prefill)
+            if spec.decode_busy_waiting is not None:
+                decode = tuple(self.queues.load(u, now) for u in route.decode)
+        facts = Facts(
+            tokens,
+            bucket,
+            cached,
+            outstanding,
+            route.next_rr(),
+            route.disagg is not None,
+            endpoint in route.disagg_endpoints,
+            forced,
+            prefill,
+            decode,
+        )
+        v = decide(spec, staging.weights, staging.long_prompt_tokens, facts)
+        if index is not None and blocks:
+            where = route.disagg if v.pool == "disagg" and route.disagg is not None else urls[v.instance]
+            index.record(where, blocks)
+        return v.cls, Decision(v.pool, v.reason, bucket, v.instance, v.effective)

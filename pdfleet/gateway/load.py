@@ -1,0 +1,117 @@
+"""The live load facts the decider reads: the P/D pool's queues (scraped) and the colocated instances'
+outstanding prompt tokens (counted by the gateway itself).
+
+Queues: every `poll_s` the gateway GETs each prefill and decode instance's `/metrics` and keeps
+`vllm:num_requests_waiting` (summed over its engines) with the time it was read. A failed scrape (a
+stopped instance, a timeout, no such series) clears the figure at once, so it reads as unknown, never as
+idle. The pinned vLLM release (0.33) exports no gauge of queued prompt tokens (its metrics table in
+pdfleet.model.vllm_release_data has none), so the bound is on waiting requests only.
+
+Outstanding prompt tokens: what the gateway sent to a colocated instance and has not seen a first byte
+for yet (the instance is still prefilling it), charged with the tokens the decider expects it to
+prefill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import aiohttp
+
+from pdfleet.gateway.decider import Load
+
+log = logging.getLogger("pdfleet.gateway")
+
+WAITING = "vllm:num_requests_waiting"
+
+
+def parse_waiting(text: str) -> int | None:
+    """`vllm:num_requests_waiting` summed over its samples (one per engine); None when absent."""
+    total: float | None = None
+    for line in text.splitlines():
+        if not line.startswith(WAITING):
+            continue
+        rest = line[len(WAITING) :]
+        if rest[:1] not in ("{", " "):
+            continue  # another series sharing the prefix (num_requests_waiting_by_reason)
+        if rest.startswith("{"):
+            rest = rest.rpartition("}")[2]  # label values may hold spaces
+        try:
+            value = float(rest.split()[0])  # a sample may end with a timestamp
+        except (ValueError, IndexError):
+            continue
+        total = value if total is None else total + value
+    return None if total is None else int(total)
+
+
+class QueueWatch:
+    """The last `vllm:num_requests_waiting` of each watched instance and when it was read."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, float]] = {}
+        self.urls: tuple[str, ...] = ()
+
+    def watch(self, urls: Iterable[str]) -> None:
+        """Scrape these base URLs from now on (a reload may change them)."""
+        self.urls = tuple(dict.fromkeys(urls))
+        for gone in set(self._seen) - set(self.urls):
+            del self._seen[gone]
+
+    def load(self, url: str, now: float | None = None) -> Load:
+        """The instance's figure and its age (unknown if never read or the last read failed)."""
+        seen = self._seen.get(url)
+        if seen is None:
+            return Load(None, None)
+        t = time.monotonic() if now is None else now
+        return Load(seen[0], t - seen[1])
+
+    def saw(self, url: str, waiting: int | None, at: float) -> None:
+        """A scrape's outcome: a figure, or None (failed: unknown from now on)."""
+        if waiting is None:
+            self._seen.pop(url, None)
+        else:
+            self._seen[url] = (waiting, at)
+
+    async def scrape(self, session: aiohttp.ClientSession, url: str, timeout_s: float) -> None:
+        """Read one instance's queue."""
+        try:
+            async with session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                text = await resp.text() if resp.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            text = ""
+        self.saw(url, parse_waiting(text), time.monotonic())
+
+    async def run(self, poll_s: Callable[[], float]) -> None:
+        """Scrape every watched instance every `poll_s()` seconds (the active policy's) until cancelled;
+        a scrape gets at most one period."""
+        async with aiohttp.ClientSession() as session:
+            while True:
+                started = time.monotonic()
+                period = poll_s()
+                urls = self.urls
+                if urls:
+                    await asyncio.gather(*(self.scrape(session, u, period) for u in urls))
+                await asyncio.sleep(max(0.05, period - (time.monotonic() - started)))
+
+
+class Outstanding:
+    """Prompt tokens sent to each colocated instance and not yet answered with a first byte."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, int] = {}
+
+    def add(self, url: str, tokens: int) -> None:
+        self.tokens[url] = self.tokens.get(url, 0) + tokens
+
+    def done(self, url: str, tokens: int) -> None:
+        left = self.tokens.get(url, 0) - tokens
+        if left > 0:
+            self.tokens[url] = left
+        else:
+            self.tokens.pop(url, None)
+
+    def of(self, urls: Iterable[str]) -> list[int]:
+        return [self.tokens.get(u, 0) for u in urls]

@@ -1,0 +1,170 @@
+"""The decider through a running gateway on loopback: the reason in the response header and the decisions
+metric (fallback included), a growing conversation kept on the instance holding its prefix, and the
+prefill-busy bypass from scraped queues (a stopped instance is unknown, never idle)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from pdfleet.errors import ValidationError
+from tests.unit.gateway.helpers import LONG, Env, FakeUpstream, chat, load_test_policy, run
+
+TURN = "turn " * 480  # 2400 characters: 600 tokens at 4 characters a token (the threshold is 1000)
+
+
+class FakeMetrics:
+    """A vLLM /metrics endpoint whose `vllm:num_requests_waiting` the test sets."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        text = (
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {self.waiting}.0\n'
+            f'vllm:num_requests_waiting_by_reason{{engine="0",model_name="m",reason="capacity"}} 99.0\n'
+        )
+        return web.Response(text=text)
+
+
+def test_reason_in_header_and_metric_and_fallback(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path) as env:
+            st, h, _ = await env.post("/v1/chat/completions", chat(LONG))
+            assert st == 200 and (h["X-Pdfleet-Pool"], h["X-Pdfleet-Decision"]) == ("disagg", "stage_weight")
+            st, h, _ = await env.post("/v1/chat/completions", chat("hi"))
+            assert (h["X-Pdfleet-Pool"], h["X-Pdfleet-Decision"]) == ("colocated", "short")
+            st, h, _ = await env.post("/v1/chat/completions", chat("hi"), {"X-Pdfleet-Pool": "disagg"})
+            assert (h["X-Pdfleet-Pool"], h["X-Pdfleet-Decision"]) == ("disagg", "forced_header")
+            await env.dis.stop()
+            st, h, _ = await env.post("/v1/chat/completions", chat(LONG))
+            assert st == 200 and (h["X-Pdfleet-Pool"], h["X-Pdfleet-Decision"]) == ("colocated", "fallback")
+            reasons = {
+                r: await env.metric("pdfleet_gateway_decisions_total", model="llama", reason=r)
+                for r in ("stage_weight", "short", "forced_header", "fallback")
+            }
+            assert reasons == {"stage_weight": 1, "short": 1, "forced_header": 1, "fallback": 1}
+
+    run(scenario())
+
+
+def _conversation(turns: int) -> dict[str, Any]:
+    """One agent session's request after `turns` turns: each turn adds 600 tokens of context."""
+    msgs = []
+    for i in range(turns):
+        msgs.append({"role": "user" if i % 2 == 0 else "assistant", "content": f"{i} {TURN}"})
+    return {"model": "llama", "messages": msgs}
+
+
+def _served(raw: bytes) -> str:
+    return str(json.loads(raw)["served_by"])
+
+
+@pytest.mark.parametrize("decider", ["decider", "length_only"])
+def test_a_growing_conversation_keeps_its_instance_and_stays_colocated(tmp_path: Path, decider: str) -> None:
+    """Turn 1 is short and goes colocated; later turns pass the threshold by length but only 600 tokens of
+    each are new: the decider keeps them on the instance that holds the rest (`cached_prefix`); routing by
+    length sends them to the P/D pool."""
+
+    async def scenario() -> None:
+        third = FakeUpstream("third")
+        await third.start()
+        settings = (
+            {"threshold_on": "effective", "colocated_choice": "prefix_load"}
+            if decider == "decider"
+            else {"threshold_on": "prompt", "colocated_choice": "round_robin"}
+        )
+
+        def models(colo: str, dis: str) -> dict[str, Any]:
+            return {"llama": {"colocated": [colo, dis], "disagg": third.url}}
+
+        try:
+            async with Env(tmp_path, models=models, decider=settings) as env:
+                seen = []
+                for turns in range(1, 5):
+                    st, h, raw = await env.post("/v1/chat/completions", _conversation(turns))
+                    assert st == 200
+                    seen.append((h["X-Pdfleet-Decision"], _served(raw)))
+                if decider == "decider":
+                    first = seen[0][1]
+                    assert seen == [("short", first)] + [("cached_prefix", first)] * 3
+                    # another long prompt with nothing cached still goes to the P/D pool
+                    st, h, _ = await env.post("/v1/chat/completions", chat(LONG))
+                    assert h["X-Pdfleet-Decision"] == "stage_weight" and h["X-Pdfleet-Pool"] == "disagg"
+                else:
+                    assert seen[0][0] == "short"
+                    assert seen[1:] == [("stage_weight", "third")] * 3
+        finally:
+            await third.stop()
+
+    run(scenario())
+
+
+def test_prefill_busy_from_the_scraped_queue_and_a_stopped_instance(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        prefill = FakeMetrics()
+        await prefill.start()
+        settings = {"prefill_busy_waiting": 2, "poll_s": 0.1, "stale_s": 0.5}
+
+        def models(colo: str, dis: str) -> dict[str, Any]:
+            return {"llama": {"colocated": [colo], "disagg": dis, "prefill": [prefill.url]}}
+
+        async def decision() -> str:
+            st, h, _ = await env.post("/v1/chat/completions", chat(LONG))
+            assert st == 200
+            return str(h["X-Pdfleet-Decision"])
+
+        async def until(reason: str, within_s: float) -> float:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            while await decision() != reason:
+                assert loop.time() - t0 < within_s, f"no {reason} within {within_s} s"
+                await asyncio.sleep(0.02)
+            return loop.time() - t0
+
+        try:
+            async with Env(tmp_path, models=models, decider=settings) as env:
+                await until("stage_weight", 2.0)  # the first scrape read an idle queue
+                prefill.waiting = 3
+                await until("prefill_busy", 1.0)
+                prefill.waiting = 2  # at the bound, not past it
+                await until("stage_weight", 1.0)
+                await prefill.stop()
+                assert await until("prefill_busy", 2.0) < 2.0
+                assert await env.metric("pdfleet_gateway_decisions_total", reason="prefill_busy") >= 2
+        finally:
+            await prefill.stop()
+
+    run(scenario())
+
+
+def test_policy_refuses_a_bound_with_nothing_to_scrape_and_a_stale_age_under_the_poll(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValidationError, match=r"models\.llama\.prefill: decider\.prefill_busy_waiting is set"
+    ):
+        load_test_policy(tmp_path, decider={"prefill_busy_waiting": 4})
+    with pytest.raises(ValidationError, match=r"decider.*stale_s \(0\.5\) must exceed poll_s \(1\)"):
+        load_test_policy(tmp_path, decider={"stale_s": 0.5})
+    with pytest.raises(ValidationError, match=r"decider\.colocated_choice"):
+        load_test_policy(tmp_path, decider={"colocated_choice": "random"})
