@@ -53,6 +53,7 @@ def profile_problems(profile: Profile) -> list[Problem]:
     problems += _served_problems(profile)
     problems += one_revision_per_model_id(profile)
     problems += _key_file_problems(profile)
+    problems += _decider_problems(profile)
     problems += _driver_problems(profile)
     problems += _mirror_problems(profile)
     problems += host_problems(profile, HostRuns(gateway=True), where=None)
@@ -290,6 +291,20 @@ def _gateway_problems(spec: ServedModel) -> Iterable[Problem]:
             spec.key("gateway.long_prompt_tokens"),
             f"must be < model.max_model_len ({max_len}), or no prompt is ever long (got {threshold})",
         )
+
+
+def _decider_problems(profile: Profile) -> Iterable[Problem]:
+    """A bypass bound needs a P/D pool whose queues it reads."""
+    decider = profile.gateway.decider
+    if any(spec.disaggregated for spec in profile.served):
+        return
+    for key in ("prefill_busy_waiting", "decode_busy_waiting"):
+        if getattr(decider, key) is not None:
+            yield Problem(
+                f"gateway.decider.{key}",
+                "no model of this profile has a P/D pool (prefill and decode), so there is no queue to "
+                "bound; remove the key",
+            )
 
 
 def _key_file_problems(profile: Profile) -> Iterable[Problem]:

@@ -17,6 +17,7 @@ from pdfleet.model.limits import KeyLimits
 from pdfleet.model.monitoring import MonitoringSpec
 from pdfleet.model.outside import ALIAS_PATTERN, OutsideAlias
 from pdfleet.model.rollout import RolloutSpec
+from pdfleet.model.routing import DeciderSpec
 from pdfleet.model.served import (
     DEFAULT_ROUTER_METRICS_PORT,
     DEFAULT_ROUTER_PORT,
@@ -173,6 +174,8 @@ class GatewaySpec(StrictModel):
     client_key_file: str = "~/.config/pdfleet/gateway-client.key"
     admin_key_file: str = "~/.config/pdfleet/gateway-admin.key"
     limits: GatewayLimits = Field(default_factory=GatewayLimits)  # all off unless set
+    # how the gateway decides per request (pdfleet.model.routing): defaults route as before the decider
+    decider: DeciderSpec = Field(default_factory=DeciderSpec)
     # aliases served by a hosted OpenAI/Anthropic-compatible API (pdfleet.model.outside), beside the models
     outside: dict[Annotated[str, Field(pattern=ALIAS_PATTERN)], OutsideAlias] = Field(default_factory=dict)
 

@@ -122,6 +122,12 @@ def _route(ctx: RoleContext, model: ModelTopology) -> dict[str, Any]:
     router = model.router_on(ctx.host.name)
     if router is not None:
         route["disagg"] = router.url
+        decider = ctx.profile.gateway.decider
+        # the P/D instances the decider scrapes, only where a bypass bound reads them
+        if decider.prefill_busy_waiting is not None:
+            route["prefill"] = model.pool_urls("prefill")
+        if decider.decode_busy_waiting is not None:
+            route["decode"] = model.pool_urls("decode")
     return route
 
 
@@ -171,6 +177,9 @@ def policy_text(
         "stage": stage,
         "stages": {name: spec.model_dump() for name, spec in stages.items()},
     }
+    decider = gw.decider.model_dump(exclude_defaults=True)
+    if decider:  # a profile without one renders the policy it rendered before the decider
+        doc["decider"] = decider
     if group_docs:
         doc["groups"] = group_docs
     limits = policy_limits(gw.limits, caps)

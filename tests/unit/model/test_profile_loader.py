@@ -327,6 +327,15 @@ CASES: list[tuple[str, str, str, str]] = [
         "gateway.admin_key_file",
         "is the same file as gateway.client_key_file (~/k/gw.key); the admin key must differ",
     ),
+    # issue 32: a bypass bound reads a P/D pool's queues
+    (
+        "decider_bound_without_pd_pool",
+        "extends: _good\ntopology: colocated\npools:\n  prefill: null\n  decode: null\n"
+        "  colocated: {port: 8000, gpus: [0], max_num_batched_tokens: 8192, gpu_memory_utilization: 0.9}\n"
+        "gateway: {decider: {decode_busy_waiting: 4}}\n",
+        "gateway.decider.decode_busy_waiting",
+        "no model of this profile has a P/D pool (prefill and decode), so there is no queue to bound",
+    ),
     # issue 18 C9: YAML 1.1 reads unquoted off/no/yes/on as booleans
     (
         "stage_off_is_a_boolean",

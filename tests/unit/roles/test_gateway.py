@@ -170,3 +170,37 @@ def test_bad_profile_limits_name_the_key_path(tmp_path: Path, gateway_yaml: str,
     with pytest.raises(PdfleetError) as exc:
         _lab_cross_gateway(tmp_path, gateway_yaml)
     assert expected in str(exc.value)
+
+
+def test_profile_decider_reaches_the_policy_with_the_pd_instances_to_scrape(tmp_path: Path) -> None:
+    fleet = _lab_cross_gateway(
+        tmp_path,
+        "{decider: {threshold_on: effective, colocated_choice: prefix_load, prefill_busy_waiting: 8}}",
+    )
+    spec = parse_policy(Path("policy.yaml"), _rendered_policy(fleet))  # the gateway's own schema
+    assert (spec.decider.threshold_on, spec.decider.colocated_choice) == ("effective", "prefix_load")
+    assert spec.decider.prefill_busy_waiting == 8 and spec.decider.decode_busy_waiting is None
+    model = fleet.topology.model()
+    (route,) = [r for r in spec.models.values() if r.disagg is not None]
+    assert route.prefill == model.pool_urls("prefill") and route.prefill
+    assert route.decode == []  # no decode bound: nothing scraped there
+
+
+def test_no_profile_decider_renders_the_policy_as_before(tmp_path: Path) -> None:
+    text = _rendered_policy(_lab_cross_gateway(tmp_path, "{}"))
+    assert "decider:" not in text and "prefill:" not in text
+
+
+@pytest.mark.parametrize(
+    ("gateway_yaml", "expected"),
+    [
+        ("{decider: {colocated_choice: random}}", "gateway.decider.colocated_choice"),
+        ("{decider: {poll_s: 5}}", "gateway.decider.poll_s"),
+        ("{decider: {stale_s: 0.5}}", "stale_s (0.5) must exceed poll_s (1)"),
+        ("{decider: {prefill_busy: 3}}", "gateway.decider.prefill_busy: unknown key"),
+    ],
+)
+def test_bad_profile_decider_names_the_key_path(tmp_path: Path, gateway_yaml: str, expected: str) -> None:
+    with pytest.raises(PdfleetError) as exc:
+        _lab_cross_gateway(tmp_path, gateway_yaml)
+    assert expected in str(exc.value)
