@@ -150,6 +150,12 @@ def figures(window: str) -> tuple[Figure, ...]:
             gateway=True,
         ),
         Figure(
+            "reason:gateway_decisions:rate",
+            _rate("pdfleet_gateway_decisions_total", ("reason",), window),
+            "decisions/s by the decider's reason",
+            gateway=True,
+        ),
+        Figure(
             "pool_role:vllm_requests:rate",
             _rate("vllm:request_success_total", VLLM_BY, window),
             "finished requests/s in vLLM",
