@@ -253,10 +253,14 @@ class PoolRun:
         return self.t1 - self.t0
 
 
-def gateway_request(gw: Gateway, pool: str, prompt: str, max_tokens: int) -> bytes:
-    """A streaming /v1/completions request through the gateway to `pool` (usage in the stream)."""
+def gateway_request(
+    gw: Gateway, pool: str, prompt: str, max_tokens: int, session: str | None = None
+) -> bytes:
+    """A streaming /v1/completions request through the gateway to `pool` (usage in the stream); a
+    session's id as X-Session-Id (the gateway's sticky key)."""
     body = completion_body(prompt, max_tokens, gw.model, usage=True)
-    return request_bytes(gw.host, gw.port, "/v1/completions", body, key=gw.key, pool=pool)
+    headers = {"X-Session-Id": session} if session else None
+    return request_bytes(gw.host, gw.port, "/v1/completions", body, key=gw.key, pool=pool, headers=headers)
 
 
 async def warm_up(client: StreamClient, gw: Gateway, pool: str, items: Sequence[Item], count: int) -> None:
@@ -312,7 +316,9 @@ async def run_pool(
         cls = length_class(item.prompt_tokens, long_tokens)
         rec = Record(item.index, pool, cls, item.prompt_tokens, item.output_tokens)
         records.append(rec)
-        request = requests.get(item.index) or gateway_request(gw, pool, item.prompt, item.output_tokens)
+        request = requests.get(item.index) or gateway_request(
+            gw, pool, item.prompt, item.output_tokens, item.session
+        )
         if due is not None:
             rec.due = due
             lateness.append(time.perf_counter() - base - due)  # at the start: a cancelled request counts too
@@ -323,7 +329,10 @@ async def run_pool(
         return rec
 
     # built before the clock starts: encoding a 30K-token prompt takes a millisecond the schedule cannot spare
-    requests = {it.index: gateway_request(gw, pool, it.prompt, it.output_tokens) for it in items[:PREBUILT]}
+    requests = {
+        it.index: gateway_request(gw, pool, it.prompt, it.output_tokens, it.session)
+        for it in items[:PREBUILT]
+    }
     lag_task = asyncio.create_task(_lag_monitor(lag, finished))
     sampler = asyncio.create_task(background(sampler_stop)) if background else None
     base, unix = time.perf_counter(), time.time()

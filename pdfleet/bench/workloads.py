@@ -4,7 +4,9 @@ and the completion request body every bench sends.
 `random` (fixed or ranged lengths, as `vllm bench serve --dataset-name random`), `long-prompt-mix`
 (mostly short chat turns plus a steady share of 16K-30K-token documents), `sharegpt` (a ShareGPT JSON
 file, first turns, vLLM's length filter), `trace` (a Mooncake trace JSONL: timestamp ms, input_length,
-output_length, hash_ids of 512-token prefix blocks) and `prefix-repetition` (shared prefixes). The same
+output_length, hash_ids of 512-token prefix blocks), `prefix-repetition` (shared prefixes) and `agentic`
+(multi-turn agent sessions whose context grows turn by turn: each turn's prompt is the previous one plus
+100-800 new tokens, so its prefix is the session's history; see `agentic`). The same
 seed gives the same list, so every pool of a run gets exactly the same requests. The simulator benches
 ask for `synthetic_prompt`s instead: one repeated character, exactly the tokens the simulator counts.
 """
@@ -21,7 +23,7 @@ from pdfleet.errors import ValidationError
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
 SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # a model of the simulator's catalog
-WORKLOADS = ("random", "long-prompt-mix", "sharegpt", "trace", "prefix-repetition")
+WORKLOADS = ("random", "long-prompt-mix", "sharegpt", "trace", "prefix-repetition", "agentic")
 # Three-letter words plus a space: four characters, about one token for Llama's tokenizer and exactly one
 # for the simulator's and the gateway's chars/4 estimate; drawn at random so prompts share no prefix.
 _WORDS = [
@@ -141,6 +143,7 @@ class Item:
     prompt_tokens: int
     output_tokens: int
     at: float | None = None  # trace replay: seconds from the trace's first request
+    session: str | None = None  # agentic: the session's id (sent as X-Session-Id, the gateway's sticky key)
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,14 @@ class WorkloadSpec:
     prefix_len: int = 256  # prefix-repetition (vLLM's defaults)
     suffix_len: int = 256
     num_prefixes: int = 10
+    # agentic (issue 32): turns per session, the first turn's context, new tokens a turn, the context's
+    # cap, the tool-call pause between a session's turns and the seconds between session starts
+    turns: tuple[int, int] = (8, 20)
+    first_context: tuple[int, int] = (8000, 16000)
+    new_tokens: tuple[int, int] = (100, 800)
+    max_context: int = 40000
+    tool_pause_s: tuple[float, float] = (1.0, 5.0)
+    session_gap_s: float = 2.0
 
 
 def completion_body(
@@ -233,6 +244,8 @@ def build(spec: WorkloadSpec, n: int, seed: int) -> list[Item]:
         ]
     if spec.name == "long-prompt-mix":
         return [_mix_item(i, spec, rng) for i in range(n)]
+    if spec.name == "agentic":
+        return agentic(spec, n, rng)
     if spec.name == "prefix-repetition":
         prefixes = [words(spec.prefix_len, rng) for _ in range(max(1, spec.num_prefixes))]
         return [_prefixed(i, prefixes[i % len(prefixes)], spec, rng) for i in range(n)]
@@ -258,6 +271,36 @@ def _prefixed(index: int, prefix: str, spec: WorkloadSpec, rng: random.Random) -
     """A shared prefix plus a random suffix."""
     suffix = words(spec.suffix_len, rng)
     return Item(index, f"{prefix} {suffix}", spec.prefix_len + spec.suffix_len, spec.output_len)
+
+
+def agentic(spec: WorkloadSpec, n: int, rng: random.Random) -> list[Item]:
+    """`n` turns of agent sessions, in the order they arrive (`at`, seconds): sessions start
+    `session_gap_s` apart; a session's first prompt is `first_context` tokens, each later one is the
+    previous prompt plus `new_tokens` (the tool's result and the next ask) up to `max_context`; turns are
+    a tool-call pause plus the turn's nominal time (its new tokens at 1000 tokens/s, its output at
+    50 tokens/s) apart. A session's prompts share its history as their prefix, and no other session's."""
+    items: list[Item] = []
+    session = 0
+    while len(items) < n:
+        sid = f"agent-{session}"
+        t = session * spec.session_gap_s
+        context = words(rng.randint(*spec.first_context), rng)
+        tokens = len(context.split(" "))
+        for _ in range(rng.randint(*spec.turns)):
+            out = _ranged(rng, spec.output_len, 0.5)
+            items.append(Item(0, context, tokens, out, t, sid))
+            new = min(rng.randint(*spec.new_tokens), spec.max_context - tokens)
+            if new <= 0:
+                break
+            context = f"{context} {words(new, rng)}"
+            tokens += new
+            t += rng.uniform(*spec.tool_pause_s) + new / 1000 + out / 50
+        session += 1
+    items.sort(key=lambda it: it.at or 0.0)
+    return [
+        Item(i, it.prompt, it.prompt_tokens, it.output_tokens, it.at, it.session)
+        for i, it in enumerate(items[:n])
+    ]
 
 
 def _read(path: Path, what: str) -> str:

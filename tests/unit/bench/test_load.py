@@ -19,6 +19,7 @@ from pdfleet.bench.load import (
     LoadRun,
     PoolDown,
     Schedule,
+    gateway_request,
     run_closed,
     run_open,
     run_pool,
@@ -227,3 +228,10 @@ def test_a_closed_loop_worker_pauses_after_a_refused_connection() -> None:
     assert run.stats.failed == len(run.records) and run.stats.connects == 0
     assert 0.3 / REFUSED_PAUSE_S - 2 <= len(run.records) <= 0.3 / REFUSED_PAUSE_S + 2
     assert all(r.error.startswith(f"cannot connect to 127.0.0.1:{port}") for r in run.records)
+
+
+def test_a_sessions_requests_carry_its_id_as_the_gateways_sticky_key() -> None:
+    gw = Gateway("127.0.0.1", 8080, "sk", "m")
+    head = gateway_request(gw, "colocated", "hi", 4, "agent-3").split(b"\r\n\r\n")[0]
+    assert b"\r\nX-Session-Id: agent-3" in head and b"X-Pdfleet-Pool: colocated" in head
+    assert b"X-Session-Id" not in gateway_request(gw, "colocated", "hi", 4)

@@ -51,6 +51,28 @@ def test_prefix_repetition_shares_prefixes() -> None:
     assert len(prefixes) == 3 and all(it.prompt_tokens == 60 for it in items)
 
 
+def test_agentic_sessions_grow_turn_by_turn_on_their_own_history() -> None:
+    spec = WorkloadSpec("agentic", output_len=64)
+    items = build(spec, 300, 3)
+    assert items == build(spec, 300, 3) and [it.index for it in items] == list(range(300))
+    assert [it.at for it in items] == sorted(it.at or 0.0 for it in items)
+    sessions: dict[str, list] = {}
+    for it in items:
+        assert it.session is not None and estimate_tokens(it.prompt) == it.prompt_tokens
+        sessions.setdefault(it.session, []).append(it)
+    assert len(sessions) >= 300 // 20
+    for turns in sessions.values():
+        first = turns[0]
+        assert 8000 <= first.prompt_tokens <= 16000 and first.prompt_tokens <= 40000
+        for before, after in zip(turns, turns[1:], strict=False):
+            assert after.prompt.startswith(before.prompt + " ")  # the whole history is the prefix
+            assert 100 <= after.prompt_tokens - before.prompt_tokens <= 800
+            assert (after.at or 0) - (before.at or 0) >= 1.0  # at least the tool-call pause
+        assert len(turns) <= 20
+    firsts = {turns[0].prompt[:200] for turns in sessions.values()}
+    assert len(firsts) == len(sessions)  # no two sessions share a prefix
+
+
 def test_sharegpt_first_turns_through_vllms_filter(tmp_path: Path) -> None:
     data = [
         {"conversations": [{"from": "human", "value": "q" * 400}, {"from": "gpt", "value": "a" * 800}]},
