@@ -164,7 +164,7 @@ class WorkloadSpec:
     # agentic (issue 32): turns per session, the first turn's context, new tokens a turn, the context's
     # cap, the tool-call pause between a session's turns and the seconds between session starts
     turns: tuple[int, int] = (8, 20)
-    first_context: tuple[int, int] = (8000, 16000)
+    first_context: tuple[int, int] = (8192, 16384)
     new_tokens: tuple[int, int] = (100, 800)
     max_context: int = 40000
     tool_pause_s: tuple[float, float] = (1.0, 5.0)
