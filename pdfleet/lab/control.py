@@ -231,8 +231,19 @@ def _stop_unlisted(paths: LabPaths, state: LabState, listed: set[str], progress:
     names = set(state.hosts)
     if paths.hosts_dir.exists():
         names |= {p.name for p in paths.hosts_dir.iterdir() if p.is_dir()}
-    for name in sorted(names - listed):
-        progress(f"{name}: not in this inventory, removing it")
+    _remove_hosts(paths, state, sorted(names - listed), progress, "not in this inventory, removing it")
+
+
+def _remove_hosts(
+    paths: LabPaths, state: LabState, names: Sequence[str], progress: Progress, saying: str = "stopping"
+) -> None:
+    """Remove several hosts: every shutdown is asked for first, then each is waited for and wiped, so the
+    hosts' systemd stop their services at the same time (20-40 s one after the other for five hosts)."""
+    for name in names:
+        labhosts.request_power_off(state.hosts.get(name))
+        labhosts.request_power_off(labhosts.unrecorded_container(labhosts.dirs(paths, name)))
+    for name in names:
+        progress(f"{name}: {saying}")
         _remove_host(paths, state, name)
 
 
@@ -295,9 +306,7 @@ def _down(lab: Lab, purge: bool, progress: Progress) -> None:
     names = set(state.hosts)
     if paths.hosts_dir.exists():
         names |= {p.name for p in paths.hosts_dir.iterdir() if p.is_dir()}
-    for name in sorted(names):
-        progress(f"{name}: stopping")
-        _remove_host(paths, state, name)
+    _remove_hosts(paths, state, sorted(names), progress)
     for kind, ref in list(state.servers.items()):
         ref.stop(5.0)
         state.servers.pop(kind)
