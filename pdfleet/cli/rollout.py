@@ -1,7 +1,9 @@
-"""`invoke rollout --stage S` and `rollout.status|abort|promote|history`: the operator's side of the
-rollout, as Argo's CLI is: each edits the controller's state or reads it, on the monitoring host over
-SSH (`pdfleet-rollout ...` as the service user); the controller does the rest by itself. Ctrl-C while
-watching stops the watching, not the rollout."""
+"""`invoke rollout --stage S [--model M]` and `rollout.status|abort|promote|history`: the operator's side
+of the rollout, as Argo's CLI is: each edits the controller's state of one model or reads it, on the
+monitoring host over SSH (`pdfleet-rollout ...` as the service user); the controller does the rest by
+itself. Each model of a profile rolls out on its own; `--model` names which (needed when there are
+several), `rollout.status` shows every model without it. Ctrl-C while watching stops the watching, not
+the rollout."""
 
 from __future__ import annotations
 
@@ -84,10 +86,14 @@ def _number(value: float | None, unit: str = "") -> str:
 
 
 def format_status(doc: dict[str, Any]) -> str:
-    """The live view: phase, step, weights, version, each gate against its threshold, time to next step."""
+    """The live view of one model: phase, step, weights, version, each gate against its threshold, time
+    to next step."""
     weights = doc.get("weights") or {}
+    model = f"model {doc['model']}: " if doc.get("model") else ""
+    if doc.get("error"):
+        return f"{model}{doc['error']}\n"
     lines = [
-        f"rollout to {doc.get('target') or '-'}: {doc.get('phase')} "
+        f"{model}rollout to {doc.get('target') or '-'}: {doc.get('phase')} "
         f"(step {doc.get('step_index', 0) + 1} of {doc.get('steps', 0)})",
         f"stage {doc.get('stage')} (version {doc.get('version')}, applied {doc.get('applied_version')}), "
         f"disaggregated: short {weights.get('short')}%, long {weights.get('long')}%; "
@@ -111,6 +117,28 @@ def format_status(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def format_statuses(doc: dict[str, Any]) -> str:
+    """Every model's live view (pdfleet-rollout status), a blank line between models."""
+    return "\n".join(format_status(one) for one in doc.get("models") or [])
+
+
+def model_args(model: str | None) -> list[str]:
+    """pdfleet-rollout's --model (nothing: the only model, or every model for status and history)."""
+    return [] if model is None else ["--model", model]
+
+
+def check_target(deployment: Deployment, model: str | None, stage: str) -> None:
+    """--model names a model of the profile and --stage one of its plans (ValidationError naming the
+    known ones); nothing is sent otherwise."""
+    spec = deployment.profile.served_model(model)
+    plans = spec.rollout.plans
+    if stage not in plans:
+        raise ValidationError(
+            f"--stage: model {spec.name} has no rollout plan for {stage!r}; "
+            f"plans: {', '.join(plans) or 'none'}"
+        )
+
+
 def format_evaluation(doc: dict[str, Any]) -> str:
     """A dry run's gates."""
     head = (
@@ -120,12 +148,14 @@ def format_evaluation(doc: dict[str, Any]) -> str:
     return head + format_status({"phase": "dry-run", "last_results": doc["results"]}).split("\n", 2)[-1]
 
 
-def follow(run: Remote, out: Callable[[str], None], every_s: float = WATCH_EVERY_S) -> dict[str, Any]:
-    """Print the live view until the rollout ends; Ctrl-C stops watching only."""
+def follow(
+    run: Remote, out: Callable[[str], None], every_s: float = WATCH_EVERY_S, model: str | None = None
+) -> dict[str, Any]:
+    """Print one model's live view until its rollout ends; Ctrl-C stops watching only."""
     doc: dict[str, Any] = {}
     try:
         while True:
-            doc = json.loads(run(["status"]))
+            doc = json.loads(run([*model_args(model), "status"]))["models"][0]
             out("\033[H\033[2J" + format_status(doc))
             if doc.get("phase") in STOPS:
                 return doc
@@ -164,16 +194,21 @@ def _print(text: str) -> None:
 
 
 PROFILE_HELP = {
-    "profile": "Optional: " + HELP["profile"] + " Given, --stage is checked against its rollout.plans.",
+    "profile": "Optional: " + HELP["profile"] + " Given, --model and --stage are checked against it.",
     "inventory": HELP["inventory"],
 }
+MODEL_HELP = (
+    "The model whose rollout this is (a name under the profile's models:); needed when the profile "
+    "serves several, each rolls out on its own."
+)
 
 
 @task(
     default=True,
     help={
         **PROFILE_HELP,
-        "stage": "The target stage (a plan in the profile's rollout.plans, e.g. long-prompts).",
+        "stage": "The target stage (a plan in the model's rollout.plans, e.g. long-prompts).",
+        "model": MODEL_HELP,
         "dry_run": "Measure the gates a rollout to the stage would use, now; change nothing.",
         "watch": "Follow the live view until the rollout ends, exit 1 if it was rolled back or halted "
         "(default on; --no-watch submits, says how to follow it and returns).",
@@ -187,59 +222,94 @@ def start(
     inventory: str | None = None,
     dry_run: bool = False,
     watch: bool = True,
+    model: str | None = None,
 ) -> None:
-    """Submit a rollout to a stage and follow it (Ctrl-C stops watching, not the rollout); exits 1 when
-    the rollout followed is rolled back or halted."""
+    """Submit a rollout of one model to a stage and follow it (Ctrl-C stops watching, not the rollout);
+    exits 1 when the rollout followed is rolled back or halted. Other models' stages are not touched."""
     deployment, run = _remote(ctx, profile, inventory)
-    plans = deployment.profile.rollout.plans if deployment else None
-    if plans is not None and stage not in plans:
-        raise ValidationError(f"--stage: no rollout plan for {stage!r}; plans: {', '.join(plans) or 'none'}")
+    if deployment is not None:
+        check_target(deployment, model, stage)
+    which = model_args(model)
     if dry_run:
-        _print(format_evaluation(json.loads(run(["evaluate", "--stage", stage]))))
+        _print(format_evaluation(json.loads(run([*which, "evaluate", "--stage", stage]))))
         return
-    doc = json.loads(run(["submit", "--stage", stage]))
+    doc = json.loads(run([*which, "submit", "--stage", stage]))
     if not watch:
         _print(submitted(doc))
         return
-    _print(verdict(follow(run, _print), stage))
+    _print(verdict(follow(run, _print, model=model), stage))
 
 
-@task(help=PROFILE_HELP)
+def _known(ctx: Context, profile: str | None, inventory: str | None, model: str | None) -> Remote:
+    """The remote runner, --model checked against the profile when one is given."""
+    deployment, run = _remote(ctx, profile, inventory)
+    if deployment is not None and model is not None:
+        deployment.profile.served_model(model)
+    return run
+
+
+@task(help={**PROFILE_HELP, "model": "Only this model (default: every model, one after the other)."})
 @user_errors
-def status(ctx: Context, profile: str | None = None, inventory: str | None = None) -> None:
-    """The live state: step, weights, each gate's value against its threshold."""
-    _, run = _remote(ctx, profile, inventory)
-    _print(format_status(json.loads(run(["status"]))))
+def status(
+    ctx: Context, profile: str | None = None, inventory: str | None = None, model: str | None = None
+) -> None:
+    """The live state of every model (or one): step, weights, each gate's value against its threshold."""
+    run = _known(ctx, profile, inventory, model)
+    _print(format_statuses(json.loads(run([*model_args(model), "status"]))))
 
 
-@task(help=PROFILE_HELP)
+@task(help={**PROFILE_HELP, "model": MODEL_HELP})
 @user_errors
-def abort(ctx: Context, profile: str | None = None, inventory: str | None = None) -> None:
-    """Go back to the last stable stage now."""
-    _, run = _remote(ctx, profile, inventory)
-    doc = json.loads(run(["abort"]))
+def abort(
+    ctx: Context, profile: str | None = None, inventory: str | None = None, model: str | None = None
+) -> None:
+    """Go back to the model's last stable stage now."""
+    run = _known(ctx, profile, inventory, model)
+    doc = json.loads(run([*model_args(model), "abort"]))
     _print(f"abort requested: the controller returns to stage {doc['stable_stage']} at its next tick\n")
 
 
-@task(help={**PROFILE_HELP, "full": "Skip every remaining step and analysis (Argo's promote --full)."})
+@task(
+    help={
+        **PROFILE_HELP,
+        "model": MODEL_HELP,
+        "full": "Skip every remaining step and analysis (Argo's promote --full).",
+    }
+)
 @user_errors
 def promote(
-    ctx: Context, profile: str | None = None, inventory: str | None = None, full: bool = False
+    ctx: Context,
+    profile: str | None = None,
+    inventory: str | None = None,
+    full: bool = False,
+    model: str | None = None,
 ) -> None:
-    """End the current pause (or an inconclusive analysis); --full skips the rest."""
-    _, run = _remote(ctx, profile, inventory)
-    run(["promote", *(["--full"] if full else [])])
+    """End the model's current pause (or an inconclusive analysis); --full skips the rest."""
+    run = _known(ctx, profile, inventory, model)
+    run([*model_args(model), "promote", *(["--full"] if full else [])])
     _print("promoted: " + ("every remaining step skipped\n" if full else "the current pause ends\n"))
 
 
-@task(help={**PROFILE_HELP, "last": "Only the last N events (default 0: all)."})
+@task(
+    help={
+        **PROFILE_HELP,
+        "last": "Only the last N events (default 0: all).",
+        "model": "Only this model's events (default: every model's, by time, each naming its model).",
+    }
+)
 @user_errors
-def history(ctx: Context, profile: str | None = None, inventory: str | None = None, last: int = 0) -> None:
+def history(
+    ctx: Context,
+    profile: str | None = None,
+    inventory: str | None = None,
+    last: int = 0,
+    model: str | None = None,
+) -> None:
     """The audit log: every transition and measurement, one JSON object a line."""
     if last < 0:
         raise ValidationError(f"--last must be 0 (all) or a positive count, not {last}")
-    _, run = _remote(ctx, profile, inventory)
-    _print(run(["history", "--last", str(last)]))
+    run = _known(ctx, profile, inventory, model)
+    _print(run([*model_args(model), "history", "--last", str(last)]))
 
 
 def collection() -> Collection:

@@ -1,6 +1,7 @@
-"""`pdfleet-rollout`: the controller service (`run`) and the commands the operator's `invoke rollout ...`
-runs on the monitoring host over SSH (`submit`, `abort`, `promote`, `status`, `history`, `evaluate`).
-Every command prints JSON on stdout; errors are one line on stderr and exit 2."""
+"""`pdfleet-rollout`: the controller service (`run`: every model's loop) and the commands the operator's
+`invoke rollout ...` runs on the monitoring host over SSH (`submit`, `abort`, `promote`, `status`,
+`history`, `evaluate`), each of one model (`--model`, needed when the profile serves several). Every
+command prints JSON on stdout; errors are one line on stderr and exit 2."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from typing import Any
 from pdfleet.errors import PdfleetError
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.rollout import commands
-from pdfleet.rollout.config import DEFAULT_CONFIG, load_config, read_admin_key
-from pdfleet.rollout.controller import Controller
+from pdfleet.rollout.config import DEFAULT_CONFIG, load_configs, read_admin_key
+from pdfleet.rollout.controller import Controller, Controllers
 from pdfleet.rollout.gateways import GatewayClient
-from pdfleet.rollout.store import Store
+from pdfleet.rollout.store import Store, migrate_legacy
+
+log = logging.getLogger("pdfleet.rollout")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=DEFAULT_CONFIG,
         help=f"the controller's configuration (default {DEFAULT_CONFIG})",
+    )
+    p.add_argument(
+        "--model",
+        help="the model a command acts on (a name of the profile's models); needed for submit, abort, "
+        "promote and evaluate when there are several; status and history show every model without it",
     )
     p.add_argument(
         "--log-level",
@@ -53,40 +61,71 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def controller_from(config_path: Path) -> Controller:
-    """The controller a configuration file describes (reads the admin key file)."""
-    config = load_config(config_path)
-    key = read_admin_key(Path(config.admin_key_file))
-    return Controller(
-        config,
-        PrometheusClient(config.prometheus_url, timeout=2.0),
-        GatewayClient(key, config.gateway_timeout_s),
-        Store(Path(config.state_dir)),
+def controllers_from(config_path: Path) -> Controllers:
+    """Every model's controller a configuration file describes (reads the admin key file), each with
+    its state under state_dir/<model>/; a state from before rollouts went by model (in state_dir
+    itself) is moved to the first model's first (store.migrate_legacy)."""
+    configs = load_configs(config_path)
+    first = configs[0]
+    key = read_admin_key(Path(first.admin_key_file))
+    state_dir = Path(first.state_dir)
+    if first.name is not None and migrate_legacy(state_dir, first.name):
+        log.info("moved the rollout state in %s to %s", state_dir, state_dir / first.name)
+    source = PrometheusClient(first.prometheus_url, timeout=2.0)
+    gateways = GatewayClient(key, first.gateway_timeout_s)
+    return Controllers.of(
+        [Controller(c, source, gateways, Store(state_dir / (c.name or ""))) for c in configs]
     )
 
 
-def _run(controller: Controller) -> int:
+def _run(controllers: Controllers) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    logging.getLogger("pdfleet.rollout").info(
-        "controlling %d gateway(s), every %g s",
-        len(controller.config.gateways),
-        controller.config.rollout.interval_s,
-    )
-    controller.run(stop)
+    for c in controllers.models:
+        log.info(
+            "model %s: controlling %d gateway(s) (%s), every %g s",
+            c.config.name,
+            len(c.config.gateways),
+            f"group {c.config.group}" if c.config.group else "top-level stage",
+            c.config.rollout.interval_s,
+        )
+    controllers.run(stop)
     return 0
 
 
-def _dispatch(controller: Controller, args: argparse.Namespace) -> Any:
+def _status(controllers: Controllers, model: str | None) -> dict[str, Any]:
+    """Every model's status (or the one named), each with its name; a model with no saved state yet
+    says so in its entry when all are shown."""
+    if model is not None:
+        return {"models": [{"model": model, **commands.status(controllers.named(model))}]}
+    docs = []
+    for c in controllers.models:
+        try:
+            docs.append({"model": c.config.name, **commands.status(c)})
+        except PdfleetError as exc:
+            docs.append({"model": c.config.name, "phase": None, "error": str(exc)})
+    return {"models": docs}
+
+
+def _history(controllers: Controllers, model: str | None, last: int) -> list[dict[str, Any]]:
+    """One model's audit log, or every model's merged by time, each event naming its model."""
+    chosen = [controllers.named(model)] if model is not None else controllers.models
+    events = [{**e, "model": c.config.name} for c in chosen for e in c.store.history()]
+    events.sort(key=lambda e: e.get("at") or 0.0)
+    return events[-last:] if last > 0 else events
+
+
+def _dispatch(controllers: Controllers, args: argparse.Namespace) -> Any:
+    if args.command == "status":
+        return _status(controllers, args.model)
+    controller = controllers.named(args.model)
     if args.command == "submit":
         return commands.submit_rollout(controller, args.stage).model_dump()
     if args.command == "abort":
         return commands.flag(controller, "abort").model_dump()
     if args.command == "promote":
         return commands.flag(controller, "promote_full" if args.full else "promote").model_dump()
-    if args.command == "status":
-        return commands.status(controller)
     if args.command == "evaluate":
         return commands.evaluate(controller, args.stage)
     return None
@@ -99,14 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(logging, args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        controller = controller_from(args.config)
+        controllers = controllers_from(args.config)
         if args.command == "run":
-            return _run(controller)
+            return _run(controllers)
         if args.command == "history":
-            for event in controller.store.history(args.last):
+            for event in _history(controllers, args.model, args.last):
                 print(json.dumps(event, sort_keys=True))
             return 0
-        print(json.dumps(_dispatch(controller, args), sort_keys=True))
+        print(json.dumps(_dispatch(controllers, args), sort_keys=True))
     except PdfleetError as exc:
         print(f"error: {str(exc).replace(chr(10), '; ')}", file=sys.stderr)
         return 2

@@ -19,18 +19,30 @@ def _saved(store: Store) -> RolloutState:
     return state
 
 
+def _of(controller: Controller) -> str:
+    """`model NAME: ` before a message about one model's rollout (nothing for an unnamed controller)."""
+    return f"model {controller.config.name}: " if controller.config.name else ""
+
+
+def _check_stage(controller: Controller, target: str) -> None:
+    stages = controller.config.stages
+    if target not in stages:
+        raise ValidationError(
+            f"--stage: {_of(controller)}{target!r} is not a stage; stages: {', '.join(stages)}"
+        )
+
+
 def submit_rollout(controller: Controller, target: str) -> RolloutState:
-    """Start a rollout to `target` (one at a time)."""
+    """Start a rollout of the controller's model to `target` (one at a time per model)."""
     config = controller.config
-    if target not in config.stages:
-        raise ValidationError(f"--stage: {target!r} is not a stage; stages: {', '.join(config.stages)}")
+    _check_stage(controller, target)
     with controller.store.locked():
         state = _saved(controller.store)
         now = controller.clock()
         try:
             new = submit(state, target, config.stages, config.rollout, now)
         except ValueError as exc:
-            raise ValidationError(str(exc)) from None
+            raise ValidationError(f"{_of(controller)}{exc}") from None
         controller.store.save(new)
         controller.store.record(
             [{"at": now, "event": "submitted", "target": target, "stable_stage": new.stable_stage}]
@@ -44,7 +56,9 @@ def flag(controller: Controller, name: str) -> RolloutState:
         state = _saved(controller.store)
         if state.phase not in ACTIVE:
             what = name.replace("_", " ")
-            raise ValidationError(f"no rollout is active (phase {state.phase}); nothing to {what}")
+            raise ValidationError(
+                f"{_of(controller)}no rollout is active (phase {state.phase}); nothing to {what}"
+            )
         new = state.model_copy(update={name: True})
         controller.store.save(new)
         controller.store.record([{"at": controller.clock(), "event": name, "target": state.target}])
@@ -68,8 +82,7 @@ def status(controller: Controller) -> dict[str, Any]:
 def evaluate(controller: Controller, target: str) -> dict[str, Any]:
     """Dry run: the gates measured now for the classes a rollout to `target` moves; nothing is written."""
     config = controller.config
-    if target not in config.stages:
-        raise ValidationError(f"--stage: {target!r} is not a stage; stages: {', '.join(config.stages)}")
+    _check_stage(controller, target)
     state = _saved(controller.store)
     results, samples = controller.measure(state, moving=config.stages[target])
     return {

@@ -1,7 +1,9 @@
-"""`pdfleet-rollout run`: the controller's loop. Each tick: ask every gateway which policy it runs and
-measure the gates (both without the state lock, so an operator's command never waits for a gateway or
-Prometheus), then, under the lock, advance the state machine on the freshly read state and save it,
-then bring every gateway to the saved version and confirm.
+"""`pdfleet-rollout run`: one loop per model (`Controllers`), each over that model's state directory,
+gates and stage (the policy's top level, or its model group). Each tick: measure the gates (without the
+state lock, so an operator's command never waits for Prometheus), then, holding the write turn the
+models share (the gateways' policy has one version for all of them), ask every gateway which policy it
+runs, under the lock advance the state machine on the freshly read state and save it, then bring every
+gateway to the saved version and confirm.
 
 Every transition is written ahead: the new version is saved (the intent) before any gateway is
 written, each gateway write is recorded before and after it is sent, and the version counts as applied
@@ -12,6 +14,11 @@ A gateway that cannot be reached (or runs a policy the controller did not write)
 no step is applied until every gateway reports the same version again (no split brain). With no
 rollout active, a higher version on every gateway (`invoke provision --stage S`) is adopted as the
 stable stage. An abort is acted on within a poll interval whatever the metrics source does.
+
+With several models, a version above a model's own that the controller wrote for another model, over
+this model's unchanged stage, is this model's (reconcile.as_seen_by); a new version is numbered above
+every version any model or gateway holds (reconcile.lifted), and a lower version another model saved is
+written first (reconcile.peer_pending), so the gateways take versions in the order they were saved.
 """
 
 from __future__ import annotations
@@ -22,9 +29,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from pdfleet.errors import PdfleetError
+from pdfleet.errors import PdfleetError, ValidationError
 from pdfleet.metrics.source import MetricsSource
 from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.config import ControllerConfig
@@ -42,7 +50,16 @@ from pdfleet.rollout.machine import (
     on_mismatch,
 )
 from pdfleet.rollout.measure import observe
-from pdfleet.rollout.reconcile import blind_results, confirm, may_write, reconcile_reports, resuming
+from pdfleet.rollout.reconcile import (
+    as_seen_by,
+    blind_results,
+    confirm,
+    lifted,
+    may_write,
+    peer_pending,
+    reconcile_reports,
+    resuming,
+)
 from pdfleet.rollout.store import Store
 
 log = logging.getLogger("pdfleet.rollout")
@@ -52,13 +69,17 @@ POLL_S = 0.1  # how often a waiting controller looks for an abort in the state f
 
 @dataclass
 class Controller:
-    """One controller over one fleet's gateways, metrics and state directory."""
+    """One model's controller over the fleet's gateways, that model's metrics and its state directory."""
 
     config: ControllerConfig
     source: MetricsSource
     gateways: GatewayClient
     store: Store
     clock: Callable[[], float] = time.time
+    # the other models' saved states (several models share the gateways' one policy version)
+    peers: Callable[[], list[RolloutState]] = lambda: []
+    # held to read the gateways, number a version and write it: one model at a time (Controllers)
+    writing: threading.Lock = field(default_factory=threading.Lock)
     _started: bool = field(default=False, init=False)
     _inflight: threading.Thread | None = field(default=None, init=False)
     _last_error: str = field(default="", init=False)
@@ -103,37 +124,45 @@ class Controller:
         return state is not None and state.abort and state.phase in ACTIVE
 
     def tick(self) -> RolloutState:
-        """One reconcile step: observe (unlocked), decide and save (locked), write the gateways."""
+        """One reconcile step: measure (unlocked), then, holding the write turn shared by every model's
+        controller, read the gateways, decide and save (locked), write the gateways."""
         with self.store.locked():
             seen = self.store.load()
         self._abort_ticked = seen is not None and seen.abort
-        reports, problem = self._reports()
-        if seen is None:
-            seen = self._initial(reports)
-        if not self._started and problem is None:
-            self._started = True
-            self._record(resuming(seen, reports, self.clock()))
-        measured = self._measured(seen)
-        with self.store.locked():
-            state = self.store.load() or seen
-            if not _same_rollout(state, seen):  # the operator submitted meanwhile: measured for another
-                measured = Tick(measured.now)
-            state, events = self._reconcile(state, reports, problem, measured)
-            self.store.save(state)  # the intent: saved before any gateway is written
-            self.store.record(events)
-        self._log(events)
-        if may_write(state, reports, problem):
-            state = self._apply(state, reports)
+        measured = self._measured(seen) if seen is not None else Tick(self.clock())
+        with self.writing:  # one model at a time reads, numbers and writes the shared policy version
+            raw, problem = self._reports()
+            peers = self.peers()
+            if seen is None:
+                seen = self._initial(raw)
+            written = max([seen.version, *(p.version for p in peers)])
+            if not self._started and problem is None:
+                self._started = True
+                self._record(resuming(seen, as_seen_by(seen, raw, written), self.clock()))
+            with self.store.locked():
+                state = self.store.load() or seen
+                if not _same_rollout(state, seen):  # the operator submitted meanwhile: measured for another
+                    measured = Tick(measured.now)
+                written = max(written, state.version)
+                reports = as_seen_by(state, raw, written)
+                floor = max([written, *(r.version for r in raw)])
+                state, events = self._reconcile(state, reports, problem, measured, floor)
+                self.store.save(state)  # the intent: saved before any gateway is written
+                self.store.record(events)
+            self._log(events)
+            if may_write(state, reports, problem) and not peer_pending(state, peers):
+                state = self._apply(state, reports, max(written, state.version))
         return state
 
     # ---- pieces ----------------------------------------------------------------------------
 
     def _reports(self) -> tuple[list[GatewayReport], str | None]:
-        """Every gateway's report, or the first problem (an unreachable gateway)."""
+        """Every gateway's report of this model's group (the top level: None), or the first problem (an
+        unreachable gateway, a policy without the group)."""
         reports = []
         for target in self.config.gateways:
             try:
-                reports.append(self.gateways.report(target))
+                reports.append(self.gateways.report(target, self.config.group))
             except PdfleetError as exc:
                 return reports, str(exc)
         return reports, None
@@ -185,19 +214,30 @@ class Controller:
         return Tick(now, results, samples)
 
     def _reconcile(
-        self, state: RolloutState, reports: list[GatewayReport], problem: str | None, measured: Tick
+        self,
+        state: RolloutState,
+        reports: list[GatewayReport],
+        problem: str | None,
+        measured: Tick,
+        floor: int,
     ) -> tuple[RolloutState, list[Event]]:
+        """The state after this tick; a new policy version is numbered above `floor` (lifted)."""
         now = measured.now
-        why = mismatch(state, self.config.rollout, self.config.stages)
+        config = self.config
+        why = mismatch(state, config.rollout, config.stages)
         if why is not None:
-            return on_mismatch(state, self.config.stages, why, now, self.config.initial_stage)
+            return lifted(
+                state, floor, lambda s: on_mismatch(s, config.stages, why, now, config.initial_stage)
+            )
         state, events, done = reconcile_reports(state, reports, problem, now)
         if done:
             return state, events
         if state.phase in ACTIVE and state.target is not None:
-            plan = self.config.rollout.plans[state.target]
-            state, more = advance(
-                state, plan, self.config.rollout, self.config.stages, measured, self.config.initial_stage
+            plan = config.rollout.plans[state.target]
+            state, more = lifted(
+                state,
+                floor,
+                lambda s: advance(s, plan, config.rollout, config.stages, measured, config.initial_stage),
             )
             events += more
         return state, events
@@ -212,7 +252,14 @@ class Controller:
         config = self.config
         kv = (config.kv_transfer_histogram, config.kv_transfer_role)
         observed, samples = observe(
-            self.source, spec.gates, state.weights, classes, spec.window_s, config.kv_transfer_metrics, kv=kv
+            self.source,
+            spec.gates,
+            state.weights,
+            classes,
+            spec.window_s,
+            config.kv_transfer_metrics,
+            model=config.model,
+            kv=kv,
         )
         return [evaluate_gate(g, o, self.config.slo) for g, o in observed], samples
 
@@ -224,10 +271,12 @@ class Controller:
     def _blind(self, state: RolloutState, why: str) -> list[GateResult]:
         return blind_results(self.config.rollout.gates, self.gated(state), why)
 
-    def _apply(self, state: RolloutState, reports: list[GatewayReport]) -> RolloutState:
+    def _apply(self, state: RolloutState, reports: list[GatewayReport], highest: int) -> RolloutState:
         """Bring every gateway to the saved version, then confirm under the lock once every gateway
-        reports it (a version every gateway already runs is confirmed with no write)."""
-        written, confirmed, problem = self._write(state, reports)
+        reports it (a version every gateway already runs is confirmed with no write); `highest` is the
+        highest version any model's state holds (as_seen_by)."""
+        written, raw, problem = self._write(state, reports)
+        confirmed = as_seen_by(state, raw, highest)
         names = [t.name for t in self.config.gateways]
         with self.store.locked():
             fresh = self.store.load() or state
@@ -257,7 +306,7 @@ class Controller:
                 self.store.record(
                     [{"at": self.clock(), "event": "write", "from_version": report.version, **write}]
                 )
-                self.gateways.apply(target, state.version, state.stage, stages)
+                self.gateways.apply(target, state.version, state.stage, stages, self.config.group)
                 self.store.record([{"at": self.clock(), "event": "wrote", **write}])
                 written.append(target.name)
         except PdfleetError as exc:
@@ -308,3 +357,60 @@ def _describe(event: Event) -> str:
 def finite(value: float | None) -> float | None:
     """JSON-safe numbers (NaN and infinities become None)."""
     return value if value is not None and math.isfinite(value) else None
+
+
+@dataclass
+class Controllers:
+    """Every model's controller in one process (the profile's order): each ticks on its own thread, so
+    one model's measurement or pause never holds another's step or abort, and they share one write
+    turn and read each other's saved states, because the gateways' policy has one version for all."""
+
+    models: list[Controller]
+
+    @classmethod
+    def of(cls, controllers: list[Controller]) -> Controllers:
+        """Wire the controllers together: one write lock, each one's peers the others' stores."""
+        lock = threading.Lock()
+        for c in controllers:
+            c.writing = lock
+            c.peers = partial(saved_states, [o.store for o in controllers if o is not c])
+        return cls(controllers)
+
+    @property
+    def names(self) -> list[str]:
+        return [c.config.name or "-" for c in self.models]
+
+    def named(self, name: str | None) -> Controller:
+        """The controller of model `name`; None: the only one (ValidationError naming the models)."""
+        if name is None and len(self.models) == 1:
+            return self.models[0]
+        found = [c for c in self.models if c.config.name == name]
+        if not found:
+            what = "several models roll out on their own; name one" if name is None else f"no model {name!r}"
+            raise ValidationError(f"--model: {what}; models: {', '.join(self.names)}")
+        return found[0]
+
+    def run(self, stop: threading.Event) -> None:
+        """Every model's loop until `stop` is set."""
+        threads = [
+            threading.Thread(target=c.run, args=(stop,), name=f"rollout-{c.config.name}", daemon=True)
+            for c in self.models
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
+def saved_states(stores: list[Store]) -> list[RolloutState]:
+    """The states saved in `stores` (read without their locks: each is replaced in one rename); one
+    that cannot be read is left out (its own controller reports it)."""
+    states = []
+    for store in stores:
+        try:
+            state = store.load()
+        except PdfleetError:
+            continue
+        if state is not None:
+            states.append(state)
+    return states

@@ -4,12 +4,51 @@ the gate results of a blind tick. The controller (`controller`) does the I/O the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from pdfleet.model.rollout import GateSpec
 from pdfleet.rollout.gates import GateResult
 from pdfleet.rollout.gateways import GatewayReport
 from pdfleet.rollout.machine import ACTIVE, Event, RolloutState
+
+
+def as_seen_by(state: RolloutState, reports: list[GatewayReport], written: int) -> list[GatewayReport]:
+    """The gateways' reports as one model's controller reads them when several models share the
+    policy's one version: a version above the model's own but at most `written` (the highest version
+    any model's state holds, so one the controller wrote for another model) that still shows this
+    model's stage and weights is this model's version: the gateway runs what this model gave it. Any
+    other report stands as it is, so a version no model wrote is foreign, and so is this model's stage
+    changed behind its back. With one model `written` is its own version: nothing is read otherwise."""
+    mine = (state.stage, state.weights)
+    return [
+        replace(r, version=state.version)
+        if state.version < r.version <= written and (r.stage, r.weights) == mine
+        else r
+        for r in reports
+    ]
+
+
+def lifted(
+    state: RolloutState, floor: int, move: Callable[[RolloutState], tuple[RolloutState, list[Event]]]
+) -> tuple[RolloutState, list[Event]]:
+    """`move` (a step of the state machine, which numbers a new policy version+1) with the new version
+    above `floor` (every version any model or gateway holds: the gateways take only a rising version);
+    a move that writes nothing new keeps the model's own version."""
+    base = state.model_copy(update={"version": max(state.version, floor)})
+    new, events = move(base)
+    if new.version != base.version or base.version == state.version:
+        return new, events
+    own = state.version
+    events = [{**e, "version": own} if e.get("version") == base.version else e for e in events]
+    return new.model_copy(update={"version": own}), events
+
+
+def peer_pending(state: RolloutState, peers: Sequence[RolloutState]) -> bool:
+    """Another model has saved a lower version no gateway has confirmed yet: it is written first, so
+    every gateway takes the versions in the order they were saved (a higher one written first would
+    refuse the lower one and make its stage look foreign)."""
+    return any(p.applied_version < p.version < state.version for p in peers)
 
 
 def reconcile_reports(

@@ -134,3 +134,20 @@ def _event(line: bytes, number: int) -> dict[str, Any]:
     if isinstance(event, dict) and "event" in event:
         return event
     return {"event": "unreadable", "line": number, "reason": "not a JSON event (a write cut short?)"}
+
+
+def migrate_legacy(state_dir: Path, first: str) -> bool:
+    """Move a state from before rollouts went by model (state.json and history.jsonl in state_dir
+    itself) into the first model's subdirectory, under the old directory's lock, history first, so a
+    kill between the two renames leaves a state the next start moves; True when something moved. A
+    model that already has a state of its own keeps it (the old files stay where they are)."""
+    old = Store(state_dir)
+    new = state_dir / first
+    with old.locked():
+        if not (state_dir / STATE).exists() or (new / STATE).exists():
+            return False
+        new.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for name in (HISTORY, STATE):
+            if (state_dir / name).exists():
+                os.replace(state_dir / name, new / name)
+    return True

@@ -1,10 +1,10 @@
 """rollout: the `pdfleet-rollout` controller on the monitoring group, beside Prometheus.
 
-It owns the live stage (state under the topology's controller.state_dir, 0700) and applies it to every
-gateway host through the gateway's admin endpoint (`POST /admin/stage`) with the admin key, which it reads
-from a 0600 file only it can read; the key is never on a command line or in a log. Installed on the first
-monitoring host only when the profile has a rollout plan and the topology has gateways (Topology.controller
-says where and with which paths).
+It owns each model's live stage (state under the topology's controller.state_dir/<model>/, 0700) and
+applies it to every gateway host through the gateway's admin endpoint (`POST /admin/stage`) with the
+admin key, which it reads from a 0600 file only it can read; the key is never on a command line or in a
+log. Installed on the first monitoring host only when a model of the profile has a rollout plan and the
+topology has gateways (Topology.controller says where and with which paths).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
 from pdfleet.fleet.topology import Controller
+from pdfleet.model.served import ServedModel
 from pdfleet.monitoring.recording import kv_series
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import Directory, File
@@ -52,28 +53,42 @@ def _controller(ctx: RoleContext) -> Controller:
 
 
 def controller_config(ctx: RoleContext) -> str:
-    """controller.json: the profile's plans, gates, stages and SLOs; the gateways' admin URLs. The first
-    model's (the gateway's stage is its) until rollouts go by model."""
-    profile = ctx.profile.for_model(ctx.profile.served[0])
+    """controller.json: the gateways' admin URLs, Prometheus, and per model (the profile's order) its plans,
+    gates, stages and SLOs, the gateway group it stages and the `model` label of its series. The first
+    model stages the policy's top level (its group follows it, as `invoke provision --stage` sets it); every
+    other model its own group. A single-model profile measures every series (its gateway labels requests
+    by alias), a `models:` profile each model's own."""
     controller = _controller(ctx)
     prometheus = ctx.topology.prometheus_on(ctx.host.name)
     assert prometheus is not None, "the controller runs on a monitoring host"
     gateways = [{"name": g.host, "admin_url": g.admin_url} for g in ctx.topology.gateways]
-    kv = kv_series(profile)  # the connector's own histogram (Mooncake's on P), or none on this release
+    served = ctx.profile.served
     doc = {
-        "profile": profile.name,
-        "rollout": profile.rollout.model_dump(mode="json"),
-        "stages": {k: v.model_dump() for k, v in profile.gateway.stages.items()},
-        "initial_stage": profile.gateway.stage,
-        "slo": profile.slo.model_dump(exclude_none=True),  # unset P95 bounds fall back to P99 in bench only
+        "profile": ctx.profile.name,
         "gateways": gateways,
         "prometheus_url": prometheus.url,
         "admin_key_file": controller.key_file,
         "state_dir": controller.state_dir,
+        "models": [_model_part(ctx, spec, i, len(served) > 1) for i, spec in enumerate(served)],
+    }
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def _model_part(ctx: RoleContext, spec: ServedModel, index: int, several: bool) -> dict[str, Any]:
+    """One model's part of controller.json (config.ModelControl)."""
+    profile = ctx.profile.for_model(spec)
+    kv = kv_series(profile)  # its connector's own histogram (Mooncake's on P), or none on this release
+    return {
+        "name": spec.name,
+        "group": spec.name if index else None,
+        "model": spec.name if several else None,
+        "rollout": spec.rollout.model_dump(mode="json"),
+        "stages": {k: v.model_dump() for k, v in spec.gateway.stages.items()},
+        "initial_stage": spec.gateway.stage,
+        "slo": spec.slo.model_dump(exclude_none=True),  # unset P95 bounds fall back to P99 in bench only
         "kv_transfer_metrics": kv is not None,
         **({"kv_transfer_histogram": kv.histogram, "kv_transfer_role": kv.role} if kv else {}),
     }
-    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:

@@ -74,6 +74,18 @@ def test_the_live_view_shows_step_weights_gates_and_time_to_next_step() -> None:
     assert "next step: on rollout.promote" in paused
 
 
+def test_status_shows_every_model_each_named() -> None:
+    doc = {
+        "models": [
+            {**STATUS, "model": "llama-8b"},
+            {"model": "llama-1b", "phase": None, "error": "the controller has not saved a state yet"},
+        ]
+    }
+    text = rollout.format_statuses(doc)
+    assert "model llama-8b: rollout to long-prompts: progressing (step 2 of 8)" in text
+    assert "model llama-1b: the controller has not saved a state yet" in text
+
+
 def test_a_dry_run_says_nothing_changed() -> None:
     doc = {
         "dry_run": True,
@@ -95,10 +107,14 @@ def test_watching_ends_with_the_rollout_and_ctrl_c_only_stops_watching() -> None
 
     def run(args: list[str]) -> str:
         calls.append(args)
-        return json.dumps(next(docs))
+        return json.dumps({"models": [next(docs)]})
 
     assert rollout.follow(run, shown.append, every_s=0)["phase"] == "succeeded"
     assert calls == [["status"], ["status"]]
+    calls.clear()
+    docs = iter([{**STATUS, "phase": "succeeded"}])
+    rollout.follow(run, shown.append, every_s=0, model="llama-8b")
+    assert calls == [["--model", "llama-8b", "status"]]
 
     def interrupted(args: list[str]) -> str:
         calls.append(args)
@@ -117,13 +133,22 @@ def test_bad_input_is_refused_before_connecting(capsys: pytest.CaptureFixture[st
     err = capsys.readouterr().err
     assert "no rollout plan for 'nowhere'; plans: canary-long, long-prompts, all-disagg" in err
     with pytest.raises(Exit):
+        rollout.start(ctx, stage="long-prompts", profile="lab-two-models", model="llama-70b")
+    assert "no model 'llama-70b' (--model): llama-8b, llama-1b" in capsys.readouterr().err
+    with pytest.raises(Exit):  # two models: which one is the operator's to say
+        rollout.start(ctx, stage="long-prompts", profile="lab-two-models")
+    assert "several models; name one (--model): llama-8b, llama-1b" in capsys.readouterr().err
+    with pytest.raises(Exit):
+        rollout.abort(ctx, profile="lab-two-models", model="nope")
+    assert "no model 'nope' (--model)" in capsys.readouterr().err
+    with pytest.raises(Exit):
         rollout.history(ctx, last=-1)
     assert "--last must be 0 (all) or a positive count" in capsys.readouterr().err
 
 
 def test_following_stops_on_a_halt_and_a_rollout_not_completed_exits_non_zero() -> None:
     docs = iter([{**STATUS}, {**STATUS, "phase": "halted", "reason": "halted: gateway gw1 is not answering"}])
-    doc = rollout.follow(lambda args: json.dumps(next(docs)), [].append, every_s=0)
+    doc = rollout.follow(lambda args: json.dumps({"models": [next(docs)]}), [].append, every_s=0)
     assert doc["phase"] == "halted"
     for phase, says in [
         (

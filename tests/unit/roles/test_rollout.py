@@ -12,7 +12,7 @@ import roles.rollout as rollout_role
 from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.ops.base import FakeFacts, Skip
 from pdfleet.rollout.cli import _parser
-from pdfleet.rollout.config import load_config
+from pdfleet.rollout.config import load_configs
 from tests.unit.roles.helpers import deployment, exec_start_argv
 
 KEY = "sk-pdfleet-test-admin-key"
@@ -36,7 +36,8 @@ def test_the_controller_gets_its_config_key_and_unit(tmp_path: Path) -> None:
     }
     local = tmp_path / "controller.json"
     local.write_text(by_path[controller.config_file].content)
-    config = load_config(local)
+    (config,) = load_configs(local)
+    assert (config.name, config.group, config.model) == ("llama-3-1-8b", None, None)
     assert [g.admin_url for g in config.gateways] == [g.admin_url for g in fleet.topology.gateways]
     assert [g.admin_url for g in config.gateways] == ["http://198.18.0.10:8080"]
     assert config.prometheus_url == f"http://198.18.0.10:{fleet.profile.monitoring.port}"
@@ -60,3 +61,20 @@ def test_without_the_admin_key_the_role_skips_saying_why() -> None:
     ops = list(rollout_role.operations(ctx, FakeFacts()))
     assert len(ops) == 1 and isinstance(ops[0], Skip) and "admin key" in ops[0].reason
     assert rollout_role.files(ctx) == [] and rollout_role.units(ctx) == []
+
+
+def test_each_model_of_a_models_profile_gets_its_part(tmp_path: Path) -> None:
+    """lab-two-models: the P/D model stages the top level with its connector's KV series, the small one
+    its own group; each measures its own series (model label) against its own SLO and plans."""
+    fleet = deployment("lab-two-models")
+    fleet = dataclasses.replace(fleet, gateway_secrets=GatewaySecrets("1" * 64, "2" * 64, KEY))
+    ctx = fleet.context(_monitoring(fleet))
+    local = tmp_path / "controller.json"
+    local.write_text(next(f for f in rollout_role.files(ctx) if f.path.endswith("controller.json")).content)
+    big, small = load_configs(local)
+    assert (big.name, big.group, big.model) == ("llama-8b", None, "llama-8b")
+    assert (small.name, small.group, small.model) == ("llama-1b", "llama-1b", "llama-1b")
+    assert set(big.rollout.plans) == {"canary-long", "long-prompts", "all-disagg"}
+    assert big.kv_transfer_metrics and not small.kv_transfer_metrics  # colocated: no KV connector
+    assert (big.slo["ttft_p99_ms"], small.slo["ttft_p99_ms"]) == (fleet.profile.slo.ttft_p99_ms, 1000)
+    assert big.gateways == small.gateways and big.state_dir == small.state_dir

@@ -39,10 +39,15 @@ STAGES = {"colocated": {"short": 0, "long": 0}, "long-prompts": {"short": 0, "lo
 SLO = {"ttft_p99_ms": 60000.0, "tpot_p99_ms": 1000.0, "itl_p99_ms": 5000.0, "kv_transfer_p99_ms": 5000.0}
 
 
+SHARED = ("profile", "gateways", "prometheus_url", "admin_key_file", "state_dir")
+
+
 class GatewayProcess(_Proc):
     """`pdfleet-gateway --config POLICY` as a real process on a given loopback port."""
 
-    def __init__(self, directory: Path, port: int, colocated: str, disagg: str) -> None:
+    def __init__(
+        self, directory: Path, port: int, colocated: str, disagg: str, small: str | None = None
+    ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         keys = directory / "keys.yaml"
         entries = [
@@ -57,6 +62,7 @@ class GatewayProcess(_Proc):
             "listen": {"host": "127.0.0.1", "port": port},
             "keys_file": "keys.yaml",
             "models": {"llama": {"colocated": [colocated], "disagg": disagg}},
+            **(two_models(colocated, disagg, small) if small else {}),
             "long_prompt_tokens": LONG_TOKENS,
             "stage": "colocated",
             "stages": STAGES,
@@ -76,6 +82,18 @@ class GatewayProcess(_Proc):
             "2",
         ]
         super().__init__(argv, None, self.url + "/health", 30.0)
+
+
+def two_models(colocated: str, disagg: str, small: str) -> dict[str, Any]:
+    """A policy's groups and aliases for two models, as provision renders a `models:` profile: `llama`
+    follows the top-level stage, `small` (colocated and P/D pools of its own) carries its own."""
+    return {
+        "groups": {"llama": {}, "small": {"stage": "colocated", "stages": STAGES}},
+        "models": {
+            "llama": {"colocated": [colocated], "disagg": disagg, "group": "llama"},
+            "small": {"colocated": [small], "disagg": small, "group": "small"},
+        },
+    }
 
 
 @dataclass
@@ -175,29 +193,41 @@ class Fleet:
         }
 
     def controller(self, rollout: dict[str, Any], **more: Any) -> Controller:
+        """One model's controller (`name` in `more`: its state under state_dir/<name>, as
+        pdfleet-rollout keeps it)."""
         config = ControllerConfig.model_validate(self.config(rollout, **more))
         return Controller(
             config,
             PrometheusClient(config.prometheus_url, timeout=2.0),
             GatewayClient(ADMIN_KEY, 2.0),
-            Store(Path(config.state_dir)),
+            Store(Path(config.state_dir) / (config.name or "")),
         )
 
-    def reports(self, controller: Controller) -> list[Any]:
+    def file(self, models: list[dict[str, Any]]) -> dict[str, Any]:
+        """controller.json over this fleet: each of `models` is one model's part (name, rollout, ...)."""
+        flat = self.config({})
+        shared = {k: flat.pop(k) for k in SHARED}
+        return {**shared, "models": [{**flat, **m} for m in models]}
+
+    def reports(self, controller: Controller, group: str | None = None) -> list[Any]:
+        """Every gateway's report of the top-level stage (or of a model group)."""
         return [
-            controller.gateways.report(GatewayTarget(name=f"gw{i}", admin_url=g.url))
+            controller.gateways.report(GatewayTarget(name=f"gw{i}", admin_url=g.url), group)
             for i, g in enumerate(self.gateways)
         ]
 
 
 @contextmanager
-def fleet(tmp: Path, colocated: str, disagg: str, gateways: int = 2) -> Iterator[Fleet]:
-    """`gateways` gateway processes over the two pools and a Prometheus scraping them every second."""
+def fleet(
+    tmp: Path, colocated: str, disagg: str, gateways: int = 2, small: str | None = None
+) -> Iterator[Fleet]:
+    """`gateways` gateway processes over the two pools (and a second model's on `small`: two_models)
+    and a Prometheus scraping them every second."""
     ports = [free_port() for _ in range(gateways)]
     targets = [(f"127.0.0.1:{p}", {"role": "gateway", "host": f"gw{i}"}) for i, p in enumerate(ports)]
     with ExitStack() as stack:
         procs = [
-            stack.enter_context(GatewayProcess(tmp / f"gw{i}", p, colocated, disagg))
+            stack.enter_context(GatewayProcess(tmp / f"gw{i}", p, colocated, disagg, small))
             for i, p in enumerate(ports)
         ]
         prom = stack.enter_context(prometheus(tmp / "prom", scrape_config(targets, interval_s=1)))

@@ -1,4 +1,5 @@
-"""The controller's configuration and admin key file: bad files are refused naming the file and key;
+"""The controller's configuration and admin key file: one configuration per model, each with the shared
+keys; bad files are refused naming the file and key (a model or group twice, a file from before models);
 a key file others can read is refused."""
 
 from __future__ import annotations
@@ -9,18 +10,23 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.rollout.config import load_config, read_admin_key
+from pdfleet.rollout.config import load_configs, read_admin_key
 
-GOOD = {
-    "profile": "p",
+MODEL = {
+    "name": "big",
     "rollout": {},
     "stages": {"colocated": {"short": 0, "long": 0}},
     "initial_stage": "colocated",
     "slo": {"ttft_p99_ms": 1.0, "tpot_p99_ms": 1.0, "itl_p99_ms": 1.0, "kv_transfer_p99_ms": 1.0},
+}
+SMALL = {**MODEL, "name": "small", "group": "small", "model": "small"}
+SHARED = {
+    "profile": "p",
     "gateways": [{"name": "gw", "admin_url": "http://10.0.0.1:8080"}],
     "prometheus_url": "http://10.0.0.5:9090",
     "admin_key_file": "/etc/pdfleet/rollout/admin.key",
 }
+GOOD = {**SHARED, "models": [MODEL, SMALL]}
 
 
 def _write(tmp_path: Path, doc: object) -> Path:
@@ -29,24 +35,38 @@ def _write(tmp_path: Path, doc: object) -> Path:
     return path
 
 
-def test_a_good_config_loads(tmp_path: Path) -> None:
-    config = load_config(_write(tmp_path, GOOD))
-    assert config.gateways[0].name == "gw" and config.state_dir == "/var/lib/pdfleet/rollout"
+def test_a_good_config_loads_one_configuration_per_model(tmp_path: Path) -> None:
+    big, small = load_configs(_write(tmp_path, GOOD))
+    assert (big.name, big.group, big.model) == ("big", None, None)
+    assert (small.name, small.group, small.model) == ("small", "small", "small")
+    for config in (big, small):
+        assert config.gateways[0].name == "gw" and config.state_dir == "/var/lib/pdfleet/rollout"
 
 
 @pytest.mark.parametrize(
     ("doc", "expected"),
     [
         ("{nope", "not JSON"),
-        ({**GOOD, "initial_stage": "x"}, "initial_stage: 'x' is not in stages"),
-        ({**GOOD, "slo": {"ttft_p99_ms": 1.0}}, "slo: lacks itl_p99_ms, kv_transfer_p99_ms, tpot_p99_ms"),
+        ({**GOOD, "models": [{**MODEL, "initial_stage": "x"}]}, "models[0].initial_stage: 'x' is not in"),
+        (
+            {**GOOD, "models": [MODEL, {**SMALL, "slo": {"ttft_p99_ms": 1.0}}]},
+            "models[1].slo: lacks itl_p99_ms, kv_transfer_p99_ms, tpot_p99_ms",
+        ),
+        ({**GOOD, "models": [MODEL, {**SMALL, "name": "big"}]}, "models[1].name: 'big' is given to two"),
+        (
+            {**GOOD, "models": [MODEL, {**SMALL, "group": None}]},
+            "models[1].group: null (the policy's top-level stage) is given",
+        ),
+        ({**GOOD, "models": [{**MODEL, "name": "Big Model"}]}, "models[0].name"),
+        ({**GOOD, "models": []}, "models"),
         ({**GOOD, "gateways": [{"name": "gw", "admin_url": "http://h:1/path"}]}, "gateways[0].admin_url"),
         ({**GOOD, "colour": 1}, "colour"),
+        ({**SHARED, **MODEL}, "models: missing (a file from before rollouts went by model); run invoke"),
     ],
 )
 def test_bad_configs_name_file_and_key(tmp_path: Path, doc: object, expected: str) -> None:
     with pytest.raises(ValidationError) as err:
-        load_config(_write(tmp_path, doc))
+        load_configs(_write(tmp_path, doc))
     assert expected in str(err.value) and "controller.json" in str(err.value)
 
 

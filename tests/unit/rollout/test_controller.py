@@ -246,9 +246,10 @@ def test_a_foreign_policy_halts_the_rollout_and_abort_outranks_it(
 KILLED_AT = r"""
 import os, signal, sys, threading
 from pathlib import Path
-from pdfleet.rollout.cli import controller_from
+from pdfleet.rollout.cli import controllers_from
 
-controller = controller_from(Path(sys.argv[1]))
+controllers = controllers_from(Path(sys.argv[1]))
+controller = controllers.models[int(sys.argv[3]) if len(sys.argv) > 3 else 0]  # the model killed
 where, _, name = sys.argv[2].partition(":")
 die = lambda: os.kill(os.getpid(), signal.SIGKILL)
 apply, save = controller.gateways.apply, controller.store.save
@@ -270,7 +271,7 @@ def failing_save(state):
         die()
 
 controller.gateways.apply, controller.store.save = failing_apply, failing_save
-controller.run(threading.Event())
+controllers.run(threading.Event())
 """
 KILL_POINTS = [
     "before-write:gw0",  # the intent saved, no gateway written
@@ -306,8 +307,8 @@ def test_a_controller_killed_at_any_point_of_a_step_resumes_and_the_fleet_conver
     with fleet(tmp_path, colocated.url, colocated.url) as f:
         rollout = {**_rollout(steps), "interval_s": 0.2}
         config = tmp_path / "controller.json"
-        config.write_text(json.dumps(f.config(rollout)))
-        controller = f.controller(rollout)
+        config.write_text(json.dumps(f.file([{"name": "llama", "rollout": rollout}])))
+        controller = f.controller(rollout, name="llama")
         with running(controller):
             wait_until(lambda: controller.store.load(), 10, "the controller's first state")
         for point in KILL_POINTS:
@@ -317,7 +318,7 @@ def test_a_controller_killed_at_any_point_of_a_step_resumes_and_the_fleet_conver
             )
             assert child.returncode == -9, (point, child.stderr.decode()[-2000:])
             # the restart: a new controller on the same state, no operator action
-            with running(f.controller(rollout)) as again:
+            with running(f.controller(rollout, name="llama")) as again:
                 state, reports = wait_until(
                     lambda: _phase(again, "paused") and _converged(again, f), 15, f"convergence after {point}"
                 )
@@ -335,7 +336,7 @@ def test_a_controller_killed_at_any_point_of_a_step_resumes_and_the_fleet_conver
                 at = {"before-write:gw0": [], "after-write:gw0": ["gw0"], "before-write:gw1": ["gw0"]}
                 assert resumed["gateways_at_version"] == at.get(point, ["gw0", "gw1"]), point
             # back to the stable stage for the next point
-            with running(f.controller(rollout)):
+            with running(f.controller(rollout, name="llama")):
                 commands.flag(controller, "abort")
                 wait_until(lambda: _phase(controller, "aborted"), 10, "the abort")
                 wait_until(lambda: _converged(controller, f), 10, "the fleet back on colocated")
@@ -408,3 +409,118 @@ def test_a_plan_renamed_mid_rollout_halts_in_one_line_and_aborts_cleanly(
         state = after.tick()
         assert (state.phase, state.stage, state.applied_version) == ("aborted", "colocated", state.version)
         assert {(r.stage, r.version) for r in f.reports(after)} == {("colocated", state.version)}
+
+
+# ---- two models behind the same gateways, each rolled out on its own ---------------------------------
+
+TWO_STEPS = [
+    {"set_weight": {"short": 0, "long": 50}},
+    {"pause": {}},
+    {"set_weight": {"short": 0, "long": 100}},
+]
+
+
+def _cli(config: Path, *args: str) -> tuple[int, str]:
+    """pdfleet-rollout as the operator's invoke rollout runs it: exit code and stdout (or stderr)."""
+    import contextlib
+    import io
+
+    from pdfleet.rollout.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["--config", str(config), *args])
+    return rc, out.getvalue() if rc == 0 else err.getvalue()
+
+
+def test_two_models_roll_out_on_their_own_and_a_kill_mid_write_of_one_converges(
+    tmp_path: Path, colocated: SimProcess
+) -> None:
+    """One controller process, two models sharing the gateways' policy version: `llama` stages the top
+    level, `small` its group. Each model's rollout, promote and abort move its own stage and leave the
+    other's as it was; the versions the gateways take rise across both; no step of one looks foreign to
+    the other (no halt). Then the process is killed after writing small's next step to gw0 only, while
+    llama sits at another version: the restart brings gw1 up and both models converge, no halt."""
+    import json
+    import subprocess
+    import sys
+
+    from pdfleet.rollout.cli import controllers_from
+
+    with fleet(tmp_path, colocated.url, colocated.url, small=colocated.url) as f:
+        rollout = {**_rollout(TWO_STEPS), "interval_s": 0.2}
+        config = tmp_path / "controller.json"
+        models = [{"name": "llama"}, {"name": "small", "group": "small"}]
+        config.write_text(json.dumps(f.file([{**m, "rollout": rollout} for m in models])))
+        both = controllers_from(config)
+        llama, small = both.models
+
+        def stages() -> tuple[tuple[str, int], tuple[str, int]]:
+            top, group = f.reports(llama)[0], f.reports(llama, "small")[0]
+            return (top.stage, top.weights.long), (group.stage, group.weights.long)
+
+        def converged(c: Controller, group: str | None) -> object:
+            state = c.store.load()
+            reports = f.reports(c, group)
+            if state is None or state.applied_version != state.version:
+                return None
+            same = {(r.stage, r.weights) for r in reports} == {(state.stage, state.weights)}
+            return state if same else None
+
+        stop = threading.Event()
+        thread = threading.Thread(target=both.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: llama.store.load() and small.store.load(), 10, "both models' first states")
+            rc, err = _cli(config, "submit", "--stage", "long-prompts")
+            assert rc == 2 and "name one; models: llama, small" in err
+            rc, err = _cli(config, "--model", "big", "submit", "--stage", "long-prompts")
+            assert rc == 2 and "--model: no model 'big'; models: llama, small" in err
+            assert _cli(config, "--model", "llama", "submit", "--stage", "long-prompts")[0] == 0
+            wait_until(lambda: _phase(llama, "paused") and converged(llama, None), 10, "llama at 50%")
+            assert stages() == (("long-prompts@0", 50), ("colocated", 0))
+            assert _cli(config, "--model", "small", "submit", "--stage", "long-prompts")[0] == 0
+            wait_until(lambda: _phase(small, "paused") and converged(small, "small"), 10, "small at 50%")
+            assert stages() == (("long-prompts@0", 50), ("long-prompts@0", 50))
+            assert _cli(config, "--model", "llama", "promote")[0] == 0
+            wait_until(lambda: _phase(llama, "succeeded") and converged(llama, None), 10, "llama at 100%")
+            assert stages() == (("long-prompts", 100), ("long-prompts@0", 50))
+            rc, out = _cli(config, "status")
+            assert rc == 0
+            shown = {d["model"]: (d["phase"], d["stage"]) for d in json.loads(out)["models"]}
+            assert shown == {"llama": ("succeeded", "long-prompts"), "small": ("paused", "long-prompts@0")}
+        finally:
+            stop.set()
+            thread.join(10)
+        assert not [e for c in both.models for e in c.store.history() if e["event"] == "halted"]
+        applied = sorted((e["at"], e["version"]) for c in both.models for e in _events(c, "applied"))
+        versions = [v for _, v in applied if v > 1]
+        assert versions == sorted(set(versions)) and len(versions) >= 3  # rising across both models
+        # the kill: small's promote (its next step, 100%) written to gw0 only, llama at another version
+        assert _cli(config, "--model", "small", "promote")[0] == 0
+        child = subprocess.run(
+            [sys.executable, "-c", KILLED_AT, str(config), "after-write:gw0", "1"],
+            capture_output=True,
+            timeout=60,
+        )
+        assert child.returncode == -9, child.stderr.decode()[-2000:]
+        saved = small.store.load()
+        assert saved is not None and saved.applied_version < saved.version  # written ahead, unconfirmed
+        gw = [r.version for r in f.reports(small, "small")]
+        assert gw[0] == saved.version and gw[1] < saved.version
+        again = controllers_from(config)
+        stop = threading.Event()
+        thread = threading.Thread(target=again.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            state = wait_until(
+                lambda: _phase(small, "succeeded") and converged(small, "small"), 15, "small after the kill"
+            )
+            assert wait_until(lambda: converged(llama, None), 5, "llama still converged")
+        finally:
+            stop.set()
+            thread.join(10)
+        assert (state.phase, state.stage, state.weights.long) == ("succeeded", "long-prompts", 100)
+        assert stages() == (("long-prompts", 100), ("long-prompts", 100))
+        assert {r.version for r in f.reports(small)} == {state.version}
+        assert not [e for c in both.models for e in c.store.history() if e["event"] == "halted"]

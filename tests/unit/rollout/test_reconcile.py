@@ -1,5 +1,6 @@
 """The controller's pure decisions around the machine: what a restart finds, when a version counts as
-applied, when the controller may write, what the gateways' reports do to the state."""
+applied, when the controller may write, what the gateways' reports do to the state, and how one model
+reads the policy version it shares with others (as_seen_by, lifted, peer_pending)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ from pdfleet.model.rollout import GateSpec
 from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.gateways import GatewayReport
 from pdfleet.rollout.machine import initial_state
-from pdfleet.rollout.reconcile import blind_results, confirm, may_write, reconcile_reports, resuming
+from pdfleet.rollout.reconcile import (
+    as_seen_by,
+    blind_results,
+    confirm,
+    lifted,
+    may_write,
+    peer_pending,
+    reconcile_reports,
+    resuming,
+)
 
 HALF = StageSpec(short=0, long=50)
 ZERO = StageSpec(short=0, long=0)
@@ -53,6 +63,42 @@ def test_the_controller_never_writes_a_version_below_what_a_gateway_runs() -> No
     assert may_write(STEP, [_report("gw0", 5), _report("gw1", 4)], None)
     assert not may_write(STEP, [_report("gw0", 6), _report("gw1", 4)], None)
     assert not may_write(STEP, [_report("gw0", 5)], "gateway gw1 is not answering")
+
+
+def test_a_version_another_model_wrote_over_this_model_s_stage_is_this_model_s() -> None:
+    """STEP is at version 5 (long-prompts@0); another model's state holds 7, so the controller wrote up
+    to 7: a gateway at 7 with STEP's stage runs STEP's version; one at 7 with another stage for this
+    model, or at 8 (no model wrote it), is foreign; one below is behind; with one model nothing moves."""
+    reports = [_report("gw0", 7), _report("gw1", 7, "colocated", ZERO), _report("gw2", 8), _report("gw3", 4)]
+    seen = as_seen_by(STEP, reports, written=7)
+    assert [r.version for r in seen] == [5, 7, 8, 4]
+    assert [r.version for r in as_seen_by(STEP, reports, written=5)] == [7, 7, 8, 4]  # one model: as before
+    _, events, done = reconcile_reports(STEP, seen[:1], None, 1.0)
+    assert not done and events == [] and may_write(STEP, seen[:1], None)
+    halted, (event,), _ = reconcile_reports(STEP, seen[:2], None, 1.0)
+    assert halted.phase == "halted" and "gateway gw1 runs version 7 (stage colocated)" in event["reason"]
+
+
+def test_a_new_version_is_numbered_above_every_version_any_model_or_gateway_holds() -> None:
+    def step(s):  # type: ignore[no-untyped-def]  # the machine's move: a new stage, version + 1
+        new = s.model_copy(update={"stage": "long-prompts@1", "version": s.version + 1})
+        return new, [{"event": "step", "version": new.version}]
+
+    def hold(s):  # type: ignore[no-untyped-def]
+        return s.model_copy(update={"reason": "waiting"}), [{"event": "measurement", "version": s.version}]
+
+    new, events = lifted(STEP, 9, step)
+    assert (new.version, events) == (10, [{"event": "step", "version": 10}])
+    new, events = lifted(STEP, 9, hold)  # nothing new to write: the model's own version stays
+    assert (new.version, new.reason, events) == (5, "waiting", [{"event": "measurement", "version": 5}])
+    assert lifted(STEP, 3, step)[0].version == 6  # the floor below: as the machine numbers it
+
+
+def test_a_lower_version_another_model_saved_is_written_first() -> None:
+    pending = STEP.model_copy(update={"version": 4, "applied_version": 3})
+    assert peer_pending(STEP, [pending])
+    assert not peer_pending(STEP, [pending.model_copy(update={"applied_version": 4})])
+    assert not peer_pending(STEP, [pending.model_copy(update={"version": 6, "applied_version": 3})])
 
 
 def test_a_foreign_version_halts_once_an_abort_outranks_it_and_idle_adopts_it() -> None:

@@ -12,7 +12,7 @@ import pytest
 from pdfleet.errors import PdfleetError, ValidationError
 from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.machine import initial_state
-from pdfleet.rollout.store import Store
+from pdfleet.rollout.store import Store, migrate_legacy
 
 
 def test_state_and_history_round_trip_with_private_modes(tmp_path: Path) -> None:
@@ -85,3 +85,23 @@ def test_a_torn_audit_line_is_reported_and_the_next_event_starts_on_its_own_line
         store.record([{"at": 4.0, "event": "x"}])
     with pytest.raises(ValidationError, match="history.jsonl: cannot read the audit log"):
         store.history()
+
+
+def test_a_state_from_before_models_moves_to_the_first_model_once(tmp_path: Path) -> None:
+    """state.json and history.jsonl in the state dir itself (one model, before rollouts went by model)
+    move to <state dir>/<first model>/; a second start moves nothing; a model that already has a state
+    keeps it; a kill between the two renames (history moved, state not) is finished by the next start."""
+    old = Store(tmp_path)
+    state = initial_state("long-prompts", StageSpec(short=0, long=100), 7)
+    old.save(state)
+    old.record([{"at": 1.0, "event": "applied", "version": 7}])
+    assert migrate_legacy(tmp_path, "llama")
+    moved = Store(tmp_path / "llama")
+    assert moved.load() == state and [e["event"] for e in moved.history()] == ["applied"]
+    assert old.load() is None and not migrate_legacy(tmp_path, "llama")
+    assert os.stat(tmp_path / "llama").st_mode & 0o777 == 0o700
+    old.save(state.model_copy(update={"version": 3}))  # a stale file beside a model's own state
+    assert not migrate_legacy(tmp_path, "llama") and moved.load() == state
+    (tmp_path / "state.json").rename(tmp_path / "kept.json")
+    (tmp_path / "llama" / "state.json").rename(tmp_path / "state.json")  # cut after history moved
+    assert migrate_legacy(tmp_path, "llama") and moved.load() == state
