@@ -54,10 +54,11 @@ def _controller(ctx: RoleContext) -> Controller:
 
 def controller_config(ctx: RoleContext) -> str:
     """controller.json: the gateways' admin URLs, Prometheus, and per model (the profile's order) its plans,
-    gates, stages and SLOs, the gateway group it stages and the `model` label of its series. The first
-    model stages the policy's top level (its group follows it, as `invoke provision --stage` sets it); every
-    other model its own group. A single-model profile measures every series (its gateway labels requests
-    by alias), a `models:` profile each model's own."""
+    gates, stages and SLOs, the gateway group it stages and the `model` label of its series. In a `models:`
+    profile every model stages its own policy group and measures its own series (the first one too: its
+    group reads as the top-level stage until a rollout gives it one, and `invoke provision --stage` sets
+    it back to following the top level); a single-model profile, whose policy has no groups, stages the
+    top level and measures every series (its gateway labels requests by alias)."""
     controller = _controller(ctx)
     prometheus = ctx.topology.prometheus_on(ctx.host.name)
     assert prometheus is not None, "the controller runs on a monitoring host"
@@ -69,19 +70,19 @@ def controller_config(ctx: RoleContext) -> str:
         "prometheus_url": prometheus.url,
         "admin_key_file": controller.key_file,
         "state_dir": controller.state_dir,
-        "models": [_model_part(ctx, spec, i, len(served) > 1) for i, spec in enumerate(served)],
+        "models": [_model_part(ctx, spec, bool(ctx.profile.models)) for spec in served],
     }
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
-def _model_part(ctx: RoleContext, spec: ServedModel, index: int, several: bool) -> dict[str, Any]:
-    """One model's part of controller.json (config.ModelControl)."""
+def _model_part(ctx: RoleContext, spec: ServedModel, listed: bool) -> dict[str, Any]:
+    """One model's part of controller.json (config.ModelControl); `listed`: the profile has `models:`."""
     profile = ctx.profile.for_model(spec)
     kv = kv_series(profile)  # its connector's own histogram (Mooncake's on P), or none on this release
     return {
         "name": spec.name,
-        "group": spec.name if index else None,
-        "model": spec.name if several else None,
+        "group": spec.name if listed else None,
+        "model": spec.name if listed else None,
         "rollout": spec.rollout.model_dump(mode="json"),
         "stages": {k: v.model_dump() for k, v in spec.gateway.stages.items()},
         "initial_stage": spec.gateway.stage,

@@ -64,15 +64,15 @@ def test_without_the_admin_key_the_role_skips_saying_why() -> None:
 
 
 def test_each_model_of_a_models_profile_gets_its_part(tmp_path: Path) -> None:
-    """lab-two-models: the P/D model stages the top level with its connector's KV series, the small one
-    its own group; each measures its own series (model label) against its own SLO and plans."""
+    """lab-two-models: each model stages its own policy group and measures its own series (model label)
+    against its own SLO and plans; only the P/D one reads its connector's KV series."""
     fleet = deployment("lab-two-models")
     fleet = dataclasses.replace(fleet, gateway_secrets=GatewaySecrets("1" * 64, "2" * 64, KEY))
     ctx = fleet.context(_monitoring(fleet))
     local = tmp_path / "controller.json"
     local.write_text(next(f for f in rollout_role.files(ctx) if f.path.endswith("controller.json")).content)
     big, small = load_configs(local)
-    assert (big.name, big.group, big.model) == ("llama-8b", None, "llama-8b")
+    assert (big.name, big.group, big.model) == ("llama-8b", "llama-8b", "llama-8b")
     assert (small.name, small.group, small.model) == ("llama-1b", "llama-1b", "llama-1b")
     assert set(big.rollout.plans) == {"canary-long", "long-prompts", "all-disagg"}
     assert big.kv_transfer_metrics and not small.kv_transfer_metrics  # colocated: no KV connector
