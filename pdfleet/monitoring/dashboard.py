@@ -87,7 +87,7 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
     """(row title, panels) of the whole dashboard."""
     has_gateway = bool(topology.gateways)
     steps = chain_steps(profile, has_gateway)
-    figures = {f.name for f in chain_figures(profile, has_gateway)}
+    figures = sorted(f.name for f in chain_figures(profile, has_gateway))
     rows: list[tuple[str, list[Panel]]] = []
     gw_steps = [s for s in steps if s.source == "gateway"]
     if gw_steps:
@@ -109,9 +109,10 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
     rows.append(("The chain in vLLM, per pool and role (vLLM has no length class)", panels))
     kv = [s for s in steps if s.key == "kv_transfer"]
     if kv:
+        histograms = ", ".join(kv[0].histograms)  # each P/D model's connector's, recorded as one series
         panels = [
             Panel(
-                f"KV transfer time ({kv[0].histogram})",
+                f"KV transfer time ({histograms})",
                 _quantile_queries(kv[0], "", "{{role}}"),
                 description=f"Over {profile.monitoring.kv_transfer_p95_ms:g} ms at P95: the transport "
                 "is the bottleneck.",
@@ -119,9 +120,8 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
         ]
         failed = [name for name in figures if name.endswith("_failed_transfers:rate")]
         if failed:
-            panels.append(
-                Panel("Failed KV transfers", (Query(_of_model(failed[0]), "{{role}}"),), unit="reqps")
-            )
+            queries = tuple(Query(_of_model(name), "{{role}}") for name in failed)
+            panels.append(Panel("Failed KV transfers", queries, unit="reqps"))
         rows.append(("KV transfer", panels))
     rows.append(
         (

@@ -33,6 +33,18 @@ class Step:
     histogram: str
     by: tuple[str, ...]
     kv: bool = False  # the KV connector's histogram: the profile's connector and release decide its name
+    also: tuple[str, ...] = ()  # further histograms recorded as this one (two P/D models, two connectors)
+
+    @property
+    def histograms(self) -> tuple[str, ...]:
+        return (self.histogram, *self.also)
+
+    @property
+    def buckets(self) -> str:
+        """The selector of its `_bucket` series: one histogram's name, or every one's by `__name__`."""
+        if not self.also:
+            return f"{self.histogram}_bucket"
+        return '{__name__=~"' + "|".join(f"{h}_bucket" for h in self.histograms) + '"}'
 
     @property
     def level(self) -> str:
@@ -212,10 +224,22 @@ def kv_figures(series: KVTransferSeries, window: str) -> tuple[Figure, ...]:
 
 
 def kv_series(profile: Profile) -> KVTransferSeries | None:
-    """The KV-transfer series this deployment exports (None: not P/D, or the release registers none)."""
+    """The KV-transfer series of a single-model profile, or of one model's view of a profile
+    (`profile.for_model(spec)`) (None: not P/D, or the release registers none)."""
     if not profile.disaggregated:
         return None
     return kv_transfer_series(profile.kv_transfer.connector, profile.vllm.version)
+
+
+def kv_series_of(profile: Profile) -> list[KVTransferSeries]:
+    """The KV-transfer series every P/D model of the profile exports, each its own connector's (NIXL's on
+    the decode instances, Mooncake's on the prefill ones), once per connector, in model order."""
+    found: list[KVTransferSeries] = []
+    for spec in profile.served:
+        series = kv_series(profile.for_model(spec))
+        if series is not None and series not in found:
+            found.append(series)
+    return found
 
 
 def window_of(profile: Profile) -> str:
@@ -224,17 +248,19 @@ def window_of(profile: Profile) -> str:
 
 def chain_steps(profile: Profile, has_gateway: bool) -> list[Step]:
     """The chain's steps this deployment has data for (no gateway steps without a gateway; the KV step on
-    the connector's own histogram, none where the release registers none)."""
-    series = kv_series(profile)
+    each P/D model's connector's own histogram: two models on two connectors record one series from both
+    histograms, apart by `model`; none where the release registers none)."""
+    kv = kv_series_of(profile)
     steps = []
     for step in CHAIN:
         if not has_gateway and step.source == "gateway":
             continue
         if step.kv:
-            if series is None:
+            if not kv:
                 continue
-            title = f"KV transfer ({KV_TITLES.get(series.connector, series.connector)})"
-            step = Step(step.key, title, series.histogram, step.by, kv=True)
+            titles = ", ".join(KV_TITLES.get(s.connector, s.connector) for s in kv)
+            also = tuple(s.histogram for s in kv[1:])
+            step = Step(step.key, f"KV transfer ({titles})", kv[0].histogram, step.by, kv=True, also=also)
         steps.append(step)
     return steps
 
@@ -243,8 +269,7 @@ def chain_figures(profile: Profile, has_gateway: bool) -> list[Figure]:
     """The rates and gauges this deployment has data for."""
     window = window_of(profile)
     found = [f for f in figures(window) if has_gateway or not f.gateway]
-    series = kv_series(profile)
-    if series is not None:
+    for series in kv_series_of(profile):
         found += list(kv_figures(series, window))
     return found
 
@@ -253,7 +278,7 @@ def quantile_expr(step: Step, q: float, window: str) -> str:
     """histogram_quantile over the fleet's buckets, grouped by the step's labels and the model."""
     return (
         f"histogram_quantile({q:g}, sum by ({', '.join(['le', *step.group])}) "
-        f"(rate({step.histogram}_bucket[{window}])))"
+        f"(rate({step.buckets}[{window}])))"
     )
 
 

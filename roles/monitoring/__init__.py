@@ -75,15 +75,14 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
     """The daemon's flags, its config, the recording and alert rules, and the dashboard."""
     has_gateway = bool(ctx.topology.gateways)
     profile = ctx.profile
-    # rules, alerts and the dashboard follow the first model (the gateway's stage is its) until monitoring
-    # reads by model; every target already carries its model's label
-    first = profile.for_model(profile.served[0])
+    # by model: each P/D model's connector's KV series, each model's alerts against its own SLO, the
+    # dashboard's model variable over every model (every target carries its model's label)
     return [
         RenderedFile(DEFAULTS_FILE, defaults_file(profile, _server(ctx))),
         RenderedFile(CONFIG_FILE, prometheus_config(profile, ctx.topology, _server(ctx))),
-        RenderedFile(RECORDING_FILE, HEADER + dump(recording_rules(first, has_gateway))),
-        RenderedFile(ALERTS_FILE, HEADER + dump(alert_rules(first, has_gateway))),
-        RenderedFile(DASHBOARD_FILE, dashboard_json(first, ctx.topology)),
+        RenderedFile(RECORDING_FILE, HEADER + dump(recording_rules(profile, has_gateway))),
+        RenderedFile(ALERTS_FILE, HEADER + dump(alert_rules(profile, has_gateway))),
+        RenderedFile(DASHBOARD_FILE, dashboard_json(profile, ctx.topology)),
     ]
 
 

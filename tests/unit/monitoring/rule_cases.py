@@ -8,6 +8,7 @@ against the rendered alert files), and so do the gateway's event counters health
 from __future__ import annotations
 
 from pdfleet.model.profile import Profile
+from pdfleet.model.served import ServedModel
 from pdfleet.monitoring.recording import kv_series
 from tests.unit.monitoring.helpers import AlertCase, RuleCase, Series, buckets
 
@@ -245,73 +246,95 @@ def _above_and_below(histogram: str, hot: str, cold: str, limit_s: float) -> tup
     )
 
 
+def _scopes(profile: Profile) -> list[tuple[ServedModel, str]]:
+    """Each model whose alerts render, and the label its series carry: `, model="NAME"` in a `models:`
+    profile (its alerts select it), nothing for a single-model profile."""
+    listed = bool(profile.models)
+    return [(spec, f', model="{spec.name}"' if listed else "") for spec in profile.served]
+
+
 def _slo_cases(profile: Profile, has_gateway: bool) -> list[AlertCase]:
-    slo = profile.slo
-    decode, prefill = 'pool="disagg", role="decode"', 'pool="disagg", role="prefill"'
-    if has_gateway:
-        ttft = AlertCase(
-            "PdfleetTTFTOverSLO",
-            "TTFT compared with the wrong SLO or direction, or the class labels lost",
-            _above_and_below(GATEWAY_HISTOGRAMS["ttft"], GATEWAY_BUSY, GATEWAY_QUIET, slo.ttft_p99_ms / 1000),
-            (GATEWAY_BUSY,),
-        )
-    else:
-        ttft = AlertCase(
-            "PdfleetTTFTOverSLO",
-            "a prefill instance's TTFT (its whole request) taken for the user's",
-            (
-                *_above_and_below(VLLM_HISTOGRAMS["ttft"], decode, VLLM_QUIET, slo.ttft_p99_ms / 1000),
-                *buckets(VLLM_HISTOGRAMS["ttft"], prefill, {"1e+06": 0.0, "+Inf": 1.0}),
-            ),
-            (decode,),
-        )
-    cases = [ttft]
-    for name, key, limit_ms in (("TPOT", "tpot", slo.tpot_p99_ms), ("ITL", "itl", slo.itl_p99_ms)):
-        cases.append(
-            AlertCase(
-                f"Pdfleet{name}OverSLO",
-                f"{name} compared with the wrong SLO or direction, or prefill instances counted",
-                (
-                    *_above_and_below(VLLM_HISTOGRAMS[key], decode, VLLM_QUIET, limit_ms / 1000),
-                    *buckets(VLLM_HISTOGRAMS[key], prefill, {"1e+06": 0.0, "+Inf": 1.0}),
-                ),
-                (decode,),
+    """Every model's series on either side of its own SLO, in one case per alert; with several models
+    whose SLOs differ, also every model at one latency between the lowest and highest SLO: only the
+    models with the lowest fire (a rule comparing one model with another's SLO fails one of the two)."""
+    scopes = _scopes(profile)
+    cases = []
+    for alert, key in (
+        ("PdfleetTTFTOverSLO", "ttft"),
+        ("PdfleetTPOTOverSLO", "tpot"),
+        ("PdfleetITLOverSLO", "itl"),
+    ):
+        gateway = key == "ttft" and has_gateway
+        hist = GATEWAY_HISTOGRAMS[key] if gateway else VLLM_HISTOGRAMS[key]
+        hot, cold = (GATEWAY_BUSY, GATEWAY_QUIET) if gateway else ('pool="disagg", role="decode"', VLLM_QUIET)
+        prefill = 'pool="disagg", role="prefill"'
+        inputs: list[Series] = []
+        for spec, model in scopes:
+            limit = getattr(spec.slo, f"{key}_p99_ms") / 1000
+            inputs += _above_and_below(hist, hot + model, cold + model, limit)
+            if not gateway:  # a prefill instance's TTFT (its whole request) is not the user's
+                inputs += buckets(hist, prefill + model, {"1e+06": 0.0, "+Inf": 1.0})
+        what = "TTFT" if key == "ttft" else key.upper()
+        catches = f"{what} compared with the wrong SLO or direction, or the class or model labels lost"
+        if not gateway:
+            catches += ", or prefill instances counted"
+        cases.append(AlertCase(alert, catches, tuple(inputs), tuple(hot + m for _, m in scopes)))
+        limits = {m: getattr(spec.slo, f"{key}_p99_ms") / 1000 for spec, m in scopes}
+        low, high = min(limits.values()), max(limits.values())
+        if low < high:
+            edges = {f"{low:g}": 0.0, f"{0.9 * high:g}": 1.0, "+Inf": 1.0}
+            between = [buckets(hist, hot + m, edges) for m, limit in limits.items() if limit in (low, high)]
+            cases.append(
+                AlertCase(
+                    alert,
+                    f"a model's {what} compared with another model's SLO",
+                    tuple(x for b in between for x in b),
+                    tuple(hot + m for m, limit in limits.items() if limit == low),
+                )
             )
-        )
     return cases
 
 
 def _kv_cases(profile: Profile) -> list[AlertCase]:
-    """The connector's own histogram, hot on the role that observes it (Mooncake: prefill)."""
-    series = kv_series(profile)
-    if series is None:  # no KV alerts render: nothing to transfer, or a release without the histogram
-        return []
-    hist = series.histogram
+    """The connector's own histogram, hot on the role that observes it (Mooncake: prefill), for every
+    P/D model whose connector exports it, each against its own SLO."""
     roles = ('pool="disagg", role="decode"', 'pool="disagg", role="prefill"')
-    hot, cold = roles if series.role == "decode" else roles[::-1]
+    slow: list[Series] = []
+    over: list[Series] = []
+    firing: list[str] = []
+    for spec, model in _scopes(profile):
+        series = kv_series(profile.for_model(spec))
+        if series is None:  # no KV alerts render: nothing to transfer, or a release without the histogram
+            continue
+        hot, cold = roles if series.role == "decode" else roles[::-1]
+        hist = series.histogram
+        slow += _above_and_below(
+            hist, hot + model, cold + model, profile.monitoring.kv_transfer_p95_ms / 1000
+        )
+        over += _above_and_below(hist, hot + model, cold + model, spec.slo.kv_transfer_p99_ms / 1000)
+        firing.append(hot + model)
+    if not firing:
+        return []
     return [
-        AlertCase(
-            "PdfleetKVTransferSlow",
-            "the P95 against the wrong limit",
-            _above_and_below(hist, hot, cold, profile.monitoring.kv_transfer_p95_ms / 1000),
-            (hot,),
-        ),
-        AlertCase(
-            "PdfleetKVTransferOverSLO",
-            "the P99 against the wrong SLO",
-            _above_and_below(hist, hot, cold, profile.slo.kv_transfer_p99_ms / 1000),
-            (hot,),
-        ),
+        AlertCase("PdfleetKVTransferSlow", "the P95 against the wrong limit", tuple(slow), tuple(firing)),
+        AlertCase("PdfleetKVTransferOverSLO", "the P99 against the wrong SLO", tuple(over), tuple(firing)),
     ]
 
 
 def _engine_cases(profile: Profile) -> list[AlertCase]:
+    return [c for spec, model in _scopes(profile) for c in _model_engine_cases(profile, spec, model)]
+
+
+def _model_engine_cases(profile: Profile, spec: ServedModel, model: str) -> list[AlertCase]:
     mon = profile.monitoring
     cases = []
-    if profile.pools.prefill is not None:
-        prefill = 'pool="disagg", role="prefill"'
+    if spec.pools.prefill is not None:
+        prefill = 'pool="disagg", role="prefill"' + model
         queue = _above_and_below(
-            VLLM_HISTOGRAMS["queue"], prefill, 'pool="disagg", role="decode"', mon.prefill_queue_p95_ms / 1000
+            VLLM_HISTOGRAMS["queue"],
+            prefill,
+            'pool="disagg", role="decode"' + model,
+            mon.prefill_queue_p95_ms / 1000,
         )
         usage = "vllm:kv_cache_usage_perc{" + prefill + ', instance="p1"}'
         cases += [
@@ -330,11 +353,11 @@ def _engine_cases(profile: Profile) -> list[AlertCase]:
         ]
     per_s = mon.decode_preemptions_per_min / 60
     for pool in ("decode", "colocated"):
-        if getattr(profile.pools, pool) is None:
+        if getattr(spec.pools, pool) is None:
             continue
         other = "colocated" if pool == "decode" else "decode"
-        hot = f'pool="{"disagg" if pool == "decode" else "colocated"}", role="{pool}"'
-        cold = f'pool="{"disagg" if other == "decode" else "colocated"}", role="{other}"'
+        hot = f'pool="{"disagg" if pool == "decode" else "colocated"}", role="{pool}"{model}'
+        cold = f'pool="{"disagg" if other == "decode" else "colocated"}", role="{other}"{model}'
         cases.append(
             AlertCase(
                 f"Pdfleet{pool.capitalize()}Preemptions",

@@ -16,11 +16,11 @@ from pdfleet.bench.procs import free_port
 from pdfleet.model.profile import Profile
 from pdfleet.monitoring.alerts import alert_rules
 from pdfleet.monitoring.monitoring_config import dump
-from pdfleet.monitoring.recording import recording_rules
+from pdfleet.monitoring.recording import chain_steps, recording_rules
 from pdfleet.sim.metrics import XFER_BUCKETS
-from tests.unit.fleet.helpers import fleet_of, profile_inventory_pairs
+from tests.unit.fleet.helpers import REPO, fleet_of, profile_inventory_pairs
 from tests.unit.metrics.helpers import exporter, prometheus, scrape_config, wait_for
-from tests.unit.monitoring.helpers import alert_check, renderings, run_rule_tests
+from tests.unit.monitoring.helpers import Rendering, alert_check, renderings, run_rule_tests
 from tests.unit.monitoring.rule_cases import alert_cases
 from tests.unit.sim.helpers import MODEL, kv_config
 
@@ -219,3 +219,102 @@ def test_a_slow_sim_link_fires_the_kv_alert_on_real_simulators(tmp_path: Path) -
             finally:
                 stop.set()
                 thread.join(60)
+
+
+def _lab(profile: str) -> Profile:
+    return fleet_of(profile, REPO / "inventory/lab.yml").profile
+
+
+def _alerts_of(profile: str) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = alert_rules(_lab(profile), True)["groups"][0]["rules"]  # type: ignore[index]
+    return rules
+
+
+def _two_connectors() -> Profile:
+    """lab-two-models with a second P/D model on MooncakeConnector beside the NIXL one (and its SLO
+    tighter), and the colocated one first: each P/D model's KV series is its own connector's."""
+    profile = _lab("lab-two-models")
+    big, small = profile.served
+    moon = big.model_copy(
+        update={
+            "name": "moon",
+            "kv_transfer": big.kv_transfer.model_copy(update={"connector": "MooncakeConnector"}),
+            "slo": big.slo.model_copy(update={"kv_transfer_p99_ms": 100.0, "ttft_p99_ms": 500.0}),
+        }
+    )
+    return profile.model_copy(update={"models": [small, big, moon]})
+
+
+def test_each_model_s_alerts_read_its_own_series_against_its_own_settings() -> None:
+    """lab-two-models: one TTFT rule per model, each selecting its model and comparing with its SLO
+    (3000 ms, 1000 ms), labelled and named with its model; the KV alerts only for the P/D model."""
+    rules = _alerts_of("lab-two-models")
+    ttft = [r for r in rules if r["alert"] == "PdfleetTTFTOverSLO"]
+    assert [(r["expr"], r["labels"]) for r in ttft] == [
+        (
+            'pool_class:gateway_ttft_seconds:p99{model="llama-8b"} > 3',
+            {"severity": "warning", "model": "llama-8b"},
+        ),
+        (
+            'pool_class:gateway_ttft_seconds:p99{model="llama-1b"} > 1',
+            {"severity": "warning", "model": "llama-1b"},
+        ),
+    ]
+    assert "models[1].slo.ttft_p99_ms (1000 ms)" in ttft[1]["annotations"]["summary"]
+    assert {r["labels"].get("model") for r in rules if r["alert"].startswith("PdfleetKV")} == {"llama-8b"}
+    single = _alerts_of("lab-cross")
+    assert all("model" not in r["labels"] and 'model="' not in r["expr"] for r in single)
+
+
+def test_two_connectors_record_one_kv_series_apart_by_model_and_alert_per_model_under_promtool(
+    tmp_path: Path,
+) -> None:
+    """Two P/D models on NIXL (decode observes) and Mooncake (prefill observes) and a colocated model
+    first: the KV quantile reads both connectors' histograms and keeps them apart by model (promtool, the
+    busy and quiet shapes of the chain's cases), and every alert fires over and only over each model's
+    own thresholds (the KV P99 of `moon` against its 100 ms)."""
+    from tests.unit.monitoring.helpers import RuleCase, buckets, rule_check
+    from tests.unit.monitoring.rule_cases import BUSY_A, BUSY_B, QUIET, QUIET_SHAPE
+
+    profile = _two_connectors()
+    rendering = Rendering(
+        "two connectors",
+        dump(recording_rules(profile, True)),
+        dump(alert_rules(profile, True)),
+        profile,
+        True,
+    )
+    (kv,) = [s for s in chain_steps(profile, True) if s.kv]
+    assert kv.histograms == ("vllm:nixl_xfer_time_seconds", "vllm:mooncake_xfer_time_seconds")
+    nixl, moon = (
+        'pool="disagg", role="decode", model="llama-8b"',
+        'pool="disagg", role="prefill", model="moon"',
+    )
+    case = RuleCase(
+        "pool_role:vllm_kv_transfer_seconds:p99",
+        "one connector's histogram left out, or two models' transfers merged",
+        (
+            *buckets("vllm:nixl_xfer_time_seconds", f'{nixl}, instance="a"', BUSY_A),
+            *buckets("vllm:nixl_xfer_time_seconds", f'{nixl}, instance="b"', BUSY_B),
+            *buckets("vllm:mooncake_xfer_time_seconds", f'{moon}, instance="c"', QUIET_SHAPE),
+        ),
+        {"{" + nixl + "}": 2.35, "{" + moon + "}": QUIET[0.99]},
+    )
+    alerts = rendering.alerts_by_name()
+    cases = [c for c in alert_cases(profile, True) if c.alert in alerts]
+    assert set(alerts) == {c.alert for c in cases}
+    checks = [
+        rule_check(case, rendering.reads(case.record), rendering.timing),
+        *(
+            alert_check(
+                c,
+                alerts[c.alert]["labels"]["severity"],
+                rendering.reads(alerts[c.alert]["expr"]),
+                rendering.timing,
+            )
+            for c in cases
+        ),
+    ]
+    result = run_rule_tests(rendering.files, checks, rendering.timing, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
