@@ -87,7 +87,9 @@ def _remote(lab: LabHandle, *args: str) -> Any:
 
 
 def _status(lab: LabHandle) -> dict[str, Any]:
-    return dict(_remote(lab, "status"))
+    """lab-cross's one model's status (pdfleet-rollout status lists every model's)."""
+    (status,) = _remote(lab, "status")["models"]
+    return dict(status)
 
 
 def _active(
