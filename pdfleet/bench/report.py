@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pdfleet.bench.server_side import FIRST_REQUEST_BUCKET_MS
+from pdfleet.bench.server_side import CHAIN
 from pdfleet.bench.verdict import Verdict
+from pdfleet.metrics.bounds import BUCKETS, show_ms
 
 LATE_MS = 2.0  # the client's schedule lateness P99 above which the report says it was late
 STAGES = ("queue", "prefill", "kv_transfer", "decode")
@@ -138,10 +139,8 @@ def server_rows(doc: dict[str, Any]) -> list[list[str]]:
 
 
 def _ms(v: float, stage: str) -> str:
-    """A server figure; under the first bucket of vLLM's request-time histograms only "<300" is known."""
-    if stage != "kv_transfer" and v < FIRST_REQUEST_BUCKET_MS:
-        return f"<{FIRST_REQUEST_BUCKET_MS:.0f}"
-    return f"{v:.0f}"
+    """A server figure; inside its histogram's first bucket only "<bound" is known (`metrics.bounds`)."""
+    return show_ms(v, BUCKETS.get(dict(CHAIN)[stage], ()))
 
 
 def _pair(p95: Any, p99: Any, stage: str) -> str:
@@ -153,7 +152,9 @@ def _pair(p95: Any, p99: Any, stage: str) -> str:
 
 BUCKET_NOTE = (
     "queue, prefill and decode come from vLLM's request-time histograms, whose first bucket ends "
-    "at 300 ms: '<300' is all they can say below it; KV transfer buckets start at 1 ms"
+    f"at {1000 * BUCKETS[dict(CHAIN)['queue']][0]:g} ms: '<{1000 * BUCKETS[dict(CHAIN)['queue']][0]:g}' "
+    "is all they can say below it; KV transfer's first bucket ends at "
+    f"{1000 * BUCKETS[dict(CHAIN)['kv_transfer']][0]:g} ms"
 )
 SERVER = [
     "pool",

@@ -27,9 +27,6 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 QUANTILES = (0.95, 0.99)
-# vLLM's request-time histograms (queue, prefill, decode) start at 0.3 s: Prometheus's histogram_quantile
-# interpolates from 0 inside that bucket, so a figure below it only says "under 300 ms"
-FIRST_REQUEST_BUCKET_MS = 300.0
 Figure = float | str  # a number, or why there is none
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from pdfleet.metrics.bounds import BUCKETS, judgeable
 from pdfleet.model.profile import Profile
 from pdfleet.model.served import ServedModel
 from pdfleet.monitoring.recording import CHAIN, Step, kv_series
@@ -187,16 +188,25 @@ def _engine_alerts(profile: Profile, scope: _Scope) -> list[Alert]:
     if prefill is not None:
         budget = prefill.max_num_batched_tokens
         tp = prefill.tensor_parallel_size
-        queue = _step("vllm", "queue").recorded(0.95)
+        step = _step("vllm", "queue")
+        queue = step.recorded(0.95)
+        # a bound inside the queue histogram's first bucket is held to that bucket's bound (metrics.bounds)
+        bound_s = judgeable(mon.prefill_queue_p95_ms / 1000, BUCKETS.get(step.histogram, ()))
+        raised = (
+            f" (monitoring.prefill_queue_p95_ms, {mon.prefill_queue_p95_ms:g} ms, is inside the queue "
+            f"histogram's first bucket: held to its bound, {1000 * bound_s:g} ms)"
+            if bound_s * 1000 > mon.prefill_queue_p95_ms
+            else ""
+        )
         key = scope.key("pools.prefill")
         on_prefill = scope.sel('role="prefill"')
         out.append(
             Alert(
                 "PdfleetPrefillQueueWithIdleGPUs",
-                f"{queue}{on_prefill} > {mon.prefill_queue_p95_ms / 1000:g} and on (model, pool, role) "
+                f"{queue}{on_prefill} > {bound_s:g} and on (model, pool, role) "
                 f"pool_role:vllm_kv_cache_usage_perc:max{on_prefill} < {mon.prefill_kv_usage_below:g}",
-                f"Prefill requests{scope.of} wait {{{{ $value | humanizeDuration }}}} (P95) while the "
-                f"prefill instances' KV cache is under monitoring.prefill_kv_usage_below "
+                f"Prefill requests{scope.of} wait {{{{ $value | humanizeDuration }}}} (P95){raised} "
+                f"while the prefill instances' KV cache is under monitoring.prefill_kv_usage_below "
                 f"({mon.prefill_kv_usage_below:g}): the token budget per step, not the GPUs, limits prefill "
                 "(vLLM exports no GPU utilisation; KV cache use stands in for it).",
                 f"Raise {key}.max_num_batched_tokens: {budget} → {budget * 2}, or give the prefill "

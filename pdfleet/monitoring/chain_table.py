@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.topology import Topology
+from pdfleet.metrics.bounds import BUCKETS, below_first
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.metrics.source import SeriesAbsent
 from pdfleet.model.profile import Profile
@@ -137,9 +138,13 @@ def of_model(table: ChainTable, names: frozenset[str]) -> ChainTable:
     return replace(table, steps=steps, figures=figures)
 
 
-def fmt_seconds(value: float | None) -> str:
+def fmt_seconds(value: float | None, bounds: tuple[float, ...] = ()) -> str:
+    """A quantile as the table shows it; inside the histogram's first bucket (`bounds`, its upper bounds)
+    only `<bound` is known (vLLM's request times: `<300 ms`, never the interpolated 150/285/297 ms)."""
     if value is None:
         return NO_DATA
+    if below_first(value, bounds):
+        return f"<{fmt_seconds(bounds[0])}"
     if value < 1:
         return f"{value * 1000:.0f} ms" if value >= 0.01 else f"{value * 1000:.1f} ms"
     return f"{value:.2f} s"
@@ -164,19 +169,21 @@ def format_table(table: ChainTable, title: str) -> str:
     for sr in table.steps:
         if not sr.now:
             rows.append([sr.step.title, "-", "-", *[NO_DATA] * (2 * len(QUANTILES))])
+        bounds = BUCKETS.get(sr.step.histogram, ())
         for group in sr.now:
             rows.append(
                 [
                     sr.step.title,
                     *group,
-                    *(fmt_seconds(sr.now[group][q]) for q in QUANTILES),
-                    *(fmt_seconds(sr.window[group][q]) for q in QUANTILES),
+                    *(fmt_seconds(sr.now[group][q], bounds) for q in QUANTILES),
+                    *(fmt_seconds(sr.window[group][q], bounds) for q in QUANTILES),
                 ]
             )
     lines = [
         title,
         f"now = the rules' {table.rule_window_s} s window; {minutes} = quantiles of the "
-        "histograms over that span",
+        "histograms over that span; `<300 ms`: inside the histogram's first bucket, where a quantile "
+        "says no more",
         "",
         *_columns(rows),
         "",

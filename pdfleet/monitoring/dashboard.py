@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdfleet.fleet.topology import GATEWAY_POOL, Topology
+from pdfleet.metrics.bounds import first_bound
 from pdfleet.model.profile import Profile
 from pdfleet.monitoring.recording import QUANTILES, Step, chain_figures, chain_steps
 
@@ -37,6 +38,8 @@ class Panel:
     queries: tuple[Query, ...]
     unit: str = "s"
     description: str = ""
+    # quantiles of a histogram whose first bucket ends here (s): a value under it shows as `<bound`
+    first_bucket_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -54,6 +57,17 @@ def _roles(topology: Topology) -> list[str]:
 def _of_model(series: str, match: str = "") -> str:
     """A recorded series of the chosen model (and `match`, e.g. `pool="disagg"`)."""
     return f"{series}{{{', '.join(m for m in (match, MODEL_MATCH) if m)}}}"
+
+
+def _quantile_panel(step: Step, title: str, match: str, legend: str, description: str = "") -> Panel:
+    """A panel of a step's recorded quantiles; inside the histogram's first bucket it shows `<bound`
+    (vLLM's request times: `<300 ms`), never the interpolated figure."""
+    first = first_bound(step.histogram)
+    if first is not None:
+        bound = f"{1000 * first:g} ms"
+        note = f"Under {bound} a quantile is inside the histogram's first bucket: shown as <{bound}."
+        description = f"{description} {note}".strip()
+    return Panel(title, _quantile_queries(step, match, legend), description=description, first_bucket_s=first)
 
 
 def _quantile_queries(step: Step, match: str, legend: str) -> tuple[Query, ...]:
@@ -92,17 +106,14 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
     gw_steps = [s for s in steps if s.source == "gateway"]
     if gw_steps:
         panels = [
-            Panel(
-                f"{step.title} — {pool} pool",
-                _quantile_queries(step, f'pool="{pool}"', "{{length_class}}"),
-            )
+            _quantile_panel(step, f"{step.title} — {pool} pool", f'pool="{pool}"', "{{length_class}}")
             for step in gw_steps
             for pool in _pools(topology)
         ]
         rows.append(("The chain at the gateway, per pool and length class", panels))
     vllm_steps = [s for s in steps if s.source == "vllm" and s.key != "kv_transfer"]
     panels = [
-        Panel(f"{step.title} — {role} instances", _quantile_queries(step, f'role="{role}"', "{{pool}}"))
+        _quantile_panel(step, f"{step.title} — {role} instances", f'role="{role}"', "{{pool}}")
         for step in vllm_steps
         for role in _roles(topology)
     ]
@@ -111,9 +122,11 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
     if kv:
         histograms = ", ".join(kv[0].histograms)  # each P/D model's connector's, recorded as one series
         panels = [
-            Panel(
+            _quantile_panel(
+                kv[0],
                 f"KV transfer time ({histograms})",
-                _quantile_queries(kv[0], "", "{{role}}"),
+                "",
+                "{{role}}",
                 description=f"Over {profile.monitoring.kv_transfer_p95_ms:g} ms at P95: the transport "
                 "is the bottleneck.",
             )
@@ -241,6 +254,15 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
     return rows
 
 
+def _mappings(panel: Panel) -> list[dict[str, Any]]:
+    """Grafana value mappings: a quantile inside the first bucket reads `<bound` (to is inclusive: the bound
+    itself, every observation at or under it, also reads `<bound`, a hair generous)."""
+    if panel.first_bucket_s is None:
+        return []
+    text = f"<{1000 * panel.first_bucket_s:g} ms"
+    return [{"type": "range", "options": {"from": 0, "to": panel.first_bucket_s, "result": {"text": text}}}]
+
+
 def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     return {
         "id": pid,
@@ -249,7 +271,7 @@ def _panel_json(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         "description": panel.description,
         "datasource": DATASOURCE,
         "gridPos": {"h": HEIGHT, "w": WIDTH, "x": x, "y": y},
-        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "fieldConfig": {"defaults": {"unit": panel.unit, "mappings": _mappings(panel)}, "overrides": []},
         "targets": [
             {"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": q.expr, "legendFormat": q.legend}
             for i, q in enumerate(panel.queries)

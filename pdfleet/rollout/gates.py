@@ -12,9 +12,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from pdfleet.metrics.bounds import BUCKETS, bucket_of, same_bucket
 from pdfleet.model.rollout import SLO_FIELD, GateSpec
 
 Outcome = Literal["pass", "fail", "inconclusive", "error"]
+# The histogram a latency gate's quantile is read from (`measure.HISTOGRAMS` reads the same series; a
+# test holds the two together): its buckets say when a comparison is only between interpolations.
+GATE_HISTOGRAMS = {
+    "ttft": "pdfleet_gateway_ttft_seconds",
+    "itl": "pdfleet_gateway_chunk_gap_seconds",
+    "request": "pdfleet_gateway_request_duration_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+    "kv_transfer": "vllm:nixl_xfer_time_seconds",
+}
 # an analysis run's phase, as Argo Rollouts names an AnalysisRun's (the bench's Verdict is another thing)
 AnalysisPhase = Literal["running", "successful", "failed", "inconclusive", "error"]
 
@@ -43,6 +53,8 @@ class GateResult:
     threshold: float | None
     message: str
     dry_run: bool = False
+    # the value and what it was held to lie in one histogram bucket: the outcome rests on interpolation
+    interpolated: bool = False
 
 
 @dataclass(frozen=True)
@@ -77,18 +89,41 @@ def absolute_bound(gate: GateSpec, slo: Slo) -> float | None:
     return gate.max
 
 
+def interpolation_note(metric: str, value_ms: float, against_ms: Sequence[float]) -> str:
+    """Why a comparison of `value_ms` with the thresholds `against_ms` rests on interpolation
+    ("" when it does not): a quantile only knows its histogram bucket, so a value and a threshold in one
+    bucket cannot be ordered (`metrics.bounds`). Other metrics (rates, counts) are not quantiles."""
+    bounds = BUCKETS.get(GATE_HISTOGRAMS.get(metric, ""), ())
+    for other in against_ms:
+        if same_bucket(value_ms / 1000, other / 1000, bounds):
+            b = bucket_of(value_ms / 1000, bounds)
+            return (
+                f" (interpolated: {value_ms:.4g} and {other:.4g} ms both lie in the histogram's "
+                f"{1000 * b.lower:g}-{1000 * b.upper:g} ms bucket, which cannot tell them apart)"
+            )
+    return ""
+
+
 def evaluate_gate(gate: GateSpec, obs: Observation, slo: Slo) -> GateResult:
-    """Hold one observation to its gate: the absolute bound first, then the ratio to the baseline."""
+    """Hold one observation to its gate: the absolute bound first, then the ratio to the baseline.
+
+    A latency quantile held to a threshold in its own histogram bucket (the bound, or the ratio times the
+    baseline) still
+    decides, as Argo would, but the result says it rests on interpolation (`interpolated`)."""
 
     def result(outcome: Outcome, threshold: float | None, message: str) -> GateResult:
+        note = ""
+        if obs.value is not None and threshold is not None:
+            note = interpolation_note(gate.metric, obs.value, [threshold])
         return GateResult(
             gate.name,
             obs.length_class,
             outcome,
             obs.value,
             threshold,
-            f"{gate.name} ({obs.length_class}): {message}",
+            f"{gate.name} ({obs.length_class}): {message}{note}",
             gate.dry_run,
+            interpolated=bool(note),
         )
 
     if obs.error is not None:

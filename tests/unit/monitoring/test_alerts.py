@@ -86,6 +86,20 @@ def test_advice_uses_the_profile_terms_and_values() -> None:
     assert {r["for"] for r in alerts.values()} == {f"{profile.monitoring.alert_for_s}s"}
 
 
+def test_a_queue_bound_inside_the_first_bucket_is_held_to_the_bucket() -> None:
+    """vLLM's queue histogram starts at 0.3 s: a 200 ms bound would fire on any queue at all (every
+    P95 under 0.3 s interpolates to 285 ms), so the alert holds it to 300 ms and says so."""
+    profile = _sim(fleet_of("cross-rdma").profile, prefill_queue_p95_ms=200.0)
+    alert = _alerts(profile, False)["PdfleetPrefillQueueWithIdleGPUs"]
+    assert '{role="prefill"} > 0.3 and on' in alert["expr"]
+    assert (
+        "inside the queue histogram's first bucket: held to its bound, 300 ms"
+        in alert["annotations"]["summary"]
+    )
+    default = _alerts(_sim(fleet_of("cross-rdma").profile), False)["PdfleetPrefillQueueWithIdleGPUs"]
+    assert '{role="prefill"} > 0.5 and on' in default["expr"] and "first bucket" not in str(default)
+
+
 def test_gateway_alerts_only_with_a_gateway_and_kv_alerts_only_with_nixl_metrics() -> None:
     colocated = fleet_of("colocated").profile
     assert {"PdfleetFallbacks", "PdfleetStreamStalls"} <= set(_alerts(colocated, True))

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from pdfleet.errors import ValidationError
+from pdfleet.metrics.bounds import BUCKETS
 from pdfleet.monitoring.chain_table import (
     NO_DATA,
     ChainTable,
@@ -36,6 +37,18 @@ def test_the_topology_prometheus_or_the_option() -> None:
 
 def test_durations_and_missing_data() -> None:
     assert [fmt_seconds(v) for v in (0.0042, 0.25, 1.5, None)] == ["4.2 ms", "250 ms", "1.50 s", NO_DATA]
+
+
+def test_a_quantile_inside_the_first_bucket_is_only_under_its_bound() -> None:
+    """vLLM's request times start at 0.3 s: monitor printed the interpolated 150/285/297 ms as figures."""
+    queue = BUCKETS["vllm:request_queue_time_seconds"]
+    assert [fmt_seconds(v, queue) for v in (0.15, 0.285, 0.297)] == ["<300 ms"] * 3
+    assert [fmt_seconds(v, queue) for v in (0.3, 0.41, None)] == ["300 ms", "410 ms", NO_DATA]
+    first = {("disagg", "prefill"): {0.5: 0.15, 0.95: 0.285, 0.99: 0.297}}
+    steps = (StepRows(CHAIN[4], first, first),)
+    text = format_table(ChainTable(steps, (), 600, 30), "T")
+    row = next(line for line in text.splitlines() if line.startswith(CHAIN[4].title))
+    assert row.count("<300 ms") == 6 and "285" not in row
 
 
 def test_rows_per_group_and_no_data_rows() -> None:

@@ -61,6 +61,19 @@ def test_panels_follow_the_topology() -> None:
     assert "queue time (WAITING) — decode instances" in titles
 
 
+def test_quantile_panels_show_the_first_bucket_as_under_its_bound() -> None:
+    """A request-time quantile under 0.3 s reads `<300 ms` in Grafana, never the interpolated figure."""
+    lab = fleet_of("lab-cross", REPO / "inventory" / "lab.yml")
+    panels = {p["title"]: p for p in dashboard(lab.profile, lab.topology)["panels"]}
+    queue = panels["queue time (WAITING) — prefill instances"]
+    (mapping,) = queue["fieldConfig"]["defaults"]["mappings"]
+    assert mapping["options"] == {"from": 0, "to": 0.3, "result": {"text": "<300 ms"}}
+    assert "first bucket" in queue["description"]
+    ttft = panels["TTFT at the gateway — disagg pool"]["fieldConfig"]["defaults"]["mappings"]
+    assert ttft[0]["options"]["result"]["text"] == "<5 ms"
+    assert panels["Targets up"]["fieldConfig"]["defaults"]["mappings"] == []
+
+
 def test_the_model_is_importable_json_with_a_datasource_input() -> None:
     fleet = fleet_of("colocated")
     model = json.loads(dashboard_json(fleet.profile, fleet.topology))

@@ -151,3 +151,27 @@ def test_an_analysis_ends_exactly_at_its_minimum_duration_and_its_deadline() -> 
     assert _analysis([_r("pass")], samples=49, elapsed=120.0).verdict == "inconclusive"
     assert _analysis([_r("inconclusive")], elapsed=119.99).verdict == "running"
     assert _analysis([_r("inconclusive")], elapsed=120.0).verdict == "inconclusive"
+
+
+def test_a_gate_says_when_it_decides_inside_one_histogram_bucket() -> None:
+    """TPOT's histogram has a 0.1-0.15 s bucket: 120 ms against a 140 ms bound passes, but says the
+    histogram cannot tell them apart; 60 ms against it is a real pass; rates are not quantiles."""
+    tpot = GateSpec(name="tpot", metric="tpot", max=140.0)
+    inside = evaluate_gate(tpot, _obs(value=120.0), SLO)
+    assert inside.outcome == "pass" and inside.interpolated
+    assert "interpolated: 120 and 140 ms both lie in the histogram's 100-150 ms bucket" in inside.message
+    over = evaluate_gate(GateSpec(name="tpot", metric="tpot", max=110.0), _obs(value=120.0), SLO)
+    assert over.outcome == "fail" and over.interpolated and "interpolated" in over.message
+    clear = evaluate_gate(tpot, _obs(value=60.0), SLO)
+    assert clear.outcome == "pass" and not clear.interpolated and "interpolated" not in clear.message
+    ratio = evaluate_gate(RATIO, _obs(value=3.0, baseline=2.2), SLO)  # limit 3.3 ms: TTFT's first bucket
+    assert ratio.outcome == "pass" and ratio.interpolated and "0-5 ms bucket" in ratio.message
+    rate = evaluate_gate(GateSpec(name="e", metric="error_rate", max=0.01), _obs(value=0.009), SLO)
+    assert not rate.interpolated
+
+
+def test_the_gates_read_the_histograms_measure_reads() -> None:
+    from pdfleet.rollout.gates import GATE_HISTOGRAMS
+    from pdfleet.rollout.measure import HISTOGRAMS
+
+    assert GATE_HISTOGRAMS == HISTOGRAMS
