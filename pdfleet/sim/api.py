@@ -38,7 +38,7 @@ from pdfleet.sim.intake import (
     vllm_error_body,
     vllm_error_response,
 )
-from pdfleet.sim.runtime import Runtime
+from pdfleet.sim.runtime import Pending, Runtime
 from pdfleet.sim.stream import Sink, chunk_frame, sse_event
 from pdfleet.tokens import TextCounter
 
@@ -204,6 +204,14 @@ class SimAPI:
         """
         runtime = self.runtime
         arrival = runtime.clock.at_wall(take_arrival(request, asyncio.get_running_loop().time()))
+        with runtime.arriving(arrival) as pending:  # later steps wait for it: its intake is not GPU time
+            return await self._admitted(request, kind, arrival, pending)
+
+    async def _admitted(
+        self, request: web.Request, kind: str, arrival: float, pending: Pending
+    ) -> web.StreamResponse:
+        """Read, validate and count the request, hand it to the engine at `arrival`, answer it."""
+        runtime = self.runtime
         try:
             prepared = await self.intake.prepare(await request.read(), kind)
         except RequestError as exc:
@@ -243,6 +251,7 @@ class SimAPI:
             request.writer.send_headers()
             sink.transport = request.transport
         runtime.submit(req, arrival)
+        pending.done()
         try:
             await sink.done
         except asyncio.CancelledError:

@@ -28,7 +28,7 @@ from aiohttp import web
 from pydantic import TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
-from pdfleet.sim.blocks import block_hashes, prompt_units
+from pdfleet.sim.blocks import block_hashes, once, prompt_units
 from pdfleet.sim.config import SimConfig
 from pdfleet.sim.stream import compact
 from pdfleet.tokens import TextCounter, count_request_tokens
@@ -314,13 +314,14 @@ class Intake:
                 and params.get(PROMPT_DIGEST_KEY) == prompt_digest(body, self.counter_id)
             ):
                 known = tokens
-        parsed = validate(body, kind, self.cfg, self.counter, known)
+        counter = once(self.counter)  # counting and hashing share one tokenization
+        parsed = validate(body, kind, self.cfg, counter, known)
         digest = None
         if self._producer and params.get("do_remote_decode"):
             digest = prompt_digest(body, self.counter_id)
         hashes: tuple[bytes, ...] = ()
         if self.cfg.enable_prefix_caching and not (self._consumer and params.get("do_remote_prefill")):
-            hashes = block_hashes(prompt_units(body, self.counter), self.cfg.block_size)
+            hashes = block_hashes(prompt_units(body, counter), self.cfg.block_size)
         return Prepared(body, parsed, digest, known is None, hashes)
 
     def close(self) -> None:

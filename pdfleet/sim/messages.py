@@ -21,7 +21,7 @@ from aiohttp import web
 
 from pdfleet.sim.engine import SimRequest
 from pdfleet.sim.intake import Intake, RequestError, json_response, parse_json, take_arrival
-from pdfleet.sim.runtime import Runtime
+from pdfleet.sim.runtime import Pending, Runtime
 from pdfleet.sim.stream import Sink, chunk_frame, compact
 from pdfleet.tokens import messages_as_chat
 
@@ -115,8 +115,16 @@ class MessagesSink(Sink):
 
 async def handle(runtime: Runtime, intake: Intake, request: web.Request) -> web.StreamResponse:
     """Run one Messages request through the engine; stream its events or answer with one message."""
+    arrival = runtime.clock.at_wall(take_arrival(request, asyncio.get_running_loop().time()))
+    with runtime.arriving(arrival) as pending:  # later steps wait for it: its intake is not GPU time
+        return await _admitted(runtime, intake, request, arrival, pending)
+
+
+async def _admitted(
+    runtime: Runtime, intake: Intake, request: web.Request, arrival: float, pending: Pending
+) -> web.StreamResponse:
+    """Read and translate the request, hand it to the engine at `arrival`, answer it."""
     loop = asyncio.get_running_loop()
-    arrival = runtime.clock.at_wall(take_arrival(request, loop.time()))
     try:
         prepared = await intake.prepare(to_chat(await request.read()), "chat")
     except RequestError as exc:
@@ -137,6 +145,7 @@ async def handle(runtime: Runtime, intake: Intake, request: web.Request) -> web.
         request.writer.send_headers()
         sink.transport = request.transport
     runtime.submit(req, arrival)
+    pending.done()
     try:
         await sink.done
     except asyncio.CancelledError:

@@ -248,6 +248,8 @@ class SimMetrics:
         self.loop_lag = Hist(LAG_BUCKETS)  # per probe: a timer's lateness, whatever blocked the loop
         self.window_lag_s = 0.0  # worst of both since the last lag warning
         self.prompt_counts_reused = 0  # consumer requests that took the producer's prompt count
+        self.intake_wait_s = 0.0  # wall seconds steps waited for requests still in intake (host CPU)
+        self.intake_missed_steps = 0  # steps scheduled while a request that arrived before them was in intake
 
 
 class SimCollector(Collector):
@@ -381,6 +383,18 @@ class SimCollector(Collector):
             "pdfleet_sim_lag_seconds",
             "Lateness of the latest step's token emission behind its scheduled wall time.",
             value=m.lag_s,
+        )
+        yield CounterMetricFamily(
+            "pdfleet_sim_intake_wait_seconds",
+            "Wall seconds steps waited, within their own length, for the intake (body, parse, tokenize, "
+            "hash) of requests that arrived before them: host CPU kept out of simulated time.",
+            value=m.intake_wait_s,
+        )
+        yield CounterMetricFamily(
+            "pdfleet_sim_intake_missed_steps",
+            "Steps scheduled while a request that arrived before them was still in intake (it joins a "
+            "later step: host CPU in its simulated TTFT).",
+            value=m.intake_missed_steps,
         )
         yield CounterMetricFamily(
             "pdfleet_sim_prompt_counts_reused",

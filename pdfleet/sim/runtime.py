@@ -6,9 +6,15 @@ bench/sim_capacity.py) and logged as a warning at most every `LAG_WARN_EVERY_S`.
 event loop itself (`pdfleet_sim_loop_lag_seconds`), so a window in which anything blocked the loop can be
 told apart by a bench even when no step was due.
 
-A request's arrival is when its first byte was read (`pdfleet.sim.intake`); when the engine was idle its
-first step starts then, not when parsing and tokenizing (done off the loop) finished, so that CPU work is
-never charged to simulated time.
+A request's arrival is when its first byte was read (`pdfleet.sim.intake`), and the host's CPU work on it
+(reading the body, parsing, tokenizing, hashing its prefix blocks, off the loop) is kept out of simulated
+time as far as it can be without delaying anyone's tokens: when the engine was idle, the request's first
+step starts at its arrival; when it is busy, a step that starts at or after the arrival waits for that
+request's intake (`Runtime.arriving`) as long as its batch can still be decided without its tokens coming
+late (`shortest_next_step`: its running requests' decodes alone), so the request joins the step a
+GPU would have put it in. An intake
+longer than that misses the step and joins a later one: `pdfleet_sim_intake_missed_steps` counts those
+steps, `pdfleet_sim_intake_wait_seconds` the wall time spent waiting.
 
 Streaming writes go straight to each connection's transport from the step loop (one SSE event per token
 per request, no per-token task switch), which is what lets one core carry hundreds of streams:
@@ -22,12 +28,12 @@ import asyncio
 import bisect
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 from pdfleet.sim.clock import SimClock
 from pdfleet.sim.config import SimConfig
-from pdfleet.sim.engine import SimRequest, State, StepResult
+from pdfleet.sim.engine import Engine, SimRequest, State, StepResult
 from pdfleet.sim.kv_transfer import KVConnector
 from pdfleet.sim.metrics import SimMetrics
 from pdfleet.sim.stream import DEFAULT_FILLER, Filler, Sink, chunk_frame
@@ -42,6 +48,32 @@ RESYNC_AFTER_S = 1.0
 LAG_PROBE_S = 0.05
 LAG_WARN_S = 0.1
 LAG_WARN_EVERY_S = 10.0
+# Wall seconds kept free at the end of a step's intake wait for scheduling and writing its tokens.
+INTAKE_MARGIN_S = 0.001
+
+
+def shortest_next_step(engine: Engine) -> float:
+    """A lower bound on the engine's next step length: every running request computes at least one token
+    in it (decodes are scheduled first; prefill chunks and new requests only add). 0 when none runs."""
+    if not engine.running:
+        return 0.0
+    ctx = sum(r.computed for r in engine.running)
+    n = len(engine.running)
+    return engine.perf.step_time(n, ctx + 0.5 * n, ctx + n, 0)
+
+
+class Pending:
+    """A request whose first byte was read at simulated time `arrival` and whose intake is running."""
+
+    __slots__ = ("arrival", "_runtime")
+
+    def __init__(self, runtime: Runtime, arrival: float) -> None:
+        self.arrival = arrival
+        self._runtime = runtime
+
+    def done(self) -> None:
+        """The request was submitted (or refused): steps no longer wait for it (idempotent)."""
+        self._runtime._arrived(self)
 
 
 class Runtime:
@@ -66,6 +98,8 @@ class Runtime:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._window_tokens = (0, 0)
         self._ready_at: float | None = None  # latest time new work became runnable while the loop idled
+        self._pending: set[Pending] = set()  # requests in intake, by first-byte time
+        self._intake_done = asyncio.Event()
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def open(self) -> None:
@@ -110,6 +144,42 @@ class Runtime:
         self._mark_ready(arrival)
         if self.kv is not None and req.remote_prefill is not None:
             self._spawn(self.kv.keep_alive(req))
+
+    @contextlib.contextmanager
+    def arriving(self, arrival: float) -> Iterator[Pending]:
+        """While a request that arrived at `arrival` is read, parsed and counted: steps starting at or
+        after `arrival` wait for it (`Pending.done` once it is submitted; on leaving, whatever happened)."""
+        pending = Pending(self, arrival)
+        self._pending.add(pending)
+        try:
+            yield pending
+        finally:
+            pending.done()
+
+    def _arrived(self, pending: Pending) -> None:
+        if pending in self._pending:
+            self._pending.discard(pending)
+            self._intake_done.set()
+
+    async def _wait_intake(self, start: float, until_wall: float) -> None:
+        """Wait, in wall time until `until_wall` at most, for the intake of the requests that arrived by
+        `start`. A step's batch can be decided that late without any token of it coming later than its
+        schedule says (the step lasts at least `shortest_next_step`), so the wait never shows to
+        the other streams; an intake still running then misses this step (and
+        the step is counted) and joins a later one."""
+        if not any(p.arrival <= start for p in self._pending):
+            return
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        while any(p.arrival <= start for p in self._pending):
+            left = until_wall - loop.time()
+            if left <= 0:
+                self.metrics.intake_missed_steps += 1
+                break
+            self._intake_done.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._intake_done.wait(), left)
+        self.metrics.intake_wait_s += loop.time() - t0
 
     def abort(self, req: SimRequest) -> None:
         """Drop a request whose client went away, counted as finished_reason abort (once)."""
@@ -160,6 +230,8 @@ class Runtime:
                 last_emit_wall = loop.time()
             else:
                 start = last_end  # back-to-back steps, as on a GPU; wall-clock jitter does not accumulate
+            if self._pending and last_end is not None:  # requests that arrived by `start` join this step
+                await self._wait_intake(start, wall_at(start + shortest_next_step(engine)) - INTAKE_MARGIN_S)
             if expire is not None:
                 expire(start)
             batch = engine.schedule(start)

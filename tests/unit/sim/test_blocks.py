@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.sim.blocks import BlockPool, block_hashes, prompt_units
+from pdfleet.sim.blocks import BlockPool, OnceCounter, block_hashes, once, prompt_units
 from pdfleet.tokens import CharEstimate, HFTokenizer, count_request_tokens
 from tests.unit.sim.helpers import make_tokenizer, words_text
 
@@ -93,3 +93,53 @@ def test_without_caching_nothing_matches() -> None:
     pool.cache(blocks, hashes, 1)
     pool.free(blocks)
     assert pool.match(hashes, 1) == [] and pool.num_cached == 0
+
+
+def _old_hashes(units: list[int | str], block_size: int) -> tuple[bytes, ...]:
+    """The hash as first written: each unit tagged and joined in Python (the fast path must equal it)."""
+    import hashlib
+
+    out, parent = [], b""
+    for start in range(0, len(units) - block_size + 1, block_size):
+        block = "\x1f".join(f"{type(u).__name__[0]}{u}" for u in units[start : start + block_size])
+        parent = hashlib.blake2b(parent + block.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        out.append(parent)
+    return tuple(out)
+
+
+def _old_pieces(text: str, n: int) -> list[str]:
+    import math
+
+    step = len(text) / n
+    return [text[math.floor(i * step) : math.floor((i + 1) * step)] for i in range(n)]
+
+
+def test_the_fast_hash_and_pieces_are_the_ones_first_written() -> None:
+    """Hashing a 25K-token prompt took tens of ms in per-unit Python; the fast path names blocks alike."""
+    pieces: list[int | str] = list(prompt_units({"prompt": "ab" * 501 + "é"}, CharEstimate()))
+    ids: list[int | str] = list(range(100, 180))
+    mixed: list[int | str] = ["\0role-marker", 5, "x", 7, *range(40)]
+    for units in (pieces, ids, mixed, [True, 1, *range(30)]):
+        assert block_hashes(units, 16) == _old_hashes(units, 16)
+    for text in ("x" * 4000, "x" * 4001, "ab" * 777):
+        n = CharEstimate().count(text)
+        assert prompt_units({"prompt": text}, CharEstimate()) == _old_pieces(text, n)
+
+
+def test_a_request_is_tokenized_once_for_its_count_and_its_blocks(tmp_path: Path) -> None:
+    tok = HFTokenizer(make_tokenizer(tmp_path / "tokenizer.json"))
+    counter = once(tok)
+    assert isinstance(counter, OnceCounter) and once(CharEstimate()).count("abcd") == 1
+    calls: list[str] = []
+    real = tok.encode
+
+    def counted(text: str) -> list[int]:
+        calls.append(text)
+        return real(text)
+
+    tok.encode = counted  # type: ignore[method-assign]
+    body = {"messages": [{"role": "user", "content": words_text(300, 7)}]}
+    n = count_request_tokens(body, counter)
+    units = prompt_units(body, counter)
+    assert len(units) == n == count_request_tokens(body, HFTokenizer(make_tokenizer(tmp_path / "t2.json")))
+    assert sorted(calls) == sorted(set(calls))  # each text (role, content) encoded once

@@ -173,3 +173,57 @@ def test_a_blocked_loop_is_measured_and_warned_about_once(caplog: pytest.LogCapt
     assert lag.count_above(0.25) == 2 and lag.total >= 0.5
     warnings = [r.getMessage() for r in caplog.records if "behind schedule" in r.getMessage()]
     assert len(warnings) == 1 and "1 loop probes late by more than 100 ms" in warnings[0], warnings
+
+
+SLOW = ["--sim-time-scale", "10", "--disable-log-stats"]  # a ~6.5 ms decode step takes ~65 ms of wall time
+
+
+async def _late_request(
+    runtime: Runtime, transport: FakeTransport, intake_wall_s: float
+) -> tuple[float, SimRequest]:
+    """A stream decodes; just after one of its tokens, a request's first byte comes and its intake takes
+    `intake_wall_s`; the request's arrival and the request once it is done."""
+    stream = _request("completion", 40, transport)
+    runtime.submit(stream)
+    while len(transport.writes) < 3:
+        await asyncio.sleep(0.001)
+    arrival = runtime.clock.now()  # the next step has just been scheduled: the one after it is due
+    loop = asyncio.get_running_loop()
+    with runtime.arriving(arrival) as pending:
+        await asyncio.sleep(intake_wall_s)  # the host reads, tokenizes and hashes
+        req = SimRequest("late-1", 40, 1, sink=Sink("completion", "late", MODEL, False, False, loop))
+        runtime.submit(req, arrival)
+        pending.done()
+    await req.sink.done
+    await stream.sink.done
+    return arrival, req
+
+
+def test_a_busy_engine_takes_a_request_into_the_step_after_its_arrival_when_its_intake_fits() -> None:
+    """The intake ends inside the next step's length: that step waits for it (the request joins it, as
+    on a GPU) and no token of the stream comes late. Before, the request joined the step after."""
+    step = Runtime(parse_serve_args([MODEL, *FAST], env={})).engine.perf.prefill_only_time(1)
+
+    async def body(runtime: Runtime) -> tuple[float, SimRequest, float, int, float]:
+        arrival, req = await _late_request(runtime, FakeTransport(), 1.4 * step * 10)
+        m = runtime.metrics
+        return arrival, req, m.intake_wait_s, m.intake_missed_steps, m.max_lag_s
+
+    arrival, req, waited, missed, lag = _run(SLOW, body)
+    assert req.first_scheduled is not None
+    assert req.first_scheduled - arrival < 1.3 * step, (req.first_scheduled - arrival, step)
+    assert waited > 0 and missed == 0
+    assert lag < 0.5 * step * 10  # wall s: the stream's tokens kept their schedule
+
+
+def test_an_intake_longer_than_a_step_joins_later_and_never_delays_the_other_streams() -> None:
+    step = Runtime(parse_serve_args([MODEL, *FAST], env={})).engine.perf.prefill_only_time(1)
+
+    async def body(runtime: Runtime) -> tuple[float, SimRequest, int, float]:
+        arrival, req = await _late_request(runtime, FakeTransport(), 4 * step * 10)
+        return arrival, req, runtime.metrics.intake_missed_steps, runtime.metrics.max_lag_s
+
+    arrival, req, missed, lag = _run(SLOW, body)
+    assert req.first_scheduled is not None and req.first_scheduled - arrival > 2 * step
+    assert missed >= 2
+    assert lag < 0.5 * step * 10
