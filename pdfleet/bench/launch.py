@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Self
 
 from pdfleet.bench.procs import free_port, pin, wait_http
+from pdfleet.model.specs import RouterPolicy
 
 
 class _Proc:
@@ -100,7 +101,8 @@ class SimProcess(_Proc):
 
 
 class RouterProcess(_Proc):
-    """The real `vllm-router` in P/D mode over the given prefill and decode URLs, on loopback."""
+    """The real `vllm-router` in P/D mode over the given prefill and decode URLs, on loopback, selecting
+    workers by `policy` (default: the profile's default, round_robin), never the router's own default."""
 
     def __init__(
         self,
@@ -111,8 +113,10 @@ class RouterProcess(_Proc):
         extra: Sequence[str] = (),
         kv_connector: str = "nixl",
         bootstrap_ports: Sequence[int] = (),
+        policy: RouterPolicy | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.policy = policy or RouterPolicy()  # the profile's default, as a provisioned unit renders it
         self.url = f"http://127.0.0.1:{self.port}"
         exe = Path(sys.executable).with_name("vllm-router")
         argv = [str(exe), "--vllm-pd-disaggregation"]
@@ -131,6 +135,7 @@ class RouterProcess(_Proc):
             "127.0.0.1",
             "--prometheus-port",
             str(free_port()),
+            *self.policy.argv(),
             *extra,
         ]
         super().__init__(argv, None, self.url + "/health", timeout)

@@ -28,6 +28,7 @@ from pdfleet.bench.procs import free_port
 from pdfleet.bench.report import markdown_table
 from pdfleet.bench.stats import NAN, pct_ms
 from pdfleet.bench.workloads import SIM_MODEL
+from pdfleet.model.specs import RouterPolicy
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
 BASELINE = "round_robin"
@@ -209,10 +210,13 @@ def summary(targets: Sequence[Target], cfg: PolicyConfig) -> list[dict]:
 
 def policy_flags(spec: str) -> list[str]:
     """vllm-router's flags for NAME (both pools: --policy) or PREFILL/DECODE (one flag per pool)."""
+    return policy_of(spec).argv()
+
+
+def policy_of(spec: str) -> RouterPolicy:
+    """NAME (both pools) or PREFILL/DECODE as the profile's RouterPolicy."""
     prefill, _, decode = spec.partition("/")
-    if not decode or decode == prefill:
-        return ["--policy", prefill]
-    return ["--prefill-policy", prefill, "--decode-policy", decode]
+    return RouterPolicy(prefill=prefill, decode=decode or prefill)
 
 
 def start_pool(stack: ExitStack, cfg: PolicyConfig) -> tuple[list[str], list[str]]:
@@ -239,7 +243,7 @@ def run_benchmark(cfg: PolicyConfig) -> list[dict]:
         prefill, decode = start_pool(stack, cfg)
         targets = []
         for name in cfg.policies:
-            router = stack.enter_context(RouterProcess(prefill, decode, extra=policy_flags(name)))
+            router = stack.enter_context(RouterProcess(prefill, decode, policy=policy_of(name)))
             assert router.proc is not None
             targets.append(Target(name, router.url, router.proc.pid))
         if cfg.direct:

@@ -219,6 +219,14 @@ class RouterPolicy(StrictModel):
     prefill: Annotated[str, BeforeValidator(_router_policy_name)] = DEFAULT_ROUTER_POLICY
     decode: Annotated[str, BeforeValidator(_router_policy_name)] = DEFAULT_ROUTER_POLICY
 
+    def argv(self) -> list[str]:
+        """vllm-router's selection flags: one --policy when both pools share it, else one per pool. The one
+        rendering of a policy: the provisioned unit and the loopback router (`bench.launch`) both use it,
+        so no router runs the router's own default (cache_aware) while the profile says otherwise."""
+        if self.prefill == self.decode:
+            return ["--policy", self.prefill]
+        return ["--prefill-policy", self.prefill, "--decode-policy", self.decode]
+
 
 def one_or_per_pool(value: Any) -> Any:
     """`router_policy: NAME` sets both pools; `{prefill: NAME, decode: NAME}` each (unset: the default)."""

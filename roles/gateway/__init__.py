@@ -70,9 +70,7 @@ def _gateway(ctx: RoleContext) -> Gateway:
 
 def policy_args(policy: RouterPolicy) -> list[str]:
     """The router's selection flags: one --policy when both pools share it, else one per pool."""
-    if policy.prefill == policy.decode:
-        return ["--policy", policy.prefill]
-    return ["--prefill-policy", policy.prefill, "--decode-policy", policy.decode]
+    return policy.argv()
 
 
 def router_argv(ctx: RoleContext, router: Router) -> list[str]:

@@ -29,3 +29,23 @@ def test_a_sim_that_cannot_start_fails_with_its_log() -> None:
     with pytest.raises(RuntimeError, match="(?s)exited with .*no-such-option"), sim:
         pass
     assert sim.proc is not None and sim.proc.poll() is not None
+
+
+def test_the_loopback_router_selects_by_the_profiles_policy_never_the_routers_default() -> None:
+    """vllm-router's own default is cache_aware; the provisioned units render the profile's policy
+    (round_robin unless set): the loopback router passes the same flags, rendered the same way."""
+    from pdfleet.bench.launch import RouterProcess
+    from pdfleet.model.profile_loader import load_profile
+    from pdfleet.model.specs import RouterPolicy
+    from roles.gateway import policy_args
+    from tests.unit.fleet.helpers import REPO
+
+    default = RouterProcess(["http://127.0.0.1:1"], ["http://127.0.0.1:2"])
+    profile = load_profile("lab-cross", REPO / "profiles")
+    assert default.policy == profile.gateway.router_policy == RouterPolicy()
+    assert default.argv[default.argv.index("--policy") + 1] == "round_robin"
+    assert policy_args(profile.gateway.router_policy) == ["--policy", "round_robin"]
+    split = RouterProcess(["http://p"], ["http://d"], policy=RouterPolicy(prefill="cache_aware"))
+    i = split.argv.index("--prefill-policy")
+    assert split.argv[i : i + 4] == ["--prefill-policy", "cache_aware", "--decode-policy", "round_robin"]
+    assert "--policy" not in split.argv
