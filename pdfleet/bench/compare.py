@@ -114,6 +114,12 @@ class PoolTarget:
     gpus: int
     metrics: MetricsSource | None = None
     kv_metrics: MetricsSource | None = None  # sampled during the run (a source of its own for direct scrapes)
+    instances: int = 0  # instances the gateway picks among in this pool (0: one per GPU)
+
+    @property
+    def instance_count(self) -> int:
+        """The instances requests are spread over (colocated: the gateway's round robin)."""
+        return self.instances or self.gpus
 
 
 @dataclass

@@ -88,6 +88,13 @@ def gpu_count(topology: Topology, pool: str, model: str | None = None) -> int:
     )
 
 
+def instance_count(topology: Topology, pool: str, model: str | None = None) -> int:
+    """Instances of a gateway pool (of one model, or every model's)."""
+    return sum(
+        1 for i in topology.instances if GATEWAY_POOL[i.pool] == pool and (model is None or i.model == model)
+    )
+
+
 def direct_targets(topology: Topology, pool: str | None = None, model: str | None = None) -> list[Target]:
     """The vLLM metrics endpoints (of one gateway pool and model, or all) with their pool/role/host/model
     labels.
@@ -178,5 +185,5 @@ def pool_targets(
     out = {}
     for p in pools:
         source, kv = sources(p)
-        out[p] = PoolTarget(p, gpu_count(topology, p, model), source, kv)
+        out[p] = PoolTarget(p, gpu_count(topology, p, model), source, kv, instance_count(topology, p, model))
     return out

@@ -154,7 +154,7 @@ class WorkloadSpec:
     input_len: int = 1024
     output_len: int = 128
     range_ratio: float = 0.0  # random: lengths uniform in [len * (1 - r), len * (1 + r)]
-    long_share: float = 0.1  # long-prompt-mix: share of 16K-30K-token documents
+    long_share: float = 0.25  # long-prompt-mix: share of 16K-30K-token documents (issue 26: 0.1 was too few)
     long_min: int = 16000
     long_max: int = 30000
     dataset: str | None = None  # sharegpt JSON or trace JSONL

@@ -4,9 +4,18 @@ missing), the client's lateness, every error."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from pdfleet.bench.report import headline_rows, html_page, interference_note, markdown, markdown_table, note
+from pdfleet.bench.report import (
+    headline_rows,
+    html_page,
+    interference_note,
+    markdown,
+    markdown_table,
+    note,
+    short_rows,
+)
 from pdfleet.bench.results import write_results
 from pdfleet.bench.verdict import Thresholds
 from tests.unit.bench.helpers import built_result
@@ -43,9 +52,25 @@ def test_markdown_has_every_section_and_says_where_the_interference_is(tmp_path:
     assert rows[("colocated", "all")][3] == "1"
 
 
+def test_the_report_leads_with_short_streams_and_the_overlaps_behind_them(tmp_path: Path) -> None:
+    """Two of colocated's four short streams decoded through the long prefill on its instance (round
+    robin: the long prompt went second to last); P/D's decode beside no prefill."""
+    doc, verdict = _doc(tmp_path)
+    text = markdown(doc, verdict, [])
+    assert text.index("## Short streams beside long prefills") < text.index("## Headline")
+    rows = {r[0]: r for r in short_rows(doc)}
+    assert rows["colocated"][1:5] == ["5", "2", "80.0", "2"]  # 4 stalls in 5 streams, 2 in the overlapped
+    assert rows["disagg"][2] == "0 (in pool: 4)" and rows["disagg"][3] == "0.0"
+    assert "(2 short streams overlapped a long prefill on their own colocated instance)" in text
+    assert "LOW CONFIDENCE: only 2 short stream(s) on the colocated pool" in text
+    lines = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert {(r["pool"], r["index"]): r["instance"] for r in lines}[("colocated", 0)] == 1
+    assert all(r["instance"] is None for r in lines if r["pool"] == "disagg")
+
+
 def test_no_interference_is_said_too(tmp_path: Path) -> None:
     doc, _ = _doc(tmp_path)
-    doc["pools"]["disagg"]["pdfleet"]["classes"]["short"]["p99_itl_ms"] = 10_000.0
+    doc["pools"]["disagg"]["pdfleet"]["classes"]["short"]["p99.9_itl_ms"] = 10_000.0
     assert str(interference_note(doc)).startswith("No long-prompt interference")
 
 

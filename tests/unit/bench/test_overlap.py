@@ -1,0 +1,54 @@
+"""Short streams beside long prefills, per request: the instance each went to under the gateway's round
+robin, which short streams decoded through a long prefill on their own instance, their stalls."""
+
+from __future__ import annotations
+
+from pdfleet.bench.client import Record
+from pdfleet.bench.overlap import FEW_OVERLAPS, confidence_note, round_robin, short_streams
+
+
+def _rec(i: int, cls: str, start: float, chunks: list[float]) -> Record:
+    r = Record(i, "colocated", cls, 30000 if cls == "long" else 500, len(chunks), start=start, chunks=chunks)
+    r.ttft = chunks[0] - start
+    return r
+
+
+def _mix() -> list[Record]:
+    """Sent in this order: s0 s1 s2 s3 L4 s5 (two instances: s0 s2 L4 on one, s1 s3 s5 on the other).
+    The long prompt prefills 1.0 -> 2.0; s0 and s1 decode through it, s0 on its instance with a 400 ms
+    gap; s2 and s3 are done before it; s5 starts during it (it waits, then decodes undisturbed)."""
+    ticks = [0.05 + 0.02 * k for k in range(120)]  # 0.05 .. 2.43
+    s0 = [t if t < 1.2 else t + 0.4 for t in ticks]
+    return [
+        _rec(0, "short", 0.0, s0),
+        _rec(1, "short", 0.01, [t + 0.01 for t in ticks]),
+        _rec(2, "short", 0.1, [0.15, 0.17, 0.19]),
+        _rec(3, "short", 0.2, [0.25, 0.27]),
+        _rec(4, "long", 1.0, [2.0, 2.02]),
+        _rec(5, "short", 1.5, [2.1, 2.12, 2.14]),
+    ]
+
+
+def test_round_robin_follows_the_send_order() -> None:
+    recs = _mix()
+    assert round_robin(list(reversed(recs)), 2) == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0, 5: 1}
+    assert set(round_robin(recs, 1).values()) == {0}
+
+
+def test_only_short_streams_decoding_through_a_long_prefill_on_their_instance_count() -> None:
+    got = short_streams(_mix(), colocated=True, instances=2, stall_ms=250)
+    assert got["streams"] == 5 and got["long_prefills"] == 1
+    assert got["overlapped_same_instance"] == 1  # s0 (s1 is on the other instance; s5 started inside)
+    assert got["overlapped_in_pool"] == 2  # s0 and s1
+    assert got["stalls"] == got["overlapped_stalls"] == 1 and round(got["worst_gap_ms"]) == 420
+    assert got["stalls_per_100_streams"] == 20.0
+    pd = short_streams(_mix(), colocated=False, instances=1, stall_ms=250)
+    assert pd["overlapped_same_instance"] == 0 and pd["overlapped_in_pool"] == 2
+    assert str(pd["attribution"]).startswith("prefill and decode on separate instances")
+
+
+def test_few_overlaps_come_with_a_confidence_note() -> None:
+    got = short_streams(_mix(), colocated=True, instances=2, stall_ms=250)
+    assert "only 1 short stream(s) on the colocated pool" in str(confidence_note("colocated", got))
+    assert confidence_note("colocated", {**got, "overlapped_same_instance": FEW_OVERLAPS}) is None
+    assert confidence_note("disagg", short_streams(_mix(), False, 1, 250)) is None
