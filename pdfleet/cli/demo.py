@@ -1,5 +1,6 @@
 """`invoke demo`: the whole toolkit on one machine: lab up, provision lab-cross, show what runs, then a short
-bench of the long-prompt mix (colocated vs P/D) with its headline table and verdict."""
+bench of the long-prompt mix (colocated vs P/D) ending with its short-streams table (how many short streams
+decoded beside a long prefill on their own instance, their stalls), the headline table and the verdict."""
 
 from __future__ import annotations
 
