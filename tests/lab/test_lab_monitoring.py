@@ -234,15 +234,17 @@ def test_slow_kv_link_fires_the_kv_transfer_alert_and_restoring_resolves_it(
     shutil.copytree(REPO_ROOT / "profiles", profiles)
     # the simulator's --sim-link: KV over plain TCP (≈4 GB/s) instead of 400G RoCE
     (profiles / "lab-cross-slow-kv.yml").write_text("extends: lab-cross\nvllm:\n  sim:\n    link: tcp\n")
+    # only the P/D hosts' simulators move KV: the colocated ones keep serving (and are not restarted)
+    pd_services = ("--roles", "services", "--limit", "prefill,decode")
     try:
         with traffic.restarting():
-            _provision(str(profiles / "lab-cross-slow-kv.yml"), tmp_path / "slow.json")
+            _provision(str(profiles / "lab-cross-slow-kv.yml"), tmp_path / "slow.json", *pd_services)
         _wait(lambda: _alert_state(prom) == {"firing"}, 300, f"{ALERT} firing on the slow link")
         (alert,) = [a for a in prom.alerts() if a["labels"]["alertname"] == ALERT]
         assert "transport is the bottleneck" in alert["annotations"]["summary"]
     finally:
         with traffic.restarting():
-            _provision(PROFILE, tmp_path / "restore.json")
+            _provision(PROFILE, tmp_path / "restore.json", *pd_services)
     _wait(lambda: not _alert_state(prom), 300, f"{ALERT} resolved after the link was restored")
 
 
