@@ -27,13 +27,16 @@ LAB_DIR = Path(__file__).resolve().parent
 
 
 # The order of the lab tests: one lab boot and two provisions from scratch per session, every later test
-# on that fleet. infra takes the lab down and up (leaving it bare); Molecule's `test --all` boots the lab
-# again (its first scenario converges on those bare hosts) and ends with it booted bare; then provision's
-# first test converges lab-cross from scratch (asserting every host changed), and the rest run on that
-# fleet. A key is a file or a file::test; a test takes the first key naming it.
+# on that fleet. infra takes the lab down and up (leaving it bare); Molecule's destroy and `test --all
+# --destroy never` boot the lab again (its first scenario converges on those bare hosts) and leave
+# lab-same-host converged, which provision's 0.11 test checks (a second converge there would change
+# nothing); then provision's from-scratch test takes the lab down and up and converges lab-cross
+# (asserting every host changed), and the rest run on that fleet. A key is a file or a file::test; a test
+# takes the first key naming it.
 FIRST = (
     "test_lab_infra.py",
     "test_lab_molecule.py::test_molecule_test_all_scenarios_pass",
+    "test_lab_provision.py::test_a_profile_pinned_to_0_11_provisions_and_serves_p_d",
     "test_lab_provision.py",
 )
 # After the rest, in this order: the bench, whose load stays in Prometheus's last minutes (doctor's

@@ -1,9 +1,10 @@
-"""Molecule scenarios over the lab: `molecule test --all` passes (one lab booted by the default scenario's
-create; per lab profile syntax → converge → idempotence → verify, each converging over the previous one;
-one destroy), and its idempotence step fails when a converge is made non-idempotent on purpose (a template
-rendering random text each time). `test --all` starts from a lab taken down, so its first scenario
-(lab-colocated) converges from scratch; the session runs it right after infra (bare hosts either way) and
-provision's from-scratch test after it, on the bare hosts it leaves (tests/lab/conftest.py: FIRST)."""
+"""Molecule scenarios over the lab: the default scenario's destroy takes the lab down, then `molecule test
+--all` passes (one lab booted by the default scenario's create; per lab profile syntax → converge →
+idempotence → verify, each converging over the previous one), and its idempotence step fails when a converge
+is made non-idempotent on purpose (a template rendering random text each time). `test --all` starts from
+the lab taken down, so its first scenario (lab-colocated) converges from scratch, and runs with
+`--destroy never`: it leaves lab-same-host converged, the fleet provision's 0.11 test checks next, instead of
+a destroy, a boot and a converge back (tests/lab/conftest.py: FIRST)."""
 
 from __future__ import annotations
 
@@ -73,20 +74,26 @@ def test_idempotence_fails_when_a_converge_is_not_idempotent(lab: LabHandle, tmp
 
 
 def test_molecule_test_all_scenarios_pass(lab: LabHandle) -> None:
-    # Molecule's own destroy (its state then says "not created"): create boots the lab again, and the
-    # first scenario converges on bare hosts
+    # Molecule's own destroy (the lab taken down; its state then says "not created"): create boots the
+    # lab again, and the first scenario converges on bare hosts
     destroyed = molecule("destroy", "-s", "default")
-    assert destroyed.returncode == 0, (destroyed.stdout + destroyed.stderr)[-4000:]
+    down = destroyed.stdout + destroyed.stderr
+    assert destroyed.returncode == 0, down[-4000:]
+    assert re.findall(r"\[(\S+) > destroy\] Executing", down) == ["default"], down[-4000:]
+    assert "TASK [Take the lab down]" in down, down[-4000:]
     try:
-        result = molecule("test", "--all")
+        result = molecule("test", "--all", "--destroy", "never")
     finally:
-        lab.up()  # the run ends with the lab down; the session's teardown expects it up
+        lab.up()  # cheap when up; the session's teardown expects it up even if the run failed
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-6000:]
     for scenario in ("lab-cross", "lab-same-host", "lab-colocated"):
         for step in ("syntax", "converge", "idempotence", "verify"):
             assert f"{scenario} > {step}: Executed: Successful" in out, (scenario, step, out[-6000:])
-    # shared state: the default scenario booted the lab and took it down, once each for the whole run
+    # shared state: the default scenario booted the lab, once for the whole run; its destroy, the only one,
+    # was skipped (its playbook's task never ran), so the lab stays up with lab-same-host converged
     assert "default > create: Executed: Successful" in out, out[-6000:]
-    for step in ("create", "destroy"):
-        assert re.findall(rf"\[(\S+) > {step}\] Executing", out) == ["default"], (step, out[-6000:])
+    assert re.findall(r"\[(\S+) > create\] Executing", out) == ["default"], out[-6000:]
+    assert re.findall(r"\[(\S+) > destroy\] Executing", out) == ["default"], out[-6000:]
+    assert "[default > destroy] Skipping, '--destroy=never' requested." in out, out[-6000:]
+    assert "TASK [Take the lab down]" not in out, out[-6000:]

@@ -55,8 +55,8 @@ def _provision(profile: str, inventory: Path, report: Path, *extra: str) -> dict
 
 def _bare(lab: LabHandle) -> None:
     """The lab's hosts as `lab.up` boots them: taken down and up again if any was provisioned (the
-    session runs this file right after Molecule's `test --all`, which leaves them bare, so this is normally a
-    check only)."""
+    session runs this test after provision's 0.11 test, on the lab-same-host fleet Molecule's `test --all`
+    leaves: ~12 s for five hosts)."""
     if any(lab.ssh(h, "test -e /etc/pdfleet -o -e /opt/pdfleet")[0] == 0 for h in lab.hosts):
         down(lab.lab)
         lab.up()
@@ -231,7 +231,9 @@ def test_a_host_powered_off_mid_fleet_fails_alone_then_rejoins(converged: LabHan
 def test_a_profile_pinned_to_0_11_provisions_and_serves_p_d(lab: LabHandle, tmp_path: Path) -> None:
     """lab-same-host pins vLLM 0.11.0 (the default pin is 0.33.0, lab-cross above): its units render the
     simulator as 0.11, converge in two runs, and a prefill → decode request over the side channel works
-    the way 0.11 pairs them (one X-Request-Id on both legs, no remote_request_id, no vllm:nixl_*)."""
+    the way 0.11 pairs them (one X-Request-Id on both legs, no remote_request_id, no vllm:nixl_*). The
+    session runs it first in this file, on the lab-same-host fleet Molecule's `test --all` leaves (its
+    first run then changes nothing; alone, it converges whatever the lab runs)."""
     inventory = REPO_ROOT / "inventory" / "lab-same-host.yml"
     _provision("lab-same-host", inventory, tmp_path / "first.json")
     second = _provision("lab-same-host", inventory, tmp_path / "second.json")
