@@ -2,7 +2,7 @@
 
 Every test under tests/lab is marked `lab` and skipped, with the reason, where the lab cannot run
 (not Linux, not root, a tool missing). Set PDFLEET_LAB_KEEP=1 to leave the lab up after the session.
-The files of BESIDE_UNITS are also marked `beside_units`: `./dev test` runs them while the unit tests
+The tests of BESIDE_UNITS are also marked `beside_units`: `./dev test` runs them while the unit tests
 run, and the others after (two sessions, the first with PDFLEET_LAB_KEEP=1).
 """
 
@@ -43,10 +43,10 @@ FIRST = (
 # healthy-fleet test reads `--minutes 1` and must find no tuning advice), and Molecule's other test, which
 # converges lab-cross with a broken template and provisions it back.
 LAST = ("test_lab_bench.py", "test_lab_molecule.py")
-# The files that stay reliable with the unit tests busy on the same two cores: they check states, files
-# and answers, not latencies, and wait on conditions rather than fixed windows. The others measure
-# latencies, rates or alert timings (bench, doctor's tuning rules, monitoring's alerts, the rollout's
-# gates) and run after the unit tests, with the machine otherwise idle.
+# The tests that stay reliable with the unit tests busy on the same two cores (a key as in FIRST): they
+# check states, files and answers, not latencies, and wait on conditions rather than fixed windows. The
+# others measure latencies, rates or alert timings (bench, doctor's tuning rules and its healthy fleet view,
+# the KV alert, the rollout's gates) and run after the unit tests, with the machine otherwise idle.
 BESIDE_UNITS = (
     "test_lab_infra.py",
     "test_lab_molecule.py",
@@ -57,13 +57,31 @@ BESIDE_UNITS = (
     "test_lab_mooncake.py",
     "test_lab_demo.py",
     "test_lab_two_models.py",  # provisions lab-two-models and lab-cross back: answers, stages, counters
+    # doctor's client catalogue and a blocked side channel: findings from answers and host state
+    "test_lab_doctor.py::test_healthy_client_view_has_no_error",
+    "test_lab_doctor.py::test_healthy_anthropic_view_has_no_error",
+    "test_lab_doctor.py::test_a_trailing_space_in_the_key",
+    "test_lab_doctor.py::test_a_base_url_at_a_pool_port",
+    "test_lab_doctor.py::test_a_chat_body_posted_to_completions",
+    "test_lab_doctor.py::test_a_wrong_anthropic_key",
+    "test_lab_doctor.py::test_the_side_channel_blocked_on_the_decode_host",
+    # monitoring's targets, rule values per pool, reload and `invoke monitor`: series present, not timings
+    "test_lab_monitoring.py::test_every_target_is_up",
+    "test_lab_monitoring.py::test_each_recording_rule_has_a_value_per_pool_after_streamed_traffic",
+    "test_lab_monitoring.py::test_second_provision_changes_nothing_and_a_changed_rule_file_reloads",
+    "test_lab_monitoring.py::test_invoke_monitor_shows_the_chain",
 )
+
+
+def named(keys: tuple[str, ...], file: str, test: str) -> bool:
+    """Whether a key names this test: its file, or file::test (test without its parameters)."""
+    return file in keys or f"{file}::{test}" in keys
 
 
 def run_rank(file: str, test: str) -> int:
     """Where a lab test runs: FIRST in their order, then the rest (stable sort: file order), LAST."""
     for index, key in enumerate(FIRST):
-        if key in (file, f"{file}::{test}"):
+        if named((key,), file, test):
             return index
     return len(FIRST) + (1 + LAST.index(file) if file in LAST else 0)
 
@@ -74,7 +92,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if LAB_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.lab)
-            if Path(str(item.path)).name in BESIDE_UNITS:
+            if named(BESIDE_UNITS, Path(str(item.path)).name, getattr(item, "originalname", item.name)):
                 item.add_marker(pytest.mark.beside_units)
     items.sort(key=lambda item: run_rank(Path(str(item.path)).name, getattr(item, "originalname", item.name)))
 
