@@ -1,0 +1,127 @@
+"""Staged weights in the lab (issue 31), on the provisioned lab: lab-weights stages the lab model's lab-r1
+from the lab's model mirror on every pool host, checked by SHA-256; a second provision changes nothing; a
+byte flipped on lab-d1 is found by `invoke verify` and restored by provision; an interrupted copy (half a
+shard left as its .part) continues with a range request; files swapped on lab-d1 are named by
+`invoke doctor --profile`; a decode pool pinned to another revision is refused. lab-cross is provisioned
+back at the end. It checks states and files, not latencies."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from pdfleet.lab.mirrors import refresh_host_wheel
+from pdfleet.lab.model_mirror import LAB_MODEL
+from pdfleet.model.weights import WeightsManifest
+from tests.lab.helpers import REPO_ROOT, LabHandle
+
+INVOKE = [sys.executable, "-m", "invoke"]
+PROFILE = "lab-weights"
+POOL_HOSTS = ("lab-p1", "lab-d1", "lab-colo1", "lab-colo2")
+DIR = f"/var/lib/pdfleet/models/{LAB_MODEL}/lab-r1"
+
+
+def _invoke(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*INVOKE, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def _provision(profile: str, report: Path, *extra: str) -> dict:
+    """Provision through the real CLI and insist every host succeeded; the JSON report."""
+    proc = _invoke("provision", "--profile", profile, "--json", str(report), *extra)
+    assert proc.returncode == 0 and report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(report.read_text())
+
+
+def _staged(lab: LabHandle, host: str) -> dict[str, str]:
+    """path -> sha256 of the files in the staged directory on a lab host (partial downloads included)."""
+    found = next(h for h in lab.hosts if h.name == host)
+    # /var/lib/pdfleet is the service user's: only root walks into it
+    rc, out, err = lab.ssh(
+        found, f"sudo sh -c 'cd {DIR} && find . -type f -print0 | sort -z | xargs -0 sha256sum'"
+    )
+    assert rc == 0, err
+    return {line.split("  ", 1)[1].removeprefix("./"): line.split()[0] for line in out.splitlines()}
+
+
+def _on(lab: LabHandle, host: str, command: str) -> None:
+    """Run a shell command as root in the staged directory of a lab host."""
+    found = next(h for h in lab.hosts if h.name == host)
+    rc, _, err = lab.ssh(found, f"sudo sh -c {shlex.quote(f'cd {DIR} && {command}')}")
+    assert rc == 0, err
+
+
+def test_weights_staged_verified_restored_resumed_and_named(lab: LabHandle, tmp_path: Path) -> None:
+    refresh_host_wheel(lab.paths)
+    manifest = WeightsManifest.model_validate_json(
+        (lab.paths.models_dir / LAB_MODEL / "lab-r1" / "manifest.json").read_text()
+    )
+    want = {f.path: f.sha256 for f in manifest.files}
+    for host in lab.hosts:  # from nothing, whatever an earlier session left
+        assert lab.ssh(host, "sudo rm -rf /var/lib/pdfleet/models")[0] == 0
+    first = _provision(PROFILE, tmp_path / "first.json")
+    for host in POOL_HOSTS:
+        fetched = [c for c in first["hosts"][host]["changes"] if c["op"].startswith(f"weights {DIR}/")]
+        assert len(fetched) == len(want), (host, fetched)
+        assert _staged(lab, host) == want, host
+    assert not [c for c in first["hosts"]["lab-gw"]["changes"] if c["op"].startswith("weights ")]
+    second = _provision(PROFILE, tmp_path / "second.json")
+    assert second["totals"]["changed"] == 0, second["totals"]
+
+    shard = next(f for f in manifest.files if f.path.endswith(".safetensors"))
+    # a flipped byte: verify names lab-d1 and the file; provision puts the manifest's bytes back
+    _on(lab, "lab-d1", f"printf X | dd of={shard.path} bs=1 seek=1000 conv=notrunc status=none")
+    bad = _invoke("verify", "--profile", PROFILE, "--checks", "staged_weights")
+    flat = " ".join(bad.stdout.split())
+    assert bad.returncode != 0 and "FAIL lab-d1 weights/staged_weights_match_manifest" in flat, flat
+    assert f"{DIR}/{shard.path}:sha256" in "".join(bad.stdout.split()), bad.stdout[-2000:]
+    assert "FAIL lab-p1" not in flat
+    repaired = _provision(PROFILE, tmp_path / "repair.json")
+    changed = {h for h, v in repaired["hosts"].items() if v["changed"]}
+    assert changed == {"lab-d1"}, changed
+    assert _staged(lab, "lab-d1") == want
+    assert _invoke("verify", "--profile", PROFILE, "--checks", "staged_weights").returncode == 0
+
+    # an interrupted copy: half the shard as its .part, the file gone; provision continues it (206)
+    log = lab.paths.run_dir / "models-mirror.log"
+    before = log.read_text().count(" 206 ") if log.exists() else 0
+    half = shard.size // 2
+    _on(
+        lab,
+        "lab-d1",
+        f"head -c {half} {shard.path} > {shard.path}.part && rm {shard.path}",
+    )
+    resumed = _provision(PROFILE, tmp_path / "resume.json", "--limit", "lab-d1", "--roles", "weights")
+    diffs = [c["diff"] for c in resumed["hosts"]["lab-d1"]["changes"]]
+    assert any("continue the partial download at 1.0 MiB" in d for d in diffs), diffs
+    assert log.read_text().count(" 206 ") == before + 1  # one range request: the rest of the shard
+    assert _staged(lab, "lab-d1") == want
+
+    # swapped files on lab-d1: doctor names the host and the file
+    other = next(f for f in manifest.files if f.path.endswith(".safetensors") and f != shard)
+    _on(lab, "lab-d1", f"cp {other.path} {shard.path}")
+    proc = _invoke("doctor", "--profile", PROFILE, "--minutes", "1", "--json", timeout=180)
+    doc = json.loads(proc.stdout)
+    found = [f for f in doc["findings"] if f["rule"] == "weights.files"]
+    assert [f["subject"] for f in found] == ["lab-d1"], doc["findings"]
+    assert f"{shard.path}: sha256 {other.sha256[:12]}, expected {shard.sha256[:12]}" in found[0]["evidence"]
+    assert proc.returncode != 0
+    _provision(PROFILE, tmp_path / "unswap.json", "--limit", "lab-d1", "--roles", "weights")
+    assert _staged(lab, "lab-d1") == want
+
+    # lab-cross back for the tests after this one (its units load the model by id again)
+    _provision("lab-cross", tmp_path / "back.json")
+
+
+def test_a_decode_pool_pinned_to_another_revision_is_refused(tmp_path: Path) -> None:
+    """No lab host is touched: the profile is refused before provision connects."""
+    (tmp_path / "pinned.yml").write_text(
+        f"extends: {PROFILE}\npools: {{decode: {{extra_args: [--revision, lab-r2]}}}}\n"
+    )
+    proc = _invoke("provision", "--profile", str(tmp_path / "pinned.yml"), "--check", timeout=120)
+    assert proc.returncode != 0
+    assert (
+        "pools.decode.extra_args[0]: --revision is rendered by pdfleet from model.revision" in proc.stderr
+    ), proc.stderr
