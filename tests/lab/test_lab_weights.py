@@ -59,8 +59,8 @@ def test_weights_staged_verified_restored_resumed_and_named(lab: LabHandle, tmp_
         (lab.paths.models_dir / LAB_MODEL / "lab-r1" / "manifest.json").read_text()
     )
     want = {f.path: f.sha256 for f in manifest.files}
-    for host in lab.hosts:  # from nothing, whatever an earlier session left
-        assert lab.ssh(host, "sudo rm -rf /var/lib/pdfleet/models")[0] == 0
+    for lab_host in lab.hosts:  # from nothing, whatever an earlier session left
+        assert lab.ssh(lab_host, "sudo rm -rf /var/lib/pdfleet/models")[0] == 0
     first = _provision(PROFILE, tmp_path / "first.json")
     for host in POOL_HOSTS:
         fetched = [c for c in first["hosts"][host]["changes"] if c["op"].startswith(f"weights {DIR}/")]
