@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from pdfleet.model.routing import DeciderSpec
 from pdfleet.model.stages import StageSpec
@@ -39,17 +39,7 @@ Reason = Literal[
     "no_pd_pool",
     "fallback",
 ]
-REASONS: tuple[Reason, ...] = (
-    "forced_header",
-    "stage_weight",
-    "short",
-    "cached_prefix",
-    "prefill_busy",
-    "decode_busy",
-    "endpoint_not_carried",
-    "no_pd_pool",
-    "fallback",
-)
+REASONS: tuple[Reason, ...] = get_args(Reason)  # the closed set, in its documented order
 PoolName = Literal["colocated", "disagg"]
 ClassName = Literal["short", "long"]
 
