@@ -175,7 +175,7 @@ def test_hosts_install_from_the_mirrors(lab: LabHandle) -> None:
 def test_status_reports_a_healthy_lab(lab: LabHandle) -> None:
     report = status(lab.lab)
     assert report.healthy, report
-    assert {m.kind for m in report.mirrors} == {"apt", "pypi"}
+    assert {m.kind for m in report.mirrors} == {"apt", "pypi", "models"}
 
 
 def test_up_again_keeps_running_hosts(lab: LabHandle) -> None:
