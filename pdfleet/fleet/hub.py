@@ -34,6 +34,9 @@ HUB_TIMEOUT_S = 60.0
 SERVED_FILES = re.compile(r"^[^/]+\.(safetensors|json|model|tiktoken)$|^(merges|vocab)\.txt$")
 
 
+TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")  # a bearer token's characters (RFC 6750 allows fewer)
+
+
 def endpoint(model: ModelSpec) -> str:
     """The hub's base URL (model.hub_endpoint, else the public hub), without a trailing slash."""
     return (model.hub_endpoint or DEFAULT_ENDPOINT).rstrip("/")
@@ -55,13 +58,21 @@ def read_token(model: ModelSpec) -> str | None:
         value = os.environ.get(source.env, "").strip()
         if not value:
             raise ValidationError(f"model.token.env: the environment variable {source.env} is unset or empty")
-        return value
+        return _one_header_value(value, f"model.token.env: the environment variable {source.env}")
     assert source.file is not None
     file = Path(source.file).expanduser()
     kept = existing_key(file)
     if kept is None:
         raise ValidationError(f"model.token.file: {file} does not exist (put the hub token there, mode 0600)")
-    return kept
+    return _one_header_value(kept, f"model.token.file: {file}")
+
+
+def _one_header_value(token: str, where: str) -> str:
+    """The token as it goes into one `Authorization` line: visible ASCII only, so no value can end the
+    line and add another to the headers file (or make urllib fail with a traceback). Never shown."""
+    if not TOKEN_CHARS.fullmatch(token):
+        raise ValidationError(f"{where} holds a space, line break or non-ASCII character: not a hub token")
+    return token
 
 
 def _get(url: str, token: str | None) -> bytes:

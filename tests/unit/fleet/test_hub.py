@@ -127,6 +127,16 @@ def test_a_token_file_must_be_the_owner_s_only(tmp_path: Path, hub: str) -> None
         read_token(_model(hub, TokenSource(file=str(tmp_path / "none"))))
 
 
+@pytest.mark.parametrize("bad", [TOKEN + "\nX-Injected: 1", TOKEN[:4] + " " + TOKEN[4:], TOKEN + "\u00e9"])
+def test_a_token_that_could_add_a_header_line_is_refused_without_showing_it(  # type: ignore[no-untyped-def]
+    bad: str, hub: str, monkeypatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN_TEST", bad)
+    with pytest.raises(ValidationError, match="HF_TOKEN_TEST holds a space, line break") as err:
+        read_token(_model(hub, TokenSource(env="HF_TOKEN_TEST")))
+    assert TOKEN[:8] not in str(err.value)
+
+
 def test_hosts_fetch_from_the_hub_with_the_headers_file(hub: str, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The real curl against the stand-in, LFS redirects included; no command line holds the token."""
     monkeypatch.setenv("HF_TOKEN_TEST", TOKEN)
