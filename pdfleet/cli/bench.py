@@ -283,7 +283,7 @@ def print_outcome(doc: dict[str, Any], verdict: Verdict, out_dir: Path, console:
     return [f"{p}: {s['error']}" for p, s in doc["pools"].items() if "error" in s]
 
 
-@task(help=HELP, auto_shortflags=False)  # 19 options: short flags would collide
+@task(help=HELP, auto_shortflags=False, positional=[])  # 19 options: short flags would collide
 @user_errors
 def bench(
     ctx: Context,

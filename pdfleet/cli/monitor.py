@@ -24,6 +24,7 @@ MAX_MINUTES = 366 * 24 * 60.0  # a year: far past any retention; a larger one ov
 
 
 @task(
+    positional=[],  # `invoke TASK --help` is help, not a profile named --help
     help={
         "profile": HELP["profile"],
         "inventory": HELP["inventory"],
@@ -33,7 +34,7 @@ MAX_MINUTES = 366 * 24 * 60.0  # a year: far past any retention; a larger one ov
         "prometheus": "Read this Prometheus (http://HOST:PORT) instead of the inventory's monitoring host.",
         "model": "Show only this model (its name in the profile's models:); default: every model, a section "
         "each.",
-    }
+    },
 )
 @user_errors
 def monitor(

@@ -15,6 +15,7 @@ from pdfleet.ops.report import print_report
 
 
 @task(
+    positional=[],  # `invoke TASK --help` is help, not a profile named --help
     help={
         "profile": HELP["profile"],
         "inventory": HELP["inventory"],
@@ -28,7 +29,7 @@ from pdfleet.ops.report import print_report
         "the initial one.",
         "reboot": "Reboot hosts whose roles report 'reboot required' (e.g. a new driver), wave by wave "
         "with --serial, wait for SSH, then converge them. Without it the need is only reported.",
-    }
+    },
 )
 @user_errors
 def provision(

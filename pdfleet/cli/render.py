@@ -16,12 +16,13 @@ from pdfleet.fleet.render import write_tree
 
 
 @task(
+    positional=[],  # `invoke TASK --help` is help, not a profile named --help
     help={
         "profile": HELP["profile"],
         "inventory": HELP["inventory"],
         "out": "Output directory; files land at OUT/<host>/<absolute path> (default: out/render).",
         "limit": HELP["limit"],
-    }
+    },
 )
 @user_errors
 def render(

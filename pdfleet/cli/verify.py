@@ -15,6 +15,7 @@ from pdfleet.model.inventory import Host
 
 
 @task(
+    positional=[],  # `invoke TASK --help` is help, not a profile named --help
     help={
         "profile": HELP["profile"],
         "inventory": HELP["inventory"],
@@ -23,7 +24,7 @@ from pdfleet.model.inventory import Host
         "rdma_bandwidth": "Also run ib_write_bw between each prefill/decode host pair against "
         "rdma.min_bandwidth_gbps.",
         "checks": "Only checks matching this pytest -k expression (e.g. 'services or kv').",
-    }
+    },
 )
 @user_errors
 def verify(

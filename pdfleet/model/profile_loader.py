@@ -44,6 +44,9 @@ def _find(name: str, directory: Path) -> Path | None:
 
 def resolve_profile(name_or_path: str, profiles_dir: Path) -> Path:
     """A profile name (looked up in profiles_dir) or a path to a profile file."""
+    if not name_or_path:  # a task's --profile left out (invoke passes None)
+        names = ", ".join(list_profiles(profiles_dir)) or "(none)"
+        raise ValidationError(f"no profile given: pass --profile NAME, one of: {names}")
     as_path = Path(name_or_path)
     if as_path.suffix in PROFILE_SUFFIXES and ("/" in name_or_path or as_path.is_file()):
         if not as_path.is_file():
@@ -139,7 +142,7 @@ def _load_raw(
 
 def load_profile(name_or_path: str, profiles_dir: Path) -> Profile:
     """Load, merge (`extends:`) and validate a profile; raises ProfileError listing every problem."""
-    path = resolve_profile(str(name_or_path), Path(profiles_dir))
+    path = resolve_profile(str(name_or_path or ""), Path(profiles_dir))  # None: a task without --profile
     origins: Origins = {}
     data = _load_raw(path, [], origins, Path(profiles_dir))
     data.pop("extends", None)

@@ -83,6 +83,17 @@ def test_every_option_has_help(task: str) -> None:
         assert len(line.split("  ", 1)) == 2 and line.split("  ", 1)[1].strip(), f"no help: {line}"
 
 
+@pytest.mark.parametrize("task", ["render", "provision", "verify", "monitor", "bench"])
+def test_task_help_after_the_task_is_help_and_a_missing_profile_is_named(task: str) -> None:
+    """`invoke TASK --help` prints the task's help (it was read as a profile named --help), and a task run
+    without --profile says so instead of looking up a profile named None."""
+    shown = _invoke(task, "--help")
+    assert shown.returncode == 0 and "--profile" in shown.stdout, shown.stdout + shown.stderr
+    bare = _invoke(task)
+    assert bare.returncode != 0 and "Traceback" not in bare.stdout + bare.stderr
+    assert bare.stderr.startswith("error: no profile given: pass --profile NAME, one of:"), bare.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
