@@ -134,7 +134,7 @@ class StageFile(Operation):
     `path.part` (continued when a partial one is there), checked, then renamed into place.
 
     `header_file` is a 0600 file of request headers (`Authorization: Bearer ...` for the hub), given to
-    curl as `-H @file` so the token is on no command line."""
+    curl as `-H @file` so the token is on no command line; the command removes it when it fails."""
 
     directory: str
     file: ManifestFile
@@ -180,7 +180,7 @@ class StageFile(Operation):
             f"{f.path}: SHA-256 differs from the manifest after download from {self.url} "
             "(removed; the next run fetches it again)"
         )
-        return (
+        script = (
             f'set -e; cd {q(self.directory)}; mkdir -p -- "$(dirname -- {dest})"; '
             # longer than the file: not a prefix of it, start over
             f"if [ {size} -gt {f.size} ]; then rm -f -- {part}; fi; "
@@ -190,6 +190,14 @@ class StageFile(Operation):
             f"if ! echo {q(f'{f.sha256}  {f.path}{PART}')} | sha256sum -c --status; then rm -f -- {part}; "
             f"echo {q(mismatch)} >&2; exit 1; fi; "
             f"chmod 0644 -- {part}; mv -f -- {part} {dest}"
+        )
+        if not self.header_file:
+            return script
+        # a failed download takes the token's file with it: HeadersRemoved, later in the plan, never runs
+        removed = "the hub token's headers file was removed; the next run writes it again"
+        return (
+            f"( {script} ); rc=$?; if [ $rc -ne 0 ]; then rm -f -- {q(self.header_file)}; "
+            f"echo {q(removed)} >&2; fi; exit $rc"
         )
 
 
@@ -249,8 +257,8 @@ class DownloadHeaders(Operation):
 
 @dataclass(frozen=True)
 class HeadersRemoved(Operation):
-    """The download headers file gone once the revision's files are in place (or when a run that failed
-    half way left it)."""
+    """The download headers file gone once the revision's files are in place (a StageFile that fails
+    removes it itself; this also clears one an interrupted run left)."""
 
     path: str
     directory: str

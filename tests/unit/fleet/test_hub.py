@@ -27,7 +27,7 @@ from pdfleet.model.specs import ModelSpec, TokenSource
 from pdfleet.ops.base import FakeFacts, Run, Upload
 from pdfleet.ops.files import DirectoryState, FileState
 from pdfleet.ops.gather import HostFacts
-from pdfleet.ops.runner import execute
+from pdfleet.ops.runner import CommandError, execute
 from pdfleet.ops.ssh import LocalTransport
 from pdfleet.ops.weights import DownloadHeaders, HeadersRemoved, StagedFiles, StagedState, StageFile
 from roles import REGISTRY, weights
@@ -160,6 +160,42 @@ def test_hosts_fetch_from_the_hub_with_the_headers_file(hub: str, tmp_path: Path
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.iterdir()} == {
         f.path: f.sha256 for f in manifest.files
     }
+
+
+def test_a_failed_hub_download_removes_the_headers_file(hub: str, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """HeadersRemoved comes after the downloads and never runs once one fails: the failing command itself
+    removes the token's file (a 404, then a token the hub refuses); a download that works keeps it."""
+    monkeypatch.setenv("HF_TOKEN_TEST", TOKEN)
+    model = _model(hub, TokenSource(env="HF_TOKEN_TEST"))
+    manifest = load_manifests([model])[LAB_MODEL]
+    config = next(f for f in manifest.files if f.path == "config.json")
+    headers = tmp_path / "h"
+    directory = tmp_path / "staged"
+    directory.mkdir()
+
+    def stage(url: str, token: str) -> None:
+        headers.write_text(f"Authorization: Bearer {token}\n")
+        headers.chmod(0o600)
+        execute(
+            LocalTransport(),
+            StageFile(str(directory), config, url, (), header_file=str(headers))
+            .plan(FakeFacts({StagedFiles(str(directory), ()): StagedState({}, {}, 1 << 30)}))[0]
+            .commands[0],
+            timeout=60,
+        )
+
+    for url, token in (
+        (f"{file_url(model, config.path)}-missing", TOKEN),
+        (file_url(model, config.path), "x"),
+    ):
+        with pytest.raises(CommandError, match="the hub token's headers file was removed") as err:
+            stage(url, token)
+        assert not headers.exists() and TOKEN not in str(err.value)
+    stage(file_url(model, config.path), TOKEN)
+    assert (
+        headers.exists()
+        and hashlib.sha256((directory / "config.json").read_bytes()).hexdigest() == config.sha256
+    )
 
 
 def test_a_token_shaped_value_is_in_no_unit_env_render_command_or_diff(
