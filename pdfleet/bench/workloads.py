@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pdfleet.bench.trace import BLOCK_TOKENS, TraceRequest, read_trace
 from pdfleet.errors import ValidationError
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
@@ -128,7 +129,7 @@ _WORDS = [
     "van",
     "web",
 ]
-TRACE_BLOCK_TOKENS = 512  # Mooncake traces: one hash_id per 512-token prefix block
+TRACE_BLOCK_TOKENS = BLOCK_TOKENS  # Mooncake traces: one hash_id per 512-token prefix block
 SHAREGPT_MAX_PROMPT = 1024  # vLLM's is_valid_sequence: prompt <= 1024 tokens, prompt + output <= 2048
 SHAREGPT_MAX_TOTAL = 2048
 SHAREGPT_MIN = 4
@@ -221,8 +222,9 @@ def check_spec(spec: WorkloadSpec) -> None:
         raise ValidationError(f"--long-share {spec.long_share}: must be between 0 and 1")
     if spec.name in ("sharegpt", "trace") and not spec.dataset:
         raise ValidationError(
-            f"--workload {spec.name} needs --dataset PATH (a "
-            f"{'ShareGPT JSON' if spec.name == 'sharegpt' else 'Mooncake trace JSONL'} file)"
+            "--workload sharegpt needs --dataset PATH (a ShareGPT JSON file)"
+            if spec.name == "sharegpt"
+            else "--workload trace needs --trace FILE (a Mooncake trace JSONL file)"
         )
     if spec.name in ("sharegpt", "trace") and not Path(str(spec.dataset)).expanduser().is_file():
         raise ValidationError(f"--dataset {spec.dataset}: cannot read the file (not found)")
@@ -352,49 +354,36 @@ def _block(hash_id: int) -> list[str]:
     return [rng.choice(_WORDS) for _ in range(TRACE_BLOCK_TOKENS)]
 
 
-def _trace_row(row: Any, where: str) -> tuple[float, int, int, list[int]]:
-    """One Mooncake trace line's fields, checked."""
-    if not isinstance(row, dict):
-        raise ValidationError(f"{where}: a trace line is a JSON object")
-    try:
-        ts, inp, out = float(row["timestamp"]), int(row["input_length"]), int(row["output_length"])
-    except KeyError as err:
-        raise ValidationError(
-            f"{where}: missing {err.args[0]!r} (Mooncake trace: timestamp, input_length, "
-            "output_length, hash_ids)"
-        ) from None
-    except (TypeError, ValueError):
-        raise ValidationError(f"{where}: timestamp, input_length and output_length must be numbers") from None
-    hashes = row.get("hash_ids", [])
-    if not isinstance(hashes, list) or not all(isinstance(h, int) for h in hashes):
-        raise ValidationError(f"{where}: hash_ids must be a list of integers")
-    if inp < 1 or out < 1:
-        raise ValidationError(f"{where}: input_length and output_length must be at least 1")
-    return ts, inp, out, hashes
+def trace_prompt(request: TraceRequest, salt: str) -> str:
+    """A prompt of the request's `input_length` words whose blocks follow its hash_ids (equal ids: equal
+    text, so prefixes shared in the trace stay shared), the rest words seeded by `salt`; never the
+    captured text, which no trace holds."""
+    text: list[str] = []
+    for h in request.hash_ids:
+        if len(text) >= request.input_length:
+            break
+        text += _block(h)
+    rest = random.Random(salt)
+    text += [rest.choice(_WORDS) for _ in range(max(0, request.input_length - len(text)))]
+    return " ".join(text[: request.input_length])
 
 
 def trace(path: Path, n: int) -> list[Item]:
-    """The first `n` requests of a Mooncake trace JSONL, with their own arrival times (s from the first)."""
-    items: list[Item] = []
-    t0: float | None = None
-    for lineno, line in enumerate(_read(path, "trace JSONL file").splitlines(), 1):
-        if not line.strip():
-            continue
-        if len(items) >= n:
-            break
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise ValidationError(f"{where}: not a JSON line") from None
-        ts, inp, out, hashes = _trace_row(row, where)
-        t0 = ts if t0 is None else t0
-        text: list[str] = []
-        for h in hashes:
-            text += _block(h)
-        rest = random.Random(f"{path.name}-{lineno}")
-        text = (text + [rest.choice(_WORDS) for _ in range(max(0, inp - len(text)))])[:inp]
-        items.append(Item(len(items), " ".join(text), inp, out, (ts - t0) / 1000))
-    if not items:
-        raise ValidationError(f"--dataset {path}: the trace has no request")
-    return items
+    """The first `n` requests of a Mooncake trace JSONL (pdfleet.bench.trace), in arrival order, at their
+    own times (s from the first); an output length of 0 (a captured request cut before its first token)
+    is sent as 1."""
+    try:
+        requests = read_trace(path, limit=n)
+    except ValidationError as err:
+        raise ValidationError(f"--dataset {err}") from None
+    t0 = requests[0].timestamp
+    return [
+        Item(
+            i,
+            trace_prompt(r, f"{path.name}-{i}"),
+            r.input_length,
+            max(1, r.output_length),
+            (r.timestamp - t0) / 1000,
+        )
+        for i, r in enumerate(requests)
+    ]

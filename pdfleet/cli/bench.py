@@ -76,6 +76,7 @@ HELP = {
     "seed": "Seed of the workload and the arrivals (the same for every pool).",
     "burstiness": "Gamma shape of inter-arrivals: 1 = Poisson, < 1 burstier (as vllm bench serve's).",
     "dataset": "ShareGPT JSON (--workload sharegpt) or Mooncake trace JSONL (--workload trace).",
+    "trace": "A Mooncake trace JSONL to replay, e.g. a gateway capture (--workload trace --dataset FILE).",
     "input_len": "random: prompt tokens; long-prompt-mix: the short turns' mean (default 1024 / 512).",
     "output_len": "Output tokens per request (default 128; long-prompt-mix short turns: mean, ±50%).",
     "range_ratio": "random: lengths uniform in [len*(1-r), len*(1+r)] (default 0).",
@@ -106,6 +107,7 @@ def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan
     profile = deployment.profile.for_model(spec)
     slo = profile.slo
     defaults = WorkloadSpec()
+    opts = {**opts, **_trace_option(opts)}
     workload = WorkloadSpec(
         name=opts["workload"],
         input_len=_number(opts["input_len"], int, "input-len")
@@ -158,6 +160,21 @@ def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan
     )
     check_plan(plan)  # before anything is contacted or written
     return plan
+
+
+def _trace_option(opts: dict[str, Any]) -> dict[str, Any]:
+    """`--trace FILE` as `--workload trace --dataset FILE` (the workload defaults to trace with it, and to
+    long-prompt-mix without); another workload or a --dataset beside it is refused."""
+    trace, workload = opts.get("trace"), opts.get("workload")
+    if not trace:
+        return {"workload": workload or "long-prompt-mix"}
+    if workload not in (None, "trace"):
+        raise ValidationError(
+            f"--trace {trace}: replays a trace; it goes with --workload trace, not {workload}"
+        )
+    if opts.get("dataset"):
+        raise ValidationError(f"--trace {trace}: give --trace FILE or --dataset FILE, not both")
+    return {"workload": "trace", "dataset": trace}
 
 
 def _whose(deployment: Deployment, model: str) -> str:
@@ -283,13 +300,13 @@ def print_outcome(doc: dict[str, Any], verdict: Verdict, out_dir: Path, console:
     return [f"{p}: {s['error']}" for p, s in doc["pools"].items() if "error" in s]
 
 
-@task(help=HELP, auto_shortflags=False, positional=[])  # 19 options: short flags would collide
+@task(help=HELP, auto_shortflags=False, positional=[])  # 20 options: short flags would collide
 @user_errors
 def bench(
     ctx: Context,
     profile: str,
     inventory: str | None = None,
-    workload: str = "long-prompt-mix",
+    workload: str | None = None,
     rate: str | None = None,
     concurrency: str | None = None,
     duration: str | None = None,
@@ -301,6 +318,7 @@ def bench(
     seed: str | None = None,
     burstiness: str | None = None,
     dataset: str | None = None,
+    trace: str | None = None,
     input_len: str | None = None,
     output_len: str | None = None,
     range_ratio: str | None = None,
@@ -321,6 +339,7 @@ def bench(
         "seed": seed,
         "burstiness": burstiness,
         "dataset": dataset,
+        "trace": trace,
         "input_len": input_len,
         "output_len": output_len,
         "range_ratio": range_ratio,

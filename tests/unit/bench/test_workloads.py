@@ -109,7 +109,7 @@ def test_mooncake_trace_keeps_times_lengths_and_prefix_blocks(tmp_path: Path) ->
         (WorkloadSpec("nope"), None, "not a workload; choose one of random, long-prompt-mix"),
         (WorkloadSpec("sharegpt"), None, "--workload sharegpt needs --dataset PATH"),
         (WorkloadSpec("random", range_ratio=1.5), None, "--range-ratio 1.5"),
-        (WorkloadSpec("trace"), '{"timestamp": 1, "output_length": 3}\n', ":1: missing 'input_length'"),
+        (WorkloadSpec("trace"), '{"timestamp": 1, "output_length": 3}\n', ":1: input_length: required key"),
         (WorkloadSpec("trace"), "not json\n", ":1: not a JSON line"),
         (WorkloadSpec("sharegpt"), "{}", "a ShareGPT file is a JSON list"),
     ],
