@@ -248,7 +248,32 @@ def batch_defaults(src: Sources) -> BatchDefaults:
             tiers.append(_tier(None, nxt))
             node = None
     rule = next(ast.unparse(v) for v in assigned(tree, "self.max_num_seqs") if call_name(v) == "min")
-    return BatchDefaults(tuple(tiers), rule, ARG_UTILS)
+    return BatchDefaults(tuple(tiers), rule, ARG_UTILS, _mode_factors(tree))
+
+
+def _mode_factors(tree: ast.Module) -> tuple[tuple[str, int], ...]:
+    """`if self.performance_mode == "throughput": ... self.max_num_batched_tokens *= 2` (0.33): each mode
+    and what it multiplies the defaulted max_num_batched_tokens and max_num_seqs by (one factor for both;
+    a mode scaling them apart is a fact the table cannot hold: KeyError, to review)."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)):
+            continue
+        if ast.unparse(node.test.left) != "self.performance_mode" or not isinstance(node.test.ops[0], ast.Eq):
+            continue
+        mode = str(const(node.test.comparators[0]))
+        factors = {
+            ast.unparse(inner.target): const_int(inner.value)
+            for inner in ast.walk(node)
+            if isinstance(inner, ast.AugAssign) and isinstance(inner.op, ast.Mult)
+        }
+        if not factors:
+            continue
+        scaled = {factors.get("self.max_num_batched_tokens"), factors.get("self.max_num_seqs")}
+        if len(scaled) != 1 or None in scaled:
+            raise KeyError(f"{ARG_UTILS}: --performance-mode {mode} scales {factors}, not both limits alike")
+        found.append((mode, factors["self.max_num_batched_tokens"]))
+    return tuple(found)
 
 
 def _tier(test: ast.expr | None, body: list[ast.stmt]) -> BatchTier:

@@ -188,9 +188,16 @@ def summary(release: Release) -> list[str]:
             f" {t.max_num_batched_tokens}/{t.max_num_seqs}"
             for t in r.batch_defaults.tiers
         )
-        + f"; max_num_seqs = {r.batch_defaults.max_num_seqs_rule}",
+        + f"; max_num_seqs = {r.batch_defaults.max_num_seqs_rule}; --performance-mode "
+        + (", ".join(f"{mode} x{factor}" for mode, factor in r.batch_defaults.mode_factors) or "scales none"),
         f"  metrics ({len(r.metrics)}, {sum(m.name.startswith('vllm:nixl_') for m in r.metrics)} nixl): "
         + ", ".join(m.name.removeprefix("vllm:") for m in r.metrics),
+        "  label values set on start: "
+        + "; ".join(
+            f"{m.name.removeprefix('vllm:')} {label}={'/'.join(values)}"
+            for m in r.metrics
+            for label, values in m.label_values
+        ),
         f"  vllm serve options ({', '.join(g.source for g in r.serve_flags.groups)}): "
         f"{sum(len(g.flags) for g in r.serve_flags.groups)}, abbreviations "
         f"{'accepted' if r.serve_flags.allow_abbrev else 'refused'} ({r.serve_flags.source})",

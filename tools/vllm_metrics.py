@@ -3,6 +3,11 @@ the stat logger (v1/metrics/loggers.py) and the NIXL and Mooncake connectors' st
 connector counter adds up (`counting_rules`). Speculative-decoding metrics are not tabled (pdfleet
 renders no speculative decoding; 0.33 builds their names from a list of tuples).
 
+The `cache_config_info` gauge (`log_metrics_info`) is named by a local and labelled with
+`metrics_info.keys()`: its labels are read off CacheConfig (what its `metrics_info()`, `self.__dict__`,
+holds: the fields, then attributes its methods set) and `engine`. `finished_reason` carries one series per
+`FinishReason` from the start, the strings of FINISH_REASON_STRINGS.
+
 Bucket lists are evaluated from the tree in the order the function builds them (a list bound to
 `buckets` and re-bound later, `buckets[1:]`, `[2 ** (10 + i) for i in range(1, 25, 2)]`, 0.33's
 `histogram_buckets("family")` families of v1/metrics/buckets.py); bounds that depend on the model
@@ -17,10 +22,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdfleet.model.vllm_releases import Metric
-from tools.vllm_ast import NotConstant, Sources, assigned, call_name, const, find_function, guarded, keyword
+from tools.vllm_ast import (
+    NotConstant,
+    Sources,
+    assigned,
+    call_name,
+    const,
+    find_class,
+    find_function,
+    guarded,
+    keyword,
+)
 
 LOGGERS = "vllm/v1/metrics/loggers.py"
 BUCKETS = "vllm/v1/metrics/buckets.py"
+ENGINE = "vllm/v1/engine/__init__.py"  # FinishReason and FINISH_REASON_STRINGS
+# info gauges: the config class whose metrics_info() (its __dict__) labels them
+INFO_CONFIGS = {"vllm:cache_config_info": ("vllm/config/cache.py", "CacheConfig")}
 KINDS = {
     "_gauge_cls": "gauge",
     "Gauge": "gauge",
@@ -145,13 +163,14 @@ def _function_metrics(
         if kind is None or not isinstance(node, ast.Call):
             continue
         name_node = keyword(node, "name")
-        if not isinstance(name_node, ast.Constant) or not str(name_node.value).startswith("vllm:"):
+        name = _name(name_node, scope)
+        if name is None:
             continue
         bucket_node = keyword(node, "buckets")
         buckets = _value(bucket_node, scope, families) if bucket_node is not None else None
         found.append(
             Metric(
-                name=str(name_node.value),
+                name=name,
                 kind=kind,
                 labels=_labels(keyword(node, "labelnames"), scope, families),
                 buckets=_bounds(buckets),
@@ -161,6 +180,56 @@ def _function_metrics(
             )
         )
     return found
+
+
+def _name(node: ast.expr | None, scope: dict[str, object]) -> str | None:
+    """A registered `vllm:` name: a constant, or a local bound to one (`name = "vllm:cache_config_info"`)."""
+    if isinstance(node, ast.Name):
+        value = scope.get(node.id)
+    elif isinstance(node, ast.Constant):
+        value = node.value
+    else:
+        return None
+    return value if isinstance(value, str) and value.startswith("vllm:") else None
+
+
+def finish_reasons(src: Sources) -> tuple[str, ...]:
+    """FINISH_REASON_STRINGS: the finished_reason values, one per FinishReason (`str(reason)`)."""
+    value = const(next(assigned(src.tree(ENGINE), "FINISH_REASON_STRINGS")))
+    if not isinstance(value, list | tuple):
+        raise NotConstant(f"{ENGINE}: FINISH_REASON_STRINGS = {value!r}, not a tuple")
+    return tuple(str(v) for v in value)
+
+
+def info_labels(src: Sources, path: str, class_name: str) -> tuple[str, ...]:
+    """An info gauge's labels: the config class's instance attributes as its `__dict__` orders them (its
+    fields, ClassVars left out, then `self.x = ...` set by its methods), and `engine`."""
+    cls = find_class(src.tree(path), class_name)
+    if cls is None:
+        raise NotConstant(f"{path}: no class {class_name}")
+    names = [
+        n.target.id
+        for n in cls.body
+        if isinstance(n, ast.AnnAssign)
+        and isinstance(n.target, ast.Name)
+        and "ClassVar" not in ast.unparse(n)
+    ]
+    for node in ast.walk(cls):
+        for target in node.targets if isinstance(node, ast.Assign) else ():
+            attr = ast.unparse(target)
+            if attr.startswith("self.") and attr[5:].isidentifier() and attr[5:] not in names:
+                names.append(attr[5:])
+    return (*names, "engine")
+
+
+def _completed(metric: Metric, src: Sources) -> Metric:
+    """A metric with what its registration leaves to other files: an info gauge's labels, and the
+    finished_reason values set on every start."""
+    if metric.name in INFO_CONFIGS:
+        metric = dataclasses.replace(metric, labels=info_labels(src, *INFO_CONFIGS[metric.name]))
+    if "finished_reason" in metric.labels and src.has(ENGINE):
+        metric = dataclasses.replace(metric, label_values=(("finished_reason", finish_reasons(src)),))
+    return metric
 
 
 def metric_files(src: Sources, nixl_files: Sequence[str], mooncake_files: Sequence[str] = ()) -> list[str]:
@@ -184,7 +253,8 @@ def metrics(
         for func in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
             for metric in _function_metrics(func, path, labels, families, module):
                 keys = counted.get(metric.name.removeprefix("vllm:"), ())
-                found.setdefault((metric.name, metric.when), dataclasses.replace(metric, counts=keys))
+                complete = _completed(dataclasses.replace(metric, counts=keys), src)
+                found.setdefault((metric.name, metric.when), complete)
     return tuple(sorted(found.values(), key=lambda m: (m.name, m.when or "")))
 
 

@@ -166,8 +166,42 @@ V0_11_0 = Release(
             "min(default_max_num_seqs[usage_context], self.max_num_batched_tokens or sys.maxsize)"
         ),
         source="vllm/engine/arg_utils.py",
+        mode_factors=(),
     ),
     metrics=(
+        Metric(
+            name="vllm:cache_config_info",
+            kind="gauge",
+            labels=(
+                "block_size",
+                "gpu_memory_utilization",
+                "swap_space",
+                "cache_dtype",
+                "is_attention_free",
+                "num_gpu_blocks_override",
+                "sliding_window",
+                "enable_prefix_caching",
+                "prefix_caching_hash_algo",
+                "cpu_offload_gb",
+                "calculate_kv_scales",
+                "cpu_kvcache_space_bytes",
+                "mamba_page_size_padded",
+                "mamba_cache_dtype",
+                "mamba_ssm_cache_dtype",
+                "num_gpu_blocks",
+                "num_cpu_blocks",
+                "kv_sharing_fast_prefill",
+                "kv_cache_memory_bytes",
+                "swap_space_bytes",
+                "engine",
+            ),
+            buckets=None,
+            buckets_rule=None,
+            when=None,
+            source="vllm/v1/metrics/loggers.py",
+            counts=(),
+            label_values=(),
+        ),
         Metric(
             name="vllm:e2e_request_latency_seconds",
             kind="histogram",
@@ -199,6 +233,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:generation_tokens",
@@ -209,6 +244,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:gpu_cache_usage_perc",
@@ -219,6 +255,7 @@ V0_11_0 = Release(
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_hits",
@@ -229,6 +266,7 @@ V0_11_0 = Release(
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_queries",
@@ -239,6 +277,7 @@ V0_11_0 = Release(
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:inter_token_latency_seconds",
@@ -269,6 +308,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:iteration_tokens_total",
@@ -279,6 +319,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:kv_cache_usage_perc",
@@ -289,6 +330,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:lora_requests_info",
@@ -303,6 +345,7 @@ V0_11_0 = Release(
             when="vllm_config.lora_config is not None",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_preemptions",
@@ -313,6 +356,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_requests_running",
@@ -323,6 +367,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_requests_waiting",
@@ -333,6 +378,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prefix_cache_hits",
@@ -343,6 +389,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prefix_cache_queries",
@@ -353,6 +400,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prompt_tokens",
@@ -363,6 +411,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_decode_time_seconds",
@@ -395,6 +444,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_generation_tokens",
@@ -405,6 +455,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_inference_time_seconds",
@@ -437,6 +488,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_max_num_generation_tokens",
@@ -447,6 +499,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_params_max_tokens",
@@ -457,6 +510,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_params_n",
@@ -467,6 +521,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_prefill_time_seconds",
@@ -499,6 +554,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_prompt_tokens",
@@ -509,6 +565,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_queue_time_seconds",
@@ -541,6 +598,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_success",
@@ -551,6 +609,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(("finished_reason", ("stop", "length", "abort")),),
         ),
         Metric(
             name="vllm:request_time_per_output_token_seconds",
@@ -581,6 +640,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:time_per_output_token_seconds",
@@ -611,6 +671,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:time_to_first_token_seconds",
@@ -644,6 +705,7 @@ V0_11_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
     ),
     serve_flags=ServeFlags(
@@ -1948,8 +2010,44 @@ V0_11_1 = Release(
         ),
         max_num_seqs_rule="min(self.max_num_seqs, self.max_num_batched_tokens)",
         source="vllm/engine/arg_utils.py",
+        mode_factors=(),
     ),
     metrics=(
+        Metric(
+            name="vllm:cache_config_info",
+            kind="gauge",
+            labels=(
+                "block_size",
+                "gpu_memory_utilization",
+                "swap_space",
+                "cache_dtype",
+                "is_attention_free",
+                "num_gpu_blocks_override",
+                "sliding_window",
+                "enable_prefix_caching",
+                "prefix_caching_hash_algo",
+                "cpu_offload_gb",
+                "calculate_kv_scales",
+                "cpu_kvcache_space_bytes",
+                "mamba_page_size_padded",
+                "mamba_block_size",
+                "mamba_cache_dtype",
+                "mamba_ssm_cache_dtype",
+                "num_gpu_blocks",
+                "num_cpu_blocks",
+                "kv_sharing_fast_prefill",
+                "kv_cache_memory_bytes",
+                "kv_offloading_size",
+                "kv_offloading_backend",
+                "engine",
+            ),
+            buckets=None,
+            buckets_rule=None,
+            when=None,
+            source="vllm/v1/metrics/loggers.py",
+            counts=(),
+            label_values=(),
+        ),
         Metric(
             name="vllm:corrupted_requests",
             kind="counter",
@@ -1959,6 +2057,7 @@ V0_11_1 = Release(
             when="envs.VLLM_COMPUTE_NANS_IN_LOGITS",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:e2e_request_latency_seconds",
@@ -1991,6 +2090,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:engine_sleep_state",
@@ -2001,6 +2101,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_hits",
@@ -2011,6 +2112,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_queries",
@@ -2021,6 +2123,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:generation_tokens",
@@ -2031,6 +2134,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:gpu_cache_usage_perc",
@@ -2041,6 +2145,7 @@ V0_11_1 = Release(
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_hits",
@@ -2051,6 +2156,7 @@ V0_11_1 = Release(
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_queries",
@@ -2061,6 +2167,7 @@ V0_11_1 = Release(
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:inter_token_latency_seconds",
@@ -2091,6 +2198,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:iteration_tokens_total",
@@ -2101,6 +2209,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:kv_cache_usage_perc",
@@ -2111,6 +2220,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:lora_requests_info",
@@ -2125,6 +2235,7 @@ V0_11_1 = Release(
             when="vllm_config.lora_config is not None",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:mm_cache_hits",
@@ -2135,6 +2246,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:mm_cache_queries",
@@ -2145,6 +2257,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_bytes_transferred",
@@ -2168,6 +2281,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_num_descriptors",
@@ -2178,6 +2292,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_num_failed_notifications",
@@ -2188,6 +2303,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=("num_failed_notifications",),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_num_failed_transfers",
@@ -2198,6 +2314,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=("num_failed_transfers",),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_post_time_seconds",
@@ -2208,6 +2325,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_xfer_time_seconds",
@@ -2218,6 +2336,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_preemptions",
@@ -2228,6 +2347,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_requests_running",
@@ -2238,6 +2358,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_requests_waiting",
@@ -2248,6 +2369,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prefix_cache_hits",
@@ -2258,6 +2380,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prefix_cache_queries",
@@ -2268,6 +2391,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prompt_tokens",
@@ -2278,6 +2402,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_decode_time_seconds",
@@ -2310,6 +2435,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_generation_tokens",
@@ -2320,6 +2446,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_inference_time_seconds",
@@ -2352,6 +2479,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_max_num_generation_tokens",
@@ -2362,6 +2490,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_params_max_tokens",
@@ -2372,6 +2501,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_params_n",
@@ -2382,6 +2512,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_prefill_time_seconds",
@@ -2414,6 +2545,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_prompt_tokens",
@@ -2424,6 +2556,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_queue_time_seconds",
@@ -2456,6 +2589,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_success",
@@ -2466,6 +2600,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(("finished_reason", ("stop", "length", "abort")),),
         ),
         Metric(
             name="vllm:request_time_per_output_token_seconds",
@@ -2496,6 +2631,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:time_per_output_token_seconds",
@@ -2526,6 +2662,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:time_to_first_token_seconds",
@@ -2559,6 +2696,7 @@ V0_11_1 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
     ),
     serve_flags=ServeFlags(
@@ -3980,8 +4118,44 @@ V0_11_2 = Release(
         ),
         max_num_seqs_rule="min(self.max_num_seqs, self.max_num_batched_tokens)",
         source="vllm/engine/arg_utils.py",
+        mode_factors=(),
     ),
     metrics=(
+        Metric(
+            name="vllm:cache_config_info",
+            kind="gauge",
+            labels=(
+                "block_size",
+                "gpu_memory_utilization",
+                "swap_space",
+                "cache_dtype",
+                "is_attention_free",
+                "num_gpu_blocks_override",
+                "sliding_window",
+                "enable_prefix_caching",
+                "prefix_caching_hash_algo",
+                "cpu_offload_gb",
+                "calculate_kv_scales",
+                "cpu_kvcache_space_bytes",
+                "mamba_page_size_padded",
+                "mamba_block_size",
+                "mamba_cache_dtype",
+                "mamba_ssm_cache_dtype",
+                "num_gpu_blocks",
+                "num_cpu_blocks",
+                "kv_sharing_fast_prefill",
+                "kv_cache_memory_bytes",
+                "kv_offloading_size",
+                "kv_offloading_backend",
+                "engine",
+            ),
+            buckets=None,
+            buckets_rule=None,
+            when=None,
+            source="vllm/v1/metrics/loggers.py",
+            counts=(),
+            label_values=(),
+        ),
         Metric(
             name="vllm:corrupted_requests",
             kind="counter",
@@ -3991,6 +4165,7 @@ V0_11_2 = Release(
             when="envs.VLLM_COMPUTE_NANS_IN_LOGITS",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:e2e_request_latency_seconds",
@@ -4023,6 +4198,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:engine_sleep_state",
@@ -4033,6 +4209,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_hits",
@@ -4043,6 +4220,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_queries",
@@ -4053,6 +4231,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:generation_tokens",
@@ -4063,6 +4242,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:gpu_cache_usage_perc",
@@ -4073,6 +4253,7 @@ V0_11_2 = Release(
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_hits",
@@ -4083,6 +4264,7 @@ V0_11_2 = Release(
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:gpu_prefix_cache_queries",
@@ -4093,6 +4275,7 @@ V0_11_2 = Release(
             when="self.show_hidden_metrics",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:inter_token_latency_seconds",
@@ -4123,6 +4306,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:iteration_tokens_total",
@@ -4133,6 +4317,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:kv_cache_usage_perc",
@@ -4143,6 +4328,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:lora_requests_info",
@@ -4157,6 +4343,7 @@ V0_11_2 = Release(
             when="vllm_config.lora_config is not None",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:mm_cache_hits",
@@ -4167,6 +4354,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:mm_cache_queries",
@@ -4177,6 +4365,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_bytes_transferred",
@@ -4200,6 +4389,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_num_descriptors",
@@ -4210,6 +4400,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_num_failed_notifications",
@@ -4220,6 +4411,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=("num_failed_notifications",),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_num_failed_transfers",
@@ -4230,6 +4422,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=("num_failed_transfers",),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_post_time_seconds",
@@ -4240,6 +4433,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_xfer_time_seconds",
@@ -4250,6 +4444,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_preemptions",
@@ -4260,6 +4455,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_requests_running",
@@ -4270,6 +4466,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_requests_waiting",
@@ -4280,6 +4477,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prefix_cache_hits",
@@ -4290,6 +4488,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prefix_cache_queries",
@@ -4300,6 +4499,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prompt_tokens",
@@ -4310,6 +4510,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_decode_time_seconds",
@@ -4342,6 +4543,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_generation_tokens",
@@ -4352,6 +4554,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_inference_time_seconds",
@@ -4384,6 +4587,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_max_num_generation_tokens",
@@ -4394,6 +4598,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_params_max_tokens",
@@ -4404,6 +4609,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_params_n",
@@ -4414,6 +4620,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_prefill_time_seconds",
@@ -4446,6 +4653,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_prompt_tokens",
@@ -4456,6 +4664,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_queue_time_seconds",
@@ -4488,6 +4697,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_success",
@@ -4498,6 +4708,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(("finished_reason", ("stop", "length", "abort")),),
         ),
         Metric(
             name="vllm:request_time_per_output_token_seconds",
@@ -4528,6 +4739,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:time_per_output_token_seconds",
@@ -4558,6 +4770,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:time_to_first_token_seconds",
@@ -4591,6 +4804,7 @@ V0_11_2 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
     ),
     serve_flags=ServeFlags(
@@ -6143,6 +6357,7 @@ V0_33_0 = Release(
         ),
         max_num_seqs_rule="min(self.max_num_seqs, self.max_num_batched_tokens)",
         source="vllm/engine/arg_utils.py",
+        mode_factors=(("throughput", 2),),
     ),
     metrics=(
         Metric(
@@ -6154,6 +6369,57 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
+        ),
+        Metric(
+            name="vllm:cache_config_info",
+            kind="gauge",
+            labels=(
+                "block_size",
+                "user_specified_block_size",
+                "kv_cache_layout",
+                "prefix_match_unit",
+                "gpu_memory_utilization",
+                "cache_dtype",
+                "is_attention_free",
+                "num_gpu_blocks_override",
+                "sliding_window",
+                "enable_prefix_caching",
+                "prefix_caching_hash_algo",
+                "prefix_cache_retention_interval",
+                "kv_cache_dtype_skip_layers",
+                "mamba_page_size_padded",
+                "skip_page_size_padded",
+                "mamba_block_size",
+                "mamba_cache_dtype",
+                "mamba_ssm_cache_dtype",
+                "mamba_cache_mode",
+                "enable_mamba_shared_prefix_checkpoint",
+                "replayssm_buffer_len",
+                "use_replayssm",
+                "use_kda_recoverssm",
+                "num_gpu_blocks",
+                "num_cpu_blocks",
+                "simple_cpu_offload_num_blocks",
+                "effective_attention_block_size",
+                "kv_cache_size_tokens",
+                "kv_cache_max_concurrency",
+                "hash_block_size",
+                "cache_hit_alignment_tokens",
+                "kv_sharing_fast_prefill",
+                "swa_bounded_replay",
+                "kv_cache_memory_bytes",
+                "kv_offloading_size",
+                "kv_offloading_backend",
+                "_block_size_resolved",
+                "engine",
+            ),
+            buckets=None,
+            buckets_rule=None,
+            when=None,
+            source="vllm/v1/metrics/loggers.py",
+            counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:corrupted_requests",
@@ -6164,6 +6430,7 @@ V0_33_0 = Release(
             when="envs.VLLM_COMPUTE_NANS_IN_LOGITS",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:e2e_request_latency_seconds",
@@ -6196,6 +6463,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:engine_sleep_state",
@@ -6206,6 +6474,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_hits",
@@ -6216,6 +6485,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:external_prefix_cache_queries",
@@ -6226,6 +6496,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:generation_tokens",
@@ -6236,6 +6507,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:inter_token_latency_seconds",
@@ -6266,6 +6538,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:iteration_tokens_total",
@@ -6276,6 +6549,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:kv_block_idle_before_evict_seconds",
@@ -6308,6 +6582,7 @@ V0_33_0 = Release(
             when="self.kv_cache_metrics_enabled",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:kv_block_lifetime_seconds",
@@ -6340,6 +6615,7 @@ V0_33_0 = Release(
             when="self.kv_cache_metrics_enabled",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:kv_block_reuse_gap_seconds",
@@ -6372,6 +6648,7 @@ V0_33_0 = Release(
             when="self.kv_cache_metrics_enabled",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:kv_cache_usage_perc",
@@ -6382,6 +6659,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:lora_requests_info",
@@ -6396,6 +6674,7 @@ V0_33_0 = Release(
             when="vllm_config.lora_config is not None",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:mm_cache_hits",
@@ -6406,6 +6685,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:mm_cache_queries",
@@ -6416,6 +6696,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:mooncake_bytes_transferred",
@@ -6439,6 +6720,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:mooncake_num_descriptors",
@@ -6449,6 +6731,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:mooncake_num_failed_recvs",
@@ -6459,6 +6742,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
             counts=("num_failed_recvs",),
+            label_values=(),
         ),
         Metric(
             name="vllm:mooncake_num_failed_transfers",
@@ -6469,6 +6753,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
             counts=("num_failed_transfers",),
+            label_values=(),
         ),
         Metric(
             name="vllm:mooncake_num_kv_expired_reqs",
@@ -6479,6 +6764,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
             counts=("num_kv_expired_reqs",),
+            label_values=(),
         ),
         Metric(
             name="vllm:mooncake_xfer_time_seconds",
@@ -6489,6 +6775,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_bytes_transferred",
@@ -6512,6 +6799,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_num_descriptors",
@@ -6522,6 +6810,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_num_failed_notifications",
@@ -6532,6 +6821,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
             counts=("num_failed_notifications",),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_num_failed_transfers",
@@ -6542,6 +6832,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
             counts=("num_failed_transfers", "num_failed_handshakes", "num_failed_notifications"),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_num_kv_expired_reqs",
@@ -6552,6 +6843,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
             counts=("num_kv_expired_reqs",),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_num_notifications_after_expiry",
@@ -6562,6 +6854,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
             counts=("num_notifications_after_expiry",),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_post_time_seconds",
@@ -6572,6 +6865,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:nixl_xfer_time_seconds",
@@ -6582,6 +6876,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_preemptions",
@@ -6592,6 +6887,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_requests_kv_fetch_by_stage",
@@ -6602,6 +6898,7 @@ V0_33_0 = Release(
             when="kv_transfer_config is not None and kv_transfer_config.is_kv_consumer",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_requests_running",
@@ -6612,6 +6909,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_requests_waiting",
@@ -6622,6 +6920,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:num_requests_waiting_by_reason",
@@ -6632,6 +6931,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prefix_cache_hits",
@@ -6642,6 +6942,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prefix_cache_queries",
@@ -6652,6 +6953,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prompt_tokens",
@@ -6662,6 +6964,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prompt_tokens_by_source",
@@ -6672,6 +6975,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prompt_tokens_cached",
@@ -6682,6 +6986,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:prompt_tokens_cached_by_source",
@@ -6692,6 +6997,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_decode_time_seconds",
@@ -6724,6 +7030,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_generation_tokens",
@@ -6734,6 +7041,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_inference_time_seconds",
@@ -6766,6 +7074,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_max_num_generation_tokens",
@@ -6776,6 +7085,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_num_preemptions",
@@ -6786,6 +7096,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_params_max_tokens",
@@ -6796,6 +7107,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_params_n",
@@ -6806,6 +7118,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_prefill_kv_computed_tokens",
@@ -6816,6 +7129,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_prefill_time_seconds",
@@ -6848,6 +7162,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_prompt_tokens",
@@ -6858,6 +7173,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_queue_time_seconds",
@@ -6890,6 +7206,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:request_success",
@@ -6900,6 +7217,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(("finished_reason", ("stop", "length", "abort", "error", "repetition")),),
         ),
         Metric(
             name="vllm:request_time_per_output_token_seconds",
@@ -6930,6 +7248,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:time_to_first_token_seconds",
@@ -6963,6 +7282,7 @@ V0_33_0 = Release(
             when=None,
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
         Metric(
             name="vllm:watermark_requests",
@@ -6973,6 +7293,7 @@ V0_33_0 = Release(
             when="vllm_config.watermark_config is not None",
             source="vllm/v1/metrics/loggers.py",
             counts=(),
+            label_values=(),
         ),
     ),
     serve_flags=ServeFlags(

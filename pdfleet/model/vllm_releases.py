@@ -208,6 +208,10 @@ class BatchDefaults:
     tiers: tuple[BatchTier, ...]  # largest first; the last is the fallback (min_gib 0)
     max_num_seqs_rule: str  # the expression assigned to self.max_num_seqs when it is defaulted
     source: str
+    # `--performance-mode` values that multiply a defaulted max_num_batched_tokens and max_num_seqs before
+    # the chunked-prefill floor and the max_num_seqs cap (0.33: throughput doubles both); empty: no such
+    # option, or no mode changes them
+    mode_factors: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,9 @@ class Metric:
     # what a KV-connector counter adds up, as its `observe` zips it with the connector's stats keys (0.33's
     # nixl_num_failed_transfers: transfers, handshakes and notifications); empty: not a connector counter
     counts: tuple[str, ...] = ()
+    # label values vLLM sets on every start, per label (request_success: one series per FinishReason, its
+    # FINISH_REASON_STRINGS); empty: values come with traffic or from the configuration
+    label_values: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -355,6 +362,10 @@ class Release:
             if gpu_memory_gib >= tier.min_gib and not any(x in name for x in tier.excluded):
                 return tier
         return self.batch_defaults.tiers[-1]
+
+    def mode_factor(self, performance_mode: str | None) -> int:
+        """What `--performance-mode` multiplies defaulted batch limits by (1: not scaled, or unset)."""
+        return dict(self.batch_defaults.mode_factors).get(performance_mode or "", 1)
 
     def metric(self, name: str) -> Metric:
         """A metric by its registered name (`vllm:...`, counters without `_total`); KeyError if absent."""

@@ -128,6 +128,16 @@ def test_batch_defaults(old: Sources, new: Sources) -> None:
     assert [(t.min_gib, t.excluded) for t in after.tiers] == [(160, ()), (70, ("a100", "gb10")), (0, ())]
     assert after.tiers[0].max_num_batched_tokens == 16384
     assert after.max_num_seqs_rule == "min(self.max_num_seqs, self.max_num_batched_tokens)"
+    # --performance-mode throughput doubles both defaulted limits (0.33); 0.11 has no such option
+    assert (before.mode_factors, after.mode_factors) == ((), (("throughput", 2),))
+
+
+def test_a_performance_mode_scaling_the_limits_apart_is_refused(new: Sources) -> None:
+    """A mode that scales max_num_batched_tokens and max_num_seqs by different factors cannot be one
+    table row: the generator says so instead of tabling half of it."""
+    text = new.files[ex.ARG_UTILS].replace("self.max_num_seqs *= 2", "self.max_num_seqs *= 4")
+    with pytest.raises(KeyError, match="--performance-mode throughput scales"):
+        ex.batch_defaults(Sources(new.version, {**new.files, ex.ARG_UTILS: text}))
 
 
 def test_a_missing_file_is_named() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tools import vllm_extract as ex
 from tools import vllm_metrics
 from tools.vllm_ast import Sources
@@ -139,3 +141,35 @@ def test_0_33_mooncake_metrics_module_buckets_and_counting_rules() -> None:
     )
     assert found["vllm:nixl_num_failed_notifications"].counts == ("num_failed_notifications",)
     assert found["vllm:time_to_first_token_seconds"].counts == ()  # not a connector counter
+
+
+@pytest.mark.parametrize(
+    ("version", "reasons", "fields"),
+    [
+        # 0.11.0's excerpt: four CacheConfig fields, then swap_space_bytes its __post_init__ sets
+        (
+            "0.11.0",
+            ("stop", "length", "abort"),
+            (
+                "block_size",
+                "cache_dtype",
+                "enable_prefix_caching",
+                "prefix_caching_hash_algo",
+                "swap_space_bytes",
+            ),
+        ),
+        ("0.33.0", ("stop", "length", "abort", "error", "repetition"), ("block_size", "cache_dtype")),
+    ],
+)
+def test_finished_reason_values_and_the_cache_config_info_gauge(
+    version: str, reasons: tuple[str, ...], fields: tuple[str, ...]
+) -> None:
+    """request_success has a series per FinishReason from the start (0.33 adds error and repetition), and
+    the cache_config_info gauge, named by a local and labelled with metrics_info().keys(), is tabled with
+    CacheConfig's attributes and engine as its labels (issue 25: the extractor missed both)."""
+    found = metrics(version)
+    assert found["vllm:request_success"].label_values == (("finished_reason", reasons),)
+    info = found["vllm:cache_config_info"]
+    assert (info.kind, info.when, info.label_values) == ("gauge", None, ())
+    assert info.labels[: len(fields)] == fields and info.labels[-1] == "engine", info.labels
+    assert "DEFAULT_BLOCK_SIZE" not in info.labels  # a ClassVar is not in __dict__
