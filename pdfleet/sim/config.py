@@ -158,11 +158,13 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
     chunked = True if ns.enable_chunked_prefill is None else ns.enable_chunked_prefill
     if rel.chunked_prefill.forced_on:
         chunked = True  # EngineArgs sets it back on for generative models, whatever the flag said
+    factor = rel.mode_factor(ns.performance_mode)  # 0.33's throughput mode doubles both defaults
     batched = ns.max_num_batched_tokens
     if batched is None:
-        batched = tier.max_num_batched_tokens if chunked else max(max_model_len, tier.max_num_batched_tokens)
+        scaled = tier.max_num_batched_tokens * factor
+        batched = scaled if chunked else max(max_model_len, scaled)
     # a defaulted max_num_seqs is capped by max_num_batched_tokens (the table's max_num_seqs_rule)
-    max_seqs = ns.max_num_seqs or min(tier.max_num_seqs, batched)
+    max_seqs = ns.max_num_seqs or min(tier.max_num_seqs * factor, batched)
     if not chunked and batched < max_model_len:
         raise ValidationError(
             f"max_num_batched_tokens ({batched}) is smaller than max_model_len ({max_model_len}). This "

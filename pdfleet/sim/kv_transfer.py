@@ -336,7 +336,8 @@ class KVConnector:
         failed = self.engine.kv_loaded(req.request_id, ok)
         if failed is not None:
             sink: Sink = failed.sink
-            self.metrics.success["error"] += 1
+            if "error" in self.metrics.success:  # FinishReason.ERROR: 0.33 on; 0.11 counts no reason for it
+                self.metrics.success["error"] += 1
             sink.settle(f"KV transfer for request {failed.request_id} failed (kv_load_failure_policy=fail)")
         self.wake()
 

@@ -221,7 +221,9 @@ class SimMetrics:
         self.max_tokens_hist = Hist(one_two_five(max_model_len))
         self.prefill_kv_computed = Hist(one_two_five(max_model_len))  # per request, computed here (0.33)
         self.iteration_tokens = Hist(_buckets(release, "vllm:iteration_tokens_total"))  # per engine step
-        self.success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
+        # a series per finish reason the release has, from the start (0.33 adds error and repetition)
+        reasons = dict(release.metric("vllm:request_success").label_values)["finished_reason"]
+        self.success: dict[str, int] = dict.fromkeys(reasons, 0)
         self.nixl_xfer = Hist(_buckets(release, "vllm:nixl_xfer_time_seconds"))
         self.nixl_post = Hist(_buckets(release, "vllm:nixl_post_time_seconds"))
         self.nixl_bytes = Hist(_buckets(release, "vllm:nixl_bytes_transferred"))

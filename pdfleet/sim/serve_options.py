@@ -61,6 +61,7 @@ _HONOURED: dict[str, dict[str, Any]] = {
     "--long-prefill-token-threshold": {"type": int, "default": 0},
     "--kv-transfer-config": {"default": None, "help": "JSON, as vLLM's KVTransferConfig"},
     "--disable-log-stats": {"default": False},
+    "--performance-mode": {"default": None},  # choices: the release's; throughput scales batch defaults
 }
 
 

@@ -230,6 +230,25 @@ def test_a_patch_pin_models_its_own_release_not_its_minor() -> None:
         parse_serve_args([MODEL, "--sim-vllm-version", "0.11.3"], env={})
 
 
+def test_throughput_performance_mode_doubles_the_defaulted_batch_limits() -> None:
+    """0.33's --performance-mode throughput doubles a defaulted max_num_batched_tokens and max_num_seqs
+    (a given one is kept), interactivity and balanced leave them; an unknown mode is argparse's refusal,
+    and 0.11.2 has no such option."""
+    mode = [MODEL, "--sim-gpu", "H100-SXM", "--performance-mode"]
+    plain = parse_serve_args([MODEL, "--sim-gpu", "H100-SXM"], env={})
+    assert (plain.max_num_batched_tokens, plain.max_num_seqs) == (8192, 1024)
+    fast = parse_serve_args([*mode, "throughput"], env={})
+    assert (fast.max_num_batched_tokens, fast.max_num_seqs) == (16384, 2048)
+    given = parse_serve_args([*mode, "throughput", "--max-num-batched-tokens", "4096"], env={})
+    assert (given.max_num_batched_tokens, given.max_num_seqs) == (4096, 2048)
+    for other in ("balanced", "interactivity"):
+        assert parse_serve_args([*mode, other], env={}).max_num_batched_tokens == 8192
+    with pytest.raises(ValidationError, match="argument --performance-mode: invalid choice: 'fast'"):
+        parse_serve_args([*mode, "fast"], env={})
+    with pytest.raises(ValidationError, match="unrecognized arguments: --performance-mode"):
+        parse_serve_args([*mode, "throughput", "--sim-vllm-version", "0.11.2"], env={})
+
+
 def test_kv_cache_dtype_is_the_release_s_choice() -> None:
     """0.11.0's argparse refuses fp8_ds_mla and float16 (choices); 0.33.0 takes both (its CacheDType) and
     refuses a value outside it as its CacheConfig does; a taken value the simulator cannot size is its own
