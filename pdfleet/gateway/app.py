@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from pdfleet.errors import PdfleetError
+from pdfleet.gateway.capture import Capture
 from pdfleet.gateway.context import Endpoint
 from pdfleet.gateway.deciding import Deciding
 from pdfleet.gateway.errors import Reject, Style, error_response
@@ -31,6 +32,8 @@ from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.policy import ActivePolicy, group_staging, load_policy, restart_only_changes
 from pdfleet.gateway.proxy import Proxy
 from pdfleet.gateway.server import ClientServer
+from pdfleet.gateway.shadow import Shadowing
+from pdfleet.gateway.shadow_admin import parse_request, run_of
 from pdfleet.gateway.upstream import UpstreamClient
 
 log = logging.getLogger("pdfleet.gateway")
@@ -59,7 +62,14 @@ class Gateway:
         # no connection cap: the pools apply their own
         self.upstream = UpstreamClient()
         self.deciding = Deciding(policy)  # outlives reloads: what the prefix index learned, the queues
-        self.proxy = Proxy(self.upstream, self.metrics, self.deciding.outstanding)
+        self.shadowing = Shadowing(self.metrics, self.upstream, self.deciding.queues)
+        self.shadowing.spec = policy.spec.shadow
+        self.shadowing.on_change = self._shadowing_changed
+        self.capture = Capture()
+        self.capture.configure(policy.spec.capture, self.config_path.parent)
+        self.proxy = Proxy(
+            self.upstream, self.metrics, self.deciding.outstanding, self.shadowing, self.capture
+        )
         self.limiter = Limiter(policy.spec.limits)  # outlives reloads: what each key uses now
         self._reload_lock = asyncio.Lock()
         self._stage_lock = asyncio.Lock()  # one /admin/stage write at a time
@@ -90,6 +100,7 @@ class Gateway:
         target["/admin/policy"] = dict.fromkeys(get_head, self._admin_policy)
         target["/admin/reload"] = {"POST": self._admin_reload}
         target["/admin/stage"] = {"POST": self._admin_stage}
+        target["/admin/shadow"] = {**dict.fromkeys(get_head, self._admin_shadow), "POST": self._admin_shadow}
         return main, admin
 
     def server(self, routes: Routes) -> web.Server:
@@ -125,6 +136,9 @@ class Gateway:
             self.policy = new
             self.limiter.configure(new.spec.limits)
             self.deciding.configure(new)
+            self.shadowing.spec = new.spec.shadow
+            self.shadowing.cut("reload")  # shadows go first: the ones in flight are cut, the run goes on
+            self.capture.configure(new.spec.capture, self.config_path.parent)
             self.metrics.reloads.labels("ok").inc()
             self.metrics.set_policy(new.spec.version, new.spec.stage, new.sha256)
             self.last_reload = {"ok": True, "at": new.loaded_at, "error": None}
@@ -134,6 +148,11 @@ class Gateway:
             )
             log.info("%s", msg)
             return True, msg
+
+    def _shadowing_changed(self, on: bool) -> None:
+        """Scrape the P/D pool's queues while a shadow run is on (its bound), not otherwise."""
+        self.deciding.shadowing = on
+        self.deciding.configure(self.policy)
 
     # ---- small endpoints -------------------------------------------------------------------
 
@@ -287,6 +306,25 @@ class Gateway:
 
         return await self._guarded(request, body, admin=True)
 
+    async def _admin_shadow(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Read (GET), start or stop (POST) the shadow run (admin key; shadow_admin.py)."""
+
+        async def body(policy: ActivePolicy, _auth: AuthResult) -> web.Response:
+            if request.method == "POST":
+                raw = await read_body(request, MAX_STAGE_BODY, policy.spec.clients.body_timeout_s)
+                try:
+                    req = parse_request(parse_body(raw))
+                    run = run_of(policy, req) if req.action == "start" else None
+                except PdfleetError as exc:
+                    return error_response(400, str(exc), code="invalid_request")
+                if run is None:
+                    self.shadowing.stop("stopped")
+                else:
+                    self.shadowing.start(run)
+            return web.json_response(self.shadowing.status())
+
+        return await self._guarded(request, body, admin=True)
+
     # ---- proxied endpoints -----------------------------------------------------------------
 
     async def _chat(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -335,6 +373,8 @@ class Running:
         for runner in reversed(self.runners):
             await runner.cleanup()
         await self.gateway.deciding.stop()
+        await self.gateway.shadowing.close()
+        self.gateway.capture.close()
         self.gateway.upstream.close()
 
 

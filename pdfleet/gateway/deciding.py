@@ -30,6 +30,7 @@ class Deciding:
         self.queues = QueueWatch()
         self.outstanding = Outstanding()
         self.spec = DeciderSpec()
+        self.shadowing = False  # a shadow run with a queue bound: scrape every P/D instance listed too
         self._poller: asyncio.Task[None] | None = None
         self.configure(policy)
 
@@ -44,10 +45,12 @@ class Deciding:
         ):
             self.index = PrefixIndex(spec.index_blocks, spec.block_tokens)
         scraped: list[str] = []
-        if spec.polls:
-            for route in policy.routes.values():
-                scraped += route.prefill if spec.prefill_busy_waiting is not None else ()
-                scraped += route.decode if spec.decode_busy_waiting is not None else ()
+        shadow = self.shadowing and policy.spec.shadow.pd_waiting_max is not None
+        for route in policy.routes.values():
+            if shadow or (spec.polls and spec.prefill_busy_waiting is not None):
+                scraped += route.prefill
+            if shadow or (spec.polls and spec.decode_busy_waiting is not None):
+                scraped += route.decode
         self.queues.watch(scraped)
         self.spec = spec
 

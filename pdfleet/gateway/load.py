@@ -115,3 +115,43 @@ class Outstanding:
 
     def of(self, urls: Iterable[str]) -> list[int]:
         return [self.tokens.get(u, 0) for u in urls]
+
+
+class LongPrefills:
+    """The long prompts each colocated instance is prefilling now (sent by this gateway, no first byte
+    yet), how many it was sent in all and when its last one ended: enough to tell whether a stream on
+    that instance decoded, or stalled, beside a long prefill (issue 33), at O(1) per stream and per stall.
+
+    Times are perf_counter() seconds, the proxy's clock for chunk gaps."""
+
+    __slots__ = ("active", "started", "last_end")
+
+    def __init__(self) -> None:
+        self.active: dict[str, int] = {}
+        self.started: dict[str, int] = {}
+        self.last_end: dict[str, float] = {}
+
+    def start(self, url: str) -> None:
+        self.active[url] = self.active.get(url, 0) + 1
+        self.started[url] = self.started.get(url, 0) + 1
+
+    def end(self, url: str, now: float) -> None:
+        left = self.active.get(url, 0) - 1
+        if left > 0:
+            self.active[url] = left
+        else:
+            self.active.pop(url, None)
+        self.last_end[url] = now
+
+    def mark(self, url: str) -> tuple[bool, int]:
+        """At a stream's first byte: whether a long prefill is running on its instance, and the count of
+        long prompts sent there so far (a later one started during the stream)."""
+        return url in self.active, self.started.get(url, 0)
+
+    def overlapped(self, url: str, mark: tuple[bool, int]) -> bool:
+        """At a stream's end: whether a long prefill ran on its instance while it decoded."""
+        return mark[0] or self.started.get(url, 0) > mark[1]
+
+    def during(self, url: str, since: float) -> bool:
+        """Whether a long prefill ran on the instance at some point after `since` (a stall's start)."""
+        return url in self.active or self.last_end.get(url, 0.0) > since

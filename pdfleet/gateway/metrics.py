@@ -106,6 +106,24 @@ DURATION_BUCKETS = (
 )
 
 
+# effective prompt tokens (what the instance still has to prefill) per shadow series: bounded labels
+LENGTH_BINS: tuple[tuple[int, str], ...] = (
+    (2048, "0-2k"),
+    (8192, "2k-8k"),
+    (16384, "8k-16k"),
+    (32768, "16k-32k"),
+)
+LAST_BIN = "32k+"
+
+
+def length_bin(tokens: int) -> str:
+    """The effective-length bin of a request's shadow series."""
+    for below, name in LENGTH_BINS:
+        if tokens < below:
+            return name
+    return LAST_BIN
+
+
 class GatewayMetrics:
     """Every metric the gateway exports; one instance per gateway (no global registry)."""
 
@@ -199,6 +217,21 @@ class GatewayMetrics:
             ["model", "endpoint", "reason"],
             registry=r,
         )
+        self.long_prefill_overlaps = Counter(
+            "pdfleet_gateway_long_prefill_overlaps",
+            "Colocated streams that decoded while their own instance was prefilling a long prompt (the "
+            "gateway sent it and had no first byte yet), by the stream's length class",
+            ["model", "length_class"],
+            registry=r,
+        )
+        self.long_prefill_stalls = Counter(
+            "pdfleet_gateway_long_prefill_stalls",
+            "Colocated streams' stalls (gaps over stall_threshold_ms) during which their own instance was "
+            "prefilling a long prompt: the stalls moving long prompts to the P/D pool would remove",
+            ["model", "length_class"],
+            registry=r,
+        )
+        self._shadow_metrics(r)
         self.in_flight = Gauge(
             "pdfleet_gateway_in_flight_requests", "Requests being proxied now", ["model", "pool"], registry=r
         )
@@ -210,6 +243,62 @@ class GatewayMetrics:
         )
         self.policy = Info(
             "pdfleet_gateway_policy", "The active policy's version, stage and file hash", registry=r
+        )
+
+    def _shadow_metrics(self, r: CollectorRegistry) -> None:
+        """Shadow traffic's own families (issue 33): each shadowed request's figures on both sides,
+        `shadow="true"` (the copy sent to the other pool, answer thrown away) and `shadow="false"` (the
+        client's own request), by class and effective-length bin. Separate names, not a label on the
+        primary families, so the rollout's gates and the recording rules never count a shadow."""
+        by = ["model", "pool", "length_class", "length_bin", "shadow"]
+        self.shadow_requests = Counter(
+            "pdfleet_gateway_shadow_requests",
+            "Shadowed requests by side; outcome ok, error (the upstream failed or answered >= 500), "
+            "cancelled (dropped mid-flight: reload or stop)",
+            [*by, "outcome"],
+            registry=r,
+        )
+        self.shadow_ttft = Histogram(
+            "pdfleet_gateway_shadow_ttft_seconds",
+            "Shadowed requests' time from arrival to first streamed chunk, by side",
+            by,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.shadow_chunk_gap = Histogram(
+            "pdfleet_gateway_shadow_chunk_gap_seconds",
+            "Shadowed requests' gaps between streamed chunks, by side",
+            by,
+            buckets=GAP_BUCKETS,
+            registry=r,
+        )
+        self.shadow_stalls = Counter(
+            "pdfleet_gateway_shadow_stream_stalls",
+            "Shadowed requests' gaps over stall_threshold_ms, by side",
+            by,
+            registry=r,
+        )
+        self.shadow_duration = Histogram(
+            "pdfleet_gateway_shadow_request_duration_seconds",
+            "Shadowed requests' whole time, by side",
+            by,
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.shadow_dropped = Counter(
+            "pdfleet_gateway_shadow_dropped",
+            "Shadows not sent or cut, by reason (concurrency, shadow_queue, primary_pressure, "
+            "shadow_unhealthy, reload, stopped)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.shadow_in_flight = Gauge(
+            "pdfleet_gateway_shadow_in_flight", "Shadow requests out now", registry=r
+        )
+        self.shadow_share = Gauge(
+            "pdfleet_gateway_shadow_share_percent",
+            "The running shadow's share of its stage's classes (0: shadowing is off)",
+            registry=r,
         )
 
     def child(self, metric: Any, *labels: str) -> Any:

@@ -14,21 +14,25 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from pdfleet.gateway.capture import Capture, OutputCounter
 from pdfleet.gateway.connection import UpstreamError, UpstreamResponse, whole_events
 from pdfleet.gateway.context import RequestContext
 from pdfleet.gateway.errors import error_response, sse_error_event
-from pdfleet.gateway.load import Outstanding
+from pdfleet.gateway.load import LongPrefills, Outstanding, QueueWatch
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.outside import outside_headers
 from pdfleet.gateway.policy import LengthClass, Target
+from pdfleet.gateway.shadow import Shadowing
 from pdfleet.gateway.upstream import UpstreamClient
 
 log = logging.getLogger("pdfleet.gateway")
 
+_NO_QUEUES = QueueWatch()  # a Proxy built without the gateway's shadowing (tests) watches no queue
 _ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "messages": "/v1/messages"}
 _SSE_TYPE = "text/event-stream"
 
@@ -50,6 +54,7 @@ class _Upstream:
 
     pool: Target
     resp: UpstreamResponse
+    base: str = ""
 
 
 @dataclass
@@ -62,9 +67,11 @@ class _Failure:
 
 
 class _GapMeter:
-    """Per streamed chunk: the gap since the previous one into the histogram, stalls counted."""
+    """Per streamed chunk: the gap since the previous one into the histogram, stalls counted; on a
+    colocated instance (`prefills` set), a stall during a long prefill there counted as caused by it;
+    a shadowed request's gaps (`paired`) also go to its shadow series."""
 
-    __slots__ = ("hist", "stalls", "stall_s", "prev")
+    __slots__ = ("hist", "stalls", "stall_s", "prev", "prefills", "url", "caused", "paired")
 
     def __init__(
         self, m: GatewayMetrics, model: str, pool: Target, cls: LengthClass, stall_ms: float, t_first: float
@@ -73,14 +80,25 @@ class _GapMeter:
         self.stalls = m.child(m.stalls, model, pool, cls)
         self.stall_s = stall_ms / 1000.0
         self.prev = t_first
+        self.prefills: LongPrefills | None = None
+        self.url = ""
+        self.caused: Any = None
+        self.paired: tuple[Any, Any] | None = None  # the shadow series' gap histogram and stall counter
 
     def __call__(self) -> None:
         now = time.perf_counter()
         gap = now - self.prev
-        self.prev = now
+        prev, self.prev = self.prev, now
         self.hist.observe(gap)
+        paired = self.paired
+        if paired is not None:
+            paired[0].observe(gap)
         if gap > self.stall_s:
             self.stalls.inc()
+            if paired is not None:
+                paired[1].inc()
+            if self.prefills is not None and self.prefills.during(self.url, prev):
+                self.caused.inc()
 
 
 def attempts(ctx: RequestContext) -> list[tuple[Target, str]]:
@@ -103,10 +121,20 @@ def attempts(ctx: RequestContext) -> list[tuple[Target, str]]:
 class Proxy:
     """Forwards admitted requests through one upstream client, recording what happened in the metrics."""
 
-    def __init__(self, upstream: UpstreamClient, metrics: GatewayMetrics, outstanding: Outstanding) -> None:
+    def __init__(
+        self,
+        upstream: UpstreamClient,
+        metrics: GatewayMetrics,
+        outstanding: Outstanding,
+        shadowing: Shadowing | None = None,
+        capture: Capture | None = None,
+    ) -> None:
         self.upstream = upstream
         self.metrics = metrics
         self.outstanding = outstanding  # prompt tokens each colocated instance has still to prefill
+        self.prefills = LongPrefills()  # the long prompts each colocated instance is prefilling
+        self.shadowing = shadowing if shadowing is not None else Shadowing(metrics, upstream, _NO_QUEUES)
+        self.capture = capture if capture is not None else Capture()
 
     async def forward(self, request: web.BaseRequest, ctx: RequestContext) -> web.StreamResponse:
         """Open upstream (with fallback), then stream its bytes to the client as they arrive."""
@@ -126,18 +154,29 @@ class Proxy:
         tries = attempts(ctx)
         up: _Upstream | None = None
         failure: _Failure | None = None
+        shadowed = (
+            self.shadowing.run is not None  # the one comparison while no shadow run is on
+            and ctx.decision.pool == "colocated"
+            and ctx.decision.reason != "forced_header"
+            and self.shadowing.offer(ctx, ctx.policy.counts.in_flight, ctx.policy.spec.decider.stale_s)
+        )
         for i, (pool, base) in enumerate(tries):
             last = i == len(tries) - 1
             m.child(m.in_flight, model, pool).inc()
             charged = ctx.decision.effective if pool == "colocated" else 0
+            long_prefill = pool == "colocated" and ctx.cls == "long"
             if charged:
                 self.outstanding.add(base, charged)
+            if long_prefill:
+                self.prefills.start(base)
             try:
                 got = await self._open(ctx, pool, base, path, headers)
             finally:
                 m.child(m.in_flight, model, pool).dec()
                 if charged:  # a first byte (or a failure): its prefill is over
                     self.outstanding.done(base, charged)
+                if long_prefill:
+                    self.prefills.end(base, time.perf_counter())
             if isinstance(got, _Upstream) and outside is not None and got.resp.status in (401, 403):
                 got.resp.close()  # its body could quote the outside key: never relayed
                 return self._refused_key(ctx, got.resp.status)
@@ -162,18 +201,35 @@ class Proxy:
                 fallbacks[failure.reason] = fallbacks.get(failure.reason, 0) + 1
         if up is None:
             assert failure is not None
+            if self.capture.on:
+                self.capture.record(ctx, 0, ctx.policy.spec.estimator.chars_per_token)
             return self._unavailable(ctx, failure)
         fell_back = up.pool != ctx.decision.pool
         count_decision(m, ctx, "fallback" if fell_back else ctx.decision.reason)
         m.child(m.in_flight, model, up.pool).inc()
+        tap = OutputCounter(None) if self.capture.on else None
+        outcome = "cancelled"
         try:
-            out, outcome = await self._stream(request, ctx, up, fell_back)
+            out, outcome = await self._stream(request, ctx, up, fell_back, shadowed, tap)
         finally:
             m.child(m.in_flight, model, up.pool).dec()
+            if shadowed:
+                self._paired_end(ctx, up, outcome)
+            if tap is not None:
+                self.capture.record(ctx, tap.output_tokens(), ctx.policy.spec.estimator.chars_per_token)
         m.child(m.requests, model, up.pool, ctx.cls, str(up.resp.status)).inc()
         m.child(m.duration, model, up.pool, ctx.cls).observe(time.perf_counter() - ctx.t0)
         log_request(ctx, up.pool, up.resp.status, outcome + (" fallback" if fell_back else ""))
         return out
+
+    def _paired_end(self, ctx: RequestContext, up: _Upstream, outcome: str) -> None:
+        """A shadowed request's own side, at its end: its outcome and time into the shadow series."""
+        m = self.metrics
+        labels = self.shadowing.labels(ctx, up.pool, "false")
+        ok = outcome == "ok" and up.resp.status < 500
+        m.child(m.shadow_requests, *labels, "ok" if ok else "error").inc()
+        if ok:
+            m.child(m.shadow_duration, *labels).observe(time.perf_counter() - ctx.t0)
 
     async def _open(
         self, ctx: RequestContext, pool: Target, base: str, path: str, headers: dict[str, str]
@@ -186,7 +242,7 @@ class Proxy:
             )
         except UpstreamError as exc:
             return _Failure(pool, exc.reason, str(exc))
-        return _Upstream(pool, resp)
+        return _Upstream(pool, resp, base)
 
     def _unavailable(self, ctx: RequestContext, failure: _Failure) -> web.Response:
         """When no attempt produced a first byte: 504 after a timeout, 502 after an invalid response
@@ -226,9 +282,17 @@ class Proxy:
         return resp
 
     async def _stream(
-        self, request: web.BaseRequest, ctx: RequestContext, up: _Upstream, fell_back: bool
+        self,
+        request: web.BaseRequest,
+        ctx: RequestContext,
+        up: _Upstream,
+        fell_back: bool,
+        shadowed: bool = False,
+        tap: OutputCounter | None = None,
     ) -> tuple[web.StreamResponse, str]:
-        """Copy the upstream body to the client; end with an error event (SSE) or abort if it breaks."""
+        """Copy the upstream body to the client; end with an error event (SSE) or abort if it breaks.
+        `shadowed`: its figures also go to the shadow series (shadow="false"); `tap`: the capture's
+        output counter, between the relay and the client."""
         m = self.metrics
         resp = up.resp
         spec = ctx.policy.spec
@@ -261,22 +325,32 @@ class Proxy:
         model = ctx.route.model
         if timed:
             m.child(m.ttft, model, up.pool, ctx.cls).observe(resp.t_first - ctx.t0)
+            if shadowed:
+                labels = self.shadowing.labels(ctx, up.pool, "false")
+                m.child(m.shadow_ttft, *labels).observe(resp.t_first - ctx.t0)
+        mark = None
         try:
             await out.prepare(request)
             if resp.at_eof:  # the whole body came with the first bytes: one write for all
+                if tap is not None:
+                    tap.feed(resp.first)
                 await out.write_eof(resp.first)
                 return out, "ok"
             first, held = whole_events(resp.first) if sse else (resp.first, None)
             await out.write(first)  # sends the held-back headers with the first chunk (even empty)
-            transport = request.transport
+            transport: Any = request.transport
             if transport is None:
                 raise ConnectionResetError("client went away")
-            gaps = (
-                _GapMeter(m, model, up.pool, ctx.cls, spec.stall_threshold_ms, resp.t_first)
-                if timed
-                else None
-            )
+            if tap is not None:
+                tap.transport = transport
+                tap.feed(first)
+                transport = tap
+            gaps = self._meter(ctx, up, shadowed) if timed else None
+            if gaps is not None and gaps.prefills is not None:
+                mark = self.prefills.mark(up.base)
             error = await resp.relay(transport, chunked, gaps, spec.timeouts.idle_s, held)
+            if mark is not None and self.prefills.overlapped(up.base, mark):
+                m.child(m.long_prefill_overlaps, model, ctx.cls).inc()
             if error == "client_gone":
                 raise ConnectionResetError("client went away")
             if error is None:
@@ -310,6 +384,20 @@ class Proxy:
         elif request.transport is not None:
             request.transport.abort()  # a non-SSE body cannot carry an error event: cut the connection
         return out, error
+
+    def _meter(self, ctx: RequestContext, up: _Upstream, shadowed: bool) -> _GapMeter:
+        """A timed stream's chunk meter: long-prefill stalls on a colocated instance, shadow series
+        when shadowed."""
+        m = self.metrics
+        model = ctx.route.model
+        meter = _GapMeter(m, model, up.pool, ctx.cls, ctx.policy.spec.stall_threshold_ms, up.resp.t_first)
+        if up.pool == "colocated":
+            meter.prefills, meter.url = self.prefills, up.base
+            meter.caused = m.child(m.long_prefill_stalls, model, ctx.cls)
+        if shadowed:
+            labels = self.shadowing.labels(ctx, up.pool, "false")
+            meter.paired = (m.child(m.shadow_chunk_gap, *labels), m.child(m.shadow_stalls, *labels))
+        return meter
 
 
 def count_decision(m: GatewayMetrics, ctx: RequestContext, reason: str) -> None:
