@@ -81,31 +81,44 @@ def load_manifest(model: ModelSpec) -> WeightsManifest:
     return _parse(text, str(path), model)
 
 
-def stageable(model: ModelSpec) -> str | None:
-    """Why provision cannot stage this model's source yet (None: it can): it copies from an http(s) mirror
-    or the hub; pushing a control-machine directory to the hosts is still to come."""
-    source = model.source
-    if source is not None and source != HUB and not source.startswith(("http://", "https://")):
-        return (
-            f"pushing {source} from the control machine is not built yet; serve it over http(s) "
-            f"(e.g. python3 -m http.server --directory {source}) and name that URL"
-        )
-    return None
+def local_file(model: ModelSpec, path: str) -> Path:
+    """A file of the revision in a control-machine mirror directory (manifest paths stay inside it)."""
+    assert model.source is not None and model.source.startswith("/")
+    return Path(model.source, model.id, str(model.revision), path)
+
+
+def _check_local_files(model: ModelSpec, manifest: WeightsManifest) -> None:
+    """Every file a control-machine mirror's manifest lists is there with its size: refused before any host
+    is touched, naming the first few that are not."""
+    wrong = []
+    for f in manifest.files:
+        path = local_file(model, f.path)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            wrong.append(f"{path} is missing")
+            continue
+        if size != f.size:
+            wrong.append(f"{path} holds {size} bytes, the manifest says {f.size}")
+    if wrong:
+        more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+        raise ValidationError(f"model.source: {'; '.join(wrong[:3])}{more}")
 
 
 def load_manifests(models: Iterable[ModelSpec]) -> dict[str, WeightsManifest]:
-    """Each staged model's manifest by model id (read once per id; from the hub with its token); a source
-    provision cannot stage yet is refused here, before any host is touched."""
+    """Each staged model's manifest by model id (read once per id; from the hub with its token); a
+    control-machine mirror must hold every file it lists, with its size."""
     found: dict[str, WeightsManifest] = {}
     for model in models:
         if not model.staged or model.id in found:
             continue
-        why = stageable(model)
-        if why is not None:
-            raise ValidationError(f"model.source: {why}")
-        found[model.id] = (
-            hub_manifest(model, read_token(model)) if model.source == HUB else load_manifest(model)
-        )
+        if model.source == HUB:
+            found[model.id] = hub_manifest(model, read_token(model))
+            continue
+        manifest = load_manifest(model)
+        if model.source is not None and model.source.startswith("/"):
+            _check_local_files(model, manifest)
+        found[model.id] = manifest
     return found
 
 

@@ -1,7 +1,7 @@
 """The ops engine's vocabulary, pyinfra's model on Fabric.
 
 A *fact* is a command plus a parser. An *operation* states a desired state and, given facts,
-plans the *changes* (commands and uploads, each with a human diff) that reach it: none when the
+plans the *changes* (commands, uploads and pushes, each with a human diff) that reach it: none when the
 host is converged. Changes may notify *handlers* (daemon-reload, restart of one unit), which the
 runner runs once per host after the host's changes, daemon-reload first.
 """
@@ -18,12 +18,38 @@ T_co = TypeVar("T_co", covariant=True)  # a Fact[X] is a Fact[X | None]: its val
 
 
 @dataclass(frozen=True)
+class Watch:
+    """A file on the host that grows while a long command runs (a download's `.part`): the runner reports
+    its size against `total` (bytes, rate, ETA) under `label` while the command runs; `start` is what it
+    held before (a continued download's rate counts only the new bytes)."""
+
+    path: str
+    total: int
+    label: str
+    start: int = 0
+
+
+@dataclass(frozen=True)
 class Run:
     """A shell command on the host; `on_fail` is a diagnostic command whose output joins the error."""
 
     cmd: str
     sudo: bool = True
     on_fail: str | None = None
+    watch: Watch | None = None
+
+
+@dataclass(frozen=True)
+class Push:
+    """A file on the control machine (`source`, `size` bytes) appended to `dest` on the host from the size
+    `dest` already has, so an interrupted push continues; streamed over the host's SSH connection in
+    chunks (never whole in memory), at most `limit` bytes per second, with progress under `label`."""
+
+    source: str
+    dest: str
+    size: int
+    label: str
+    limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -37,7 +63,7 @@ class Upload:
     group: str = "root"
 
 
-Command = Run | Upload
+Command = Run | Upload | Push
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ reason and never stops another host. The caller decides the exit code from the r
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shlex
 import time
@@ -28,12 +29,14 @@ from pdfleet.ops.base import (
     FactSource,
     Handler,
     Operation,
+    Push,
     Run,
     Skip,
     Upload,
 )
 from pdfleet.ops.gather import HostFacts, PlannedFacts, gather_for
 from pdfleet.ops.ssh import Transport, open_connection
+from pdfleet.ops.transfer import Emit, push, watched_run
 
 if TYPE_CHECKING:
     from pdfleet.model.inventory import Host
@@ -150,6 +153,8 @@ def describe_command(cmd: Command) -> str:
     """A command as shown in errors (uploads never show content)."""
     if isinstance(cmd, Run):
         return cmd.cmd
+    if isinstance(cmd, Push):
+        return f"push {cmd.source} to {cmd.dest}"
     return f"upload {cmd.dest} (mode {cmd.mode}, {cmd.owner}:{cmd.group})"
 
 
@@ -168,12 +173,18 @@ def install_command(tmp: str, upload: Upload) -> str:
     )
 
 
-def execute(transport: Transport, cmd: Command, timeout: float | None) -> None:
-    """Run one command on the host; a non-zero exit raises CommandError with stderr (and diagnostics)."""
+def execute(transport: Transport, cmd: Command, timeout: float | None, emit: Emit | None = None) -> None:
+    """Run one command on the host; a non-zero exit raises CommandError with stderr (and diagnostics).
+    `emit` receives progress lines of the long copies (pushes, watched downloads)."""
+    on_fail = None
     if isinstance(cmd, Upload):
         tmp = transport.put(cmd.content)
         out = transport.run(install_command(tmp, cmd), sudo=True, timeout=timeout)
-        on_fail = None
+    elif isinstance(cmd, Push):
+        out = push(transport, cmd, timeout, emit)
+    elif cmd.watch is not None and emit is not None:
+        out = watched_run(transport, cmd, timeout, emit)
+        on_fail = cmd.on_fail
     else:
         out = transport.run(cmd.cmd, sudo=cmd.sudo, timeout=timeout)
         on_fail = cmd.on_fail
@@ -249,6 +260,7 @@ def _apply_host(run: _HostRun, options: RunOptions, progress: Progress | None) -
     pending: list[Handler] = []
     started: set[str] = set()
     current = ""
+    emit = functools.partial(progress, run.host.name) if progress else None
     try:
         for op, changes in run.plan:
             current = op.describe()
@@ -259,7 +271,7 @@ def _apply_host(run: _HostRun, options: RunOptions, progress: Progress | None) -
                     if _pop_handler(pending, handler):
                         _run_handler(transport, handler, options)
                 for cmd in change.commands:
-                    execute(transport, cmd, options.command_timeout)
+                    execute(transport, cmd, options.command_timeout, emit)
                 if change.starts_unit:
                     started.add(change.starts_unit)
                 for handler in change.notify:

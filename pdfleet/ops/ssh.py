@@ -7,12 +7,14 @@ is never accepted silently. Commands needing root go through `sudo -n` unless th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,6 +64,13 @@ class Transport(Protocol):
 
     def put(self, data: bytes) -> str:
         """Write `data` to a fresh private (0600) temp file on the host and return its path."""
+        ...
+
+    def send(
+        self, cmd: str, chunks: Iterable[bytes], sudo: bool = False, timeout: float | None = None
+    ) -> Output:
+        """Run a shell command with `chunks` as its stdin, sent as they come (a file streamed, never
+        whole in memory); `timeout` bounds each wait (no progress for that long), not the whole copy."""
         ...
 
     def close(self) -> None:
@@ -132,6 +141,29 @@ class SshTransport:
             remote.write(data)
         return path
 
+    def send(
+        self, cmd: str, chunks: Iterable[bytes], sudo: bool = False, timeout: float | None = None
+    ) -> Output:
+        """Over a channel of this connection's paramiko transport (Fabric's run decodes stdin as text)."""
+        transport = self._conn.client.get_transport()
+        if transport is None:
+            raise ConnectError(f"{self.name}: the SSH connection is closed")
+        chan = transport.open_session(timeout=timeout)
+        try:
+            chan.settimeout(timeout)
+            chan.exec_command(remote_command(cmd, self.user, sudo))
+            with contextlib.suppress(OSError):  # the command exited early: its status and stderr say why
+                for chunk in chunks:
+                    chan.sendall(chunk)
+            chan.shutdown_write()
+            stdout = chan.makefile("rb").read().decode(errors="replace")
+            stderr = chan.makefile_stderr("rb").read().decode(errors="replace")
+            return Output(chan.recv_exit_status(), stdout, stderr)
+        except TimeoutError:
+            return Output(124, "", f"no progress for {timeout}s")
+        finally:
+            chan.close()
+
     def close(self) -> None:
         self._conn.close()
 
@@ -165,6 +197,26 @@ class LocalTransport:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         return path
+
+    def send(
+        self, cmd: str, chunks: Iterable[bytes], sudo: bool = False, timeout: float | None = None
+    ) -> Output:
+        """Through `sh -c`'s stdin."""
+        full = remote_command(cmd, self.user, sudo)
+        proc = subprocess.Popen(
+            ["sh", "-c", full], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        assert proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # the command exited early: its status says why
+            for chunk in chunks:
+                proc.stdin.write(chunk)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return Output(124, "", f"timed out after {timeout}s")
+        return Output(proc.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
 
     def close(self) -> None:
         return None

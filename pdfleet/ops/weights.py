@@ -2,8 +2,9 @@
 partial downloads, the free space) and the operations that fetch each missing or wrong file, resumably,
 checked against its SHA-256 before it takes the file's name.
 
-A download goes to `<file>.part` (curl -C - continues it after an interruption), is checked, then renamed
-over the file: vLLM never sees a partial or corrupt file under its real name.
+A download goes to `<file>.part` (curl -C - continues it after an interruption; a push from the control
+machine appends to it likewise), is checked, then renamed over the file: vLLM never sees a partial or
+corrupt file under its real name.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pdfleet.model.weights import ManifestFile, WeightsManifest
-from pdfleet.ops.base import Change, Fact, FactSource, Handler, Operation, Run, relabel
+from pdfleet.ops.base import Change, Command, Fact, FactSource, Handler, Operation, Push, Run, Watch, relabel
 from pdfleet.ops.errors import FactError, OperationError
 from pdfleet.ops.files import File, FileState
+from pdfleet.ops.transfer import human_bytes, rate_bytes
 
 q = shlex.quote
 PART = ".part"
@@ -32,16 +34,6 @@ class StagedState:
     sha256: Mapping[str, str]
     partial: Mapping[str, int]
     free_bytes: int
-
-
-def human_bytes(n: int) -> str:
-    """1536 -> '1.5 KiB': sizes in progress lines and refusals."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -162,12 +154,19 @@ class StageFile(Operation):
             diff = f"replace {self.file.path}: sha256 {have[:12]} → {self.file.sha256[:12]}"
         if 0 < part < self.file.size:
             diff += f"; continue the partial download at {human_bytes(part)}"
-        return [Change(self.describe(), diff, (Run(self.command()),), notify=self.notify)]
+        return [Change(self.describe(), diff, self.commands(part), notify=self.notify)]
+
+    def commands(self, part: int) -> tuple[Command, ...]:
+        """How the file gets here: one shell that fetches, checks and renames (see the class docstring),
+        its `.part` watched for progress (`part`: the bytes it held when planned)."""
+        f = self.file
+        watch = Watch(f"{self.directory}/{f.path}{PART}", f.size, f.path, start=part if part < f.size else 0)
+        return (Run(self.command(), watch=watch),)
 
     def command(self) -> str:
         """The shell that fetches, checks and renames (see the class docstring)."""
         f = self.file
-        dest, part = q(f.path), q(f.path + PART)
+        part = q(f.path + PART)
         curl = ["curl", "-fsSL", "--retry", str(CURL_RETRIES), "-C", "-", "-o", part]
         if self.limit:
             curl += ["--limit-rate", q(self.limit)]
@@ -175,21 +174,12 @@ class StageFile(Operation):
             curl += ["-H", q("@" + self.header_file)]
         curl.append(q(self.url))
         fetch = " ".join(curl)
-        size = f'"$(stat -c %s -- {part} 2>/dev/null || echo 0)"'
-        mismatch = (
-            f"{f.path}: SHA-256 differs from the manifest after download from {self.url} "
-            "(removed; the next run fetches it again)"
-        )
         script = (
-            f'set -e; cd {q(self.directory)}; mkdir -p -- "$(dirname -- {dest})"; '
-            # longer than the file: not a prefix of it, start over
-            f"if [ {size} -gt {f.size} ]; then rm -f -- {part}; fi; "
+            f"{self._prepare()}; "
             # exit 33: the server answers no byte ranges (python -m http.server), so start the file over
-            f"if [ {size} -lt {f.size} ]; then {fetch} || {{ rc=$?; [ $rc -eq {NO_RANGES} ] || exit $rc; "
-            f"rm -f -- {part}; {fetch}; }}; fi; "
-            f"if ! echo {q(f'{f.sha256}  {f.path}{PART}')} | sha256sum -c --status; then rm -f -- {part}; "
-            f"echo {q(mismatch)} >&2; exit 1; fi; "
-            f"chmod 0644 -- {part}; mv -f -- {part} {dest}"
+            f"if [ {self._part_size()} -lt {f.size} ]; then {fetch} || {{ rc=$?; [ $rc -eq {NO_RANGES} ] || "
+            f"exit $rc; rm -f -- {part}; {fetch}; }}; fi; "
+            f"{self._check_and_rename(f'download from {self.url}')}"
         )
         if not self.header_file:
             return script
@@ -198,6 +188,48 @@ class StageFile(Operation):
         return (
             f"( {script} ); rc=$?; if [ $rc -ne 0 ]; then rm -f -- {q(self.header_file)}; "
             f"echo {q(removed)} >&2; fi; exit $rc"
+        )
+
+    def _part_size(self) -> str:
+        return f'"$(stat -c %s -- {q(self.file.path + PART)} 2>/dev/null || echo 0)"'
+
+    def _prepare(self) -> str:
+        """Into the directory, the file's parent made, a `.part` longer than the file (not a prefix of
+        it) dropped."""
+        f = self.file
+        return (
+            f'set -e; cd {q(self.directory)}; mkdir -p -- "$(dirname -- {q(f.path)})"; '
+            f"if [ {self._part_size()} -gt {f.size} ]; then rm -f -- {q(f.path + PART)}; fi"
+        )
+
+    def _check_and_rename(self, after: str) -> str:
+        """The `.part` checked against the manifest's SHA-256 (removed when it differs), then renamed."""
+        f = self.file
+        part = q(f.path + PART)
+        mismatch = (
+            f"{f.path}: SHA-256 differs from the manifest after {after} "
+            "(removed; the next run fetches it again)"
+        )
+        return (
+            f"if ! echo {q(f'{f.sha256}  {f.path}{PART}')} | sha256sum -c --status; then rm -f -- {part}; "
+            f"echo {q(mismatch)} >&2; exit 1; fi; "
+            f"chmod 0644 -- {part}; mv -f -- {part} {q(f.path)}"
+        )
+
+
+@dataclass(frozen=True)
+class PushFile(StageFile):
+    """StageFile from a directory on the control machine: `url` is the file's path there, pushed over the
+    host's SSH connection into `path.part` (continued from what it holds) at most `limit` bytes per second,
+    then checked and renamed like a download."""
+
+    def commands(self, part: int) -> tuple[Command, ...]:
+        f = self.file
+        limit = rate_bytes(self.limit) if self.limit else None
+        return (
+            Run(self._prepare()),
+            Push(self.url, f"{self.directory}/{f.path}{PART}", f.size, f.path, limit),
+            Run(f"set -e; cd {q(self.directory)}; {self._check_and_rename(f'push from {self.url}')}"),
         )
 
 

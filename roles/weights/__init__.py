@@ -1,7 +1,8 @@
 """weights: each staged model's pinned revision in its directory on every host that serves it, before the
 vLLM units start (the services role runs after this one). Every file of the revision's manifest is checked
 by SHA-256 (one batched sha256sum per revision: a converged host changes nothing and downloads nothing);
-a missing, partial or corrupt file is fetched from the model's mirror (resumed when partial) and checked
+a missing, partial or corrupt file is fetched from the model's mirror (or pushed from the control
+machine's directory over the host's SSH connection), resumed when partial, and checked
 before it takes its name; a host whose disk cannot hold the missing files is refused before any download.
 The instances serving the model restart when one of its files changed. From the hub, the token waits in a
 0600 headers file (curl -H @file) only while files are fetched, then is removed."""
@@ -15,11 +16,18 @@ from typing import Any
 from pdfleet.fleet.host_layout import CONFIG_DIR, MODELS_DIR
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
-from pdfleet.fleet.weights import file_url, staged_dir
+from pdfleet.fleet.weights import file_url, local_file, staged_dir
 from pdfleet.model.specs import ModelSpec
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import Directory
-from pdfleet.ops.weights import DownloadHeaders, HeadersRemoved, StagedFiles, StageFile, WeightsSpace
+from pdfleet.ops.weights import (
+    DownloadHeaders,
+    HeadersRemoved,
+    PushFile,
+    StagedFiles,
+    StageFile,
+    WeightsSpace,
+)
 
 NAME = "weights"
 APT_PACKAGES: tuple[str, ...] = ()  # curl and coreutils: the base role's
@@ -72,7 +80,12 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         if headers is not None and token is not None:
             content = f"Authorization: Bearer {token}\n".encode()
             yield DownloadHeaders(headers, content, directory, paths, manifest)
+        pushed = model.source is not None and model.source.startswith("/")
         for file in manifest.files:
+            if pushed:  # from the control machine, over the host's SSH connection
+                source = str(local_file(model, file.path))
+                yield PushFile(directory, file, source, paths, limit=model.bandwidth_limit, notify=restarts)
+                continue
             yield StageFile(
                 directory,
                 file,

@@ -1,5 +1,6 @@
 """Reading a staged model's manifest on the control machine (issue 31): from an http(s) mirror or a
-directory, refused naming the URL or path when unreadable, malformed, or another revision's."""
+directory, refused naming the URL or path when unreadable, malformed, or another revision's, or (a
+directory pushed to the hosts) when a file it lists is missing or another size."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.weights import file_url, load_manifest, load_manifests, staged_dir
+from pdfleet.fleet.weights import file_url, load_manifest, load_manifests, local_file, staged_dir
 from pdfleet.lab.model_mirror import LAB_MODEL, build_lab_models, make_server
 from pdfleet.model.specs import ModelSpec
 
@@ -68,9 +69,16 @@ def test_unreadable_malformed_or_other_manifests_are_refused(served: tuple[str, 
         (bad / "manifest.json").replace(root / LAB_MODEL / "lab-r1" / "manifest.json")
 
 
-def test_a_control_machine_directory_is_refused_before_any_host(served: tuple[str, Path]) -> None:
-    _, root = served
-    with pytest.raises(
-        ValidationError, match=f"model.source: pushing {root} from the control machine is not built"
-    ):
+def test_a_control_machine_directory_must_hold_every_file_with_its_size(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Its files are pushed to the hosts, so a missing or resized one is refused before any host."""
+    root = tmp_path_factory.mktemp("pushed")
+    manifest = build_lab_models(root)[0]
+    assert load_manifests([_model(str(root))]) == {LAB_MODEL: manifest}
+    shard, config = (root / LAB_MODEL / "lab-r1" / f.path for f in manifest.files[:2])
+    assert local_file(_model(str(root)), manifest.files[0].path) == shard
+    shard.unlink()
+    config.write_text("{}")
+    with pytest.raises(ValidationError, match=rf"model.source: {shard} is missing; {config} holds 2 bytes"):
         load_manifests([_model(str(root))])

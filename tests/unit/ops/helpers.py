@@ -1,11 +1,15 @@
-"""Shared pieces of the operation tests: file facts as a converged host has them, and a plan's commands."""
+"""Shared pieces of the operation tests: file facts as a converged host has them, a plan's commands, and
+the test sshd as an inventory host."""
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
+from pdfleet.model.inventory import Host
 from pdfleet.ops.base import Change, Run, Upload
 from pdfleet.ops.files import PathInfo
+from tests.unit.helpers import Sshd
 
 
 def sha(text: str | bytes) -> str:
@@ -29,3 +33,17 @@ def commands(changes: list[Change]) -> list[object]:
                 assert isinstance(cmd, Upload)
                 out.append((cmd.dest, cmd.mode, cmd.owner, cmd.group, cmd.content))
     return out
+
+
+def ssh_host(sshd: Sshd, name: str = "loop", port: int | None = None, known: Path | None = None) -> Host:
+    """The test sshd as an inventory host: root with the fixture's key and known_hosts (or `known`)."""
+    return Host(
+        name=name,
+        groups=frozenset(),
+        vars={},
+        address="127.0.0.1",
+        port=port or sshd.port,
+        user="root",
+        key_file=str(sshd.key_file),
+        known_hosts_file=str(known or sshd.known_hosts),
+    )

@@ -16,6 +16,7 @@ from pdfleet.ops.files import Directory, File
 from pdfleet.ops.runner import RunOptions, run_fleet
 from pdfleet.ops.ssh import LocalTransport, known_hosts_pattern, open_connection, sudo_wrap
 from tests.unit.helpers import Sshd
+from tests.unit.ops.helpers import ssh_host
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -33,19 +34,6 @@ def test_sudo_wrap_quotes_any_command() -> None:
 def test_known_hosts_pattern() -> None:
     assert known_hosts_pattern("198.18.0.21", 22) == "198.18.0.21"
     assert known_hosts_pattern("127.0.0.1", 2222) == "[127.0.0.1]:2222"
-
-
-def ssh_host(sshd: Sshd, name: str = "loop", port: int | None = None, known: Path | None = None) -> Host:
-    return Host(
-        name=name,
-        groups=frozenset(),
-        vars={},
-        address="127.0.0.1",
-        port=port or sshd.port,
-        user="root",
-        key_file=str(sshd.key_file),
-        known_hosts_file=str(known or sshd.known_hosts),
-    )
 
 
 def planner_under(root: Path):

@@ -1,7 +1,8 @@
 """Staging weights (issue 31) with the real commands on this machine against a range-answering mirror on
 loopback: a fresh copy checked by SHA-256, a converged directory planning nothing, an interrupted copy
 continued from its partial file, a corrupt file replaced, a mirror serving wrong bytes refused without
-the file taking its name, and a disk too small refused before anything is fetched."""
+the file taking its name, and a disk too small refused before anything is fetched; and the same pushed from
+a control-machine directory over a real SSH connection."""
 
 from __future__ import annotations
 
@@ -15,13 +16,18 @@ from pathlib import Path
 import pytest
 
 from pdfleet.lab.model_mirror import LAB_MODEL, build_lab_models, make_server
+from pdfleet.model.inventory import Host
 from pdfleet.model.weights import WeightsManifest
-from pdfleet.ops.base import Change, FakeFacts, Run
+from pdfleet.ops import transfer
+from pdfleet.ops.base import Change, FactSource, FakeFacts, Operation, Run
 from pdfleet.ops.errors import OperationError
+from pdfleet.ops.files import Directory
 from pdfleet.ops.gather import HostFacts
-from pdfleet.ops.runner import CommandError, execute
+from pdfleet.ops.runner import CommandError, RunOptions, execute, run_fleet
 from pdfleet.ops.ssh import LocalTransport
-from pdfleet.ops.weights import StagedFiles, StagedState, StageFile, WeightsSpace, bytes_to_fetch
+from pdfleet.ops.weights import PushFile, StagedFiles, StagedState, StageFile, WeightsSpace, bytes_to_fetch
+from tests.unit.helpers import Sshd
+from tests.unit.ops.helpers import ssh_host
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -190,3 +196,51 @@ def test_a_mirror_without_byte_ranges_starts_a_partial_file_over(
 class _Quiet(SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         return
+
+
+@pytest.mark.sshd
+@pytest.mark.timeout(120)
+def test_a_control_machine_directory_is_pushed_over_ssh_checked_and_continued(
+    sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PushFile through the runner over the real SSH connection: a fresh copy checked by SHA-256, a
+    converged host pushing nothing, a flipped byte replaced, half a shard continued with progress lines."""
+    monkeypatch.setattr(transfer, "PROGRESS_EVERY_S", 0.2)
+    manifest = build_lab_models(tmp_path / "mirror")[0]
+    source = tmp_path / "mirror" / LAB_MODEL / REVISION
+    directory = tmp_path / "host" / LAB_MODEL / REVISION
+    paths = tuple(f.path for f in manifest.files)
+    shard = next(f for f in manifest.files if f.path.endswith(".safetensors"))
+
+    def planner(host: Host, facts: FactSource) -> Iterator[Operation]:
+        yield WeightsSpace(str(directory), manifest)
+        yield Directory(str(directory), mode="0755")
+        for f in manifest.files:
+            limit = "4M" if f == shard else None  # a second or so: long enough for progress lines
+            yield PushFile(str(directory), f, str(source / f.path), paths, limit=limit)
+
+    lines: list[str] = []
+
+    def run() -> dict[str, str]:
+        report = run_fleet([ssh_host(sshd)], planner, RunOptions(), progress=lambda _, m: lines.append(m))
+        host = report.hosts["loop"]
+        assert host.error is None, host.error
+        return {c["op"].rsplit("/", 1)[1].split(" (")[0]: c["diff"] for c in host.changes}
+
+    assert set(run()) == {f.path for f in manifest.files} | {REVISION}  # every file, and the directory
+    assert _shas(directory) == {f.path: f.sha256 for f in manifest.files}  # no .part left
+    assert run() == {}
+
+    target = directory / shard.path
+    data = bytearray(target.read_bytes())
+    data[100] ^= 0xFF
+    target.write_bytes(bytes(data))
+    assert run()[shard.path].startswith(f"replace {shard.path}: sha256 ")
+    whole = target.read_bytes()
+    target.unlink()
+    (directory / f"{shard.path}.part").write_bytes(whole[: len(whole) // 2])
+    lines.clear()
+    assert "continue the partial download at 1.0 MiB" in run()[shard.path]
+    assert _shas(directory) == {f.path: f.sha256 for f in manifest.files}
+    progress = [m for m in lines if m.startswith(f"{shard.path}: ")]
+    assert progress and all(int(m.split("(")[1].split("%")[0]) >= 50 for m in progress)  # from the half

@@ -17,7 +17,7 @@ from pdfleet.lab.model_mirror import LAB_MODEL, build_lab_models
 from pdfleet.model.specs import ModelSpec
 from pdfleet.model.weights import WeightsManifest
 from pdfleet.ops.files import Directory
-from pdfleet.ops.weights import StageFile, WeightsSpace
+from pdfleet.ops.weights import PushFile, StageFile, WeightsSpace
 from roles import REGISTRY, services, weights
 from tests.unit.hw.helpers import HostFacts
 from tests.unit.roles.helpers import REPO, exec_start_argv
@@ -107,3 +107,19 @@ def test_a_missing_manifest_is_a_clear_error(lab_manifest: WeightsManifest) -> N
     ctx = dataclasses.replace(fleet.context(fleet.inventory.hosts["lab-d1"]), manifests={})
     with pytest.raises(Exception, match=f"{LAB_MODEL} at lab-r1: its weights manifest was not read"):
         weights.facts(ctx)
+
+
+def test_a_control_machine_directory_is_pushed_with_the_limit(
+    lab_manifest: WeightsManifest, tmp_path: Path
+) -> None:
+    for name in ("_base", "cross-rdma", "lab-cross", "lab-weights"):
+        (tmp_path / f"{name}.yml").write_text((REPO / "profiles" / f"{name}.yml").read_text())
+    (tmp_path / "pushed.yml").write_text("extends: lab-weights\nmodel: {source: /srv/models}\n")
+    fleet = _deploy("pushed", lab_manifest, [], profiles=tmp_path)
+    ctx = fleet.context(fleet.inventory.hosts["lab-d1"])
+    stage = [op for op in weights.operations(ctx, HostFacts({})) if isinstance(op, StageFile)]
+    assert stage and all(isinstance(op, PushFile) for op in stage)
+    assert [op.url for op in stage] == [
+        f"/srv/models/{LAB_MODEL}/lab-r1/{f.path}" for f in lab_manifest.files
+    ]
+    assert {op.limit for op in stage} == {"20M"} and {op.header_file for op in stage} == {None}
