@@ -308,6 +308,7 @@ def login_evidence(hd: HostDirs, rec: HostRecord | None, lines: int = 12) -> str
             f"journalctl --no-pager -q -n {lines} -u ssh.service; "
             f"ls -ln /home/{LOGIN_USER} /home/{LOGIN_USER}/.ssh; "
             "echo system: $(systemctl is-system-running); systemctl list-jobs --no-pager | head -n 8; "
+            "systemctl --failed --no-pager --no-legend; "
             "cat /run/nologin 2>/dev/null"
         )
         proc = run(
