@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from invoke import Collection
 
-from pdfleet.cli import bench, demo, doctor, lab, monitor, profiles, provision, render, rollout, verify, wheel
+from pdfleet.cli import (
+    bench,
+    demo,
+    doctor,
+    lab,
+    monitor,
+    profiles,
+    provision,
+    render,
+    rollout,
+    shadow,
+    verify,
+    wheel,
+)
 
 
 def build_namespace() -> Collection:
@@ -21,6 +34,7 @@ def build_namespace() -> Collection:
         doctor.doctor,
     )
     ns.add_collection(rollout.collection())
+    ns.add_collection(shadow.collection())
     ns.add_collection(
         Collection(
             "lab", lab.build_task, lab.up_task, lab.down_task, lab.status_task, lab.ssh_task, lab.env_task

@@ -110,6 +110,14 @@ class GatewayClient:
             body["model"] = model
         self._call(target, "POST", "/admin/stage", body)
 
+    def shadow(self, target: GatewayTarget, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A gateway's shadow run (issue 33): start or stop one (`body`: `POST /admin/shadow`), or read it
+        (None: `GET`); the gateway's status document either way."""
+        doc = self._call(target, "GET" if body is None else "POST", "/admin/shadow", body)
+        if not isinstance(doc, dict) or "running" not in doc:
+            raise GatewayError(f"gateway {target.name}: /admin/shadow is not a pdfleet gateway's answer")
+        return doc
+
 
 def _error_message(raw: bytes) -> str:
     """The message of an OpenAI-shaped error body (bounded), or a placeholder."""

@@ -58,3 +58,27 @@ def test_the_client_targets_one_model_or_the_top_level(tmp_path: Path) -> None:
     finally:
         loop.run(running.close)
         loop.close()
+
+
+def test_the_client_starts_reads_and_stops_a_shadow_run(tmp_path: Path) -> None:
+    colo, dis = ["http://127.0.0.1:9"], "http://127.0.0.1:10"  # never called: only the admin endpoints
+    path = write_policy(tmp_path, policy_dict(colo, dis))
+    loop = LoopThread()
+
+    async def up() -> Running:
+        return await start(Gateway(path, load_policy(path), shutdown_timeout=5))
+
+    running: Running = loop.run(up)
+    try:
+        target = GatewayTarget(name="gw0", admin_url=f"http://127.0.0.1:{running.port}")
+        client = GatewayClient(ADMIN_KEY)
+        assert client.shadow(target)["running"] is None
+        started = client.shadow(target, {"action": "start", "stage": "long-all", "share": 20, "minutes": 1})
+        assert (started["running"]["stage"], started["running"]["share"]) == ("long-all", 20)
+        stopped = client.shadow(target, {"action": "stop"})
+        assert stopped["running"] is None and stopped["last"]["ended"] == "stopped"
+        with pytest.raises(GatewayError, match="gateway gw0: POST /admin/shadow answered 400: stage: 'x'"):
+            client.shadow(target, {"action": "start", "stage": "x", "share": 20, "minutes": 1})
+    finally:
+        loop.run(running.close)
+        loop.close()
