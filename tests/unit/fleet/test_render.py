@@ -107,52 +107,65 @@ TRICKY = (
 )
 
 
-def _deployments(tmp_path: Path) -> list[tuple[str, Deployment]]:
-    """Every shipped (profile, inventory) pair, plus a lab profile with tricky but valid strings."""
+PAIRS = [*profile_inventory_pairs(), ("tricky", REPO / "inventory/lab.yml")]
+
+
+def _deployment(tmp_path: Path, name: str, inventory: Path) -> Deployment:
+    """A shipped (profile, inventory) pair, or the lab profile with tricky but valid strings."""
     profiles = tmp_path / "profiles"
     shutil.copytree(REPO / "profiles", profiles)
     (profiles / "tricky.yml").write_text(TRICKY)
-    pairs = [*profile_inventory_pairs(), ("tricky", REPO / "inventory/lab.yml")]
-    return [
-        (
-            f"{name}@{inv.name}",
-            deploy(name, inv, profiles),
-        )
-        for name, inv in pairs
-    ]
+    return deploy(name, inventory, profiles)
 
 
-def _systemd_verify(scratch: Path, unit: Path) -> str:
-    """systemd-analyze's complaints about a rendered unit, read as systemd would on a host: from a scratch
-    root holding the distribution's units and the programs the unit runs."""
-    units = scratch / "usr/lib/systemd/system"
-    if not units.exists():
-        shutil.copytree("/usr/lib/systemd/system", units, symlinks=True)
-    for line in unit.read_text().splitlines():
-        if line.startswith("Exec") and "=" in line:
-            program = scratch / shlex.split(line.split("=", 1)[1])[0].lstrip("-@:+!").lstrip("/")
-            program.parent.mkdir(parents=True, exist_ok=True)
-            program.touch(mode=0o755)
-    installed = scratch / "etc/systemd/system" / unit.name
-    installed.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(unit, installed)
+def _systemd_verify(scratch: Path, units: list[Path]) -> str:
+    """systemd-analyze's complaints about rendered units, read as systemd would on a host: from a scratch
+    root holding the distribution's units and the programs the units run. One call per set of distinct
+    unit names (a unit named alike on two hosts is verified in the next call); each complaint names its
+    unit's rendered path."""
+    root_units = scratch / "usr/lib/systemd/system"
+    if not root_units.exists():
+        shutil.copytree("/usr/lib/systemd/system", root_units, symlinks=True)
+    batches: list[dict[str, Path]] = []
+    for unit in units:
+        for line in unit.read_text().splitlines():
+            if line.startswith("Exec") and "=" in line:
+                program = scratch / shlex.split(line.split("=", 1)[1])[0].lstrip("-@:+!").lstrip("/")
+                program.parent.mkdir(parents=True, exist_ok=True)
+                program.touch(mode=0o755)
+        batch = next((b for b in batches if unit.name not in b), None)
+        if batch is None:
+            batches.append(batch := {})
+        batch[unit.name] = unit
+    return "\n".join(problem for batch in batches if (problem := _verify_batch(scratch, batch)))
+
+
+def _verify_batch(scratch: Path, batch: dict[str, Path]) -> str:
+    """One systemd-analyze call over units of distinct names, installed in the scratch root's /etc."""
+    etc = scratch / "etc/systemd/system"
+    etc.mkdir(parents=True, exist_ok=True)
+    installed = {etc / name: unit for name, unit in batch.items()}
+    for target, unit in installed.items():
+        shutil.copyfile(unit, target)
     proc = subprocess.run(
-        ["systemd-analyze", "verify", "--man=no", f"--root={scratch}", str(installed)],
+        ["systemd-analyze", "verify", "--man=no", f"--root={scratch}", *map(str, installed)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=False,
     )
-    installed.unlink()
-    exit_note = "" if proc.returncode == 0 else f" (exit {proc.returncode})"
-    return (proc.stdout + proc.stderr).strip() + exit_note
+    for target in installed:
+        target.unlink()
+    out = (proc.stdout + proc.stderr).strip()
+    for target, unit in installed.items():
+        out = out.replace(str(target), str(unit))
+    return out + ("" if proc.returncode == 0 else f" (exit {proc.returncode})")
 
 
-def _check_file(scratch: Path, path: Path, deployment: Deployment) -> str:
-    """What is wrong with one rendered file, read by the program that will read it ('' when nothing)."""
+def _check_file(path: Path, deployment: Deployment) -> str:
+    """What is wrong with one rendered file other than a unit, read by the program that will read it ('' when
+    nothing)."""
     text = path.read_text()
-    if path.suffix == ".service":
-        return _systemd_verify(scratch, path)
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     if path.suffix == ".env":
         bad = [ln for ln in lines if not re.match(r"^[A-Z_][A-Z0-9_]*=\S", ln)]
@@ -190,18 +203,30 @@ def _promtool(kind: str, *args: str | Path) -> str:
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
-def test_every_rendered_file_reads_back_as_written(tmp_path: Path) -> None:
-    problems = []
-    kinds: set[str] = set()
-    for label, deployment in _deployments(tmp_path):
-        out = tmp_path / "out" / label
-        written = write_tree(render_fleet(deployment, deployment.inventory.hosts.values()), out)
-        for path in written:
-            kinds.add(path.suffix or path.name)
-            problem = _check_file(tmp_path / "root", path, deployment)
-            if problem:
-                problems.append(f"{label}: {path.relative_to(out)}: {problem}")
+@pytest.mark.parametrize(("name", "inventory"), PAIRS, ids=[f"{n}@{i.name}" for n, i in PAIRS])
+def test_every_rendered_file_reads_back_as_written(tmp_path: Path, name: str, inventory: Path) -> None:
+    """Each file of a deployment read by what reads it on a host (systemd, promtool, the gateway's parser);
+    one test per deployment, so the suite's workers share them."""
+    deployment = _deployment(tmp_path, name, inventory)
+    out = tmp_path / "out"
+    written = write_tree(render_fleet(deployment, deployment.inventory.hosts.values()), out)
+    problems = [
+        f"{path.relative_to(out)}: {p}"
+        for path in written
+        if path.suffix != ".service" and (p := _check_file(path, deployment))
+    ]
+    units = [path for path in written if path.suffix == ".service"]
+    assert units, written
+    problems += [p for p in [_systemd_verify(tmp_path / "root", units)] if p]
     assert not problems, "\n".join(problems)
+
+
+def test_lab_cross_renders_every_kind_of_file_the_check_above_reads(tmp_path: Path) -> None:
+    """lab-cross on the lab renders units, env files, an apt list and YAML: each branch of the check above
+    is exercised (a kind that vanished would leave its check unread)."""
+    deployment = _deployment(tmp_path, "lab-cross", REPO / "inventory/lab.yml")
+    files = render_fleet(deployment, deployment.inventory.hosts.values()).values()
+    kinds = {Path(f.path).suffix or Path(f.path).name for host_files in files for f in host_files}
     assert {".service", ".env", ".list", ".yaml"} <= kinds, kinds
 
 
