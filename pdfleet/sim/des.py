@@ -62,11 +62,16 @@ class EngineNode:
     """One engine stepping back-to-back on the simulation's clock while it has work."""
 
     def __init__(
-        self, sim: Simulation, engine: Engine, on_kv_load: Callable[[SimRequest], None] | None = None
+        self,
+        sim: Simulation,
+        engine: Engine,
+        on_kv_load: Callable[[SimRequest], None] | None = None,
+        keep_steps: bool = True,
     ) -> None:
         self.sim = sim
         self.engine = engine
         self.on_kv_load = on_kv_load
+        self.keep_steps = keep_steps  # False: a long run (the planner's) does not keep every batch
         self.records: dict[str, Record] = {}
         self._callbacks: dict[str, tuple[Callback | None, Callback | None]] = {}
         self._busy = False
@@ -104,7 +109,8 @@ class EngineNode:
         if not batch.entries:
             self._busy = False
             return
-        self.steps.append(batch)
+        if self.keep_steps:
+            self.steps.append(batch)
         self.sim.at(self.sim.now + batch.duration, self._complete, batch)
 
     def _complete(self, batch: Batch) -> None:
@@ -168,6 +174,80 @@ class PDPair:
             self.producer.kick()  # freed blocks may admit a waiting prefill
         self.consumer.engine.kv_loaded(request_id, ok=True)
         self.consumer.kick()
+
+
+class PDPool:
+    """x producers and y consumers behind a round-robin router (vllm-router's round_robin on each side):
+    prefill on the next producer, the KV over the chosen consumer's own link (transfers to one consumer
+    queue on it), decode on that consumer. `transfers` holds (consumer, seconds, bytes) per request."""
+
+    def __init__(
+        self,
+        sim: Simulation,
+        producers: list[Engine],
+        consumers: list[Engine],
+        link: LinkSpec,
+        kv_bytes_per_token: int,
+    ) -> None:
+        self.sim = sim
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.producers = [EngineNode(sim, e, keep_steps=False) for e in producers]
+        self.consumers = [
+            EngineNode(sim, e, on_kv_load=self._transfer_for(i), keep_steps=False)
+            for i, e in enumerate(consumers)
+        ]
+        self.links = [LinkQueue(link) for _ in consumers]
+        self.transfers: list[tuple[int, float, int]] = []
+        # (consumer, its request id) -> the producer holding the blocks and its request id there
+        self._held: dict[tuple[int, str], tuple[EngineNode, str]] = {}
+        self._rr = itertools.count()
+
+    def submit(self, prompt: int, max_tokens: int, on_finish: Callback | None = None) -> PDRecord:
+        """Send a request through the pool; its record gets the decode side's tokens and both queues."""
+        turn = next(self._rr)
+        producer = self.producers[turn % len(self.producers)]
+        consumer = self.consumers[turn % len(self.consumers)]
+        client = PDRecord(SimRequest("pending", prompt, max_tokens), self.sim.now)
+        p_req = producer.new_request(prompt, 1, remote_decode=True)
+        client.prefill = p_req
+
+        def prefilled(req: SimRequest) -> None:
+            params = {"remote_request_id": req.request_id, "remote_block_ids": list(req.block_ids)}
+            d_req = consumer.new_request(prompt, max_tokens, remote_prefill=params)
+            self._held[(turn % len(self.consumers), d_req.request_id)] = (producer, req.request_id)
+            rec = consumer.submit(d_req, on_finish=on_finish)
+            rec.arrival = client.arrival
+            client.request = d_req
+            rec.token_times = client.token_times
+
+        producer.submit(p_req, on_finish=prefilled)
+        return client
+
+    def _transfer_for(self, index: int) -> Callable[[SimRequest], None]:
+        """The KV-load callback of consumer `index`: queue the transfer on that consumer's link."""
+
+        def start(req: SimRequest) -> None:
+            nbytes = req.prompt_tokens * self.kv_bytes_per_token
+            end = self.links[index].reserve(self.sim.now, nbytes)
+            self.transfers.append((index, end - self.sim.now, nbytes))
+            self.sim.at(end, self._transfer_done, index, req.request_id)
+
+        return start
+
+    def _transfer_done(self, index: int, request_id: str) -> None:
+        """The KV arrived: the producer frees its held blocks, the consumer decodes."""
+        producer, held_id = self._held.pop((index, request_id))
+        producer.engine.release_held(held_id)
+        producer.kick()  # freed blocks may admit a waiting prefill
+        self.consumers[index].engine.kv_loaded(request_id, ok=True)
+        self.consumers[index].kick()
+
+
+@dataclass
+class PDRecord(Record):
+    """A P/D request as the client sees it, plus its prefill-side request (for the prefill queue)."""
+
+    prefill: SimRequest | None = None
 
 
 def closed_loop(

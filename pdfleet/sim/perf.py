@@ -11,7 +11,7 @@ KV transfers on one link run one after another, each taking setup + bytes / (η 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdfleet.model.catalog import TP_ALLREDUCE_S, GpuRoofline, LinkSpec, ModelShape
 
@@ -24,6 +24,23 @@ class PerfModel:
     model: ModelShape
     tp: int
     kv_bytes_per_token: int  # whole model (all TP ranks)
+    # (FLOPs per token, per sampled token, per attention unit; bytes read per step; 1/FLOP/s; 1/byte/s;
+    # fixed per step): the model's properties computed once, not on each of a run's ~10^5 steps
+    _k: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        m = self.model
+        comm = 2 * m.layers * TP_ALLREDUCE_S if self.tp > 1 else 0.0
+        consts = (
+            2.0 * m.linear_params,
+            2.0 * m.embedding_params,
+            4.0 * m.layers * m.heads * m.head_dim,
+            float(m.step_read_bytes),
+            1.0 / self._flops_rate,
+            1.0 / self._bytes_rate,
+            self.gpu.step_overhead_s + comm,
+        )
+        object.__setattr__(self, "_k", consts)  # frozen: set once here
 
     @property
     def _flops_rate(self) -> float:
@@ -39,16 +56,10 @@ class PerfModel:
         attn_units = Σ n·ctx + n²/2 over scheduled requests; kv_tokens = Σ (ctx + n) KV entries read;
         sampled = requests that produce an output token this step (each runs lm_head once).
         """
-        m = self.model
-        flops = (
-            tokens * 2.0 * m.linear_params
-            + sampled * 2.0 * m.embedding_params
-            + attn_units * 4.0 * m.layers * m.heads * m.head_dim
-        )
-        compute = flops / self._flops_rate
-        memory = (m.step_read_bytes + kv_tokens * self.kv_bytes_per_token) / self._bytes_rate
-        comm = 2 * m.layers * TP_ALLREDUCE_S if self.tp > 1 else 0.0
-        return self.gpu.step_overhead_s + max(compute, memory) + comm
+        per_token, per_sample, per_attn, weights, inv_flops, inv_bytes, fixed = self._k
+        compute = (tokens * per_token + sampled * per_sample + attn_units * per_attn) * inv_flops
+        memory = (weights + kv_tokens * self.kv_bytes_per_token) * inv_bytes
+        return fixed + max(compute, memory)
 
     def prefill_only_time(self, n: int, ctx: int = 0) -> float:
         """One step that prefills n tokens of a single request after ctx cached ones (and samples)."""

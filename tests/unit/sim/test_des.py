@@ -6,7 +6,7 @@ This is the point of the simulator; runs are discrete-event (no sleeping), so th
 from __future__ import annotations
 
 from pdfleet.sim.config import parse_serve_args
-from pdfleet.sim.des import EngineNode, PDPair, Record, Simulation
+from pdfleet.sim.des import EngineNode, PDPair, PDPool, Record, Simulation
 from tests.unit.sim.helpers import MODEL as MODEL_8B
 
 BURST_AT = 1.0
@@ -75,3 +75,22 @@ def test_long_prefill_does_not_stall_disaggregated_decode_streams() -> None:
     baseline = _disaggregated(burst=False)
     burst = _disaggregated(burst=True)
     assert burst <= 1.5 * baseline, (baseline, burst)
+
+
+def test_pd_pool_round_robins_and_queues_transfers_on_each_consumers_link() -> None:
+    """2 producers, 1 consumer: prefills alternate, both KVs cross the one consumer's link one after
+    the other, the producers' held blocks are freed once read, and every request decodes to the end."""
+    p_cfg = parse_serve_args([MODEL_8B, "--enable-chunked-prefill"], env={})
+    sim = Simulation()
+    pool = PDPool(
+        sim, [p_cfg.engine(), p_cfg.engine()], [p_cfg.engine()], p_cfg.link, p_cfg.kv_bytes_per_token
+    )
+    recs = [pool.submit(8000, 4), pool.submit(8000, 4)]
+    sim.run()
+    assert [len(node.engine.held) for node in pool.producers] == [0, 0]
+    assert [len(node.records) for node in pool.producers] == [1, 1]  # one prefill each
+    assert all(len(r.token_times) == 4 for r in recs)
+    one = p_cfg.link.transfer_time(8000 * p_cfg.kv_bytes_per_token)
+    (_, first, _), (_, second, _) = pool.transfers
+    assert abs(first - one) < 1e-9 and abs(second - 2 * one) < 1e-9  # the second waited for the first
+    assert recs[0].prefill is not None and recs[0].prefill.first_scheduled == 0.0
