@@ -333,7 +333,7 @@ def markdown(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> st
     return "\n".join(lines)
 
 
-def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """An escaped HTML table."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
@@ -348,29 +348,38 @@ def html_page(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> s
     parts += ["<h2>Short streams beside long prefills</h2>"]
     note = interference_note(doc)
     parts += [f"<p>{esc(note)}</p>"] if note else []
-    parts += [_html_table(SHORT, short_rows(doc))]
+    parts += [html_table(SHORT, short_rows(doc))]
     parts += ["<ul>", *[f"<li>{esc(n)}</li>" for n in short_notes(doc)], "</ul>"]
-    parts += ["<h2>Headline</h2>", _html_table(HEADLINE, headline_rows(doc))]
+    parts += ["<h2>Headline</h2>", html_table(HEADLINE, headline_rows(doc))]
     parts += ["<h2>Verdict</h2>", f"<p><b>{esc(verdict.headline)}</b></p><ul>"]
     parts += [f"<li>{esc(k)}: {esc(fmt(v))}</li>" for k, v in verdict.deciding.items()]
     parts += [f"<li>advice: {esc(a)}</li>" for a in verdict.advice]
     parts += [f"<li><b>WARNING</b>: {esc(w)}</li>" for w in verdict.warnings] + ["</ul>"]
-    parts += ["<h2>Fair comparison (per GPU)</h2>", _html_table(FAIR, fair_rows(doc))]
-    parts += ["<h2>Server side</h2>", _html_table(SERVER, server_rows(doc))]
+    parts += ["<h2>Fair comparison (per GPU)</h2>", html_table(FAIR, fair_rows(doc))]
+    parts += ["<h2>Server side</h2>", html_table(SERVER, server_rows(doc))]
     parts += ["<ul>", *[f"<li>{esc(n)}</li>" for n in [*server_notes(doc), BUCKET_NOTE]], "</ul>"]
     parts += ["<h2>Client</h2><ul>", *[f"<li>{esc(n)}</li>" for n in client_notes(doc)], "</ul>"]
     parts += ["<h2>Errors</h2><ul>", *[f"<li>{esc(e)}</li>" for e in error_lines(doc) or ["none"]], "</ul>"]
     parts += ["<h2>Plots</h2>"]
-    for p in plots:
-        data = base64.b64encode(p.read_bytes()).decode()
-        parts.append(f'<p><img alt="{esc(p.stem)}" src="data:image/png;base64,{data}"></p>')
+    parts += [img_tag(p) for p in plots]
+    return html_document(title, parts)
+
+
+def img_tag(png: Path) -> str:
+    """A PNG inlined as a base64 <img> (the report stays one file)."""
+    data = base64.b64encode(png.read_bytes()).decode()
+    return f'<p><img alt="{html.escape(png.stem)}" src="data:image/png;base64,{data}"></p>'
+
+
+def html_document(title: str, parts: Sequence[str]) -> str:
+    """A self-contained HTML page (the reports' style) around the parts."""
     style = (
         "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}"
     )
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title><style>{style}</style>"
-        f"</head><body>{''.join(parts)}</body></html>\n"
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
     )
 
 
