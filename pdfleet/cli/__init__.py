@@ -10,6 +10,7 @@ from pdfleet.cli import (
     doctor,
     lab,
     monitor,
+    plan,
     profiles,
     provision,
     render,
@@ -31,6 +32,7 @@ def build_namespace() -> Collection:
         wheel.wheel,
         monitor.monitor,
         bench.bench,
+        plan.plan,
         doctor.doctor,
     )
     ns.add_collection(rollout.collection())

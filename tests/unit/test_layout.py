@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "doctor",
         "monitoring",
     ),  # verify, benchmarks, the local lab, doctor, monitoring
+    ("plan",),  # layout search and prediction: the engine model, the DES and the bench's figures
     ("cli",),  # the tasks: wire everything, plug the lab in
 )
 # Test modules that test a package as a whole rather than one module, with what they test.

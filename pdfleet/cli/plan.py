@@ -1,0 +1,290 @@
+"""`invoke plan`: which layout of N GPUs (colocated, P/D, both; TP; budgets; threshold) serves this traffic
+best, predicted with the engine model and the discrete-event driver in seconds, before buying or moving
+anything.
+
+Thin wiring: the deployment gives the GPU kind, model, link, SLOs and today's pools; bench's own option
+parsing gives the workload, rate, duration and seed (the very requests `invoke bench` would send);
+pdfleet.plan searches, predicts, decides and writes the report.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from invoke import Context, task
+from rich.console import Console
+from rich.table import Table
+
+from pdfleet.bench.compare import BenchPlan
+from pdfleet.bench.fleet_targets import bench_model
+from pdfleet.bench.stats import Bounds
+from pdfleet.bench.workloads import WORKLOADS
+from pdfleet.cli.bench import plan_from_options
+from pdfleet.cli.exits import user_errors
+from pdfleet.cli.options import HELP as COMMON_HELP
+from pdfleet.cli.options import open_deployment
+from pdfleet.cli.settings import Settings, repo_path
+from pdfleet.errors import ValidationError
+from pdfleet.fleet.deployment import Deployment
+from pdfleet.model import catalog
+from pdfleet.model.profile import SloSpec
+from pdfleet.plan.decide import Decision, Targets, choose
+from pdfleet.plan.diff import Current, inventory_changes, profile_changes
+from pdfleet.plan.report import RANKED, document, ranked_rows, write
+from pdfleet.plan.run import default_workers, predict_all
+from pdfleet.plan.space import THRESHOLDS, TP_SIZES, Hardware, PoolShape, search_space
+from pdfleet.plan.traffic import load_of, prefix_warning, requests_of
+
+DEFAULT_DURATION_S = 600.0  # ten minutes of traffic per layout (the issue's speed target)
+MAX_GPUS = 64
+
+HELP = {
+    "profile": COMMON_HELP["profile"],
+    "inventory": COMMON_HELP["inventory"] + " Gives today's pools for the diff and the GPUs per host.",
+    "gpus": f"GPUs of the profile's kind (vllm.sim.gpu) to lay out, 2-{MAX_GPUS}.",
+    "workload": f"Workload: {', '.join(WORKLOADS)} (default long-prompt-mix), as `invoke bench` builds it.",
+    "trace": "A Mooncake trace JSONL (timestamp ms, input_length, output_length, hash_ids): its requests "
+    "at their own times (instead of --workload).",
+    "rate": "Arrivals per second (default: invoke bench's for the workload).",
+    "duration": f"Seconds of traffic simulated per layout (default {DEFAULT_DURATION_S:g}).",
+    "seed": "Seed of the workload and the arrivals (the same as invoke bench's --seed).",
+    "input_len": "random: prompt tokens; long-prompt-mix: the short turns' mean (as invoke bench).",
+    "output_len": "Output tokens per request (as invoke bench).",
+    "long_share": "long-prompt-mix: share of 16K-30K-token documents (as invoke bench).",
+    "slo": "Override the profile's slo keys, e.g. ttft_p95_ms=2000,tpot_p95_ms=40 (the keys of a "
+    "profile's slo:).",
+    "gpus_per_host": "Largest TP to try (TP stays inside a host; default: the most GPUs an inventory "
+    "host lists, 8 when none lists any).",
+    "model": "The model to plan for, by its name in the profile's models: (default: as invoke bench).",
+    "workers": "Processes simulating layouts at once (default: the cores this process may use).",
+    "out": "Directory for plan.json, report.md/html, pareto.png (default: output_dir/plan-*).",
+}
+
+
+def _slo(base: SloSpec, text: str | None) -> SloSpec:
+    """The profile's slo with --slo's KEY=MS overrides, validated as a profile's slo is."""
+    if not text:
+        return base
+    updates: dict[str, Any] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in SloSpec.model_fields:
+            raise ValidationError(
+                f"--slo {part!r}: expected KEY=VALUE with KEY one of {', '.join(SloSpec.model_fields)}"
+            )
+        updates[key.strip()] = value.strip()
+    try:
+        return SloSpec.model_validate({**base.model_dump(), **updates})
+    except ValueError as err:
+        raise ValidationError(f"--slo {text}: {err}") from None
+
+
+def targets_of(slo: SloSpec) -> Targets:
+    """What a layout must meet: the verdict's P95 bounds and queue thresholds, the P99s, attainment."""
+    return Targets(
+        slo.ttft_bound_ms,
+        slo.tpot_bound_ms,
+        slo.itl_p99_ms,
+        slo.kv_transfer_p99_ms,
+        slo.attainment_pct,
+        slo.prefill_queue_p95_ms,
+        slo.decode_queue_p95_ms,
+    )
+
+
+def hardware_of(deployment: Deployment, model: str | None) -> Hardware:
+    """The GPU kind, model, KV link and memory settings the profile's pools run with."""
+    spec = bench_model(deployment.profile, model)
+    sim = deployment.profile.vllm.sim
+    pool = next((spec.pools.get(p) for p, _ in spec.pools.items() if p in ("colocated", "decode")), None)
+    dtype = pool.kv_cache_dtype if pool is not None else "auto"
+    hw_model = catalog.model(spec.model.id)
+    return Hardware(
+        catalog.gpu(sim.gpu),
+        hw_model,
+        catalog.link(sim.link),
+        gpu_memory_utilization=pool.gpu_memory_utilization if pool is not None else 0.9,
+        max_model_len=spec.model.max_model_len or hw_model.max_model_len,
+        kv_dtype_bytes=catalog.KV_CACHE_DTYPES.get(dtype),
+    )
+
+
+def current_of(deployment: Deployment, model: str | None) -> Current:
+    """Today's pools (instances from the inventory, TP and budget from the profile), threshold, stage."""
+    spec = bench_model(deployment.profile, model)
+    pools: dict[str, PoolShape | None] = {}
+    for name in ("prefill", "decode", "colocated"):
+        n = len(deployment.topology.pool(name, spec.name))
+        ps = spec.pools.get(name) if n else None
+        pools[name] = PoolShape(n, ps.tensor_parallel_size, ps.max_num_batched_tokens) if ps else None
+    gw = deployment.profile.for_model(spec).gateway
+    return Current(pools, gw.long_prompt_tokens, gw.stage)
+
+
+def _tps(deployment: Deployment, given: str | None) -> tuple[int, ...]:
+    """TP sizes to try: up to --gpus-per-host, else the most GPUs an inventory host lists (8 if none)."""
+    if given is not None:
+        most = _int(given, "gpus-per-host", 1, 64)
+    else:
+        listed = [len(h.gpus) for h in deployment.inventory.hosts.values() if h.gpus]
+        most = max(listed, default=8)
+    return tuple(t for t in TP_SIZES if t <= most)
+
+
+def _int(value: str, option: str, lo: int, hi: int) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValidationError(f"--{option} {value!r}: not a whole number") from None
+    if not lo <= n <= hi:
+        raise ValidationError(f"--{option} {n}: must be between {lo} and {hi}")
+    return n
+
+
+def _bench_plan(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan:
+    """invoke bench's plan for these options (its checks and defaults), open loop only."""
+    bench_opts = {
+        "concurrency": None,
+        "num_prompts": None,
+        "pools": None,
+        "sweep": False,
+        "burstiness": None,
+        "range_ratio": None,
+        "warmup": "0",
+        "dataset": None,
+        **opts,
+    }
+    return plan_from_options(deployment, bench_opts)
+
+
+def run_plan(
+    ctx: Context, profile: str, opts: dict[str, Any], console: Console
+) -> tuple[dict[str, Any], Decision]:
+    """Search, predict, decide; (the plan document, the decision)."""
+    deployment = open_deployment(ctx, profile, opts["inventory"])
+    gpus = _int(opts["gpus"], "gpus", 2, MAX_GPUS) if opts["gpus"] is not None else None
+    if gpus is None:
+        raise ValidationError("--gpus N is required: how many GPUs of the profile's kind to lay out")
+    model = opts["model"]
+    spec = bench_model(deployment.profile, model)
+    slo = _slo(spec.slo, opts["slo"])
+    bench = _bench_plan(deployment, opts["bench"])
+    requests = requests_of(bench)
+    hw = hardware_of(deployment, model)
+    targets = targets_of(slo)
+    load = load_of(requests, targets.tpot_p95_ms)
+    keep, cut = search_space(gpus, load, hw, _tps(deployment, opts["gpus_per_host"]))
+    console.print(f"plan: {len(keep)} layouts to simulate, {len(cut)} cut; {len(requests)} requests each")
+    workers = _int(opts["workers"], "workers", 1, 64) if opts["workers"] else default_workers()
+    t0 = time.perf_counter()
+    bounds = Bounds(slo.ttft_p99_ms, slo.tpot_p99_ms, slo.stall_ms)
+    long_tokens = deployment.profile.for_model(spec).gateway.long_prompt_tokens
+    preds = predict_all(keep, requests, hw, bounds, long_tokens, workers)
+    wall = time.perf_counter() - t0
+    longest = max((r.effective_tokens for r in requests), default=0)
+    decision = choose(preds, targets, longest, min(THRESHOLDS))
+    current = current_of(deployment, model)
+    rec = decision.recommended.prediction.layout if decision.recommended else None
+    simulated = max((r.at for r in requests), default=0.0)
+    header = {
+        "profile": deployment.profile.name,
+        "model": spec.name,
+        "gpus": gpus,
+        "hardware": {"gpu": hw.gpu.name, "model": hw.model.name, "link": hw.link.name},
+        "workload": {"name": bench.workload.name, "dataset": bench.workload.dataset},
+        "rate": load.rate,
+        "duration_s": simulated,
+        "seed": bench.seed,
+        "requests": len(requests),
+        "targets": {k: v for k, v in targets.__dict__.items()},
+        "timing": {
+            "layouts": len(keep),
+            "simulated_s": simulated,
+            "wall_s": wall,
+            "workers": workers,
+            "ratio": simulated * len(keep) / max(wall * workers, 1e-9),
+        },
+    }
+    changes = {
+        "profile": profile_changes(current, rec) if rec else [],
+        "inventory": inventory_changes(current, rec) if rec else [],
+    }
+    warn = prefix_warning(bench.workload.name)
+    return document(header, decision, cut, changes, [warn] if warn else []), decision
+
+
+@task(help=HELP, auto_shortflags=False, positional=[])
+@user_errors
+def plan(
+    ctx: Context,
+    profile: str,
+    gpus: str | None = None,
+    inventory: str | None = None,
+    workload: str = "long-prompt-mix",
+    trace: str | None = None,
+    rate: str | None = None,
+    duration: str | None = None,
+    seed: str | None = None,
+    input_len: str | None = None,
+    output_len: str | None = None,
+    long_share: str | None = None,
+    slo: str | None = None,
+    gpus_per_host: str | None = None,
+    model: str | None = None,
+    workers: str | None = None,
+    out: str | None = None,
+) -> None:
+    """Predict every layout of N GPUs for this traffic; ranked table, recommendation, diff, report."""
+    console = Console(stderr=True)
+    if trace is not None and workload not in ("long-prompt-mix", "trace"):
+        raise ValidationError("give --workload W or --trace FILE, not both")
+    if trace is not None and not repo_path(trace).is_file():
+        raise ValidationError(f"--trace {trace}: cannot read the file (not found)")
+    bench_opts = {
+        "workload": "trace" if trace else workload,
+        "dataset": trace,
+        "rate": rate,
+        "duration": duration if duration is not None or trace else str(DEFAULT_DURATION_S),
+        "seed": seed,
+        "input_len": input_len,
+        "output_len": output_len,
+        "long_share": long_share,
+        "model": model,
+    }
+    opts = {
+        "inventory": inventory,
+        "gpus": gpus,
+        "model": model,
+        "slo": slo,
+        "gpus_per_host": gpus_per_host,
+        "workers": workers,
+        "bench": bench_opts,
+    }
+    doc, _ = run_plan(ctx, profile, opts, console)
+    settings = Settings.of(ctx)
+    out_dir = (
+        repo_path(out)
+        if out
+        else settings.output_dir / f"plan-{doc['profile']}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    files = write(Path(out_dir), doc)
+    print_outcome(doc)
+    console.print(f"written: {', '.join(str(f) for f in files)}")
+
+
+def print_outcome(doc: dict[str, Any]) -> None:
+    """The top of the ranked table, the recommendation, why and the diff on stdout."""
+    out = Console() if Console().is_terminal else Console(width=200)
+    table = Table(title=f"plan: {doc['gpus']} x {doc['hardware']['gpu']} ({doc['requests']} requests)")
+    for column in RANKED:
+        table.add_column(column)
+    for row in ranked_rows(doc)[:10]:
+        table.add_row(*row)
+    out.print(table)
+    out.print(f"recommended: {doc['recommended']}", highlight=False)
+    for line in [*doc["why"], *doc["warnings"]]:
+        out.print(f"  {line}", highlight=False)
+    for line in doc["changes"]["profile"] + doc["changes"]["inventory"]:
+        out.print(f"  change: {line}", highlight=False)

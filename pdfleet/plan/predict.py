@@ -1,0 +1,181 @@
+"""What a layout would do with the traffic: its pools' engines driven by the discrete-event driver on a
+simulated clock (no HTTP, no processes), the figures read the way `invoke bench` reads a real run.
+
+Each request arrives at its time; the gateway's rule sends it to P/D when its effective tokens reach the
+layout's threshold (every request when the layout has no colocated pool), else to the next colocated
+instance (round robin, as the gateway's default). The records become `bench.client.Record`s, so TTFT,
+TPOT, ITL, stalls, goodput and attainment are `bench.stats.summarize`'s, per length class as bench
+splits them (the profile's `long_prompt_tokens` on the whole prompt). Queue times are vLLM's (scheduled −
+arrived, per role), KV transfer times include waiting for the consumer's link.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdfleet.bench.client import Record as ClientRecord
+from pdfleet.bench.stats import Bounds, per_gpu, quantile, summarize
+from pdfleet.model.catalog import DEFAULT_BLOCK_SIZE
+from pdfleet.plan.space import Hardware, Layout, PoolShape
+from pdfleet.sim.des import EngineNode, PDPool, Record, Simulation
+from pdfleet.sim.engine import Engine, EngineLimits
+from pdfleet.sim.perf import PerfModel
+
+CLASSES = ("short", "long")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of the traffic: arrival (s), prompt and output tokens, and the prompt tokens a
+    colocated instance would still have to prefill (what the gateway's threshold is compared with)."""
+
+    at: float
+    prompt_tokens: int
+    output_tokens: int
+    effective_tokens: int
+
+
+@dataclass
+class Prediction:
+    """One layout's figures: bench's summary keys overall and per class, per-GPU rates, queues, KV link."""
+
+    layout: Layout
+    summary: dict[str, Any]
+    classes: dict[str, dict[str, Any]]
+    per_gpu: dict[str, float]
+    queues_ms: dict[str, float]  # prefill/decode queue P95 (colocated: the one queue under both names)
+    kv: dict[str, float] = field(default_factory=dict)  # transfer P95/P99 ms, busiest link's busy share
+    to_pd: int = 0  # requests the threshold sent to P/D
+
+    def figure(self, key: str) -> float:
+        """A summary figure (NaN when absent)."""
+        v = self.summary.get(key)
+        return float(v) if isinstance(v, int | float) else math.nan
+
+
+def _engine(layout_pool: PoolShape, hw: Hardware) -> Engine:
+    """One instance's engine: the roofline at its TP, its budget, the KV blocks its GPUs hold."""
+    perf = PerfModel(hw.gpu, hw.model, layout_pool.tp, hw.kv_bytes_per_token)
+    limits = EngineLimits(
+        num_blocks=hw.kv_tokens(layout_pool.tp) // DEFAULT_BLOCK_SIZE,
+        max_num_batched_tokens=layout_pool.budget,
+    )
+    return Engine(perf, limits)
+
+
+def _p95(xs: list[float]) -> float:
+    return 1000 * quantile(sorted(xs), 0.95)
+
+
+def simulate(
+    layout: Layout, requests: Sequence[Request], hw: Hardware, bounds: Bounds, long_tokens: int
+) -> Prediction:
+    """Run the traffic through the layout on a simulated clock; the figures `invoke bench` would report."""
+    sim = Simulation()
+    colo = (
+        [
+            EngineNode(sim, _engine(layout.colocated, hw), keep_steps=False)
+            for _ in range(layout.colocated.instances)
+        ]
+        if layout.colocated
+        else []
+    )
+    pd = (
+        PDPool(
+            sim,
+            [_engine(layout.prefill, hw) for _ in range(layout.prefill.instances)],
+            [_engine(layout.decode, hw) for _ in range(layout.decode.instances)],
+            hw.link,
+            hw.kv_bytes_per_token,
+        )
+        if layout.prefill and layout.decode
+        else None
+    )
+    records: list[tuple[Request, str, Record]] = []
+    rr = 0
+
+    def arrive(req: Request) -> None:
+        nonlocal rr
+        to_pd = pd is not None and (not colo or req.effective_tokens >= (layout.threshold or 0))
+        if to_pd:
+            assert pd is not None
+            records.append((req, "disagg", pd.submit(req.prompt_tokens, req.output_tokens)))
+            return
+        node = colo[rr % len(colo)]
+        rr += 1
+        records.append(
+            (req, "colocated", node.submit(node.new_request(req.prompt_tokens, req.output_tokens)))
+        )
+
+    for req in requests:
+        sim.at(req.at, arrive, req)
+    sim.run()
+    return _figures(layout, records, pd, bounds, long_tokens, sim.now)
+
+
+def _client(req: Request, rec: Record, long_tokens: int) -> ClientRecord:
+    """The DES record as bench's client would have written it."""
+    chunks = list(rec.token_times)
+    return ClientRecord(
+        length_class="long" if req.prompt_tokens >= long_tokens else "short",
+        prompt_tokens=req.prompt_tokens,
+        max_tokens=req.output_tokens,
+        start=rec.arrival,
+        end=chunks[-1] if chunks else math.nan,
+        ttft=chunks[0] - rec.arrival if chunks else math.nan,
+        chunks=chunks,
+        output_tokens=len(chunks),
+        error="" if chunks else "never finished",
+    )
+
+
+def _figures(
+    layout: Layout,
+    records: list[tuple[Request, str, Record]],
+    pd: PDPool | None,
+    bounds: Bounds,
+    long_tokens: int,
+    end: float,
+) -> Prediction:
+    """bench's figures of the run, the queues per role and the KV link's load."""
+    clients = [_client(req, rec, long_tokens) for req, _, rec in records]
+    start = min((r.start for r in clients), default=0.0)
+    duration = max(end - start, 1e-9)
+    overall = summarize(clients, duration, bounds)
+    classes = {c: summarize([r for r in clients if r.length_class == c], duration, bounds) for c in CLASSES}
+    prefill_q: list[float] = []
+    decode_q: list[float] = []
+    for _, pool, rec in records:
+        req = rec.request
+        if pool == "colocated" and req.first_scheduled is not None:
+            prefill_q.append(req.first_scheduled - req.arrival)
+            decode_q.append(req.first_scheduled - req.arrival)
+        elif pool == "disagg":
+            pre = getattr(rec, "prefill", None)
+            if pre is not None and pre.first_scheduled is not None:
+                prefill_q.append(pre.first_scheduled - pre.arrival)
+            if req.first_scheduled is not None and req.request_id != "pending":
+                decode_q.append(req.first_scheduled - req.arrival)
+    kv: dict[str, float] = {}
+    if pd is not None and pd.transfers:
+        secs = sorted(t for _, t, _ in pd.transfers)
+        busy = [0.0] * len(pd.consumers)
+        for i, _, nbytes in pd.transfers:
+            busy[i] += pd.links[i].link.transfer_time(nbytes)
+        kv = {
+            "kv_transfer_p95_ms": 1000 * quantile(secs, 0.95),
+            "kv_transfer_p99_ms": 1000 * quantile(secs, 0.99),
+            "kv_link_busy_pct": 100 * max(busy) / duration,
+        }
+    return Prediction(
+        layout,
+        overall,
+        classes,
+        per_gpu(overall, layout.gpus),
+        {"prefill_queue_p95_ms": _p95(prefill_q), "decode_queue_p95_ms": _p95(decode_q)},
+        kv,
+        sum(pool == "disagg" for _, pool, _ in records),
+    )

@@ -1,0 +1,63 @@
+"""The traffic a plan predicts: exactly the requests and arrival times `invoke bench` would send for the
+same workload, rate, duration and seed (bench's own `BenchPlan`, `workloads.build` and schedule), as
+`Request`s, and the averages the search's cuts read (`Load`).
+
+Effective tokens: the planner's engines model no prefix cache, so every prompt is prefilled whole and its
+effective tokens are its prompt tokens. Workloads whose prompts share prefixes (agentic sessions,
+prefix-repetition, a trace's hash_ids) are predicted that way too, and `prefix_warning` says so: their
+TTFTs are over-estimated and the threshold acts on whole prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pdfleet.bench.compare import BenchPlan
+from pdfleet.bench.workloads import build
+from pdfleet.errors import ValidationError
+from pdfleet.plan.predict import Request
+from pdfleet.plan.space import THRESHOLDS, Load
+
+SHARED_PREFIXES = ("agentic", "prefix-repetition", "trace")
+
+
+def requests_of(plan: BenchPlan) -> list[Request]:
+    """bench's requests for this plan, in arrival order, times in simulated seconds."""
+    items = build(plan.workload, plan.request_count(), plan.seed)
+    starts = plan.schedule(items).starts
+    if starts is None:
+        raise ValidationError(
+            "a plan needs open-loop arrivals (--rate, or a trace's own times), not --concurrency"
+        )
+    reqs = [
+        Request(t / plan.time_scale, it.prompt_tokens, it.output_tokens, it.prompt_tokens)
+        for it, t in zip(items, starts, strict=True)
+    ]
+    return sorted(reqs, key=lambda r: r.at)
+
+
+def load_of(requests: Sequence[Request], tpot_ms: float, thresholds: Sequence[int] = THRESHOLDS) -> Load:
+    """The averages the cuts need (rate over the arrivals' span; per threshold the share going P/D)."""
+    n = len(requests)
+    span = max(requests[-1].at - requests[0].at, 1e-9) if n > 1 else 1.0
+    long: dict[int, tuple[float, float]] = {}
+    for thr in thresholds:
+        over = [r.prompt_tokens for r in requests if r.effective_tokens >= thr]
+        long[thr] = (len(over) / n, sum(over) / len(over) if over else 0.0)
+    return Load(
+        rate=n / span,
+        prompt_mean=sum(r.prompt_tokens for r in requests) / n,
+        output_mean=sum(r.output_tokens for r in requests) / n,
+        long=long,
+        tpot_s=tpot_ms / 1000,
+    )
+
+
+def prefix_warning(workload: str) -> str | None:
+    """What the prediction leaves out for a workload whose prompts share prefixes."""
+    if workload not in SHARED_PREFIXES:
+        return None
+    return (
+        f"workload {workload}: prompts share prefixes, but the planner models no prefix cache (each prompt "
+        "is prefilled whole and the threshold reads whole prompts): predicted TTFTs are upper bounds"
+    )

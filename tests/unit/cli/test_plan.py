@@ -1,0 +1,81 @@
+"""`invoke plan`: options, the written report in bench's shape, and bad input as one clear error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from invoke.exceptions import Exit
+
+from pdfleet.cli.plan import plan
+from tests.unit.cli.helpers import REPO, project_context
+
+
+@pytest.mark.procs  # starts invoke: see tests/unit/conftest.py
+def test_plan_is_listed_and_every_option_has_help() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", "--help", "plan"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    options = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("--")]
+    assert len(options) >= 16 and any("--gpus" in ln for ln in options)
+    for line in options:
+        assert len(line.split("  ", 1)) == 2 and line.split("  ", 1)[1].strip(), f"no help: {line}"
+
+
+def test_a_plan_writes_json_markdown_html_and_the_pareto_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plan"
+    plan(project_context(), profile="lab-cross", gpus="2", duration="30", workers="1", out=str(out))
+    doc = json.loads((out / "plan.json").read_text(encoding="utf-8"))
+    assert doc["profile"] == "lab-cross" and doc["gpus"] == 2 and doc["hardware"]["link"] == "roce-400g"
+    assert doc["layouts"] and [r["rank"] for r in doc["layouts"]] == list(range(1, len(doc["layouts"]) + 1))
+    assert doc["recommended"] == doc["layouts"][0]["layout"] or doc["verdict"]["decision"] != "split"
+    assert {r["kind"] for r in doc["layouts"]} >= {"colocated", "disagg"}
+    assert doc["timing"]["layouts"] == len(doc["layouts"])
+    md = (out / "report.md").read_text(encoding="utf-8")
+    for heading in ("## Recommendation", "## Predicted verdict", "## Profile changes", "## Ranked layouts"):
+        assert heading in md
+    assert "![pareto](pareto.png)" in md
+    assert "data:image/png;base64," in (out / "report.html").read_text(encoding="utf-8")
+    assert f"recommended: {doc['recommended']}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "error: --gpus N is required"),
+        ({"gpus": "1"}, "error: --gpus 1: must be between 2 and 64"),
+        ({"gpus": "four"}, "error: --gpus 'four': not a whole number"),
+        (
+            {"gpus": "2", "slo": "ttft=5"},
+            "error: --slo 'ttft=5': expected KEY=VALUE with KEY one of ttft_p99_ms",
+        ),
+        ({"gpus": "2", "slo": "ttft_p99_ms=-1"}, "error: --slo ttft_p99_ms=-1:"),
+        ({"gpus": "2", "workload": "nope"}, "error: --workload 'nope': not a workload"),
+        (
+            {"gpus": "2", "workload": "random", "trace": "t.jsonl"},
+            "error: give --workload W or --trace FILE, not both",
+        ),
+        (
+            {"gpus": "2", "trace": "no/such.jsonl"},
+            "error: --trace no/such.jsonl: cannot read the file (not found)",
+        ),
+    ],
+)
+def test_bad_options_are_one_clear_error_and_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kwargs: dict[str, str], message: str
+) -> None:
+    out = tmp_path / "plan"
+    with pytest.raises(Exit):
+        plan(project_context(), profile="lab-cross", out=str(out), duration="10", workers="1", **kwargs)
+    assert message in capsys.readouterr().err
+    assert not out.exists()
