@@ -17,7 +17,7 @@ from invoke import Context, task
 from rich.console import Console
 from rich.table import Table
 
-from pdfleet.bench.compare import BenchPlan
+from pdfleet.bench.compare import MAX_DURATION_S, BenchPlan
 from pdfleet.bench.fleet_targets import bench_model
 from pdfleet.bench.stats import Bounds
 from pdfleet.bench.workloads import WORKLOADS
@@ -32,10 +32,11 @@ from pdfleet.model import catalog
 from pdfleet.model.profile import SloSpec
 from pdfleet.plan.decide import Decision, Targets, choose
 from pdfleet.plan.diff import Current, inventory_changes, profile_changes
+from pdfleet.plan.predict import Request
 from pdfleet.plan.report import RANKED, document, ranked_rows, write
 from pdfleet.plan.run import default_workers, predict_all
 from pdfleet.plan.space import THRESHOLDS, TP_SIZES, Hardware, PoolShape, search_space
-from pdfleet.plan.traffic import load_of, prefix_warning, requests_of
+from pdfleet.plan.traffic import load_of, prefix_warning, requests_of, requests_of_trace
 
 DEFAULT_DURATION_S = 600.0  # ten minutes of traffic per layout (the issue's speed target)
 MAX_GPUS = 64
@@ -159,6 +160,27 @@ def _bench_plan(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan:
     return plan_from_options(deployment, bench_opts)
 
 
+def _traffic(deployment: Deployment, opts: dict[str, Any]) -> tuple[list[Request], dict[str, Any], list[str]]:
+    """The requests (bench's for the workload options, or the --trace file's), what they are, warnings."""
+    trace = opts["trace"]
+    if trace is None:
+        bench = _bench_plan(deployment, opts["bench"])
+        warn = prefix_warning(bench.workload.name)
+        about = {"name": bench.workload.name, "dataset": bench.workload.dataset, "seed": bench.seed}
+        return requests_of(bench), about, [warn] if warn else []
+    duration = opts["bench"]["duration"]
+    window = float(duration) if duration is not None else None
+    if window is not None and not 0 < window <= MAX_DURATION_S:
+        raise ValidationError(f"--duration {duration}: must be > 0 and at most {MAX_DURATION_S:g} s")
+    reqs, empty = requests_of_trace(repo_path(trace), window)
+    warnings = []
+    if empty:
+        warnings.append(f"{empty} request(s) of the trace produced no output token and are left out")
+    if all(r.effective_tokens == r.prompt_tokens for r in reqs):
+        warnings.append(prefix_warning("trace") or "")
+    return reqs, {"name": "trace", "dataset": str(trace), "seed": None}, warnings
+
+
 def run_plan(
     ctx: Context, profile: str, opts: dict[str, Any], console: Console
 ) -> tuple[dict[str, Any], Decision]:
@@ -170,8 +192,7 @@ def run_plan(
     model = opts["model"]
     spec = bench_model(deployment.profile, model)
     slo = _slo(spec.slo, opts["slo"])
-    bench = _bench_plan(deployment, opts["bench"])
-    requests = requests_of(bench)
+    requests, workload, warnings = _traffic(deployment, opts)
     hw = hardware_of(deployment, model)
     targets = targets_of(slo)
     load = load_of(requests, targets.tpot_p95_ms)
@@ -193,10 +214,10 @@ def run_plan(
         "model": spec.name,
         "gpus": gpus,
         "hardware": {"gpu": hw.gpu.name, "model": hw.model.name, "link": hw.link.name},
-        "workload": {"name": bench.workload.name, "dataset": bench.workload.dataset},
+        "workload": workload,
         "rate": load.rate,
         "duration_s": simulated,
-        "seed": bench.seed,
+        "seed": workload["seed"],
         "requests": len(requests),
         "targets": {k: v for k, v in targets.__dict__.items()},
         "timing": {
@@ -211,8 +232,7 @@ def run_plan(
         "profile": profile_changes(current, rec) if rec else [],
         "inventory": inventory_changes(current, rec) if rec else [],
     }
-    warn = prefix_warning(bench.workload.name)
-    return document(header, decision, cut, changes, [warn] if warn else []), decision
+    return document(header, decision, cut, changes, warnings), decision
 
 
 @task(help=HELP, auto_shortflags=False, positional=[])
@@ -238,15 +258,15 @@ def plan(
 ) -> None:
     """Predict every layout of N GPUs for this traffic; ranked table, recommendation, diff, report."""
     console = Console(stderr=True)
-    if trace is not None and workload not in ("long-prompt-mix", "trace"):
+    if trace is not None and workload != "long-prompt-mix":
         raise ValidationError("give --workload W or --trace FILE, not both")
     if trace is not None and not repo_path(trace).is_file():
         raise ValidationError(f"--trace {trace}: cannot read the file (not found)")
     bench_opts = {
-        "workload": "trace" if trace else workload,
-        "dataset": trace,
+        "workload": workload,
         "rate": rate,
         "duration": duration if duration is not None or trace else str(DEFAULT_DURATION_S),
+        "trace": None,
         "seed": seed,
         "input_len": input_len,
         "output_len": output_len,
@@ -254,6 +274,7 @@ def plan(
         "model": model,
     }
     opts = {
+        "trace": trace,
         "inventory": inventory,
         "gpus": gpus,
         "model": model,

@@ -1,18 +1,22 @@
 """The traffic a plan predicts: exactly the requests and arrival times `invoke bench` would send for the
-same workload, rate, duration and seed (bench's own `BenchPlan`, `workloads.build` and schedule), as
+same workload, rate, duration and seed (bench's own `BenchPlan`, `workloads.build` and schedule), or a
+Mooncake trace read with `bench.trace.read_trace` (a gateway capture's `effective_tokens` kept), as
 `Request`s, and the averages the search's cuts read (`Load`).
 
 Effective tokens: the planner's engines model no prefix cache, so every prompt is prefilled whole and its
-effective tokens are its prompt tokens. Workloads whose prompts share prefixes (agentic sessions,
-prefix-repetition, a trace's hash_ids) are predicted that way too, and `prefix_warning` says so: their
-TTFTs are over-estimated and the threshold acts on whole prompts.
+effective tokens are its prompt tokens, except in a capture whose lines carry the gateway's
+`effective_tokens`: the threshold then reads those, as the gateway did. Workloads whose prompts share
+prefixes (agentic sessions, prefix-repetition, a trace's hash_ids) are predicted that way too, and
+`prefix_warning` says so: their TTFTs are over-estimated and the threshold acts on whole prompts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from pdfleet.bench.compare import BenchPlan
+from pdfleet.bench.trace import read_trace
 from pdfleet.bench.workloads import build
 from pdfleet.errors import ValidationError
 from pdfleet.plan.predict import Request
@@ -34,6 +38,27 @@ def requests_of(plan: BenchPlan) -> list[Request]:
         for it, t in zip(items, starts, strict=True)
     ]
     return sorted(reqs, key=lambda r: r.at)
+
+
+def requests_of_trace(path: Path | str, duration_s: float | None = None) -> tuple[list[Request], int]:
+    """A trace's requests at their own times (s from the first), up to `duration_s` when given, and how
+    many were left out because they produced no output token (a capture's requests that ended first)."""
+    rows = read_trace(path)
+    t0 = rows[0].timestamp
+    out: list[Request] = []
+    empty = 0
+    for r in rows:
+        at = (r.timestamp - t0) / 1000
+        if duration_s is not None and at > duration_s:
+            break
+        if r.output_length < 1:
+            empty += 1
+            continue
+        eff = r.effective_tokens if r.effective_tokens is not None else r.input_length
+        out.append(Request(at, r.input_length, r.output_length, eff))
+    if not out:
+        raise ValidationError(f"--trace {path}: no request with an output token in the window")
+    return out, empty
 
 
 def load_of(requests: Sequence[Request], tpot_ms: float, thresholds: Sequence[int] = THRESHOLDS) -> Load:

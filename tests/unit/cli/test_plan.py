@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from invoke.exceptions import Exit
 
+from pdfleet.bench.trace import TraceRequest, write_trace
 from pdfleet.cli.plan import plan
 from tests.unit.cli.helpers import REPO, project_context
 
@@ -47,6 +48,21 @@ def test_a_plan_writes_json_markdown_html_and_the_pareto_plot(
     assert "![pareto](pareto.png)" in md
     assert "data:image/png;base64," in (out / "report.html").read_text(encoding="utf-8")
     assert f"recommended: {doc['recommended']}" in capsys.readouterr().out
+
+
+def test_a_trace_is_planned_at_its_own_times(tmp_path: Path) -> None:
+    trace = tmp_path / "capture.jsonl"
+    rows = [
+        TraceRequest(timestamp=i * 250, input_length=300 + 9000 * (i % 8 == 0), output_length=16)
+        for i in range(80)
+    ]
+    write_trace(trace, rows)
+    out = tmp_path / "plan"
+    plan(project_context(), profile="lab-cross", gpus="2", trace=str(trace), workers="1", out=str(out))
+    doc = json.loads((out / "plan.json").read_text(encoding="utf-8"))
+    assert doc["workload"] == {"name": "trace", "dataset": str(trace), "seed": None}
+    assert doc["requests"] == 80 and abs(doc["duration_s"] - 19.75) < 1e-9
+    assert any("models no prefix cache" in w for w in doc["warnings"])
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pdfleet.bench.arrivals import gamma_starts
 from pdfleet.bench.compare import BenchPlan
+from pdfleet.bench.trace import TraceRequest, write_trace
 from pdfleet.bench.workloads import WorkloadSpec, build
 from pdfleet.errors import ValidationError
-from pdfleet.plan.traffic import load_of, prefix_warning, requests_of
+from pdfleet.plan.traffic import load_of, prefix_warning, requests_of, requests_of_trace
 
 
 def test_requests_are_benchs_items_at_benchs_times() -> None:
@@ -40,3 +43,23 @@ def test_workloads_with_shared_prefixes_carry_a_warning() -> None:
     assert prefix_warning("long-prompt-mix") is None
     warn = prefix_warning("agentic")
     assert warn is not None and "models no prefix cache" in warn
+
+
+def test_a_trace_gives_its_own_times_lengths_and_the_captures_effective_tokens(tmp_path: Path) -> None:
+    rows = [
+        TraceRequest(timestamp=1000, input_length=20000, output_length=50, effective_tokens=3000),
+        TraceRequest(timestamp=1500, input_length=400, output_length=0),
+        TraceRequest(timestamp=3000, input_length=600, output_length=20),
+        TraceRequest(timestamp=9000, input_length=700, output_length=20),
+    ]
+    path = tmp_path / "t.jsonl"
+    write_trace(path, rows)
+    reqs, empty = requests_of_trace(path, duration_s=5)
+    assert [(r.at, r.prompt_tokens, r.output_tokens, r.effective_tokens) for r in reqs] == [
+        (0.0, 20000, 50, 3000),
+        (2.0, 600, 20, 600),
+    ]
+    assert empty == 1
+    write_trace(path, rows[1:2])
+    with pytest.raises(ValidationError, match="no request with an output token"):
+        requests_of_trace(path)
