@@ -227,7 +227,8 @@ class Proxy:
         m = self.metrics
         labels = self.shadowing.labels(ctx, up.pool, "false")
         ok = outcome == "ok" and up.resp.status < 500
-        m.child(m.shadow_requests, *labels, "ok" if ok else "error").inc()
+        gone = outcome in ("client_gone", "cancelled")  # the client left: not the pool's failure
+        m.child(m.shadow_requests, *labels, "ok" if ok else "cancelled" if gone else "error").inc()
         if ok:
             m.child(m.shadow_duration, *labels).observe(time.perf_counter() - ctx.t0)
 

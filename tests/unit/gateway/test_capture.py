@@ -4,10 +4,14 @@ or a completion; the file is 0600 and rotated within its bounds."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import stat
+import time
 from pathlib import Path
 
 from pdfleet.bench.trace import read_trace
+from pdfleet.bench.workloads import WorkloadSpec, build
 from tests.unit.gateway.helpers import LONG, Env, chat, run
 
 SECRET_PROMPT = "zebraprompt"
@@ -62,3 +66,28 @@ def test_the_capture_rotates_within_its_bounds(tmp_path: Path) -> None:
         path = tmp_path / name
         assert path.stat().st_size <= 4096 and stat.S_IMODE(path.stat().st_mode) == 0o600
         assert read_trace(path)
+
+
+def test_a_capture_replays_with_its_lengths_and_arrival_rate(tmp_path: Path) -> None:
+    """The bench's trace workload built from a capture: the same prompt lengths (by the same estimate) and
+    the arrival times of the requests as sent, so the rate is within 5%."""
+    sent: list[tuple[float, int]] = []
+
+    async def scenario() -> None:
+        async with Env(tmp_path, capture={"path": "c.jsonl"}) as env:
+            rng = random.Random(7)
+            t0 = time.perf_counter()
+            for _ in range(20):
+                tokens = rng.randint(10, 3000)
+                body = {"model": "llama", "prompt": "abcd" * tokens, "max_tokens": 2}
+                sent.append((time.perf_counter() - t0, tokens))
+                assert (await env.post("/v1/completions", body))[0] == 200
+                await asyncio.sleep(rng.uniform(0.01, 0.08))
+
+    run(scenario())
+    items = build(WorkloadSpec("trace", dataset=str(tmp_path / "c.jsonl")), 100, 0)
+    assert sorted(it.prompt_tokens for it in items) == sorted(t for _, t in sent)
+    assert [it.prompt_tokens for it in items] == [t for _, t in sent]  # in arrival order
+    span_sent = sent[-1][0] - sent[0][0]
+    span_replayed = (items[-1].at or 0.0) - (items[0].at or 0.0)
+    assert abs(span_replayed - span_sent) <= 0.05 * span_sent
