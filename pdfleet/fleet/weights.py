@@ -24,9 +24,14 @@ from pdfleet.model.weights import MANIFEST_NAME, WeightsManifest
 MANIFEST_TIMEOUT_S = 30.0
 
 
+def model_root(model: ModelSpec) -> str:
+    """The model's directory on the hosts: one directory per staged revision under it."""
+    return f"{MODELS_DIR}/{model.id}"
+
+
 def staged_dir(model: ModelSpec) -> str:
     """The revision's directory on the hosts (what a staged model's vLLM unit loads)."""
-    return f"{MODELS_DIR}/{model.id}/{model.revision}"
+    return f"{model_root(model)}/{model.revision}"
 
 
 def revision_url(model: ModelSpec) -> str:

@@ -310,3 +310,94 @@ class HeadersRemoved(Operation):
         return [
             Change(self.describe(), f"remove {self.path} (the hub token)", (Run(f"rm -f -- {q(self.path)}"),))
         ]
+
+
+@dataclass(frozen=True)
+class RevisionUse:
+    """The revision directories under a model's directory with their sizes in bytes, and which running
+    vLLM units (by unit name) load each, read off their main process's command line."""
+
+    sizes: Mapping[str, int]
+    users: Mapping[str, frozenset[str]]
+
+
+@dataclass(frozen=True)
+class RevisionDirs(Fact[RevisionUse]):
+    """One command: `du -sb` of each revision directory under `root` (a model's MODELS_DIR/<id>), and the
+    command-line words of every active `vllm-*` unit's main process that name a path under it."""
+
+    root: str
+    sudo: ClassVar[bool] = True
+
+    def command(self) -> str:
+        r = q(self.root)
+        return (
+            f"cd {r} 2>/dev/null || exit 0; "
+            'for d in *; do if [ -d "$d" ] && [ ! -L "$d" ]; then '
+            'printf "dir|%s|%s\\n" "$d" "$(du -sb -- "$d" | cut -f1)"; fi; done; '
+            "for u in $(systemctl list-units --type=service --state=active --plain --no-legend 'vllm-*' "
+            "2>/dev/null | awk '{print $1}'); do p=$(systemctl show -p MainPID --value \"$u\"); "
+            'if [ "${p:-0}" -gt 0 ]; then tr "\\0" "\\n" < "/proc/$p/cmdline" 2>/dev/null | '
+            'sed "s#^#arg|$u|#"; fi; done; exit 0'
+        )
+
+    def parse(self, stdout: str, rc: int) -> RevisionUse:
+        if rc != 0:
+            raise FactError(f"cannot list {self.root} (exit {rc})")
+        sizes: dict[str, int] = {}
+        users: dict[str, set[str]] = {}
+        under = self.root.rstrip("/") + "/"
+        for line in stdout.splitlines():
+            kind, _, rest = line.partition("|")
+            if kind == "dir":
+                name, _, size = rest.rpartition("|")
+                sizes[name] = int(size)
+            elif kind == "arg":
+                unit, _, word = rest.partition("|")
+                if under in word:  # vllm serve ROOT/REV, --model=ROOT/REV/...
+                    revision = word.split(under, 1)[1].split("/", 1)[0]
+                    users.setdefault(revision, set()).add(unit)
+        return RevisionUse(sizes, {r: frozenset(u) for r, u in users.items()})
+
+
+@dataclass(frozen=True)
+class OldRevisions(Operation):
+    """A model's revision directories but the pinned one removed, once the host converged: a handler, so
+    it runs after this run's changes succeeded (the pinned files staged and verified) and after the
+    restarts (which wait for /health), so the units already run the pin. A directory a running unit loads
+    is removed only when that unit is one of `restarts` (this host's instances of the model, restarted
+    onto the pin first); one loaded by any other unit is kept. The handler's name says what and how much,
+    so provision's progress shows it."""
+
+    root: str
+    keep: str
+    restarts: tuple[Handler, ...] = ()
+
+    def describe(self) -> str:
+        return f"old revisions in {self.root}"
+
+    def facts(self) -> Iterable[Fact[Any]]:
+        return (RevisionDirs(self.root),)
+
+    def plan(self, facts: FactSource) -> list[Change]:
+        use = facts.get(RevisionDirs(self.root))
+        ours = {h.unit for h in self.restarts if h.unit}
+        old = sorted(r for r in use.sizes if r != self.keep)
+        kept = [r for r in old if use.users.get(r, frozenset()) - ours]
+        gone = [r for r in old if r not in kept]
+        if not gone:
+            return []
+        what = ", ".join(f"{r} ({human_bytes(use.sizes[r])})" for r in gone)
+        freed = human_bytes(sum(use.sizes[r] for r in gone))
+        rm = "rm -rf -- " + " ".join(q(f"{self.root}/{r}") for r in gone)
+        handler = Handler(f"remove old weights {what} from {self.root}", (Run(rm),))
+        loaded = sorted({u for r in gone for u in use.users.get(r, frozenset())})
+        restarts = tuple(h for h in self.restarts if h.unit in loaded)
+        total = f", {freed} in all" if len(gone) > 1 else ""
+        diff = f"remove {what} from {self.root}{total} once this host's changes succeeded"
+        if restarts:
+            diff += f", after restarting {', '.join(loaded)} onto {self.keep}"
+        if kept:
+            users = sorted({u for r in kept for u in use.users[r]})
+            diff += f"; keep {', '.join(kept)} (loaded by {', '.join(users)})"
+        return [Change(self.describe(), diff, (), notify=(*restarts, handler))]

@@ -5,7 +5,8 @@ a missing, partial or corrupt file is fetched from the model's mirror (or pushed
 machine's directory over the host's SSH connection), resumed when partial, and checked
 before it takes its name; a host whose disk cannot hold the missing files is refused before any download.
 The instances serving the model restart when one of its files changed. From the hub, the token waits in a
-0600 headers file (curl -H @file) only while files are fetched, then is removed."""
+0600 headers file (curl -H @file) only while files are fetched, then is removed. The model's other
+revision directories go once the host converged and its instances run the pin (OldRevisions)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,16 @@ from typing import Any
 from pdfleet.fleet.host_layout import CONFIG_DIR, MODELS_DIR
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
-from pdfleet.fleet.weights import file_url, local_file, staged_dir
+from pdfleet.fleet.weights import file_url, local_file, model_root, staged_dir
 from pdfleet.model.specs import ModelSpec
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import Directory
 from pdfleet.ops.weights import (
     DownloadHeaders,
     HeadersRemoved,
+    OldRevisions,
     PushFile,
+    RevisionDirs,
     StagedFiles,
     StageFile,
     WeightsSpace,
@@ -48,10 +51,12 @@ def applies(ctx: RoleContext) -> bool:
 
 
 def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
-    return tuple(
-        StagedFiles(staged_dir(model), tuple(f.path for f in ctx.manifest(model).files))
-        for model in staged_models(ctx)
-    )
+    found: list[Fact[Any]] = []
+    for model in staged_models(ctx):
+        found.append(StagedFiles(staged_dir(model), tuple(f.path for f in ctx.manifest(model).files)))
+        if "/" in model.id:
+            found.append(RevisionDirs(model_root(model)))
+    return tuple(found)
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:
@@ -97,6 +102,8 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
             )
         if headers is not None:
             yield HeadersRemoved(headers, directory, paths, manifest)
+        if "/" in model.id:  # MODELS_DIR/<owner> of an id without one may hold other owners' models
+            yield OldRevisions(model_root(model), str(model.revision), restarts)
 
 
 def headers_file(model: ModelSpec) -> str:

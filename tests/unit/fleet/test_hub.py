@@ -21,7 +21,7 @@ from pdfleet.errors import ValidationError
 from pdfleet.fleet.deployment import DeploymentRequest, load_deployment
 from pdfleet.fleet.hub import hub_manifest, read_token
 from pdfleet.fleet.provision import render_fleet
-from pdfleet.fleet.weights import file_url, load_manifests, load_tokens, staged_dir
+from pdfleet.fleet.weights import file_url, load_manifests, load_tokens, model_root, staged_dir
 from pdfleet.lab.model_mirror import LAB_MODEL, lab_model_files
 from pdfleet.model.specs import ModelSpec, TokenSource
 from pdfleet.ops.base import FakeFacts, Run, Upload
@@ -29,7 +29,15 @@ from pdfleet.ops.files import DirectoryState, FileState
 from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.runner import CommandError, execute
 from pdfleet.ops.ssh import LocalTransport
-from pdfleet.ops.weights import DownloadHeaders, HeadersRemoved, StagedFiles, StagedState, StageFile
+from pdfleet.ops.weights import (
+    DownloadHeaders,
+    HeadersRemoved,
+    RevisionDirs,
+    RevisionUse,
+    StagedFiles,
+    StagedState,
+    StageFile,
+)
 from roles import REGISTRY, weights
 from tests.unit.fleet.helpers import REPO
 
@@ -233,6 +241,7 @@ def test_a_token_shaped_value_is_in_no_unit_env_render_command_or_diff(
             FileState(headers.path): None,
             DirectoryState("/var/lib/pdfleet/models"): None,
             DirectoryState(directory): None,
+            RevisionDirs(model_root(d1.profile.model)): RevisionUse({}, {}),
         }
     )
     uploads = []

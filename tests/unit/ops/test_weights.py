@@ -2,12 +2,15 @@
 loopback: a fresh copy checked by SHA-256, a converged directory planning nothing, an interrupted copy
 continued from its partial file, a corrupt file replaced, a mirror serving wrong bytes refused without
 the file taking its name, and a disk too small refused before anything is fetched; and the same pushed from
-a control-machine directory over a real SSH connection."""
+a control-machine directory over a real SSH connection; and old revision directories removed after the
+units restart onto the pin (real units in a private systemd)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -24,9 +27,20 @@ from pdfleet.ops.errors import OperationError
 from pdfleet.ops.files import Directory
 from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.runner import CommandError, RunOptions, execute, run_fleet
-from pdfleet.ops.ssh import LocalTransport
-from pdfleet.ops.weights import PushFile, StagedFiles, StagedState, StageFile, WeightsSpace, bytes_to_fetch
-from tests.unit.helpers import Sshd
+from pdfleet.ops.ssh import LocalTransport, open_connection
+from pdfleet.ops.systemd import SystemdUnit, restart_handler
+from pdfleet.ops.transfer import human_bytes
+from pdfleet.ops.weights import (
+    OldRevisions,
+    PushFile,
+    RevisionDirs,
+    StagedFiles,
+    StagedState,
+    StageFile,
+    WeightsSpace,
+    bytes_to_fetch,
+)
+from tests.unit.helpers import Sshd, UserSystemd
 from tests.unit.ops.helpers import ssh_host
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
@@ -244,3 +258,62 @@ def test_a_control_machine_directory_is_pushed_over_ssh_checked_and_continued(
     assert _shas(directory) == {f.path: f.sha256 for f in manifest.files}
     progress = [m for m in lines if m.startswith(f"{shard.path}: ")]
     assert progress and all(int(m.split("(")[1].split("%")[0]) >= 50 for m in progress)  # from the half
+
+
+UNIT = "[Service]\nExecStart=/usr/bin/tail -f {path}\n"
+
+
+@pytest.mark.sshd
+@pytest.mark.systemd
+@pytest.mark.timeout(120)
+def test_old_revisions_go_after_the_units_restart_onto_the_pin(
+    systemd: UserSystemd, systemd_sshd: Sshd, tmp_path: Path
+) -> None:
+    """Real units in a private systemd, reached over SSH: vllm-t loads r1 and moves to the pin r2 in this
+    run, so r1 goes after its restart; r0, loaded by a unit this run does not restart, stays."""
+    root = tmp_path / "models" / "org" / "m"
+    for revision, size in (("r0", 100), ("r1", 3000), ("r2", 10)):
+        (root / revision).mkdir(parents=True)
+        (root / revision / "config.json").write_bytes(b"x" * size)
+    units = systemd.units_dir
+    for name, revision in (("vllm-t.service", "r1"), ("vllm-other.service", "r0")):
+        (units / name).write_text(UNIT.format(path=root / revision / "config.json"))
+    env = {**os.environ, **systemd.env}
+    subprocess.run(["systemctl", "daemon-reload"], env=env, check=True)
+    subprocess.run(["systemctl", "start", "vllm-t.service", "vllm-other.service"], env=env, check=True)
+    restart = restart_handler("vllm-t.service")
+    size = human_bytes(sum(p.stat().st_size for p in (root / "r1", root / "r1" / "config.json")))  # du -sb
+    pinned = UNIT.format(path=root / "r2" / "config.json")
+
+    def planner(host: Host, facts: FactSource) -> Iterator[Operation]:
+        yield SystemdUnit("vllm-t.service", pinned, restart=restart, directory=str(units))
+        yield OldRevisions(str(root), "r2", (restart,))
+
+    lines: list[str] = []
+    try:
+        report = run_fleet([ssh_host(systemd_sshd)], planner, RunOptions(), lambda _, m: lines.append(m))
+        host = report.hosts["loop"]
+        assert host.error is None, host.error
+        (diff,) = [c["diff"] for c in host.changes if c["op"] == f"old revisions in {root}"]
+        assert diff == (
+            f"remove r1 ({size}) from {root} once this host's changes succeeded, after "
+            "restarting vllm-t.service onto r2; keep r0 (loaded by vllm-other.service)"
+        )
+        ran = [m for m in lines if m.startswith("running handler")]
+        assert ran == [
+            "running handler daemon-reload",
+            "running handler restart vllm-t.service",
+            f"running handler remove old weights r1 ({size}) from {root}",
+        ], lines
+        assert sorted(p.name for p in root.iterdir()) == ["r0", "r2"]
+        transport = open_connection(ssh_host(systemd_sshd), "~/.ssh/known_hosts", 5)
+        try:
+            use = HostFacts(transport).get(RevisionDirs(str(root)))
+        finally:
+            transport.close()
+        assert use.users == {"r0": {"vllm-other.service"}, "r2": {"vllm-t.service"}}  # moved onto the pin
+        assert set(use.sizes) == {"r0", "r2"}
+        again = run_fleet([ssh_host(systemd_sshd)], planner, RunOptions())
+        assert again.hosts["loop"].changed == 0  # r0 still loaded elsewhere: nothing to do
+    finally:
+        subprocess.run(["systemctl", "stop", "vllm-t.service", "vllm-other.service"], env=env, check=False)

@@ -17,7 +17,7 @@ from pdfleet.lab.model_mirror import LAB_MODEL, build_lab_models
 from pdfleet.model.specs import ModelSpec
 from pdfleet.model.weights import WeightsManifest
 from pdfleet.ops.files import Directory
-from pdfleet.ops.weights import PushFile, StageFile, WeightsSpace
+from pdfleet.ops.weights import OldRevisions, PushFile, RevisionDirs, StageFile, WeightsSpace
 from roles import REGISTRY, services, weights
 from tests.unit.hw.helpers import HostFacts
 from tests.unit.roles.helpers import REPO, exec_start_argv
@@ -68,6 +68,9 @@ def test_every_pool_host_stages_each_file_and_the_gateway_nothing(lab_manifest: 
         assert units == {inst.unit for inst in ctx.instances} and units
         env = next(f for f in services.files(ctx) if f.path.endswith(".env"))
         assert "HF_HUB_OFFLINE=1\n" in env.content and "HF_HOME=/var/lib/pdfleet/hf\n" in env.content
+        root = f"/var/lib/pdfleet/models/{LAB_MODEL}"  # last: the other revisions, after the restarts
+        assert ops[-1] == OldRevisions(root, "lab-r1", stage[0].notify)
+        assert RevisionDirs(root) in weights.facts(ctx)
     assert not weights.applies(fleet.context(fleet.inventory.hosts["lab-gw"]))
 
 
