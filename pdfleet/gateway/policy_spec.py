@@ -14,6 +14,7 @@ from yarl import URL
 from pdfleet.gateway.limits import LimitsSpec
 from pdfleet.gateway.outside import OutsideSpec
 from pdfleet.model.routing import DeciderSpec
+from pdfleet.model.shadowing import CaptureSpec, ShadowSpec
 from pdfleet.model.stages import StageSpec
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
@@ -113,35 +114,6 @@ class ModelRoute(_Strict):
     # the P/D pool's vLLM instances, scraped for their queues when the decider has a bypass bound
     prefill: list[BaseUrl] = []
     decode: list[BaseUrl] = []
-
-
-class ShadowSpec(_Strict):
-    """What shadow traffic (issue 33) may spend; shadowing itself is started at run time
-    (`POST /admin/shadow`), never by the file, and ends with the gateway, a stop or its deadline.
-
-    A shadow is dropped (counted with the reason) rather than sent when `max_in_flight` shadows are out
-    (`concurrency`), when a P/D instance this route lists is queueing more than `pd_waiting_max`
-    requests or its queue is unknown (`shadow_queue`), when the primary pool has more than
-    `primary_in_flight_max` requests in flight at this gateway (`primary_pressure`), or after
-    `unhealthy_after` shadows in a row failed, for `unhealthy_s` (`shadow_unhealthy`)."""
-
-    max_in_flight: int = Field(8, ge=1, le=4096)
-    pd_waiting_max: int | None = Field(4, ge=0)
-    primary_in_flight_max: int | None = Field(None, ge=1)
-    unhealthy_after: int = Field(3, ge=1)
-    unhealthy_s: float = Field(5.0, gt=0)
-    max_minutes: float = Field(240.0, gt=0, le=7 * 24 * 60)  # a run asked for longer is refused
-
-
-class CaptureSpec(_Strict):
-    """Traffic capture (issue 33): the shape of each request (arrival, prompt, effective and output
-    tokens, class, remapped prefix-block ids; never any text) as Mooncake trace lines, off while `path`
-    is unset. `path` is written 0600; past `max_bytes` it is rotated to `path.1` ... `path.<files-1>`,
-    so the capture never holds more than `files` x `max_bytes`."""
-
-    path: str | None = Field(None, min_length=1)
-    max_bytes: int = Field(64 * 1024 * 1024, ge=4096)
-    files: int = Field(4, ge=1, le=100)
 
 
 class PolicySpec(_Strict):

@@ -27,6 +27,7 @@ from pdfleet.model.served import (
     expand_models,
     slug,
 )
+from pdfleet.model.shadowing import CaptureSpec, ShadowSpec
 from pdfleet.model.specs import (
     DEFAULT_KV_ROLES,
     DEFAULT_ROUTER_POLICY,
@@ -176,6 +177,9 @@ class GatewaySpec(StrictModel):
     limits: GatewayLimits = Field(default_factory=GatewayLimits)  # all off unless set
     # how the gateway decides per request (pdfleet.model.routing): defaults route as before the decider
     decider: DeciderSpec = Field(default_factory=DeciderSpec)
+    # shadow traffic's bounds and traffic capture (pdfleet.model.shadowing): rendered into the policy when set
+    shadow: ShadowSpec = Field(default_factory=ShadowSpec)
+    capture: CaptureSpec = Field(default_factory=CaptureSpec)
     # aliases served by a hosted OpenAI/Anthropic-compatible API (pdfleet.model.outside), beside the models
     outside: dict[Annotated[str, Field(pattern=ALIAS_PATTERN)], OutsideAlias] = Field(default_factory=dict)
 

@@ -178,6 +178,10 @@ def policy_text(
     decider = gw.decider.model_dump(exclude_defaults=True)
     if decider:  # a profile without one renders the policy it rendered before the decider
         doc["decider"] = decider
+    for key in ("shadow", "capture"):  # off and default unless the profile sets them: rendered as before
+        section = getattr(gw, key).model_dump(exclude_defaults=True)
+        if section:
+            doc[key] = section
     if group_docs:
         doc["groups"] = group_docs
     limits = policy_limits(gw.limits, caps)

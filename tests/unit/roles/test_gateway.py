@@ -204,3 +204,34 @@ def test_bad_profile_decider_names_the_key_path(tmp_path: Path, gateway_yaml: st
     with pytest.raises(PdfleetError) as exc:
         _lab_cross_gateway(tmp_path, gateway_yaml)
     assert expected in str(exc.value)
+
+
+def test_profile_shadow_bounds_and_capture_reach_the_policy(tmp_path: Path) -> None:
+    fleet = _lab_cross_gateway(
+        tmp_path,
+        "{shadow: {max_in_flight: 2, pd_waiting_max: null}, capture: {path: capture.jsonl, files: 2}}",
+    )
+    spec = parse_policy(Path("policy.yaml"), _rendered_policy(fleet))  # the gateway's own schema
+    assert (spec.shadow.max_in_flight, spec.shadow.pd_waiting_max) == (2, None)
+    assert (spec.capture.path, spec.capture.files) == ("capture.jsonl", 2)
+
+
+def test_no_profile_shadow_or_capture_renders_the_policy_as_before(tmp_path: Path) -> None:
+    text = _rendered_policy(_lab_cross_gateway(tmp_path, "{}"))
+    assert "shadow:" not in text and "capture:" not in text
+
+
+@pytest.mark.parametrize(
+    ("gateway_yaml", "expected"),
+    [
+        ("{shadow: {max_in_flight: 0}}", "gateway.shadow.max_in_flight"),
+        ("{capture: {max_bytes: 10}}", "gateway.capture.max_bytes"),
+        ("{capture: {file: x}}", "gateway.capture.file: unknown key"),
+    ],
+)
+def test_bad_profile_shadow_or_capture_names_the_key_path(
+    tmp_path: Path, gateway_yaml: str, expected: str
+) -> None:
+    with pytest.raises(PdfleetError) as exc:
+        _lab_cross_gateway(tmp_path, gateway_yaml)
+    assert expected in str(exc.value)
