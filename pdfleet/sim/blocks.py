@@ -139,6 +139,13 @@ class BlockPool:
         """n blocks off the head of the free queue (their hashes evicted); None (nothing taken) if short."""
         if n > len(self._free):
             return None
+        if not self._hash_of:  # nothing cached (always so without prefix caching): no hash to evict
+            pop = self._free.popitem
+            out = [pop(last=False)[0] for _ in range(n)]
+            refs = self._refs
+            for block in out:
+                refs[block] = 1
+            return out
         out = []
         for _ in range(n):
             block, _ = self._free.popitem(last=False)
@@ -151,10 +158,11 @@ class BlockPool:
 
     def free(self, blocks: Sequence[int]) -> None:
         """A request lets go of its blocks: those nobody else uses go to the free queue, tail first."""
+        refs, free = self._refs, self._free
         for block in reversed(blocks):
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                self._free[block] = None
+            refs[block] -= 1
+            if refs[block] == 0:
+                free[block] = None
 
     def match(self, hashes: Sequence[bytes], max_blocks: int) -> list[int]:
         """The longest run of cached blocks a prompt starts with (at most max_blocks), now in use by it."""

@@ -5,8 +5,11 @@ This is the point of the simulator; runs are discrete-event (no sleeping), so th
 
 from __future__ import annotations
 
+import random
+
 from pdfleet.sim.config import parse_serve_args
-from pdfleet.sim.des import EngineNode, PDPair, PDPool, Record, Simulation
+from pdfleet.sim.des import EngineNode, PDPair, PDPool, Record, Simulation, run_alone
+from pdfleet.sim.engine import Engine
 from tests.unit.sim.helpers import MODEL as MODEL_8B
 
 BURST_AT = 1.0
@@ -94,3 +97,42 @@ def test_pd_pool_round_robins_and_queues_transfers_on_each_consumers_link() -> N
     (_, first, _), (_, second, _) = pool.transfers
     assert abs(first - one) < 1e-9 and abs(second - 2 * one) < 1e-9  # the second waited for the first
     assert recs[0].prefill is not None and recs[0].prefill.first_scheduled == 0.0
+
+
+def _on_the_queue(engine: Engine, arrivals: list[tuple[float, int, int]]) -> list[Record]:
+    """The requests through an EngineNode on the event queue, each submitted at its time."""
+    sim = Simulation()
+    node = EngineNode(sim, engine, keep_steps=False)
+    recs: list[Record] = []
+
+    def arrive(prompt: int, out: int) -> None:
+        recs.append(node.submit(node.new_request(prompt, out)))
+
+    for at, prompt, out in arrivals:
+        sim.at(at, arrive, prompt, out)
+    sim.run()
+    return recs
+
+
+def test_run_alone_takes_the_steps_an_engine_node_takes_to_the_last_float() -> None:
+    """The planner's loop (decode-only stretches in one call) against the event queue, on a mix of 16K-30K
+    documents and short turns; with a small KV cache the runs preempt, and must still agree exactly."""
+    for blocks, budget in ((None, 8192), (1500, 2048)):
+        argv = [MODEL_8B, "--enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
+        if blocks:
+            argv += ["--num-gpu-blocks-override", str(blocks), "--max-model-len", "24000"]
+        cfg = parse_serve_args(argv, env={})
+        rng = random.Random(budget)
+        t, arrivals = 0.0, []
+        for _ in range(150):
+            t += rng.expovariate(2.0)
+            prompt = rng.randint(16000, 23000) if rng.random() < 0.2 else rng.randint(200, 800)
+            arrivals.append((t, prompt, rng.randint(8, 200)))
+        queued = cfg.engine()
+        recs = _on_the_queue(queued, arrivals)
+        alone_engine = cfg.engine()
+        alone = run_alone(alone_engine, arrivals)
+        assert [r.token_times for r in alone] == [r.token_times for r in recs]
+        assert alone_engine.num_preemptions == queued.num_preemptions
+        assert (alone_engine.num_preemptions > 0) == bool(blocks)
+        assert all(len(r.token_times) == out for r, (_, _, out) in zip(alone, arrivals, strict=True))
