@@ -20,7 +20,7 @@ from pdfleet.bench.client import Record as ClientRecord
 from pdfleet.bench.stats import Bounds, per_gpu, quantile, summarize
 from pdfleet.model.catalog import DEFAULT_BLOCK_SIZE
 from pdfleet.plan.space import Hardware, Layout, PoolShape
-from pdfleet.sim.des import EngineNode, PDPool, Record, Simulation
+from pdfleet.sim.des import PDPool, Record, Simulation, run_alone
 from pdfleet.sim.engine import Engine, EngineLimits
 from pdfleet.sim.perf import PerfModel
 
@@ -73,47 +73,46 @@ def _p95(xs: list[float]) -> float:
 def simulate(
     layout: Layout, requests: Sequence[Request], hw: Hardware, bounds: Bounds, long_tokens: int
 ) -> Prediction:
-    """Run the traffic through the layout on a simulated clock; the figures `invoke bench` would report."""
+    """Run the traffic through the layout on a simulated clock; the figures `invoke bench` would report.
+
+    The gateway's choices depend only on each request (its effective tokens, the round robin's turn), so
+    each colocated instance's requests are known up front and it runs alone (`sim.des.run_alone`); the P/D
+    pool, whose decode side waits on prefills and links, runs on the event queue.
+    """
+    to_pd: list[Request] = []
+    to_colo: list[Request] = []
+    has_pd = layout.prefill is not None and layout.decode is not None
+    for req in requests:
+        pd_bound = has_pd and (layout.colocated is None or req.effective_tokens >= (layout.threshold or 0))
+        (to_pd if pd_bound else to_colo).append(req)
+    records: list[tuple[Request, str, Record]] = []
+    if layout.colocated is not None:
+        n = layout.colocated.instances
+        for i in range(n):
+            mine = to_colo[i::n]  # the gateway's round robin over the requests it keeps colocated
+            arrivals = [(r.at, r.prompt_tokens, r.output_tokens) for r in mine]
+            done = run_alone(_engine(layout.colocated, hw), arrivals)
+            records += [(r, "colocated", rec) for r, rec in zip(mine, done, strict=True)]
     sim = Simulation()
-    colo = (
-        [
-            EngineNode(sim, _engine(layout.colocated, hw), keep_steps=False)
-            for _ in range(layout.colocated.instances)
-        ]
-        if layout.colocated
-        else []
-    )
-    pd = (
-        PDPool(
+    pd = None
+    if has_pd and to_pd:
+        assert layout.prefill is not None and layout.decode is not None
+        pd = PDPool(
             sim,
             [_engine(layout.prefill, hw) for _ in range(layout.prefill.instances)],
             [_engine(layout.decode, hw) for _ in range(layout.decode.instances)],
             hw.link,
             hw.kv_bytes_per_token,
         )
-        if layout.prefill and layout.decode
-        else None
-    )
-    records: list[tuple[Request, str, Record]] = []
-    rr = 0
 
-    def arrive(req: Request) -> None:
-        nonlocal rr
-        to_pd = pd is not None and (not colo or req.effective_tokens >= (layout.threshold or 0))
-        if to_pd:
-            assert pd is not None
-            records.append((req, "disagg", pd.submit(req.prompt_tokens, req.output_tokens)))
-            return
-        node = colo[rr % len(colo)]
-        rr += 1
-        records.append(
-            (req, "colocated", node.submit(node.new_request(req.prompt_tokens, req.output_tokens)))
-        )
+        def arrive(req: Request, pool: PDPool) -> None:
+            records.append((req, "disagg", pool.submit(req.prompt_tokens, req.output_tokens)))
 
-    for req in requests:
-        sim.at(req.at, arrive, req)
-    sim.run()
-    return _figures(layout, records, pd, bounds, long_tokens, sim.now)
+        for req in to_pd:
+            sim.at(req.at, arrive, req, pd)
+        sim.run()
+    end = max((rec.token_times[-1] for _, _, rec in records if rec.token_times), default=0.0)
+    return _figures(layout, records, pd, bounds, long_tokens, end)
 
 
 def _client(req: Request, rec: Record, long_tokens: int) -> ClientRecord:
