@@ -1,0 +1,118 @@
+"""Is `invoke plan`'s prediction what `invoke bench` measures? Prediction against a bench run, side by side.
+
+Reads an `invoke bench` output directory (results.json: profile, workload, seed, rate, prompts), rebuilds
+the very same requests and arrivals, predicts each benched pool as a layout (the profile's pools: the
+colocated pool's instances, or the P/D pool's prefill and decode instances taking every request, as the
+bench sends them) and prints TTFT and ITL P95 per length class, predicted against measured, with the
+error, and the two pools' ranking by the plan's rule on both. The issue's bar: within 15%, same ranking.
+
+The bench run itself goes through the lab (one lab per machine, under its lock):
+
+    flock /work/lab.lock sh -c '.venv/bin/invoke lab.up && .venv/bin/invoke provision --profile lab-cross \\
+        && .venv/bin/invoke bench --profile lab-cross --duration 60 --seed 0 --out out/fidelity-cross; \\
+        .venv/bin/invoke lab.down'
+    .venv/bin/python bench/plan_fidelity.py out/fidelity-cross
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from invoke import Config, Context
+
+from pdfleet.bench.compare import BenchPlan
+from pdfleet.bench.fleet_targets import bench_model
+from pdfleet.bench.stats import Bounds
+from pdfleet.bench.workloads import WorkloadSpec
+from pdfleet.cli.options import open_deployment
+from pdfleet.cli.plan import current_of, hardware_of, targets_of
+from pdfleet.plan.decide import rank
+from pdfleet.plan.predict import Prediction, simulate
+from pdfleet.plan.space import Layout
+from pdfleet.plan.traffic import requests_of
+
+REPO = Path(__file__).resolve().parents[1]
+BAR_PCT = 15.0
+FIGURES = (("p95_ttft_ms", "TTFT P95"), ("p95_itl_ms", "ITL P95"))
+
+
+def _context() -> Context:
+    config = Config(project_location=REPO)
+    config.load_project()
+    return Context(config)
+
+
+def _layouts(current: Any) -> dict[str, Layout]:
+    """The benched pools as layouts: colocated alone; P/D taking every request."""
+    out = {}
+    if current.pools.get("colocated"):
+        out["colocated"] = Layout(colocated=current.pools["colocated"])
+    if current.pools.get("prefill") and current.pools.get("decode"):
+        out["disagg"] = Layout(None, current.pools["prefill"], current.pools["decode"])
+    return out
+
+
+def _measured(layout: Layout, pool: dict[str, Any]) -> Prediction:
+    """A bench pool's figures in the planner's shape, to rank them by the same rule."""
+    return Prediction(layout, pool, pool["pdfleet"]["classes"], pool["pdfleet"]["per_gpu"], {}, {})
+
+
+def _err(pred: float, meas: float) -> float:
+    return 100 * (pred - meas) / meas if meas and math.isfinite(meas) and math.isfinite(pred) else math.nan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bench_out", help="an invoke bench output directory (its results.json)")
+    args = ap.parse_args()
+    doc = json.loads((Path(args.bench_out) / "results.json").read_text(encoding="utf-8"))
+    deployment = open_deployment(_context(), doc["profile"], None)
+    spec = bench_model(deployment.profile, None)
+    slo = spec.slo
+    any_pool = next(iter(doc["pools"].values()))
+    bench = BenchPlan(
+        WorkloadSpec(**doc["workload"]),
+        seed=doc["seed"],
+        rate=float(any_pool["request_rate"]),
+        num_prompts=int(any_pool["num_prompts"]),
+        burstiness=float(any_pool["burstiness"]),
+    )
+    requests = requests_of(bench)
+    hw = hardware_of(deployment, None)
+    long_tokens = deployment.profile.for_model(spec).gateway.long_prompt_tokens
+    layouts = _layouts(current_of(deployment, None))
+    bounds = Bounds(**doc["slo_bounds_ms"])
+    print(f"{doc['profile']}: {len(requests)} requests of {doc['workload']['name']}, seed {doc['seed']}")
+    print(f"{'pool':10} {'class':6} {'figure':9} {'predicted':>10} {'measured':>10} {'error':>8}")
+    worst = 0.0
+    predicted: list[Prediction] = []
+    measured: list[Prediction] = []
+    for pool, layout in layouts.items():
+        if pool not in doc["pools"] or "error" in doc["pools"][pool]:
+            continue
+        pred = simulate(layout, requests, hw, bounds, long_tokens)
+        meas = doc["pools"][pool]
+        predicted.append(pred)
+        measured.append(_measured(layout, meas))
+        for cls in ("short", "long"):
+            for key, name in FIGURES:
+                p = float(pred.classes[cls][key])
+                m = float(meas["pdfleet"]["classes"].get(cls, {}).get(key, math.nan))
+                e = _err(p, m)
+                worst = max(worst, abs(e)) if math.isfinite(e) else math.inf
+                print(f"{pool:10} {cls:6} {name:9} {p:10.1f} {m:10.1f} {e:+7.1f}%")
+    targets = targets_of(slo)
+    pred_order = [r.prediction.layout.kind for r in rank(predicted, targets)]
+    meas_order = [r.prediction.layout.kind for r in rank(measured, targets)]
+    print(f"ranking predicted: {pred_order}; measured: {meas_order}")
+    same = pred_order[:2] == meas_order[:2]
+    verdict = "within" if worst <= BAR_PCT else "NOT within"
+    print(f"worst error {worst:.1f}% ({verdict} {BAR_PCT:g}%); top two {'agree' if same else 'DISAGREE'}")
+
+
+if __name__ == "__main__":
+    main()
