@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pdfleet.lab.mirrors import refresh_host_wheel
 from pdfleet.lab.state import LabState
 from pdfleet.model.inventory import load_inventory
 from pdfleet.model.profile_loader import load_profile
+from pdfleet.model.vllm_release_data import RELEASES
 from tests.lab.helpers import REPO_ROOT, LabHandle
 
 INVOKE = [sys.executable, "-m", "invoke"]
@@ -231,9 +233,11 @@ def test_a_host_powered_off_mid_fleet_fails_alone_then_rejoins(converged: LabHan
 def test_a_profile_pinned_to_0_11_provisions_and_serves_p_d(lab: LabHandle, tmp_path: Path) -> None:
     """lab-same-host pins vLLM 0.11.0 (the default pin is 0.33.0, lab-cross above): its units render the
     simulator as 0.11, converge in two runs, and a prefill → decode request over the side channel works
-    the way 0.11 pairs them (one X-Request-Id on both legs, no remote_request_id, no vllm:nixl_*). The
-    session runs it first in this file, on the lab-same-host fleet Molecule's `test --all` leaves (its
-    first run then changes nothing; alone, it converges whatever the lab runs)."""
+    the way 0.11 pairs them (one X-Request-Id on both legs, no remote_request_id, no vllm:nixl_*). Then
+    the same fleet pinned to 0.11.2 provisions with 0.11.2's own rules, not its minor's (issue 25 item 1:
+    chunked prefill off and cpu KV buffers, which 0.11.0 refuses, and NIXL's metrics). The session runs it
+    first in this file, on the lab-same-host fleet Molecule's `test --all` leaves (its first run then
+    changes nothing; alone, it converges whatever the lab runs)."""
     inventory = REPO_ROOT / "inventory" / "lab-same-host.yml"
     _provision("lab-same-host", inventory, tmp_path / "first.json")
     second = _provision("lab-same-host", inventory, tmp_path / "second.json")
@@ -269,3 +273,53 @@ def test_a_profile_pinned_to_0_11_provisions_and_serves_p_d(lab: LabHandle, tmp_
     assert rc == 0 and any(
         line.startswith("vllm:kv_cache_usage_perc{") and line.endswith(" 0.0") for line in out.splitlines()
     )
+    _provisions_a_0_11_2_pin(lab, inventory, tmp_path, ask, follow)
+
+
+def _provisions_a_0_11_2_pin(
+    lab: LabHandle, inventory: Path, tmp_path: Path, ask: dict[str, object], follow: dict[str, object]
+) -> None:
+    """lab-same-host pinned to 0.11.2 with what 0.11.2 honours and 0.11.0 refuses (the decode pool's
+    chunked prefill off, cpu KV buffers): one provision takes it, the units run the simulator as 0.11.2
+    with those flags, and the decode instance exports the six vllm:nixl_* families 0.11.2 registers,
+    counting the one transfer."""
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO_ROOT / "profiles", profiles)
+    pinned = profiles / "lab-same-host-0112.yml"
+    pinned.write_text(
+        "extends: lab-same-host\n"
+        'vllm: {version: "0.11.2"}\n'
+        "kv_transfer: {buffer_device: cpu}\n"
+        "pools: {decode: {enable_chunked_prefill: false, max_num_batched_tokens: 32768}}\n"
+    )
+    _provision(str(pinned), inventory, tmp_path / "0112.json")
+    p1 = next(h for h in lab.hosts if h.name == "lab-p1")
+    prof = load_profile(str(pinned), profiles)
+    by_pool = {i.pool: i for i in build_topology(prof, load_inventory(inventory)).on_host("lab-p1")}
+    prefill, decode = by_pool["prefill"], by_pool["decode"]
+    rc, out, err = lab.ssh(p1, f"systemctl cat {decode.unit}")
+    assert rc == 0 and "--sim-vllm-version 0.11.2" in out and "--no-enable-chunked-prefill" in out, err
+    assert '"kv_buffer_device":"cpu"' in out, out
+    curl = "curl -fsS -H 'Content-Type: application/json' -H 'X-Request-Id: lab-0112' --data-binary @-"
+    p_url, d_url = (f"http://{i.address}:{i.port}" for i in (prefill, decode))
+    rc, out, err = lab.ssh(p1, f"echo '{json.dumps(ask)}' | {curl} {p_url}/v1/completions")
+    assert rc == 0, err
+    params = json.loads(out)["kv_transfer_params"]
+    assert "remote_request_id" not in params  # 0.11.2 pairs by X-Request-Id, as 0.11.0
+    rc, out, err = lab.ssh(
+        p1, f"echo '{json.dumps({**follow, 'kv_transfer_params': params})}' | {curl} {d_url}/v1/completions"
+    )
+    assert rc == 0 and json.loads(out)["usage"]["completion_tokens"] == 3, err
+    rc, out, _ = lab.ssh(p1, f"curl -fsS {d_url}/metrics")
+    assert rc == 0
+    families = {  # a counter's TYPE line names it with its _total
+        line.split()[2].removesuffix("_total")
+        for line in out.splitlines()
+        if line.startswith("# TYPE vllm:nixl_")
+    }
+    assert families == {n for n in RELEASES["0.11.2"].metric_names() if n.startswith("vllm:nixl_")}, families
+    assert len(families) == 6
+    assert any(
+        line.startswith("vllm:nixl_xfer_time_seconds_count{") and line.endswith(" 1.0")
+        for line in out.splitlines()
+    ), out
