@@ -215,12 +215,16 @@ def kv_failed_figure(series: KVTransferSeries) -> str:
 
 
 def kv_figures(series: KVTransferSeries, window: str) -> tuple[Figure, ...]:
-    """The connector's failure counters as one rate (Mooncake's sender and receiver failures together)."""
+    """The connector's failure counters as one rate (Mooncake's sender and receiver failures together).
+
+    Each counter is summed on its own and the sums added: one `rate({__name__=~"a|b"})` over two counters of
+    one instance drops their names and fails (`vector cannot contain metrics with the same labelset`), and
+    vLLM registers both on every Mooncake instance. A group with only one of them keeps that one's rate."""
     if not series.failed:
         return ()
-    names = "|".join(f"{name}_total" for name in series.failed)
-    counter = f"{series.failed[0]}_total" if len(series.failed) == 1 else f'{{__name__=~"{names}"}}'
-    return (Figure(kv_failed_figure(series), _rate(counter, VLLM_BY, window), "failed KV transfers/s"),)
+    rates = [_rate(f"{name}_total", VLLM_BY, window) for name in series.failed]
+    expr = rates[0] if len(rates) == 1 else " + ".join(rates) + "".join(f" or {r}" for r in rates)
+    return (Figure(kv_failed_figure(series), expr, "failed KV transfers/s"),)
 
 
 def kv_series(profile: Profile) -> KVTransferSeries | None:

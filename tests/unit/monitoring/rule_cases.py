@@ -232,7 +232,50 @@ VLLM_CASES = [
     ),
 ]
 
-RULE_CASES: list[RuleCase] = QUANTILE_CASES + GATEWAY_CASES + VLLM_CASES
+# The KV connector's failed transfers/s: NIXL's one counter; Mooncake's sender and receiver counters added,
+# both exported (at 0 too) by every Mooncake instance, as vLLM registers them
+KV_FAILURE_CASES = [
+    RuleCase(
+        "pool_role:vllm_nixl_failed_transfers:rate",
+        "instances not summed",
+        (
+            Series(
+                'vllm:nixl_num_failed_transfers_total{instance="d1:8200", pool="disagg", role="decode"}',
+                per_s=0.1,
+            ),
+            Series(
+                'vllm:nixl_num_failed_transfers_total{instance="d2:8200", pool="disagg", role="decode"}',
+                per_s=0.2,
+            ),
+        ),
+        {'{pool="disagg", role="decode"}': 0.3},
+    ),
+    RuleCase(
+        "pool_role:vllm_mooncake_failed_transfers:rate",
+        "one rate over both counters' names (duplicate label sets: Prometheus fails), or one left out",
+        (
+            Series(
+                'vllm:mooncake_num_failed_transfers_total{instance="p1:8100", pool="disagg", role="prefill"}',
+                per_s=0.1,
+            ),
+            Series('vllm:mooncake_num_failed_recvs_total{instance="p1:8100", pool="disagg", role="prefill"}'),
+            Series(
+                'vllm:mooncake_num_failed_transfers_total{instance="d1:8200", pool="disagg", role="decode"}'
+            ),
+            Series(
+                'vllm:mooncake_num_failed_recvs_total{instance="d1:8200", pool="disagg", role="decode"}',
+                per_s=0.2,
+            ),
+            Series(
+                'vllm:mooncake_num_failed_recvs_total{instance="d2:8200", pool="disagg", role="decode"}',
+                per_s=0.05,
+            ),
+        ),
+        {'{pool="disagg", role="prefill"}': 0.1, '{pool="disagg", role="decode"}': 0.25},
+    ),
+]
+
+RULE_CASES: list[RuleCase] = QUANTILE_CASES + GATEWAY_CASES + VLLM_CASES + KV_FAILURE_CASES
 
 # ---- alerts: inputs on either side of the profile's own thresholds ---------------------------------------
 
