@@ -194,7 +194,9 @@ class KVConnector:
             "dcp_size": 1,
             "pp_size": 1,
             "remote_num_tokens": req.prompt_tokens,
-            "remote_blocks_expiry_time": self.engine.held_until(key),  # simulated seconds
+            # set only for blocks a decode pins for a turn-2 readback (pull_scheduler.request_finished):
+            # a prefill instance's hold is its lease, never announced here
+            "remote_blocks_expiry_time": None,
             "remote_registration_generation": 0,
             "transfer_mode": "pull",
         }

@@ -432,6 +432,7 @@ def test_kv_transfer_params_round_trip_without_router(pair: tuple[SimProcess, Si
             "transfer_mode",
         }
         (blocks,) = params["remote_block_ids"]  # one list per KV-cache group
+        assert params["remote_blocks_expiry_time"] is None  # 0.33 sets it on D's turn-2 blocks only
     assert params["do_remote_prefill"] is True and params["tp_size"] == 1
     assert len(blocks) == 2000 // 16
     assert scrape_metrics(producer.url)["vllm:kv_cache_usage_perc"] > 0  # held for the consumer
