@@ -1,13 +1,17 @@
 """`invoke provision --profile lab-cross-mooncake` against the lab: P/D over MooncakeConnector (vLLM
 0.33.0's, simulated): the gateway's vllm-router in mooncake mode reads the prefill's bootstrap server,
-and a streamed chat through the gateway's disaggregated pool moves its KV from prefill to decode.
+a streamed chat through the gateway's disaggregated pool moves its KV from prefill to decode, and under
+load `invoke monitor` and the rollout's KV gate read Mooncake's transfer-time histogram.
 Leaves the lab provisioned with lab-cross again (the profile the other lab tests share)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import openai
@@ -23,6 +27,7 @@ PREFILL_URL = "http://198.18.0.21:8100"
 DECODE_URL = "http://198.18.0.31:8200"
 BOOTSTRAP_URL = "http://198.18.0.21:8998"  # kv_transfer.mooncake_bootstrap_port, its default
 POOL_HEADER = "X-Pdfleet-Pool"
+CONTROLLER_CONFIG = "/etc/pdfleet/rollout/controller.json"  # pdfleet.rollout.config.DEFAULT_CONFIG
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
@@ -94,3 +99,80 @@ def test_a_streamed_chat_through_the_gateway_moves_its_kv_over_mooncake(client: 
     assert prefill[pushed] - prefill_before[pushed] == 1
     assert prefill["vllm:kv_cache_usage_perc"] == 0.0  # the held blocks were read and freed
     assert not any(name.startswith("vllm:nixl_") for name in decode)  # MooncakeConnector, not NIXL
+
+
+def _stream(client: openai.OpenAI, words: int) -> None:
+    """One streamed chat to the disaggregated pool, read to its end."""
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me about KV caches. " * words}],
+        max_tokens=16,
+        stream=True,
+        extra_headers={POOL_HEADER: "disagg"},
+    )
+    for _ in stream:
+        pass
+
+
+def _cells(line: str) -> list[str]:
+    """The quantile cells of one `invoke monitor` chain row (a figure, `<300 ms`, or `no data`)."""
+    return re.findall(r"<?\d+(?:\.\d+)? (?:ms|s)|no data", line)
+
+
+def test_under_load_monitor_and_the_rollout_kv_gate_read_mooncake_s_histogram(
+    lab: LabHandle, client: openai.OpenAI
+) -> None:
+    """Issue 25 item 4 in the lab: with chats streaming through the disaggregated pool, `invoke monitor`
+    prints the KV-transfer step from vllm:mooncake_xfer_time_seconds on the prefill instance (Mooncake
+    pushes from P) with a figure in each of its six columns (the decode's row, if shown, has none) and
+    Mooncake's failed transfers/s; the rollout controller on lab-gw is configured with that histogram
+    and role, its dry run showing the KV gate's value (`-` when the series it reads is absent, as NIXL's
+    is on a Mooncake fleet)."""
+    gw = next(h for h in lab.hosts if h.name == "lab-gw")
+    rc, out, err = lab.ssh(gw, f"sudo cat {CONTROLLER_CONFIG}")
+    assert rc == 0, err
+    (model,) = json.loads(out)["models"]  # the profile's one model
+    assert (model["kv_transfer_histogram"], model["kv_transfer_role"]) == (
+        "vllm:mooncake_xfer_time_seconds",
+        "prefill",
+    ), model
+    stop, errors = threading.Event(), []
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                _stream(client, 200)
+                _stream(client, 1200)  # ~7K tokens: a transfer of some size
+            except Exception as exc:  # noqa: BLE001 - reported by the test, not lost in the thread
+                errors.append(exc)
+                return
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    try:
+        time.sleep(25)  # lab-cross's 15 s rule window and 20 s rollout window hold transfers
+        monitor = _invoke("monitor", "--profile", PROFILE, "--minutes", "5")
+        dry_run = _invoke("rollout", "--profile", PROFILE, "--stage", "long-prompts", "--dry-run")
+    finally:
+        stop.set()
+        worker.join(180)
+    assert not errors, errors
+    assert monitor.returncode == 0, monitor.stdout[-3000:] + monitor.stderr[-3000:]
+    rows = {}  # role: the row's six cells
+    for line in monitor.stdout.splitlines():
+        if line.startswith("KV transfer"):
+            _, _, connector, pool, role, *_ = line.split()
+            assert (connector, pool) == ("(Mooncake)", "disagg"), line
+            rows[role] = _cells(line)
+    assert len(rows["prefill"]) == 6 and "no data" not in rows["prefill"], monitor.stdout
+    # the decode registers the histogram too but never observes it (stats.py: populated on P only)
+    assert set(rows) <= {"prefill", "decode"} and rows.get("decode", ["no data"]) == ["no data"] * len(
+        rows.get("decode", ["no data"])
+    ), monitor.stdout
+    # Mooncake's sender and receiver failure counters as one rate, per role: a figure (0 here), not the
+    # "no data" of a rule Prometheus fails to evaluate
+    failed = [line for line in monitor.stdout.splitlines() if line.startswith("failed KV transfers/s")]
+    assert failed and not any(line.endswith("no data") for line in failed), monitor.stdout
+    assert dry_run.returncode == 0, dry_run.stdout[-3000:] + dry_run.stderr[-3000:]
+    (gate,) = [line.split() for line in dry_run.stdout.splitlines() if line.startswith("kv-transfer-p99-slo")]
+    assert gate[2] != "-" and float(gate[2]) > 0, dry_run.stdout
