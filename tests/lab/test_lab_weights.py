@@ -2,7 +2,8 @@
 from the lab's model mirror on every pool host, checked by SHA-256; a second provision changes nothing; a
 byte flipped on lab-d1 is found by `invoke verify` and restored by provision; an interrupted copy (half a
 shard left as its .part) continues with a range request; files swapped on lab-d1 are named by
-`invoke doctor --profile`; a decode pool pinned to another revision is refused. lab-cross is provisioned
+`invoke doctor --profile`; lab-r2 pushed from the control machine's directory replaces lab-r1 (removed
+once converged); a decode pool pinned to another revision is refused. lab-cross is provisioned
 back at the end. It checks states and files, not latencies."""
 
 from __future__ import annotations
@@ -35,13 +36,18 @@ def _provision(profile: str, report: Path, *extra: str) -> dict:
     return json.loads(report.read_text())
 
 
-def _staged(lab: LabHandle, host: str) -> dict[str, str]:
-    """path -> sha256 of the files in the staged directory on a lab host (partial downloads included)."""
+def _staged(lab: LabHandle, host: str, directory: str = DIR) -> dict[str, str] | None:
+    """path -> sha256 of the files in a staged directory on a lab host (partial downloads included); None
+    when the directory is absent."""
     found = next(h for h in lab.hosts if h.name == host)
     # /var/lib/pdfleet is the service user's: only root walks into it
     rc, out, err = lab.ssh(
-        found, f"sudo sh -c 'cd {DIR} && find . -type f -print0 | sort -z | xargs -0 sha256sum'"
+        found,
+        f"sudo sh -c '[ -d {directory} ] || exit 3; cd {directory} && "
+        "find . -type f -print0 | sort -z | xargs -0 sha256sum'",
     )
+    if rc == 3:
+        return None
     assert rc == 0, err
     return {line.split("  ", 1)[1].removeprefix("./"): line.split()[0] for line in out.splitlines()}
 
@@ -110,6 +116,21 @@ def test_weights_staged_verified_restored_resumed_and_named(lab: LabHandle, tmp_
     assert proc.returncode != 0
     _provision(PROFILE, tmp_path / "unswap.json", "--limit", "lab-d1", "--roles", "weights")
     assert _staged(lab, "lab-d1") == want
+
+    # lab-r2 pushed from the control machine (the lab's model directory, over each host's SSH connection
+    # through its login user's sudo); lab-r1 removed once the host converged, its size in the diff
+    r2 = WeightsManifest.model_validate_json(
+        (lab.paths.models_dir / LAB_MODEL / "lab-r2" / "manifest.json").read_text()
+    )
+    (tmp_path / "pushed.yml").write_text(
+        f"extends: {PROFILE}\nmodel: {{source: {lab.paths.models_dir}, revision: lab-r2}}\n"
+    )
+    pushed = _provision(str(tmp_path / "pushed.yml"), tmp_path / "pushed.json")
+    for host in POOL_HOSTS:
+        assert _staged(lab, host, DIR.replace("lab-r1", "lab-r2")) == {f.path: f.sha256 for f in r2.files}
+        assert _staged(lab, host) is None, host
+        diffs = [c["diff"] for c in pushed["hosts"][host]["changes"] if c["op"].startswith("old revisions")]
+        assert len(diffs) == 1 and diffs[0].startswith("remove lab-r1 ("), diffs
 
     # lab-cross back for the tests after this one (its units load the model by id again)
     _provision("lab-cross", tmp_path / "back.json")
