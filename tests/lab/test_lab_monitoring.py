@@ -176,15 +176,11 @@ def test_every_target_is_up(prom: PrometheusClient) -> None:
             assert labels["pool"] in ("colocated", "disagg") and labels["role"]
 
 
-def test_each_recording_rule_has_a_value_per_pool_after_streamed_traffic(
-    prom: PrometheusClient, traffic: Traffic
-) -> None:
-    deployment = _deployment()
-    steps = chain_steps(deployment.profile, True)
-    figures = chain_figures(deployment.profile, True)
-    time.sleep(3 * deployment.profile.monitoring.evaluation_interval_s + 20)  # traffic in the window
+def _rules_missing_a_pool(prom: PrometheusClient, names: list[str]) -> dict[str, object]:
+    """Each recording rule without a value for every pool it should have one for (event rules: only
+    that their pools are known), with the pools it has."""
     missing: dict[str, object] = {}
-    for name in [s.recorded(q) for s in steps for q in (0.5, 0.95, 0.99)] + [f.name for f in figures]:
+    for name in names:
         found = prom.instant(name)
         pools = {s.labels.get("pool") for s in found if not math.isnan(s.value)}
         if name in EVENT_RULES:
@@ -198,6 +194,23 @@ def test_each_recording_rule_has_a_value_per_pool_after_streamed_traffic(
             expected = {"colocated", "disagg"}
         if not expected <= pools:
             missing[name] = sorted(str(p) for p in pools)
+    return missing
+
+
+def test_each_recording_rule_has_a_value_per_pool_after_streamed_traffic(
+    prom: PrometheusClient, traffic: Traffic
+) -> None:
+    """Polled until every rule has its pools (the traffic needs a few evaluations in the rules' window),
+    at most 3 evaluations past the window plus 40 s."""
+    deployment = _deployment()
+    steps = chain_steps(deployment.profile, True)
+    figures = chain_figures(deployment.profile, True)
+    names = [s.recorded(q) for s in steps for q in (0.5, 0.95, 0.99)] + [f.name for f in figures]
+    monitoring = deployment.profile.monitoring
+    bound = 3 * monitoring.evaluation_interval_s + monitoring.rule_window_s + 40
+    deadline = time.monotonic() + bound
+    while (missing := _rules_missing_a_pool(prom, names)) and time.monotonic() < deadline:
+        time.sleep(2)
     assert not missing, missing
 
 
@@ -248,10 +261,27 @@ def test_slow_kv_link_fires_the_kv_transfer_alert_and_restoring_resolves_it(
     _wait(lambda: not _alert_state(prom), 300, f"{ALERT} resolved after the link was restored")
 
 
-def test_invoke_monitor_shows_the_chain(prom: PrometheusClient, traffic: Traffic) -> None:
-    time.sleep(20)
+def _monitor_once() -> subprocess.CompletedProcess[str]:
+    """`invoke monitor` once, over the last 5 minutes."""
     proc = _invoke("monitor", "--profile", PROFILE, "--minutes", "5", timeout=120)
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _every_ttft_cell_filled(stdout: str) -> bool:
+    """Whether the gateway's TTFT rows hold every pool and class with six figures each."""
+    rows = _chain_rows(stdout, "TTFT at the gateway")
+    classes = {(pool, cls) for pool, cls, cells in rows if len(cells) == 6 and None not in cells}
+    return classes >= {(pool, cls) for pool in ("colocated", "disagg") for cls in ("short", "long")}
+
+
+def test_invoke_monitor_shows_the_chain(prom: PrometheusClient, traffic: Traffic) -> None:
+    """Asked again until the streamed traffic fills the chain's TTFT rows (within 60 s), then read."""
+    deadline = time.monotonic() + 60
+    proc = _monitor_once()
+    while not _every_ttft_cell_filled(proc.stdout) and time.monotonic() < deadline:
+        time.sleep(3)
+        proc = _monitor_once()
     assert f" — {PROMETHEUS_URL} — " in proc.stdout.splitlines()[0], proc.stdout  # the profile's port
     rows = _chain_rows(proc.stdout, "TTFT at the gateway")
     assert {(pool, cls) for pool, cls, _ in rows} >= {
