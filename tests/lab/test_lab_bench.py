@@ -1,20 +1,24 @@
 """`invoke bench --profile lab-cross` with the default long-prompt mix on the lab: the files it writes, two
 colocated GPUs against one prefill + one decode GPU, and the long-prompt interference on the colocated
 pool (short streams' stalls per 100 streams and ITL P99.9 higher than on P/D, with at least 10 short
-streams that overlapped a long prefill on their own instance behind them), said so in the report."""
+streams that overlapped a long prefill on their own instance behind them), said so in the report; the
+gateway's own count of those streams (issue 33's "stalls caused by long prefills" metric) agrees with
+the bench's within 20%."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pdfleet.metrics.direct import parse_exposition
 from pdfleet.model.profile_loader import load_profile
-from tests.lab.helpers import REPO_ROOT, LabHandle, prometheus_url
+from tests.lab.helpers import REPO_ROOT, LabHandle, lab_deployment, prometheus_url
 
 PROFILE = "lab-cross"
 FILES = (
@@ -50,6 +54,7 @@ def bench_out(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path_factory.mktemp("bench")
+    before = _gateway_overlaps()
     # the default long-prompt mix (the demo's settings: a quarter 16K-30K-token documents at 3 req/s),
     # 45 s a pool instead of 60 to keep the suite short
     proc = _invoke("bench", "--profile", PROFILE, "--duration", "45", "--out", str(out), timeout=1200)
@@ -57,7 +62,21 @@ def bench_out(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "verdict:" in proc.stdout and "TTFT P95" in proc.stdout
     # lab-cross's monitoring.port is not Prometheus's 9090: the server side comes from the one on that port
     assert f"server side: Prometheus at {prometheus_url(PROFILE)}\n" in proc.stderr, proc.stderr[-3000:]
+    (out / "gateway_overlaps.json").write_text(json.dumps(_gateway_overlaps() - before))
     return out
+
+
+def _gateway_overlaps() -> float:
+    """The gateway's short colocated streams that decoded beside a long prefill on their own instance."""
+    url = lab_deployment(PROFILE).topology.gateways[0].url
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        samples = parse_exposition(resp.read().decode(), {})
+    return sum(
+        v
+        for (name, labels), v in samples.items()
+        if name == "pdfleet_gateway_long_prefill_overlaps_total"
+        and dict(labels).get("length_class") == "short"
+    )
 
 
 def test_bench_writes_every_file(bench_out: Path) -> None:
@@ -120,3 +139,13 @@ def test_long_prompts_interfere_on_the_colocated_pool_and_the_report_says_so(ben
     )
     assert "LOW CONFIDENCE" not in report
     assert "## Verdict" in report and "per GPU" in report
+
+
+def test_the_gateways_long_prefill_overlaps_agree_with_the_bench(bench_out: Path) -> None:
+    """The gateway knows which instance holds which long prefill until its first byte; the bench infers
+    the instance from the send order. Their counts of short streams beside a long prefill agree within
+    20% (the gateway's also counts the colocated pool's warm-up requests)."""
+    doc = json.loads((bench_out / "results.json").read_text())
+    bench = doc["pools"]["colocated"]["pdfleet"]["short_streams"]["overlapped_same_instance"]
+    gateway = json.loads((bench_out / "gateway_overlaps.json").read_text())
+    assert bench >= 10 and abs(gateway - bench) <= 0.2 * bench, (gateway, bench)
