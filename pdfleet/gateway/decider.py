@@ -115,8 +115,9 @@ def choose_instance(spec: DeciderSpec, facts: Facts) -> int:
     return best
 
 
-def _busy(loads: Sequence[Load], bound: int | None, stale_s: float) -> bool:
-    """Past the bound: any instance's queue over it, or any figure unknown (a stopped instance)."""
+def queue_past(loads: Sequence[Load], bound: int | None, stale_s: float) -> bool:
+    """Past the bound: any instance's queue over it, or any figure unknown (a stopped instance); the
+    decider's busy bypass and the shadow's P/D queue bound."""
     if bound is None:
         return False
     for load in loads:
@@ -147,8 +148,8 @@ def decide(spec: DeciderSpec, stage: StageSpec, threshold: int, facts: Facts) ->
         return colocated("no_pd_pool")
     if not facts.endpoint_carried:
         return colocated("endpoint_not_carried")
-    if _busy(facts.prefill, spec.prefill_busy_waiting, spec.stale_s):
+    if queue_past(facts.prefill, spec.prefill_busy_waiting, spec.stale_s):
         return colocated("prefill_busy")
-    if _busy(facts.decode, spec.decode_busy_waiting, spec.stale_s):
+    if queue_past(facts.decode, spec.decode_busy_waiting, spec.stale_s):
         return colocated("decode_busy")
     return Verdict("disagg", instance, cls, effective, "stage_weight")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from pdfleet.gateway.connection import UpstreamError, UpstreamResponse
-from pdfleet.gateway.decider import Load
+from pdfleet.gateway.decider import Load, queue_past
 from pdfleet.gateway.load import QueueWatch
 from pdfleet.gateway.metrics import GatewayMetrics, length_bin
 from pdfleet.gateway.policy_spec import ShadowSpec
@@ -78,17 +78,6 @@ class ShadowRun:
         }
 
 
-def _queue_busy(loads: Sequence[Load], bound: int | None, stale_s: float) -> bool:
-    """Any listed P/D instance queueing more than the bound, or with an unknown figure."""
-    if bound is None:
-        return False
-    for load in loads:
-        waiting = load.known(stale_s)
-        if waiting is None or waiting > bound:
-            return True
-    return False
-
-
 def choose(
     spec: ShadowSpec,
     in_flight: int,
@@ -102,7 +91,7 @@ def choose(
         return "concurrency"
     if unhealthy:
         return "shadow_unhealthy"
-    if _queue_busy(loads, spec.pd_waiting_max, stale_s):
+    if queue_past(loads, spec.pd_waiting_max, stale_s):
         return "shadow_queue"
     if spec.primary_in_flight_max is not None and primary_in_flight > spec.primary_in_flight_max:
         return "primary_pressure"
