@@ -1,0 +1,93 @@
+"""The pure mover: a move's steps in order (drain before anything, admit last) and the layout after it,
+and one test per refusal (unknown pool, unknown host, a same-host P/D host, no-op, a pool the profile does
+not set, a host whose GPUs do not fit the role, the last host of a pool, a pool's minimum)."""
+
+from __future__ import annotations
+
+from pdfleet.fleet.mover import Layout, MovePlan, Refusal, layout_of, plan_move
+from tests.unit.roles.helpers import deployment
+
+
+def _lab_cross() -> Layout:
+    fleet = deployment("lab-cross")
+    return layout_of(fleet.profile.served[0], fleet.inventory)
+
+
+def _refused(layout: Layout, host: str, to: str) -> str:
+    out = plan_move(layout, host, to)
+    assert isinstance(out, Refusal), out
+    return out.reason
+
+
+def test_the_layout_is_the_profile_and_the_inventory() -> None:
+    layout = _lab_cross()
+    assert dict(layout.hosts) == {
+        "lab-colo1": ("colocated",),
+        "lab-colo2": ("colocated",),
+        "lab-p1": ("prefill",),
+        "lab-d1": ("decode",),
+    }
+    assert layout.pool_gpus == {"prefill": (0,), "decode": (0,), "colocated": (0,)}
+
+
+def test_a_move_drains_waits_renders_checks_health_and_admits_in_that_order() -> None:
+    out = plan_move(_lab_cross(), "lab-colo2", "decode", wait_s=30)
+    assert isinstance(out, MovePlan)
+    assert [s.kind for s in out.steps] == ["drain", "wait", "render", "health", "admit"]
+    assert [s.pool for s in out.steps] == ["colocated", "colocated", "decode", "decode", "decode"]
+    assert out.steps[1].bound_s == 30
+    assert (out.source, out.target) == ("colocated", "decode")
+    assert out.after.members("decode") == ["lab-colo2", "lab-d1"]
+    assert out.after.members("colocated") == ["lab-colo1"]
+    # and back: the move is its own inverse
+    back = plan_move(out.after, "lab-colo2", "colocated")
+    assert isinstance(back, MovePlan) and back.after == _lab_cross()
+
+
+def test_an_unknown_pool_is_refused() -> None:
+    assert "unknown pool 'gpu'" in _refused(_lab_cross(), "lab-colo2", "gpu")
+
+
+def test_an_unknown_host_is_refused_naming_the_hosts_that_serve() -> None:
+    why = _refused(_lab_cross(), "lab-gw", "decode")
+    assert "'lab-gw' serves no pool" in why and "lab-colo1, lab-colo2, lab-p1, lab-d1" in why
+
+
+def test_a_same_host_pd_host_is_refused() -> None:
+    fleet = deployment("lab-same-host", "inventory/lab-same-host.yml")
+    layout = layout_of(fleet.profile.served[0], fleet.inventory)
+    (host,) = layout.members("prefill")
+    assert "serves prefill and decode at once" in _refused(layout, host, "decode")
+
+
+def test_a_move_to_the_hosts_own_pool_is_refused() -> None:
+    assert "already serves the colocated pool" in _refused(_lab_cross(), "lab-colo1", "colocated")
+
+
+def test_a_pool_the_profile_does_not_set_is_refused() -> None:
+    fleet = deployment("lab-colocated")
+    layout = layout_of(fleet.profile.served[0], fleet.inventory)
+    assert "sets no decode pool" in _refused(layout, "lab-colo2", "decode")
+
+
+def test_a_host_without_the_roles_gpus_is_refused() -> None:
+    layout = Layout(
+        {"a": ("colocated",), "b": ("colocated",), "d": ("decode",)},
+        {"a": (0,), "b": (0,), "d": (0, 1)},
+        {"colocated": (0,), "decode": (0, 1)},
+    )
+    why = _refused(layout, "b", "decode")
+    assert "host b has no GPU 1 that pools.decode.gpus [0, 1] needs (it declares gpus [0])" in why
+
+
+def test_the_last_host_of_a_pool_is_refused() -> None:
+    why = _refused(_lab_cross(), "lab-d1", "prefill")
+    assert "lab-d1 is the last host of the decode pool" in why
+
+
+def test_a_pool_is_not_left_below_its_minimum() -> None:
+    layout = _lab_cross()
+    layout = Layout(layout.hosts, layout.host_gpus, layout.pool_gpus, {"colocated": 2})
+    assert "colocated pool would keep 1 host(s), below its minimum of 2" in _refused(
+        layout, "lab-colo2", "decode"
+    )
