@@ -143,3 +143,18 @@ def test_a_watched_download_reports_its_growing_file(tmp_path: Path, monkeypatch
     execute(LocalTransport(), Run(grow, sudo=False, watch=Watch(str(part), 10_000, "f")), 30, lines.append)
     assert lines and all(line.startswith("f: ") and " of 9.8 KiB (" in line for line in lines)
     assert part.stat().st_size == 6000
+
+
+@pytest.mark.sshd
+@pytest.mark.timeout(60)
+def test_a_watched_download_over_ssh_is_read_on_a_second_channel(
+    ssh: SshTransport, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poller asks the same connection while the command still runs on it."""
+    monkeypatch.setattr(transfer, "PROGRESS_EVERY_S", 0.2)
+    part = tmp_path / "g.part"
+    grow = f"for i in 1 2 3 4 5 6; do head -c 1000 /dev/zero >> {part}; sleep 0.2; done; echo done"
+    lines: list[str] = []
+    execute(ssh, Run(grow, watch=Watch(str(part), 10_000, "g", start=0)), 30, lines.append)
+    assert lines and all(line.startswith("g: ") and " of 9.8 KiB (" in line for line in lines)
+    assert part.stat().st_size == 6000
