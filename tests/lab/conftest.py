@@ -57,6 +57,7 @@ BESIDE_UNITS = (
     "test_lab_mooncake.py",
     "test_lab_demo.py",
     "test_lab_two_models.py",  # provisions lab-two-models and lab-cross back: answers, stages, counters
+    "test_lab_weights.py",  # staged files, checksums, verify/doctor findings, refusals; no timing
     "test_lab_shadow.py",  # shadow runs: counts, series present, drop reasons, no client failed; no timing
     # doctor's client catalogue and a blocked side channel: findings from answers and host state
     "test_lab_doctor.py::test_healthy_client_view_has_no_error",
