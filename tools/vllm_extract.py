@@ -98,7 +98,27 @@ def kv_transfer_config(src: Sources) -> KVTransferConfigFacts:
         and isinstance(stmt.target, ast.Name)
         and "ClassVar" not in ast.unparse(stmt.annotation)
     )
-    return KVTransferConfigFacts(fields, _extra_mode(src, cls), KV_CONFIG)
+    return KVTransferConfigFacts(fields, _extra_mode(src, cls), KV_CONFIG, _missing_role(cls))
+
+
+def _missing_role(cls: ast.ClassDef) -> str | None:
+    """The literal start of the message `__post_init__` raises for a connector without a role (`if ...
+    self.kv_role is None: raise ValueError("Please specify kv_role when ..." f"... {get_args(KVRole)}")`)."""
+    for node in ast.walk(cls):
+        if not (isinstance(node, ast.If) and "self.kv_role is None" in ast.unparse(node.test)):
+            continue
+        for raised in ast.walk(node):
+            if not (isinstance(raised, ast.Raise) and isinstance(raised.exc, ast.Call) and raised.exc.args):
+                continue
+            message = raised.exc.args[0]
+            parts = message.values if isinstance(message, ast.JoinedStr) else [message]
+            words = ""
+            for part in parts:
+                if not (isinstance(part, ast.Constant) and isinstance(part.value, str)):
+                    break
+                words += part.value
+            return words.strip() or None
+    return None
 
 
 def _extra_mode(src: Sources, cls: ast.ClassDef) -> str:

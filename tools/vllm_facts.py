@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from pdfleet.model.vllm_releases import Release, version_key
-from tools.vllm_ast import Sources
+from tools.vllm_ast import NotConstant, Sources
 from tools.vllm_extract import extract
 
 REPO = Path(__file__).resolve().parents[1]
@@ -264,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
             if not all(part.isdigit() for part in version.split(".")) or version.count(".") != 2:
                 raise FactsError(f"{version!r}: give an exact release like 0.33.0")
             wheel = wheel_for(version, args.cache.expanduser())
-            derived[version] = extract(Sources.from_wheel(wheel, version))
+            try:
+                derived[version] = extract(Sources.from_wheel(wheel, version))
+            except NotConstant as exc:  # a fact the table's types cannot hold: to review, not to guess
+                raise FactsError(f"vLLM {version}: unreadable fact {exc}") from exc
     except (FactsError, KeyError, OSError) as exc:
         print(f"vllm_facts: {exc}", file=sys.stderr)
         return 2

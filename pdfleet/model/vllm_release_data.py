@@ -83,6 +83,7 @@ V0_11_0 = Release(
         ),
         unknown_keys="ignore",
         source="vllm/config/kv_transfer.py",
+        missing_role="Please specify kv_disagg_role when kv_connector is set, supported roles are",
     ),
     envs=Envs(
         vars=(
@@ -1925,6 +1926,7 @@ V0_11_1 = Release(
         ),
         unknown_keys="ignore",
         source="vllm/config/kv_transfer.py",
+        missing_role="Please specify kv_role when kv_connector is set, supported roles are",
     ),
     envs=Envs(
         vars=(
@@ -4033,6 +4035,7 @@ V0_11_2 = Release(
         ),
         unknown_keys="ignore",
         source="vllm/config/kv_transfer.py",
+        missing_role="Please specify kv_role when kv_connector is set, supported roles are",
     ),
     envs=Envs(
         vars=(
@@ -6169,6 +6172,7 @@ V0_33_0 = Release(
         ),
         unknown_keys="forbid",
         source="vllm/config/kv_transfer.py",
+        missing_role="Please specify kv_role when kv_connector is set, supported roles are",
     ),
     envs=Envs(
         vars=(

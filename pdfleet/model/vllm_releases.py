@@ -67,6 +67,9 @@ class KVTransferConfigFacts:
     fields: tuple[ConfigField, ...]
     unknown_keys: str  # "ignore" (pydantic's default) or "forbid" (the @config decorator's ConfigDict)
     source: str
+    # the words of the ValueError a kv_connector without kv_role raises, before the supported roles
+    # (0.11.0 names the option kv_disagg_role, later releases kv_role); None: not read
+    missing_role: str | None = None
 
 
 @dataclass(frozen=True)

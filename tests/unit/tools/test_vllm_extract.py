@@ -80,6 +80,12 @@ def test_kv_transfer_config_fields_and_unknown_keys(old: Sources, new: Sources) 
     assert "kv_buffer_size" not in by_name and "kv_ip" not in by_name
     assert by_name["kv_load_failure_policy"].default == "'fail'"
     assert by_name["kv_load_failure_policy"].type == "Literal['recompute', 'fail']"
+    # a connector without a role: 0.11.0 asks for kv_disagg_role, an option name it does not have
+    tail = "when kv_connector is set, supported roles are"
+    assert (before.missing_role, after.missing_role) == (
+        f"Please specify kv_disagg_role {tail}",
+        f"Please specify kv_role {tail}",
+    )
 
 
 def test_env_defaults_are_typed_like_vllm_reads_them(old: Sources, new: Sources) -> None:

@@ -77,3 +77,23 @@ def test_a_release_pip_cannot_fetch_is_named(
     assert vllm_facts.main(["0.0.1", "--cache", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vllm_facts: vllm==0.0.1: pip download failed: ")
+
+
+def test_a_fact_the_table_cannot_hold_is_named_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0.34.0's NixlConnector reads `get_from_extra_config('ucx_backend_params', {})`: a default the table's
+    types cannot hold stops the script with the release and the expression (exit 2), not a traceback."""
+    wheel = fixture_wheel(tmp_path, "0.33.0")
+    name = "vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py"
+    with zipfile.ZipFile(wheel) as archive:
+        files = {n: archive.read(n) for n in archive.namelist()}
+    files[name] += (
+        b"\ndef _more(self):\n    self.kv_transfer_config.get_from_extra_config('ucx_backend_params', {})\n"
+    )
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for n, data in files.items():
+            archive.writestr(n, data)
+    assert vllm_facts.main(["0.33.0", "--cache", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vllm_facts: vLLM 0.33.0: unreadable fact ") and "'ucx_backend_params', {}" in err
