@@ -318,10 +318,9 @@ def _kv_transfer(raw: str | None, rel: Release) -> KVTransfer | None:
     if connector is None:
         return None
     if role is None:
-        raise ValidationError(
-            "--kv-transfer-config: Please specify kv_role when kv_connector is set, supported roles are "
-            f"{list(KV_ROLES)}"
-        )
+        # the release's own words (0.11.0 asks for "kv_disagg_role")
+        words = rel.kv_transfer_config.missing_role or "Please specify kv_role when kv_connector is set"
+        raise ValidationError(f"--kv-transfer-config: {words} {list(KV_ROLES)}")
     if role not in KV_ROLES:
         raise ValidationError(f"--kv-transfer-config: kv_role {role!r}: supported roles are {list(KV_ROLES)}")
     if not rel.has_connector(connector) and not data.get("kv_connector_module_path"):

@@ -128,6 +128,17 @@ def test_defaults_follow_vllm_batch_defaults() -> None:
     ("argv", "env", "message"),
     [
         ([MODEL, "--kv-transfer-config", '{"kv_connector":"NixlConnector"}'], {}, "Please specify kv_role"),
+        (  # 0.11.0's wording names an option that does not exist
+            [
+                MODEL,
+                "--sim-vllm-version",
+                "0.11.0",
+                "--kv-transfer-config",
+                '{"kv_connector":"NixlConnector"}',
+            ],
+            {},
+            "Please specify kv_disagg_role when kv_connector is set, supported roles are",
+        ),
         (
             [
                 MODEL,
