@@ -67,6 +67,7 @@ class Record:
     error: str = ""
     # stopped by the operator (Ctrl-C) or abandoned after the drain: not the server's fault
     cancelled: bool = False
+    instance: int | None = None  # the colocated instance that served it (the gateway's X-Pdfleet-Instance)
 
     @property
     def success(self) -> bool:
@@ -210,6 +211,8 @@ class _Conn(asyncio.Protocol):
                 self.length = self.left = int(value)
             elif name == b"connection" and value == b"close":
                 self.close_after = True
+            elif name == b"x-pdfleet-instance" and value.isdigit():
+                self.rec.instance = int(value)
         self.head_done = True
         if self.length == 0:
             self._end()

@@ -7,13 +7,15 @@ that decodes them**, their stalls (gaps over `slo.stall_ms`) and their worst gap
 starts during a long prefill waits for it (its TTFT grows) but then decodes undisturbed: it does not
 overlap.
 
-Which instance served a request: the gateway's colocated choice is a round robin over the pool's
-instances, and the bench sends one pool's requests alone, so the k-th request it routed went to
-instance k mod n; the gateway routes in the order requests arrive, the client's send order, so the
-instance is inferred from it (`round_robin`). On the P/D pool every prefill runs on the prefill
-instance and every stream decodes on the decode instance: no short stream shares an instance with a long
-prefill, by construction; the time overlap with a long prefill anywhere in the pool is counted too
-(`in_pool`), to show that those streams went on through the same prefills.
+Which instance served a request: the gateway names it in each colocated response's X-Pdfleet-Instance
+header (its position in the policy's list, also on a fallback), and the client records it; that is what
+counts (`instance from the gateway's header`), whatever the gateway's colocated choice. A gateway that
+sends no such header (one older than it) is taken to round-robin: the bench sends one pool's requests
+alone, so the k-th request it routed went to instance k mod n, in the client's send order
+(`round_robin`, `inferred from the send order`; wrong under `prefix_load`). On the P/D pool every
+prefill runs on the prefill instance and every stream decodes on the decode instance: no short stream
+shares an instance with a long prefill, by construction; the time overlap with a long prefill anywhere
+in the pool is counted too (`in_pool`), to show that those streams went on through the same prefills.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ def round_robin(records: Sequence[Record], instances: int) -> dict[int, int]:
     """Request index -> instance (0..n-1, relative to the run's first request) in send order."""
     order = sorted((r for r in records if math.isfinite(r.start)), key=lambda r: r.start)
     return {r.index: k % max(1, instances) for k, r in enumerate(order)}
+
+
+def instances_of(records: Sequence[Record], instances: int) -> tuple[dict[int, int], bool]:
+    """Request index -> colocated instance, and whether the gateway named them: the header's instance
+    where any record has one (a request without one, e.g. failed before an answer, has none), else the
+    round robin inferred from the send order."""
+    named = {r.index: r.instance for r in records if r.instance is not None}
+    if named:
+        return named, True
+    return round_robin(records, instances), False
 
 
 def _prefill(rec: Record) -> tuple[float, float] | None:
@@ -60,7 +72,7 @@ def short_streams(
     ]  # per 100 streams counts failed ones, as stats does
     short = [r for r in asked if r.success]
     longs = [r for r in recs if r.length_class == "long"]
-    where = round_robin(recs, instances) if colocated else {}
+    where, named = instances_of(recs, instances) if colocated else ({}, False)
     stall_s = stall_ms / 1000
 
     def spans(instance: int | None) -> list[tuple[float, float]]:
@@ -69,7 +81,7 @@ def short_streams(
         ]
 
     every = spans(None)
-    by_instance = {i: spans(i) for i in range(instances)} if colocated else {}
+    by_instance = {i: spans(i) for i in {*range(instances), *where.values()}} if colocated else {}
     same = [r for r in short if colocated and _overlaps(r, by_instance.get(where.get(r.index, -1), []))]
     in_pool = [r for r in short if _overlaps(r, every)]
 
@@ -92,7 +104,11 @@ def short_streams(
         "long_prefills": len(every),
         "instances": instances,
         "attribution": (
-            f"round robin over {instances} instances, inferred from the send order"
+            (
+                f"instance from the gateway's header ({instances} instances)"
+                if named
+                else f"round robin over {instances} instances, inferred from the send order"
+            )
             if colocated
             else "prefill and decode on separate instances: no short stream shares one with a prefill"
         ),

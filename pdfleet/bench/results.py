@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pdfleet.bench.compare import BenchResult, PoolResult, best_rate
-from pdfleet.bench.overlap import round_robin, short_streams
+from pdfleet.bench.overlap import instances_of, short_streams
 from pdfleet.bench.server_side import value_of
 from pdfleet.bench.stats import PERCENTILES, gaps, output_len, per_gpu, quantile, summarize, tpot
 from pdfleet.bench.verdict import PoolFigures, Thresholds, Verdict, decide
@@ -146,13 +146,13 @@ def request_lines(result: BenchResult) -> list[dict[str, Any]]:
     for name, res in result.pools.items():
         if res.run is None:
             continue
-        where = round_robin(res.run.records, res.target.instance_count) if name == "colocated" else {}
+        where = instances_of(res.run.records, res.target.instance_count)[0] if name == "colocated" else {}
         for r in res.run.records:
             out.append(
                 {
                     "pool": name,
                     "index": r.index,
-                    "instance": where.get(r.index),  # colocated: round robin, inferred from the send order
+                    "instance": where.get(r.index),  # colocated: the gateway's header, else inferred
                     "length_class": r.length_class,
                     "input_len": r.prompt_tokens,
                     "max_tokens": r.max_tokens,

@@ -35,6 +35,7 @@ log = logging.getLogger("pdfleet.gateway")
 _NO_QUEUES = QueueWatch()  # a Proxy built without the gateway's shadowing (tests) watches no queue
 _ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "messages": "/v1/messages"}
 _SSE_TYPE = "text/event-stream"
+INSTANCE_HEADER = "X-Pdfleet-Instance"
 
 
 class _PassThrough(web.StreamResponse):
@@ -311,6 +312,10 @@ class Proxy:
         )
         if fell_back:
             out.headers["X-Pdfleet-Fallback"] = "1"
+        if up.pool == "colocated" and up.base in ctx.route.colocated:
+            # which colocated instance served it (its position in the policy's list, never its address):
+            # the bench attributes a stream's stalls to the long prefills on its own instance by it
+            out.headers[INSTANCE_HEADER] = str(ctx.route.colocated.index(up.base))
         if sse:
             out.headers["Cache-Control"] = "no-cache"
             out.headers["X-Accel-Buffering"] = "no"

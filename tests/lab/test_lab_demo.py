@@ -32,7 +32,7 @@ def test_demo_ends_with_every_unit_active_and_healthy(lab: LabHandle) -> None:
     assert "TTFT P95 ms" in proc.stdout and "stalls/100 streams" in proc.stdout and "verdict: " in proc.stdout
     # the closing bench leads with the short streams beside long prefills, with the overlap count
     assert "overlapped a long prefill on their instance" in proc.stdout
-    assert "colocated: round robin over 2 instances" in proc.stdout
+    assert "colocated: instance from the gateway's header (2 instances)" in proc.stdout
     assert "invoke lab.env" in proc.stderr and "invoke lab.down" in proc.stderr
     rows = [line.split("│") for line in proc.stdout.splitlines() if line.startswith("│")]
     seen = {(cells[1].strip(), cells[2].strip()): (cells[3].strip(), cells[5].strip()) for cells in rows}

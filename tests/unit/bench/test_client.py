@@ -379,3 +379,24 @@ def test_parse_reads_content_and_usage_and_counting_takes_every_data_event(
     stats, rec = asyncio.run(main())
     assert (len(rec.chunks), rec.output_tokens, rec.error) == (chunks, usage, "")
     assert (stats.done, stats.events) == (1, 4)
+
+
+def test_the_gateways_instance_header_is_recorded_and_its_absence_or_garbage_leaves_none() -> None:
+    def head(extra: bytes) -> bytes:
+        return SSE_HEAD.replace(b"\r\n\r\n", b"\r\n" + extra + b"\r\n\r\n") if extra else SSE_HEAD
+
+    for extra, want in ((b"X-Pdfleet-Instance: 3", 3), (b"x-pdfleet-instance:  0 ", 0), (b"", None)):
+
+        async def respond(reply: Reply, h: bytes = head(extra)) -> bool:
+            await reply.write(h + text_event("a") + USAGE + DONE)
+            return True
+
+        [r], _, _ = run(respond)
+        assert r.success and r.instance == want
+
+    async def garbage(reply: Reply) -> bool:
+        await reply.write(head(b"X-Pdfleet-Instance: ten") + text_event("a") + DONE)
+        return True
+
+    [r], _, _ = run(garbage)
+    assert r.success and r.instance is None

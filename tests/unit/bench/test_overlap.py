@@ -1,10 +1,11 @@
-"""Short streams beside long prefills, per request: the instance each went to under the gateway's round
-robin, which short streams decoded through a long prefill on their own instance, their stalls."""
+"""Short streams beside long prefills, per request: the instance each went to (the gateway's header, else the
+round robin inferred from the send order), which short streams decoded through a long prefill on their own
+instance, their stalls."""
 
 from __future__ import annotations
 
 from pdfleet.bench.client import Record
-from pdfleet.bench.overlap import FEW_OVERLAPS, confidence_note, round_robin, short_streams
+from pdfleet.bench.overlap import FEW_OVERLAPS, confidence_note, instances_of, round_robin, short_streams
 
 
 def _rec(i: int, cls: str, start: float, chunks: list[float]) -> Record:
@@ -52,3 +53,17 @@ def test_few_overlaps_come_with_a_confidence_note() -> None:
     assert "only 1 short stream(s) on the colocated pool" in str(confidence_note("colocated", got))
     assert confidence_note("colocated", {**got, "overlapped_same_instance": FEW_OVERLAPS}) is None
     assert confidence_note("disagg", short_streams(_mix(), False, 1, 250)) is None
+
+
+def test_the_gateways_header_names_the_instance_whatever_the_send_order() -> None:
+    """prefix_load put s1 beside the long prompt (send order says the other instance): it counts."""
+    recs = _mix()
+    for r, where in zip(recs, (0, 0, 1, 1, 0, 1), strict=True):
+        r.instance = where
+    assert instances_of(recs, 2) == ({0: 0, 1: 0, 2: 1, 3: 1, 4: 0, 5: 1}, True)
+    got = short_streams(recs, colocated=True, instances=2, stall_ms=250)
+    assert got["overlapped_same_instance"] == 2 and got["overlapped_in_pool"] == 2
+    assert got["attribution"] == "instance from the gateway's header (2 instances)"
+    inferred = short_streams(_mix(), colocated=True, instances=2, stall_ms=250)
+    assert inferred["attribution"] == "round robin over 2 instances, inferred from the send order"
+    assert instances_of(_mix(), 2) == (round_robin(_mix(), 2), False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from pathlib import Path
 
 import aiohttp
@@ -81,6 +82,30 @@ def test_disagg_down_falls_back_and_is_counted(tmp_path: Path) -> None:
             # forcing the dead pool by header shows the failure instead of hiding it
             st, _, raw = await env.post("/v1/chat/completions", chat(), {"X-Pdfleet-Pool": "disagg"})
             assert st == 503 and "no pool can serve" in error_of(raw)["message"]
+
+    run(scenario())
+
+
+def test_the_serving_colocated_instance_is_named_by_its_position_also_on_a_fallback(tmp_path: Path) -> None:
+    # the bench attributes a stream to the long prefills on its own instance by this header
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.001) as env:
+            with socket.socket() as s:  # a port nothing listens on: connection refused
+                s.bind(("127.0.0.1", 0))
+                dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+            env.policy["models"]["llama"]["colocated"] = [dead, env.colo.url]
+            env.rewrite_policy(version=env.policy["version"] + 1)
+            async with env.session.post(env.base + "/admin/reload", headers=auth(ADMIN_KEY)) as r:
+                assert r.status == 200
+            for _ in range(2):  # round robin: instance 1 answers, instance 0 fails over to instance 1
+                st, h, raw = await env.post("/v1/chat/completions", chat(stream=True))
+                assert st == 200 and h["X-Pdfleet-Pool"] == "colocated", raw
+                assert h["X-Pdfleet-Instance"] == "1" and env.colo.url not in h["X-Pdfleet-Instance"]
+            st, h, _ = await env.post("/v1/chat/completions", chat(LONG))  # the P/D pool: no instance
+            assert st == 200 and h["X-Pdfleet-Pool"] == "disagg" and "X-Pdfleet-Instance" not in h
+            await env.dis.stop()  # the P/D pool's fallback names the colocated instance that served it
+            st, h, _ = await env.post("/v1/chat/completions", chat(LONG))
+            assert h["X-Pdfleet-Fallback"] == "1" and h["X-Pdfleet-Instance"] == "1"
 
     run(scenario())
 
