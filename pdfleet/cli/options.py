@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
 from invoke import Context
@@ -12,6 +13,7 @@ from pdfleet.cli import lab_site
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.fleet.deployment import Deployment, DeploymentRequest, Secrets, load_deployment
 from pdfleet.fleet.host_wheel import cached_host_wheel
+from pdfleet.fleet.live_layout import layout_file, read_layout
 from pdfleet.fleet.roles import select_roles
 from pdfleet.fleet.secrets import gateway_secrets, review_secrets
 from pdfleet.fleet.weights import load_manifests, load_tokens
@@ -45,17 +47,22 @@ def open_deployment(
     keys: Keys = "none",
     wheel: Callable[[str], None] | None = None,
     manifests: bool = False,
+    layout_from_inventory: bool = False,
 ) -> Deployment:
     """Every task's deployment, from its options and invoke.yaml's defaults, through the one door
     (fleet.deployment.load_deployment): `roles` (default all), `--limit`ed hosts, `--stage`, the gateway's
     keys as `keys` says (asked only when a selected role installs them on a selected host) and, with
     `wheel` (progress messages), the host wheel the selected hosts install; with `manifests`, the staged
-    models' manifests from their mirrors (when the weights role runs on a host serving one). Everything is
+    models' manifests from their mirrors (when the weights role runs on a host serving one); the pool
+    groups as the live layout left them (`invoke rebalance`) unless `layout_from_inventory`. Everything is
     validated first."""
     settings = Settings.of(ctx)
+    inventory_path = repo_path(inventory) if inventory else settings.inventory
+    state = live_layout_file(ctx, profile, inventory)
+    live = None if layout_from_inventory else read_layout(state)
     request = DeploymentRequest(
         profile,
-        repo_path(inventory) if inventory else settings.inventory,
+        inventory_path,
         settings.profiles_dir,
         settings.templates_dir,
         roles=select_roles(REGISTRY, roles),
@@ -66,11 +73,32 @@ def open_deployment(
         host_wheel=None if wheel is None else functools.partial(cached_host_wheel, progress=wheel),
         manifests=load_manifests if manifests else None,
         hub_tokens=load_tokens if manifests else None,
+        layout=None if live is None else (state, live),
     )
     deployment = load_deployment(request)
     if wheel is not None:
         lab_site.serve_host_wheel(deployment)
     return deployment
+
+
+def live_layout_file(ctx: Context, profile: str, inventory: str | None) -> Path:
+    """The state file of the live layout of a profile on an inventory (fleet.live_layout), under
+    pdfleet.output_dir."""
+    settings = Settings.of(ctx)
+    return layout_file(
+        settings.output_dir, repo_path(inventory) if inventory else settings.inventory, profile
+    )
+
+
+def layout_note(ctx: Context, profile: str, inventory: str | None) -> str:
+    """Which layout a task's deployment shows: the live one (and where it is kept) or the inventory's."""
+    state = live_layout_file(ctx, profile, inventory)
+    if state.exists():
+        return (
+            f"layout: the live layout in {state} (left by invoke rebalance; "
+            "`invoke provision --layout-from-inventory` resets it)"
+        )
+    return "layout: the inventory's pool groups (no host was moved by invoke rebalance)"
 
 
 def run_options(

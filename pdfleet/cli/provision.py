@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from invoke import Context, task
 from invoke.exceptions import Exit
 from rich.console import Console
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
-from pdfleet.cli.options import HELP, open_deployment, run_options
+from pdfleet.cli.options import HELP, live_layout_file, open_deployment, run_options
 from pdfleet.errors import ValidationError
+from pdfleet.fleet.live_layout import record
 from pdfleet.fleet.provision import provision as run_provision
 from pdfleet.ops.report import print_report
 
@@ -27,6 +30,8 @@ from pdfleet.ops.report import print_report
         "stage": "Set the gateways to this stage of gateway.stages (an explicit override). Without it the "
         "stage the gateways run now is kept (the rollout controller's); gateway.stage is only "
         "the initial one.",
+        "layout_from_inventory": "Go back to the inventory's pool groups: ignore and, once provision "
+        "succeeded, remove the live layout `invoke rebalance` left (without it, a moved host stays moved).",
         "reboot": "Reboot hosts whose roles report 'reboot required' (e.g. a new driver), wave by wave "
         "with --serial, wait for SSH, then converge them. Without it the need is only reported.",
     },
@@ -43,6 +48,7 @@ def provision(
     json: str | None = None,
     reboot: bool = False,
     stage: str | None = None,
+    layout_from_inventory: bool = False,
 ) -> None:
     """Converge hosts to the profile: packages, venv, env files, units; 0 changes when converged."""
     if serial < 0:
@@ -58,6 +64,7 @@ def provision(
         keys="provision",
         wheel=lambda msg: console.print(msg, highlight=False),
         manifests=True,
+        layout_from_inventory=layout_from_inventory,
     )
     lab_site.require_routable(deployment.hosts)
     options = run_options(ctx, check=check, serial=serial, json=json, reboot=reboot)
@@ -65,3 +72,13 @@ def provision(
     print_report(report)
     if report.totals["failed"]:
         raise Exit(code=1)
+    if layout_from_inventory and not check:
+        reset_layout(live_layout_file(ctx, profile, inventory))
+
+
+def reset_layout(state: Path) -> None:
+    """Remove the live layout (the inventory's layout is now the fleet's), recorded in its audit log."""
+    if state.exists():
+        state.unlink()
+        record(state, {"event": "reset", "reason": "invoke provision --layout-from-inventory"})
+        print(f"live layout {state} removed: the fleet runs the inventory's layout")

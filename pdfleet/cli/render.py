@@ -8,7 +8,7 @@ from pathlib import Path
 from invoke import Context, task
 
 from pdfleet.cli.exits import user_errors
-from pdfleet.cli.options import HELP, open_deployment
+from pdfleet.cli.options import HELP, layout_note, open_deployment
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.provision import render_fleet
@@ -36,6 +36,7 @@ def render(
     for path in written:
         print(path.relative_to(dest))
     print(f"{len(written)} files for {len(hosts)} hosts under {dest}")
+    print(layout_note(ctx, profile, inventory))
     keys = deployment.gateway_secrets
     if keys is not None and keys.placeholders:
         print(placeholder_note(keys.placeholders))

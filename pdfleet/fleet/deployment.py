@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.host_wheel import host_version
+from pdfleet.fleet.live_layout import HostPools, apply_layout
 from pdfleet.fleet.render import Renderer
 from pdfleet.fleet.roles import Role, RoleContext
 from pdfleet.fleet.secrets import GatewaySecrets
@@ -86,14 +87,19 @@ class DeploymentRequest:
     host_wheel: HostWheel | None = None  # asked only when a selected host gets the wheel uploaded
     manifests: Manifests | None = None  # asked only when a selected role reads staged models' manifests
     hub_tokens: Tokens | None = None  # asked with the manifests: the hub tokens hosts download with
+    # the live layout (fleet.live_layout) and its state file: the inventory's pool groups rewritten to it
+    layout: tuple[Path, HostPools] | None = None
 
 
 def load_deployment(request: DeploymentRequest) -> Deployment:
-    """The one door: load and cross-check profile and inventory (ValidationError before anything is touched
-    or created), then the topology, the selected hosts, and only what they need: the gateway's keys, the
-    host wheel, the stage override."""
+    """The one door: load and cross-check profile and inventory (its pool groups rewritten to the live
+    layout, when there is one; ValidationError before anything is touched or created), then the topology,
+    the selected hosts, and only what they need: the gateway's keys, the host wheel, the stage override."""
     profile = load_profile(request.profile, request.profiles_dir)
     inventory = load_inventory(request.inventory)
+    if request.layout is not None:
+        source, live = request.layout
+        inventory = apply_layout(inventory, profile.served[0], live, source)
     check_against_inventory(profile, inventory)
     if request.stage is not None:
         # the gateway's one policy carries the first model's stages until it holds a stage per model

@@ -411,3 +411,27 @@ def test_loading_the_tasks_imports_no_sdk_or_plotting_library() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
     )
     assert proc.stdout.strip() == "[]"
+
+
+def test_render_says_which_layout_it_shows_and_follows_the_live_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = Site(tmp_path)
+    monkeypatch.setenv("INVOKE_PDFLEET_OUTPUT_DIR", str(tmp_path / "state"))
+    profile = site.profile({"extends": "lab-cross"})
+    inventory = site.inventory()
+    out = tmp_path / "out"
+    proc = site.render(profile=profile, inventory=inventory)
+    assert proc.returncode == 0, proc.stderr
+    assert "layout: the inventory's pool groups" in proc.stdout
+    assert (out / "lab-colo2/etc/systemd/system/vllm-colocated.service").exists()
+    state = tmp_path / "state/layouts/inv-case.json"
+    hosts = {"lab-colo1": ["colocated"], "lab-colo2": ["decode"], "lab-p1": ["prefill"], "lab-d1": ["decode"]}
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"profile": profile, "inventory": inventory, "hosts": hosts}))
+    shutil.rmtree(out)
+    proc = site.render(profile=profile, inventory=inventory)
+    assert proc.returncode == 0, proc.stderr
+    assert f"layout: the live layout in {state}" in proc.stdout
+    assert (out / "lab-colo2/etc/systemd/system/vllm-decode.service").exists()
+    assert not (out / "lab-colo2/etc/systemd/system/vllm-colocated.service").exists()
