@@ -58,8 +58,9 @@ def open_deployment(
     validated first."""
     settings = Settings.of(ctx)
     inventory_path = repo_path(inventory) if inventory else settings.inventory
-    state = live_layout_file(ctx, profile, inventory)
-    live = None if layout_from_inventory else read_layout(state)
+    state = live_layout_file(ctx, profile or "", inventory)
+    # no profile: the one door names the missing option (a layout file of no profile means nothing)
+    live = None if layout_from_inventory or not profile else read_layout(state)
     request = DeploymentRequest(
         profile,
         inventory_path,
