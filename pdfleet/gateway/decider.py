@@ -6,7 +6,8 @@ reason has a unit test and the decision's cost is measurable alone.
 
 The order, and the reason each step gives:
 1. a forced pool (the override header) wins: `forced_header`;
-2. the colocated instance is chosen (round robin, or prefix-affine and load-aware), and the request's
+2. the colocated instance is chosen (round robin, or prefix-affine and load-aware: the policy's choice,
+   or the one the request asked for in the choice header), and the request's
    length class is taken from its whole prompt or from what that instance would still have to prefill;
 3. the sticky bucket against the stage's percentage for that class: outside the share the request
    stays colocated as `short` (a long prompt in that bucket would have gone), `cached_prefix` (its
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from pdfleet.model.routing import DeciderSpec
+from pdfleet.model.routing import ColocatedChoice, DeciderSpec
 from pdfleet.model.stages import StageSpec
 
 Reason = Literal[
@@ -65,7 +66,8 @@ class Facts:
 
     `cached` and `outstanding` have one entry per colocated instance, in the route's order: the
     prompt tokens the gateway estimates that instance has cached, and the prompt tokens it has been
-    sent and not yet prefilled (sent, no first byte yet). `rr` is the route's round-robin counter.
+    sent and not yet prefilled (sent, no first byte yet). `rr` is the route's round-robin counter;
+    `choice` the colocated choice the request asked for (None: the policy's).
     Not frozen (nor Verdict): a frozen dataclass's __init__ costs several microseconds per request.
     """
 
@@ -79,6 +81,7 @@ class Facts:
     forced: PoolName | None = None
     prefill: Sequence[Load] = ()
     decode: Sequence[Load] = ()
+    choice: ColocatedChoice | None = None
 
 
 @dataclass(slots=True)
@@ -101,10 +104,10 @@ def length_class(tokens: int, threshold: int) -> ClassName:
 def choose_instance(spec: DeciderSpec, facts: Facts) -> int:
     """The colocated instance: the round robin's next, or (prefix_load) the one with the least
     outstanding prompt tokens plus this request's uncached tokens; ties go in round-robin order, so an
-    idle pool with no cache still spreads."""
+    idle pool with no cache still spreads. The request's own choice, when it asked, else the policy's."""
     n = len(facts.cached)
     start = facts.rr % n
-    if spec.colocated_choice == "round_robin" or n == 1:
+    if (facts.choice or spec.colocated_choice) == "round_robin" or n == 1:
         return start
     best, best_cost = start, -1
     for k in range(n):

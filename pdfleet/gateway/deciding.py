@@ -17,7 +17,7 @@ from pdfleet.gateway.decider import Facts, Load, decide
 from pdfleet.gateway.load import Outstanding, QueueWatch
 from pdfleet.gateway.policy import ActivePolicy, Decision, LengthClass, Pool, Route, bucket_of, length_class
 from pdfleet.gateway.prefix_index import PrefixIndex, prompt_blocks, prompt_text
-from pdfleet.model.routing import DeciderSpec
+from pdfleet.model.routing import ColocatedChoice, DeciderSpec
 
 _NO_LOADS: tuple[Load, ...] = ()
 
@@ -27,6 +27,9 @@ class Deciding:
 
     def __init__(self, policy: ActivePolicy) -> None:
         self.index: PrefixIndex | None = None
+        # the prefix index of the requests that asked for prefix_load while the policy keeps none: only
+        # they read and feed it, so a client that does not ask costs nothing more (a reload drops it)
+        self.asked: PrefixIndex | None = None
         self.queues = QueueWatch()
         self.outstanding = Outstanding()
         self.spec = DeciderSpec()
@@ -37,6 +40,7 @@ class Deciding:
     def configure(self, policy: ActivePolicy) -> None:
         """Apply a (new) policy's settings and the instances it names."""
         spec = policy.spec.decider
+        self.asked = None
         if not spec.uses_index:
             self.index = None
         elif self.index is None or (self.index.capacity, self.index.block_tokens) != (
@@ -67,6 +71,17 @@ class Deciding:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    def _index(self, spec: DeciderSpec, choice: ColocatedChoice | None) -> PrefixIndex | None:
+        """The prefix index this request reads and feeds: the policy's when it keeps one, else (a request
+        that asked for prefix_load) the asking requests' own, made on the first such request."""
+        if spec.uses_index:
+            return self.index
+        if choice != "prefix_load":
+            return None
+        if self.asked is None:
+            self.asked = PrefixIndex(spec.index_blocks, spec.block_tokens)
+        return self.asked
+
     def route(
         self,
         policy: ActivePolicy,
@@ -76,8 +91,10 @@ class Deciding:
         tokens: int,
         sticky: str,
         forced: Pool | None,
+        choice: ColocatedChoice | None = None,
     ) -> tuple[LengthClass, Decision]:
-        """The request's length class and decision; its prompt recorded on the chosen candidate."""
+        """The request's length class and decision; its prompt recorded on the chosen candidate.
+        `choice`: the colocated choice the request asked for (None: the policy's)."""
         bucket = bucket_of(sticky)
         staging = route.staging
         if staging is None:  # an outside alias: no stage, no pools
@@ -86,7 +103,7 @@ class Deciding:
             )
         spec = policy.spec.decider
         urls = route.colocated
-        index = self.index
+        index = self._index(spec, choice)
         blocks: list[int] | None = None
         if index is not None:
             text = prompt_text(data, endpoint)
@@ -94,7 +111,7 @@ class Deciding:
             cached = [index.cached_tokens(u, blocks, tokens) for u in urls]
         else:
             cached = [0] * len(urls)
-        busy = spec.colocated_choice == "prefix_load"
+        busy = (choice or spec.colocated_choice) == "prefix_load"
         outstanding = self.outstanding.of(urls) if busy else [0] * len(urls)
         prefill = decode = _NO_LOADS
         if spec.polls:
@@ -114,6 +131,7 @@ class Deciding:
             forced,
             prefill,
             decode,
+            choice,
         )
         v = decide(spec, staging.weights, staging.long_prompt_tokens, facts)
         if index is not None and blocks:

@@ -29,6 +29,7 @@ from pdfleet.gateway.limits import Limiter, admit_key, admit_model, check_prompt
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.outside import check_api
 from pdfleet.gateway.policy import NO_MODEL, POOLS, ActivePolicy, Pool, Route
+from pdfleet.model.routing import CHOICE_HEADER, COLOCATED_CHOICES, ColocatedChoice
 from pdfleet.tokens import CharEstimate, count_messages_tokens, count_request_tokens
 
 
@@ -266,6 +267,31 @@ def forced_pool(
     return pool
 
 
+def forced_choice(headers: Mapping[str, str], policy: ActivePolicy, route: Route) -> ColocatedChoice | None:
+    """The colocated choice named by the choice header, honoured like the pool override header: only while
+    the policy enables that one (a policy without overrides ignores both)."""
+    if policy.spec.override_header is None:
+        return None
+    value = headers.get(CHOICE_HEADER)
+    if value is None:
+        return None
+    value = value.strip().lower()
+    for choice in COLOCATED_CHOICES:
+        if value == choice:
+            break
+    else:
+        raise Reject(
+            400, f"header {CHOICE_HEADER} must be one of: {', '.join(COLOCATED_CHOICES)}", param=CHOICE_HEADER
+        )
+    if route.outside is not None:
+        raise Reject(
+            400,
+            f"model {route.alias!r} is an outside endpoint; header {CHOICE_HEADER} cannot pick an instance",
+            param=CHOICE_HEADER,
+        )
+    return choice
+
+
 async def count_tokens(
     policy: ActivePolicy, data: dict[str, Any], size: int, endpoint: Endpoint = "chat"
 ) -> int:
@@ -340,6 +366,7 @@ async def admit(
         check_route_api(alias, route, endpoint)
         check_fields(endpoint, data)
         forced = forced_pool(request.headers, policy, route, endpoint)
+        choice = forced_choice(request.headers, policy, route)
         tokens = await count_tokens(policy, data, len(body), endpoint)
         check_prompt_limit(policy.spec.limits, limiter, held, alias, tokens, endpoint)
         model_slot = admit_model(limiter, held, alias, m)
@@ -361,7 +388,7 @@ async def admit(
     key, digest = auth.entry, auth.digest
     assert key is not None and digest is not None  # authorize() raised otherwise
     sticky = sticky_key(request.headers, policy, data, digest)
-    cls, decision = deciding.route(policy, route, data, endpoint, tokens, sticky, forced)
+    cls, decision = deciding.route(policy, route, data, endpoint, tokens, sticky, forced, choice)
     if decision.reason == "endpoint_not_carried":
         m.child(m.kept_colocated, model, endpoint, "router_lacks_endpoint").inc()
     stage = route.staging.stage if route.staging is not None else NO_MODEL

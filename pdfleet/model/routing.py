@@ -9,7 +9,8 @@ What they mean (issue 32; the decision itself is pdfleet.gateway.decider):
 - `colocated_choice`: `round_robin` (the routing before the decider) or `prefix_load`: the colocated
   instance with the least (outstanding prompt tokens to prefill + this request's uncached tokens), so a
   conversation keeps its cache and two long prefills do not stack on one instance while another idles.
-  Issue 26's bench compares the two.
+  Issue 26's bench compares the two: a request may ask for either in the `X-Pdfleet-Colocated-Choice`
+  header (CHOICE_HEADER), honoured like the pool override header and only while the policy enables it.
 - `block_tokens`, `index_blocks`: the approximate prefix index's block (vLLM's default block size is 16
   tokens) and its bound per candidate, in blocks (least recently used blocks are forgotten first).
 - `prefill_busy_waiting`: a request the stage sends to the P/D pool stays colocated (`prefill busy`)
@@ -21,12 +22,14 @@ What they mean (issue 32; the decision itself is pdfleet.gateway.decider):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ThresholdOn = Literal["prompt", "effective"]
 ColocatedChoice = Literal["round_robin", "prefix_load"]
+COLOCATED_CHOICES: tuple[ColocatedChoice, ...] = get_args(ColocatedChoice)
+CHOICE_HEADER = "X-Pdfleet-Colocated-Choice"  # one request's colocated choice (a bench's comparison)
 VLLM_DEFAULT_BLOCK_TOKENS = 16
 
 

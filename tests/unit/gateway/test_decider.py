@@ -153,6 +153,15 @@ def test_prefix_load_prefers_the_cache_then_the_least_loaded() -> None:
     assert [choose_instance(EFFECTIVE, facts(rr=i)) for i in range(3)] == [0, 1, 0]
 
 
+def test_the_requests_own_choice_wins_over_the_policys() -> None:
+    rr = DeciderSpec(colocated_choice="round_robin")
+    assert choose_instance(rr, facts(rr=0, outstanding=[LONG, 0], choice="prefix_load")) == 1
+    assert choose_instance(EFFECTIVE, facts(rr=0, outstanding=[LONG, 0], choice="round_robin")) == 0
+    assert choose_instance(rr, facts(rr=0, outstanding=[LONG, 0], choice=None)) == 0
+    verdict = decide(rr, ALL_PD, THRESHOLD, facts(rr=0, outstanding=[LONG, 0], choice="prefix_load"))
+    assert verdict.instance == 1
+
+
 def test_long_100_short_0_routes_by_class_only() -> None:
     for i in range(2000):
         bucket = bucket_of(f"s:{uuid.UUID(int=i)}")

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from pdfleet.errors import ValidationError
-from tests.unit.gateway.helpers import LONG, Env, FakeUpstream, chat, load_test_policy, run
+from tests.unit.gateway.helpers import LONG, Env, FakeUpstream, chat, error_of, load_test_policy, run
 
 TURN = "turn " * 480  # 2400 characters: 600 tokens at 4 characters a token (the threshold is 1000)
 
@@ -117,6 +117,38 @@ def test_a_growing_conversation_keeps_its_instance_and_stays_colocated(tmp_path:
                     assert seen[1:] == [("stage_weight", "third")] * 3
         finally:
             await third.stop()
+
+    run(scenario())
+
+
+def test_the_choice_header_picks_the_colocated_choice_for_that_request_only(tmp_path: Path) -> None:
+    """A policy on round robin: a conversation that asks for prefix_load keeps its instance, one that
+    does not alternates; a bad value is a 400 naming the header; a policy without overrides ignores it."""
+
+    async def scenario() -> None:
+        def models(colo: str, dis: str) -> dict[str, Any]:
+            return {"llama": {"colocated": [colo, dis], "disagg": None}}
+
+        async def turns(env: Env, headers: dict[str, str]) -> list[str]:
+            seen = []
+            for n in range(1, 5):
+                st, h, raw = await env.post("/v1/chat/completions", _conversation(n), headers)
+                assert st == 200, raw
+                seen.append(_served(raw))
+                assert h["X-Pdfleet-Instance"] == ("0" if seen[-1] == "colo" else "1")
+            return seen
+
+        ask = {"X-Pdfleet-Colocated-Choice": " Prefix_Load "}
+        async with Env(tmp_path, models=models) as env:
+            assert len(set(await turns(env, ask))) == 1  # the index the asking requests keep holds it
+            assert len(set(await turns(env, {}))) == 2  # the policy's round robin, unchanged
+            assert env.gw is not None and env.gw.gateway.deciding.index is None  # the policy keeps none
+            st, _, raw = await env.post("/v1/chat/completions", chat(), {"X-Pdfleet-Colocated-Choice": "lru"})
+            err = error_of(raw)
+            assert st == 400 and err["param"] == "X-Pdfleet-Colocated-Choice"
+            assert "round_robin, prefix_load" in err["message"]
+        async with Env(tmp_path, models=models, override_header=None) as env:
+            assert len(set(await turns(env, ask))) == 2  # overrides off: the header is not honoured
 
     run(scenario())
 
