@@ -4,6 +4,13 @@
 pool is (its GPU count, where its metrics are). `run_compare` warms each pool up, runs it, reads the
 server side over its run window, and keeps going when a pool is down (its error is kept, naming it).
 `sweep` finds each pool's largest rate meeting the SLO attainment target (the search: `sla_search`).
+
+`colocated_choices` (issue 26): the colocated pool runs once per balancing choice, back to back, each
+run's requests asking the gateway for that choice in its choice header (a request without it routes by
+the gateway's own setting). Every choice run gets the same lengths and arrivals, its prompts salted
+(their first word replaced by one of the run's own: `salted`) so that no run finds the prompts of an
+earlier one in the simulators' prefix caches. The first choice's run is the colocated pool's result
+(headline, verdict); every run is in `BenchResult.choices`.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from pdfleet.bench.workloads import Item, WorkloadSpec, build, check_spec
 from pdfleet.errors import ValidationError
 from pdfleet.gateway.policy import POOLS  # the gateway's pools, the ones a bench can ask for
 from pdfleet.metrics.source import MetricsError, MetricsSource
+from pdfleet.model.routing import COLOCATED_CHOICES
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,7 @@ class BenchPlan:
     bounds: Bounds = Bounds(3000.0, 60.0)
     attainment_pct: float = 90.0
     sweep: bool = False
+    colocated_choices: tuple[str, ...] = ()  # the colocated pool once per choice (empty: the gateway's own)
 
     def request_count(self) -> int:
         """How many requests the workload holds (concurrency + duration: enough to cycle through)."""
@@ -103,7 +112,41 @@ def check_plan(plan: BenchPlan) -> None:
     unknown = [p for p in plan.pools if p not in POOLS]
     if unknown or not plan.pools:
         raise ValidationError(f"--pools {','.join(plan.pools)}: pools are {', '.join(POOLS)}")
+    check_choices(plan)
     check_spec(plan.workload)
+
+
+def check_choices(plan: BenchPlan) -> None:
+    """--colocated-choice: known choices, each once, with the colocated pool run and no sweep."""
+    choices = plan.colocated_choices
+    if not choices:
+        return
+    given = ",".join(choices)
+    unknown = [c for c in choices if c not in COLOCATED_CHOICES]
+    if unknown:
+        raise ValidationError(
+            f"--colocated-choice {given}: {', '.join(unknown)} is not a colocated choice; "
+            f"choices are {', '.join(COLOCATED_CHOICES)}"
+        )
+    twice = sorted({c for c in choices if choices.count(c) > 1})
+    if twice:
+        raise ValidationError(f"--colocated-choice {given}: {', '.join(twice)} given twice")
+    if "colocated" not in plan.pools:
+        raise ValidationError(
+            f"--colocated-choice {given}: the colocated pool is not run (--pools {','.join(plan.pools)})"
+        )
+    if plan.sweep:
+        raise ValidationError(f"--colocated-choice {given}: give it or --sweep, not both")
+
+
+def salted(items: Sequence[Item], run: int) -> list[Item]:
+    """The items with each prompt's first three characters (a word of the workload's) replaced by the
+    run's own (`r00`, `r01`, ...): the same length and estimate, and no prefix shared with another run's
+    (within a run, prompts that shared a prefix still share it)."""
+    salt = f"r{run:02d}"
+    return [
+        dataclasses.replace(it, prompt=salt + it.prompt[3:]) if len(it.prompt) > 3 else it for it in items
+    ]
 
 
 @dataclass(frozen=True)
@@ -142,6 +185,7 @@ class BenchResult:
     items: list[Item]
     pools: dict[str, PoolResult]
     partial: bool = False
+    choices: dict[str, PoolResult] = field(default_factory=dict)  # colocated, per choice run, in order
 
 
 def _scrape_start(source: MetricsSource | None) -> None:
@@ -160,8 +204,10 @@ async def run_one(
     schedule: Schedule,
     stop: asyncio.Event,
     progress: Progress | None,
+    choice: str | None = None,
 ) -> PoolResult:
-    """Warm up, run and read one pool; a pool that is down becomes a result with its error."""
+    """Warm up, run and read one pool (its requests asking for `choice`, when given); a pool that is
+    down becomes a result with its error."""
     result = PoolResult(target)
     client = StreamClient(gw.host, gw.port)
     try:
@@ -176,7 +222,7 @@ async def run_one(
     # the KV-usage sampler run beside the pool's load
     background = partial(kv_peak, kv_source, target.name) if kv_source is not None else None
     run = await run_pool(
-        gw, target.name, items, schedule, plan.long_prompt_tokens, stop, progress, background
+        gw, target.name, items, schedule, plan.long_prompt_tokens, stop, progress, background, choice
     )
     result.run, result.kv_peak = run, run.samples
     if target.metrics is not None:
@@ -200,6 +246,9 @@ async def run_compare(
     for name in plan.pools:
         if stop.is_set():
             break
+        if name == "colocated" and plan.colocated_choices:
+            await _run_choices(plan, gw, targets[name], items, schedule, stop, progress, out)
+            continue
         res = await run_one(
             plan, gw, targets[name], items, schedule, stop, progress(name) if progress else None
         )
@@ -208,6 +257,26 @@ async def run_compare(
         out.pools[name] = res
     out.partial = stop.is_set()
     return out
+
+
+async def _run_choices(
+    plan: BenchPlan,
+    gw: Gateway,
+    target: PoolTarget,
+    items: Sequence[Item],
+    schedule: Schedule,
+    stop: asyncio.Event,
+    progress: Callable[[str], Progress | None] | None,
+    out: BenchResult,
+) -> None:
+    """The colocated pool once per choice, salted items, the same schedule; the first is the pool's."""
+    for k, choice in enumerate(plan.colocated_choices):
+        if stop.is_set():
+            break
+        bar = progress(f"colocated {choice}") if progress else None
+        res = await run_one(plan, gw, target, salted(items, k), schedule, stop, bar, choice)
+        out.choices[choice] = res
+        out.pools.setdefault("colocated", res)
 
 
 def attainment(run: PoolRun, plan: BenchPlan) -> float:

@@ -22,6 +22,7 @@ from pdfleet.bench.client import Record, Stats, StreamClient, request_bytes
 from pdfleet.bench.workloads import Item, completion_body
 from pdfleet.errors import PdfleetError
 from pdfleet.gateway.policy import length_class  # the gateway's own rule: records classed as it routes
+from pdfleet.model.routing import CHOICE_HEADER
 
 Probe = Callable[[], dict[str, float]]  # counters to difference over the window (e.g. CPU seconds)
 Progress = Callable[[int, int | None], None]  # (requests finished, total or None when open-ended)
@@ -254,12 +255,20 @@ class PoolRun:
 
 
 def gateway_request(
-    gw: Gateway, pool: str, prompt: str, max_tokens: int, session: str | None = None
+    gw: Gateway,
+    pool: str,
+    prompt: str,
+    max_tokens: int,
+    session: str | None = None,
+    choice: str | None = None,
 ) -> bytes:
     """A streaming /v1/completions request through the gateway to `pool` (usage in the stream); a
-    session's id as X-Session-Id (the gateway's sticky key)."""
+    session's id as X-Session-Id (the gateway's sticky key); a colocated choice in the gateway's choice
+    header (None: the gateway's own)."""
     body = completion_body(prompt, max_tokens, gw.model, usage=True)
-    headers = {"X-Session-Id": session} if session else None
+    headers = {"X-Session-Id": session} if session else {}
+    if choice:
+        headers[CHOICE_HEADER] = choice
     return request_bytes(gw.host, gw.port, "/v1/completions", body, key=gw.key, pool=pool, headers=headers)
 
 
@@ -296,8 +305,10 @@ async def run_pool(
     stop: asyncio.Event,
     progress: Progress | None = None,
     background: Callable[[asyncio.Event], Coroutine[Any, Any, dict[str, float | str]]] | None = None,
+    choice: str | None = None,
 ) -> PoolRun:
-    """Run `items` through the gateway to `pool` by `schedule`; every request ends as a Record.
+    """Run `items` through the gateway to `pool` by `schedule`; every request ends as a Record. `choice`:
+    the colocated choice every request asks the gateway for (None: the gateway's own).
 
     Requests cancelled by `stop` or abandoned after the drain are marked cancelled, with the reason.
     """
@@ -317,7 +328,7 @@ async def run_pool(
         rec = Record(item.index, pool, cls, item.prompt_tokens, item.output_tokens)
         records.append(rec)
         request = requests.get(item.index) or gateway_request(
-            gw, pool, item.prompt, item.output_tokens, item.session
+            gw, pool, item.prompt, item.output_tokens, item.session, choice
         )
         if due is not None:
             rec.due = due
@@ -330,7 +341,7 @@ async def run_pool(
 
     # built before the clock starts: encoding a 30K-token prompt takes a millisecond the schedule cannot spare
     requests = {
-        it.index: gateway_request(gw, pool, it.prompt, it.output_tokens, it.session)
+        it.index: gateway_request(gw, pool, it.prompt, it.output_tokens, it.session, choice)
         for it in items[:PREBUILT]
     }
     lag_task = asyncio.create_task(_lag_monitor(lag, finished))

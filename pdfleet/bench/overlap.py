@@ -105,7 +105,7 @@ def short_streams(
         "instances": instances,
         "attribution": (
             (
-                f"instance from the gateway's header ({instances} instances)"
+                f"instance from the gateway's header ({instances} instance{'s' if instances != 1 else ''})"
                 if named
                 else f"round robin over {instances} instances, inferred from the send order"
             )

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pdfleet.bench.balancing import CHOICES, choice_notes, choice_rows
 from pdfleet.bench.overlap import confidence_note
 from pdfleet.bench.server_side import CHAIN
+from pdfleet.bench.stats import fmt
 from pdfleet.bench.verdict import Verdict
 from pdfleet.metrics.bounds import BUCKETS, show_ms
 
@@ -38,17 +39,6 @@ def note(lead: str, items: Sequence[str], tail: str) -> list[str]:
     if not items:
         return []
     return ["", f"note: {lead}" + "; ".join(items) + tail]
-
-
-def fmt(v: Any, digits: int = 1) -> str:
-    """A number for a table ("-" when absent)."""
-    if isinstance(v, bool) or v is None:
-        return "-" if v is None else str(v)
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return "-" if not math.isfinite(v) else f"{v:.{digits}f}"
-    return str(v)
 
 
 def headline_rows(doc: dict[str, Any]) -> list[list[str]]:
@@ -317,6 +307,9 @@ def markdown(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> st
     note = interference_note(doc)
     lines += [note, ""] if note else []
     lines += [*markdown_table(SHORT, short_rows(doc)), "", *[f"- {n}" for n in short_notes(doc)], ""]
+    if doc.get("colocated_choices"):
+        lines += ["## Colocated balancing", "", *markdown_table(CHOICES, choice_rows(doc)), ""]
+        lines += [*[f"- {n}" for n in choice_notes(doc)], ""]
     lines += ["## Headline", "", *markdown_table(HEADLINE, headline_rows(doc)), ""]
     lines += ["## Verdict", "", *verdict_lines(verdict), ""]
     lines += ["## Fair comparison (per GPU)", "", *markdown_table(FAIR, fair_rows(doc)), ""]
@@ -350,6 +343,9 @@ def html_page(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> s
     parts += [f"<p>{esc(note)}</p>"] if note else []
     parts += [html_table(SHORT, short_rows(doc))]
     parts += ["<ul>", *[f"<li>{esc(n)}</li>" for n in short_notes(doc)], "</ul>"]
+    if doc.get("colocated_choices"):
+        parts += ["<h2>Colocated balancing</h2>", html_table(CHOICES, choice_rows(doc))]
+        parts += ["<ul>", *[f"<li>{esc(n)}</li>" for n in choice_notes(doc)], "</ul>"]
     parts += ["<h2>Headline</h2>", html_table(HEADLINE, headline_rows(doc))]
     parts += ["<h2>Verdict</h2>", f"<p><b>{esc(verdict.headline)}</b></p><ul>"]
     parts += [f"<li>{esc(k)}: {esc(fmt(v))}</li>" for k, v in verdict.deciding.items()]

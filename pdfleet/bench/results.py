@@ -64,9 +64,10 @@ def lateness(res: PoolResult) -> dict[str, float]:
     return out
 
 
-def pool_summary(result: BenchResult, name: str) -> dict[str, Any]:
-    """One pool's figures: vLLM's keys at the top, pdfleet's (classes, per GPU, server) under `pdfleet`."""
-    res = result.pools[name]
+def pool_summary(result: BenchResult, name: str, run: PoolResult | None = None) -> dict[str, Any]:
+    """One pool's figures: vLLM's keys at the top, pdfleet's (classes, per GPU, server) under `pdfleet`;
+    `run`: another run of that pool (a colocated choice's) instead of the pool's result."""
+    res = run if run is not None else result.pools[name]
     plan = result.plan
     base: dict[str, Any] = {"pool": name, "gpus": res.target.gpus}
     if res.run is None:
@@ -100,6 +101,37 @@ def pool_summary(result: BenchResult, name: str) -> dict[str, Any]:
         extra["sweep"] = res.sweep
         extra["max_rate_meeting_slo"] = best_rate(res.sweep)
     return {**overall, "pdfleet": extra}
+
+
+def choice_figures(result: BenchResult) -> dict[str, dict[str, Any]]:
+    """--colocated-choice: per choice run, what the guide talks about (short streams' stalls per 100
+    streams, worst gap, ITL P99.9, the same-instance overlaps behind them) and the long prompts' TTFT
+    P95/P99 (ms, the profile's time), or the run's error."""
+    out: dict[str, dict[str, Any]] = {}
+    for choice, res in result.choices.items():
+        s = pool_summary(result, "colocated", res)
+        if "error" in s:
+            out[choice] = {"error": s["error"]}
+            continue
+        classes = s["pdfleet"]["classes"]
+        short, long = classes.get("short", {}), classes.get("long", {})
+        f = s["pdfleet"]["short_streams"]
+        out[choice] = {
+            "requests": s["completed"] + s["failed"],
+            "failed": s["failed"],
+            "short_streams": f["streams"],
+            "overlapped_same_instance": f["overlapped_same_instance"],
+            "stalls_per_100_streams": f["stalls_per_100_streams"],
+            "overlapped_stalls": f["overlapped_stalls"],
+            "worst_gap_ms": f["worst_gap_ms"],
+            "short_p99.9_itl_ms": short.get("p99.9_itl_ms", math.nan),
+            "long_requests": long.get("completed", 0) + long.get("failed", 0),
+            "long_p95_ttft_ms": long.get("p95_ttft_ms", math.nan),
+            "long_p99_ttft_ms": long.get("p99_ttft_ms", math.nan),
+            "long_prefills": f["long_prefills"],
+            "attribution": f["attribution"],
+        }
+    return out
 
 
 def figures_for_verdict(summary: dict[str, Any], pool: str) -> PoolFigures | None:
@@ -143,14 +175,22 @@ def request_lines(result: BenchResult) -> list[dict[str, Any]]:
     """One JSON object per request of every pool (times in the profile's seconds)."""
     s = result.plan.time_scale
     out = []
-    for name, res in result.pools.items():
+    runs: list[tuple[str, str | None, PoolResult]] = [(name, None, res) for name, res in result.pools.items()]
+    for k, (asked, run) in enumerate(result.choices.items()):
+        if k == 0:  # the colocated pool's own run: its lines say which choice it was
+            runs = [(n, asked if n == "colocated" else None, r) for n, _, r in runs]
+        else:
+            runs.append((f"colocated/{asked}", asked, run))
+    for name, choice, res in runs:
         if res.run is None:
             continue
-        where = instances_of(res.run.records, res.target.instance_count)[0] if name == "colocated" else {}
+        colocated = name.startswith("colocated")
+        where = instances_of(res.run.records, res.target.instance_count)[0] if colocated else {}
         for r in res.run.records:
             out.append(
                 {
                     "pool": name,
+                    "choice": choice,
                     "index": r.index,
                     "instance": where.get(r.index),  # colocated: the gateway's header, else inferred
                     "length_class": r.length_class,
@@ -195,6 +235,7 @@ def write_results(
         "percentiles": list(PERCENTILES),
         "slo_bounds_ms": result.plan.bounds.__dict__,
         "pools": {name: {**setup, **s} for name, s in summaries.items()},
+        "colocated_choices": choice_figures(result),
         "verdict": verdict.__dict__,
     }
     _write(out_dir / "results.json", json.dumps(_clean(doc), indent=2) + "\n")

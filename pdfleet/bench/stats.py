@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pdfleet.bench.client import Record
 
@@ -240,3 +241,14 @@ def per_gpu(summary: dict[str, float | int], gpus: int) -> dict[str, float]:
     """Rates per GPU, so that pools of unequal size compare fairly (DistServe reports goodput per GPU)."""
     keys = ("request_throughput", "request_goodput", "output_throughput", "total_token_throughput")
     return {f"{k}_per_gpu": float(summary[k]) / gpus if gpus else math.nan for k in keys}
+
+
+def fmt(v: Any, digits: int = 1) -> str:
+    """A number for a table ("-" when absent)."""
+    if isinstance(v, bool) or v is None:
+        return "-" if v is None else str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "-" if not math.isfinite(v) else f"{v:.{digits}f}"
+    return str(v)

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pdfleet.bench.balancing import CHOICES, choice_notes, choice_rows
 from pdfleet.bench.compare import POOLS, BenchPlan, BenchResult, check_plan, run_compare
 from pdfleet.bench.fleet_targets import (
     bench_model,
@@ -82,6 +83,9 @@ HELP = {
     "range_ratio": "random: lengths uniform in [len*(1-r), len*(1+r)] (default 0).",
     "long_share": f"long-prompt-mix: share of 16K-30K-token document prompts (default {MIX_LONG_SHARE:g}).",
     "warmup": "Warm-up requests per pool before the measured run (default 4).",
+    "colocated_choice": "Run the colocated pool once per balancing choice, comma-separated, e.g. "
+    "round_robin,prefix_load (each run's requests ask the gateway for it; same lengths and arrivals); the "
+    "report compares them. Default: one run, the gateway's own choice.",
 }
 
 
@@ -157,9 +161,20 @@ def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan
         bounds=Bounds(slo.ttft_p99_ms, slo.tpot_p99_ms, slo.stall_ms),
         attainment_pct=slo.attainment_pct,
         sweep=bool(opts["sweep"]),
+        colocated_choices=choices_option(opts.get("colocated_choice")),
     )
     check_plan(plan)  # before anything is contacted or written
     return plan
+
+
+def choices_option(value: str | None) -> tuple[str, ...]:
+    """`--colocated-choice A,B` as a tuple (checked with the plan: check_choices); an empty list refused."""
+    if value is None:
+        return ()
+    choices = tuple(c.strip().lower() for c in value.split(",") if c.strip())
+    if not choices:
+        raise ValidationError(f"--colocated-choice {value!r}: name at least one choice")
+    return choices
 
 
 def _trace_option(opts: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +218,16 @@ def short_table(doc: dict[str, Any]) -> Table:
     return table
 
 
+def choice_table(doc: dict[str, Any]) -> Table:
+    """--colocated-choice: the colocated pool per balancing choice as a rich table."""
+    table = Table(title="colocated balancing" + (" (PARTIAL)" if doc["partial"] else ""))
+    for column in CHOICES:
+        table.add_column(column, justify="left" if column == "colocated choice" else "right")
+    for row in choice_rows(doc):
+        table.add_row(*row)
+    return table
+
+
 def headline_table(doc: dict[str, Any]) -> Table:
     """The headline (TTFT P95, ITL P99, stalls per 100 streams, per class, per pool) as a rich table."""
     table = Table(title="bench: colocated vs P/D" + (" (PARTIAL)" if doc["partial"] else ""))
@@ -238,7 +263,7 @@ async def _run(
 
     def progress_for(pool: str) -> Callable[[int, int | None], None]:
         """A progress bar for one pool and its update callback."""
-        task_id = bars.add_task(f"{pool} ({targets[pool].gpus} GPU)", total=None)
+        task_id = bars.add_task(f"{pool} ({targets[pool.split()[0]].gpus} GPU)", total=None)
 
         def update(done: int, total: int | None) -> None:
             """Move the bar."""
@@ -292,6 +317,10 @@ def print_outcome(doc: dict[str, Any], verdict: Verdict, out_dir: Path, console:
     for line in [interference_note(doc), *short_notes(doc)]:
         if line:
             out.print(line, highlight=False)
+    if doc.get("colocated_choices"):
+        out.print(choice_table(doc))
+        for line in choice_notes(doc):
+            out.print(line, highlight=False)
     out.print(headline_table(doc))
     out.print(f"verdict: {verdict.headline}")
     for warning in verdict.warnings:
@@ -324,6 +353,7 @@ def bench(
     range_ratio: str | None = None,
     long_share: str | None = None,
     warmup: str | None = None,
+    colocated_choice: str | None = None,
 ) -> None:
     """Send the same seeded workload through the gateway to each pool; results, report and the verdict."""
     console = Console(stderr=True)
@@ -345,6 +375,7 @@ def bench(
         "range_ratio": range_ratio,
         "long_share": long_share,
         "warmup": warmup,
+        "colocated_choice": colocated_choice,
     }
     doc, verdict, out_dir = run_bench(ctx, profile, inventory, opts, out, console)
     down = print_outcome(doc, verdict, out_dir, console)

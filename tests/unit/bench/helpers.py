@@ -138,9 +138,11 @@ def text_server(pages: dict[str, str]) -> Iterator[str]:
         server.server_close()
 
 
-def built_result(partial: bool = False):  # noqa: ANN201 - pdfleet.bench.compare.BenchResult
+def built_result(partial: bool = False, choices: bool = False):  # noqa: ANN201 - compare.BenchResult
     """A two-pool BenchResult from hand-built records: colocated's short streams stall when a long prompt
-    lands (a 700 ms gap), P/D's do not; one colocated request failed; server figures as a source gives."""
+    lands (a 700 ms gap), P/D's do not; one colocated request failed; server figures as a source gives.
+    `choices`: the colocated pool ran as round_robin (that run) and as prefix_load (no stall; every
+    request on instance 0 by the gateway's header, so all four short streams overlapped the long one)."""
     from pdfleet.bench.client import Record
     from pdfleet.bench.compare import BenchPlan, BenchResult, PoolResult, PoolTarget
     from pdfleet.bench.load import PoolRun
@@ -184,4 +186,11 @@ def built_result(partial: bool = False):  # noqa: ANN201 - pdfleet.bench.compare
     plan = BenchPlan(WorkloadSpec("long-prompt-mix"), rate=2.0, num_prompts=6, bounds=Bounds(1000, 100, 500))
     items = [Item(i, "x", 500, 6) for i in range(6)]
     pools = {"colocated": pool("colocated", 0.7), "disagg": pool("disagg", 0.0)}
-    return BenchResult(plan, items, pools, partial)
+    result = BenchResult(plan, items, pools, partial)
+    if choices:
+        balanced = pool("colocated", 0.0)
+        assert balanced.run is not None
+        for r in balanced.run.records:
+            r.instance = 0 if r.chunks else None
+        result.choices = {"round_robin": pools["colocated"], "prefix_load": balanced}
+    return result

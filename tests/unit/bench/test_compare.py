@@ -155,3 +155,57 @@ def test_sweep_finds_the_largest_rate_meeting_the_attainment_target() -> None:
     best = best_rate(rows)
     assert best is not None and 8.0 <= best < 64.0
     assert all(r["rate_per_gpu"] == r["rate"] / 2 for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"colocated_choices": ("round_robin", "lru")},
+            "lru is not a colocated choice; choices are round_robin",
+        ),
+        ({"colocated_choices": ("prefix_load", "prefix_load")}, "prefix_load given twice"),
+        ({"colocated_choices": ("prefix_load",), "pools": ("disagg",)}, "the colocated pool is not run"),
+        ({"colocated_choices": ("prefix_load",), "sweep": True}, "give it or --sweep, not both"),
+    ],
+)
+def test_bad_colocated_choices_are_refused_naming_the_option(
+    changes: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=f"--colocated-choice .*{message}"):
+        check_plan(dataclasses.replace(PLAN, **changes))  # type: ignore[arg-type]
+
+
+def test_the_colocated_pool_runs_once_per_choice_asking_the_gateway_for_it() -> None:
+    """A scripted gateway that names instance (request number mod 2): each choice run's requests carry its
+    choice header and the run's own salt (same lengths, no prompt shared between runs); the P/D pool's
+    carry none; the first choice's run is the colocated pool's result, the instance read from the header."""
+    from pdfleet.bench.load import Gateway
+    from tests.unit.bench.helpers import DONE, SSE_HEAD, Reply, ScriptedServer, chunk
+
+    async def respond(reply: Reply) -> bool:
+        head = SSE_HEAD.replace(b"\r\n\r\n", f"\r\nX-Pdfleet-Instance: {reply.number % 2}\r\n\r\n".encode())
+        ev = b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'
+        await reply.write(head + chunk(ev) + chunk(ev) + DONE)
+        return True
+
+    async def main() -> tuple[BenchResult, list[bytes]]:
+        async with ScriptedServer(respond) as server:
+            plan = dataclasses.replace(
+                PLAN, num_prompts=6, warmup=0, colocated_choices=("round_robin", "prefix_load")
+            )
+            targets = {p: PoolTarget(p, 2) for p in ("colocated", "disagg")}
+            gw = Gateway("127.0.0.1", server.port, None, "m")
+            return await run_compare(plan, gw, targets, asyncio.Event()), server.requests
+
+    result, sent = asyncio.run(main())
+    assert list(result.choices) == ["round_robin", "prefix_load"]
+    assert result.pools["colocated"] is result.choices["round_robin"] and "disagg" in result.pools
+    heads = [(r.split(b"\r\n\r\n", 1)[0], json.loads(r.split(b"\r\n\r\n", 1)[1])["prompt"]) for r in sent]
+    rr, pl, pd = heads[:6], heads[6:12], heads[12:]
+    assert all(b"X-Pdfleet-Colocated-Choice: round_robin" in h and p.startswith("r00") for h, p in rr)
+    assert all(b"X-Pdfleet-Colocated-Choice: prefix_load" in h and p.startswith("r01") for h, p in pl)
+    assert all(b"X-Pdfleet-Colocated-Choice" not in h and p[:3] not in ("r00", "r01") for h, p in pd)
+    assert sorted(len(p) for _, p in rr) == sorted(len(p) for _, p in pl) == sorted(len(p) for _, p in pd)
+    run = result.choices["prefix_load"].run
+    assert run is not None and {r.instance for r in run.records} == {0, 1}

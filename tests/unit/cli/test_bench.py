@@ -66,6 +66,16 @@ def test_bench_is_listed_and_every_option_has_help() -> None:
         (["--burstiness", "inf"], "error: --burstiness 'inf': not a finite number"),
         (["--duration", "1e308"], "error: --duration 1e+308: must be > 0 and at most 604800 s"),
         (["--num-prompts", "100000000"], "error: --num-prompts 100000000: must be at least 1 and at most"),
+        (
+            ["--colocated-choice", "round_robin,lru"],
+            "error: --colocated-choice round_robin,lru: lru is not a colocated choice; choices are "
+            "round_robin, prefix_load",
+        ),
+        (["--colocated-choice", " , "], "error: --colocated-choice ' , ': name at least one choice"),
+        (
+            ["--colocated-choice", "prefix_load", "--pools", "disagg"],
+            "error: --colocated-choice prefix_load: the colocated pool is not run (--pools disagg)",
+        ),
     ],
 )
 def test_bad_options_are_one_clear_error_and_write_nothing(
@@ -227,9 +237,15 @@ def _bench_argv(loop: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
 
 
 def test_invoke_bench_end_to_end_on_loopback(loopback: tuple[Path, Path], tmp_path: Path) -> None:
-    """The task itself through the gateway to both pools: progress, results, report, verdict, exit 0."""
+    """The task itself through the gateway to both pools, the colocated one per balancing choice:
+    progress, results, report, verdict, exit 0."""
     out = tmp_path / "out"
-    argv = _bench_argv(loopback, out, "--long-share", "0.2", "--rate", "4", "--num-prompts", "20")
+    argv = _bench_argv(
+        loopback,
+        out,
+        *("--long-share", "0.2", "--rate", "4", "--num-prompts", "20"),
+        *("--colocated-choice", "round_robin,prefix_load"),
+    )
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "server side: direct scrape of 3 vLLM endpoint(s)" in proc.stderr
@@ -244,6 +260,13 @@ def test_invoke_bench_end_to_end_on_loopback(loopback: tuple[Path, Path], tmp_pa
         hit = doc["pools"][pool]["pdfleet"]["server"]["prefix_cache_hit_pct"][role]
         assert isinstance(hit, float) and 0 <= hit <= 100, (pool, hit)
     assert (out / "report.html").exists() and (out / "vllm-disagg.json").exists()
+    choices = doc["colocated_choices"]
+    assert list(choices) == ["round_robin", "prefix_load"]
+    assert all(f["requests"] == 20 and f["failed"] == 0 for f in choices.values())
+    assert all(
+        f["attribution"] == "instance from the gateway's header (1 instance)" for f in choices.values()
+    )
+    assert "colocated balancing" in proc.stdout and "prefix_load against round_robin" in proc.stdout
 
 
 def test_ctrl_c_stops_cleanly_and_writes_a_partial_report(
