@@ -161,10 +161,14 @@ def test_a_wall_clock_client_sees_the_ttft_and_tpot_the_simulator_reports(tmp_pa
     print(figures)
     assert statistics.mean(ttfts) == pytest.approx(sim_ttft, rel=0.05), figures
     assert statistics.mean(tpots) == pytest.approx(sim_tpot, rel=0.02), figures
+    # A quantile lies in the simulator's bucket, give or take the client's own mean offset measured above
+    # (loopback, parsing, its event loop): short prompts' ~19 ms TTFT sits at the 20 ms bucket bound, where
+    # the client's ~1-2 ms on a busy machine read as a miss
+    offset = abs(statistics.mean(ttfts) - sim_ttft)
     for q in (0.5, 0.95):
         lower, upper = _bucket_of(ttft_hist, q)
         client = ttfts[round(q * (len(ttfts) - 1))]
-        assert 0.95 * lower <= client <= 1.05 * upper, (q, client, lower, upper, figures)
+        assert 0.95 * lower - offset <= client <= 1.05 * upper + offset, (q, client, lower, upper, figures)
 
 
 @pytest.mark.parametrize(("version", "warned"), [("0.33.0", True), ("0.11.0", False)])
