@@ -14,6 +14,7 @@ from pathlib import Path
 
 import paramiko
 
+from pdfleet.lab.cgroups import fresh_host_cgroups, host_cgroups, joined, remove_cgroup
 from pdfleet.lab.network import host_veth, remove_link
 from pdfleet.lab.paths import BRIDGE, LOGIN_USER, NETWORK, LabPaths
 from pdfleet.lab.sshkeys import read_host_public_keys, write_host_keys
@@ -168,7 +169,8 @@ def start_host(hd: HostDirs, host: LabHost) -> HostRecord:
     """Boot the container detached; returns the nspawn process and the container's init."""
     Path("/run/systemd/nspawn").mkdir(parents=True, exist_ok=True)
     remove_link(host_veth(host.name))  # a veth left by a killed container would block the name
-    proc = start_detached(nspawn_command(hd, host.name), hd.console_log)
+    groups = fresh_host_cgroups(host.name)
+    proc = start_detached(joined(groups, nspawn_command(hd, host.name)), hd.console_log)
     nspawn = ProcessRef.of(proc.pid)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
@@ -226,6 +228,8 @@ def stop_host(rec: HostRecord | None, name: str, timeout: float = 20.0) -> None:
             rec.init.stop(5.0, first=signal.SIGKILL)
         if rec.nspawn:
             rec.nspawn.stop(5.0, first=signal.SIGKILL)
+    for group in host_cgroups(name):
+        remove_cgroup(group)
     remove_link(host_veth(name))
 
 

@@ -123,6 +123,18 @@ def test_hosts_have_distinct_machine_ids_and_host_keys(lab: LabHandle) -> None:
     assert image_keys == [], "the shared image must not carry host keys"
 
 
+def test_each_host_boots_in_a_cgroup_of_its_own(lab: LabHandle) -> None:
+    """Every container's init runs under pdfleet-lab/<host>: hosts sharing one cgroup shared every unit's
+    cgroup too, and one host's boot failed another's systemd-user-sessions (219/CGROUP)."""
+    state = LabState.load(lab.paths.state_file)
+    for host in lab.hosts:
+        init = state.hosts[host.name].init
+        assert init is not None
+        lines = Path(f"/proc/{init.pid}/cgroup").read_text().splitlines()
+        systemd_line = next(ln for ln in lines if ":name=systemd:" in ln or ln.startswith("0::"))
+        assert f"/pdfleet-lab/{host.name}/" in systemd_line, (host.name, systemd_line)
+
+
 def test_hosts_reach_the_mirrors_and_nothing_else(lab: LabHandle) -> None:
     """No default route (v4 or v6); the bridge address serves apt and PyPI; other lab hosts answer."""
     for host in lab.hosts:
