@@ -227,7 +227,8 @@ def check_spec(spec: WorkloadSpec) -> None:
             else "--workload trace needs --trace FILE (a Mooncake trace JSONL file)"
         )
     if spec.name in ("sharegpt", "trace") and not Path(str(spec.dataset)).expanduser().is_file():
-        raise ValidationError(f"--dataset {spec.dataset}: cannot read the file (not found)")
+        flag = "--trace" if spec.name == "trace" else "--dataset"  # the trace workload's file is --trace's
+        raise ValidationError(f"{flag} {spec.dataset}: cannot read the file (not found)")
 
 
 def build(spec: WorkloadSpec, n: int, seed: int) -> list[Item]:

@@ -124,9 +124,11 @@ def test_bad_options_and_files_are_clear_errors(
         build(spec, 3, 0)
 
 
-def test_a_missing_dataset_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match=f"--dataset {tmp_path / 'nope.jsonl'}: cannot read the file"):
+def test_a_missing_file_names_it_under_the_option_that_gives_it(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match=f"--trace {tmp_path / 'nope.jsonl'}: cannot read the file"):
         build(WorkloadSpec("trace", dataset=str(tmp_path / "nope.jsonl")), 3, 0)
+    with pytest.raises(ValidationError, match=f"--dataset {tmp_path / 'nope.json'}: cannot read the file"):
+        build(WorkloadSpec("sharegpt", dataset=str(tmp_path / "nope.json")), 3, 0)
 
 
 def test_a_synthetic_prompt_counts_as_its_tokens() -> None:

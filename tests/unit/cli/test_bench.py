@@ -57,10 +57,11 @@ def test_bench_is_listed_and_every_option_has_help() -> None:
             ["--workload", "trace"],
             "error: --workload trace needs --trace FILE (a Mooncake trace JSONL file)",
         ),
-        (["--trace", "no/such.jsonl"], "error: --dataset"),
+        (["--trace", "no/such.jsonl"], "error: --trace /"),  # the path, made absolute
         (["--trace", "t.jsonl", "--workload", "random"], "error: --trace t.jsonl: replays a trace; it goes"),
         (["--trace", "t.jsonl", "--dataset", "t.jsonl"], "error: --trace t.jsonl: give --trace FILE or"),
-        (["--workload", "trace", "--dataset", "no/such.jsonl"], "error: --dataset"),
+        (["--workload", "trace", "--dataset", "no/such.jsonl"], "error: --trace /"),
+        (["--workload", "sharegpt", "--dataset", "no/such.json"], "error: --dataset /"),
         # N11: these ended in tracebacks, or built 10^8 requests before starting
         (["--rate", "inf"], "error: --rate 'inf': not a finite number"),
         (["--burstiness", "inf"], "error: --burstiness 'inf': not a finite number"),
