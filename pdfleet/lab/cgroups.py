@@ -18,11 +18,16 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT = "pdfleet-lab"
 
 
+def systemd_hierarchies(root: Path = CGROUP_ROOT) -> list[Path]:
+    """Each cgroup hierarchy a systemd would use: v1's name=systemd and the unified one of a hybrid
+    layout, or the v2 root ([] where there is none)."""
+    candidates = [root / "systemd", root / "unified"] if (root / "systemd").is_dir() else [root]
+    return [h for h in candidates if (h / "cgroup.procs").exists()]
+
+
 def host_cgroups(name: str, root: Path = CGROUP_ROOT) -> list[Path]:
-    """The host's cgroup in each hierarchy a systemd would use: v1's name=systemd and the unified one of
-    a hybrid layout, or the v2 root ([] where there is none)."""
-    hierarchies = [root / "systemd", root / "unified"] if (root / "systemd").is_dir() else [root]
-    return [h / PARENT / name for h in hierarchies if (h / "cgroup.procs").exists()]
+    """The host's cgroup in each hierarchy a systemd would use."""
+    return [h / PARENT / name for h in systemd_hierarchies(root)]
 
 
 def fresh_host_cgroups(name: str, root: Path = CGROUP_ROOT) -> list[Path]:

@@ -24,6 +24,7 @@ import pytest
 from _pytest.terminal import TerminalReporter
 
 from pdfleet.bench.procs import free_port, wait_http, wait_port
+from pdfleet.lab.cgroups import remove_cgroup, systemd_hierarchies
 from tests.unit.helpers import Sshd, SystemdUnits, UserSystemd
 
 SSHD = "/usr/sbin/sshd"
@@ -100,27 +101,11 @@ def _systemctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[s
 
 
 def _own_cgroups(name: str) -> list[Path]:
-    """A new cgroup `name` in each cgroup hierarchy a systemd would use (v1's name=systemd and the unified
-    one of a hybrid layout, or the v2 root), created empty; [] when there is none to use."""
-    root = Path("/sys/fs/cgroup")
-    candidates = [root / "systemd", root / "unified"] if (root / "systemd").is_dir() else [root]
-    groups = []
-    for hierarchy in candidates:
-        if (hierarchy / "cgroup.procs").exists():
-            (hierarchy / name).mkdir()
-            groups.append(hierarchy / name)
+    """A new cgroup `name` in each cgroup hierarchy a systemd would use, created empty."""
+    groups = [hierarchy / name for hierarchy in systemd_hierarchies()]
+    for group in groups:
+        group.mkdir()
     return groups
-
-
-def _remove_cgroup(group: Path) -> None:
-    """Remove a cgroup and the ones under it (deepest first; a cgroup still holding a process stays)."""
-    if not group.is_dir():
-        return
-    for path in sorted((p for p in group.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        with contextlib.suppress(OSError):
-            path.rmdir()
-    with contextlib.suppress(OSError):
-        group.rmdir()
 
 
 @pytest.fixture(scope="session")
@@ -173,7 +158,7 @@ def systemd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UserSystemd]:
             proc.wait(timeout=10)
         log.close()
         for group in groups:
-            _remove_cgroup(group)
+            remove_cgroup(group)
 
 
 HEALTH_UNIT = """[Service]
