@@ -50,6 +50,7 @@ class UpstreamResponse:
     _pending: list[bytes] = field(default_factory=list)
     _ended: bool = False
     _end_reason: EndReason | None = None
+    answered: bool = False  # the last piece relayed ends the answer (see ends_answer)
 
     def relay(
         self,
@@ -74,6 +75,7 @@ class UpstreamResponse:
                 if not piece:
                     continue
             transport.write(_frame(piece) if chunked else piece)
+            self.answered = ends_answer(piece)
             if on_chunk is not None:
                 on_chunk()
         self._pending = []
@@ -96,6 +98,13 @@ class UpstreamResponse:
 
 def _frame(payload: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def ends_answer(piece: bytes) -> bool:
+    """Whether a relayed piece ends with an answer's last event (OpenAI's `data: [DONE]`, Anthropic's
+    `message_stop`): the SDKs close on it, often before the body's end marker, and were served in full."""
+    end = b"\n" + piece[-96:].rstrip(b"\r\n")
+    return end.endswith(b"\ndata: [DONE]") or b"\nevent: message_stop" in end
 
 
 def whole_events(data: bytes) -> tuple[bytes, bytes]:
@@ -230,6 +239,8 @@ class Connection(ResponseParser, asyncio.Protocol):
                 self.last_data = self.loop.time()
                 return
         sink.write(_frame(payload) if self.sink_chunked else payload)
+        if self.response is not None:
+            self.response.answered = ends_answer(payload)
         self.last_data = self.loop.time()
         if self.on_chunk is not None:
             self.on_chunk()

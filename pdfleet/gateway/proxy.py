@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from pdfleet.gateway.capture import Capture, OutputCounter
-from pdfleet.gateway.connection import UpstreamError, UpstreamResponse, whole_events
+from pdfleet.gateway.connection import UpstreamError, UpstreamResponse, ends_answer, whole_events
 from pdfleet.gateway.context import RequestContext
 from pdfleet.gateway.errors import error_response, sse_error_event
 from pdfleet.gateway.load import LongPrefills, Outstanding, QueueWatch
@@ -213,6 +213,8 @@ class Proxy:
         try:
             out, outcome = await self._stream(request, ctx, up, fell_back, shadowed, tap)
         finally:
+            if outcome == "cancelled" and up.resp.answered:  # left after the answer's last event
+                outcome = "ok"
             m.child(m.in_flight, model, up.pool).dec()
             if shadowed:
                 self._paired_end(ctx, up, outcome)
@@ -344,6 +346,7 @@ class Proxy:
                 return out, "ok"
             first, held = whole_events(resp.first) if sse else (resp.first, None)
             await out.write(first)  # sends the held-back headers with the first chunk (even empty)
+            resp.answered = ends_answer(first)
             transport: Any = request.transport
             if transport is None:
                 raise ConnectionResetError("client went away")
@@ -364,10 +367,13 @@ class Proxy:
                 return out, "ok"
         except asyncio.CancelledError:
             resp.close()  # the client went away (handler cancelled): close upstream at once
-            m.child(m.client_disconnects, up.pool).inc()
+            if not resp.answered:
+                m.child(m.client_disconnects, up.pool).inc()
             raise
         except ConnectionError:  # our write to the client failed: it is gone
             resp.close()
+            if resp.answered:  # it left after the answer's last event: served
+                return out, "ok"
             m.child(m.client_disconnects, up.pool).inc()
             return out, "client_gone"
         finally:

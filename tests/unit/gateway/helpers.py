@@ -36,12 +36,14 @@ ADMIN_KEY = "sk-admin-fedcba9876543210"
 @dataclass
 class FakeUpstream:
     """An OpenAI-like upstream: `mode` ok | 500 | hang | cut (stream breaks after `cut_after` chunks)
-    | empty (200 with an empty body, SSE when streaming)."""
+    | empty (200 with an empty body, SSE when streaming); `end_delay`: seconds between a stream's last
+    event and the end of its body."""
 
     name: str
     delay: float = 0.0
     mode: str = "ok"
     cut_after: int = 2
+    end_delay: float = 0.0
     seen: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
     finished: int = 0
@@ -159,6 +161,8 @@ class FakeUpstream:
             }
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
+        if self.end_delay:
+            await asyncio.sleep(self.end_delay)
         await resp.write_eof()
         self.finished += 1
         return resp

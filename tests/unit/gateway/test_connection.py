@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pdfleet.gateway.connection import ends_answer
 from pdfleet.gateway.upstream import UpstreamClient
 from tests.unit.gateway.helpers import RawServer, chunked, client_pair, fetch, run_uvloop
 
@@ -127,3 +129,18 @@ def test_relay_frames_for_a_chunked_client_and_pauses_for_a_slow_one() -> None:
             client.close()
 
     run_uvloop(scenario())
+
+
+@pytest.mark.parametrize(
+    ("piece", "last"),
+    [
+        (b'data: {"n": 1}\n\ndata: [DONE]\n\n', True),
+        (b"data: [DONE]\r\n\r\n", True),
+        (b'event: message_stop\ndata: {"type": "message_stop"}\n\n', True),
+        (b'data: {"n": 1}\n\n', False),
+        (b'data: {"text": "say data: [DONE]"}\n\n', False),  # the words inside an answer's text
+        (b'data: {"text": "\\nevent: message_stop"}\n\n', False),
+    ],
+)
+def test_ends_answer_knows_each_api_s_last_event(piece: bytes, last: bool) -> None:
+    assert ends_answer(piece) is last

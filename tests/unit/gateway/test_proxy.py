@@ -207,6 +207,30 @@ def test_a_stream_cut_mid_event_gives_the_sdk_the_api_error(tmp_path: Path) -> N
     run(scenario())
 
 
+def test_a_client_that_leaves_after_the_last_event_was_served(tmp_path: Path) -> None:
+    """The OpenAI SDK closes its connection on `[DONE]`, before the body's end marker: a whole answer
+    delivered is a served request, not a client gone (the shadow series count it ok)."""
+
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.0) as env:
+            env.colo.end_delay = 0.3  # the upstream ends its body well after [DONE]
+            async with env.session.post(
+                env.base + "/v1/chat/completions", headers=auth(), json=chat(stream=True, max_tokens=3)
+            ) as r:
+                seen = b""
+                while b"[DONE]" not in seen:
+                    seen += await r.content.readany()
+                r.close()  # gone before the end of the body
+            for _ in range(50):
+                if env.colo.cancelled or env.colo.finished:  # the gateway saw it leave
+                    break
+                await asyncio.sleep(0.02)
+            assert env.colo.cancelled + env.colo.finished == 1
+            assert await env.metric("pdfleet_gateway_client_disconnects_total", pool="colocated") == 0
+
+    run(scenario())
+
+
 def test_idle_timeout_mid_stream_ends_with_error_event(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with Env(
