@@ -274,8 +274,14 @@ class Engine:
         while waiting and len(self.running) + len(self.loading) < self.limits.max_num_seqs:
             req = waiting[0]
             if req.remote_prefill is not None:
+                # its own prefix-cache hit first: the connector pulls only the blocks past it
+                queried = self._prefix_hit(req)
                 if not self._allocate(req, req.prompt_tokens):
+                    if queried:
+                        self._free_blocks(req)
+                        req.computed = 0
                     break
+                self._count_prefix(req, queried)
                 waiting.popleft()
                 req.state = State.LOADING_KV
                 if req.first_scheduled is None:
@@ -370,10 +376,11 @@ class Engine:
             return None
         req.remote_prefill = None  # the remote copy is consumed; a later preemption recomputes locally
         if ok:
+            local = req.cached[0]  # its own prefix-cache hit, which was not pulled
             req.computed = req.prompt_tokens - 1
-            req.cached = (0, req.computed)  # counted in vllm:prompt_tokens at its first token, as vLLM does
+            req.cached = (local, req.computed - local)  # counted in vllm:prompt_tokens at its first token
         elif self.limits.recompute_on_load_failure:
-            req.computed = 0
+            req.computed = req.cached[0]  # from the first block it failed to load: its own hit stays
         else:
             self._free_blocks(req)
             req.state = State.FINISHED

@@ -41,6 +41,15 @@ def _hashed_version(cfg: SimConfig, kv: KVTransfer) -> str | None:
     return None if kv.extra_config.get("enforce_handshake_compat") is False else cfg.release.version
 
 
+def missing(grant: ReadGrant, local_tokens: int, block_size: int) -> tuple[int, int]:
+    """The blocks and bytes a consumer pulls: the producer's blocks past its own prefix-cache hit of
+    `local_tokens` (vLLM's NIXL worker reads only the uncomputed blocks on a partial hit)."""
+    if grant.num_blocks <= 0:
+        return 0, 0
+    blocks = max(grant.num_blocks - local_tokens // block_size, 0)
+    return blocks, grant.nbytes * blocks // grant.num_blocks
+
+
 def _lease_of(kv: KVTransfer) -> float | None:
     """The consumer's own kv_lease_duration (it times its heartbeats by it), None for the default."""
     value = kv.extra_config.get("kv_lease_duration")
@@ -274,6 +283,7 @@ class KVConnector:
         """Pull the request's KV from its producer over the side channel, then let it decode."""
         params = req.remote_prefill or {}
         timing: dict[str, float] = {}
+        moved: dict[str, int] = {}
 
         async def wait_transfer(grant: ReadGrant) -> float:
             if grant.num_tokens != req.prompt_tokens:
@@ -283,8 +293,9 @@ class KVConnector:
                     f"{req.prompt_tokens}",
                     handshake=False,
                 )
+            moved["blocks"], moved["bytes"] = missing(grant, req.cached[0], self.engine.limits.block_size)
             now = self.clock.now()
-            end = self._link.reserve(now, grant.nbytes)
+            end = self._link.reserve(now, moved["bytes"])
             # the modelled setup, not the real loopback handshake (which time scaling would inflate)
             timing["post"] = self.cfg.link.setup_s
             await self.clock.sleep(end - now)
@@ -303,9 +314,9 @@ class KVConnector:
                 m.nixl_failed_transfers += int(m.notification_is_failed_transfer)
             m.nixl_xfer.observe(timing["xfer"])
             m.nixl_post.observe(timing["post"])
-            m.nixl_bytes.observe(grant.nbytes)
-            m.nixl_descriptors.observe(grant.num_blocks)
-            self._window.append((timing["xfer"], timing["post"], grant.nbytes, grant.num_blocks))
+            m.nixl_bytes.observe(moved["bytes"])
+            m.nixl_descriptors.observe(moved["blocks"])
+            self._window.append((timing["xfer"], timing["post"], moved["bytes"], moved["blocks"]))
         except mooncake.BootstrapError as exc:
             ok = False
             self.metrics.mooncake_recvs += 1

@@ -18,7 +18,7 @@ from pdfleet.metrics.scrape import scrape_metrics
 from pdfleet.sim.clock import SimClock
 from pdfleet.sim.config import parse_serve_args
 from pdfleet.sim.engine import SimRequest, State
-from pdfleet.sim.kv_transfer import KVConnector
+from pdfleet.sim.kv_transfer import KVConnector, missing
 from pdfleet.sim.metrics import SimMetrics
 from pdfleet.sim.side_channel import PullError, ReadGrant, SideChannelServer, pull
 from pdfleet.sim.stream import Sink
@@ -185,6 +185,47 @@ def test_a_consumer_loads_over_the_side_channel_then_logs_it(caplog: pytest.LogC
         kv.log_transfers()  # nothing new: no second line
     lines = [r.getMessage() for r in caplog.records if "KV Transfer metrics" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("KV Transfer metrics: Num successful transfers=1, ")
+
+
+def test_a_consumer_pulls_only_the_blocks_past_its_own_prefix_cache_hit() -> None:
+    """vLLM's decode side looks its own prefix cache up first and reads only the uncomputed blocks: a
+    500-token prompt (32 blocks at the producer) whose first 20 blocks are cached here pulls 12."""
+    kv, _ = _connector("kv_consumer", "--sim-link", "roce-400g")
+    hashes = tuple(bytes([i]) * 8 for i in range(31))
+
+    async def run() -> SimRequest:
+        kv.clock.start(asyncio.get_running_loop())
+        warm = SimRequest("warm", 330, 1, block_hashes=hashes[:20])  # 20 full blocks, served here
+        kv.engine.add(warm, 0.0)
+        kv.engine.complete(kv.engine.schedule(0.0), 0.1)
+        assert warm.state is State.FINISHED
+        grant = ReadGrant(500, 32, 500 * KV_BYTES_8B)
+        side = SideChannelServer("engine-p", kv.compat, lambda rid: grant, lambda rid: None)
+        await side.start("127.0.0.1", 0)
+        assert side._server is not None
+        port = side._server.sockets[0].getsockname()[1]
+        params = {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "p"}
+        req = SimRequest("d", 500, 3, remote_prefill=params, block_hashes=hashes)
+        kv.engine.add(req, 0.2)
+        assert kv.engine.schedule(0.2).kv_loads == [req]
+        try:
+            await kv.load(req)
+        finally:
+            await side.close()
+        return req
+
+    req = asyncio.run(run())
+    m = kv.metrics
+    assert kv.engine.prefix_cache_hits == 320 and req.cached == (320, 499 - 320)
+    assert (m.nixl_descriptors.total, m.nixl_bytes.total) == (12, 500 * KV_BYTES_8B * 12 // 32)
+    assert m.nixl_xfer.total == pytest.approx(kv.cfg.link.transfer_time(500 * KV_BYTES_8B * 12 // 32))
+
+
+@pytest.mark.parametrize(
+    ("local", "expected"), [(0, (32, 32 * 1000)), (320, (12, 12 * 1000)), (511, (1, 1000)), (9999, (0, 0))]
+)
+def test_missing_blocks_are_the_grant_s_past_the_local_hit(local: int, expected: tuple[int, int]) -> None:
+    assert missing(ReadGrant(512, 32, 32 * 1000), local, 16) == expected
 
 
 def test_kv_held_for_another_prompt_length_is_not_loaded() -> None:
