@@ -1,5 +1,5 @@
 """`invoke monitor`: the request chain per model, pool and class from Prometheus, now and over the last
-minutes (a section per model, or the one `--model` names)."""
+minutes (a section per model, or the one `--model` names), then what is firing (Alertmanager's API v2)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.model.profile import Profile
 from pdfleet.model.served import ServedModel
 from pdfleet.monitoring.chain_table import format_table, model_labels, of_model, prometheus_url, read_chain
+from pdfleet.monitoring.firing import alertmanager_url, firing_section
 
 MIN_INTERVAL_S = 1.0
 MAX_MINUTES = 366 * 24 * 60.0  # a year: far past any retention; a larger one overflowed a timestamp
@@ -34,6 +35,8 @@ MAX_MINUTES = 366 * 24 * 60.0  # a year: far past any retention; a larger one ov
         "prometheus": "Read this Prometheus (http://HOST:PORT) instead of the inventory's monitoring host.",
         "model": "Show only this model (its name in the profile's models:); default: every model, a section "
         "each.",
+        "alertmanager": "Read this Alertmanager (http://HOST:PORT) instead of the one beside the inventory's "
+        "Prometheus.",
     },
 )
 @user_errors
@@ -46,8 +49,10 @@ def monitor(
     interval: str = "5",
     prometheus: str | None = None,
     model: str | None = None,
+    alertmanager: str | None = None,
 ) -> None:
-    """Show TTFT, queue, prefill, KV transfer, decode, TPOT, ITL, stalls per model, pool and class."""
+    """Show TTFT, queue, prefill, KV transfer, decode, TPOT, ITL, stalls per model, pool and class, and
+    the alerts firing."""
     span = number("--minutes", minutes, most=MAX_MINUTES)
     every = number("--interval", interval)
     if every < MIN_INTERVAL_S:
@@ -55,8 +60,11 @@ def monitor(
     deployment = open_deployment(ctx, profile, inventory)
     shown = shown_models(deployment.profile, model)
     url = prometheus_url(deployment.topology, prometheus)
-    # a lab address while the lab is down would route off this machine: refuse, as verify does
+    am_url = alertmanager_url(deployment.topology, alertmanager)
+    # a lab address while the lab is down would route off this machine: refuse, as verify does (for
+    # Alertmanager: its section says so, the chain is still worth showing)
     problem = lab_route_problem([urlparse(url).hostname or ""])
+    am_problem = lab_route_problem([urlparse(am_url).hostname or ""]) if am_url else None
     if problem:
         raise ConnectError(problem)
     client = PrometheusClient(url)
@@ -71,6 +79,7 @@ def monitor(
             )
             for spec in shown
         )
+        text += "\n" + (f"Alerts: {am_problem}\n" if am_problem else firing_section(am_url))
         if watch:
             print("\033[H\033[2J", end="")  # clear the terminal between refreshes
         print(text, end="", flush=True)

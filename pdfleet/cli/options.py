@@ -11,6 +11,7 @@ from invoke import Context
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.settings import Settings, repo_path
+from pdfleet.fleet.alert_secrets import read_alert_secrets
 from pdfleet.fleet.deployment import Deployment, DeploymentRequest, Secrets, load_deployment
 from pdfleet.fleet.host_wheel import cached_host_wheel
 from pdfleet.fleet.live_layout import layout_file, read_layout
@@ -74,6 +75,7 @@ def open_deployment(
         host_wheel=None if wheel is None else functools.partial(cached_host_wheel, progress=wheel),
         manifests=load_manifests if manifests else None,
         hub_tokens=load_tokens if manifests else None,
+        alert_secrets=read_alert_secrets if keys == "provision" else None,
         layout=None if live is None else (state, live),
     )
     deployment = load_deployment(request)

@@ -16,6 +16,7 @@ from pdfleet.fleet.render import Renderer
 from pdfleet.fleet.roles import Role, RoleContext
 from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.fleet.topology import Topology, build_topology
+from pdfleet.model.alerting import AlertmanagerSpec
 from pdfleet.model.checks import stage_problem
 from pdfleet.model.inventory import Host, Inventory, load_inventory
 from pdfleet.model.inventory_checks import check_against_inventory
@@ -26,6 +27,7 @@ from pdfleet.model.weights import WeightsManifest
 
 GATEWAY_ROLE = "gateway"  # the role that installs the gateway's keys (roles/gateway)
 ROLLOUT_ROLE = "rollout"  # installs the admin key for the rollout controller (roles/rollout)
+MONITORING_ROLE = "monitoring"  # installs the Alertmanager receivers' secrets (roles/monitoring)
 
 # (client key file, admin key file, outside alias -> key file) -> the gateway's keys
 Secrets = Callable[[str, str, Mapping[str, str]], GatewaySecrets]
@@ -34,6 +36,7 @@ Manifests = Callable[[Sequence[ModelSpec]], Mapping[str, WeightsManifest]]
 Tokens = Callable[[Sequence[ModelSpec]], Mapping[str, str]]  # the same models -> hub tokens by model id
 # roles whose plans read the manifests: the weights role stages by them (verify and doctor read them too)
 MANIFEST_ROLES = ("weights",)
+AlertSecrets = Callable[[AlertmanagerSpec], Mapping[str, str]]  # fleet.alert_secrets.read_alert_secrets
 HostWheel = Callable[[], Path]  # this clone's host wheel on the control machine (built, or from the cache)
 
 
@@ -53,6 +56,7 @@ class Deployment:
     stage_override: str | None = None  # `invoke provision --stage S`
     manifests: Mapping[str, WeightsManifest] = field(default_factory=dict)  # staged models' by model id
     hub_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)  # staged hub models' by model id
+    alert_secrets: Mapping[str, str] = field(default_factory=dict, repr=False)  # the receivers', by name
 
     def context(self, host: Host) -> RoleContext:
         """What the roles see for one host."""
@@ -67,6 +71,7 @@ class Deployment:
             self.stage_override,
             self.manifests,
             self.hub_tokens,
+            self.alert_secrets,
         )
 
 
@@ -89,6 +94,8 @@ class DeploymentRequest:
     hub_tokens: Tokens | None = None  # asked with the manifests: the hub tokens hosts download with
     # the live layout (fleet.live_layout) and its state file: the inventory's pool groups rewritten to it
     layout: tuple[Path, HostPools] | None = None
+    # asked only when the monitoring role runs on a monitoring host: the receivers' secrets by name
+    alert_secrets: AlertSecrets | None = None
 
 
 def load_deployment(request: DeploymentRequest) -> Deployment:
@@ -133,6 +140,14 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
         manifests = request.manifests(wanted) if wanted else {}
         if request.hub_tokens is not None and wanted:
             tokens = request.hub_tokens(wanted)
+    alerting: Mapping[str, str] = {}
+    monitoring_selected = any(topology.prometheus_on(h.name) for h in hosts)
+    if (
+        request.alert_secrets is not None
+        and MONITORING_ROLE in {r.NAME for r in roles}
+        and monitoring_selected
+    ):
+        alerting = request.alert_secrets(profile.monitoring.alertmanager)
     return Deployment(
         profile,
         inventory,
@@ -146,6 +161,7 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
         request.stage,
         manifests,
         tokens,
+        alerting,
     )
 
 

@@ -49,6 +49,8 @@ class RoleContext:
     manifests: Mapping[str, WeightsManifest] = field(default_factory=dict)
     # each staged hub model's token by model id (never rendered: only the weights role's 0600 header file)
     hub_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # the Alertmanager receivers' secrets by name (never rendered: only the monitoring role's 0600 files)
+    alert_secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def instances(self) -> list[Instance]:

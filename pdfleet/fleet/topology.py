@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from pdfleet.fleet.controller import Controller, placement
 from pdfleet.fleet.host_layout import CONFIG_DIR, UNIT_DIR
 from pdfleet.model.inventory import Host, Inventory
 from pdfleet.model.profile import Profile
 from pdfleet.model.served import ServedModel, pool_hosts
-from pdfleet.rollout.config import DEFAULT_CONFIG, STATE_DIR
 
 ROUTER_ADDRESS = "127.0.0.1"  # vllm-router listens on each gateway host's loopback, for its gateway only
 # Which gateway pool (X-Pdfleet-Pool) an instance serves, by its profile pool.
@@ -157,12 +157,32 @@ class MetricsEndpoint:
 
 
 @dataclass(frozen=True)
+class Alertmanager:
+    """Alertmanager beside Prometheus on a monitoring host (its address, monitoring.alertmanager.port), and
+    the lab's notification recorder there when the profile asks for it (recorder_port)."""
+
+    host: str
+    address: str
+    port: int
+    recorder_port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    @property
+    def recorder_url(self) -> str | None:
+        return None if self.recorder_port is None else f"http://{self.address}:{self.recorder_port}"
+
+
+@dataclass(frozen=True)
 class Prometheus:
     """Prometheus on a monitoring host: the host's inventory address and the profile's monitoring.port."""
 
     host: str
     address: str
     port: int
+    alertmanager: Alertmanager | None = None  # beside it on the same host (None: a test's bare server)
 
     @property
     def listen_address(self) -> str:
@@ -183,27 +203,6 @@ class Prometheus:
         """Its own /metrics, which it scrapes as job `prometheus`."""
         labels = MappingProxyType({"role": "prometheus", "host": self.host})
         return MetricsEndpoint("prometheus", self.host, self.address, self.port, labels)
-
-
-@dataclass(frozen=True)
-class Controller:
-    """The rollout controller (pdfleet-rollout) on the first monitoring host: where it is installed, reads
-    its configuration and the gateways' admin key, and keeps its state."""
-
-    host: Host
-    venv: str = "/opt/pdfleet/rollout"
-    config_file: str = str(DEFAULT_CONFIG)  # the controller's own default (pdfleet.rollout.config)
-    key_file: str = str(DEFAULT_CONFIG.parent / "admin.key")
-    state_dir: str = str(STATE_DIR)
-    unit: str = "pdfleet-rollout.service"
-
-    @property
-    def config_dir(self) -> str:
-        return self.config_file.rsplit("/", 1)[0]
-
-    @property
-    def bin(self) -> str:
-        return f"{self.venv}/bin/pdfleet-rollout"
 
 
 def monitoring_hosts(inventory: Inventory) -> list[Host]:
@@ -233,6 +232,7 @@ class Topology:
     controller: Controller | None = None
     no_controller_reason: str | None = "the inventory has no host in the `monitoring` group"
     models: tuple[ModelTopology, ...] = ()  # per served model, in the profile's order
+    node_exporters: tuple[MetricsEndpoint, ...] = ()  # one per inventory host, in inventory order
 
     def on_host(self, host: str) -> list[Instance]:
         """The instances a host runs, model by model, each in pool order (prefill, decode, colocated)."""
@@ -274,7 +274,8 @@ class Topology:
 
     @property
     def metrics_endpoints(self) -> tuple[MetricsEndpoint, ...]:
-        """Every service's metrics endpoint: vLLM instances, then each gateway and its router."""
+        """Every service's metrics endpoint: vLLM instances, each gateway and its router, every host's node
+        exporter."""
         out = [
             MetricsEndpoint(
                 "vllm",
@@ -302,7 +303,7 @@ class Topology:
                     {"pool": "disagg", "role": "router", "host": g.host, "model": r.model}
                 )
                 out.append(MetricsEndpoint("vllm-router", g.host, g.address, r.metrics_port, labels))
-        return tuple(out)
+        return (*out, *self.node_exporters)
 
 
 def build_topology(
@@ -323,10 +324,17 @@ def build_topology(
     gateway_hosts = () if reason else tuple(inventory.group("gateway"))
     models = tuple(_model(spec, instances, gateway_hosts) for spec in served)
     gateways = tuple(_gateway(profile, h, models) for h in gateway_hosts)
+    am = profile.monitoring.alertmanager
+    recorder = am.lab_receiver_port if am.lab_receiver else None
     monitoring = tuple(
-        Prometheus(h.name, h.address, profile.monitoring.port) for h in monitoring_hosts(inventory)
+        Prometheus(
+            h.name, h.address, profile.monitoring.port, Alertmanager(h.name, h.address, am.port, recorder)
+        )
+        for h in monitoring_hosts(inventory)
     )
-    controller, why_no_controller = _controller(profile, inventory, gateways)
+    controller, why_no_controller = placement(
+        profile, controller_of(inventory), bool(gateways), MONITORING_GROUP
+    )
     runs_pdfleet = {g.host for g in gateways}
     if profile.vllm.engine == "sim":
         runs_pdfleet |= {i.host for i in instances}
@@ -342,21 +350,8 @@ def build_topology(
         controller,
         why_no_controller,
         models,
+        tuple(_node_exporter(profile, h, instances, gateways, monitoring) for h in hosts),
     )
-
-
-def _controller(
-    profile: Profile, inventory: Inventory, gateways: tuple[Gateway, ...]
-) -> tuple[Controller | None, str | None]:
-    """The rollout controller and None, or None and why it is not installed."""
-    controller = controller_of(inventory)
-    if controller is None:
-        return None, f"the inventory has no host in the `{MONITORING_GROUP}` group"
-    if not gateways:
-        return None, "the topology has no gateway: there is no stage to roll out"
-    if not any(spec.rollout.plans for spec in profile.served):
-        return None, "the profile has no rollout.plans"
-    return controller, None
 
 
 def _instances(profile: Profile, inventory: Inventory, spec: ServedModel) -> list[Instance]:
@@ -419,6 +414,26 @@ def _gateway(profile: Profile, host: Host, models: tuple[ModelTopology, ...]) ->
         None if first is None else first.port,
         None if first is None else first.metrics_port,
     )
+
+
+def _node_exporter(
+    profile: Profile,
+    host: Host,
+    instances: tuple[Instance, ...],
+    gateways: tuple[Gateway, ...],
+    mon: tuple[Prometheus, ...],
+) -> MetricsEndpoint:
+    """A host's node exporter (job `node`) with the labels of what it runs: `role` and `pool` list its
+    pools' roles, `gateway`, `prometheus` and its gateway pools, comma-separated (absent: it runs none)."""
+    mine = [i for i in instances if i.host == host.name]
+    roles = [*dict.fromkeys(i.pool for i in mine)]
+    roles += ["gateway"] * any(g.host == host.name for g in gateways)
+    roles += ["prometheus"] * any(p.host == host.name for p in mon)
+    pools = [*dict.fromkeys(GATEWAY_POOL[i.pool] for i in mine)]
+    labels = {"host": host.name, **({"role": ",".join(roles)} if roles else {})}
+    labels |= {"pool": ",".join(pools)} if pools else {}
+    port = profile.monitoring.node_exporter_port
+    return MetricsEndpoint("node", host.name, host.address, port, MappingProxyType(labels))
 
 
 def _lab_hosts(hosts: list[Host], network: ipaddress.IPv4Network | None) -> frozenset[str]:

@@ -59,12 +59,18 @@ def gateway_ports(profile: Profile) -> list[tuple[int, str]]:
 
 
 def host_ports(profile: Profile, runs: HostRuns) -> list[tuple[int, str]]:
-    """Every TCP port a host with these instances (and maybe the gateway, Prometheus) listens on."""
+    """Every TCP port a host with these instances (and maybe the gateway, Prometheus and Alertmanager)
+    listens on; every host runs the node exporter."""
     ports = [port for spec, pool in runs.instances for port in instance_ports(profile, spec, pool)]
     if runs.gateway:
         ports += gateway_ports(profile)
+    mon = profile.monitoring
+    ports.append((mon.node_exporter_port, "monitoring.node_exporter_port"))
     if runs.monitoring:
-        ports.append((profile.monitoring.port, "monitoring.port"))
+        ports.append((mon.port, "monitoring.port"))
+        ports.append((mon.alertmanager.port, "monitoring.alertmanager.port"))
+        if mon.alertmanager.lab_receiver:
+            ports.append((mon.alertmanager.lab_receiver_port, "monitoring.alertmanager.lab_receiver_port"))
     return ports
 
 

@@ -12,6 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pdfleet.model.alerting import AlertmanagerSpec
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
@@ -41,6 +42,9 @@ class MonitoringSpec(BaseModel):
     decode_preemptions_per_min: float = Field(default=1.0, gt=0)
     fallback_ratio: float = Field(default=0.05, gt=0, le=1)  # fallbacks / requests through the gateway
     stalls_per_min: float = Field(default=1.0, gt=0)
+    # Debian's prometheus-node-exporter on every host of the inventory (the host's address)
+    node_exporter_port: Port = 9100
+    alertmanager: AlertmanagerSpec = Field(default_factory=AlertmanagerSpec)
 
     @model_validator(mode="after")
     def _window_covers_scrapes(self) -> MonitoringSpec:

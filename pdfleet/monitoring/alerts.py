@@ -273,6 +273,23 @@ def target_alerts() -> list[Alert]:
     ]
 
 
+def pool_alerts() -> list[Alert]:
+    """Every instance of a model's pool role down: the pool serves nothing. Alertmanager inhibits the pool's
+    other alerts while this one fires (pdfleet.monitoring.alertmanager_config)."""
+    return [
+        Alert(
+            "PdfleetPoolDown",
+            'sum by (model, pool, role) (up{job="vllm"}) == 0',
+            "Every {{ $labels.role }} instance of model {{ $labels.model }} on the {{ $labels.pool }} pool "
+            "is down: the pool serves nothing (its other alerts are held back while it is down).",
+            "systemctl status and journalctl -u of the pool's vllm units on its hosts (invoke verify, invoke "
+            "doctor --profile); while the disaggregated pool is down the gateway falls back to the colocated "
+            "pool, and invoke rollout --stage colocated sends it nothing.",
+            severity="critical",
+        )
+    ]
+
+
 def alert_rules(profile: Profile, has_gateway: bool) -> dict[str, object]:
     """The alerts file: one group, every alert with the profile's `for:`."""
     alerts = slo_alerts(profile, has_gateway)
@@ -280,7 +297,7 @@ def alert_rules(profile: Profile, has_gateway: bool) -> dict[str, object]:
     alerts += engine_alerts(profile)
     if has_gateway:
         alerts += gateway_alerts(profile)
-    alerts += target_alerts()
+    alerts += pool_alerts() + target_alerts()
     for_s = profile.monitoring.alert_for_s
     interval = f"{profile.monitoring.evaluation_interval_s}s"
     return {

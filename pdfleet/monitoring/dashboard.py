@@ -2,8 +2,9 @@
 
 One row per part of the chain: the gateway's view per pool and length class, vLLM's per pool and role,
 KV transfer, queues and running requests, KV cache and preemptions, stalls/jitter/fallbacks, routing
-decisions by stage, and scrape health. Every panel reads a recorded series of
-`pdfleet.monitoring.recording` (or `up`), so the dashboard, the alerts and `invoke monitor` agree. A
+decisions by stage, and scrape health; then the hosts' rows (`pdfleet.monitoring.host_panels`). Every
+chain panel reads a recorded series of `pdfleet.monitoring.recording` (or `up`), so the dashboard, the
+alerts and `invoke monitor` agree. A
 `model` variable (one option per model the profile serves) narrows every per-model series to one model:
 its `model` label is the model's name or one of its aliases (a single-model gateway labels by alias).
 """
@@ -12,35 +13,19 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from pdfleet.fleet.topology import GATEWAY_POOL, Topology
 from pdfleet.metrics.bounds import first_bound
 from pdfleet.model.profile import Profile
+from pdfleet.monitoring.host_panels import host_rows
+from pdfleet.monitoring.panels import Panel, Query
 from pdfleet.monitoring.recording import QUANTILES, Step, chain_figures, chain_steps
 
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
 MODEL_MATCH = 'model=~"$model"'  # a custom variable whose value is a regex: name|alias|...
 WIDTH = 12
 HEIGHT = 8
-
-
-@dataclass(frozen=True)
-class Query:
-    expr: str
-    legend: str
-
-
-@dataclass(frozen=True)
-class Panel:
-    title: str
-    queries: tuple[Query, ...]
-    unit: str = "s"
-    description: str = ""
-    # quantiles of a histogram whose first bucket ends here (s): a value under it shows as `<bound`
-    first_bucket_s: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _pools(topology: Topology) -> list[str]:
@@ -284,7 +269,7 @@ def dashboard(profile: Profile, topology: Topology) -> dict[str, Any]:
     """The dashboard model: rows of two-column panels, a Prometheus datasource chosen on import."""
     panels: list[dict[str, Any]] = []
     y, pid = 0, 1
-    for title, row in chain_panels(profile, topology):
+    for title, row in [*chain_panels(profile, topology), *host_rows(profile)]:
         panels.append(
             {
                 "id": pid,

@@ -1,8 +1,9 @@
 """Prometheus's configuration for a deployment, from the topology: one scrape job per kind of service.
 
-Jobs `vllm` (every pool instance, simulator or vLLM), `vllm-router`, `pdfleet-gateway` and `prometheus`
-itself; every target carries the labels `pool`, `role` and `host` the topology gives it, and an
-`instance` label naming the host (not its address). Written with a YAML dumper from data, never by
+Jobs `vllm` (every pool instance, simulator or vLLM), `vllm-router`, `pdfleet-gateway`, `node` (every
+host's node exporter) and `prometheus` itself, alerts sent to the Alertmanager beside it; every target
+carries the labels `pool`, `role` and `host` the topology gives it (a node exporter: what its host runs),
+and an `instance` label naming the host (not its address). Written with a YAML dumper from data, never by
 pasting text, so no inventory or profile value can add a line to the file.
 """
 
@@ -24,7 +25,7 @@ RECORDING_FILE = f"{RULES_DIR}/recording.yml"
 ALERTS_FILE = f"{RULES_DIR}/alerts.yml"
 DEFAULTS_FILE = "/etc/default/prometheus"  # Debian's unit reads ARGS from here
 STORAGE_DIR = "/var/lib/prometheus/metrics2"  # the Debian package's storage path
-JOB_ORDER = ("prometheus", "vllm", "vllm-router", "pdfleet-gateway")
+JOB_ORDER = ("prometheus", "vllm", "vllm-router", "pdfleet-gateway", "node")
 # vLLM serves /metrics with prometheus_client, whose OpenMetrics encoder (what Prometheus 2.x asks for
 # first) writes `vllm:x` as `vllm_x` in recent releases; this puts the real names back, so rules and
 # dashboards use vLLM's names whichever format a server answered in. No vLLM metric starts `vllm_`.
@@ -70,6 +71,9 @@ def prometheus_config(profile: Profile, topology: Topology, server: Prometheus) 
         "rule_files": [RECORDING_FILE, ALERTS_FILE],
         "scrape_configs": scrape_jobs([server.metrics_endpoint, *topology.metrics_endpoints]),
     }
+    am = server.alertmanager
+    if am is not None:  # the Alertmanager beside it, on the same host
+        doc["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"{am.address}:{am.port}"]}]}]}
     return "# Managed by pdfleet (roles/monitoring): the topology's metrics endpoints.\n" + dump(doc)
 
 

@@ -1,4 +1,5 @@
-"""monitoring: Prometheus (Debian's package, from the site's apt repository) on the monitoring group.
+"""monitoring: Prometheus and Alertmanager (Debian's packages, from the site's apt repository) on the
+monitoring group.
 
 It listens on the host's inventory address, scrapes every metrics endpoint of the topology
 (`pdfleet.monitoring.monitoring_config`), records the request chain (`pdfleet.monitoring.recording`)
@@ -6,7 +7,8 @@ and alerts on it (`pdfleet.monitoring.alerts`); the Grafana dashboard (`pdfleet.
 installed beside the rules for the operator to import. Files are written before the package is
 installed, so its first start already uses them (apt keeps our conffiles: --force-confold). A changed
 config or rule file is checked with promtool, then reloaded (SIGHUP), never restarted; only changed
-daemon flags restart it.
+daemon flags restart it. Alertmanager (`roles.monitoring.alerting`) takes Prometheus's alerts to the
+profile's receivers.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from pdfleet.ops.apt import AptPackage, AptPackages, AptUpdate
 from pdfleet.ops.base import Fact, FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.files import Directory, File
 from pdfleet.ops.systemd import Service, restart_handler
+from roles.monitoring import alerting
 
 NAME = "monitoring"
 PACKAGE = "prometheus"
-APT_PACKAGES: tuple[str, ...] = (PACKAGE,)
+APT_PACKAGES: tuple[str, ...] = (PACKAGE, alerting.PACKAGE)
 UNIT = "prometheus.service"
 DASHBOARD_FILE = f"{RULES_DIR}/grafana-dashboard.json"
 START_TIMEOUT_S = 120
@@ -50,7 +53,7 @@ def applies(ctx: RoleContext) -> bool:
 
 
 def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
-    return (AptPackages(),)  # whether Prometheus is installed yet
+    return (AptPackages(),)  # whether Prometheus and Alertmanager are installed yet
 
 
 def _server(ctx: RoleContext) -> Prometheus:
@@ -72,6 +75,11 @@ def check_commands() -> tuple[Run, ...]:
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:
+    """Prometheus's files, then Alertmanager's (and the lab recorder's)."""
+    return [*prometheus_files(ctx), *alerting.files(ctx)]
+
+
+def prometheus_files(ctx: RoleContext) -> list[RenderedFile]:
     """The daemon's flags, its config, the recording and alert rules, and the dashboard."""
     has_gateway = bool(ctx.topology.gateways)
     profile = ctx.profile
@@ -87,7 +95,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
 
 
 def units(ctx: RoleContext) -> list[ManagedUnit]:
-    return [ManagedUnit(UNIT, _server(ctx).port, ready_url(ctx))]
+    return [ManagedUnit(UNIT, _server(ctx).port, ready_url(ctx)), *alerting.units(ctx)]
 
 
 def handlers(ctx: RoleContext) -> tuple[Handler, Handler]:
@@ -102,7 +110,7 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     restart, reload = handlers(ctx)
     yield Directory(CONFIG_DIR, mode="0755")
     yield Directory(RULES_DIR, mode="0755")
-    for rendered in files(ctx):
+    for rendered in prometheus_files(ctx):
         if rendered.path == DEFAULTS_FILE:
             notify: tuple[Handler, ...] = (restart,)
         elif rendered.path == DASHBOARD_FILE:
@@ -110,7 +118,10 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
         else:
             notify = (reload,)
         yield File(rendered.path, rendered.content.encode(), mode=rendered.mode, notify=notify)
-    if facts.get(AptPackages()).get(PACKAGE) is None:
-        yield AptUpdate(max_age_minutes=0)  # the mirror may have gained the package since the last update
+    yield from alerting.config_operations(ctx)
+    installed = facts.get(AptPackages())
+    if any(installed.get(p) is None for p in APT_PACKAGES):
+        yield AptUpdate(max_age_minutes=0)  # the mirror may have gained the packages since the last update
     yield AptPackage(PACKAGE)
     yield Service(UNIT, enabled=True, running=True, health_url=ready_url(ctx), health_timeout=START_TIMEOUT_S)
+    yield from alerting.service_operations(ctx)

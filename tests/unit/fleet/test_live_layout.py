@@ -46,7 +46,7 @@ def test_the_deployment_follows_the_live_layout() -> None:
     assert [(i.host, i.pool) for i in topo.on_host("lab-colo2")] == [("lab-colo2", "decode")]
     assert [i.host for i in topo.pool("decode")] == ["lab-colo2", "lab-d1"]
     assert [i.host for i in topo.pool("colocated")] == ["lab-colo1"]
-    labels = [dict(e.labels) for e in topo.metrics_endpoints if e.host == "lab-colo2"]
+    labels = [dict(e.labels) for e in topo.metrics_endpoints if e.host == "lab-colo2" and e.job == "vllm"]
     assert [(x["pool"], x["role"]) for x in labels] == [("disagg", "decode")]
     assert "decode" in fleet.inventory.hosts["lab-colo2"].groups
     assert "colocated" not in fleet.inventory.hosts["lab-colo2"].groups

@@ -56,15 +56,19 @@ def test_every_role_notifies_one_restart_per_instance() -> None:
 def test_role_units_of_a_gateway_host_are_the_router_then_the_gateway() -> None:
     fleet = fleet_of("lab-cross", REPO / "inventory/lab.yml")
     units = role_units(fleet.roles, fleet.context(fleet.inventory.hosts["lab-gw"]))
-    # lab-gw is the monitoring host too: Prometheus comes last, as its role does
+    # lab-gw is the monitoring host too: its node exporter, then Prometheus, Alertmanager and the lab's
+    # recorder come last, as their roles do
     expected = [
         ("vllm-router-pd.service", 8090),
         ("pdfleet-gateway.service", 8080),
+        ("prometheus-node-exporter.service", 9100),
         ("prometheus.service", 9091),  # lab-cross's monitoring.port
+        ("prometheus-alertmanager.service", 9095),  # and monitoring.alertmanager.port
+        ("pdfleet-notification-recorder.service", 9097),
     ]
     assert [(u.unit, u.port) for u in units] == expected
     pool_host = role_units(fleet.roles, fleet.context(fleet.inventory.hosts["lab-d1"]))
-    assert [u.unit for u in pool_host] == ["vllm-decode.service"]
+    assert [u.unit for u in pool_host] == ["vllm-decode.service", "prometheus-node-exporter.service"]
 
 
 def _contains_run(ops: list[Operation], run: list[Operation]) -> bool:

@@ -456,5 +456,16 @@ def alert_cases(profile: Profile, has_gateway: bool) -> list[AlertCase]:
         ),
         ('job="vllm", instance="198.18.0.11:8000", host="p1"',),
     )
-    cases = [*_slo_cases(profile, has_gateway), *_kv_cases(profile), *_engine_cases(profile), target]
+    down = AlertCase(
+        "PdfleetPoolDown",
+        "one instance down taken for the pool down, or pools or roles summed together",
+        (
+            Series('up{job="vllm", model="m", pool="disagg", role="decode", host="d1"}', value=0),
+            Series('up{job="vllm", model="m", pool="disagg", role="prefill", host="p1"}', value=1),
+            Series('up{job="vllm", model="m", pool="colocated", role="colocated", host="c1"}', value=0),
+            Series('up{job="vllm", model="m", pool="colocated", role="colocated", host="c2"}', value=1),
+        ),
+        ('model="m", pool="disagg", role="decode"',),
+    )
+    cases = [*_slo_cases(profile, has_gateway), *_kv_cases(profile), *_engine_cases(profile), target, down]
     return cases + (_gateway_cases(profile) if has_gateway else [])

@@ -4,6 +4,9 @@ recording rules or the scrape targets produce; panels follow the topology."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 import yaml
 from prometheus_client import Gauge
 
+from pdfleet.bench.procs import free_port, wait_http
 from pdfleet.monitoring.dashboard import dashboard, dashboard_json, panel_queries
 from pdfleet.monitoring.recording import recorded_names, recording_rules
 from tests.unit.fleet.helpers import REPO, exported_series, fleet_of, profile_inventory_pairs, series_in
@@ -26,11 +30,42 @@ from tests.unit.metrics.helpers import (
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 PAIRS = profile_inventory_pairs()
+NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
+# The infiniband collector's series exist only where /sys/class/infiniband does (not on this machine):
+# their names as the exporter's binary spells them (collector/infiniband_linux.go builds node_infiniband_*).
+INFINIBAND = ("port_data_received_bytes_total", "port_data_transmitted_bytes_total")
+
+
+@pytest.fixture(scope="module")
+def node_series() -> set[str]:
+    """Every series name Debian's node exporter serves here (started on loopback), and its RDMA ports'."""
+    if shutil.which(NODE_EXPORTER) is None:
+        pytest.skip("prometheus-node-exporter not installed (./dev setup installs it)")
+    binary = Path(NODE_EXPORTER).read_bytes()
+    assert all(name.encode() in binary for name in INFINIBAND)
+    port = free_port()
+    proc = subprocess.Popen(
+        [NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        wait_http(url, 20, proc)
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            text = resp.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    names = {
+        line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")
+    }
+    return names | {f"node_infiniband_{name}" for name in INFINIBAND}
 
 
 @pytest.mark.parametrize(("profile", "inventory"), PAIRS, ids=lambda v: v if isinstance(v, str) else v.name)
 def test_every_panel_query_is_valid_and_reads_known_series(
-    profile: str, inventory: Path, tmp_path: Path
+    profile: str, inventory: Path, tmp_path: Path, node_series: set[str]
 ) -> None:
     fleet = fleet_of(profile, inventory)
     model = json.loads(dashboard_json(fleet.profile, fleet.topology))
@@ -39,7 +74,7 @@ def test_every_panel_query_is_valid_and_reads_known_series(
     assert queries
     checked = check_promql(queries, tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    known = recorded_names(fleet.profile, bool(fleet.topology.gateways)) | exported_series()
+    known = recorded_names(fleet.profile, bool(fleet.topology.gateways)) | exported_series() | node_series
     for query in queries:
         assert series_in(query) <= known, f"{query} reads {series_in(query) - known}"
 

@@ -17,7 +17,7 @@ from pdfleet.monitoring.monitoring_config import ALERTS_FILE, CONFIG_FILE, DEFAU
 from pdfleet.ops.apt import AptPackage, AptPackages, AptUpdate, CommandRc
 from pdfleet.ops.base import FakeFacts, Operation, Run
 from pdfleet.ops.files import Directory, DirectoryState, File, FileContent, FileState, PathInfo
-from pdfleet.ops.systemd import Service
+from pdfleet.ops.systemd import Service, SystemdUnit
 from pdfleet.ops.unit_health import UnitHealth, UnitState
 from tests.unit.fleet.helpers import fleet_of, profile_inventory_pairs
 from tests.unit.metrics.helpers import check_config_tree, promtool
@@ -63,11 +63,17 @@ def test_only_monitoring_hosts_get_it_and_the_mirror_carries_the_package() -> No
     assert [h.name for h in fleet.inventory.hosts.values() if monitoring.applies(fleet.context(h))] == [
         "lab-gw"
     ]
-    assert monitoring.APT_PACKAGES == ("prometheus",)
+    assert monitoring.APT_PACKAGES == ("prometheus", "prometheus-alertmanager")
     from pdfleet.fleet.roles import apt_packages
     from roles import REGISTRY
 
-    assert "prometheus" in apt_packages(REGISTRY)  # what lab.up's apt mirror is built from
+    # what lab.up's apt mirror is built from
+    assert {"prometheus", "prometheus-alertmanager", "prometheus-node-exporter"} <= set(
+        apt_packages(REGISTRY)
+    )
+
+
+INSTALLED = {"prometheus": "2.42", "prometheus-alertmanager": "0.25"}
 
 
 def _info(content: str | bytes, mode: str = "0644") -> PathInfo:
@@ -77,12 +83,16 @@ def _info(content: str | bytes, mode: str = "0644") -> PathInfo:
 
 def _converged(ops: list[Any]) -> dict[Any, Any]:
     """Facts of a host on which these operations already ran."""
-    table: dict[Any, Any] = {AptPackages(): {"prometheus": "2.42.0+ds-5+deb12u1"}}
+    table: dict[Any, Any] = {
+        AptPackages(): {"prometheus": "2.42.0+ds-5+deb12u1", "prometheus-alertmanager": "0.25.0-1+b4"}
+    }
     for op in ops:
         if isinstance(op, File):
             table[FileState(op.path)] = _info(op.content, op.mode)
         elif isinstance(op, Directory):
-            table[DirectoryState(op.path)] = PathInfo("directory", op.mode, "root", "root", 0, None)
+            table[DirectoryState(op.path)] = PathInfo("directory", op.mode, op.owner, op.group, 0, None)
+        elif isinstance(op, SystemdUnit):
+            table[FileState(f"{op.directory}/{op.name}")] = _info(op.content)
         elif isinstance(op, Service):
             table[UnitHealth(op.unit)] = UnitState("loaded", "active", "running", "enabled")
     return table
@@ -102,7 +112,7 @@ def test_a_second_run_changes_nothing() -> None:
     ctx = _lab_gw()
     ops = [
         op
-        for op in monitoring.operations(ctx, FakeFacts({AptPackages(): {"prometheus": "2.42"}}))
+        for op in monitoring.operations(ctx, FakeFacts({AptPackages(): INSTALLED}))
         if isinstance(op, Operation)
     ]
     assert not [c for _, changes in _plan(ctx, _converged(ops)) for c in changes]
@@ -112,7 +122,7 @@ def test_a_changed_rule_file_is_checked_then_reloaded_not_restarted() -> None:
     ctx = _lab_gw()
     ops = [
         op
-        for op in monitoring.operations(ctx, FakeFacts({AptPackages(): {"prometheus": "2.42"}}))
+        for op in monitoring.operations(ctx, FakeFacts({AptPackages(): INSTALLED}))
         if isinstance(op, Operation)
     ]
     table = _converged(ops)
@@ -134,7 +144,7 @@ def test_changed_daemon_flags_restart_after_promtool() -> None:
     ctx = _lab_gw()
     ops = [
         op
-        for op in monitoring.operations(ctx, FakeFacts({AptPackages(): {"prometheus": "2.42"}}))
+        for op in monitoring.operations(ctx, FakeFacts({AptPackages(): INSTALLED}))
         if isinstance(op, Operation)
     ]
     table = _converged(ops)
@@ -159,8 +169,13 @@ def test_first_install_writes_the_files_before_the_package_starts() -> None:
     ops = list(monitoring.operations(ctx, FakeFacts(table)))
     kinds = [type(op) for op in ops]
     package = kinds.index(AptPackage)
-    files = [i for i, op in enumerate(ops) if isinstance(op, File)]
-    assert files and max(files) < kinds.index(AptUpdate) < package < kinds.index(Service)
+    # the daemons' flags and configs (Alertmanager's too); the lab recorder's program is no package's
+    configs = [i for i, op in enumerate(ops) if isinstance(op, File) and op.path.startswith("/etc/")]
+    assert configs and max(configs) < kinds.index(AptUpdate) < package < kinds.index(Service)
+    am_package = next(
+        i for i, op in enumerate(ops) if isinstance(op, AptPackage) and "alertmanager" in op.name
+    )
+    assert max(configs) < am_package
 
 
 def test_scrape_config_names_every_endpoint_with_its_labels() -> None:
@@ -180,6 +195,7 @@ def test_scrape_config_names_every_endpoint_with_its_labels() -> None:
         "vllm",
         "vllm-router",
         "pdfleet-gateway",
+        "node",
     }
     # the router's metrics port is reachable from the monitoring host: not loopback
     router = next(j for j in config["scrape_configs"] if j["job_name"] == "vllm-router")

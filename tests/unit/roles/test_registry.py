@@ -37,6 +37,7 @@ def test_the_registry_runs_drivers_first_then_the_gateway_monitoring_and_the_rol
         "weights",
         "services",
         "gateway",
+        "node_exporter",
         "monitoring",
         "rollout",
     ]
