@@ -26,15 +26,17 @@ from tests.lab.helpers import REPO_ROOT, LabHandle
 LAB_DIR = Path(__file__).resolve().parent
 
 
-# The order of the lab tests: one lab boot and two provisions from scratch per session, every later test
-# on that fleet. infra takes the lab down and up (leaving it bare); Molecule's destroy and `test --all
-# --destroy never` boot the lab again (its first scenario converges on those bare hosts) and leave
-# lab-same-host converged, which provision's 0.11 test checks (a second converge there would change
-# nothing); then provision's from-scratch test takes the lab down and up and converges lab-cross
-# (asserting every host changed), and the rest run on that fleet. A key is a file or a file::test; a test
-# takes the first key naming it.
+# The order of the lab tests: one lab boot and one provision from scratch per session, every later test
+# on a provisioned fleet. infra takes the lab down and up; Molecule's destroy takes it down and the test boots
+# it again, bare; provision's from-scratch test converges lab-cross on those hosts (asserting every host
+# changed, then a second run changing nothing); Molecule's `test --all --destroy never` converges its
+# scenarios over that fleet and leaves lab-same-host converged, which provision's 0.11 test checks (a
+# second converge there would change nothing); then the rest of provision's file converges lab-cross back,
+# and the others run on that fleet. A key is a file or a file::test; a test takes the first key naming it.
 FIRST = (
     "test_lab_infra.py",
+    "test_lab_molecule.py::test_molecule_destroy_takes_the_lab_down",
+    "test_lab_provision.py::test_provision_twice_second_run_changes_nothing",
     "test_lab_molecule.py::test_molecule_test_all_scenarios_pass",
     "test_lab_provision.py::test_a_profile_pinned_to_0_11_provisions_and_serves_p_d",
     "test_lab_provision.py",

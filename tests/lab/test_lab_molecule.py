@@ -1,10 +1,15 @@
-"""Molecule scenarios over the lab: the default scenario's destroy takes the lab down, then `molecule test
---all` passes (one lab booted by the default scenario's create; per lab profile syntax → converge →
-idempotence → verify, each converging over the previous one), and its idempotence step fails when a converge
-is made non-idempotent on purpose (a template rendering random text each time). `test --all` starts from
-the lab taken down, so its first scenario (lab-colocated) converges from scratch, and runs with
-`--destroy never`: it leaves lab-same-host converged, the fleet provision's 0.11 test checks next, instead of
-a destroy, a boot and a converge back (tests/lab/conftest.py: FIRST)."""
+"""Molecule scenarios over the lab: the default scenario's destroy takes the lab down; `molecule test --all`
+passes (one lab booted by the default scenario's create; per lab profile syntax → converge → idempotence →
+verify, each converging over the previous one); and its idempotence step fails when a converge is made
+non-idempotent on purpose (a template rendering random text each time).
+
+The session (tests/lab/conftest.py: FIRST) runs the destroy, then provision's from-scratch test on the bare
+hosts the lab comes back with, then `test --all --destroy never` over that lab-cross fleet: one converge from
+bare hosts per session instead of two, and `test --all` leaves lab-same-host converged, the fleet provision's
+0.11 test checks next. `test --all` leaves out the lab-cross scenario (`--exclude`): its converge and
+idempotence run through Molecule in the non-idempotent test below (`molecule converge/idempotence -s
+lab-cross`), its converge's second run changing nothing is provision's from-scratch test and its verify is
+test_lab_verify's `invoke verify --profile lab-cross`; the shared playbooks run for the other two."""
 
 from __future__ import annotations
 
@@ -46,13 +51,15 @@ def molecule(
 
 
 def test_idempotence_fails_when_a_converge_is_not_idempotent(lab: LabHandle, tmp_path: Path) -> None:
-    """The env file template gains a line of random text: every converge rewrites it, so the second
-    converge reports a change and Molecule's idempotence step fails, naming the provision task. It runs
-    last, on the session's lab-cross fleet (create finds the lab up), and provisions it back."""
+    """The P/D router's unit template gains a comment line of random text: every converge rewrites the
+    unit, so the second converge reports a change and Molecule's idempotence step fails, naming the
+    provision task. It runs last, on the session's lab-cross fleet (create finds the lab up), and provisions
+    it back. The router's unit, not the vLLM env file: a change restarts one router on lab-gw instead of
+    every simulator (three converges here), and the idempotence check is the same."""
     templates = tmp_path / "templates"
     shutil.copytree(REPO_ROOT / "templates", templates)
-    env_template = templates / "vllm.env.j2"
-    env_template.write_text(env_template.read_text() + "# {{ lipsum(1, False, 3, 5) }}\n")
+    unit_template = templates / "vllm-router-pd.service.j2"
+    unit_template.write_text(unit_template.read_text() + "# {{ lipsum(1, False, 3, 5) }}\n")
     env = {"INVOKE_PDFLEET_TEMPLATES_DIR": str(templates)}
     try:
         converged = molecule("converge", "-s", "lab-cross", env=env)
@@ -73,26 +80,40 @@ def test_idempotence_fails_when_a_converge_is_not_idempotent(lab: LabHandle, tmp
     assert "Provision lab-cross" in out and "idempoten" in out.lower(), out[-4000:]
 
 
-def test_molecule_test_all_scenarios_pass(lab: LabHandle) -> None:
-    # Molecule's own destroy (the lab taken down; its state then says "not created"): create boots the
-    # lab again, and the first scenario converges on bare hosts
+def test_molecule_destroy_takes_the_lab_down(lab: LabHandle) -> None:
+    """Molecule's own destroy (the lab taken down; its state then says "not created", so the next `test
+    --all` runs create); the lab is booted again, bare, for provision's from-scratch test."""
     destroyed = molecule("destroy", "-s", "default")
     down = destroyed.stdout + destroyed.stderr
-    assert destroyed.returncode == 0, down[-4000:]
-    assert re.findall(r"\[(\S+) > destroy\] Executing", down) == ["default"], down[-4000:]
-    assert "TASK [Take the lab down]" in down, down[-4000:]
     try:
-        result = molecule("test", "--all", "--destroy", "never")
+        assert destroyed.returncode == 0, down[-4000:]
+        assert re.findall(r"\[(\S+) > destroy\] Executing", down) == ["default"], down[-4000:]
+        assert "TASK [Take the lab down]" in down, down[-4000:]
+    finally:
+        lab.up()
+
+
+def test_molecule_test_all_scenarios_pass(lab: LabHandle) -> None:
+    """Runs after the destroy above (Molecule's state "not created"): create boots, or with the lab up keeps,
+    the lab once for the whole run, and the first scenario converges over the fleet the lab has."""
+    try:
+        result = molecule("test", "--all", "--exclude", "lab-cross", "--destroy", "never")
     finally:
         lab.up()  # cheap when up; the session's teardown expects it up even if the run failed
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-6000:]
-    for scenario in ("lab-cross", "lab-same-host", "lab-colocated"):
+    for scenario in ("lab-same-host", "lab-colocated"):
         for step in ("syntax", "converge", "idempotence", "verify"):
             assert f"{scenario} > {step}: Executed: Successful" in out, (scenario, step, out[-6000:])
-    # shared state: the default scenario booted the lab, once for the whole run; its destroy, the only one,
-    # was skipped (its playbook's task never ran), so the lab stays up with lab-same-host converged
-    assert "default > create: Executed: Successful" in out, out[-6000:]
+    # excluded: none of its steps ran (Molecule still reads its config, and may warn about it)
+    assert re.findall(r"\[lab-cross > (\w+)\] Executing", out) == [], out[-6000:]
+    # shared state: the default scenario's create, once for the whole run; its destroy, the only one, was
+    # skipped (its playbook's task never ran), so the lab stays up with lab-same-host converged
+    assert "default > create: Executed: Successful" in out, (
+        "Molecule's create did not run: its state says the lab is created (run the session's order: "
+        "test_molecule_destroy_takes_the_lab_down first)",
+        out[-6000:],
+    )
     assert re.findall(r"\[(\S+) > create\] Executing", out) == ["default"], out[-6000:]
     assert re.findall(r"\[(\S+) > destroy\] Executing", out) == ["default"], out[-6000:]
     assert "[default > destroy] Skipping, '--destroy=never' requested." in out, out[-6000:]

@@ -56,9 +56,8 @@ def _provision(profile: str, inventory: Path, report: Path, *extra: str) -> dict
 
 
 def _bare(lab: LabHandle) -> None:
-    """The lab's hosts as `lab.up` boots them: taken down and up again if any was provisioned (the
-    session runs this test after provision's 0.11 test, on the lab-same-host fleet Molecule's `test --all`
-    leaves: ~12 s for five hosts)."""
+    """The lab's hosts as `lab.up` boots them: taken down and up again if any was provisioned (~12 s for
+    five hosts; the session runs this test right after Molecule's destroy, on hosts booted bare)."""
     if any(lab.ssh(h, "test -e /etc/pdfleet -o -e /opt/pdfleet")[0] == 0 for h in lab.hosts):
         down(lab.lab)
         lab.up()
@@ -236,8 +235,8 @@ def test_a_profile_pinned_to_0_11_provisions_and_serves_p_d(lab: LabHandle, tmp_
     the way 0.11 pairs them (one X-Request-Id on both legs, no remote_request_id, no vllm:nixl_*). Then
     the same fleet pinned to 0.11.2 provisions with 0.11.2's own rules, not its minor's (issue 25 item 1:
     chunked prefill off and cpu KV buffers, which 0.11.0 refuses, and NIXL's metrics). The session runs it
-    first in this file, on the lab-same-host fleet Molecule's `test --all` leaves (its first run then
-    changes nothing; alone, it converges whatever the lab runs)."""
+    right after Molecule's `test --all`, on the lab-same-host fleet that leaves (its first run then changes
+    nothing; alone, it converges whatever the lab runs)."""
     inventory = REPO_ROOT / "inventory" / "lab-same-host.yml"
     _provision("lab-same-host", inventory, tmp_path / "first.json")
     second = _provision("lab-same-host", inventory, tmp_path / "second.json")
