@@ -14,7 +14,7 @@ from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.fleet.alert_secrets import read_alert_secrets
 from pdfleet.fleet.deployment import Deployment, DeploymentRequest, Secrets, load_deployment
 from pdfleet.fleet.host_wheel import cached_host_wheel
-from pdfleet.fleet.live_layout import layout_file, read_layout
+from pdfleet.fleet.live_layout import HostPools, layout_file, read_layout
 from pdfleet.fleet.roles import select_roles
 from pdfleet.fleet.secrets import gateway_secrets, review_secrets
 from pdfleet.fleet.weights import load_manifests, load_tokens
@@ -49,19 +49,23 @@ def open_deployment(
     wheel: Callable[[str], None] | None = None,
     manifests: bool = False,
     layout_from_inventory: bool = False,
+    layout: HostPools | None = None,
 ) -> Deployment:
     """Every task's deployment, from its options and invoke.yaml's defaults, through the one door
     (fleet.deployment.load_deployment): `roles` (default all), `--limit`ed hosts, `--stage`, the gateway's
     keys as `keys` says (asked only when a selected role installs them on a selected host) and, with
     `wheel` (progress messages), the host wheel the selected hosts install; with `manifests`, the staged
     models' manifests from their mirrors (when the weights role runs on a host serving one); the pool
-    groups as the live layout left them (`invoke rebalance`) unless `layout_from_inventory`. Everything is
-    validated first."""
+    groups as the live layout left them (`invoke rebalance`) unless `layout_from_inventory`, or as `layout`
+    gives them (the layouts a move goes through: `invoke rebalance`'s steps). Everything is validated
+    first."""
     settings = Settings.of(ctx)
     inventory_path = repo_path(inventory) if inventory else settings.inventory
     state = live_layout_file(ctx, profile or "", inventory)
     # no profile: the one door names the missing option (a layout file of no profile means nothing)
     live = None if layout_from_inventory or not profile else read_layout(state)
+    if layout is not None:
+        live = layout
     request = DeploymentRequest(
         profile,
         inventory_path,

@@ -1,21 +1,51 @@
-"""`invoke rebalance --host H --to POOL --dry-run`: the move of one host between the colocated, prefill and
-decode pools as the pure mover plans it from the live layout (issue 35), or why it is refused.
+"""`invoke rebalance --host H --to POOL [--dry-run]`: move one host between the colocated, prefill and decode
+pools without dropping a stream (issue 35), as the pure mover (pdfleet.fleet.mover) plans it from the live
+layout and the executor (pdfleet.fleet.moving) carries it out; --dry-run prints the plan and changes nothing.
 
-This session ships the dry run only: it prints the steps, the layout after the move and the hosts a move
-provisions, and changes nothing. The live move (drain through the gateway's policy and vllm-router's own
-worker endpoints, the bounded wait, then provisioning) is refused with that reason until it is built.
+Here the executor's `Fleet` is wired to the fleet: provisioning hosts under a layout through the one door and
+the roles `invoke provision` runs, vllm-router's /remove_worker on each gateway host's loopback over SSH
+(the pinned 0.1.17 removes a P/D worker live; it refuses /add_worker in P/D mode, so admitting one
+re-renders the router, whose restart drains its streams), and the host's vLLM /metrics and /health.
+Every move, refusal and failure is a line of the live layout's audit log, with its reason.
 """
 
 from __future__ import annotations
 
-from invoke import Context, task
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import quote
 
+from invoke import Context, task
+from rich.console import Console
+
+from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
-from pdfleet.cli.options import HELP, layout_note, open_deployment
+from pdfleet.cli.options import HELP, layout_note, live_layout_file, open_deployment, run_options
+from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.deployment import Deployment
-from pdfleet.fleet.mover import DEFAULT_WAIT_S, Layout, MovePlan, layout_of, plan_move
+from pdfleet.fleet.live_layout import record, write_layout
+from pdfleet.fleet.mover import (
+    DEFAULT_WAIT_S,
+    Layout,
+    MovePlan,
+    in_flight,
+    keeps_live_layout,
+    layout_of,
+    plan_move,
+)
+from pdfleet.fleet.moving import Front, MoveFailed, execute
+from pdfleet.fleet.provision import provision as run_provision
+from pdfleet.fleet.topology import Instance
+from pdfleet.metrics.scrape import scrape_metrics
 from pdfleet.model.specs import POOL_NAMES
+from pdfleet.ops.ssh import open_connection
+
+HTTP_TIMEOUT_S = 5.0
+DEFAULT_REASON = "by hand (invoke rebalance)"
 
 
 @task(
@@ -28,8 +58,8 @@ from pdfleet.model.specs import POOL_NAMES
         "to": f"The pool it is to serve: one of {', '.join(POOL_NAMES)}.",
         "wait": f"Seconds the drained host's in-flight requests may run before the move goes on (default "
         f"{DEFAULT_WAIT_S:.0f}).",
-        "dry_run": "Print the move's steps, the layout after it and the hosts it provisions; change "
-        "nothing (required this session: the live move is not built yet).",
+        "reason": f"Why the host moves, kept in the audit log with the move (default: {DEFAULT_REASON}).",
+        "dry_run": "Print the move's steps, the layout after it and the hosts it provisions; change nothing.",
     },
 )
 @user_errors
@@ -40,11 +70,14 @@ def rebalance(
     to: str,
     inventory: str | None = None,
     wait: int = int(DEFAULT_WAIT_S),
+    reason: str = DEFAULT_REASON,
     dry_run: bool = False,
 ) -> None:
     """Move a host between the colocated, prefill and decode pools (--dry-run: plan it, change nothing)."""
     if wait <= 0:
         raise ValidationError(f"--wait must be a positive number of seconds, not {wait}")
+    if not reason.strip():
+        raise ValidationError("--reason must say why the host moves (it goes into the audit log)")
     deployment = open_deployment(ctx, profile, inventory)
     if deployment.profile.models:
         raise ValidationError(
@@ -54,15 +87,138 @@ def rebalance(
     print(layout_note(ctx, profile, inventory))
     out = plan_move(layout, host, to, wait)
     if not isinstance(out, MovePlan):
+        if not dry_run:
+            state = live_layout_file(ctx, profile, inventory)
+            record(state, {"event": "refused", "host": host, "to": to, "why": out.reason, "reason": reason})
         raise ValidationError(f"--host {host} --to {to}: refused: {out.reason}")
-    if not dry_run:
-        raise ValidationError(
-            f"--host {host} --to {to}: the mover accepts it, but the live move is not built yet (draining "
-            "through vllm-router's /remove_worker and /add_worker and the gateway's policy, the bounded "
-            "wait, provisioning the host): see its steps with --dry-run"
+    if dry_run:
+        for line in describe(out, deployment):
+            print(line)
+        return
+    move(ctx, profile, inventory, deployment, out, layout, reason)
+
+
+def move(
+    ctx: Context,
+    profile: str,
+    inventory: str | None,
+    deployment: Deployment,
+    plan: MovePlan,
+    before: Layout,
+    reason: str,
+) -> None:
+    """The live move: the executor's steps on the fleet, the outcome in the audit log either way."""
+    state = live_layout_file(ctx, profile, inventory)
+    initial = open_deployment(ctx, profile, inventory, layout_from_inventory=True)
+    fleet = TaskFleet(
+        ctx, profile, inventory, before, layout_of(initial.profile.served[0], initial.inventory)
+    )
+    topo = deployment.topology
+    front = Front(tuple(g.host for g in topo.gateways), tuple(p.host for p in topo.monitoring))
+    event = {"host": plan.host, "from": plan.source, "to": plan.target, "reason": reason}
+    print(f"rebalance {plan.host}: {plan.source} -> {plan.target} ({reason})")
+    try:
+        report = execute(plan, before, front, fleet)
+    except MoveFailed as exc:
+        record(state, {"event": "move-failed", **event, "error": str(exc)})
+        raise
+    done = {"at_drain": report.at_drain, "outlived": report.outlived, "seconds": report.seconds}
+    record(state, {"event": "moved", **event, **done})
+    print(f"moved {plan.host} to the {plan.target} pool in {sum(report.seconds.values()):.1f} s")
+
+
+class TaskFleet:
+    """The executor's Fleet on a real fleet (see the module docstring). `before`: the layout the move
+    starts from (where the host's instances are looked up); `initial`: the inventory's layout."""
+
+    def __init__(
+        self, ctx: Context, profile: str, inventory: str | None, before: Layout, initial: Layout
+    ) -> None:
+        self.ctx, self.profile, self.inventory = ctx, profile, inventory
+        self.before, self.initial = before, initial
+        self.console = Console(stderr=True)
+        self.state = live_layout_file(ctx, profile, inventory)
+
+    def converge(self, layout: Layout, hosts: Sequence[str], roles: str | None) -> None:
+        deployment = open_deployment(
+            self.ctx,
+            self.profile,
+            self.inventory,
+            roles=roles,
+            limit=",".join(hosts),
+            keys="provision",
+            wheel=lambda msg: self.console.print(msg, highlight=False),
+            manifests=True,
+            layout=layout.hosts,
         )
-    for line in describe(out, deployment):
-        print(line)
+        lab_site.require_routable(deployment.hosts)
+        report = run_provision(deployment, deployment.hosts, run_options(self.ctx), self.console)
+        if report.totals["failed"]:
+            errors = "; ".join(f"{name}: {h.error}" for name, h in report.hosts.items() if h.error)
+            raise MoveFailed(f"provisioning {', '.join(hosts)} failed: {errors}")
+        self.say(f"      {', '.join(hosts)}: {report.totals['changed']} change(s)")
+
+    def _where(self, host: str, pool: str) -> Deployment:
+        """The deployment where `host` serves `pool` (its instance's address, port and routers)."""
+        return open_deployment(
+            self.ctx, self.profile, self.inventory, layout=self.before.with_move(host, pool).hosts
+        )
+
+    def _instance(self, host: str, pool: str) -> Instance:
+        return next(i for i in self._where(host, pool).topology.on_host(host) if i.pool == pool)
+
+    def unroute(self, host: str, pool: str) -> None:
+        deployment = self._where(host, pool)
+        inst = next(i for i in deployment.topology.on_host(host) if i.pool == pool)
+        settings = Settings.of(self.ctx)
+        for router in deployment.topology.model().routers:
+            gateway = deployment.inventory.hosts[router.host]
+            lab_site.require_routable([gateway])
+            conn = open_connection(gateway, settings.known_hosts, settings.connect_timeout)
+            try:
+                removed = conn.run(
+                    f"curl -sS -f -X POST '{router.url}/remove_worker?url={quote(inst.url, safe='')}'",
+                    timeout=30,
+                )
+                listed = conn.run(f"curl -sS -f '{router.url}/list_workers'", timeout=30)
+            finally:
+                conn.close()
+            urls = json.loads(listed.stdout or "{}").get("urls", []) if listed.rc == 0 else None
+            if removed.rc != 0 or urls is None or inst.url in urls:
+                raise MoveFailed(
+                    f"{router.host}: vllm-router did not remove {inst.url} "
+                    f"({(removed.stderr or listed.stderr).strip() or urls})"
+                )
+            self.say(f"      {router.host}: vllm-router no longer selects {inst.url}")
+
+    def in_flight(self, host: str, pool: str) -> int | None:
+        try:
+            return in_flight(scrape_metrics(self._instance(host, pool).url))
+        except (OSError, ValueError):
+            return None
+
+    def healthy(self, host: str, pool: str) -> bool:
+        try:
+            with urllib.request.urlopen(self._instance(host, pool).health_url, timeout=HTTP_TIMEOUT_S) as r:
+                return bool(r.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def keep(self, layout: Layout) -> None:
+        if keeps_live_layout(layout, self.initial):
+            write_layout(self.state, self.profile, self.inventory_path, layout.hosts)
+            self.say(f"      live layout kept in {self.state}")
+        elif self.state.exists():
+            self.state.unlink()
+            self.say(f"      the inventory's layout again: live layout {self.state} removed")
+
+    @property
+    def inventory_path(self) -> Path:
+        settings = Settings.of(self.ctx)
+        return repo_path(self.inventory) if self.inventory else settings.inventory
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
 
 
 def describe(plan: MovePlan, deployment: Deployment) -> list[str]:

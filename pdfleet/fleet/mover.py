@@ -20,6 +20,9 @@ from pdfleet.model.specs import POOL_NAMES
 
 StepKind = Literal["drain", "wait", "render", "health", "admit"]
 DEFAULT_WAIT_S = 120.0  # how long a drained host's streams may run before the move goes on without them
+ROUTED_POOLS = ("prefill", "decode")  # the pools vllm-router selects from (the gateway routes colocated)
+# a vLLM instance's requests still in it: in execution batches, and queued for them
+IN_FLIGHT_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,11 @@ class Layout:
     def with_move(self, host: str, to: str) -> Layout:
         """The layout after `host` serves `to` only."""
         hosts = {name: ((to,) if name == host else pools) for name, pools in self.hosts.items()}
+        return Layout(hosts, self.host_gpus, self.pool_gpus, self.minimums)
+
+    def drained(self, host: str) -> Layout:
+        """The layout while `host` is drained: it serves no pool, so nothing routes new requests to it."""
+        hosts = {name: (() if name == host else pools) for name, pools in self.hosts.items()}
         return Layout(hosts, self.host_gpus, self.pool_gpus, self.minimums)
 
 
@@ -150,3 +158,21 @@ def _keeps_minimum(layout: Layout, host: str, source: str) -> str | None:
     if left == 0:
         return f"host {host} is the last host of the {source} pool; add one to it first"
     return f"the {source} pool would keep {left} host(s), below its minimum of {need}"
+
+
+def drains_through_router(pool: str) -> bool:
+    """Whether a host leaving `pool` is drained by vllm-router's own /remove_worker (the P/D pools: the
+    pinned 0.1.17 removes a P/D worker live, keeping its streams), else by a gateway policy reload."""
+    return pool in ROUTED_POOLS
+
+
+def in_flight(metrics: Mapping[str, float]) -> int | None:
+    """The requests still in a vLLM instance, from its /metrics (None: it exports neither series)."""
+    found = [metrics[name] for name in IN_FLIGHT_SERIES if name in metrics]
+    return round(sum(found)) if found else None
+
+
+def keeps_live_layout(after: Layout, initial: Layout) -> bool:
+    """Whether the layout after a move must be kept as the live layout: not when it is the inventory's
+    (`initial`) again, where the state file goes and every task reads the inventory as before."""
+    return dict(after.hosts) != dict(initial.hosts)

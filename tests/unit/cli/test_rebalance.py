@@ -1,6 +1,6 @@
 """`invoke rebalance`: the dry run prints the mover's steps, the layout after the move and the hosts it
-provisions from the live layout; a refused move and a live move (not built yet) exit non-zero naming why,
-and neither writes anything."""
+provisions from the live layout; a refused move exits non-zero naming why (the dry run writes nothing, a
+live attempt only its audit line), and bad options are refused before anything is read."""
 
 from __future__ import annotations
 
@@ -56,10 +56,9 @@ def test_the_dry_run_starts_from_the_live_layout(tmp_path: Path, capsys: pytest.
     [
         ("lab-d1", "prefill", True, "refused: host lab-d1 is the last host of the decode pool"),
         ("lab-gw", "decode", True, "refused: host 'lab-gw' serves no pool"),
-        ("lab-colo2", "decode", False, "the live move is not built yet"),
     ],
 )
-def test_a_refused_or_live_move_exits_naming_why_and_writes_nothing(
+def test_a_refused_dry_run_exits_naming_why_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str, to: str, dry_run: bool, expected: str
 ) -> None:
     ctx = project_context(output_dir=str(tmp_path))
@@ -67,6 +66,38 @@ def test_a_refused_or_live_move_exits_naming_why_and_writes_nothing(
         rebalance(ctx, profile="lab-cross", host=host, to=to, dry_run=dry_run)
     captured = capsys.readouterr()
     assert expected in captured.err and "rebalance lab-colo2:" not in captured.out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_live_move_is_audited_with_its_reason_and_changes_no_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ctx = project_context(output_dir=str(tmp_path))
+    with pytest.raises(Exit):
+        rebalance(ctx, profile="lab-cross", host="lab-p1", to="decode", reason="prefill idle")
+    assert "refused: host lab-p1 is the last host of the prefill pool" in capsys.readouterr().err
+    assert not _state(tmp_path).exists()
+    (line,) = _state(tmp_path).with_suffix(".audit.jsonl").read_text().splitlines()
+    event = json.loads(line)
+    assert (event["event"], event["host"], event["to"], event["reason"]) == (
+        "refused",
+        "lab-p1",
+        "decode",
+        "prefill idle",
+    )
+    assert "last host of the prefill pool" in event["why"]
+
+
+@pytest.mark.parametrize(
+    ("wait", "reason", "expected"), [(0, "x", "--wait must be"), (5, " ", "--reason must")]
+)
+def test_bad_options_are_refused_before_anything_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], wait: int, reason: str, expected: str
+) -> None:
+    ctx = project_context(output_dir=str(tmp_path))
+    with pytest.raises(Exit):
+        rebalance(ctx, profile="lab-cross", host="lab-colo2", to="decode", wait=wait, reason=reason)
+    assert expected in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -81,6 +112,6 @@ def test_every_option_has_help() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    for option in ("--profile", "--inventory", "--host", "--to", "--wait", "--dry-run"):
+    for option in ("--profile", "--inventory", "--host", "--to", "--wait", "--reason", "--dry-run"):
         line = next(ln for ln in proc.stdout.splitlines() if option in ln)
         assert len(line.split()) > 2, f"{option} has no help"

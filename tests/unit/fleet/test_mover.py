@@ -4,7 +4,16 @@ not set, a host whose GPUs do not fit the role, the last host of a pool, a pool'
 
 from __future__ import annotations
 
-from pdfleet.fleet.mover import Layout, MovePlan, Refusal, layout_of, plan_move
+from pdfleet.fleet.mover import (
+    Layout,
+    MovePlan,
+    Refusal,
+    drains_through_router,
+    in_flight,
+    keeps_live_layout,
+    layout_of,
+    plan_move,
+)
 from tests.unit.roles.helpers import deployment
 
 
@@ -91,3 +100,27 @@ def test_a_pool_is_not_left_below_its_minimum() -> None:
     assert "colocated pool would keep 1 host(s), below its minimum of 2" in _refused(
         layout, "lab-colo2", "decode"
     )
+
+
+def test_a_drained_host_serves_no_pool_and_the_others_keep_theirs() -> None:
+    drained = _lab_cross().drained("lab-colo2")
+    assert drained.hosts["lab-colo2"] == ()
+    assert drained.members("colocated") == ["lab-colo1"] and drained.members("decode") == ["lab-d1"]
+
+
+def test_p_d_hosts_drain_through_the_router_and_colocated_ones_through_the_gateway() -> None:
+    assert drains_through_router("prefill") and drains_through_router("decode")
+    assert not drains_through_router("colocated")
+
+
+def test_in_flight_is_running_plus_waiting_and_none_without_either_series() -> None:
+    assert in_flight({"vllm:num_requests_running": 2.0, "vllm:num_requests_waiting": 1.0, "x": 9.0}) == 3
+    assert in_flight({"vllm:num_requests_running": 0.0}) == 0
+    assert in_flight({"process_cpu_seconds_total": 1.0}) is None
+
+
+def test_the_live_layout_is_kept_unless_the_move_goes_back_to_the_inventorys() -> None:
+    initial = _lab_cross()
+    moved = initial.with_move("lab-colo2", "decode")
+    assert keeps_live_layout(moved, initial)
+    assert not keeps_live_layout(moved.with_move("lab-colo2", "colocated"), initial)
