@@ -281,6 +281,24 @@ def at_colocated(provisioned: dict[str, str], lab: LabHandle, last_traffic: dict
         _wait_out_window(last_traffic)
 
 
+def test_too_little_traffic_pauses_inconclusive_and_says_why(
+    lab: LabHandle, at_colocated: None, last_traffic: dict[str, float]
+) -> None:
+    # no traffic fixture, and a window that holds no earlier request: the first analysis never sees
+    # its minimum samples. It runs first: the window the previous module's requests are waited out of
+    # serves it, and it sends nothing, so the walk after it starts on an empty window without a wait.
+    _wait_out_window(last_traffic)
+    _ok("rollout", "--stage", "long-prompts", "--no-watch")
+    status = _wait(
+        lambda: (s := _status(lab))["phase"] == "inconclusive" and s, 120, "the inconclusive pause"
+    )
+    assert "too little traffic" in status["reason"]
+    assert "inconclusive" in _ok("rollout.status")
+    _ok("rollout.abort")
+    # the next test starts from here: it must not see the pause the controller is still leaving
+    _wait(lambda: _status(lab)["phase"] == "aborted", 30, "the abort")
+
+
 def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
     lab: LabHandle, at_colocated: None, traffic: dict[str, Any]
 ) -> None:
@@ -303,73 +321,6 @@ def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
     assert traffic["failed"] == [], traffic["failed"][:3]
 
 
-def test_a_stopped_decode_service_rolls_back_within_5_s(
-    lab: LabHandle,
-    provisioned: dict[str, str],
-    at_colocated: None,
-    traffic: dict[str, Any],
-    last_traffic: dict[str, float],
-) -> None:
-    """Timed at the gateway: from the first scrape that holds a fallback (the breach is measurable) to
-    the gateway serving the stable stage, within the 5 s the profile promises; its decision counters
-    then show no long prompt sent to the disaggregated pool."""
-    _ok("rollout", "--stage", "long-prompts", "--no-watch")
-    step = _active(lab, lambda s: s["weights"]["long"] >= 25, 120, "the rollout past its first step")
-    time.sleep(5)  # a failure counts once the window holds the step's 5 samples: the fault comes after
-    before = _prometheus_fallbacks()
-    stopping_at = time.monotonic()
-    rc, _, err = lab.ssh(_host(lab, "lab-d1"), "sudo systemctl stop vllm-decode.service")
-    assert rc == 0, err
-    last_traffic["fault"] = 1.0  # the window now holds fallbacks: the next test waits them out
-    try:
-        _wait(lambda: _prometheus_fallbacks() > before, 60, "a fallback in Prometheus", every=0.1)
-        measurable_at = time.monotonic()
-        version, stage = _wait(
-            lambda: (got := _served())[1] == step["stable_stage"] and got, 30, "the rollback", every=0.1
-        )
-        took = time.monotonic() - measurable_at
-        assert took <= ROLLBACK_S, f"the gateway served {stage} {took:.1f} s after the breach was measurable"
-        settled = _decisions()
-        time.sleep(3)
-        after = _decisions()
-        moved = {k: after.get(k, 0.0) - settled.get(k, 0.0) for k in after}
-        assert not [k for k, n in moved.items() if n and k[1] == "disagg"], moved
-        assert moved.get((stage, "colocated"), 0) > 0, moved
-        status = _status(lab)
-        assert (status["phase"], status["stage"], status["version"]) == ("degraded", stage, version)
-        # a dry-run gate (lab-cross's ITL ratio) may fail too: it is shown, never the reason
-        failed = [r for r in status["last_results"] if r["outcome"] == "fail" and not r["dry_run"]]
-        assert failed and failed[0]["gate"] in status["reason"] and failed[0]["value"] is not None
-        degraded = _invoke("rollout.status")
-        assert degraded.returncode == 0 and "degraded" in degraded.stdout
-    finally:
-        lab.ssh(_host(lab, "lab-d1"), "sudo systemctl start vllm-decode.service")
-        _warm_disagg(provisioned)
-    # fallbacks are counted, not failed: every request sent after the stop gets a whole stream. The one
-    # stream already decoding on lab-d1 when its unit stopped may end with the server's shutdown error
-    # (one long stream runs at a time; the gateway cannot retry a stream past its first byte)
-    failures = list(zip(traffic["failed"], traffic["failed_started"], strict=True))
-    assert [e for e, t in failures if t >= stopping_at] == [], failures[:3]
-    assert len(failures) <= 1 and all("shutting down" in e for e, _ in failures), failures[:3]
-
-
-def test_too_little_traffic_pauses_inconclusive_and_says_why(
-    lab: LabHandle, at_colocated: None, last_traffic: dict[str, float]
-) -> None:
-    # no traffic fixture, and a window that holds no earlier request: the first analysis never sees
-    # its minimum samples. It runs after the fault test, whose window is waited out anyway.
-    _wait_out_window(last_traffic)
-    _ok("rollout", "--stage", "long-prompts", "--no-watch")
-    status = _wait(
-        lambda: (s := _status(lab))["phase"] == "inconclusive" and s, 120, "the inconclusive pause"
-    )
-    assert "too little traffic" in status["reason"]
-    assert "inconclusive" in _ok("rollout.status")
-    _ok("rollout.abort")
-    # the next test starts from here: it must not see the pause the controller is still leaving
-    _wait(lambda: _status(lab)["phase"] == "aborted", 30, "the abort")
-
-
 def test_the_controller_outlives_a_killed_operator_promote_full_ends_it_and_provision_keeps_the_stage(
     lab: LabHandle, at_colocated: None, traffic: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -384,7 +335,7 @@ def test_the_controller_outlives_a_killed_operator_promote_full_ends_it_and_prov
     watcher.wait(30)
     killed_at = _status(lab)["step_index"]
     going = _active(lab, lambda s: s["step_index"] > killed_at + 1, 120, "the controller going on by itself")
-    # promote --full skips the remaining steps (the rest of the walk is the first test's): from step 4 at
+    # promote --full skips the remaining steps (the rest of the walk is the walk test's): from step 4 at
     # the latest, two 20 s analyses are left, so finishing within 30 s is the promotion, not the walk
     assert going["step_index"] <= 4, going
     _ok("rollout.promote", "--full")
@@ -445,3 +396,54 @@ def test_dry_run_measures_the_gates_and_changes_nothing(
         before["stage"],
         before["version"],
     )
+
+
+def test_a_stopped_decode_service_rolls_back_within_5_s(
+    lab: LabHandle,
+    provisioned: dict[str, str],
+    at_colocated: None,
+    traffic: dict[str, Any],
+    last_traffic: dict[str, float],
+) -> None:
+    """Timed at the gateway: from the first scrape that holds a fallback (the breach is measurable) to
+    the gateway serving the stable stage, within the 5 s the profile promises; its decision counters
+    then show no long prompt sent to the disaggregated pool. Last in the file: no rollout test after it
+    waits its fallbacks out of the gates' window (the bench, next, reads only its own runs' windows)."""
+    _ok("rollout", "--stage", "long-prompts", "--no-watch")
+    step = _active(lab, lambda s: s["weights"]["long"] >= 25, 120, "the rollout past its first step")
+    time.sleep(5)  # a failure counts once the window holds the step's 5 samples: the fault comes after
+    before = _prometheus_fallbacks()
+    stopping_at = time.monotonic()
+    rc, _, err = lab.ssh(_host(lab, "lab-d1"), "sudo systemctl stop vllm-decode.service")
+    assert rc == 0, err
+    last_traffic["fault"] = 1.0  # the window now holds fallbacks: the next test waits them out
+    try:
+        _wait(lambda: _prometheus_fallbacks() > before, 60, "a fallback in Prometheus", every=0.1)
+        measurable_at = time.monotonic()
+        version, stage = _wait(
+            lambda: (got := _served())[1] == step["stable_stage"] and got, 30, "the rollback", every=0.1
+        )
+        took = time.monotonic() - measurable_at
+        assert took <= ROLLBACK_S, f"the gateway served {stage} {took:.1f} s after the breach was measurable"
+        settled = _decisions()
+        time.sleep(3)
+        after = _decisions()
+        moved = {k: after.get(k, 0.0) - settled.get(k, 0.0) for k in after}
+        assert not [k for k, n in moved.items() if n and k[1] == "disagg"], moved
+        assert moved.get((stage, "colocated"), 0) > 0, moved
+        status = _status(lab)
+        assert (status["phase"], status["stage"], status["version"]) == ("degraded", stage, version)
+        # a dry-run gate (lab-cross's ITL ratio) may fail too: it is shown, never the reason
+        failed = [r for r in status["last_results"] if r["outcome"] == "fail" and not r["dry_run"]]
+        assert failed and failed[0]["gate"] in status["reason"] and failed[0]["value"] is not None
+        degraded = _invoke("rollout.status")
+        assert degraded.returncode == 0 and "degraded" in degraded.stdout
+    finally:
+        lab.ssh(_host(lab, "lab-d1"), "sudo systemctl start vllm-decode.service")
+        _warm_disagg(provisioned)
+    # fallbacks are counted, not failed: every request sent after the stop gets a whole stream. The one
+    # stream already decoding on lab-d1 when its unit stopped may end with the server's shutdown error
+    # (one long stream runs at a time; the gateway cannot retry a stream past its first byte)
+    failures = list(zip(traffic["failed"], traffic["failed_started"], strict=True))
+    assert [e for e, t in failures if t >= stopping_at] == [], failures[:3]
+    assert len(failures) <= 1 and all("shutting down" in e for e, _ in failures), failures[:3]
