@@ -152,13 +152,13 @@ def ssh_task(c: Context, host: str, command: str = "") -> None:
 @task(
     name="env",
     help={
-        "profile": "The lab profile that was provisioned: its gateway port goes into OPENAI_BASE_URL "
-        "(default: lab-cross).",
+        "profile": "The lab profile that was provisioned: its gateway's URL goes into OPENAI_BASE_URL and "
+        "ANTHROPIC_BASE_URL, its CA (a TLS profile) into SSL_CERT_FILE (default: lab-cross).",
     },
 )
 @user_errors
 def env_task(c: Context, profile: str = "lab-cross") -> None:
-    """Print `export` lines wiring an OpenAI client to the lab gateway: eval "$(invoke lab.env)"."""
+    """Print `export` lines wiring the OpenAI and Anthropic SDKs to the lab gateway (`eval` them)."""
     lab = this_lab()
     topology = open_deployment(c, profile, str(lab.inventory)).topology
     if not topology.gateways:
@@ -175,5 +175,20 @@ def env_task(c: Context, profile: str = "lab-cross") -> None:
         key = key_file.read_text().strip()
     except PermissionError:
         raise PdfleetError(f"{key_file} is readable by root only; run `sudo invoke lab.env`.") from None
-    print(f"export OPENAI_BASE_URL={topology.gateways[0].url}/v1")
-    print(f"export OPENAI_API_KEY={key}")
+    for line in env_lines(topology.gateways[0].url, key, topology.gateways[0].ca_file):
+        print(line)
+
+
+def env_lines(url: str, key: str, ca_file: str | None) -> list[str]:
+    """The exports for the OpenAI and Anthropic SDKs: base URLs (the Anthropic SDK appends /v1/messages
+    itself), the key, and for a TLS gateway SSL_CERT_FILE, the lab CA: both SDKs' HTTP client (httpx2 via
+    httpcore2's default context) reads it and then trusts that file only."""
+    lines = [
+        f"export OPENAI_BASE_URL={url}/v1",
+        f"export OPENAI_API_KEY={key}",
+        f"export ANTHROPIC_BASE_URL={url}",
+        f"export ANTHROPIC_API_KEY={key}",
+    ]
+    if ca_file is not None:
+        lines.append(f"export SSL_CERT_FILE={ca_file}")
+    return lines

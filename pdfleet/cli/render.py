@@ -38,6 +38,11 @@ def render(
     print(f"{len(written)} files for {len(hosts)} hosts under {dest}")
     print(layout_note(ctx, profile, inventory))
     keys = deployment.gateway_secrets
+    if keys is not None and keys.tls is not None and keys.tls.placeholders:
+        files = ", ".join(str(p) for p in keys.tls.placeholders)
+        print(
+            f"placeholders used for the site's TLS files ({files}: missing); provision refuses without them"
+        )
     if keys is not None and keys.placeholders:
         print(placeholder_note(keys.placeholders))
         unset = keys.unset_outside()

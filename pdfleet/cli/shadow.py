@@ -53,7 +53,7 @@ def _gateways(deployment: Deployment) -> tuple[GatewayClient, list[GatewayTarget
     if problem:
         raise ConnectError(problem)
     key = read_admin_key(Path(deployment.profile.gateway.admin_key_file).expanduser())
-    return GatewayClient(key, timeout_s=5.0), [
+    return GatewayClient(key, timeout_s=5.0, ca_file=gateways[0].ca_file), [
         GatewayTarget(name=g.host, admin_url=g.admin_url) for g in gateways
     ]
 

@@ -23,14 +23,15 @@ from pdfleet.model.inventory_checks import check_against_inventory
 from pdfleet.model.profile import Profile
 from pdfleet.model.profile_loader import load_profile
 from pdfleet.model.specs import ModelSpec
+from pdfleet.model.tls import GatewayTlsSetting
 from pdfleet.model.weights import WeightsManifest
 
 GATEWAY_ROLE = "gateway"  # the role that installs the gateway's keys (roles/gateway)
 ROLLOUT_ROLE = "rollout"  # installs the admin key for the rollout controller (roles/rollout)
-MONITORING_ROLE = "monitoring"  # installs the Alertmanager receivers' secrets (roles/monitoring)
+MONITORING_ROLE = "monitoring"  # Alertmanager receivers' secrets; the gateway's CA beside Prometheus (TLS)
 
 # (client key file, admin key file, outside alias -> key file) -> the gateway's keys
-Secrets = Callable[[str, str, Mapping[str, str]], GatewaySecrets]
+Secrets = Callable[[str, str, Mapping[str, str], GatewayTlsSetting], GatewaySecrets]
 # the staged models (one per id) -> their manifests by model id (pdfleet.fleet.weights.load_manifests)
 Manifests = Callable[[Sequence[ModelSpec]], Mapping[str, WeightsManifest]]
 Tokens = Callable[[Sequence[ModelSpec]], Mapping[str, str]]  # the same models -> hub tokens by model id
@@ -123,7 +124,7 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
         keys = (
             None
             if request.secrets is None
-            else request.secrets(gw.client_key_file, gw.admin_key_file, outside)
+            else request.secrets(gw.client_key_file, gw.admin_key_file, outside, gw.tls)
         )
         wheel = None if request.host_wheel is None else request.host_wheel()
     renderer = Renderer(request.templates_dir)
@@ -174,4 +175,6 @@ def installs_gateway_side(roles: Iterable[Role], topology: Topology, hosts: Iter
     installing = {g.host for g in topology.gateways} if GATEWAY_ROLE in names else set()
     if ROLLOUT_ROLE in names and topology.controller is not None:
         installing.add(topology.controller.host.name)
+    if MONITORING_ROLE in names and any(g.ca_file for g in topology.gateways):
+        installing |= {p.host for p in topology.monitoring}  # Prometheus verifies the gateway with its CA
     return any(host.name in installing for host in hosts)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.host_layout import HOST_CODE_DIR, VLLM_START_TIMEOUT_S, WHEEL_DIR
+from pdfleet.fleet.host_layout import GATEWAY_CA_FILE, HOST_CODE_DIR, VLLM_START_TIMEOUT_S, WHEEL_DIR
 from pdfleet.fleet.render import RenderedFile, Renderer
 from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.fleet.topology import Instance, Topology
@@ -77,6 +77,19 @@ class RoleContext:
         return found
 
 
+def gateway_ca_files(ctx: RoleContext) -> list[RenderedFile]:
+    """The gateway's CA at GATEWAY_CA_FILE (public, 0644) when the gateway speaks TLS, else nothing."""
+    tls = ctx.gateway_secrets.tls if ctx.gateway_secrets is not None else None
+    return [] if tls is None else [RenderedFile(GATEWAY_CA_FILE, tls.ca, mode="0644")]
+
+
+def gateway_ca_operations(ctx: RoleContext, notify: tuple[Handler, ...] = ()) -> Iterable[Operation]:
+    """Its directory and file (written by every role that calls the gateway: the same content)."""
+    for rendered in gateway_ca_files(ctx):
+        yield Directory(GATEWAY_CA_FILE.rsplit("/", 1)[0], mode="0755")
+        yield File(rendered.path, rendered.content.encode(), mode=rendered.mode, notify=notify)
+
+
 @dataclass(frozen=True)
 class ManagedUnit:
     """A long-running unit a role keeps active, its TCP port and the URL that says it is healthy."""
@@ -116,8 +129,12 @@ def select_roles(registry: Sequence[Role], selected: str | None = None) -> tuple
 
 
 def role_files(roles: Iterable[Role], ctx: RoleContext) -> list[RenderedFile]:
-    """Every fact-independent file the applicable roles install on this host."""
-    return [f for role in roles if role.applies(ctx) for f in role.files(ctx)]
+    """Every fact-independent file the applicable roles install on this host (a file two roles install
+    alike, the gateway's CA, once)."""
+    out: dict[str, RenderedFile] = {}
+    for f in (f for role in roles if role.applies(ctx) for f in role.files(ctx)):
+        assert out.setdefault(f.path, f) == f, f"two roles render {f.path} differently"
+    return list(out.values())
 
 
 def role_units(roles: Iterable[Role], ctx: RoleContext) -> list[ManagedUnit]:

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdfleet.errors import ValidationError
+from pdfleet.fleet.gateway_tls import TlsMaterial, tls_material
 from pdfleet.gateway.keys import hash_key
+from pdfleet.model.tls import GatewayTlsSetting
 
 KEY_PREFIX = "sk-pdfleet-"
 PLACEHOLDER = KEY_PREFIX + "PLACEHOLDER-{which}-key-generated-by-provision"
@@ -35,6 +37,7 @@ class GatewaySecrets:
     admin_key: str | None = field(default=None, repr=False, compare=False)
     placeholders: tuple[Path, ...] = ()  # key files that do not exist yet: their keys here are placeholders
     outside_keys: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)  # alias -> key
+    tls: TlsMaterial | None = field(default=None, repr=False, compare=False)  # None: plain HTTP
 
     def unset_outside(self) -> list[str]:
         """The outside aliases whose key file does not exist yet (their keys here are placeholders)."""
@@ -121,7 +124,10 @@ def _outside_keys(files: Mapping[str, str], review: bool) -> tuple[dict[str, str
 
 
 def gateway_secrets(
-    client_key_file: str, admin_key_file: str, outside: Mapping[str, str] | None = None
+    client_key_file: str,
+    admin_key_file: str,
+    outside: Mapping[str, str] | None = None,
+    tls: GatewayTlsSetting | None = None,
 ) -> GatewaySecrets:
     """Hashes of the client and admin keys, and the outside aliases' keys (`outside`: alias -> key file).
     Every file is checked first (distinct files, distinct keys, each sound, every outside key there); only
@@ -129,13 +135,17 @@ def gateway_secrets(
     client, admin = Path(client_key_file).expanduser(), Path(admin_key_file).expanduser()
     client_key, admin_key = _checked_keys(client, admin)
     outside_keys, _ = _outside_keys(outside or {}, review=False)
+    material = tls_material(tls)
     client_key = client_key if client_key is not None else _create_key_file(client)
     admin_key = admin_key if admin_key is not None else _create_key_file(admin)
-    return GatewaySecrets(hash_key(client_key), hash_key(admin_key), admin_key, (), outside_keys)
+    return GatewaySecrets(hash_key(client_key), hash_key(admin_key), admin_key, (), outside_keys, material)
 
 
 def review_secrets(
-    client_key_file: str, admin_key_file: str, outside: Mapping[str, str] | None = None
+    client_key_file: str,
+    admin_key_file: str,
+    outside: Mapping[str, str] | None = None,
+    tls: GatewayTlsSetting | None = None,
 ) -> GatewaySecrets:
     """The keys as `gateway_secrets` checks them, but creating nothing: a key file that does not exist yet
     (provision would generate it, or the operator put it there) stands as a placeholder key, listed in
@@ -146,6 +156,12 @@ def review_secrets(
     missing = tuple(path for path, key in ((client, client_key), (admin, admin_key)) if key is None)
     client_key = client_key if client_key is not None else PLACEHOLDER.format(which="client")
     admin_key = admin_key if admin_key is not None else PLACEHOLDER.format(which="admin")
+    material = tls_material(tls, review=True)  # its own placeholders: provision never generates those
     return GatewaySecrets(
-        hash_key(client_key), hash_key(admin_key), admin_key, (*missing, *outside_missing), outside_keys
+        hash_key(client_key),
+        hash_key(admin_key),
+        admin_key,
+        (*missing, *outside_missing),
+        outside_keys,
+        material,
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 from pdfleet.fleet.controller import Controller, placement
@@ -126,10 +127,15 @@ class Gateway:
     # the first disaggregated model's router (None: no model disaggregates); Topology.models has each one's
     router_port: int | None
     router_metrics_port: int | None
+    ca_file: str | None = None  # its CA on the control machine, clients verify with (None: tls: off)
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.ca_file is None else "https"
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        return f"{self.scheme}://{self.address}:{self.port}"
 
     @property
     def router_url(self) -> str | None:
@@ -138,7 +144,7 @@ class Gateway:
     @property
     def admin_url(self) -> str:
         """Base URL of the admin endpoints (/admin/...): their own port when the profile sets one."""
-        return f"http://{self.address}:{self.admin_port or self.port}"
+        return f"{self.scheme}://{self.address}:{self.admin_port or self.port}"
 
 
 @dataclass(frozen=True)
@@ -150,10 +156,11 @@ class MetricsEndpoint:
     address: str
     port: int
     labels: Mapping[str, str] = field(default_factory=dict)  # pool, role, host
+    scheme: str = "http"  # https: the gateway's TLS listener (Prometheus verifies it against the CA)
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.port}/metrics"
+        return f"{self.scheme}://{self.address}:{self.port}/metrics"
 
 
 @dataclass(frozen=True)
@@ -289,15 +296,8 @@ class Topology:
             for i in self.instances
         ]
         for g in self.gateways:
-            out.append(
-                MetricsEndpoint(
-                    "pdfleet-gateway",
-                    g.host,
-                    g.address,
-                    g.port,
-                    MappingProxyType({"role": "gateway", "host": g.host}),
-                )
-            )
+            gw_labels = MappingProxyType({"role": "gateway", "host": g.host})
+            out.append(MetricsEndpoint("pdfleet-gateway", g.host, g.address, g.port, gw_labels, g.scheme))
             for r in self.routers_on(g.host):
                 labels = MappingProxyType(
                     {"pool": "disagg", "role": "router", "host": g.host, "model": r.model}
@@ -406,14 +406,9 @@ def _model(
 def _gateway(profile: Profile, host: Host, models: tuple[ModelTopology, ...]) -> Gateway:
     gw = profile.gateway
     first = next((r for m in models if (r := m.router_on(host.name)) is not None), None)
-    return Gateway(
-        host.name,
-        host.address,
-        gw.port,
-        gw.admin_port,
-        None if first is None else first.port,
-        None if first is None else first.metrics_port,
-    )
+    ca_file = None if isinstance(gw.tls, str) else str(Path(gw.tls.ca_file).expanduser())
+    router, metrics = (None, None) if first is None else (first.port, first.metrics_port)
+    return Gateway(host.name, host.address, gw.port, gw.admin_port, router, metrics, ca_file)
 
 
 def _node_exporter(

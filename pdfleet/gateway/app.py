@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from pdfleet.errors import PdfleetError
+from pdfleet.gateway import tls
 from pdfleet.gateway.capture import Capture
 from pdfleet.gateway.context import Endpoint
 from pdfleet.gateway.deciding import Deciding
@@ -56,7 +57,10 @@ class Gateway:
         self.config_path = Path(config_path)
         self.policy = policy
         self.metrics = GatewayMetrics()
-        self.metrics.set_policy(policy.spec.version, policy.spec.stage, policy.sha256)
+        self.metrics.set_policy(policy.spec.version, policy.spec.stage, policy.sha256, policy.tls_expiry)
+        # the listeners' one TLS context (None: plain HTTP); a reload renews its certificate in place
+        tls_spec = policy.spec.listen.tls
+        self.tls = None if tls_spec is None else tls.server_context(tls_spec, self.config_path.parent)
         self.shutdown_timeout = shutdown_timeout
         self.last_reload: dict[str, Any] = {"ok": True, "at": policy.loaded_at, "error": None}
         # no connection cap: the pools apply their own
@@ -127,6 +131,9 @@ class Gateway:
                 problems = restart_only_changes(old.spec, new.spec)
                 if problems:
                     raise PdfleetError(f"{self.config_path}: " + "; ".join(problems))
+                if self.tls is not None and new.spec.listen.tls is not None:
+                    base, source = self.config_path.parent, str(self.config_path)
+                    await loop.run_in_executor(None, tls.renew, self.tls, new.spec.listen.tls, base, source)
             except PdfleetError as exc:
                 msg = f"policy reload rejected, version {old.spec.version} stays active: {exc}"
                 self.metrics.reloads.labels("rejected").inc()
@@ -140,7 +147,7 @@ class Gateway:
             self.shadowing.cut("reload")  # shadows go first: the ones in flight are cut, the run goes on
             self.capture.configure(new.spec.capture, self.config_path.parent)
             self.metrics.reloads.labels("ok").inc()
-            self.metrics.set_policy(new.spec.version, new.spec.stage, new.sha256)
+            self.metrics.set_policy(new.spec.version, new.spec.stage, new.sha256, new.tls_expiry)
             self.last_reload = {"ok": True, "at": new.loaded_at, "error": None}
             msg = (
                 f"policy reloaded: version {old.spec.version} -> {new.spec.version}, "
@@ -390,7 +397,9 @@ async def start(gateway: Gateway) -> Running:
             continue
         runner = web.ServerRunner(gateway.server(routes), shutdown_timeout=gateway.shutdown_timeout)
         await runner.setup()
-        site = web.TCPSite(runner, listen.host, port, backlog=2048, reuse_address=True)
+        site = web.TCPSite(
+            runner, listen.host, port, backlog=2048, reuse_address=True, ssl_context=gateway.tls
+        )
         try:
             await site.start()
         except OSError as exc:
@@ -424,9 +433,10 @@ async def serve(config: Path, policy: ActivePolicy, shutdown_timeout: float) -> 
     loop.add_signal_handler(signal.SIGINT, stop.set)
     spec = policy.spec
     log.info(
-        "listening on %s:%d%s, policy %s version %d stage %s",
+        "listening on %s:%d%s%s, policy %s version %d stage %s",
         spec.listen.host,
         running.port,
+        " over HTTPS" if gateway.tls else "",
         f" (admin on port {running.admin_port})" if running.admin_port else "",
         config,
         spec.version,

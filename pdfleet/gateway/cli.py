@@ -71,9 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         spec = policy.spec
+        expiry = policy.tls_expiry
+        tls_note = "" if expiry is None else f", TLS certificate valid until {expiry:%Y-%m-%d %H:%M} UTC"
         print(
             f"ok: {config}: version {spec.version}, stage {spec.stage}, "
-            f"{len(spec.models)} model(s), {len(policy.keys)} key(s)"
+            f"{len(spec.models)} model(s), {len(policy.keys)} key(s){tls_note}"
         )
         return 0
     runner: Callable[[Coroutine[Any, Any, None]], None]

@@ -8,6 +8,7 @@ fleet-wide reader sums it away. Its values come from the policy only: the label 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -244,6 +245,11 @@ class GatewayMetrics:
         self.policy = Info(
             "pdfleet_gateway_policy", "The active policy's version, stage and file hash", registry=r
         )
+        self.tls_expiry = Gauge(
+            "pdfleet_gateway_tls_certificate_expiry_timestamp_seconds",
+            "When the certificate the listeners present lapses (Unix seconds; 0: plain HTTP)",
+            registry=r,
+        )
 
     def _shadow_metrics(self, r: CollectorRegistry) -> None:
         """Shadow traffic's own families (issue 33): each shadowed request's figures on both sides,
@@ -309,9 +315,11 @@ class GatewayMetrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
-    def set_policy(self, version: int, stage: str, sha256: str) -> None:
-        """Publish the active policy as the info metric."""
+    def set_policy(self, version: int, stage: str, sha256: str, tls_expiry: datetime | None = None) -> None:
+        """Publish the active policy as the info metric, and the certificate's expiry when TLS is on."""
         self.policy.info({"version": str(version), "stage": stage, "sha256": sha256})
+        if tls_expiry is not None:
+            self.tls_expiry.set(tls_expiry.timestamp())
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

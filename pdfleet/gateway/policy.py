@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +42,7 @@ import yaml
 from pydantic import ValidationError as PydanticValidationError
 
 from pdfleet.errors import ValidationError
+from pdfleet.gateway import tls
 from pdfleet.gateway.keys import KeyEntry, load_keys
 from pdfleet.gateway.limits import check_limit_aliases, check_limit_keys
 from pdfleet.gateway.outside import Outside, load_outside
@@ -172,6 +174,7 @@ class ActivePolicy:
     counter: TextCounter
     loaded_at: float
     counts: PolicyCounts
+    tls_expiry: datetime | None = None  # the certificate's notAfter (UTC) when listen.tls is set
 
     @property
     def stage(self) -> StageSpec:
@@ -363,6 +366,7 @@ def load_policy(path: str | Path) -> ActivePolicy:
     else:
         counter = make_counter(None, spec.estimator.chars_per_token)
     routes = {alias: compile_route(spec, alias, r, source) for alias, r in spec.models.items()}
+    tls_expiry = None if spec.listen.tls is None else tls.check(spec.listen.tls, source.parent, str(source))
     return ActivePolicy(
         spec=spec,
         source=source,
@@ -372,6 +376,7 @@ def load_policy(path: str | Path) -> ActivePolicy:
         counter=counter,
         loaded_at=time.time(),
         counts=PolicyCounts(),
+        tls_expiry=tls_expiry,
     )
 
 
@@ -404,4 +409,7 @@ def restart_only_changes(old: PolicySpec, new: PolicySpec) -> list[str]:
         a, b = getattr(old.listen, key), getattr(new.listen, key)
         if a != b:
             out.append(f"listen.{key} changed from {a} to {b}; that needs a restart, not a reload")
+    if (old.listen.tls is None) != (new.listen.tls is None):
+        turned = "on" if new.listen.tls is not None else "off"
+        out.append(f"listen.tls turned {turned}; that needs a restart (a reload only renews the certificate)")
     return out

@@ -46,12 +46,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class TlsSpec(_Strict):
+    """TLS on every listener: the certificate (chain, PEM) and its private key (PEM, mode 0600); a path
+    not absolute is relative to the policy file's directory. A reload reads both again."""
+
+    cert_file: str = Field(min_length=1)
+    key_file: str = Field(min_length=1)
+
+
 class ListenSpec(_Strict):
-    """Where the gateway listens; admin endpoints move to `admin_port` when it is set."""
+    """Where the gateway listens; admin endpoints move to `admin_port` when it is set; with `tls`, both
+    listeners speak HTTPS only (None: plain HTTP, which the profile must ask for)."""
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)  # 0: any free port (tests)
     admin_port: int | None = Field(None, ge=0, le=65535)
+    tls: TlsSpec | None = None
 
 
 class EstimatorSpec(_Strict):

@@ -27,6 +27,7 @@ from pdfleet.lab.paths import (
     models_mirror_url,
     pypi_mirror_url,
 )
+from pdfleet.lab.pki import ensure_lab_pki
 from pdfleet.lab.sshkeys import ensure_client_key, known_hosts_lines
 from pdfleet.lab.state import HostRecord, LabState
 from pdfleet.lab.system import LabError, Progress, atomic_write, exclusive, preflight, quiet_progress
@@ -166,6 +167,7 @@ def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> U
     state.inventory = str(lab.inventory)
     caches = _build_caches(lab, progress)
     client_pub = ensure_client_key(paths.key_file)
+    _ensure_pki(paths, hosts, progress)
 
     state.bridge = True  # recorded before creating, so a kill right after still gets it removed
     state.save()
@@ -184,6 +186,16 @@ def _up(lab: Lab, hosts: list[LabHost], started: float, progress: Progress) -> U
     _wait_for_ssh(paths, state, hosts, progress)
     prune_images(paths.image_dir, keep=caches.image_key)
     return UpResult(tuple(hosts), caches.host_version, caches.apt_unavailable, time.monotonic() - started)
+
+
+def _ensure_pki(paths: LabPaths, hosts: Sequence[LabHost], progress: Progress) -> None:
+    """The lab CA and a certificate for the inventory's gateway hosts (their names and addresses), which
+    the TLS lab profiles name as their site PKI (pdfleet.lab.pki)."""
+    gateways = [h for h in hosts if "gateway" in h.groups]
+    if gateways:
+        names, addresses = [h.name for h in gateways], [h.address for h in gateways]
+        if ensure_lab_pki(paths.tls_dir, names, addresses)[2]:
+            progress(f"lab CA: a gateway certificate for {', '.join(names + addresses)} in {paths.tls_dir}")
 
 
 def _bring_up_host(

@@ -77,6 +77,11 @@ class LabPaths:
         return self.root / "gateway-client.key"
 
     @property
+    def tls_dir(self) -> Path:
+        """The lab CA and the lab gateway's certificate (pdfleet.lab.pki; lab-cross names these files)."""
+        return self.root / "tls"
+
+    @property
     def gateway_admin_key(self) -> Path:
         """The gateway's admin key (for /admin/*), kept beside the client key (mode 0600)."""
         return self.root / "gateway-admin.key"

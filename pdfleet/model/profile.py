@@ -47,6 +47,7 @@ from pdfleet.model.specs import (
     one_or_per_pool,
 )
 from pdfleet.model.stages import StageSpec
+from pdfleet.model.tls import GatewayTlsSetting
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
 # The per-model building blocks live in pdfleet.model.specs; these names stay importable from here.
@@ -182,6 +183,8 @@ class GatewaySpec(StrictModel):
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     # aliases served by a hosted OpenAI/Anthropic-compatible API (pdfleet.model.outside), beside the models
     outside: dict[Annotated[str, Field(pattern=ALIAS_PATTERN)], OutsideAlias] = Field(default_factory=dict)
+    # the site's PKI (pdfleet.model.tls), or `off` for plain HTTP: no default, a profile says which
+    tls: GatewayTlsSetting
 
 
 class Profile(StrictModel):

@@ -13,6 +13,7 @@ from pdfleet.model.inventory import Inventory
 from pdfleet.model.inventory_checks import check_against_inventory
 from pdfleet.model.profile import KVTransferSpec, VllmSpec
 from pdfleet.model.profile_loader import list_profiles, load_profile, raw_profile
+from pdfleet.model.tls import tls_warnings
 from pdfleet.model.weights_checks import weights_warnings
 
 
@@ -53,6 +54,9 @@ def survey_profiles(
             profile = load_profile(name, profiles_dir)
             warnings = tuple(
                 f"{profile.origin_of(w.path)}: {w.path}: {w.message}" for w in weights_warnings(profile)
+            ) + tuple(
+                f"{profile.origin_of('gateway.tls')}: gateway.tls: {w}"
+                for w in tls_warnings(profile.gateway.tls)
             )
             if inventory is not None:
                 check_against_inventory(profile, inventory)

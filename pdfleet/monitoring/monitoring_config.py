@@ -1,10 +1,11 @@
 """Prometheus's configuration for a deployment, from the topology: one scrape job per kind of service.
 
-Jobs `vllm` (every pool instance, simulator or vLLM), `vllm-router`, `pdfleet-gateway`, `node` (every
-host's node exporter) and `prometheus` itself, alerts sent to the Alertmanager beside it; every target
-carries the labels `pool`, `role` and `host` the topology gives it (a node exporter: what its host runs),
-and an `instance` label naming the host (not its address). Written with a YAML dumper from data, never by
-pasting text, so no inventory or profile value can add a line to the file.
+Jobs `vllm` (every pool instance, simulator or vLLM), `vllm-router`, `pdfleet-gateway` (over https,
+verified against the gateway's CA, under gateway.tls), `node` (every host's node exporter) and
+`prometheus` itself, alerts sent to the Alertmanager beside it; every target carries the labels `pool`,
+`role` and `host` the topology gives it (a node exporter: what its host runs), and an `instance` label
+naming the host (not its address). Written with a YAML dumper from data, never by pasting text, so no
+inventory or profile value can add a line to the file.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import yaml
 
 from pdfleet.errors import ValidationError
+from pdfleet.fleet.host_layout import GATEWAY_CA_FILE
 from pdfleet.fleet.topology import MetricsEndpoint, Prometheus, Topology
 from pdfleet.model.profile import Profile
 
@@ -51,6 +53,8 @@ def scrape_jobs(endpoints: Sequence[MetricsEndpoint]) -> list[dict[str, Any]]:
     jobs = []
     for job in sorted(by_job, key=lambda j: (JOB_ORDER.index(j) if j in JOB_ORDER else len(JOB_ORDER), j)):
         config: dict[str, Any] = {"job_name": job, "static_configs": [_static(e) for e in by_job[job]]}
+        if any(e.scheme == "https" for e in by_job[job]):  # a TLS gateway: verified against its CA
+            config |= {"scheme": "https", "tls_config": {"ca_file": GATEWAY_CA_FILE}}
         if job == "vllm":
             config["metric_relabel_configs"] = [dict(VLLM_NAME_RELABEL)]
         jobs.append(config)

@@ -31,6 +31,9 @@ HEALTH_LINE = "@pdfleet-health"  # `@pdfleet-health <HTTP code> <url>`: no syste
 HEALTH_OK = "200"
 PROBE_TIMEOUT_S = 5
 NO_URL = "-"
+# The CA an https probe verifies against: the gateway's (the profile's gateway.tls.ca_file), which
+# provision puts on every host that calls a TLS gateway (pdfleet.fleet.host_layout names it too)
+GATEWAY_CA_FILE = "/etc/pdfleet/tls/gateway-ca.crt"
 
 
 @dataclass(frozen=True)
@@ -66,9 +69,12 @@ class UnitState:
 
 def http_code_cmd(url: str) -> str:
     """A shell command printing the HTTP status `url` answers on the host (000: no answer): the one probe
-    of a unit's health, in the fact and in provision's waits alike."""
+    of a unit's health, in the fact and in provision's waits alike. An https URL is a TLS gateway's,
+    verified against the gateway's CA provision puts on the host (no -k: a wrong certificate is 000)."""
+    trust = f"--cacert {q(GATEWAY_CA_FILE)} " if url.startswith("https://") else ""
     return (
-        f"curl -s -o /dev/null --max-time {PROBE_TIMEOUT_S} -w '%{{http_code}}' {q(url)} 2>/dev/null || true"
+        f"curl -s -o /dev/null --max-time {PROBE_TIMEOUT_S} {trust}-w '%{{http_code}}' {q(url)} "
+        "2>/dev/null || true"
     )
 
 

@@ -72,7 +72,7 @@ def controllers_from(config_path: Path) -> Controllers:
     if first.name is not None and migrate_legacy(state_dir, first.name):
         log.info("moved the rollout state in %s to %s", state_dir, state_dir / first.name)
     source = PrometheusClient(first.prometheus_url, timeout=2.0)
-    gateways = GatewayClient(key, first.gateway_timeout_s)
+    gateways = GatewayClient(key, first.gateway_timeout_s, first.gateway_ca_file)
     return Controllers.of(
         [Controller(c, source, gateways, Store(state_dir / (c.name or ""))) for c in configs]
     )

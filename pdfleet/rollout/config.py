@@ -43,6 +43,8 @@ class _Shared(BaseModel):
     gateways: list[GatewayTarget] = Field(min_length=1)
     prometheus_url: str = Field(pattern=r"^https?://[^/\s]+$")
     admin_key_file: str = Field(min_length=1)
+    # the CA an https admin_url's certificate chains to (None: the system's trust; plain http needs none)
+    gateway_ca_file: str | None = Field(None, min_length=1)
     state_dir: str = str(STATE_DIR)
     gateway_timeout_s: float = Field(2.0, gt=0, le=30)
     # a tick's whole measurement; past it every gate is a metrics error (a hung Prometheus is blindness)

@@ -1,4 +1,5 @@
-"""How the controller talks to gateways: their admin endpoints over HTTP with the admin key.
+"""How the controller talks to gateways: their admin endpoints over HTTPS (verified against the gateway's
+CA) or, where the profile says `tls: off`, plain HTTP, with the admin key.
 
 `GET /admin/policy` says which version and stage a gateway runs; `POST /admin/stage` sets a new one (the
 gateway rewrites its own policy file and reloads, no restart). Both may name a model: then the stage is
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdfleet.errors import PdfleetError
+from pdfleet.gateway.tls import client_context
 from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.config import GatewayTarget
 
@@ -41,9 +43,11 @@ class GatewayReport:
 class GatewayClient:
     """The admin endpoints of every gateway host."""
 
-    def __init__(self, admin_key: str, timeout_s: float = 2.0) -> None:
+    def __init__(self, admin_key: str, timeout_s: float = 2.0, ca_file: str | None = None) -> None:
         self._auth = f"Bearer {admin_key}"
         self.timeout_s = timeout_s
+        # https admin URLs are verified against the gateway's CA (None: the system's trust store)
+        self._tls = client_context(ca_file)
 
     def _call(self, target: GatewayTarget, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -54,7 +58,7 @@ class GatewayClient:
             headers={"Authorization": self._auth, "Content-Type": "application/json"},
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._tls) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as err:
             message = _error_message(err.read())

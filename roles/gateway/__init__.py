@@ -17,10 +17,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
+from pdfleet.fleet.gateway_tls import TlsMaterial
+from pdfleet.fleet.host_layout import GATEWAY_CA_FILE, SERVICE_USER, UNIT_DIR
 from pdfleet.fleet.live_stage import Staging, live_policy, model_stages, policy_stage, policy_version
 from pdfleet.fleet.render import RenderedFile
-from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
+from pdfleet.fleet.roles import (
+    ManagedUnit,
+    RoleContext,
+    gateway_ca_files,
+    gateway_ca_operations,
+    host_wheel_install,
+)
 from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway, ModelTopology, Router
 from pdfleet.gateway import policy as gateway_policy
 from pdfleet.model.connectors import MOONCAKE, NIXL
@@ -37,6 +44,9 @@ APT_PACKAGES: tuple[str, ...] = ()
 
 CONFIG_DIR = "/etc/pdfleet/gateway"
 POLICY_FILE = f"{CONFIG_DIR}/policy.yaml"
+# the site's certificate and key (gateway.tls), pushed from the control machine; a change reloads
+TLS_CERT_FILE = f"{CONFIG_DIR}/tls.crt"
+TLS_KEY_FILE = f"{CONFIG_DIR}/tls.key"
 VENV = "/opt/pdfleet/gateway"
 GATEWAY_UNIT = "pdfleet-gateway.service"
 ROUTER_CONNECTORS = {NIXL: "nixl", MOONCAKE: "mooncake"}  # vllm-router --kv-connector
@@ -154,6 +164,8 @@ def policy_text(
     listen: dict[str, Any] = {"host": gateway.address, "port": gw.port}
     if gw.admin_port:
         listen["admin_port"] = gw.admin_port
+    if gateway.scheme == "https":
+        listen["tls"] = {"cert_file": TLS_CERT_FILE, "key_file": TLS_KEY_FILE}
     # the pools serve the aliases too (ServedModel.served_model_names): bodies pass through unchanged
     routes: dict[str, Any] = {}
     caps: dict[str, int | None] = {}
@@ -247,6 +259,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
         ),
     ]
     out += outside_files(secrets.outside_keys, CONFIG_DIR, owner)
+    out += tls_files(secrets.tls, owner) + gateway_ca_files(ctx)
     for router in routers:
         connector = ctx.profile.served_model(router.model).kv_transfer.connector
         unit = ctx.render(
@@ -257,6 +270,24 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
         )
         out.append(RenderedFile(f"{UNIT_DIR}/{router.unit}", unit))
     return out
+
+
+def tls_toggles(ctx: RoleContext, facts: FactSource) -> bool:
+    """Whether the host's gateway turns TLS on or off (the policy it runs has listen.tls and this one not,
+    or the other way): a reload refuses that (the sockets are bound), so the gateway restarts instead."""
+    live = live_policy(facts.get(FileContent(POLICY_FILE)), Path(POLICY_FILE))
+    return live is not None and (live.listen.tls is None) != (_gateway(ctx).scheme == "http")
+
+
+def tls_files(material: TlsMaterial | None, owner: str) -> list[RenderedFile]:
+    """The certificate (0644) and its key (0600, a secret: never shown in a diff) the gateway reads
+    (nothing for plain HTTP)."""
+    if material is None:
+        return []
+    return [
+        RenderedFile(TLS_CERT_FILE, material.cert, mode="0644", owner=owner, group=owner),
+        RenderedFile(TLS_KEY_FILE, material.key, mode="0600", secret=True, owner=owner, group=owner),
+    ]
 
 
 def units(ctx: RoleContext) -> list[ManagedUnit]:
@@ -282,12 +313,15 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     yield from host_wheel_install(
         ctx, VENV, (f"vllm-router=={gw.router_version}",), notify=tuple(restarts.values())
     )
+    yield from gateway_ca_operations(ctx)  # before the unit starts: its health probe verifies with it
     yield Directory(CONFIG_DIR, mode="0700", owner=SERVICE_USER, group=SERVICE_USER)
     for rendered in files(ctx):
         name = rendered.path.rsplit("/", 1)[1]
         if rendered.path.startswith(UNIT_DIR):
             yield SystemdUnit(name, rendered.content.encode(), restart=restarts[name])
             continue
+        if rendered.path == GATEWAY_CA_FILE:
+            continue  # written above
         content = live_policy_text(ctx, facts) if rendered.path == POLICY_FILE else rendered.content
         yield File(
             rendered.path,
@@ -296,7 +330,7 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
             owner=rendered.owner,
             group=rendered.group,
             secret=rendered.secret,
-            notify=(reload,),
+            notify=(restarts[GATEWAY_UNIT] if tls_toggles(ctx, facts) else reload,),
         )
     for unit in units(ctx):
         yield Service(

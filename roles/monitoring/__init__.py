@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pdfleet.fleet.render import RenderedFile
-from pdfleet.fleet.roles import ManagedUnit, RoleContext
+from pdfleet.fleet.roles import ManagedUnit, RoleContext, gateway_ca_files, gateway_ca_operations
 from pdfleet.fleet.topology import Prometheus
 from pdfleet.monitoring.alerts import alert_rules
 from pdfleet.monitoring.dashboard import dashboard_json
@@ -91,6 +91,7 @@ def prometheus_files(ctx: RoleContext) -> list[RenderedFile]:
         RenderedFile(RECORDING_FILE, HEADER + dump(recording_rules(profile, has_gateway))),
         RenderedFile(ALERTS_FILE, HEADER + dump(alert_rules(profile, has_gateway))),
         RenderedFile(DASHBOARD_FILE, dashboard_json(profile, ctx.topology)),
+        *gateway_ca_files(ctx),
     ]
 
 
@@ -108,6 +109,7 @@ def handlers(ctx: RoleContext) -> tuple[Handler, Handler]:
 
 def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
     restart, reload = handlers(ctx)
+    yield from gateway_ca_operations(ctx, notify=(reload,))  # what the gateway job's tls_config names
     yield Directory(CONFIG_DIR, mode="0755")
     yield Directory(RULES_DIR, mode="0755")
     for rendered in prometheus_files(ctx):

@@ -13,9 +13,15 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from pdfleet.fleet.host_layout import SERVICE_USER, UNIT_DIR
+from pdfleet.fleet.host_layout import GATEWAY_CA_FILE, SERVICE_USER, UNIT_DIR
 from pdfleet.fleet.render import RenderedFile
-from pdfleet.fleet.roles import ManagedUnit, RoleContext, host_wheel_install
+from pdfleet.fleet.roles import (
+    ManagedUnit,
+    RoleContext,
+    gateway_ca_files,
+    gateway_ca_operations,
+    host_wheel_install,
+)
 from pdfleet.fleet.topology import Controller
 from pdfleet.model.served import ServedModel
 from pdfleet.monitoring.recording import kv_series
@@ -72,6 +78,8 @@ def controller_config(ctx: RoleContext) -> str:
         "state_dir": controller.state_dir,
         "models": [_model_part(ctx, spec, bool(ctx.profile.models)) for spec in served],
     }
+    if any(g.scheme == "https" for g in ctx.topology.gateways):
+        doc["gateway_ca_file"] = GATEWAY_CA_FILE  # what the controller verifies the gateways with
     return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
 
@@ -109,6 +117,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
         RenderedFile(controller.config_file, controller_config(ctx), mode="0644"),
         RenderedFile(controller.key_file, secrets.admin_key + "\n", mode="0600", secret=True, **owner),
         RenderedFile(f"{UNIT_DIR}/{controller.unit}", unit),
+        *gateway_ca_files(ctx),
     ]
 
 
@@ -125,6 +134,7 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     restart = restart_handler(controller.unit, None, 60)
     yield from host_wheel_install(ctx, controller.venv, notify=(restart,))
     yield Directory(controller.config_dir, mode="0755")
+    yield from gateway_ca_operations(ctx, notify=(restart,))
     for rendered in files(ctx):
         name = rendered.path.rsplit("/", 1)[1]
         if rendered.path.startswith(UNIT_DIR):

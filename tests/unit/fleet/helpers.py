@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import sys
 from collections.abc import Iterable
@@ -10,11 +11,13 @@ from pathlib import Path
 
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.deployment import Deployment, DeploymentRequest, load_deployment
+from pdfleet.fleet.gateway_tls import tls_material
 from pdfleet.fleet.roles import Role
 from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.model.inventory import load_inventory
 from pdfleet.model.inventory_checks import check_against_inventory
 from pdfleet.model.profile_loader import list_profiles, load_profile
+from pdfleet.model.tls import GatewayTlsSetting
 from roles import REGISTRY
 
 REPO = Path(__file__).resolve().parents[3]
@@ -42,9 +45,20 @@ def deploy(
         profiles,
         REPO / "templates",
         tuple(roles),
-        secrets=None if secrets is None else (lambda _client, _admin, _outside: secrets),
+        secrets=None if secrets is None else functools.partial(_with_tls, secrets),
     )
     return load_deployment(request)
+
+
+def _with_tls(
+    secrets: GatewaySecrets, _client: str, _admin: str, _outside: object, tls: GatewayTlsSetting
+) -> GatewaySecrets:
+    """The test keys, and the profile's TLS files as `invoke render` reads them (placeholders if missing)."""
+    return (
+        secrets
+        if secrets.tls is not None
+        else dataclasses.replace(secrets, tls=tls_material(tls, review=True))
+    )
 
 
 def fleet_of(profile: str, inventory: Path | None = None) -> Deployment:

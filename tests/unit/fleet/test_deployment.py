@@ -31,7 +31,9 @@ class Calls:
         self.wheels = 0
         self.wheel = tmp / "pdfleet-0+htest-py3-none-any.whl"
 
-    def secrets(self, client: str, admin: str, outside: Mapping[str, str]) -> GatewaySecrets:
+    def secrets(
+        self, client: str, admin: str, outside: Mapping[str, str], tls: object = None
+    ) -> GatewaySecrets:
         assert outside == {}  # the lab profiles name no outside alias
         self.keys.append((client, admin))
         return TEST_SECRETS

@@ -4,6 +4,7 @@ lines, serve lines the simulator parses, a policy the real gateway loads)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -17,17 +18,20 @@ import pytest
 
 import roles.gateway as gateway_role
 import roles.services as services_role
+from pdfleet.fleet.gateway_tls import tls_material
 from pdfleet.fleet.provision import host_facts, render_fleet
 from pdfleet.fleet.render import RenderedFile, write_tree
 from pdfleet.hw.distro import CUDA_SOURCE
 from pdfleet.hw.gpu import GPU_FACTS
 from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.hw.rdma_facts import RdmaSysfsFact
+from pdfleet.lab import pki
 from pdfleet.model.platforms import find_platform
+from pdfleet.model.tls import GatewayTls
 from pdfleet.ops.apt import AptPackages
 from pdfleet.ops.files import FileContent
 from pdfleet.ops.systemd import ManagedUnitFiles
-from tests.unit.fleet.helpers import EXAMPLES, REPO, fleet_of, profile_inventory_pairs
+from tests.unit.fleet.helpers import EXAMPLES, REPO, TEST_SECRETS, deploy, fleet_of, profile_inventory_pairs
 from tests.unit.roles.helpers import deployment
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
@@ -184,22 +188,37 @@ def test_every_rendered_serve_command_parses_under_the_simulator(profile: str, i
 
 
 def test_rendered_gateway_policy_and_keys_load_in_the_real_gateway(tmp_path: Path) -> None:
-    """The policy provision installs is one pdfleet-gateway accepts, routing to the profile's pools."""
+    """The policy provision installs is one pdfleet-gateway accepts, routing to the profile's pools, with
+    the site's certificate and key as provision pushes them (lab-cross-tls)."""
     from pdfleet.gateway.policy import load_policy
 
     lab = REPO / "inventory" / "lab.yml"
-    deployment = fleet_of("lab-cross", lab)
+    ca = pki.make_ca(tmp_path / "pki")
+    pair = pki.issue(ca, tmp_path / "pki", "gateway", ["lab-gw"], ["198.18.0.10"])
+    setting = GatewayTls(cert_file=str(pair.cert), key_file=str(pair.key), ca_file=str(ca.cert))
+    secrets = dataclasses.replace(TEST_SECRETS, tls=tls_material(setting))
+    deployment = deploy("lab-cross-tls", lab, secrets=secrets)
     gateway_host = deployment.inventory.hosts["lab-gw"]
     files = {f.path: f for f in render_fleet(deployment, [gateway_host])["lab-gw"]}
+    for name in ("tls.crt", "tls.key"):
+        pushed = files[f"/etc/pdfleet/gateway/{name}"]
+        (tmp_path / name).write_text(pushed.content)
+        (tmp_path / name).chmod(int(pushed.mode, 8))
+    key = files["/etc/pdfleet/gateway/tls.key"]
+    assert key.secret and key.mode == "0600" and key.owner == "pdfleet"
+    assert files["/etc/pdfleet/tls/gateway-ca.crt"].content == ca.cert.read_text()
     keys = tmp_path / "keys.yaml"
     keys.write_text(files["/etc/pdfleet/gateway/keys.yaml"].content)
     keys.chmod(0o600)
     assert files["/etc/pdfleet/gateway/keys.yaml"].mode == "0600"
     policy = tmp_path / "policy.yaml"
     policy.write_text(
-        files["/etc/pdfleet/gateway/policy.yaml"].content.replace("/etc/pdfleet/gateway/keys.yaml", str(keys))
+        files["/etc/pdfleet/gateway/policy.yaml"]
+        .content.replace("/etc/pdfleet/gateway/keys.yaml", str(keys))
+        .replace("/etc/pdfleet/gateway/tls.", f"{tmp_path}/tls.")
     )
     active = load_policy(policy)
+    assert active.spec.listen.tls is not None and active.tls_expiry is not None
     route = active.routes["llama-3.1-8b"]
     assert route.colocated == ("http://198.18.0.11:8000", "http://198.18.0.12:8000")
     assert route.disagg == "http://127.0.0.1:8090"

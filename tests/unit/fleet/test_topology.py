@@ -67,8 +67,10 @@ def test_gateways_route_between_the_pools(profile: str, inventory: Path) -> None
     assert topo.no_gateway_reason is None
     assert [g.host for g in topo.gateways] == [h.name for h in inv.group("gateway")]
     first_pd = next((spec for spec in prof.served if spec.has_router), None)
+    scheme = "http" if prof.gateway.tls == "off" else "https"
     for gw in topo.gateways:
-        assert gw.url == f"http://{inv.hosts[gw.host].address}:{prof.gateway.port}"
+        assert gw.scheme == scheme and (gw.ca_file is None) == (scheme == "http")
+        assert gw.url == f"{scheme}://{inv.hosts[gw.host].address}:{prof.gateway.port}"
         router = None if first_pd is None else f"http://{ROUTER_ADDRESS}:{first_pd.gateway.router_port}"
         assert gw.router_url == router
         assert topo.gateway_on(gw.host) == gw
@@ -145,11 +147,11 @@ def test_prometheus_on_every_monitoring_host_and_the_controller_on_the_first(
         assert topo.controller.host == hosts[0]
     for gw in topo.gateways:
         port = prof.gateway.admin_port or prof.gateway.port
-        assert gw.admin_url == f"http://{inv.hosts[gw.host].address}:{port}"
+        assert gw.admin_url == f"{gw.scheme}://{inv.hosts[gw.host].address}:{port}"
 
 
 def test_the_monitoring_port_and_admin_port_come_from_the_profile() -> None:
-    prof, inv, _ = _load("lab-cross", REPO / "inventory/lab.yml")
+    prof, inv, _ = _load("lab-cross-tls", REPO / "inventory/lab.yml")
     prof = prof.model_copy(
         update={
             "monitoring": prof.monitoring.model_copy(update={"port": 9191}),
@@ -159,7 +161,8 @@ def test_the_monitoring_port_and_admin_port_come_from_the_profile() -> None:
     topo = build_topology(prof, inv, LAB_NETWORK)
     assert topo.prometheus is not None and topo.prometheus.url == "http://198.18.0.10:9191"
     assert topo.prometheus.metrics_endpoint.url == "http://198.18.0.10:9191/metrics"
-    assert [g.admin_url for g in topo.gateways] == ["http://198.18.0.10:8181"]
+    assert [g.admin_url for g in topo.gateways] == ["https://198.18.0.10:8181"]
+    assert [g.ca_file for g in topo.gateways] == ["/var/lib/pdfleet-lab/tls/ca.crt"]
 
 
 def test_why_there_is_no_controller() -> None:

@@ -278,7 +278,8 @@ class Env:
     @property
     def base(self) -> str:
         assert self.gw is not None
-        return f"http://127.0.0.1:{self.gw.port}"
+        scheme = "https" if self.gw.gateway.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.gw.port}"
 
     def rewrite_policy(self, **over: Any) -> None:
         """Write a changed policy file (the gateway sees it on reload)."""

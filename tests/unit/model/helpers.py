@@ -23,6 +23,7 @@ pools:
 gpu: {driver_branch: "580"}
 rdma: {enabled: true}
 gateway:
+  tls: off
   stage: colocated
   stages:
     colocated: {short: 0, long: 0}

@@ -115,6 +115,6 @@ def test_a_floating_vllm_revision_is_warned_about_not_refused(tmp_path: Path) ->
     assert weights_warnings(_load(tmp_path, "vllm: {engine: sim}\n")) == []
     _load(tmp_path, "")
     (status,) = survey_profiles(tmp_path, names=["w"])
-    assert status.ok and status.warnings == (
+    assert status.ok and [w for w in status.warnings if "gateway.tls" not in w] == [
         f"{tmp_path / '_good.yml'}: model.revision: {warnings[0].message}",
-    )
+    ]

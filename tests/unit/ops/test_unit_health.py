@@ -160,3 +160,11 @@ def test_provision_waits_with_the_same_probe_on_a_real_unit(
     failed = health_wait("down.service", f"http://127.0.0.1:{closed}/health", 30)
     with pytest.raises(CommandError, match="down.service failed while starting"):
         execute(LocalTransport(), failed, timeout=30)  # early: the unit failed, no 30 s wait
+
+
+def test_an_https_probe_verifies_against_the_gateways_ca() -> None:
+    from pdfleet.ops.unit_health import GATEWAY_CA_FILE, http_code_cmd
+
+    assert f"--cacert {GATEWAY_CA_FILE} " in http_code_cmd("https://10.0.0.1:8080/health")
+    assert "--cacert" not in http_code_cmd("http://10.0.0.1:8080/health")
+    assert " -k " not in http_code_cmd("https://10.0.0.1:8080/health")

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from vllm_router.launch_router import parse_router_args
@@ -15,17 +16,22 @@ from vllm_router.router_args import RouterArgs
 import roles.gateway as gateway_role
 from pdfleet.errors import PdfleetError
 from pdfleet.fleet.deployment import Deployment
+from pdfleet.fleet.gateway_tls import tls_material
 from pdfleet.fleet.host_wheel import wheel_name
 from pdfleet.fleet.provision import render_fleet
 from pdfleet.gateway.limits import check_limit_names
 from pdfleet.gateway.policy import parse_policy
+from pdfleet.lab import pki
 from pdfleet.model.limits import KeyLimits, LimitsSpec
 from pdfleet.model.profile import ROUTER_POLICIES
+from pdfleet.model.tls import GatewayTls
 from pdfleet.ops.base import FakeFacts, Run
 from pdfleet.ops.files import File, FileContent
 from pdfleet.ops.pip import PipList, PipRequirements
-from tests.unit.fleet.helpers import deploy, profile_inventory_pairs
+from tests.unit.fleet.helpers import TEST_SECRETS, deploy, profile_inventory_pairs
 from tests.unit.roles.helpers import REPO, deployment, exec_start_argv
+
+pytestmark = pytest.mark.procs  # openssl makes the TLS tests' CA and certificate
 
 ROUTER_UNIT_PATH = "/etc/systemd/system/vllm-router-pd.service"  # a single-model profile's router
 
@@ -235,3 +241,44 @@ def test_bad_profile_shadow_or_capture_names_the_key_path(
     with pytest.raises(PdfleetError) as exc:
         _lab_cross_gateway(tmp_path, gateway_yaml)
     assert expected in str(exc.value)
+
+
+def _tls_fleet(tmp_path: Path, profile: str = "lab-cross-tls") -> Deployment:
+    """A TLS lab profile with a real CA and certificate in `tmp_path` as its site PKI."""
+    ca = pki.make_ca(tmp_path / "pki")
+    pair = pki.issue(ca, tmp_path / "pki", "gateway", ["lab-gw"], ["198.18.0.10"])
+    setting = GatewayTls(cert_file=str(pair.cert), key_file=str(pair.key), ca_file=str(ca.cert))
+    secrets = dataclasses.replace(TEST_SECRETS, tls=tls_material(setting))
+    return deploy(profile, REPO / "inventory/lab.yml", secrets=secrets)
+
+
+def _notified(ops: list[Any], path: str) -> list[str]:
+    (op,) = [o for o in ops if isinstance(o, File) and o.path == path]
+    return [h.name for h in op.notify]
+
+
+def test_tls_pushes_the_pair_and_ca_and_a_renewal_reloads_a_toggle_restarts(tmp_path: Path) -> None:
+    fleet = _tls_fleet(tmp_path)
+    host = fleet.inventory.hosts["lab-gw"]
+    ctx = fleet.context(host)
+    files = {f.path: f for f in gateway_role.files(ctx)}
+    key = files[gateway_role.TLS_KEY_FILE]
+    assert key.mode == "0600" and key.secret and key.owner == "pdfleet"
+    assert files["/etc/pdfleet/tls/gateway-ca.crt"].mode == "0644"
+    tls_policy = files[gateway_role.POLICY_FILE].content
+    assert "cert_file: /etc/pdfleet/gateway/tls.crt" in tls_policy
+    assert [u.health_url for u in gateway_role.units(ctx)][-1] == "https://198.18.0.10:8080/health"
+    # the host runs a TLS policy: a renewed certificate reloads (no stream dropped)
+    live = FakeFacts({FileContent(gateway_role.POLICY_FILE): tls_policy})
+    ops = list(gateway_role.operations(ctx, live))
+    assert _notified(ops, gateway_role.TLS_CERT_FILE) == ["reload pdfleet-gateway.service"]
+    # the host runs a plain policy: turning TLS on restarts (a reload cannot rebind the sockets)
+    plain = deploy("lab-cross", REPO / "inventory/lab.yml")
+    plain_policy = {f.path: f for f in gateway_role.files(plain.context(host))}[gateway_role.POLICY_FILE]
+    ops = list(
+        gateway_role.operations(ctx, FakeFacts({FileContent(gateway_role.POLICY_FILE): plain_policy.content}))
+    )
+    assert _notified(ops, gateway_role.TLS_CERT_FILE) == ["restart pdfleet-gateway.service"]
+    # and back: the plain profile on a TLS host restarts too
+    ops = list(gateway_role.operations(plain.context(host), live))
+    assert _notified(ops, gateway_role.POLICY_FILE) == ["restart pdfleet-gateway.service"]

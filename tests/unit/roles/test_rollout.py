@@ -23,7 +23,7 @@ def _monitoring(fleet):
 
 
 def test_the_controller_gets_its_config_key_and_unit(tmp_path: Path) -> None:
-    fleet = deployment("lab-cross")
+    fleet = deployment("lab-cross-tls")
     fleet = dataclasses.replace(fleet, gateway_secrets=GatewaySecrets("1" * 64, "2" * 64, KEY))
     ctx = fleet.context(_monitoring(fleet))
     controller = fleet.topology.controller
@@ -33,13 +33,14 @@ def test_the_controller_gets_its_config_key_and_unit(tmp_path: Path) -> None:
         "/etc/pdfleet/rollout/controller.json",
         "/etc/pdfleet/rollout/admin.key",
         "/etc/systemd/system/pdfleet-rollout.service",
-    }
+    }  # no CA: these secrets carry no TLS files (test_gateway_tls covers the CA)
     local = tmp_path / "controller.json"
     local.write_text(by_path[controller.config_file].content)
     (config,) = load_configs(local)
     assert (config.name, config.group, config.model) == ("llama-3-1-8b", None, None)
     assert [g.admin_url for g in config.gateways] == [g.admin_url for g in fleet.topology.gateways]
-    assert [g.admin_url for g in config.gateways] == ["http://198.18.0.10:8080"]
+    assert [g.admin_url for g in config.gateways] == ["https://198.18.0.10:8080"]
+    assert config.gateway_ca_file == "/etc/pdfleet/tls/gateway-ca.crt"  # lab-cross speaks TLS
     assert config.prometheus_url == f"http://198.18.0.10:{fleet.profile.monitoring.port}"
     assert set(config.rollout.plans) == {"canary-long", "long-prompts", "all-disagg"}
     assert config.initial_stage == "colocated" and config.state_dir == "/var/lib/pdfleet/rollout"

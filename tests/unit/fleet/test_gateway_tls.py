@@ -1,0 +1,54 @@
+"""The site's PKI on the control machine: read and checked before provision pushes anything (errors name
+the profile key and the file), placeholders for a review."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdfleet.errors import ValidationError
+from pdfleet.fleet.gateway_tls import tls_material
+from pdfleet.lab import pki
+from pdfleet.model.tls import GatewayTls
+
+pytestmark = pytest.mark.procs  # openssl
+
+
+def _setting(pair: pki.Pair, ca: pki.Pair) -> GatewayTls:
+    return GatewayTls(cert_file=str(pair.cert), key_file=str(pair.key), ca_file=str(ca.cert))
+
+
+def test_material_is_the_files_and_the_expiry(tmp_path: Path) -> None:
+    ca = pki.make_ca(tmp_path)
+    pair = pki.issue(ca, tmp_path, "gw", ["gw"], [])
+    got = tls_material(_setting(pair, ca))
+    assert got is not None and got.key == pair.key.read_text() and got.ca == ca.cert.read_text()
+    assert got.expiry is not None and not got.placeholders and "PRIVATE" not in repr(got)
+    assert tls_material("off") is None and tls_material(None) is None
+
+
+def test_a_ca_that_did_not_sign_the_certificate_is_refused(tmp_path: Path) -> None:
+    ca, other = pki.make_ca(tmp_path / "a"), pki.make_ca(tmp_path / "b")
+    pair = pki.issue(ca, tmp_path, "gw", ["gw"], [])
+    with pytest.raises(ValidationError, match=r"gateway\.tls\.ca_file: .*b/ca\.crt: did not issue"):
+        tls_material(_setting(pair, other))
+
+
+def test_a_key_others_can_read_is_refused_naming_the_profile_key(tmp_path: Path) -> None:
+    ca = pki.make_ca(tmp_path)
+    pair = pki.issue(ca, tmp_path, "gw", ["gw"], [])
+    pair.key.chmod(0o644)
+    with pytest.raises(ValidationError, match=r"gateway\.tls\.key_file: .*gw\.key.*chmod 600"):
+        tls_material(_setting(pair, ca))
+
+
+def test_missing_files_refuse_a_provision_and_are_placeholders_in_a_review(tmp_path: Path) -> None:
+    setting = GatewayTls(
+        cert_file="~/nope/gw.crt", key_file="~/nope/gw.key", ca_file=str(tmp_path / "ca.crt")
+    )
+    with pytest.raises(ValidationError, match=r"gateway\.tls\.cert_file: .*nope/gw\.crt"):
+        tls_material(setting)
+    review = tls_material(setting, review=True)
+    assert review is not None and len(review.placeholders) == 3 and review.expiry is None
+    assert review.key.startswith("# placeholder: ~/nope/gw.key does not exist yet")
