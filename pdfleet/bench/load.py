@@ -256,15 +256,15 @@ class PoolRun:
 
 def gateway_request(
     gw: Gateway,
-    pool: str,
+    pool: str | None,
     prompt: str,
     max_tokens: int,
     session: str | None = None,
     choice: str | None = None,
 ) -> bytes:
-    """A streaming /v1/completions request through the gateway to `pool` (usage in the stream); a
-    session's id as X-Session-Id (the gateway's sticky key); a colocated choice in the gateway's choice
-    header (None: the gateway's own)."""
+    """A streaming /v1/completions request through the gateway to `pool` (None: where the gateway
+    decides) with usage in the stream; a session's id as X-Session-Id (the gateway's sticky key); a
+    colocated choice in the gateway's choice header (None: the gateway's own)."""
     body = completion_body(prompt, max_tokens, gw.model, usage=True)
     headers = {"X-Session-Id": session} if session else {}
     if choice:
@@ -306,13 +306,16 @@ async def run_pool(
     progress: Progress | None = None,
     background: Callable[[asyncio.Event], Coroutine[Any, Any, dict[str, float | str]]] | None = None,
     choice: str | None = None,
+    forced: bool = True,
 ) -> PoolRun:
     """Run `items` through the gateway to `pool` by `schedule`; every request ends as a Record. `choice`:
-    the colocated choice every request asks the gateway for (None: the gateway's own).
+    the colocated choice every request asks the gateway for (None: the gateway's own); not `forced`: no
+    pool header, the gateway's live stage decides (the records still say `pool`).
 
     Requests cancelled by `stop` or abandoned after the drain are marked cancelled, with the reason.
     """
     client = StreamClient(gw.host, gw.port)
+    header = pool if forced else None
     records: list[Record] = []
     ended: set[int] = set()  # id() of the records whose request ended (the others were cancelled)
     lateness: list[float] = []
@@ -328,7 +331,7 @@ async def run_pool(
         rec = Record(item.index, pool, cls, item.prompt_tokens, item.output_tokens)
         records.append(rec)
         request = requests.get(item.index) or gateway_request(
-            gw, pool, item.prompt, item.output_tokens, item.session, choice
+            gw, header, item.prompt, item.output_tokens, item.session, choice
         )
         if due is not None:
             rec.due = due
@@ -341,7 +344,7 @@ async def run_pool(
 
     # built before the clock starts: encoding a 30K-token prompt takes a millisecond the schedule cannot spare
     requests = {
-        it.index: gateway_request(gw, pool, it.prompt, it.output_tokens, it.session, choice)
+        it.index: gateway_request(gw, header, it.prompt, it.output_tokens, it.session, choice)
         for it in items[:PREBUILT]
     }
     lag_task = asyncio.create_task(_lag_monitor(lag, finished))

@@ -127,7 +127,11 @@ def prompt_of(server: ScriptedServer, reply: Reply) -> str:
 
 
 async def _run(
-    schedule: Schedule, fail_prompt: str | None = None, stop_after: float | None = None, delay: float = 0.02
+    schedule: Schedule,
+    fail_prompt: str | None = None,
+    stop_after: float | None = None,
+    delay: float = 0.02,
+    forced: bool = True,
 ):  # noqa: ANN202
     server_ref: list[ScriptedServer] = []
 
@@ -154,6 +158,7 @@ async def _run(
             8192,
             stop,
             lambda d, t: seen.append((d, t)),
+            forced=forced,
         )
         return run, seen, server
 
@@ -235,3 +240,12 @@ def test_a_sessions_requests_carry_its_id_as_the_gateways_sticky_key() -> None:
     head = gateway_request(gw, "colocated", "hi", 4, "agent-3").split(b"\r\n\r\n")[0]
     assert b"\r\nX-Session-Id: agent-3" in head and b"X-Pdfleet-Pool: colocated" in head
     assert b"X-Session-Id" not in gateway_request(gw, "colocated", "hi", 4)
+
+
+def test_an_unforced_run_leaves_the_pool_to_the_gateway() -> None:
+    """Every request of an unforced run (the shadow A/B's) goes without the pool header, the first
+    prebuilt ones too; a forced run's all carry it."""
+    for forced in (False, True):
+        run, _, server = asyncio.run(_run(Schedule(starts=[0.0] * 6), forced=forced))
+        assert len(server.requests) >= 6 and all(r.success for r in run.records)
+        assert all((b"X-Pdfleet-Pool: colocated" in raw) is forced for raw in server.requests), forced
