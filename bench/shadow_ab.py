@@ -1,20 +1,14 @@
-"""Does shadowing change what the clients see? The same seeded load through the gateway, A/B.
+"""Does shadowing change what the clients see? The same seeded load through the gateway, A/B (issue 33).
 
-Issue 33's bar: shadowing a share of long prompts changes the primary's figures by no more than the
-run-to-run noise, and so does the decode service stopping mid-shadow. Four runs of the very same
-requests and arrivals, sent without the pool header (the gateway's live stage decides, as for real
-clients; the stage must keep the shadowed class colocated, or there is nothing to shadow):
+Every run sends the very same requests at the very same arrivals without the pool header (the gateway's
+live stage decides, as for real clients) and reads the client's figures per length class. On a
+provisioned profile whose live stage keeps the shadowed class colocated, four runs: `off`; `shadow`
+(`invoke shadow --stage S --share N`); `shadow, decode stopped` (the first decode instance's service
+stopped); `off again`. Each request is a conversation of its own (X-Session-Id), as from many users,
+since the gateway shadows by the sticky bucket. The noise is `off again` - `off` (nothing changed but
+time); the shadow runs are shown with their difference from the mean of the two.
 
-1. `off`: no shadow run;
-2. `shadow`: `invoke shadow --stage S --share N` on every gateway of the profile;
-3. `shadow, decode stopped`: the same with the first decode host's decode service stopped;
-4. `off again`: the shadow run stopped, the decode service started.
-
-The noise is the difference between runs 1 and 4 (nothing changed but time); each figure of runs 2 and
-3 is printed beside it, with its difference from the mean of 1 and 4. Through the lab (one per machine,
-under its lock; lab-cross provisioned):
-
-    flock /work/lab.lock .venv/bin/python bench/shadow_ab.py --profile lab-cross --duration 60
+    flock /work/lab.lock .venv/bin/python bench/shadow_ab.py --profile lab-cross
 """
 
 from __future__ import annotations
@@ -27,16 +21,17 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from invoke import Config, Context
 
-from pdfleet.bench.client import Record
+from pdfleet.bench.compare import BenchPlan
 from pdfleet.bench.fleet_targets import bench_model, gateway_of, read_client_key
-from pdfleet.bench.load import Gateway, run_pool
+from pdfleet.bench.load import Gateway, PoolRun, run_pool
 from pdfleet.bench.stats import summarize
-from pdfleet.bench.workloads import build
+from pdfleet.bench.workloads import Item, build
 from pdfleet.cli.bench import plan_from_options
 from pdfleet.cli.options import open_deployment
 from pdfleet.cli.settings import Settings
@@ -53,6 +48,7 @@ FIGURES = (  # the client's side, per class: what shadowing must leave alone
     ("stalls/100", "stalls_per_100_streams"),
     ("failed", "failed"),
 )
+Figures = dict[str, dict[str, float]]
 
 
 def _context() -> Context:
@@ -64,11 +60,56 @@ def _context() -> Context:
 def _invoke(*args: str) -> str:
     """One invoke task of this repo; its output (a failure stops the benchmark with its stderr)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True, timeout=900
     )
     if proc.returncode != 0:
-        raise SystemExit(f"invoke {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        tail = (proc.stderr.strip() or proc.stdout.strip())[-2000:]
+        raise SystemExit(f"invoke {' '.join(args)} failed ({proc.returncode}): {tail}")
     return proc.stdout.strip()
+
+
+def _plan(deployment: Deployment, args: argparse.Namespace) -> BenchPlan:
+    """The bench's plan for the workload at the rate, duration and seed asked (no warm-up: the runs
+    follow each other on a warm fleet)."""
+    opts: dict[str, Any] = dict.fromkeys(
+        ("input_len", "output_len", "range_ratio", "long_share", "dataset", "concurrency", "num_prompts"),
+        None,
+    )
+    opts |= {
+        "workload": args.workload,
+        "rate": args.rate,
+        "duration": str(args.duration),
+        "seed": args.seed,
+        "burstiness": None,
+        "pools": "colocated",
+        "warmup": "0",
+        "sweep": False,
+        "trace": None,
+    }
+    return plan_from_options(deployment, opts)
+
+
+def _gateway(deployment: Deployment) -> Gateway:
+    spec = bench_model(deployment.profile, None)
+    key = read_client_key(deployment.profile.gateway.client_key_file)
+    return gateway_of(deployment.profile, deployment.topology, key, spec.aliases[0])
+
+
+async def _run(gw: Gateway, plan: BenchPlan, items: list[Item]) -> PoolRun:
+    """One run of the items by the plan's schedule, without the pool header."""
+    return await run_pool(
+        gw, "colocated", items, plan.schedule(items), plan.long_prompt_tokens, asyncio.Event(), forced=False
+    )
+
+
+def _by_class(run: PoolRun, plan: BenchPlan) -> Figures:
+    """The client-side figures of one run per length class."""
+    out = {}
+    for cls in ("short", "long"):
+        recs = [r for r in run.records if r.length_class == cls]
+        s = summarize(recs, run.wall_s, plan.bounds, plan.time_scale)
+        out[cls] = {name: float(s[key]) for name, key in FIGURES}
+    return out
 
 
 @contextmanager
@@ -85,40 +126,65 @@ def _decode_stopped(deployment: Deployment, settings: Settings) -> Iterator[str]
         conn.close()
 
 
-def _by_class(records: list[Record], wall_s: float, plan: Any) -> dict[str, dict[str, float]]:
-    """The client-side figures of one run per length class."""
-    out = {}
-    for cls in ("short", "long"):
-        recs = [r for r in records if r.length_class == cls]
-        s = summarize(recs, wall_s, plan.bounds, plan.time_scale)
-        out[cls] = {name: float(s[key]) for name, key in FIGURES}
-    return out
-
-
-async def _run(gw: Gateway, plan: Any, items: list[Any]) -> dict[str, dict[str, float]]:
-    """One run of the items by the plan's schedule, unforced; its figures per class."""
-    run = await run_pool(
-        gw, "colocated", items, plan.schedule(items), plan.long_prompt_tokens, asyncio.Event(), forced=False
-    )
-    return _by_class(run.records, run.wall_s, plan)
-
-
-def _table(results: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+def _shadow_table(results: dict[str, Figures]) -> list[str]:
     """Each figure per class and run, the noise (off again - off) and each shadow run's difference
     from the mean of the two off runs."""
     names = list(results)
     lines = [f"{'class':6} {'figure':11} " + " ".join(f"{n[:22]:>22}" for n in names) + f" {'noise':>8}"]
     for cls in ("short", "long"):
         for fig, _ in FIGURES:
-            vals = [results[n][cls][fig] for n in names]
             base = (results["off"][cls][fig] + results["off again"][cls][fig]) / 2
             noise = results["off again"][cls][fig] - results["off"][cls][fig]
             cells = []
-            for n, v in zip(names, vals, strict=True):
+            for n in names:
+                v = results[n][cls][fig]
                 delta = "" if n.startswith("off") else f" ({v - base:+.1f})"
                 cells.append(f"{f'{v:.1f}{delta}':>22}")
             lines.append(f"{cls:6} {fig:11} " + " ".join(cells) + f" {noise:+8.1f}")
     return lines
+
+
+def shadow(args: argparse.Namespace) -> dict[str, Any]:
+    """Off, shadow, shadow with decode stopped, off again; the table printed, the figures returned."""
+    ctx = _context()
+    settings = Settings.of(ctx)
+    deployment = open_deployment(ctx, args.profile, None)
+    plan = _plan(deployment, args)
+    # one conversation per request, as from many users: without a session id every request of the one
+    # key falls in the key's sticky bucket, and a share below 100% shadows all of them or none
+    items = [
+        replace(it, session=it.session or f"ab-{it.index}")
+        for it in build(plan.workload, plan.request_count(), plan.seed)
+    ]
+    gw = _gateway(deployment)
+    what = f"{len(items)} requests of {args.workload}, seed {plan.seed}, {plan.rate} req/s"
+    print(f"{args.profile}: {what}, sent without the pool header")
+
+    def run() -> Figures:
+        return _by_class(asyncio.run(_run(gw, plan, items)), plan)
+
+    def status() -> str:
+        return _invoke("shadow.status", "--profile", args.profile)
+
+    minutes = str(math.ceil((2 if args.no_decode_stop else 3) * args.duration / 60) + 1)
+    start = ("shadow", "--profile", args.profile, "--stage", args.stage, "--share", str(args.share))
+    results = {"off": run()}
+    print("off: done")
+    try:
+        print(_invoke(*start, "--minutes", minutes, "--detach"))
+        results["shadow"] = run()
+        print(f"shadow: done; {status()}")
+        if not args.no_decode_stop:
+            with _decode_stopped(deployment, settings) as stopped:
+                print(f"{stopped} stopped")
+                results["shadow, decode stopped"] = run()
+            print(f"shadow, decode stopped: done; {status()}")
+    finally:
+        print(_invoke("shadow.stop", "--profile", args.profile))
+    results["off again"] = run()
+    print("off again: done")
+    print("\n".join(_shadow_table(results)))
+    return results
 
 
 def main() -> None:
@@ -133,48 +199,7 @@ def main() -> None:
     ap.add_argument("--no-decode-stop", action="store_true", help="leave out the decode-stopped run")
     ap.add_argument("--json", default=None, help="write the figures of every run to this file")
     args = ap.parse_args()
-    ctx = _context()
-    settings = Settings.of(ctx)
-    deployment = open_deployment(ctx, args.profile, None)
-    spec = bench_model(deployment.profile, None)
-    opts = dict.fromkeys(
-        ("input_len", "output_len", "range_ratio", "long_share", "dataset", "concurrency", "num_prompts"),
-        None,
-    ) | {
-        "workload": args.workload,
-        "rate": args.rate,
-        "duration": str(args.duration),
-        "seed": args.seed,
-        "burstiness": None,
-        "pools": "colocated",
-        "warmup": "0",
-        "sweep": False,
-        "trace": None,
-    }
-    plan = plan_from_options(deployment, opts)
-    items = build(plan.workload, plan.request_count(), plan.seed)
-    key = read_client_key(deployment.profile.gateway.client_key_file)
-    gw = gateway_of(deployment.profile, deployment.topology, key, spec.aliases[0])
-    what = f"{len(items)} requests of {args.workload}, seed {plan.seed}, {plan.rate} req/s"
-    print(f"{args.profile}: {what}, sent without the pool header")
-    minutes = str(math.ceil((2 if args.no_decode_stop else 3) * args.duration / 60) + 1)
-    shadow = ("--profile", args.profile, "--stage", args.stage, "--share", str(args.share))
-    results: dict[str, dict[str, dict[str, float]]] = {"off": asyncio.run(_run(gw, plan, items))}
-    print("off: done")
-    try:
-        print(_invoke("shadow", *shadow, "--minutes", minutes, "--detach"))
-        results["shadow"] = asyncio.run(_run(gw, plan, items))
-        print(f"shadow: done; {_invoke('shadow.status', '--profile', args.profile)}")
-        if not args.no_decode_stop:
-            with _decode_stopped(deployment, settings) as what:
-                print(f"{what} stopped")
-                results["shadow, decode stopped"] = asyncio.run(_run(gw, plan, items))
-            print(f"shadow, decode stopped: done; {_invoke('shadow.status', '--profile', args.profile)}")
-    finally:
-        print(_invoke("shadow.stop", "--profile", args.profile))
-    results["off again"] = asyncio.run(_run(gw, plan, items))
-    print("off again: done")
-    print("\n".join(_table(results)))
+    results = shadow(args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
 

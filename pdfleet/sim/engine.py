@@ -1,17 +1,15 @@
 """The simulated engine: vLLM V1-style scheduling on an injected clock, no I/O, no real time.
 
-The caller owns time. `schedule(now)` picks the next step's batch like vLLM's scheduler (running
-requests first, one token per decode, prefill chunks within `max_num_batched_tokens`, new requests
-while `max_num_seqs` and free KV blocks allow, recompute preemption from the tail of the running list
-when blocks run out) and returns the step's duration from the `PerfModel`. The caller waits that long
-(really, scaled, or in a discrete-event loop) and calls `complete(batch, end)`, which advances every
-scheduled request and returns the requests that produced a token and those that finished.
+The caller owns time. `schedule(now)` picks the next step's batch like vLLM's scheduler (running first,
+one token per decode, prefill chunks within `max_num_batched_tokens`, new requests while `max_num_seqs`
+and free KV blocks allow, recompute preemption from the running list's tail when blocks run out) and
+returns the step's duration from the `PerfModel`; the caller waits it (really, scaled, or in a DES) and
+calls `complete(batch, end)`, which returns the requests that produced a token and those that finished.
 
-P/D: a request with `remote_decode` (producer side) is prefilled only; its blocks are then *held* until
-`release_held` (the consumer pulled them) or until they expire. A request with `remote_prefill`
-(consumer side) is admitted with blocks for its whole prompt and listed in `Batch.kv_loads`; the caller
-moves the bytes and calls `kv_loaded`, after which the request computes its last prompt token (as
-vLLM's NixlConnector does) and decodes.
+P/D: a `remote_decode` request (producer) is prefilled only, its blocks *held* until `release_held` or
+expiry. A `remote_prefill` request (consumer) takes its own prefix-cache hit, is admitted with blocks
+for its whole prompt and listed in `Batch.kv_loads`; the caller moves the rest and calls `kv_loaded`,
+then it computes its last prompt token (as vLLM's NixlConnector does) and decodes.
 """
 
 from __future__ import annotations
@@ -120,7 +118,6 @@ class Engine:
         self.prompt = PromptTokens()  # vllm:prompt_tokens and its 0.33 split by source
         self.generation_tokens = 0
 
-    # ---- state the driver reads -------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
@@ -144,7 +141,6 @@ class Engine:
         """True when a step could run now (something running, or waiting that may be admitted)."""
         return bool(self.running or self.waiting)
 
-    # ---- requests in and out ---------------------------------------------------------------
     def add(self, req: SimRequest, now: float) -> None:
         """Queue a new request (arrival at `now`)."""
         req.arrival = now
@@ -170,7 +166,6 @@ class Engine:
         req.finish_reason = "abort"
         return req
 
-    # ---- blocks ------------------------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.limits.block_size)
 
@@ -200,6 +195,12 @@ class Engine:
         req.computed = len(req.block_ids) * bs
         return num_tokens
 
+    def _unmatch(self, req: SimRequest, queried: int) -> None:
+        """Not admitted: let go of the cached blocks a lookup took; it looks up again next time."""
+        if queried:
+            self._free_blocks(req)
+            req.computed = 0
+
     def _count_prefix(self, req: SimRequest, queried: int) -> None:
         """Add an admitted request's lookup to vllm:prefix_cache_queries/hits (in tokens)."""
         if not req.num_preemptions:  # the first admission's hit is what vLLM's PrefillStats records
@@ -217,7 +218,6 @@ class Engine:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    # ---- scheduling --------------------------------------------------------------------------
     def _chunk(self, req: SimRequest, budget: int) -> int:
         """Tokens to compute for req this step within the budget (0 = cannot be scheduled now)."""
         remaining = req.prompt_tokens + req.generated - req.computed
@@ -274,12 +274,9 @@ class Engine:
         while waiting and len(self.running) + len(self.loading) < self.limits.max_num_seqs:
             req = waiting[0]
             if req.remote_prefill is not None:
-                # its own prefix-cache hit first: the connector pulls only the blocks past it
-                queried = self._prefix_hit(req)
+                queried = self._prefix_hit(req)  # its own hit first: the connector pulls the rest only
                 if not self._allocate(req, req.prompt_tokens):
-                    if queried:
-                        self._free_blocks(req)
-                        req.computed = 0
+                    self._unmatch(req, queried)
                     break
                 self._count_prefix(req, queried)
                 waiting.popleft()
@@ -294,9 +291,7 @@ class Engine:
             queried = self._prefix_hit(req)
             n = self._chunk(req, budget)
             if n == 0 or not self._allocate(req, req.computed + n):
-                if queried:  # not admitted: let go of the cached blocks, look up again next time
-                    self._free_blocks(req)
-                    req.computed = 0
+                self._unmatch(req, queried)
                 break
             self._count_prefix(req, queried)
             waiting.popleft()

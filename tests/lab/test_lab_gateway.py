@@ -1,13 +1,15 @@
 """The gateway as deployed by `invoke provision --profile lab-cross`: the real OpenAI SDK through it
 with only OPENAI_BASE_URL/OPENAI_API_KEY from `invoke lab.env`; the override header reaching each
 pool (seen in that pool's own vLLM metrics); the router killed → fallback, counted; a stage change
-reloads the gateway without restarting it; the router runs with the profile's policy."""
+reloads the gateway without restarting it; a stopped prefill service is bypassed (the decider); the
+router runs with the profile's policy."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -106,6 +108,40 @@ def _admin_policy() -> dict:
         return json.loads(resp.read())
 
 
+def _decision(client: openai.OpenAI) -> str:
+    """One short chat without the pool header; the gateway's reason for where it went."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=2
+    )
+    assert raw.parse().usage.completion_tokens == 2  # answered: no request fails meanwhile
+    return raw.headers["X-Pdfleet-Decision"]
+
+
+def _prefill_stopped_is_bypassed_within_2_s(lab: LabHandle, client: openai.OpenAI) -> None:
+    """The P/D share staged: a stopped prefill service is unknown to the decider's poll, never idle, and
+    its share stays colocated as `prefill_busy` within 2 s (lab-cross's decider.prefill_busy_waiting),
+    every request answered meanwhile; started again, the share goes back to the P/D pool."""
+    p1 = next(h for h in lab.hosts if h.name == "lab-p1")
+    assert _decision(client) == "stage_weight"
+    rc, _, err = lab.ssh(p1, "sudo -n systemctl stop vllm-prefill.service")
+    assert rc == 0, err
+    stopped = time.monotonic()
+    seen: list[tuple[float, str]] = []
+    try:
+        while not seen or seen[-1][1] != "prefill_busy":
+            assert time.monotonic() - stopped < 10, seen
+            seen.append((round(time.monotonic() - stopped, 2), _decision(client)))
+    finally:
+        rc, _, err = lab.ssh(p1, "sudo -n systemctl start vllm-prefill.service")
+    assert rc == 0, err
+    assert seen[-1][0] <= 2.0, seen
+    assert {d for _, d in seen} <= {"stage_weight", "fallback", "prefill_busy"}, seen
+    deadline = time.monotonic() + 60
+    while (back := _decision(client)) != "stage_weight" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert back == "stage_weight"
+
+
 def test_stage_change_reloads_without_restart_and_a_dead_router_falls_back(
     lab: LabHandle, client: openai.OpenAI, tmp_path: Path
 ) -> None:
@@ -124,6 +160,7 @@ def test_stage_change_reloads_without_restart_and_a_dead_router_falls_back(
         decode = _sample_sum(DECODE_URL, "vllm:request_success_total")
         _chat(client, max_tokens=4)
         assert _sample_sum(DECODE_URL, "vllm:request_success_total") - decode == 1, "staged to disagg"
+        _prefill_stopped_is_bypassed_within_2_s(lab, client)
 
         rc, _, err = lab.ssh(gw, "sudo -n systemctl stop vllm-router-pd.service")
         assert rc == 0, err
