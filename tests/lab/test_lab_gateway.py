@@ -65,7 +65,8 @@ def client_env(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> dict
     for line in env_proc.stdout.splitlines():
         key, _, value = line.removeprefix("export ").partition("=")
         env[key] = value.strip("'\"")
-    assert set(env) == {"OPENAI_BASE_URL", "OPENAI_API_KEY"}
+    # both SDKs' variables; no SSL_CERT_FILE: lab-cross's gateway speaks plain HTTP (tls: off)
+    assert set(env) == {"OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"}
     return env
 
 

@@ -107,6 +107,17 @@ def test_shadowing_long_prompts_reaches_prometheus_and_the_report(client: openai
             break
         time.sleep(2)
     assert got.get(("true",), 0) >= 6 and got.get(("false",), 0) >= 6, got
+    # a second round once Prometheus holds the series: the report's quantiles are rates over the window,
+    # and a series first scraped at its final count shows no increase (all six may end between scrapes)
+    time.sleep(5)
+    _traffic(client, 2, seed=9)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        got = prom.value("pdfleet_gateway_shadow_requests_total", ("shadow",), {"outcome": "ok"})
+        if got.get(("true",), 0) >= 8 and got.get(("false",), 0) >= 8:
+            break
+        time.sleep(2)
+    assert got.get(("true",), 0) >= 8 and got.get(("false",), 0) >= 8, got
     proc = _invoke("shadow.report", "--profile", PROFILE, "--minutes", "3", "--as-json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)

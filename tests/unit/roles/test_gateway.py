@@ -135,9 +135,16 @@ def _rendered_policy(fleet: Deployment) -> str:
     return policy.content
 
 
-def _lab_cross_gateway(tmp_path: Path, gateway_yaml: str) -> Deployment:
+def _lab_cross_gateway(tmp_path: Path, gateway_yaml: str, without_decider: bool = False) -> Deployment:
+    """lab-cross with `gateway_yaml` over its gateway (`without_decider`: its own decider block left out)."""
     profiles = tmp_path / "profiles"
     shutil.copytree(REPO / "profiles", profiles)
+    if without_decider:
+        base = profiles / "lab-cross.yml"
+        text = base.read_text()
+        start = text.index("  decider:\n")
+        end = text.index("\n", text.index("prefill_busy_waiting", start)) + 1
+        base.write_text(text[:start] + text[end:])
     (profiles / "lim.yml").write_text(f"extends: lab-cross\ngateway: {gateway_yaml}\n")
     return deploy("lim", REPO / "inventory" / "lab.yml", profiles)
 
@@ -193,7 +200,7 @@ def test_profile_decider_reaches_the_policy_with_the_pd_instances_to_scrape(tmp_
 
 
 def test_no_profile_decider_renders_the_policy_as_before(tmp_path: Path) -> None:
-    text = _rendered_policy(_lab_cross_gateway(tmp_path, "{}"))
+    text = _rendered_policy(_lab_cross_gateway(tmp_path, "{}", without_decider=True))
     assert "decider:" not in text and "prefill:" not in text
 
 
