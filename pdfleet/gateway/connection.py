@@ -50,7 +50,12 @@ class UpstreamResponse:
     _pending: list[bytes] = field(default_factory=list)
     _ended: bool = False
     _end_reason: EndReason | None = None
-    answered: bool = False  # the last piece relayed ends the answer (see ends_answer)
+    last_piece: bytes = b""  # the last piece relayed: read (ends_answer) only when the client leaves
+
+    @property
+    def answered(self) -> bool:
+        """Whether the last piece relayed ended the answer (a client leaving after it was served)."""
+        return ends_answer(self.last_piece)
 
     def relay(
         self,
@@ -75,7 +80,7 @@ class UpstreamResponse:
                 if not piece:
                     continue
             transport.write(_frame(piece) if chunked else piece)
-            self.answered = ends_answer(piece)
+            self.last_piece = piece
             if on_chunk is not None:
                 on_chunk()
         self._pending = []
@@ -240,7 +245,7 @@ class Connection(ResponseParser, asyncio.Protocol):
                 return
         sink.write(_frame(payload) if self.sink_chunked else payload)
         if self.response is not None:
-            self.response.answered = ends_answer(payload)
+            self.response.last_piece = payload
         self.last_data = self.loop.time()
         if self.on_chunk is not None:
             self.on_chunk()

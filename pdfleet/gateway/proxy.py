@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from pdfleet.gateway.capture import Capture, OutputCounter
-from pdfleet.gateway.connection import UpstreamError, UpstreamResponse, ends_answer, whole_events
+from pdfleet.gateway.connection import UpstreamError, UpstreamResponse, whole_events
 from pdfleet.gateway.context import RequestContext
 from pdfleet.gateway.errors import error_response, sse_error_event
 from pdfleet.gateway.load import LongPrefills, Outstanding, QueueWatch
@@ -346,7 +346,7 @@ class Proxy:
                 return out, "ok"
             first, held = whole_events(resp.first) if sse else (resp.first, None)
             await out.write(first)  # sends the held-back headers with the first chunk (even empty)
-            resp.answered = ends_answer(first)
+            resp.last_piece = first
             transport: Any = request.transport
             if transport is None:
                 raise ConnectionResetError("client went away")
