@@ -154,6 +154,16 @@ def test_leases_expire_with_vllms_warning(caplog: pytest.LogCaptureFixture) -> N
     )
 
 
+async def _producer(kv: KVConnector, grant: ReadGrant, done: Any) -> tuple[SideChannelServer, dict[str, Any]]:
+    """A producer's side channel on loopback answering every read with `grant` (`done`: its release
+    callback), and the kv_transfer_params a consumer's request carries to read from it."""
+    side = SideChannelServer("engine-p", kv.compat, lambda rid: grant, done)
+    await side.start("127.0.0.1", 0)
+    assert side._server is not None
+    port = side._server.sockets[0].getsockname()[1]
+    return side, {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "p"}
+
+
 def test_a_consumer_loads_over_the_side_channel_then_logs_it(caplog: pytest.LogCaptureFixture) -> None:
     kv, woken = _connector("kv_consumer", "--sim-link", "roce-400g")
     released: list[str] = []
@@ -161,11 +171,7 @@ def test_a_consumer_loads_over_the_side_channel_then_logs_it(caplog: pytest.LogC
     async def run() -> SimRequest:
         kv.clock.start(asyncio.get_running_loop())
         grant = ReadGrant(500, 32, 500 * KV_BYTES_8B)
-        side = SideChannelServer("engine-p", kv.compat, lambda rid: grant, released.append)
-        await side.start("127.0.0.1", 0)
-        assert side._server is not None
-        port = side._server.sockets[0].getsockname()[1]
-        params = {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "p"}
+        side, params = await _producer(kv, grant, released.append)
         req = SimRequest("d", 500, 3, remote_prefill=params)
         kv.engine.add(req, 0.0)
         assert kv.engine.schedule(0.0).kv_loads == [req]
@@ -200,11 +206,7 @@ def test_a_consumer_pulls_only_the_blocks_past_its_own_prefix_cache_hit() -> Non
         kv.engine.complete(kv.engine.schedule(0.0), 0.1)
         assert warm.state is State.FINISHED
         grant = ReadGrant(500, 32, 500 * KV_BYTES_8B)
-        side = SideChannelServer("engine-p", kv.compat, lambda rid: grant, lambda rid: None)
-        await side.start("127.0.0.1", 0)
-        assert side._server is not None
-        port = side._server.sockets[0].getsockname()[1]
-        params = {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "p"}
+        side, params = await _producer(kv, grant, lambda rid: None)
         req = SimRequest("d", 500, 3, remote_prefill=params, block_hashes=hashes)
         kv.engine.add(req, 0.2)
         assert kv.engine.schedule(0.2).kv_loads == [req]
@@ -235,12 +237,8 @@ def test_kv_held_for_another_prompt_length_is_not_loaded() -> None:
     async def run() -> Sink:
         kv.clock.start(asyncio.get_running_loop())
         grant = ReadGrant(500, 32, 500 * KV_BYTES_8B)
-        side = SideChannelServer("engine-p", kv.compat, lambda rid: grant, lambda rid: None)
-        await side.start("127.0.0.1", 0)
-        assert side._server is not None
-        port = side._server.sockets[0].getsockname()[1]
+        side, params = await _producer(kv, grant, lambda rid: None)
         sink = Sink("completion", "cmpl-d", MODEL, False, False, asyncio.get_running_loop())
-        params = {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "p"}
         req = SimRequest("d", 1, 3, remote_prefill=params, sink=sink)
         kv.engine.add(req, 0.0)
         kv.engine.schedule(0.0)
@@ -291,11 +289,7 @@ def test_a_failed_notification_counts_as_the_release_counts_it(version: str, fai
     async def run() -> None:
         kv.clock.start(asyncio.get_running_loop())
         grant = ReadGrant(500, 32, 500 * KV_BYTES_8B)
-        side = SideChannelServer("engine-p", kv.compat, lambda rid: grant, refuse)
-        await side.start("127.0.0.1", 0)
-        assert side._server is not None
-        port = side._server.sockets[0].getsockname()[1]
-        params = {"remote_host": "127.0.0.1", "remote_port": port, "remote_request_id": "p"}
+        side, params = await _producer(kv, grant, refuse)
         req = SimRequest("d", 500, 3, remote_prefill=params)
         kv.engine.add(req, 0.0)
         kv.engine.schedule(0.0)
