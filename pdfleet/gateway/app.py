@@ -324,9 +324,10 @@ class Gateway:
                     run = run_of(policy, req) if req.action == "start" else None
                 except PdfleetError as exc:
                     return error_response(400, str(exc), code="invalid_request")
-                if run is None:
+                running = self.shadowing.run
+                if run is None and (req.tag is None or (running is not None and running.tag == req.tag)):
                     self.shadowing.stop("stopped")
-                else:
+                elif run is not None:
                     self.shadowing.start(run)
             return web.json_response(self.shadowing.status())
 

@@ -52,6 +52,8 @@ class ShadowRun:
     share: int  # percent of the sticky buckets, from the top
     until: float  # time.monotonic() deadline
     model: str | None = None  # a model group (the metrics' model label); None: every routed alias
+    classes: tuple[str, ...] | None = None  # some of the stage's classes only; None: all it moves
+    tag: str | None = None  # who started it (the rollout's shadow step), for a stop of its own run only
     started_at: float = field(default_factory=time.time)
     sent: int = 0
     ok: int = 0
@@ -62,6 +64,8 @@ class ShadowRun:
         """Whether a colocated request of this model, class and bucket is to be shadowed."""
         if self.model is not None and model != self.model:
             return False
+        if self.classes is not None and cls not in self.classes:
+            return False
         return getattr(self.weights, cls) > 0 and bucket >= 100 - self.share
 
     def summary(self) -> dict[str, Any]:
@@ -69,6 +73,8 @@ class ShadowRun:
             "stage": self.stage,
             "share": self.share,
             "model": self.model,
+            "classes": None if self.classes is None else list(self.classes),
+            "tag": self.tag,
             "started_at": self.started_at,
             "seconds_left": max(0.0, self.until - time.monotonic()),
             "sent": self.sent,

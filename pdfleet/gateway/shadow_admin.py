@@ -3,8 +3,10 @@
 `POST {"action": "start", "stage": S, "share": N, "minutes": M[, "model": GROUP]}` starts one (replacing a
 running one): S is a stage of the policy (of the model group's stages when `model` names one), whose
 percentage for a class above 0 selects that class; N the percent of sticky buckets shadowed (1-100);
-M its length (at most the policy's `shadow.max_minutes`). `POST {"action": "stop"}` ends it. `GET`
-shows the running run, the last one and the shadows in flight. The run lives in the gateway's memory:
+M its length (at most the policy's `shadow.max_minutes`); optional `classes` narrow it to some of the
+stage's classes, and a `tag` names who started it (the rollout controller's shadow step).
+`POST {"action": "stop"[, "tag": T]}` ends it (with a tag: only a run carrying that tag). `GET` shows
+the running run, the last one and the shadows in flight. The run lives in the gateway's memory:
 a restart ends it (shadowing is off by default).
 """
 
@@ -20,6 +22,7 @@ from pydantic import ValidationError as PydanticValidationError
 from pdfleet.errors import ValidationError
 from pdfleet.gateway.policy import ActivePolicy, group_staging
 from pdfleet.gateway.shadow import ShadowRun
+from pdfleet.model.rollout import LengthClass
 from pdfleet.model.schema_errors import schema_problems
 
 
@@ -33,6 +36,8 @@ class ShadowRequest(BaseModel):
     share: int | None = Field(None, ge=1, le=100)
     minutes: float | None = Field(None, gt=0)
     model: str | None = Field(None, min_length=1, max_length=64)
+    classes: list[LengthClass] | None = Field(None, min_length=1)
+    tag: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:/@+-]+$")
 
 
 def parse_request(body: Any) -> ShadowRequest:
@@ -66,8 +71,13 @@ def run_of(policy: ActivePolicy, req: ShadowRequest) -> ShadowRun:
         raise ValidationError(
             f"stage: {req.stage!r} moves no class to P/D (0% short and long): nothing to shadow"
         )
+    for cls in req.classes or ():
+        if getattr(weights, cls) == 0:
+            raise ValidationError(f"classes: stage {req.stage!r} moves 0% of {cls}: nothing to shadow")
     if req.minutes > spec.shadow.max_minutes:
         raise ValidationError(
             f"minutes: {req.minutes:g} is past the policy's shadow.max_minutes ({spec.shadow.max_minutes:g})"
         )
-    return ShadowRun(req.stage, weights, req.share, time.monotonic() + req.minutes * 60, req.model)
+    classes = None if req.classes is None else tuple(req.classes)
+    until = time.monotonic() + req.minutes * 60
+    return ShadowRun(req.stage, weights, req.share, until, req.model, classes=classes, tag=req.tag)

@@ -15,6 +15,10 @@ no step is applied until every gateway reports the same version again (no split 
 rollout active, a higher version on every gateway (`invoke provision --stage S`) is adopted as the
 stable stage. An abort is acted on within a poll interval whatever the metrics source does.
 
+A shadow step's run (shadow_step) goes the same way: the state saved with the run it wants (and
+`shadow_live`) before any gateway is sent a start; every tick brings the gateways' shadow runs to the
+saved state, so an end, a pause, an abort or a restart leaves none of the controller's running.
+
 With several models, a version above a model's own that the controller wrote for another model, over
 this model's unchanged stage, is this model's (reconcile.as_seen_by); a new version is numbered above
 every version any model or gateway holds (reconcile.lifted), and a lower version another model saved is
@@ -48,6 +52,7 @@ from pdfleet.rollout.machine import (
     initial_state,
     mismatch,
     on_mismatch,
+    with_shadow,
 )
 from pdfleet.rollout.measure import observe
 from pdfleet.rollout.reconcile import (
@@ -60,6 +65,7 @@ from pdfleet.rollout.reconcile import (
     reconcile_reports,
     resuming,
 )
+from pdfleet.rollout.shadow_step import ShadowWriter, measure_shadow, shadow_scope
 from pdfleet.rollout.store import Store
 
 log = logging.getLogger("pdfleet.rollout")
@@ -84,6 +90,13 @@ class Controller:
     _inflight: threading.Thread | None = field(default=None, init=False)
     _last_error: str = field(default="", init=False)
     _abort_ticked: bool = field(default=False, init=False)  # the last tick began with an abort pending
+    shadows: ShadowWriter = field(init=False)
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self.shadows = ShadowWriter(
+            self.gateways, c.gateways, self.store, lambda: self.clock(), c.name, c.group
+        )
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -152,6 +165,8 @@ class Controller:
             self._log(events)
             if may_write(state, reports, problem) and not peer_pending(state, peers):
                 state = self._apply(state, reports, max(written, state.version))
+            state, events = self.shadows.apply(state)  # the shadow run the saved state wants
+            self._record(events)
         return state
 
     # ---- pieces ----------------------------------------------------------------------------
@@ -221,7 +236,20 @@ class Controller:
         measured: Tick,
         floor: int,
     ) -> tuple[RolloutState, list[Event]]:
-        """The state after this tick; a new policy version is numbered above `floor` (lifted)."""
+        """The state after this tick, with the shadow run it wants; a new policy version is numbered
+        above `floor` (lifted)."""
+        state, events = self._decided(state, reports, problem, measured, floor)
+        state, more = with_shadow(state, self.config.rollout, self.config.stages, measured.now)
+        return state, events + more
+
+    def _decided(
+        self,
+        state: RolloutState,
+        reports: list[GatewayReport],
+        problem: str | None,
+        measured: Tick,
+        floor: int,
+    ) -> tuple[RolloutState, list[Event]]:
         now = measured.now
         config = self.config
         why = mismatch(state, config.rollout, config.stages)
@@ -244,7 +272,10 @@ class Controller:
 
     def measure(self, state: RolloutState, moving: StageSpec | None = None) -> tuple[list[GateResult], int]:
         """Every gate's result for the classes the rollout moved (or, for a dry run, would move), at the
-        live weights; none moved: nothing to measure."""
+        live weights, or on a shadow step its gates on the shadow series; none moved: nothing to measure."""
+        scope = shadow_scope(self.config, state) if moving is None else None
+        if scope is not None:
+            return measure_shadow(self.config, self.source, *scope)
         classes = self.gated(state, moving)
         if not classes:
             return [], 0
@@ -269,7 +300,8 @@ class Controller:
         return gated_classes(moving or state.weights, stable)
 
     def _blind(self, state: RolloutState, why: str) -> list[GateResult]:
-        return blind_results(self.config.rollout.gates, self.gated(state), why)
+        gates, classes = shadow_scope(self.config, state) or (self.config.rollout.gates, self.gated(state))
+        return blind_results(gates, classes, why)
 
     def _apply(self, state: RolloutState, reports: list[GatewayReport], highest: int) -> RolloutState:
         """Bring every gateway to the saved version, then confirm under the lock once every gateway
@@ -343,8 +375,9 @@ def time_to_next_step(state: RolloutState, config: ControllerConfig, now: float)
     elapsed = now - state.step_started_at
     if hasattr(step, "pause"):
         return None if step.pause.duration_s is None else max(0.0, step.pause.duration_s - elapsed)
-    if hasattr(step, "analysis"):
-        return max(0.0, step.analysis.min_duration_s - elapsed)
+    held = getattr(step, "analysis", None) or getattr(step, "shadow", None)
+    if held is not None:
+        return max(0.0, held.min_duration_s - elapsed)
     return 0.0
 
 

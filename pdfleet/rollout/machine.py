@@ -3,7 +3,10 @@ new state plus the audit events, as Argo's controller reconciles a Rollout's sta
 
 The state says which policy the gateways must run (`stage`, `weights`, `version`); the controller
 applies it and records `applied_version` only once every gateway reports that version, and a
-`set_weight` step counts as done only then. The operator's commands are flags on the state
+`set_weight` step counts as done only then. It also says which shadow run the gateways must have
+(`shadow`: wanted only while a shadow step progresses, so an end, a pause, a halt or an abort turns
+it off; `shadow_live`: the controller may have started one no gateway has confirmed stopped). The
+operator's commands are flags on the state
 (`abort`, `promote`, `promote_full`), consumed by the next tick.
 """
 
@@ -15,13 +18,36 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pdfleet.model.rollout import Analysis, Pause, PlanSpec, RolloutSpec, SetWeight
+from pdfleet.model.rollout import (
+    Analysis,
+    Pause,
+    PlanSpec,
+    RolloutSpec,
+    SetWeight,
+    Shadow,
+    ShadowStepSpec,
+    shadow_classes,
+)
 from pdfleet.model.stages import LENGTH_CLASSES, StageSpec
 from pdfleet.rollout.gates import Counters, GateResult, Limits, decide_analysis, decide_tick
 
 Phase = Literal["idle", "progressing", "paused", "inconclusive", "halted", "degraded", "aborted", "succeeded"]
 ACTIVE: tuple[str, ...] = ("progressing", "paused", "inconclusive", "halted")
 STEP_STAGE_SEP = "@"  # a step's stage in the policy: `long-prompts@2`
+
+
+class ShadowWant(BaseModel):
+    """The shadow run a shadow step wants on every gateway: the target stage's `classes` at `share`
+    percent until `until` (Unix seconds: the step's deadline, so a gateway ends it by itself if the
+    controller is gone); `key` names this step of this rollout (the gateways' run carries it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    stage: str
+    classes: list[str]
+    share: int
+    until: float
 
 
 class RolloutState(BaseModel):
@@ -46,6 +72,8 @@ class RolloutState(BaseModel):
     promote: bool = False
     promote_full: bool = False
     last_results: list[dict[str, Any]] = Field(default_factory=list)
+    shadow: ShadowWant | None = None  # the shadow run the gateways must have (None: none of ours)
+    shadow_live: bool = False  # written ahead of a start; cleared once every gateway runs none of ours
 
 
 @dataclass(frozen=True)
@@ -249,7 +277,7 @@ def advance(
     limits = Limits(spec.failure_limit, spec.consecutive_error_limit)
     counters = Counters(state.failed_checks, state.consecutive_errors)
     step = plan.steps[state.step_index] if state.step_index < len(plan.steps) else None
-    if tick.results and not isinstance(step, Analysis):  # background analysis between analysis steps
+    if tick.results and not isinstance(step, Analysis | Shadow):  # background analysis between them
         verdict = decide_tick(
             tick.results, counters, limits, samples=tick.samples, min_samples=spec.min_samples
         )
@@ -272,7 +300,7 @@ def advance(
 
 def _step(
     state: RolloutState,
-    step: SetWeight | Pause | Analysis | None,
+    step: SetWeight | Pause | Analysis | Shadow | None,
     spec: RolloutSpec,
     stages: Mapping[str, StageSpec],
     tick: Tick,
@@ -316,7 +344,7 @@ def _step(
         if state.promote:
             return _advance(state, now, "inconclusive analysis accepted by rollout.promote")
         return state, []
-    a = step.analysis
+    a = step.analysis if isinstance(step, Analysis) else step.shadow
     counters = Counters(state.failed_checks, state.consecutive_errors)
     deadline = a.max_duration_s if a.max_duration_s is not None else 4 * a.min_duration_s
     verdict = decide_analysis(
@@ -337,14 +365,60 @@ def _step(
             "consecutive_errors": verdict.counters.consecutive_errors,
         }
     )
+    what = "analysis" if isinstance(step, Analysis) else "shadow"
     if verdict.verdict == "successful":
-        return _advance(counted, now, f"analysis of step {state.step_index}: {verdict.reason}")
+        return _advance(counted, now, f"{what} of step {state.step_index}: {verdict.reason}")
     if verdict.verdict == "inconclusive":
         new = counted.model_copy(update={"phase": "inconclusive", "reason": verdict.reason})
         return new, [{"at": now, "event": "inconclusive", "step": state.step_index, "reason": verdict.reason}]
     if state.promote:
-        return _advance(counted, now, "analysis skipped by rollout.promote")
-    return counted.model_copy(update={"phase": "progressing", "reason": verdict.reason or "analysing"}), []
+        return _advance(counted, now, f"{what} skipped by rollout.promote")
+    reason = verdict.reason or "analysing"
+    reason = reason if isinstance(step, Analysis) else f"shadowing: {reason}"
+    return counted.model_copy(update={"phase": "progressing", "reason": reason}), []
+
+
+def shadow_step(state: RolloutState, spec: RolloutSpec) -> ShadowStepSpec | None:
+    """The shadow step the rollout is on, if it is on one (whatever its phase)."""
+    plan = spec.plans.get(state.target or "")
+    if state.phase not in ACTIVE or plan is None or state.step_index >= len(plan.steps):
+        return None
+    step = plan.steps[state.step_index]
+    return step.shadow if isinstance(step, Shadow) else None
+
+
+def shadow_wanted(
+    state: RolloutState, spec: RolloutSpec, stages: Mapping[str, StageSpec]
+) -> ShadowWant | None:
+    """The shadow run the gateways must have: a shadow step's, while it progresses (not paused,
+    inconclusive, halted, aborted or past its deadline), else none."""
+    step = shadow_step(state, spec)
+    target = state.target
+    if step is None or state.phase != "progressing" or state.abort or target is None or target not in stages:
+        return None
+    deadline = step.max_duration_s if step.max_duration_s is not None else 4 * step.min_duration_s
+    return ShadowWant(
+        key=f"{target}:{state.started_at:.3f}:{state.step_index}",
+        stage=target,
+        classes=shadow_classes(step, stages[target]),
+        share=step.share,
+        until=state.step_started_at + deadline + spec.interval_s,
+    )
+
+
+def with_shadow(
+    state: RolloutState, spec: RolloutSpec, stages: Mapping[str, StageSpec], now: float
+) -> tuple[RolloutState, list[Event]]:
+    """The state with the shadow run it wants (an event when that changes); wanting one marks it live
+    before the controller sends anything (written ahead, as a new version is)."""
+    want = shadow_wanted(state, spec, stages)
+    if want == state.shadow:
+        return state, []
+    new = state.model_copy(update={"shadow": want, "shadow_live": state.shadow_live or want is not None})
+    if want is None:
+        return new, [{"at": now, "event": "shadow_off", "step": state.step_index, "reason": state.reason}]
+    event = {"at": now, "event": "shadow_on", "step": state.step_index, **want.model_dump(exclude={"until"})}
+    return new, [event]
 
 
 def _result_dict(r: GateResult) -> dict[str, Any]:

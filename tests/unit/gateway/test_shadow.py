@@ -59,6 +59,8 @@ def test_a_run_selects_its_stage_classes_and_the_top_buckets() -> None:
     assert not r.selects("m", "long", 79) and not r.selects("m", "short", 99)
     one = ShadowRun("half", StageSpec(short=50, long=50), 100, time.monotonic() + 60, model="a")
     assert one.selects("a", "short", 0) and not one.selects("b", "short", 0)
+    narrowed = ShadowRun("half", StageSpec(short=50, long=50), 100, time.monotonic() + 60, classes=("long",))
+    assert narrowed.selects("a", "long", 0) and not narrowed.selects("a", "short", 99)
 
 
 async def _shadow(env: Env, body: dict[str, Any], key: str = ADMIN_KEY) -> tuple[int, Any]:
@@ -79,6 +81,9 @@ START = {"action": "start", "stage": "long-all", "share": 100, "minutes": 5}
         ({"action": "start", "stage": "long-all", "share": 20}, "start needs stage, share"),
         ({"action": "start", "stage": "long-all", "share": 20, "minutes": 1e6}, "shadow.max_minutes"),
         ({**START, "model": "other"}, "model: 'other' routes nothing here (models: llama)"),
+        ({**START, "classes": ["short"]}, "classes: stage 'long-all' moves 0% of short"),
+        ({**START, "classes": ["medium"]}, "classes"),
+        ({**START, "tag": "no spaces allowed"}, "tag"),
         ({"action": "go"}, "action"),
         ([1], "must be a JSON object"),
     ],
@@ -163,6 +168,27 @@ def test_full_slots_and_a_failing_pd_pool_drop_shadows_and_fail_no_client(tmp_pa
             )
             assert await env.metric("pdfleet_gateway_shadow_dropped_total", reason="shadow_unhealthy") == 4
             assert await env.metric("pdfleet_gateway_requests_total", pool="colocated", status="200") == 9
+
+    run(scenario())
+
+
+def test_a_stop_with_a_tag_ends_only_the_run_carrying_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with Env(tmp_path, stage="off") as env:
+            st, doc = await _shadow(env, {**START, "classes": ["long"], "tag": "pdfleet-rollout/-/a:1"})
+            assert st == 200 and (doc["running"]["classes"], doc["running"]["tag"]) == (
+                ["long"],
+                "pdfleet-rollout/-/a:1",
+            )
+            st, doc = await _shadow(env, {"action": "stop", "tag": "pdfleet-rollout/-/b:2"})
+            assert st == 200 and doc["running"]["tag"] == "pdfleet-rollout/-/a:1"  # not that one: runs on
+            st, doc = await _shadow(env, {"action": "stop", "tag": "pdfleet-rollout/-/a:1"})
+            assert st == 200 and doc["running"] is None and doc["last"]["tag"] == "pdfleet-rollout/-/a:1"
+            await _shadow(env, START)  # an untagged run (the operator's) ...
+            st, doc = await _shadow(env, {"action": "stop", "tag": "pdfleet-rollout/-/a:1"})
+            assert doc["running"] is not None  # ... is not the controller's to stop
+            st, doc = await _shadow(env, {"action": "stop"})
+            assert doc["running"] is None
 
     run(scenario())
 

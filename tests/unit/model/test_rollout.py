@@ -9,7 +9,7 @@ import pytest
 
 from pdfleet.errors import ValidationError
 from pdfleet.model.profile_loader import load_profile
-from pdfleet.model.rollout import Analysis, Pause, SetWeight, weights_of
+from pdfleet.model.rollout import Analysis, Pause, RolloutSpec, SetWeight, Shadow, shadow_gates, weights_of
 from pdfleet.model.stages import StageSpec
 from tests.unit.model.helpers import GOOD, PROFILES
 
@@ -61,6 +61,23 @@ def test_a_good_plan_parses_into_typed_steps(tmp_path: Path) -> None:
     assert profile.rollout.interval_s == 0.5 and profile.rollout.gates[0].quantile == 0.99
 
 
+def _shadow(step: str) -> str:
+    """A rollout section whose plan starts with the shadow step `step`."""
+    return (
+        "  gates: [{name: ttft, metric: ttft, max_ratio: 1.5}, {name: fb, metric: fallback_rate, max: 0.1}]\n"
+        "  plans: {long-prompts: {steps: [{shadow: " + step + "}, {set_weight: {short: 0, long: 100}}]}}\n"
+    )
+
+
+def test_a_shadow_step_parses_and_holds_the_gates_a_shadow_can_measure(tmp_path: Path) -> None:
+    profile = _profile(tmp_path, _shadow("{share: 20, min_duration_s: 30}"))
+    step = profile.rollout.plans["long-prompts"].steps[0]
+    assert isinstance(step, Shadow) and (step.shadow.share, step.shadow.classes) == (20, None)
+    assert [g.name for g in shadow_gates(step.shadow, profile.rollout.gates)] == ["ttft"]  # not fb
+    # what roles/rollout renders into controller.json reads back as the same plan
+    assert RolloutSpec.model_validate(profile.rollout.model_dump(mode="json")) == profile.rollout
+
+
 @pytest.mark.parametrize(
     ("rollout", "expected"),
     [
@@ -99,6 +116,26 @@ def test_a_good_plan_parses_into_typed_steps(tmp_path: Path) -> None:
         ),
         ("  gates: [{name: a, metric: latency, max: 1}]\n", "rollout.gates[0].metric"),
         ("  failure_limit: -2\n", "rollout.failure_limit"),
+        (_shadow("{share: 0}"), "rollout.plans.long-prompts.steps[0].Shadow.shadow.share: must be >= 1"),
+        (_shadow("{share: 101}"), "rollout.plans.long-prompts.steps[0].Shadow.shadow.share: must be <= 100"),
+        (
+            _shadow("{share: 20, classes: [medium]}"),
+            "steps[0].Shadow.shadow.classes[0]: must be one of 'short' or 'long' (got 'medium')",
+        ),
+        (
+            _shadow("{share: 20, classes: [short]}"),
+            "rollout.plans.long-prompts.steps[0].shadow.classes[0]: 'short': stage long-prompts moves 0%",
+        ),
+        (
+            _shadow("{share: 20, gates: [nope]}"),
+            "rollout.plans.long-prompts.steps[0].shadow.gates[0]: 'nope' is not a gate of rollout.gates",
+        ),
+        (
+            _shadow("{share: 20, gates: [fb]}"),
+            "steps[0].shadow.gates[0]: 'fb' measures fallback_rate, which a shadow never has",
+        ),
+        (_shadow("{}"), "rollout.plans.long-prompts.steps[0].Shadow.shadow.share: required key is missing"),
+        ("  plans: {long-prompts: {steps: [{hold: {}}]}}\n", "steps[0]: a step is one of set_weight, pause"),
         ("  colour: blue\n", "rollout.colour: unknown key"),
     ],
 )
