@@ -134,7 +134,11 @@ class Deciding:
             choice,
         )
         v = decide(spec, staging.weights, staging.long_prompt_tokens, facts)
-        if index is not None and blocks:
-            where = route.disagg if v.pool == "disagg" and route.disagg is not None else urls[v.instance]
-            index.record(where, blocks)
-        return v.cls, Decision(v.pool, v.reason, bucket, v.instance, v.effective)
+        decision = Decision(v.pool, v.reason, bucket, v.instance, v.effective)
+        if index is not None and blocks is not None:  # the estimate for where it went, then the record
+            disagg = route.disagg if v.pool == "disagg" else None
+            where = decision.candidate = disagg or urls[v.instance]
+            decision.cached = index.cached_tokens(where, blocks, tokens) if disagg else cached[v.instance]
+            if blocks:
+                index.record(where, blocks)
+        return v.cls, decision

@@ -394,6 +394,8 @@ async def admit(
     stage = route.staging.stage if route.staging is not None else NO_MODEL
     m.child(m.decisions, model, stage, cls, decision.pool, decision.legacy_reason).inc()
     m.child(m.prompt_tokens, model).observe(tokens)
+    if decision.cached is not None:
+        m.count_estimate(model, decision.pool, decision.candidate, tokens, decision.cached)
     policy.counts.count(model, cls, decision.pool)
     stream = bool(data.get("stream", False))
     return RequestContext(

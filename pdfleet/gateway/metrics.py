@@ -178,6 +178,21 @@ class GatewayMetrics:
             ["model", "reason"],
             registry=r,
         )
+        # the prefix index's estimate beside the engines' own vllm:prefix_cache_queries/hits (issue 32)
+        self.estimated_prompt = Counter(
+            "pdfleet_gateway_prefix_estimate_prompt_tokens",
+            "Prompt tokens of the requests the gateway's prefix index estimated, by model, pool and "
+            "upstream (host:port of the colocated instance or the P/D router they were routed to)",
+            ["model", "pool", "upstream"],
+            registry=r,
+        )
+        self.estimated_cached = Counter(
+            "pdfleet_gateway_prefix_estimate_cached_tokens",
+            "Of those, the tokens the index estimated the upstream had cached (compare with the "
+            "instances' vllm:prefix_cache_hits: colocated ones, the P/D pool's prefill ones)",
+            ["model", "pool", "upstream"],
+            registry=r,
+        )
         self.prompt_tokens = Histogram(
             "pdfleet_gateway_prompt_tokens",
             "Estimated prompt tokens per routed request",
@@ -314,6 +329,12 @@ class GatewayMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def count_estimate(self, model: str, pool: str, candidate: str, tokens: int, cached: int) -> None:
+        """One request's prompt tokens and the index's estimate of them cached on its candidate (a URL)."""
+        upstream = candidate.partition("://")[2].rstrip("/") or candidate
+        self.child(self.estimated_prompt, model, pool, upstream).inc(tokens)
+        self.child(self.estimated_cached, model, pool, upstream).inc(cached)
 
     def set_policy(self, version: int, stage: str, sha256: str, tls_expiry: datetime | None = None) -> None:
         """Publish the active policy as the info metric, and the certificate's expiry when TLS is on."""

@@ -123,13 +123,17 @@ LEGACY_REASONS = {
 @dataclass(slots=True)
 class Decision:
     """Which pool a request goes to and why (a pdfleet.gateway.decider reason, or `outside`), its sticky
-    bucket, the colocated instance (its index in the route) and the tokens its class was taken from."""
+    bucket, the colocated instance (its index in the route) and the tokens its class was taken from;
+    with a prefix index, the candidate it was routed to (a colocated instance's URL, the P/D router's)
+    and the prompt tokens the index estimated that candidate had cached (None: no index read)."""
 
     pool: Target
     reason: str
     bucket: int
     instance: int = 0
     effective: int = 0
+    cached: int | None = None
+    candidate: str = ""
 
     @property
     def legacy_reason(self) -> str:

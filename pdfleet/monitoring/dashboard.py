@@ -82,6 +82,23 @@ def model_variable(profile: Profile) -> dict[str, Any]:
     }
 
 
+def _prefix_panel(has_gateway: bool) -> Panel:
+    """Prefix-cache hit tokens/s in vLLM, beside the gateway's estimate of them when there is a gateway
+    (its prefix index's; colocated: the colocated instances' hits, disagg: the prefill instances')."""
+    queries = [Query(_of_model("pool_role:vllm_prefix_cache_hits:rate"), "vLLM hits {{pool}} {{role}}")]
+    if has_gateway:
+        queries.append(
+            Query(_of_model("pool:gateway_prefix_estimate_cached_tokens:rate"), "estimate {{pool}}")
+        )
+    return Panel(
+        "Prefix-cache hit tokens/s",
+        tuple(queries),
+        unit="short",
+        description="The gateway's estimate counts only while its decider keeps a prefix index; over it, "
+        "the engines evicted what the gateway cannot see (docs/gateway.md).",
+    )
+
+
 def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[Panel]]]:
     """(row title, panels) of the whole dashboard."""
     has_gateway = bool(topology.gateways)
@@ -165,6 +182,7 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
                     (Query(_of_model("pool_role:vllm_num_preemptions:per_min"), "{{pool}} {{role}}"),),
                     unit="short",
                 ),
+                _prefix_panel(has_gateway),
             ],
         )
     )

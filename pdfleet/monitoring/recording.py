@@ -168,6 +168,17 @@ def figures(window: str) -> tuple[Figure, ...]:
             gateway=True,
         ),
         Figure(
+            "pool:gateway_prefix_estimate_cached_tokens:rate",
+            _rate("pdfleet_gateway_prefix_estimate_cached_tokens_total", ("pool",), window),
+            "prefix-cached prompt tokens/s, the gateway's estimate (vs vLLM's hits below)",
+            gateway=True,
+        ),
+        Figure(
+            "pool_role:vllm_prefix_cache_hits:rate",
+            _rate("vllm:prefix_cache_hits_total", VLLM_BY, window),
+            "prefix-cache hit tokens/s in vLLM",
+        ),
+        Figure(
             "pool_role:vllm_requests:rate",
             _rate("vllm:request_success_total", VLLM_BY, window),
             "finished requests/s in vLLM",

@@ -121,6 +121,36 @@ def test_a_growing_conversation_keeps_its_instance_and_stays_colocated(tmp_path:
     run(scenario())
 
 
+def test_the_estimate_is_counted_for_where_each_request_went(tmp_path: Path) -> None:
+    """A long prompt sent twice to the P/D pool: the first is estimated uncached, the second cached on the
+    P/D router's address but for its last partial block; a short one on the colocated instance; a policy
+    whose decider keeps no index estimates nothing (no series)."""
+
+    async def scenario() -> None:
+        async with Env(tmp_path, decider={"threshold_on": "effective"}) as env:
+            for _ in range(2):
+                st, h, _ = await env.post("/v1/chat/completions", chat(LONG))
+                assert st == 200 and h["X-Pdfleet-Pool"] == "disagg"
+            st, h, _ = await env.post("/v1/chat/completions", chat("hi"))
+            assert h["X-Pdfleet-Pool"] == "colocated"
+            est = "pdfleet_gateway_prefix_estimate_cached_tokens_total"
+            prompt = "pdfleet_gateway_prefix_estimate_prompt_tokens_total"
+            dis, colo = env.dis.url.removeprefix("http://"), env.colo.url.removeprefix("http://")
+            tokens = await env.metric(prompt, pool="disagg", upstream=dis)
+            assert tokens > 2 * 1500  # two prompts of 6000 characters and a chat's role markers
+            # the text of one prompt is 6006 characters: 93 whole blocks of 64 (16 tokens each)
+            assert await env.metric(est, model="llama", pool="disagg", upstream=dis) == 93 * 16
+            assert await env.metric(prompt, pool="colocated", upstream=colo) > 0
+            assert await env.metric(est, pool="colocated", upstream=colo) == 0
+        async with Env(tmp_path) as env:
+            st, _, _ = await env.post("/v1/chat/completions", chat(LONG))
+            assert st == 200
+            text = await (await env.session.get(env.base + "/metrics")).text()
+            assert "pdfleet_gateway_prefix_estimate_prompt_tokens_total{" not in text
+
+    run(scenario())
+
+
 def test_the_choice_header_picks_the_colocated_choice_for_that_request_only(tmp_path: Path) -> None:
     """A policy on round robin: a conversation that asks for prefix_load keeps its instance, one that
     does not alternates; a bad value is a 400 naming the header; a policy without overrides ignores it."""

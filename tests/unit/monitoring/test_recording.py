@@ -214,7 +214,11 @@ def test_every_recording_rule_has_a_value_per_pool_on_a_real_stack(tmp_path: Pat
     with colocated as colo, producer as p, consumer as d, RouterProcess([p.url], [d.url]) as router:
         port = free_port()
         policy = policy_dict(
-            [colo.url], router.url, listen={"host": "127.0.0.1", "port": port}, long_prompt_tokens=8192
+            [colo.url],
+            router.url,
+            listen={"host": "127.0.0.1", "port": port},
+            long_prompt_tokens=8192,
+            decider={"colocated_choice": "prefix_load"},  # a prefix index: the estimate's figure has values
         )
         path = write_policy(tmp_path, policy)
         gateway = subprocess.Popen(
