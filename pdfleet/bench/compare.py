@@ -25,7 +25,7 @@ from functools import partial
 from pdfleet.bench.arrivals import gamma_starts
 from pdfleet.bench.client import StreamClient
 from pdfleet.bench.load import Gateway, PoolDown, PoolRun, Progress, Schedule, run_pool, warm_up
-from pdfleet.bench.server_side import chain, kv_peak
+from pdfleet.bench.server_side import chain, kv_peak, reasons
 from pdfleet.bench.sla_search import margin, next_rate
 from pdfleet.bench.stats import Bounds, summarize
 from pdfleet.bench.workloads import Item, WorkloadSpec, build, check_spec
@@ -173,6 +173,7 @@ class PoolResult:
     run: PoolRun | None = None
     server: dict[str, dict[str, float | str]] = field(default_factory=dict)
     kv_peak: dict[str, float | str] = field(default_factory=dict)  # per role, or {"error": why}
+    reasons: dict[str, float] | str = field(default_factory=dict)  # decider reason: requests, or why none
     error: str | None = None
     sweep: list[dict[str, float]] = field(default_factory=list)  # --sweep: per rate, the figures that gate
 
@@ -228,6 +229,7 @@ async def run_one(
     if target.metrics is not None:
         window = max(1.0, run.wall_s)
         result.server = await asyncio.to_thread(chain, target.metrics, target.name, window)
+        result.reasons = await asyncio.to_thread(reasons, target.metrics, window)
     return result
 
 

@@ -19,6 +19,7 @@ from pdfleet.bench.overlap import confidence_note
 from pdfleet.bench.server_side import CHAIN
 from pdfleet.bench.stats import fmt
 from pdfleet.bench.verdict import Verdict
+from pdfleet.gateway.decider import reason_mix_text
 from pdfleet.metrics.bounds import BUCKETS, show_ms
 
 LATE_MS = 2.0  # the client's schedule lateness P99 above which the report says it was late
@@ -171,6 +172,23 @@ def server_notes(doc: dict[str, Any]) -> list[str]:
     return list(seen)[:6]
 
 
+REASONS = ["pool run", "the decider's reasons: share of the requests the gateway decided in the run's window"]
+REASONS_NOTE = (
+    "A pool run sends the pool header (`forced_header`) unless the gateway chose (bench/shadow_ab.py); the "
+    "gateway counts every request it routed in the window, not only the bench's."
+)
+
+
+def reason_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """Per pool run, the mix of the gateway decider's reasons (docs/gateway.md), or why there is none."""
+    rows = []
+    for pool, s in doc["pools"].items():
+        mix = s.get("pdfleet", {}).get("decider_reasons")
+        if mix is not None:  # none: a failed run, or results from before the mix
+            rows.append([pool, reason_mix_text(mix) if isinstance(mix, dict) else str(mix)])
+    return rows
+
+
 def client_notes(doc: dict[str, Any]) -> list[str]:
     """The client's lateness per pool, and a warning when it was late (P99 > 2 ms)."""
     out = []
@@ -319,6 +337,14 @@ def markdown(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> st
         *markdown_table(SERVER, server_rows(doc)),
     ]
     lines += ["", *[f"- {n}" for n in server_notes(doc)], f"- {BUCKET_NOTE}", ""]
+    lines += [
+        "## Decider reasons",
+        "",
+        *markdown_table(REASONS, reason_rows(doc)),
+        "",
+        f"- {REASONS_NOTE}",
+        "",
+    ]
     lines += ["## Client", "", *[f"- {n}" for n in client_notes(doc)], ""]
     errs = error_lines(doc)
     lines += ["## Errors", "", *([f"- {e}" for e in errs] or ["- none"]), ""]
@@ -354,6 +380,11 @@ def html_page(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> s
     parts += ["<h2>Fair comparison (per GPU)</h2>", html_table(FAIR, fair_rows(doc))]
     parts += ["<h2>Server side</h2>", html_table(SERVER, server_rows(doc))]
     parts += ["<ul>", *[f"<li>{esc(n)}</li>" for n in [*server_notes(doc), BUCKET_NOTE]], "</ul>"]
+    parts += [
+        "<h2>Decider reasons</h2>",
+        html_table(REASONS, reason_rows(doc)),
+        f"<p>{esc(REASONS_NOTE)}</p>",
+    ]
     parts += ["<h2>Client</h2><ul>", *[f"<li>{esc(n)}</li>" for n in client_notes(doc)], "</ul>"]
     parts += ["<h2>Errors</h2><ul>", *[f"<li>{esc(e)}</li>" for e in error_lines(doc) or ["none"]], "</ul>"]
     parts += ["<h2>Plots</h2>"]

@@ -95,6 +95,7 @@ def pool_summary(result: BenchResult, name: str, run: PoolResult | None = None) 
         ),
         "server": res.server,
         "kv_cache_usage_peak": res.kv_peak,
+        "decider_reasons": res.reasons,
         "interrupted": res.run.interrupted,
     }
     if res.sweep:

@@ -1,6 +1,7 @@
 """Server-side figures of one pool's run window, read only through a `MetricsSource` (Prometheus or a
 direct scrape of the topology's metrics endpoints): the request chain (queue, prefill, decode), KV
-transfer P95/P99, preemptions, the prefix-cache hit rate and peak KV-cache usage, per pool and role.
+transfer P95/P99, preemptions, the prefix-cache hit rate and peak KV-cache usage, per pool and role; and
+the gateway decider's reasons over the window.
 
 A figure the source cannot give (no observation, a series not exported, a source not answering) is kept
 as its reason, never as a zero; the report prints the reason.
@@ -26,6 +27,7 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 # prompt tokens looked up in the prefix cache, and those found there (vLLM V1 counters, in tokens)
 PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 KV_USAGE = "vllm:kv_cache_usage_perc"
+DECIDED = "pdfleet_gateway_decisions_total"  # the gateway decider's one reason per routed request
 QUANTILES = (0.95, 0.99)
 Figure = float | str  # a number, or why there is none
 
@@ -69,6 +71,13 @@ def prefix_hits(source: MetricsSource, window_s: float, match: dict[str, str]) -
         key[0]: 100 * hits.get(key, 0.0) / q if q > 0 else "n/a: no prompt token looked up in the window"
         for key, q in queries.items()
     }
+
+
+def reasons(source: MetricsSource, window_s: float) -> dict[str, float] | str:
+    """Requests the gateway decided over the window, per decider reason (or why there is no figure: a
+    source of vLLM endpoints only, a gateway that routed nothing)."""
+    got = _try(lambda: source.increase(DECIDED, window_s, by=("reason",)))
+    return got if isinstance(got, str) else {key[0]: value for key, value in got.items()}
 
 
 async def kv_peak(

@@ -23,6 +23,7 @@ from pdfleet.errors import ConnectError, PdfleetError, ValidationError
 from pdfleet.fleet.deployment import Deployment
 from pdfleet.fleet.host_layout import SERVICE_USER
 from pdfleet.fleet.topology import Controller, controller_of
+from pdfleet.gateway.decider import reason_mix_text
 from pdfleet.model.inventory import load_inventory
 from pdfleet.ops.ssh import open_connection
 
@@ -105,6 +106,8 @@ def format_status(doc: dict[str, Any]) -> str:
     if doc.get("phase") in ("progressing", "paused"):
         when = "on rollout.promote" if nxt is None else f"in {nxt:.0f} s at the earliest"
         lines.append(f"next step: {when}")
+    if "reason_mix" in doc:
+        lines.append(reason_line(doc["reason_mix"], doc.get("reason_window_s")))
     results = doc.get("last_results") or []
     if results:
         lines.append(f"{'gate':<28} {'class':<6} {'value':>10} {'threshold':>10}  outcome")
@@ -115,6 +118,13 @@ def format_status(doc: dict[str, Any]) -> str:
                 f"{_number(r.get('threshold')):>10}  {r['outcome']}{tag}"
             )
     return "\n".join(lines) + "\n"
+
+
+def reason_line(mix: dict[str, float] | str, window_s: float | None) -> str:
+    """Why requests were (not) disaggregated over the gates' window: each decider reason's share."""
+    span = f" over the last {window_s:g} s" if window_s else ""
+    text = reason_mix_text(mix) if isinstance(mix, dict) else mix
+    return f"decider reasons{span}: {text}"
 
 
 def format_statuses(doc: dict[str, Any]) -> str:

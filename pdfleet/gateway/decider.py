@@ -22,7 +22,7 @@ byte and the colocated pool served.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -156,3 +156,26 @@ def decide(spec: DeciderSpec, stage: StageSpec, threshold: int, facts: Facts) ->
     if queue_past(facts.decode, spec.decode_busy_waiting, spec.stale_s):
         return colocated("decode_busy")
     return Verdict("disagg", instance, cls, effective, "stage_weight")
+
+
+def reason_shares(counts: Mapping[str, float]) -> list[tuple[str, float]]:
+    """Each reason's share (0..1) of the requests counted (`pdfleet_gateway_decisions_total`'s increase
+    per reason), in the documented order, a reason outside the set after them by name; reasons with no
+    request left out; nothing counted: []."""
+    total = sum(v for v in counts.values() if v > 0)
+    if total <= 0:
+        return []
+    order: dict[str, int] = {r: i for i, r in enumerate(REASONS)}
+    named = sorted((r for r, v in counts.items() if v > 0), key=lambda r: (order.get(r, len(order)), r))
+    return [(r, counts[r] / total) for r in named]
+
+
+def reason_mix_text(counts: Mapping[str, float]) -> str:
+    """One line of the mix: `stage_weight 62%, cached_prefix 30%, short 8% of 412 requests` (a share
+    under 1 % with a decimal, never shown as 0 %); nothing counted: `no request decided`."""
+    shares = reason_shares(counts)
+    if not shares:
+        return "no request decided"
+    total = sum(v for v in counts.values() if v > 0)
+    parts = [f"{r} {100 * x:.1f}%" if x < 0.01 else f"{r} {100 * x:.0f}%" for r, x in shares]
+    return f"{', '.join(parts)} of {total:.0f} requests"

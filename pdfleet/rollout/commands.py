@@ -7,9 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from pdfleet.errors import PdfleetError, ValidationError
+from pdfleet.metrics.source import MetricsError, MetricsSource, SeriesAbsent
 from pdfleet.rollout.controller import Controller, finite, time_to_next_step
 from pdfleet.rollout.machine import ACTIVE, RolloutState, submit
 from pdfleet.rollout.store import Store
+
+DECIDED = "pdfleet_gateway_decisions_total"  # the decider's one reason per routed request
 
 
 def _saved(store: Store) -> RolloutState:
@@ -76,7 +79,22 @@ def status(controller: Controller) -> dict[str, Any]:
         if state.target in controller.config.rollout.plans
         else 0
     )
+    window = controller.config.rollout.window_s
+    doc["reason_mix"] = reason_counts(controller.source, window, controller.config.model)
+    doc["reason_window_s"] = window
     return doc
+
+
+def reason_counts(source: MetricsSource, window_s: float, model: str | None) -> dict[str, float] | str:
+    """Requests per decider reason over the gates' window (one model's, or every model's), or why there is
+    no figure: a gateway that routed nothing yet exports no reason (absent, never a zero)."""
+    try:
+        got = source.increase(DECIDED, window_s, by=("reason",), match={"model": model} if model else None)
+    except SeriesAbsent:
+        return "no data: the gateways have decided no request yet"
+    except MetricsError as err:
+        return f"n/a: {err}"
+    return {key[0]: value for key, value in got.items()}
 
 
 def evaluate(controller: Controller, target: str) -> dict[str, Any]:

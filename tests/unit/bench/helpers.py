@@ -181,7 +181,12 @@ def built_result(partial: bool = False, choices: bool = False):  # noqa: ANN201 
             "kv_transfer_p95_ms": {"decode": 12.0} if name == "disagg" else {},
             "prefix_cache_hit_pct": {name if name == "colocated" else "prefill": 37.5},
         }
-        return PoolResult(PoolTarget(name, 2), run, server, {name: 0.4})
+        mix: dict[str, float] | str = (
+            {"forced_header": 5.0}
+            if name == "colocated"
+            else "n/a: no series pdfleet_gateway_decisions_total in the window"
+        )
+        return PoolResult(PoolTarget(name, 2), run, server, {name: 0.4}, mix)
 
     plan = BenchPlan(WorkloadSpec("long-prompt-mix"), rate=2.0, num_prompts=6, bounds=Bounds(1000, 100, 500))
     items = [Item(i, "x", 500, 6) for i in range(6)]

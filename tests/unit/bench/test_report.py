@@ -35,6 +35,7 @@ def test_markdown_has_every_section_and_says_where_the_interference_is(tmp_path:
         "## Verdict",
         "## Fair comparison (per GPU)",
         "## Server side",
+        "## Decider reasons",
         "## Client",
         "## Errors",
         "![ttft_cdf](ttft_cdf.png)",
@@ -45,6 +46,8 @@ def test_markdown_has_every_section_and_says_where_the_interference_is(tmp_path:
     assert "n/a: no observation" in text and "'<300'" in text
     assert "| prefix-cache hits |" in text and "| 38% |" in text  # 37.5% of the prompt tokens looked up
     assert verdict.headline in text and "schedule lateness P99 0.50 ms" in text
+    assert "| colocated | forced_header 100% of 5 requests |" in text  # the run's pool header
+    assert "| disagg | n/a: no series pdfleet_gateway_decisions_total in the window |" in text
     rows = {(r[0], r[1]): r for r in headline_rows(doc)}
     assert (
         rows[("colocated", "short")][7] == "80.0" and rows[("disagg", "short")][7] == "0.0"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pdfleet.bench.server_side import chain, kv_peak, value_of
+from pdfleet.bench.server_side import chain, kv_peak, reasons, value_of
 from pdfleet.metrics.direct import DirectScrape, Target
 from tests.unit.bench.helpers import text_server
 
@@ -81,3 +81,27 @@ def test_prefix_hit_rate_with_no_lookup_in_the_window_is_a_reason_not_a_zero() -
         clock[0] = 30.0
         figs = chain(source, "colocated", 30.0)
     assert figs["prefix_cache_hit_pct"] == {"colocated": "n/a: no prompt token looked up in the window"}
+
+
+def test_the_decider_reasons_over_the_window_or_why_there_are_none() -> None:
+    """The gateway's decisions per reason grew by 40 and 10 in the window; a source without the gateway's
+    series gives its reason, never an empty mix."""
+    clock = [0.0]
+    line = 'pdfleet_gateway_decisions_total{{model="llama",reason="{}"}} {}'
+    pages = {"/metrics": "\n".join([line.format("stage_weight", 5), line.format("short", 100)]) + "\n"}
+    with text_server(pages) as url:
+        source = DirectScrape(
+            [Target(url + "/metrics", {"role": "gateway", "host": "gw"})], clock=lambda: clock[0]
+        )
+        source.scrape()
+        pages["/metrics"] = (
+            "\n".join(
+                [line.format("stage_weight", 45), line.format("short", 110), line.format("fallback", 0)]
+            )
+            + "\n"
+        )
+        clock[0] = 30.0
+        assert reasons(source, 30.0) == {"stage_weight": 40.0, "short": 10.0, "fallback": 0.0}
+        pages["/metrics"] = page(1, 0.1, 0)
+        clock[0] = 60.0
+        assert str(reasons(source, 30.0)).startswith("n/a: ")

@@ -74,6 +74,18 @@ def test_the_live_view_shows_step_weights_gates_and_time_to_next_step() -> None:
     assert "next step: on rollout.promote" in paused
 
 
+def test_the_live_view_shows_the_decider_reason_mix_or_why_there_is_none() -> None:
+    mix = {"stage_weight": 300.0, "cached_prefix": 90.0, "short": 10.0}
+    text = rollout.format_status({**STATUS, "reason_mix": mix, "reason_window_s": 60})
+    line = "decider reasons over the last 60 s: stage_weight 75%, short 2%, cached_prefix 22% of 400 requests"
+    assert line in text
+    absent = "no data: the gateways have decided no request yet"
+    assert f"decider reasons over the last 60 s: {absent}" in rollout.format_status(
+        {**STATUS, "reason_mix": absent, "reason_window_s": 60}
+    )
+    assert "decider reasons" not in rollout.format_status(STATUS)  # a controller from before the mix
+
+
 def test_status_shows_every_model_each_named() -> None:
     doc = {
         "models": [

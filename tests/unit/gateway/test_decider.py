@@ -6,7 +6,17 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from pdfleet.gateway.decider import REASONS, Facts, Load, choose_instance, decide
+import pytest
+
+from pdfleet.gateway.decider import (
+    REASONS,
+    Facts,
+    Load,
+    choose_instance,
+    decide,
+    reason_mix_text,
+    reason_shares,
+)
 from pdfleet.gateway.policy import bucket_of
 from pdfleet.model.routing import DeciderSpec
 from pdfleet.model.stages import StageSpec
@@ -190,3 +200,16 @@ def test_ramp_only_moves_buckets_towards_disagg() -> None:
                     decide(DeciderSpec(), StageSpec(short=0, long=hi), THRESHOLD, facts(bucket=b)).pool
                     == "disagg"
                 )
+
+
+def test_reason_shares_in_the_documented_order_and_none_without_requests() -> None:
+    counts = {"short": 30.0, "stage_weight": 60.0, "cached_prefix": 9.6, "prefill_busy": 0.4, "fallback": 0.0}
+    shares = reason_shares({**counts, "later_reason": 0.0})
+    assert [r for r, _ in shares] == ["stage_weight", "short", "cached_prefix", "prefill_busy"]
+    assert sum(x for _, x in shares) == pytest.approx(1.0)
+    assert dict(shares)["stage_weight"] == pytest.approx(0.6)
+    assert [r for r, _ in reason_shares({"zz_new": 1, "forced_header": 1})] == ["forced_header", "zz_new"]
+    assert reason_shares({}) == [] and reason_shares({"short": 0.0}) == []
+    text = reason_mix_text(counts)
+    assert text == "stage_weight 60%, short 30%, cached_prefix 10%, prefill_busy 0.4% of 100 requests"
+    assert reason_mix_text({"short": 0}) == "no request decided"

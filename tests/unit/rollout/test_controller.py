@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet.bench.launch import SimProcess
+from pdfleet.gateway.decider import REASONS
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.rollout import commands
 from pdfleet.rollout.controller import Controller
@@ -107,6 +108,9 @@ def test_a_rollout_walks_every_step_and_every_gateway_reports_each_version(
         assert load.failed == 0 and load.sent > 20, load.errors[:3]
         status = commands.status(controller)
         assert status["phase"] == "succeeded" and status["time_to_next_step_s"] is None
+        mix = status["reason_mix"]  # the gateways' decisions over the gates' window, from Prometheus
+        assert isinstance(mix, dict) and mix.get("stage_weight", 0) > 0, mix
+        assert set(mix) <= set(REASONS), mix
 
 
 def test_a_fault_mid_rollout_rolls_back_by_itself(tmp_path: Path, colocated: SimProcess) -> None:
