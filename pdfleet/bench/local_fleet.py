@@ -44,9 +44,11 @@ class LocalFleet:
         link: str = "roce-400g",
         long_tokens: int = 8192,
         colocated_budget: int = 8192,
+        policy: dict[str, Any] | None = None,
     ) -> None:
         self.n_colo, self.sim_args, self.with_disagg = colocated, list(sim_args), with_disagg
         self.link, self.long_tokens, self.budget = link, long_tokens, colocated_budget
+        self.policy = policy or {}  # top-level policy keys over the fleet's own (stage, stages, decider...)
         self.stack = contextlib.ExitStack()
         self.colo: list[SimProcess] = []
         self.prefill: SimProcess | None = None
@@ -110,6 +112,7 @@ class LocalFleet:
             "stage": "colocated",
             "stages": {"colocated": {"short": 0, "long": 0}},
             "log_requests": False,
+            **self.policy,
         }
         write_policy(policy, policy_text(doc, policy))
         log = (self.tmp / "gateway.log").open("wb")
