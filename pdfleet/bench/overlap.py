@@ -16,6 +16,12 @@ alone, so the k-th request it routed went to instance k mod n, in the client's s
 prefill runs on the prefill instance and every stream decodes on the decode instance: no short stream
 shares an instance with a long prefill, by construction; the time overlap with a long prefill anywhere
 in the pool is counted too (`in_pool`), to show that those streams went on through the same prefills.
+
+Two stall counts of those streams: `overlapped_stalls`, every stall of a stream that overlapped (the
+report's figure), and `stalls_during_long_prefill`, only the stalls whose gap itself met a long prefill
+on the stream's instance: the gateway's "stalls caused by long prefills"
+(`pdfleet_gateway_long_prefill_stalls_total`) counted from the client's side, so the two compare like
+with like (`stalls_during`, at the gateway's own stall threshold).
 """
 
 from __future__ import annotations
@@ -61,6 +67,31 @@ def _overlaps(stream: Record, spans: Sequence[tuple[float, float]]) -> bool:
     return any(lo < last and first < hi for lo, hi in spans)
 
 
+def _meets(lo: float, hi: float, spans: Sequence[tuple[float, float]]) -> bool:
+    return any(a < hi and lo < b for a, b in spans)
+
+
+def stalls_during(
+    records: Sequence[Record], where: dict[int, int], stall_s: float, scale: float = 1.0
+) -> int:
+    """Short streams' gaps over `stall_s` (the profile's seconds) during which a long prefill ran on the
+    stream's own instance (`where`: request index -> instance): the gateway's stalls caused by long
+    prefills, from the client's side."""
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for r in records:
+        if r.length_class == "long" and r.index in where and (s := _prefill(r)):
+            spans.setdefault(where[r.index], []).append(s)
+    n = 0
+    for r in records:
+        if r.length_class != "short" or not r.success or r.cancelled or r.index not in where:
+            continue
+        mine = spans.get(where[r.index], [])
+        for prev, cur in zip(r.chunks, r.chunks[1:], strict=False):
+            if (cur - prev) / scale > stall_s and _meets(prev, cur, mine):
+                n += 1
+    return n
+
+
 def short_streams(
     records: Sequence[Record], colocated: bool, instances: int, stall_ms: float, scale: float = 1.0
 ) -> dict[str, float | int | str]:
@@ -98,6 +129,7 @@ def short_streams(
         "worst_gap_ms": worst(short),
         "overlapped_same_instance": len(same),
         "overlapped_stalls": stalls(same),
+        "stalls_during_long_prefill": stalls_during(recs, where, stall_s, scale) if colocated else 0,
         "overlapped_worst_gap_ms": worst(same),
         "overlapped_in_pool": len(in_pool),
         "in_pool_stalls": stalls(in_pool),

@@ -124,6 +124,7 @@ def choice_figures(result: BenchResult) -> dict[str, dict[str, Any]]:
             "overlapped_same_instance": f["overlapped_same_instance"],
             "stalls_per_100_streams": f["stalls_per_100_streams"],
             "overlapped_stalls": f["overlapped_stalls"],
+            "stalls_during_long_prefill": f["stalls_during_long_prefill"],
             "worst_gap_ms": f["worst_gap_ms"],
             "short_p99.9_itl_ms": short.get("p99.9_itl_ms", math.nan),
             "long_requests": long.get("completed", 0) + long.get("failed", 0),

@@ -39,6 +39,9 @@ from pdfleet.ops.files import Directory, File, FileContent
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 from roles.gateway.outside import outside_files, outside_routes
 
+# a profile whose slo.stall_ms is the gateway's default renders the policy it rendered before
+STALL_DEFAULT_MS = gateway_policy.PolicySpec.model_fields["stall_threshold_ms"].default
+
 NAME = "gateway"
 APT_PACKAGES: tuple[str, ...] = ()
 
@@ -187,6 +190,8 @@ def policy_text(
         "stage": stage,
         "stages": {name: spec.model_dump() for name, spec in stages.items()},
     }
+    if first.slo.stall_ms != STALL_DEFAULT_MS:  # the profile's stall is the gateway's (bench, gates, alerts)
+        doc["stall_threshold_ms"] = first.slo.stall_ms
     decider = gw.decider.model_dump(exclude_defaults=True)
     if decider:  # a profile without one renders the policy it rendered before the decider
         doc["decider"] = decider

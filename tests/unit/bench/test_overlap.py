@@ -5,7 +5,14 @@ instance, their stalls."""
 from __future__ import annotations
 
 from pdfleet.bench.client import Record
-from pdfleet.bench.overlap import FEW_OVERLAPS, confidence_note, instances_of, round_robin, short_streams
+from pdfleet.bench.overlap import (
+    FEW_OVERLAPS,
+    confidence_note,
+    instances_of,
+    round_robin,
+    short_streams,
+    stalls_during,
+)
 
 
 def _rec(i: int, cls: str, start: float, chunks: list[float]) -> Record:
@@ -43,9 +50,24 @@ def test_only_short_streams_decoding_through_a_long_prefill_on_their_instance_co
     assert got["overlapped_in_pool"] == 2  # s0 and s1
     assert got["stalls"] == got["overlapped_stalls"] == 1 and round(got["worst_gap_ms"]) == 420
     assert got["stalls_per_100_streams"] == 20.0
+    assert got["stalls_during_long_prefill"] == 1  # s0's 420 ms gap (1.19 -> 1.61) met the prefill 1.0 -> 2.0
     pd = short_streams(_mix(), colocated=False, instances=1, stall_ms=250)
     assert pd["overlapped_same_instance"] == 0 and pd["overlapped_in_pool"] == 2
     assert str(pd["attribution"]).startswith("prefill and decode on separate instances")
+
+
+def test_only_stalls_whose_gap_met_a_long_prefill_on_the_instance_count_as_caused_by_it() -> None:
+    """The gateway's definition: a stall counts when a long prefill ran on the stream's instance at some
+    point in the gap (not every stall of a stream that overlapped one)."""
+    ticks = [0.05 + 0.02 * k for k in range(100)]
+    late = [t if t < 0.5 else t + 0.4 for t in ticks]  # a 420 ms gap 0.49 -> 0.91: before the prefill
+    both = [t if t < 1.2 else t + 0.4 for t in late]  # and another 1.59 -> 2.01: during it
+    recs = [_rec(0, "short", 0.0, both), _rec(1, "long", 1.0, [2.0, 2.02]), _rec(2, "short", 0.0, both)]
+    where = {0: 0, 1: 0, 2: 1}
+    assert stalls_during(recs, where, 0.25) == 1  # s0's second gap; s2 is on the other instance
+    assert stalls_during(recs, where, 0.5) == 0  # over the gateway's threshold: none
+    assert stalls_during(recs, {**where, 2: 0}, 0.25) == 2
+    assert short_streams(recs, True, 2, 250)["overlapped_stalls"] == 2  # both of s0's, the one before too
 
 
 def test_few_overlaps_come_with_a_confidence_note() -> None:

@@ -229,6 +229,17 @@ def test_profile_shadow_bounds_and_capture_reach_the_policy(tmp_path: Path) -> N
     assert (spec.capture.path, spec.capture.files) == ("capture.jsonl", 2)
 
 
+def test_the_profiles_stall_is_the_gateways(tmp_path: Path) -> None:
+    """slo.stall_ms (lab-cross: 250) is the gateway's stall_threshold_ms, so its stall counters (and the
+    stalls caused by long prefills) count what the bench counts; the default renders nothing new."""
+    fleet = _lab_cross_gateway(tmp_path, "{}")
+    assert fleet.profile.slo.stall_ms == 250
+    assert parse_policy(Path("policy.yaml"), _rendered_policy(fleet)).stall_threshold_ms == 250
+    (tmp_path / "profiles" / "dflt.yml").write_text("extends: lab-cross\nslo: {stall_ms: 500}\n")
+    default = deploy("dflt", REPO / "inventory" / "lab.yml", tmp_path / "profiles")
+    assert "stall_threshold_ms" not in _rendered_policy(default)
+
+
 def test_no_profile_shadow_or_capture_renders_the_policy_as_before(tmp_path: Path) -> None:
     text = _rendered_policy(_lab_cross_gateway(tmp_path, "{}"))
     assert "shadow:" not in text and "capture:" not in text
