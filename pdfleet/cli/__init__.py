@@ -8,6 +8,7 @@ from pdfleet.cli import (
     bench,
     demo,
     doctor,
+    keys,
     lab,
     monitor,
     plan,
@@ -39,6 +40,7 @@ def build_namespace() -> Collection:
     )
     ns.add_collection(rollout.collection())
     ns.add_collection(shadow.collection())
+    ns.add_collection(keys.collection())
     ns.add_collection(
         Collection(
             "lab", lab.build_task, lab.up_task, lab.down_task, lab.status_task, lab.ssh_task, lab.env_task

@@ -54,11 +54,11 @@ def render(
 
 
 def placeholder_note(missing: tuple[Path, ...]) -> str:
-    """Why some rendered key hashes (and the controller's admin key file) will differ from provision's."""
+    """Why some rendered key hashes (and the controller's key file) will differ from provision's."""
     files = ", ".join(str(p) for p in missing)
     return (
         f"placeholders used for the gateway keys provision would generate ({files}: not created); the "
-        "rendered key hashes and admin key file differ from what provision installs"
+        "rendered key hashes and controller key file differ from what provision installs"
     )
 
 

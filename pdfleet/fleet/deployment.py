@@ -27,11 +27,12 @@ from pdfleet.model.tls import GatewayTlsSetting
 from pdfleet.model.weights import WeightsManifest
 
 GATEWAY_ROLE = "gateway"  # the role that installs the gateway's keys (roles/gateway)
-ROLLOUT_ROLE = "rollout"  # installs the admin key for the rollout controller (roles/rollout)
+ROLLOUT_ROLE = "rollout"  # installs the stage-only key for the rollout controller (roles/rollout)
 MONITORING_ROLE = "monitoring"  # Alertmanager receivers' secrets; the gateway's CA beside Prometheus (TLS)
 
-# (client key file, admin key file, outside alias -> key file) -> the gateway's keys
-Secrets = Callable[[str, str, Mapping[str, str], GatewayTlsSetting], GatewaySecrets]
+# (client key file, admin key file, outside alias -> key file, TLS, controller key file, named keys' dir)
+# -> the gateway's keys
+Secrets = Callable[[str, str, Mapping[str, str], GatewayTlsSetting, str, str], GatewaySecrets]
 # the staged models (one per id) -> their manifests by model id (pdfleet.fleet.weights.load_manifests)
 Manifests = Callable[[Sequence[ModelSpec]], Mapping[str, WeightsManifest]]
 Tokens = Callable[[Sequence[ModelSpec]], Mapping[str, str]]  # the same models -> hub tokens by model id
@@ -124,7 +125,9 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
         keys = (
             None
             if request.secrets is None
-            else request.secrets(gw.client_key_file, gw.admin_key_file, outside, gw.tls)
+            else request.secrets(
+                gw.client_key_file, gw.admin_key_file, outside, gw.tls, gw.controller_key_file, gw.keys_dir
+            )
         )
         wheel = None if request.host_wheel is None else request.host_wheel()
     renderer = Renderer(request.templates_dir)

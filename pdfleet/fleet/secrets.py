@@ -1,12 +1,14 @@
-"""Secrets kept on the control machine: the gateway's client and admin keys, and the keys of its outside
-aliases (the profile's `gateway.outside`: a hosted provider's key, which the operator puts there).
+"""Secrets kept on the control machine: the gateway's client, admin and controller keys, the named client
+keys of `invoke keys.*` (pdfleet.fleet.named_keys), and the keys of its outside aliases (the profile's
+`gateway.outside`: a hosted provider's key, which the operator puts there).
 
 Each key lives in its own file (mode 0600, generated on first provision) so an operator can hand it to
 clients; gateway hosts receive SHA-256 hashes of them, and the monitoring host (the rollout controller)
-the admin key itself. Both files are checked before either is created, so a bad one leaves nothing new
-behind. `invoke render`, a review command, creates neither: a missing key is a named placeholder. An
-outside alias's key is never generated: provision refuses a missing one, render shows a placeholder; the
-gateway hosts get it as a 0600 file (the gateway sends it to that provider only).
+the controller's stage-only key itself: the admin key never leaves this machine. Every file is checked
+before any is created, so a bad one leaves nothing new behind. `invoke render`, a review command, creates
+none: a missing key is a named placeholder. An outside alias's key is never generated: provision refuses a
+missing one, render shows a placeholder; the gateway hosts get it as a 0600 file (the gateway sends it to
+that provider only).
 """
 
 from __future__ import annotations
@@ -16,28 +18,35 @@ import secrets
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.gateway_tls import TlsMaterial, tls_material
-from pdfleet.gateway.keys import hash_key
+from pdfleet.fleet.named_keys import KEY_PREFIX, live, read_registry
+from pdfleet.gateway.keys import KeyEntry, hash_key
 from pdfleet.model.tls import GatewayTlsSetting
 
-KEY_PREFIX = "sk-pdfleet-"
 PLACEHOLDER = KEY_PREFIX + "PLACEHOLDER-{which}-key-generated-by-provision"
 
 
 @dataclass(frozen=True)
 class GatewaySecrets:
-    """What the gateway role needs of the keys: their hashes, never the keys; and the admin key itself for
-    the rollout controller's 0600 file on the monitoring host (it calls the gateways' admin endpoints)."""
+    """What the gateway role needs of the keys: their hashes, never the keys; and the controller's
+    stage-only key itself for its 0600 file on the monitoring host (it sets the gateways' stage)."""
 
     client_sha256: str
     admin_sha256: str
-    admin_key: str | None = field(default=None, repr=False, compare=False)
+    controller_key: str | None = field(default=None, repr=False, compare=False)
     placeholders: tuple[Path, ...] = ()  # key files that do not exist yet: their keys here are placeholders
     outside_keys: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)  # alias -> key
     tls: TlsMaterial | None = field(default=None, repr=False, compare=False)  # None: plain HTTP
+    named: tuple[KeyEntry, ...] = ()  # the named client keys' live entries (hashes, dates, limits)
+
+    @property
+    def controller_sha256(self) -> str | None:
+        """The controller key's hash, for the gateways' keys file (None: no controller key)."""
+        return None if self.controller_key is None else hash_key(self.controller_key)
 
     def unset_outside(self) -> list[str]:
         """The outside aliases whose key file does not exist yet (their keys here are placeholders)."""
@@ -87,21 +96,39 @@ def _create_key_file(file: Path) -> str:
     return key
 
 
-def _checked_keys(client: Path, admin: Path) -> tuple[str | None, str | None]:
-    """The client and admin keys (None: no such file yet), refused unless both files are sound, distinct
-    files holding distinct keys."""
-    if os.path.realpath(client) == os.path.realpath(admin):
-        raise ValidationError(
-            f"gateway.client_key_file and gateway.admin_key_file are the same file "
-            f"({client}); the admin key must differ from the client key"
-        )
-    client_key, admin_key = existing_key(client), existing_key(admin)
-    if client_key is not None and client_key == admin_key:
-        raise ValidationError(
-            f"{client} and {admin} hold the same key; the admin key must differ from the "
-            f"client key (delete {admin} to have a new one generated)"
-        )
-    return client_key, admin_key
+def _checked_keys(files: Mapping[str, Path]) -> dict[str, str | None]:
+    """The keys by label (client, admin, controller; None: no such file yet), refused unless every file
+    is sound and they are distinct files holding distinct keys."""
+    labels = list(files)
+    for i, a in enumerate(labels):
+        for b in labels[i + 1 :]:
+            if os.path.realpath(files[a]) == os.path.realpath(files[b]):
+                raise ValidationError(
+                    f"gateway.{a}_key_file and gateway.{b}_key_file are the same file ({files[a]}); "
+                    f"the {b} key must differ from the {a} key"
+                )
+    keys = {label: existing_key(path) for label, path in files.items()}
+    for i, a in enumerate(labels):
+        for b in labels[i + 1 :]:
+            if keys[a] is not None and keys[a] == keys[b]:
+                raise ValidationError(
+                    f"{files[a]} and {files[b]} hold the same key; the {b} key must differ from the "
+                    f"{a} key (delete {files[b]} to have a new one generated)"
+                )
+    return keys
+
+
+def _key_files(client: str, admin: str, controller: str | None) -> dict[str, Path]:
+    """The profile's key files by label (the controller's only when given)."""
+    named = {"client": client, "admin": admin, **({"controller": controller} if controller else {})}
+    return {label: Path(name).expanduser() for label, name in named.items()}
+
+
+def _named(keys_dir: str | None) -> tuple[KeyEntry, ...]:
+    """The named keys' live entries from the registry in `keys_dir` (none without one)."""
+    if keys_dir is None:
+        return ()
+    return live(read_registry(Path(keys_dir).expanduser()), datetime.now(UTC))
 
 
 def _outside_keys(files: Mapping[str, str], review: bool) -> tuple[dict[str, str], list[Path]]:
@@ -128,17 +155,28 @@ def gateway_secrets(
     admin_key_file: str,
     outside: Mapping[str, str] | None = None,
     tls: GatewayTlsSetting | None = None,
+    controller_key_file: str | None = None,
+    keys_dir: str | None = None,
 ) -> GatewaySecrets:
-    """Hashes of the client and admin keys, and the outside aliases' keys (`outside`: alias -> key file).
-    Every file is checked first (distinct files, distinct keys, each sound, every outside key there); only
-    then is a missing client or admin key generated."""
-    client, admin = Path(client_key_file).expanduser(), Path(admin_key_file).expanduser()
-    client_key, admin_key = _checked_keys(client, admin)
+    """Hashes of the client and admin keys, the controller's key, the named keys' live entries, and the
+    outside aliases' keys (`outside`: alias -> key file). Every file is checked first (distinct files,
+    distinct keys, each sound, every outside key there); only then is a missing client, admin or
+    controller key generated."""
+    files = _key_files(client_key_file, admin_key_file, controller_key_file)
+    keys = _checked_keys(files)
     outside_keys, _ = _outside_keys(outside or {}, review=False)
     material = tls_material(tls)
-    client_key = client_key if client_key is not None else _create_key_file(client)
-    admin_key = admin_key if admin_key is not None else _create_key_file(admin)
-    return GatewaySecrets(hash_key(client_key), hash_key(admin_key), admin_key, (), outside_keys, material)
+    named = _named(keys_dir)
+    made = {label: key if key is not None else _create_key_file(files[label]) for label, key in keys.items()}
+    return GatewaySecrets(
+        hash_key(made["client"]),
+        hash_key(made["admin"]),
+        made.get("controller"),
+        (),
+        outside_keys,
+        material,
+        named,
+    )
 
 
 def review_secrets(
@@ -146,22 +184,24 @@ def review_secrets(
     admin_key_file: str,
     outside: Mapping[str, str] | None = None,
     tls: GatewayTlsSetting | None = None,
+    controller_key_file: str | None = None,
+    keys_dir: str | None = None,
 ) -> GatewaySecrets:
     """The keys as `gateway_secrets` checks them, but creating nothing: a key file that does not exist yet
     (provision would generate it, or the operator put it there) stands as a placeholder key, listed in
     `placeholders`."""
-    client, admin = Path(client_key_file).expanduser(), Path(admin_key_file).expanduser()
-    client_key, admin_key = _checked_keys(client, admin)
+    files = _key_files(client_key_file, admin_key_file, controller_key_file)
+    keys = _checked_keys(files)
     outside_keys, outside_missing = _outside_keys(outside or {}, review=True)
-    missing = tuple(path for path, key in ((client, client_key), (admin, admin_key)) if key is None)
-    client_key = client_key if client_key is not None else PLACEHOLDER.format(which="client")
-    admin_key = admin_key if admin_key is not None else PLACEHOLDER.format(which="admin")
+    missing = tuple(files[label] for label, key in keys.items() if key is None)
+    made = {label: key if key is not None else PLACEHOLDER.format(which=label) for label, key in keys.items()}
     material = tls_material(tls, review=True)  # its own placeholders: provision never generates those
     return GatewaySecrets(
-        hash_key(client_key),
-        hash_key(admin_key),
-        admin_key,
+        hash_key(made["client"]),
+        hash_key(made["admin"]),
+        made.get("controller"),
         (*missing, *outside_missing),
         outside_keys,
         material,
+        _named(keys_dir),
     )

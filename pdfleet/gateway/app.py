@@ -26,7 +26,7 @@ from pdfleet.gateway.context import Endpoint
 from pdfleet.gateway.deciding import Deciding
 from pdfleet.gateway.errors import Reject, Style, error_response
 from pdfleet.gateway.intake import admit, authorize, parse_body, read_body, request_id
-from pdfleet.gateway.keys import AuthResult
+from pdfleet.gateway.keys import AuthResult, Scope, keys_document
 from pdfleet.gateway.limits import Limiter, limits_summary
 from pdfleet.gateway.live import StageConflict, apply_update, is_noop, parse_update, unknown_model
 from pdfleet.gateway.metrics import GatewayMetrics
@@ -34,7 +34,7 @@ from pdfleet.gateway.policy import ActivePolicy, group_staging, load_policy, res
 from pdfleet.gateway.proxy import Proxy
 from pdfleet.gateway.server import ClientServer
 from pdfleet.gateway.shadow import Shadowing
-from pdfleet.gateway.shadow_admin import parse_request, run_of
+from pdfleet.gateway.shadow_admin import apply_request
 from pdfleet.gateway.upstream import UpstreamClient
 
 log = logging.getLogger("pdfleet.gateway")
@@ -74,14 +74,10 @@ class Gateway:
         self.proxy = Proxy(
             self.upstream, self.metrics, self.deciding.outstanding, self.shadowing, self.capture
         )
-        self.limiter = Limiter(policy.spec.limits)  # outlives reloads: what each key uses now
+        self.limiter = Limiter(policy.limits)  # outlives reloads: what each key uses now
         self._reload_lock = asyncio.Lock()
         self._stage_lock = asyncio.Lock()  # one /admin/stage write at a time
-        self._self_counting = (
-            self._chat,
-            self._completions,
-            self._messages,
-        )  # intake and the proxy count these
+        self._self_counting = (self._chat, self._completions, self._messages)  # intake and the proxy count
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -105,6 +101,7 @@ class Gateway:
         target["/admin/reload"] = {"POST": self._admin_reload}
         target["/admin/stage"] = {"POST": self._admin_stage}
         target["/admin/shadow"] = {**dict.fromkeys(get_head, self._admin_shadow), "POST": self._admin_shadow}
+        target["/admin/keys"] = dict.fromkeys(get_head, self._admin_keys)
         return main, admin
 
     def server(self, routes: Routes) -> web.Server:
@@ -141,7 +138,7 @@ class Gateway:
                 log.error("%s", msg.replace("\n", "; "))  # one journal line per reload
                 return False, msg
             self.policy = new
-            self.limiter.configure(new.spec.limits)
+            self.limiter.configure(new.limits)
             self.deciding.configure(new)
             self.shadowing.spec = new.spec.shadow
             self.shadowing.cut("reload")  # shadows go first: the ones in flight are cut, the run goes on
@@ -199,14 +196,13 @@ class Gateway:
         return resp
 
     async def _guarded(
-        self, request: web.BaseRequest, fn: Callable[[ActivePolicy, AuthResult], Any], admin: bool = False
+        self, request: web.BaseRequest, fn: Callable[[ActivePolicy, AuthResult], Any], need: Scope = "client"
     ) -> web.StreamResponse:
-        """Run a small authenticated endpoint, turning Reject into an error response."""
+        """Run a small authenticated endpoint whose key needs scope `need`, turning Reject into an error
+        response."""
         policy = self.policy
         try:
-            auth = authorize(request.headers.get("Authorization"), policy)
-            if admin and not (auth.entry and auth.entry.admin):
-                raise Reject(403, "this endpoint needs an admin key", code="admin_key_required")
+            auth = authorize(request.headers.get("Authorization"), policy, need)
             return await fn(policy, auth)
         except Reject as rej:
             return await self._rejected(request, rej.response(), rej.close)
@@ -255,7 +251,7 @@ class Gateway:
             summary = {**policy.summary(), "limits": limits_summary(self.limiter)}
             return web.json_response({**summary, "last_reload": self.last_reload})
 
-        return await self._guarded(request, body, admin=True)
+        return await self._guarded(request, body, "stage")  # the controller reads the stage it runs
 
     async def _admin_reload(self, request: web.BaseRequest) -> web.StreamResponse:
         """Reload the policy file (admin key); 422 with the error when the new policy is rejected."""
@@ -269,7 +265,7 @@ class Gateway:
                 {"ok": True, "message": msg, "version": p.spec.version, "stage": p.spec.stage}
             )
 
-        return await self._guarded(request, body, admin=True)
+        return await self._guarded(request, body, "admin")
 
     async def _admin_stage(self, request: web.BaseRequest) -> web.StreamResponse:
         """Set the live stage (admin key), of one model group when the body names one: rewrite the policy
@@ -311,27 +307,30 @@ class Gateway:
                 {"ok": True, "version": p.version, "stage": stage, "model": update.model}
             )
 
-        return await self._guarded(request, body, admin=True)
+        return await self._guarded(request, body, "stage")
 
     async def _admin_shadow(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Read (GET), start or stop (POST) the shadow run (admin key; shadow_admin.py)."""
+        """Read (GET), start or stop (POST) the shadow run (the stage or admin key; shadow_admin.py)."""
 
         async def body(policy: ActivePolicy, _auth: AuthResult) -> web.Response:
             if request.method == "POST":
                 raw = await read_body(request, MAX_STAGE_BODY, policy.spec.clients.body_timeout_s)
                 try:
-                    req = parse_request(parse_body(raw))
-                    run = run_of(policy, req) if req.action == "start" else None
+                    apply_request(self.shadowing, policy, parse_body(raw))
                 except PdfleetError as exc:
                     return error_response(400, str(exc), code="invalid_request")
-                running = self.shadowing.run
-                if run is None and (req.tag is None or (running is not None and running.tag == req.tag)):
-                    self.shadowing.stop("stopped")
-                elif run is not None:
-                    self.shadowing.start(run)
             return web.json_response(self.shadowing.status())
 
-        return await self._guarded(request, body, admin=True)
+        return await self._guarded(request, body, "stage")  # the controller's shadow steps
+
+    async def _admin_keys(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The keys this gateway accepts (admin key): name, scope, created, expires, models, when last used
+        here; never a key or its hash."""
+
+        async def body(policy: ActivePolicy, _auth: AuthResult) -> web.Response:
+            return web.json_response(keys_document(policy.keys, self.limiter.last_used))
+
+        return await self._guarded(request, body, "admin")
 
     # ---- proxied endpoints -----------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from pdfleet.gateway.anthropic import authorize_anthropic, check_messages_fields
 from pdfleet.gateway.context import Endpoint, RequestContext
 from pdfleet.gateway.deciding import Deciding
 from pdfleet.gateway.errors import Reject, Style, anthropic_status
-from pdfleet.gateway.keys import AuthResult, authenticate
+from pdfleet.gateway.keys import AuthResult, Scope, authenticate, refusal
 from pdfleet.gateway.limits import Limiter, admit_key, admit_model, check_prompt_limit
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.outside import check_api
@@ -96,11 +96,21 @@ def request_id(value: str | None) -> str:
     return os.urandom(16).hex()  # 128 random bits, like uuid4().hex without building a UUID object
 
 
-def authorize(header: str | None, policy: ActivePolicy) -> AuthResult:
-    """Check an Authorization header against the policy's keys; a 401 Reject when it fails."""
+def authorize(header: str | None, policy: ActivePolicy, need: Scope = "client") -> AuthResult:
+    """Check an Authorization header against the policy's keys: a 401 Reject when it fails, a 403 when
+    the key's scope does not reach an endpoint that needs `need`."""
     result = authenticate(header, policy.keys)
     if result.error is not None:
         raise Reject(401, result.error, code="invalid_api_key")
+    return permitted(result, need)
+
+
+def permitted(result: AuthResult, need: Scope) -> AuthResult:
+    """The authenticated key's result, or a 403 Reject when its scope does not reach `need`."""
+    assert result.entry is not None
+    why = refusal(result.entry, need)
+    if why is not None:
+        raise Reject(403, why, code=f"{need}_key_required")
     return result
 
 
@@ -353,7 +363,7 @@ async def admit(
     style: Style = "anthropic" if endpoint == "messages" else "openai"
     try:
         if endpoint == "messages":
-            auth = authorize_anthropic(request.headers, policy)
+            auth = permitted(authorize_anthropic(request.headers, policy), "client")
         else:
             auth = authorize(request.headers.get("Authorization"), policy)
         assert auth.entry is not None
@@ -368,7 +378,7 @@ async def admit(
         forced = forced_pool(request.headers, policy, route, endpoint)
         choice = forced_choice(request.headers, policy, route)
         tokens = await count_tokens(policy, data, len(body), endpoint)
-        check_prompt_limit(policy.spec.limits, limiter, held, alias, tokens, endpoint)
+        check_prompt_limit(policy.limits, limiter, held, alias, tokens, endpoint)
         model_slot = admit_model(limiter, held, alias, m)
         body = upstream_body(route, alias, data, body)
     except Reject as rej:

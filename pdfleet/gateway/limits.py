@@ -116,6 +116,7 @@ class Limiter:
         self.in_flight: dict[str, int] = {}
         self._limits: dict[str, KeyLimits] = {}
         self._slot_of: dict[str, tuple[str, str]] = {}  # a per_model slot's (key, alias)
+        self.last_used: dict[str, float] = {}  # key name -> when it last asked (epoch s; /admin/keys)
 
     def configure(self, spec: LimitsSpec) -> None:
         """Apply new limits (a reload): buckets keep their level, capped at the new burst; in-flight
@@ -159,6 +160,7 @@ class Limiter:
     def acquire(self, name: str) -> Rejection | None:
         """Admit one request of key `name` (then count it in flight) or say why not; the caller must
         `release(name)` exactly once after an admitted request ends, however it ends."""
+        self.last_used[name] = time.time()
         return self._take(name, self.limits(name), f"key {name!r}")
 
     def _take(self, name: str, lim: RateLimits, who: str) -> Rejection | None:

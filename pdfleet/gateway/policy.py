@@ -43,7 +43,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from pdfleet.errors import ValidationError
 from pdfleet.gateway import tls
-from pdfleet.gateway.keys import KeyEntry, load_keys
+from pdfleet.gateway.keys import KeyEntry, entry_limits, load_keys
 from pdfleet.gateway.limits import check_limit_aliases, check_limit_keys
 from pdfleet.gateway.outside import Outside, load_outside
 from pdfleet.gateway.policy_spec import (
@@ -54,6 +54,7 @@ from pdfleet.gateway.policy_spec import (
     group_problems,
     route_problems,
 )
+from pdfleet.model.limits import LimitsSpec
 from pdfleet.model.schema_errors import schema_problems
 from pdfleet.model.stages import LENGTH_CLASSES, StageSpec
 from pdfleet.model.yamlfile import parse_yaml
@@ -179,6 +180,7 @@ class ActivePolicy:
     loaded_at: float
     counts: PolicyCounts
     tls_expiry: datetime | None = None  # the certificate's notAfter (UTC) when listen.tls is set
+    limits: LimitsSpec = LimitsSpec()  # the policy's limits and the ones keys carry in the keys file
 
     @property
     def stage(self) -> StageSpec:
@@ -355,9 +357,7 @@ def load_policy(path: str | Path) -> ActivePolicy:
     if not keys_path.is_absolute():
         keys_path = source.parent / keys_path
     keys = load_keys(keys_path)
-    problems = check_limit_keys(spec.limits, {k.name for k in keys.values()}, str(source))
-    if problems:
-        raise ValidationError("\n".join(problems))
+    limits = effective_limits(spec, keys, source, keys_path)
     tok = spec.estimator.tokenizer
     if tok is not None:
         tok_path = Path(tok) if Path(tok).is_absolute() else source.parent / tok
@@ -381,7 +381,27 @@ def load_policy(path: str | Path) -> ActivePolicy:
         loaded_at=time.time(),
         counts=PolicyCounts(),
         tls_expiry=tls_expiry,
+        limits=limits,
     )
+
+
+def effective_limits(
+    spec: PolicySpec, keys: Mapping[str, KeyEntry], source: Path, keys_path: Path
+) -> LimitsSpec:
+    """The policy's `limits:` with the limits client keys carry in the keys file added under their names
+    (a name limited in both places is refused: one place says a key's limits)."""
+    own = entry_limits(keys)
+    problems = check_limit_keys(spec.limits, {k.name for k in keys.values()}, str(source))
+    problems += [
+        f"{keys_path}: the key {name!r} has limits here and in {source}'s limits.keys; keep one"
+        for name in own
+        if name in spec.limits.keys
+    ]
+    merged = spec.limits.model_copy(update={"keys": {**spec.limits.keys, **own}})
+    problems += check_limit_aliases(LimitsSpec(keys=own), set(spec.models), str(keys_path))
+    if problems:
+        raise ValidationError("\n".join(problems))
+    return merged
 
 
 def compile_route(spec: PolicySpec, alias: str, r: ModelRoute, source: Path) -> Route:

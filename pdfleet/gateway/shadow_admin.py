@@ -21,7 +21,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from pdfleet.errors import ValidationError
 from pdfleet.gateway.policy import ActivePolicy, group_staging
-from pdfleet.gateway.shadow import ShadowRun
+from pdfleet.gateway.shadow import Shadowing, ShadowRun
 from pdfleet.model.rollout import LengthClass
 from pdfleet.model.schema_errors import schema_problems
 
@@ -81,3 +81,15 @@ def run_of(policy: ActivePolicy, req: ShadowRequest) -> ShadowRun:
     classes = None if req.classes is None else tuple(req.classes)
     until = time.monotonic() + req.minutes * 60
     return ShadowRun(req.stage, weights, req.share, until, req.model, classes=classes, tag=req.tag)
+
+
+def apply_request(shadowing: Shadowing, policy: ActivePolicy, body: Any) -> None:
+    """Start or stop the run a POST's parsed body asks for (ValidationError when it is not valid); a stop
+    with a tag stops only the run of that tag."""
+    req = parse_request(body)
+    run = run_of(policy, req) if req.action == "start" else None
+    running = shadowing.run
+    if run is None and (req.tag is None or (running is not None and running.tag == req.tag)):
+        shadowing.stop("stopped")
+    elif run is not None:
+        shadowing.start(run)

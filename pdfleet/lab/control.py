@@ -325,8 +325,14 @@ def _down(lab: Lab, purge: bool, progress: Progress) -> None:
     for ref in mirrors.leftover_servers(paths):
         ref.stop(5.0)
     remove_link(BRIDGE)
-    for path in (paths.known_hosts, paths.gateway_client_key, paths.gateway_admin_key):
+    for path in (
+        paths.known_hosts,
+        paths.gateway_client_key,
+        paths.gateway_admin_key,
+        paths.gateway_controller_key,
+    ):
         path.unlink(missing_ok=True)  # they describe hosts that no longer exist
+    shutil.rmtree(paths.gateway_keys_dir, ignore_errors=True)
     shutil.rmtree(paths.run_dir, ignore_errors=True)
     state.remove()
     if purge and paths.root.exists():

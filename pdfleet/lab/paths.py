@@ -86,6 +86,16 @@ class LabPaths:
         """The gateway's admin key (for /admin/*), kept beside the client key (mode 0600)."""
         return self.root / "gateway-admin.key"
 
+    @property
+    def gateway_controller_key(self) -> Path:
+        """The rollout controller's stage-only key (its host gets it; the gateways its hash), mode 0600."""
+        return self.root / "gateway-controller.key"
+
+    @property
+    def gateway_keys_dir(self) -> Path:
+        """The named client keys of `invoke keys.*` (registry and NAME.key files; lab profiles name it)."""
+        return self.root / "gateway-keys"
+
 
 def apt_mirror_url() -> str:
     """The apt mirror as lab hosts (and lab profiles' mirrors.apt) address it."""

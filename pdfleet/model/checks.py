@@ -308,7 +308,7 @@ def _decider_problems(profile: Profile) -> Iterable[Problem]:
 
 
 def _key_file_problems(profile: Profile) -> Iterable[Problem]:
-    """The admin key must be another file than the client key."""
+    """The client, admin and controller keys must be three files."""
     gw = profile.gateway
     if _control_path(gw.client_key_file) == _control_path(gw.admin_key_file):
         yield Problem(
@@ -316,6 +316,13 @@ def _key_file_problems(profile: Profile) -> Iterable[Problem]:
             f"is the same file as gateway.client_key_file ({gw.client_key_file}); the admin key must "
             "differ from the client key (the gateway refuses a keys file holding one key twice)",
         )
+    for key in ("client_key_file", "admin_key_file"):
+        if _control_path(getattr(gw, key)) == _control_path(gw.controller_key_file):
+            yield Problem(
+                "gateway.controller_key_file",
+                f"is the same file as gateway.{key} ({gw.controller_key_file}); the controller's stage-only "
+                "key must be a key of its own",
+            )
 
 
 def _control_path(path: str) -> str:

@@ -175,6 +175,12 @@ class GatewaySpec(StrictModel):
     # Only their SHA-256 hashes reach the gateway host.
     client_key_file: str = "~/.config/pdfleet/gateway-client.key"
     admin_key_file: str = "~/.config/pdfleet/gateway-admin.key"
+    # the rollout controller's stage-only key (it may read the policy and set the stage, nothing else): its
+    # plaintext goes to the controller's host, its hash to the gateways; the admin key stays here
+    controller_key_file: str = "~/.config/pdfleet/gateway-controller.key"
+    # named client keys (`invoke keys.*`): their registry (names, hashes, dates, limits) and one 0600 file
+    # per key to hand to its client
+    keys_dir: str = "~/.config/pdfleet/gateway-keys"
     limits: GatewayLimits = Field(default_factory=GatewayLimits)  # all off unless set
     # how the gateway decides per request (pdfleet.model.routing): defaults route as before the decider
     decider: DeciderSpec = Field(default_factory=DeciderSpec)

@@ -1,5 +1,7 @@
-"""How the controller talks to gateways: their admin endpoints over HTTPS (verified against the gateway's
-CA) or, where the profile says `tls: off`, plain HTTP, with the admin key.
+"""How the controller (and the operator's `invoke shadow`, `invoke keys.list`) talks to gateways: their
+admin endpoints over HTTPS (verified against the gateway's CA) or, where the profile says `tls: off`, plain
+HTTP, with a key: the controller's stage-only key (it reads the policy and sets the stage, nothing else) or,
+on the operator's machine, the admin key.
 
 `GET /admin/policy` says which version and stage a gateway runs; `POST /admin/stage` sets a new one (the
 gateway rewrites its own policy file and reloads, no restart). Both may name a model: then the stage is
@@ -43,8 +45,8 @@ class GatewayReport:
 class GatewayClient:
     """The admin endpoints of every gateway host."""
 
-    def __init__(self, admin_key: str, timeout_s: float = 2.0, ca_file: str | None = None) -> None:
-        self._auth = f"Bearer {admin_key}"
+    def __init__(self, key: str, timeout_s: float = 2.0, ca_file: str | None = None) -> None:
+        self._auth = f"Bearer {key}"
         self.timeout_s = timeout_s
         # https admin URLs are verified against the gateway's CA (None: the system's trust store)
         self._tls = client_context(ca_file)
@@ -121,6 +123,13 @@ class GatewayClient:
         if not isinstance(doc, dict) or "running" not in doc:
             raise GatewayError(f"gateway {target.name}: /admin/shadow is not a pdfleet gateway's answer")
         return doc
+
+    def keys(self, target: GatewayTarget) -> list[dict[str, Any]]:
+        """The keys a gateway accepts (`GET /admin/keys`, admin key only): names, scopes, dates, last use."""
+        doc = self._call(target, "GET", "/admin/keys")
+        if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+            raise GatewayError(f"gateway {target.name}: /admin/keys is not a pdfleet gateway's answer")
+        return [k for k in doc["keys"] if isinstance(k, dict)]
 
 
 def _error_message(raw: bytes) -> str:

@@ -28,6 +28,7 @@ from pdfleet.fleet.roles import (
     gateway_ca_operations,
     host_wheel_install,
 )
+from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway, ModelTopology, Router
 from pdfleet.gateway import policy as gateway_policy
 from pdfleet.model.connectors import MOONCAKE, NIXL
@@ -238,7 +239,10 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
     groups = model_stages(ctx.profile, None, ctx.stage_override)
     policy = policy_text(ctx, gw.policy_version, stage, dict(first.stages), groups)
     keys = ctx.render(
-        "gateway-keys.yaml.j2", client_sha256=secrets.client_sha256, admin_sha256=secrets.admin_sha256
+        "gateway-keys.yaml.j2",
+        client_sha256=secrets.client_sha256,
+        admin_sha256=secrets.admin_sha256,
+        more=keys_lines(secrets),
     )
     owner = SERVICE_USER
     out = [
@@ -275,6 +279,15 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
         )
         out.append(RenderedFile(f"{UNIT_DIR}/{router.unit}", unit))
     return out
+
+
+def keys_lines(secrets: GatewaySecrets) -> list[str]:
+    """The keys file's entries after the client and admin keys: the controller's stage-only key, then the
+    named client keys (`invoke keys.*`), one YAML flow line each (hashes only)."""
+    lines = []
+    if secrets.controller_sha256 is not None:
+        lines.append(f'{{name: controller, sha256: "{secrets.controller_sha256}", scope: stage}}')
+    return lines + [entry.model_dump_json(exclude_defaults=True) for entry in secrets.named]
 
 
 def tls_toggles(ctx: RoleContext, facts: FactSource) -> bool:

@@ -2,9 +2,12 @@
 
 It owns each model's live stage (state under the topology's controller.state_dir/<model>/, 0700) and
 applies it to every gateway host through the gateway's admin endpoint (`POST /admin/stage`) with the
-admin key, which it reads from a 0600 file only it can read; the key is never on a command line or in a
-log. Installed on the first monitoring host only when a model of the profile has a rollout plan and the
-topology has gateways (Topology.controller says where and with which paths).
+controller's stage-only key (gateway.controller_key_file: it may read the policy and set the stage,
+nothing else; the admin key stays on the control machine), which it reads from a 0600 file only it can
+read; the key is never on a command line or in a log. Installed on the first monitoring host only when a
+model of the profile has a rollout plan and the topology has gateways (Topology.controller says where and
+with which paths; the key's file keeps its old name, admin.key, so provision overwrites the admin key that
+controllers before issue 28 held).
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ def _why_not(ctx: RoleContext) -> str | None:
         return ctx.topology.no_controller_reason
     if controller.host.name != ctx.host.name:
         return f"the controller runs on the first monitoring host, {controller.host.name}"
-    if ctx.gateway_secrets is None or ctx.gateway_secrets.admin_key is None:
-        return "no gateway admin key was provided (provision reads it on the control machine)"
+    if ctx.gateway_secrets is None or ctx.gateway_secrets.controller_key is None:
+        return "no controller key was provided (provision reads or generates it on the control machine)"
     return None
 
 
@@ -104,7 +107,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
     if _why_not(ctx):
         return []
     secrets = ctx.gateway_secrets
-    assert secrets is not None and secrets.admin_key is not None
+    assert secrets is not None and secrets.controller_key is not None
     controller = _controller(ctx)
     owner = {"owner": SERVICE_USER, "group": SERVICE_USER}
     unit = ctx.render(
@@ -115,7 +118,7 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
     )
     return [
         RenderedFile(controller.config_file, controller_config(ctx), mode="0644"),
-        RenderedFile(controller.key_file, secrets.admin_key + "\n", mode="0600", secret=True, **owner),
+        RenderedFile(controller.key_file, secrets.controller_key + "\n", mode="0600", secret=True, **owner),
         RenderedFile(f"{UNIT_DIR}/{controller.unit}", unit),
         *gateway_ca_files(ctx),
     ]

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest
 REPO = Path(__file__).resolve().parents[3]
 INVOKE = [sys.executable, "-m", "invoke"]
 CROSS = "inventory/examples/cross-rdma.yml"
-NOTE_END = "the rendered key hashes and admin key file differ from what provision installs"
+NOTE_END = "the rendered key hashes and controller key file differ from what provision installs"
 
 
 def _invoke(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -162,6 +162,7 @@ class Site:
         keys = {
             "client_key_file": str(self.keys / "client.key"),
             "admin_key_file": str(self.keys / "admin.key"),
+            "controller_key_file": str(self.keys / "controller.key"),
         }
         data = _merge({"extends": "lab-colocated", "gateway": keys}, over or {})
         path = directory / "case.yml"
@@ -378,7 +379,8 @@ def test_render_reads_existing_keys_and_only_for_a_gateway_it_renders(tmp_path: 
     (site.keys / "client.key").chmod(0o600)
     proc = site.render()
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().endswith(f"({site.keys / 'admin.key'}: not created); " + NOTE_END)
+    missing = f"{site.keys / 'admin.key'}, {site.keys / 'controller.key'}"
+    assert proc.stdout.strip().endswith(f"({missing}: not created); " + NOTE_END)
     keys = (tmp_path / "out/lab-gw/etc/pdfleet/gateway/keys.yaml").read_text()
     assert hashlib.sha256(PRIVATE.encode()).hexdigest() in keys, "an existing key is the real one"
     assert sorted(p.name for p in site.keys.iterdir()) == ["client.key"]

@@ -51,7 +51,7 @@ def deploy(
 
 
 def _with_tls(
-    secrets: GatewaySecrets, _client: str, _admin: str, _outside: object, tls: GatewayTlsSetting
+    secrets: GatewaySecrets, _client: str, _admin: str, _outside: object, tls: GatewayTlsSetting, *_: str
 ) -> GatewaySecrets:
     """The test keys, and the profile's TLS files as `invoke render` reads them (placeholders if missing)."""
     return (

@@ -27,15 +27,15 @@ class Calls:
     """Records what the door asked for: the keys (with the files named) and the host wheel."""
 
     def __init__(self, tmp: Path) -> None:
-        self.keys: list[tuple[str, str]] = []
+        self.keys: list[tuple[str, ...]] = []
         self.wheels = 0
         self.wheel = tmp / "pdfleet-0+htest-py3-none-any.whl"
 
     def secrets(
-        self, client: str, admin: str, outside: Mapping[str, str], tls: object = None
+        self, client: str, admin: str, outside: Mapping[str, str], tls: object, controller: str, named: str
     ) -> GatewaySecrets:
         assert outside == {}  # the lab profiles name no outside alias
-        self.keys.append((client, admin))
+        self.keys.append((client, admin, controller, named))
         return TEST_SECRETS
 
     def host_wheel(self) -> Path:
@@ -61,7 +61,8 @@ def test_a_provision_gets_everything_in_one_call(tmp_path: Path) -> None:
         d.gateway_secrets == TEST_SECRETS and d.host_wheel == calls.wheel and d.stage_override == "all-disagg"
     )
     gw = d.profile.gateway
-    assert calls.keys == [(gw.client_key_file, gw.admin_key_file)] and calls.wheels == 1
+    files = (gw.client_key_file, gw.admin_key_file, gw.controller_key_file, gw.keys_dir)
+    assert calls.keys == [files] and calls.wheels == 1
     ctx = d.context(d.hosts[0])
     assert (ctx.gateway_secrets, ctx.host_wheel, ctx.stage_override) == (
         TEST_SECRETS,

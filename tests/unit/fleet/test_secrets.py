@@ -87,18 +87,23 @@ def test_review_reads_existing_keys_and_creates_none(tmp_path: Path) -> None:
     """`invoke render`'s keys: a missing file is a named placeholder, never a new file; an existing one
     is read, so the rendered hashes are the installed ones."""
     client, admin = tmp_path / "cfg" / "client.key", tmp_path / "cfg" / "admin.key"
-    found = review_secrets(str(client), str(admin))
-    assert found.placeholders == (client, admin)
+    controller = tmp_path / "cfg" / "controller.key"
+    found = review_secrets(str(client), str(admin), controller_key_file=str(controller))
+    assert found.placeholders == (client, admin, controller)
     assert not client.parent.exists(), "nothing created"
     assert found.client_sha256 == _sha(PLACEHOLDER.format(which="client"))
-    assert found.admin_key == PLACEHOLDER.format(which="admin")
-    real = gateway_secrets(str(client), str(admin))  # provision generates them
-    again = review_secrets(str(client), str(admin))
+    assert found.controller_key == PLACEHOLDER.format(which="controller")
+    real = gateway_secrets(str(client), str(admin), controller_key_file=str(controller))  # generated
+    again = review_secrets(str(client), str(admin), controller_key_file=str(controller))
     assert again.placeholders == ()
-    assert (again.client_sha256, again.admin_sha256, again.admin_key) == (
+    assert (again.client_sha256, again.admin_sha256, again.controller_key) == (
         real.client_sha256,
         real.admin_sha256,
-        real.admin_key,
+        real.controller_key,
+    )
+    assert (
+        real.controller_key == controller.read_text().strip()
+        and stat.S_IMODE(controller.stat().st_mode) == 0o600
     )
     admin.unlink()
     assert review_secrets(str(client), str(admin)).placeholders == (admin,)

@@ -15,7 +15,7 @@ from pdfleet.rollout.cli import _parser
 from pdfleet.rollout.config import load_configs
 from tests.unit.roles.helpers import deployment, exec_start_argv
 
-KEY = "sk-pdfleet-test-admin-key"
+KEY = "sk-pdfleet-test-controller-key"  # the stage-only key: the admin key never reaches the host
 
 
 def _monitoring(fleet):
@@ -56,11 +56,11 @@ def test_the_controller_gets_its_config_key_and_unit(tmp_path: Path) -> None:
     assert json.loads(by_path[controller.config_file].content)["admin_key_file"] == controller.key_file
 
 
-def test_without_the_admin_key_the_role_skips_saying_why() -> None:
+def test_without_the_controller_key_the_role_skips_saying_why() -> None:
     fleet = deployment("lab-cross")  # the test secrets carry hashes only
     ctx = fleet.context(_monitoring(fleet))
     ops = list(rollout_role.operations(ctx, FakeFacts()))
-    assert len(ops) == 1 and isinstance(ops[0], Skip) and "admin key" in ops[0].reason
+    assert len(ops) == 1 and isinstance(ops[0], Skip) and "controller key" in ops[0].reason
     assert rollout_role.files(ctx) == [] and rollout_role.units(ctx) == []
 
 
