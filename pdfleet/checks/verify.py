@@ -37,7 +37,7 @@ HOST_CHECKS_DIR = Path(__file__).resolve().parent / "hosts"
 # The checks are product modules named for their concern (gpu.py, not test_gpu.py); this ini makes pytest
 # collect them, and keeps the clone's own pytest settings (addopts, testpaths) out of the run.
 HOST_CHECKS_INI = "[pytest]\npython_files = *.py\n"
-PASS, FAIL, SKIP = "pass", "fail", "skip"
+PASS, FAIL, SKIP, WARN = "pass", "fail", "skip", "warn"  # warn: passed, with something to act on soon
 T = TypeVar("T")
 
 
@@ -221,7 +221,12 @@ class VerifyPlugin:
         if report.when == "call" or (report.when == "setup" and not report.passed):
             host, check = _host_and_check(report.nodeid)
             outcome = PASS if report.passed else SKIP if report.skipped else FAIL
-            self.results.append(CheckResult(host, check, outcome, "" if report.passed else _detail(report)))
+            detail = _detail(report) if not report.passed else ""
+            if report.passed:  # a check says more through record_property("warn" | "note", text)
+                said = dict(report.user_properties)
+                outcome = WARN if WARN in said else PASS
+                detail = str(said.get(WARN) or said.get("note") or "")
+            self.results.append(CheckResult(host, check, outcome, detail))
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -315,20 +320,26 @@ def print_results(run: VerifyRun) -> None:
     table.add_column("check")
     for h in hosts:
         table.add_column(h, justify="center")
-    style = {PASS: "[green]pass[/]", FAIL: "[bold red]FAIL[/]", SKIP: "[yellow]skip[/]"}
+    style = {
+        PASS: "[green]pass[/]",
+        FAIL: "[bold red]FAIL[/]",
+        SKIP: "[yellow]skip[/]",
+        WARN: "[magenta]warn[/]",
+    }
     for check in checks:
         table.add_row(
             check, *(style[cells[(check, h)].outcome] if (check, h) in cells else "" for h in hosts)
         )
     console.print(table)
-    for r in run.results:
-        if r.outcome == SKIP:
-            console.print(f"[yellow]skip[/] {r.host} {r.check}: {r.detail}", highlight=False)
-    for r in run.results:
-        if r.outcome == FAIL:
-            console.print(f"[bold red]FAIL[/] {r.host} {r.check}: {r.detail}", highlight=False)
-    totals = {k: sum(1 for r in run.results if r.outcome == k) for k in (PASS, FAIL, SKIP)}
-    console.print(f"{totals[PASS]} passed, {totals[FAIL]} failed, {totals[SKIP]} skipped", highlight=False)
+    for shown in (PASS, SKIP, WARN, FAIL):  # a pass's note (e.g. a certificate's expiry), skips, warnings
+        for r in run.results:
+            if r.outcome == shown and r.detail:
+                console.print(f"{style[shown]} {r.host} {r.check}: {r.detail}", highlight=False)
+    totals = {k: sum(1 for r in run.results if r.outcome == k) for k in (PASS, FAIL, SKIP, WARN)}
+    warned = f", {totals[WARN]} warned" if totals[WARN] else ""
+    console.print(
+        f"{totals[PASS]} passed, {totals[FAIL]} failed, {totals[SKIP]} skipped{warned}", highlight=False
+    )
 
 
 def remote_fact(target: Any, fact: Fact[T]) -> T:

@@ -12,6 +12,9 @@ KV_ENV_FILE = f"{CONFIG_DIR}/kv-transfer.env"
 # The CA of the gateway's certificate (the profile's gateway.tls.ca_file), on every host that calls a TLS
 # gateway: the gateway hosts (their health probe), the monitoring host (Prometheus, the controller)
 GATEWAY_CA_FILE = PROBE_CA_FILE
+# the gateway's own certificate (gateway.tls.cert_file, 0644) and key (0600), beside its policy
+GATEWAY_TLS_CERT_FILE = f"{CONFIG_DIR}/gateway/tls.crt"
+GATEWAY_TLS_KEY_FILE = f"{CONFIG_DIR}/gateway/tls.key"
 # A 70B model can take many minutes to load; vLLM answers /health only after.
 VLLM_START_TIMEOUT_S = 1800
 # Staged model weights: <id>/<revision>/ each (roles/weights), read-only to the service user.

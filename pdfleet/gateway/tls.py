@@ -82,14 +82,24 @@ def _read_cert(cert: Path, head: str) -> datetime:
         text = cert.read_text(encoding="ascii", errors="replace")
     except OSError as exc:
         raise ValidationError(f"{head}: cannot read the certificate: {exc.strerror}") from None
-    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
     try:
-        start = text.index(begin)
-        der = ssl.PEM_cert_to_DER_cert(text[start : text.index(end, start) + len(end)])
+        return pem_not_after(text)
+    except ValueError:
+        raise ValidationError(f"{head}: not a PEM certificate ({BEGIN})") from None
+
+
+BEGIN, END = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+
+
+def pem_not_after(text: str) -> datetime:
+    """The notAfter (UTC) of the first certificate in PEM text; ValueError when there is none."""
+    try:
+        start = text.index(BEGIN)
+        der = ssl.PEM_cert_to_DER_cert(text[start : text.index(END, start) + len(END)])
         ssl.create_default_context(cadata=der)  # OpenSSL parses it: a real X.509 certificate
         return not_after(der)
     except (ValueError, ssl.SSLError, IndexError, UnicodeDecodeError):
-        raise ValidationError(f"{head}: not a PEM certificate ({begin})") from None
+        raise ValueError("not a PEM certificate") from None
 
 
 def _load(ctx: ssl.SSLContext, spec: TlsSpec, base: Path, source: str, field: str = "listen.tls") -> datetime:

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from pdfleet.fleet.gateway_tls import TlsMaterial
-from pdfleet.fleet.host_layout import GATEWAY_CA_FILE, SERVICE_USER, UNIT_DIR
+from pdfleet.fleet.host_layout import (
+    GATEWAY_CA_FILE,
+    GATEWAY_TLS_CERT_FILE,
+    GATEWAY_TLS_KEY_FILE,
+    SERVICE_USER,
+    UNIT_DIR,
+)
 from pdfleet.fleet.live_stage import Staging, live_policy, model_stages, policy_stage, policy_version
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import (
@@ -49,8 +55,8 @@ APT_PACKAGES: tuple[str, ...] = ()
 CONFIG_DIR = "/etc/pdfleet/gateway"
 POLICY_FILE = f"{CONFIG_DIR}/policy.yaml"
 # the site's certificate and key (gateway.tls), pushed from the control machine; a change reloads
-TLS_CERT_FILE = f"{CONFIG_DIR}/tls.crt"
-TLS_KEY_FILE = f"{CONFIG_DIR}/tls.key"
+TLS_CERT_FILE = GATEWAY_TLS_CERT_FILE  # `invoke verify` reads its expiry there
+TLS_KEY_FILE = GATEWAY_TLS_KEY_FILE
 VENV = "/opt/pdfleet/gateway"
 GATEWAY_UNIT = "pdfleet-gateway.service"
 ROUTER_CONNECTORS = {NIXL: "nixl", MOONCAKE: "mooncake"}  # vllm-router --kv-connector
