@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import functools
 import hashlib
 import importlib.metadata
 import os
@@ -63,14 +64,21 @@ def _module_file(package_dir: Path, dotted: str) -> Path | None:
 
 def _imported_modules(source: Path) -> set[str]:
     """Every `pdfleet...` module a file imports (`from pdfleet.x import y` counts y when it is a module)."""
+    return set(_imports_in(source.read_text(encoding="utf-8"), str(source)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _imports_in(text: str, filename: str) -> frozenset[str]:
+    """The `pdfleet...` modules a source text imports: a pure function of the text, so parsed once per
+    process (every Deployment asks for the host version; the parse was most of its cost)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"), str(source))):
+    for node in ast.walk(ast.parse(text, filename)):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "pdfleet"}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "pdfleet":
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return found
+    return frozenset(found)
 
 
 def host_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:

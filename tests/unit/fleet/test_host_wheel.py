@@ -64,6 +64,12 @@ def test_an_edit_to_host_code_changes_the_host_version(tree: Path, edited: str) 
     assert after != before and after.startswith(before.split("+")[0] + "+h")
 
 
+def test_a_new_import_in_host_code_brings_its_module_in_the_same_process(tree: Path) -> None:
+    assert "fleet/topology.py" not in {p.relative_to(tree).as_posix() for p in host_files(tree)}
+    _append(tree / "tokens.py", "\nimport pdfleet.fleet.topology  # noqa\n")
+    assert "fleet/topology.py" in {p.relative_to(tree).as_posix() for p in host_files(tree)}
+
+
 def test_host_code_is_the_host_packages_and_what_they_import() -> None:
     files = {p.relative_to(PACKAGE_DIR).as_posix() for p in host_files()}
     assert {"gateway/cli.py", "sim/cli.py", "__init__.py", "errors.py", "tokens.py"} <= files
