@@ -1,4 +1,10 @@
-"""Invoke task modules, one per job; build_namespace() wires them into the Collection tasks.py exposes."""
+"""Invoke task modules, one per job; build_namespace() wires them into the Collection tasks.py exposes.
+
+Every `invoke` command imports every task module, for its tasks' signatures and help, so a task module
+imports at its top only what those need (invoke, the cli's own helpers, the constants its help shows); the
+machinery a task runs (the deployment, SSH, the bench, pytest...) is imported in the function that uses it,
+and type-only names under TYPE_CHECKING (tests/unit/cli/test_cli.py checks that loading the tasks stays
+cheap)."""
 
 from __future__ import annotations
 

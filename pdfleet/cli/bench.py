@@ -14,42 +14,25 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context, task
 from invoke.exceptions import Exit
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from pdfleet.bench.balancing import CHOICES, choice_notes, choice_rows
-from pdfleet.bench.compare import POOLS, BenchPlan, BenchResult, check_plan, run_compare
-from pdfleet.bench.fleet_targets import (
-    bench_model,
-    gateway_of,
-    metrics_sources,
-    pool_targets,
-    pools_of,
-    read_client_key,
-)
-from pdfleet.bench.report import (
-    HEADLINE,
-    SHORT,
-    headline_rows,
-    interference_note,
-    short_notes,
-    short_rows,
-    write_all,
-)
-from pdfleet.bench.stats import Bounds
-from pdfleet.bench.verdict import Thresholds, Verdict
 from pdfleet.bench.workloads import WORKLOADS, WorkloadSpec
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP as COMMON_HELP
 from pdfleet.cli.options import open_deployment
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.deployment import Deployment
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from rich.console import Console
+    from rich.table import Table
+
+    from pdfleet.bench.compare import BenchPlan, BenchResult
+    from pdfleet.bench.verdict import Thresholds, Verdict
+    from pdfleet.fleet.deployment import Deployment
 
 DEFAULT_RATE = 2.0
 DEFAULT_DURATION_S = 60.0
@@ -107,6 +90,11 @@ def _number(value: str | None, kind: type, option: str) -> Any:
 def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan:
     """The BenchPlan of the task's options and the benched model's SLOs, length threshold and the profile's
     time scale."""
+    from pdfleet.bench.compare import POOLS, BenchPlan, check_plan
+    from pdfleet.bench.fleet_targets import bench_model, pools_of
+    from pdfleet.bench.stats import Bounds
+    from pdfleet.bench.workloads import WorkloadSpec
+
     spec = bench_model(deployment.profile, opts.get("model"))
     profile = deployment.profile.for_model(spec)
     slo = profile.slo
@@ -204,12 +192,19 @@ def _whose(deployment: Deployment, model: str) -> str:
 
 def thresholds_of(deployment: Deployment, model: str | None = None) -> Thresholds:
     """The verdict's bounds from the benched model's slo."""
+    from pdfleet.bench.fleet_targets import bench_model
+    from pdfleet.bench.verdict import Thresholds
+
     slo = bench_model(deployment.profile, model).slo
     return Thresholds(slo.ttft_bound_ms, slo.tpot_bound_ms, slo.prefill_queue_p95_ms, slo.decode_queue_p95_ms)
 
 
 def short_table(doc: dict[str, Any]) -> Table:
     """Short streams beside long prefills per pool (what the guide talks about) as a rich table."""
+    from rich.table import Table
+
+    from pdfleet.bench.report import SHORT, short_rows
+
     table = Table(title="short streams beside long prefills" + (" (PARTIAL)" if doc["partial"] else ""))
     for column in SHORT:
         table.add_column(column, justify="left" if column == "pool" else "right")
@@ -220,6 +215,10 @@ def short_table(doc: dict[str, Any]) -> Table:
 
 def choice_table(doc: dict[str, Any]) -> Table:
     """--colocated-choice: the colocated pool per balancing choice as a rich table."""
+    from rich.table import Table
+
+    from pdfleet.bench.balancing import CHOICES, choice_rows
+
     table = Table(title="colocated balancing" + (" (PARTIAL)" if doc["partial"] else ""))
     for column in CHOICES:
         table.add_column(column, justify="left" if column == "colocated choice" else "right")
@@ -230,6 +229,10 @@ def choice_table(doc: dict[str, Any]) -> Table:
 
 def headline_table(doc: dict[str, Any]) -> Table:
     """The headline (TTFT P95, ITL P99, stalls per 100 streams, per class, per pool) as a rich table."""
+    from rich.table import Table
+
+    from pdfleet.bench.report import HEADLINE, headline_rows
+
     table = Table(title="bench: colocated vs P/D" + (" (PARTIAL)" if doc["partial"] else ""))
     for column in HEADLINE:
         table.add_column(column, justify="left" if column in ("pool", "class") else "right")
@@ -243,6 +246,11 @@ async def _run(
 ) -> BenchResult:
     """Run every pool of the benched model with a progress bar; SIGINT sets the stop event instead of
     killing the run."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from pdfleet.bench.compare import run_compare
+    from pdfleet.bench.fleet_targets import bench_model, gateway_of, metrics_sources, pool_targets
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)
@@ -291,6 +299,9 @@ def run_bench(
     ctx: Context, profile: str, inventory: str | None, opts: dict[str, Any], out: str | None, console: Console
 ) -> tuple[dict[str, Any], Verdict, Path]:
     """Load the deployment, run the bench, write every file; (results document, verdict, out dir)."""
+    from pdfleet.bench.fleet_targets import bench_model, read_client_key
+    from pdfleet.bench.report import write_all
+
     settings = Settings.of(ctx)
     deployment = open_deployment(ctx, profile, inventory)
     plan = plan_from_options(deployment, opts)
@@ -310,6 +321,11 @@ def run_bench(
 
 def print_outcome(doc: dict[str, Any], verdict: Verdict, out_dir: Path, console: Console) -> list[str]:
     """Headline table and verdict on stdout; the pools that were down (their errors) are returned."""
+    from rich.console import Console
+
+    from pdfleet.bench.balancing import choice_notes
+    from pdfleet.bench.report import interference_note, short_notes
+
     out = Console()
     if not out.is_terminal:  # a pipe or a file: no wrapping of the table's columns at 80 characters
         out = Console(width=160)
@@ -356,6 +372,8 @@ def bench(
     colocated_choice: str | None = None,
 ) -> None:
     """Send the same seeded workload through the gateway to each pool; results, report and the verdict."""
+    from rich.console import Console
+
     console = Console(stderr=True)
     opts = {
         "workload": workload,

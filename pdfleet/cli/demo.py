@@ -4,26 +4,30 @@ decoded beside a long prefill on their own instance, their stalls), the headline
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from invoke import Context, task
 from invoke.exceptions import Exit
-from rich.console import Console
-from rich.table import Table
 
 from pdfleet.cli.bench import print_outcome, run_bench
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.lab import LAB_INVENTORY, lab_progress, this_lab
 from pdfleet.cli.options import open_deployment, run_options
 from pdfleet.cli.settings import REPO_ROOT, Settings
-from pdfleet.fleet.provision import provision
-from pdfleet.fleet.status import UnitStatus, fleet_status
-from pdfleet.lab.control import up
-from pdfleet.ops.report import print_report
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from rich.console import Console
+    from rich.table import Table
+
+    from pdfleet.fleet.status import UnitStatus
 
 DEMO_PROFILE = "lab-cross"
 BENCH_SECONDS = 25  # per pool: with warm-up and drain, about a minute for both
 
 
 def _status_table(rows: list[UnitStatus]) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"units of profile {DEMO_PROFILE}")
     for column in ("host", "unit", "active", "enabled", "/health"):
         table.add_column(column, no_wrap=column in ("host", "unit"))
@@ -43,6 +47,13 @@ def _status_table(rows: list[UnitStatus]) -> Table:
 @user_errors
 def demo(ctx: Context, profile: str = DEMO_PROFILE, bench_seconds: int = BENCH_SECONDS) -> None:
     """Bring the lab up, provision it with a P/D profile, show every unit's state, then bench both pools."""
+    from rich.console import Console
+
+    from pdfleet.fleet.provision import provision
+    from pdfleet.fleet.status import fleet_status
+    from pdfleet.lab.control import up
+    from pdfleet.ops.report import print_report
+
     console = Console(stderr=True)
     up(this_lab(), lab_progress(console))
     progress = lambda msg: console.print(msg, highlight=False)  # noqa: E731 - a one-line callback

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from invoke import Context, task
@@ -20,12 +20,11 @@ from pdfleet.cli.exits import user_errors
 from pdfleet.cli.monitor import number
 from pdfleet.cli.options import HELP as COMMON_HELP
 from pdfleet.cli.settings import repo_path
-from pdfleet.doctor.client import check_client
-from pdfleet.doctor.finding import Finding, has_error
-from pdfleet.doctor.probe import ScriptCall
-from pdfleet.doctor.report import format_table, to_json
 from pdfleet.errors import ConnectError, ValidationError
-from pdfleet.lab.network import lab_route_problem
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from pdfleet.doctor.finding import Finding
+    from pdfleet.doctor.probe import ScriptCall
 
 MAX_BODY_BYTES = 1 << 20
 DEFAULT_WINDOW_MIN = 10.0
@@ -98,6 +97,9 @@ def doctor(
 
 def _finish(findings: list[Finding], view: str, target: str, as_json: bool) -> None:
     """Print the table or the JSON; exit 1 when a finding is an error."""
+    from pdfleet.doctor.finding import has_error
+    from pdfleet.doctor.report import format_table, to_json
+
     if as_json:
         print(to_json(findings, view, target))
     else:
@@ -117,6 +119,9 @@ def _client(
     timeout: float,
 ) -> tuple[list[Finding], str]:
     """Check the client options, then probe and diagnose."""
+    from pdfleet.doctor.client import check_client
+    from pdfleet.lab.network import lab_route_problem
+
     environ = dict(os.environ)
     url = base_url or (environ.get("ANTHROPIC_BASE_URL") if anthropic else None)
     if not url:
@@ -192,6 +197,8 @@ def client_key(api_key_env: str | None, anthropic: bool, environ: dict[str, str]
 
 def script_call(endpoint: str | None, body: str | None, stream: bool) -> ScriptCall:
     """The script's request from --endpoint, --body and --stream (all checked)."""
+    from pdfleet.doctor.probe import ScriptCall
+
     if body is None or endpoint is None:
         raise ValidationError(
             "--endpoint and --body go together: the path the script posts to and the JSON "

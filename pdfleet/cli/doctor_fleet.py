@@ -7,28 +7,31 @@ import contextlib
 import functools
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from invoke import Context
 
-from pdfleet.bench.fleet_targets import direct_targets
 from pdfleet.cli.options import open_deployment
 from pdfleet.cli.settings import Settings
-from pdfleet.doctor.finding import Finding
-from pdfleet.doctor.fleet import Metrics, diagnose_fleet, gather_fleet
 from pdfleet.errors import ConnectError
-from pdfleet.fleet.topology import Topology
-from pdfleet.lab.network import lab_route_problem
-from pdfleet.metrics.direct import DirectScrape
-from pdfleet.metrics.prometheus import PrometheusClient
-from pdfleet.metrics.source import MetricsError, MetricsSource
-from pdfleet.model.inventory import Host
-from pdfleet.ops.ssh import Transport, open_connection
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from pdfleet.doctor.finding import Finding
+    from pdfleet.doctor.fleet import Metrics
+    from pdfleet.fleet.topology import Topology
+    from pdfleet.metrics.source import MetricsSource
+    from pdfleet.model.inventory import Host
+    from pdfleet.ops.ssh import Transport
 
 
 def fleet_findings(
     ctx: Context, profile: str, inventory: str | None, window_s: float, sample_s: float, timeout: float
 ) -> tuple[list[Finding], str]:
     """Load the deployment (bad profile or inventory: a clear error), gather, diagnose."""
+    from pdfleet.doctor.fleet import diagnose_fleet, gather_fleet
+    from pdfleet.lab.network import lab_route_problem
+    from pdfleet.ops.ssh import open_connection
+
     settings = Settings.of(ctx)
     deployment = open_deployment(ctx, profile, inventory, manifests=True)
     inv, topo = deployment.inventory, deployment.topology
@@ -50,6 +53,11 @@ def fleet_metrics(
 ) -> tuple[MetricsSource, str, float]:
     """(source, what it is, window): the topology's Prometheus when it answers (figures over window_s),
     else two direct scrapes of the vLLM endpoints sample_s apart."""
+    from pdfleet.bench.fleet_targets import direct_targets
+    from pdfleet.metrics.direct import DirectScrape
+    from pdfleet.metrics.prometheus import PrometheusClient
+    from pdfleet.metrics.source import MetricsError
+
     if topology.prometheus is not None:
         prom = PrometheusClient(topology.prometheus.url, timeout=timeout)
         if prom.ready():

@@ -13,27 +13,22 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from invoke import Collection, Context, task
 from invoke.exceptions import Exit
-from rich.console import Console
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.monitor import number
 from pdfleet.cli.options import HELP, open_deployment, run_options
 from pdfleet.errors import PdfleetError, ValidationError
-from pdfleet.fleet import named_keys
-from pdfleet.fleet.deployment import Deployment
-from pdfleet.fleet.provision import provision as run_provision
-from pdfleet.gateway.keys import KeyEntry, hash_key
-from pdfleet.lab.network import lab_route_problem
-from pdfleet.model.limits import KeyLimits
-from pdfleet.ops.report import print_report
-from pdfleet.rollout.config import GatewayTarget, read_admin_key
-from pdfleet.rollout.gateways import GatewayClient
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from pdfleet.fleet.deployment import Deployment
+    from pdfleet.gateway.keys import KeyEntry
+    from pdfleet.model.limits import KeyLimits
 
 BASE = {
     "profile": HELP["profile"],
@@ -49,6 +44,11 @@ def _keys_dir(deployment: Deployment) -> Path:
 
 def _apply(ctx: Context, profile: str, inventory: str | None, deployment: Deployment) -> None:
     """Provision the gateway role on every gateway host: their keys file rewritten, the gateway reloaded."""
+    from rich.console import Console
+
+    from pdfleet.fleet.provision import provision as run_provision
+    from pdfleet.ops.report import print_report
+
     hosts = ",".join(g.host for g in deployment.topology.gateways)
     if not hosts:
         print("the inventory has no gateway host: nothing to apply")
@@ -78,6 +78,8 @@ def _limits(
     models: str | None, rps: str | None, burst: str | None, concurrent: str | None
 ) -> KeyLimits | None:
     """A key's limits from the options (None: no limit of its own), checked as the gateway checks them."""
+    from pdfleet.model.limits import KeyLimits
+
     given: dict[str, Any] = {}
     if models:
         given["models"] = [m.strip() for m in models.split(",") if m.strip()]
@@ -136,6 +138,9 @@ def add(
     apply: bool = True,
 ) -> None:
     """Add a named client key (its key in a new 0600 file), then reload it onto every gateway."""
+    from pdfleet.fleet import named_keys
+    from pdfleet.gateway.keys import hash_key
+
     deployment = open_deployment(ctx, profile, inventory)
     limits = _limits(models, requests_per_second, burst, concurrent)
     check_models(limits, _aliases(deployment))
@@ -171,6 +176,9 @@ def rotate(
     apply: bool = True,
 ) -> None:
     """Give a named key a new key (its file rewritten); the old one works for the grace period, then not."""
+    from pdfleet.fleet import named_keys
+    from pdfleet.gateway.keys import hash_key
+
     deployment = open_deployment(ctx, profile, inventory)
     grace = timedelta(minutes=number("--grace-minutes", grace_minutes, most=60 * 24 * 365.0))
     keys_dir = _keys_dir(deployment)
@@ -189,6 +197,8 @@ def rotate(
 def revoke(ctx: Context, profile: str, name: str, inventory: str | None = None, apply: bool = True) -> None:
     """Remove a named key (every key of its rotation, and its file); the gateways answer 401 after the
     reload."""
+    from pdfleet.fleet import named_keys
+
     deployment = open_deployment(ctx, profile, inventory)
     keys_dir = _keys_dir(deployment)
     named_keys.write_registry(keys_dir, named_keys.revoked(named_keys.read_registry(keys_dir), name))
@@ -200,6 +210,10 @@ def revoke(ctx: Context, profile: str, name: str, inventory: str | None = None, 
 
 def _last_used(deployment: Deployment) -> tuple[dict[str, float], list[str]]:
     """Each key name's latest use over the gateways, and a line per gateway that did not say."""
+    from pdfleet.lab.network import lab_route_problem
+    from pdfleet.rollout.config import GatewayTarget, read_admin_key
+    from pdfleet.rollout.gateways import GatewayClient
+
     gateways = deployment.topology.gateways
     problem = lab_route_problem([urlparse(g.admin_url).hostname or "" for g in gateways])
     if problem:
@@ -220,6 +234,8 @@ def _last_used(deployment: Deployment) -> tuple[dict[str, float], list[str]]:
 
 def rows(entries: tuple[KeyEntry, ...], used: dict[str, float], now: datetime) -> list[list[str]]:
     """keys.list's rows: name, created, status, models, last used (never a key or hash)."""
+    from pdfleet.fleet import named_keys
+
     out = []
     for e in entries:
         newest = named_keys.current(entries, e.name) is e
@@ -246,6 +262,8 @@ def rows(entries: tuple[KeyEntry, ...], used: dict[str, float], now: datetime) -
 @user_errors
 def list_(ctx: Context, profile: str, inventory: str | None = None, offline: bool = False) -> None:
     """The named keys: name, created, active/grace/expired, models, last used on the gateways; never a key."""
+    from pdfleet.fleet import named_keys
+
     deployment = open_deployment(ctx, profile, inventory)
     entries = named_keys.read_registry(_keys_dir(deployment))
     used, notes = ({}, ["--offline: last use not asked"]) if offline else _last_used(deployment)

@@ -6,22 +6,20 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke import Context, task
 from invoke.exceptions import Exit
-from rich.console import Console
-from rich.table import Table
 
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import open_deployment
 from pdfleet.cli.settings import REPO_ROOT
 from pdfleet.errors import PdfleetError
-from pdfleet.fleet.roles import apt_packages
-from pdfleet.lab.control import Lab, build, down, find_host, status, up
-from pdfleet.lab.paths import LOGIN_USER, LabPaths
-from pdfleet.lab.state import LabState
-from pdfleet.lab.system import preflight
-from roles import REGISTRY
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from rich.console import Console
+
+    from pdfleet.lab.control import Lab
 
 LAB_INVENTORY = "inventory/lab.yml"
 
@@ -36,6 +34,12 @@ def this_lab(inventory: str | None = None) -> Lab:
     """The lab of this clone: fixed state root, a mirror carrying every role's apt packages, and its
     inventory: the one given, else the one lab.up last booted, else inventory/lab.yml (never the
     invoke.yaml default)."""
+    from pdfleet.fleet.roles import apt_packages
+    from pdfleet.lab.control import Lab
+    from pdfleet.lab.paths import LabPaths
+    from pdfleet.lab.state import LabState
+    from roles import REGISTRY
+
     paths = LabPaths()
     default = REPO_ROOT / LAB_INVENTORY
     if inventory:
@@ -58,6 +62,10 @@ def lab_progress(console: Console) -> Callable[[str], None]:
 @user_errors
 def up_task(c: Context, inventory: str | None = None) -> None:
     """Bring the lab up: image, mirrors, bridge, the inventory's hosts (others stopped); waits for SSH."""
+    from rich.console import Console
+
+    from pdfleet.lab.control import up
+
     console = Console(stderr=True)
     result = up(this_lab(inventory or str(REPO_ROOT / LAB_INVENTORY)), lab_progress(console))
     console.print(
@@ -77,6 +85,10 @@ def _say_unavailable(console: Console, packages: tuple[str, ...]) -> None:
 @user_errors
 def build_task(c: Context) -> None:
     """Build or refresh the lab's image and mirrors, booting nothing (lab.up's first, longest step)."""
+    from rich.console import Console
+
+    from pdfleet.lab.control import build
+
     console = Console(stderr=True)
     result = build(this_lab(str(REPO_ROOT / LAB_INVENTORY)), lab_progress(console))
     console.print(f"lab image and mirrors ready in {result.seconds:.0f} s; host wheel {result.host_version}")
@@ -87,6 +99,10 @@ def build_task(c: Context) -> None:
 @user_errors
 def down_task(c: Context, purge: bool = False) -> None:
     """Remove the lab's containers, mounts, mirror servers and bridge (safe to run twice)."""
+    from rich.console import Console
+
+    from pdfleet.lab.control import down
+
     console = Console(stderr=True)
     down(this_lab(), purge=purge, progress=lab_progress(console))
     console.print("lab down")
@@ -96,6 +112,11 @@ def down_task(c: Context, purge: bool = False) -> None:
 @user_errors
 def status_task(c: Context, inventory: str | None = None) -> None:
     """Show each lab host (running, address, SSH) and the mirrors; exits 1 unless all are healthy."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pdfleet.lab.control import status
+
     report = status(this_lab(inventory))
     console = Console()
     table = Table(title=f"pdfleet lab (bridge {'up' if report.bridge else 'absent'})")
@@ -124,6 +145,10 @@ def _yes(value: bool) -> str:
 @user_errors
 def ssh_task(c: Context, host: str, command: str = "") -> None:
     """Log in to a lab host as the lab user, with strict host-key checking."""
+    from pdfleet.lab.control import find_host
+    from pdfleet.lab.paths import LOGIN_USER
+    from pdfleet.lab.system import preflight
+
     lab = this_lab()
     target = find_host(lab, host)
     preflight(("ssh",))

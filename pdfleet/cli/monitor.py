@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from invoke import Context, task
@@ -13,12 +14,10 @@ from invoke import Context, task
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP, open_deployment
 from pdfleet.errors import ConnectError, ValidationError
-from pdfleet.lab.network import lab_route_problem
-from pdfleet.metrics.prometheus import PrometheusClient
-from pdfleet.model.profile import Profile
-from pdfleet.model.served import ServedModel
-from pdfleet.monitoring.chain_table import format_table, model_labels, of_model, prometheus_url, read_chain
-from pdfleet.monitoring.firing import alertmanager_url, firing_section
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from pdfleet.model.profile import Profile
+    from pdfleet.model.served import ServedModel
 
 MIN_INTERVAL_S = 1.0
 MAX_MINUTES = 366 * 24 * 60.0  # a year: far past any retention; a larger one overflowed a timestamp
@@ -53,6 +52,17 @@ def monitor(
 ) -> None:
     """Show TTFT, queue, prefill, KV transfer, decode, TPOT, ITL, stalls per model, pool and class, and
     the alerts firing."""
+    from pdfleet.lab.network import lab_route_problem
+    from pdfleet.metrics.prometheus import PrometheusClient
+    from pdfleet.monitoring.chain_table import (
+        format_table,
+        model_labels,
+        of_model,
+        prometheus_url,
+        read_chain,
+    )
+    from pdfleet.monitoring.firing import alertmanager_url, firing_section
+
     span = number("--minutes", minutes, most=MAX_MINUTES)
     every = number("--interval", interval)
     if every < MIN_INTERVAL_S:

@@ -5,21 +5,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from invoke import Context
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.settings import Settings, repo_path
-from pdfleet.fleet.alert_secrets import read_alert_secrets
-from pdfleet.fleet.deployment import Deployment, DeploymentRequest, Secrets, load_deployment
-from pdfleet.fleet.host_wheel import cached_host_wheel
-from pdfleet.fleet.live_layout import HostPools, layout_file, read_layout
-from pdfleet.fleet.roles import select_roles
-from pdfleet.fleet.secrets import gateway_secrets, review_secrets
-from pdfleet.fleet.weights import load_manifests, load_tokens
-from pdfleet.ops.runner import RunOptions
-from roles import REGISTRY
+
+if TYPE_CHECKING:  # the fleet's machinery is imported when a task runs, not when invoke lists the tasks
+    from pdfleet.fleet.deployment import Deployment, Secrets
+    from pdfleet.fleet.live_layout import HostPools
+    from pdfleet.ops.runner import RunOptions
 
 HELP = {
     "profile": "Profile name from profiles/ (see `invoke profiles`) or a path to a profile YAML file.",
@@ -30,11 +26,17 @@ HELP = {
 
 
 Keys = Literal["none", "provision", "review"]
-KEYS: dict[Keys, Secrets | None] = {
-    "none": None,  # the command installs nothing: no key is read
-    "provision": gateway_secrets,  # read, generated when missing (only their hashes reach hosts)
-    "review": review_secrets,  # read, never generated: placeholders stand for missing ones (render)
-}
+
+
+def _secrets(keys: Keys) -> Secrets | None:
+    """How a task reads the gateway's keys."""
+    from pdfleet.fleet.secrets import gateway_secrets, review_secrets
+
+    return {
+        "none": None,  # the command installs nothing: no key is read
+        "provision": gateway_secrets,  # read, generated when missing (only their hashes reach hosts)
+        "review": review_secrets,  # read, never generated: placeholders stand for missing ones (render)
+    }[keys]
 
 
 def open_deployment(
@@ -59,6 +61,14 @@ def open_deployment(
     groups as the live layout left them (`invoke rebalance`) unless `layout_from_inventory`, or as `layout`
     gives them (the layouts a move goes through: `invoke rebalance`'s steps). Everything is validated
     first."""
+    from pdfleet.fleet.alert_secrets import read_alert_secrets
+    from pdfleet.fleet.deployment import DeploymentRequest, load_deployment
+    from pdfleet.fleet.host_wheel import cached_host_wheel
+    from pdfleet.fleet.live_layout import read_layout
+    from pdfleet.fleet.roles import select_roles
+    from pdfleet.fleet.weights import load_manifests, load_tokens
+    from roles import REGISTRY
+
     settings = Settings.of(ctx)
     inventory_path = repo_path(inventory) if inventory else settings.inventory
     state = live_layout_file(ctx, profile or "", inventory)
@@ -75,7 +85,7 @@ def open_deployment(
         lab_network=lab_site.LAB_NETWORK,
         limit=limit,
         stage=stage,
-        secrets=KEYS[keys],
+        secrets=_secrets(keys),
         host_wheel=None if wheel is None else functools.partial(cached_host_wheel, progress=wheel),
         manifests=load_manifests if manifests else None,
         hub_tokens=load_tokens if manifests else None,
@@ -91,6 +101,8 @@ def open_deployment(
 def live_layout_file(ctx: Context, profile: str, inventory: str | None) -> Path:
     """The state file of the live layout of a profile on an inventory (fleet.live_layout), under
     pdfleet.output_dir."""
+    from pdfleet.fleet.live_layout import layout_file
+
     settings = Settings.of(ctx)
     return layout_file(
         settings.output_dir, repo_path(inventory) if inventory else settings.inventory, profile
@@ -112,6 +124,8 @@ def run_options(
     ctx: Context, check: bool = False, serial: int = 0, json: str | None = None, reboot: bool = False
 ) -> RunOptions:
     """Runner options from task flags and invoke.yaml."""
+    from pdfleet.ops.runner import RunOptions
+
     settings = Settings.of(ctx)
     return RunOptions(
         check=check,

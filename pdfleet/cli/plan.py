@@ -11,15 +11,10 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Context, task
-from rich.console import Console
-from rich.table import Table
 
-from pdfleet.bench.compare import MAX_DURATION_S, BenchPlan
-from pdfleet.bench.fleet_targets import bench_model
-from pdfleet.bench.stats import Bounds
 from pdfleet.bench.workloads import WORKLOADS
 from pdfleet.cli.bench import plan_from_options
 from pdfleet.cli.exits import user_errors
@@ -27,16 +22,17 @@ from pdfleet.cli.options import HELP as COMMON_HELP
 from pdfleet.cli.options import open_deployment
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.deployment import Deployment
-from pdfleet.model import catalog
-from pdfleet.model.profile import SloSpec
-from pdfleet.plan.decide import Decision, Targets, choose
-from pdfleet.plan.diff import Current, inventory_changes, profile_changes
-from pdfleet.plan.predict import Request
-from pdfleet.plan.report import RANKED, document, ranked_rows, write
-from pdfleet.plan.run import default_workers, predict_all
-from pdfleet.plan.space import THRESHOLDS, TP_SIZES, Hardware, PoolShape, search_space
-from pdfleet.plan.traffic import load_of, prefix_warning, requests_of, requests_of_trace
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from rich.console import Console
+
+    from pdfleet.bench.compare import BenchPlan
+    from pdfleet.fleet.deployment import Deployment
+    from pdfleet.model.profile import SloSpec
+    from pdfleet.plan.decide import Decision, Targets
+    from pdfleet.plan.diff import Current
+    from pdfleet.plan.predict import Request
+    from pdfleet.plan.space import Hardware, PoolShape
 
 DEFAULT_DURATION_S = 600.0  # ten minutes of traffic per layout (the issue's speed target)
 MAX_GPUS = 64
@@ -66,6 +62,8 @@ HELP = {
 
 def _slo(base: SloSpec, text: str | None) -> SloSpec:
     """The profile's slo with --slo's KEY=MS overrides, validated as a profile's slo is."""
+    from pdfleet.model.profile import SloSpec
+
     if not text:
         return base
     updates: dict[str, Any] = {}
@@ -84,6 +82,8 @@ def _slo(base: SloSpec, text: str | None) -> SloSpec:
 
 def targets_of(slo: SloSpec) -> Targets:
     """What a layout must meet: the verdict's P95 bounds and queue thresholds, the P99s, attainment."""
+    from pdfleet.plan.decide import Targets
+
     return Targets(
         slo.ttft_bound_ms,
         slo.tpot_bound_ms,
@@ -97,6 +97,10 @@ def targets_of(slo: SloSpec) -> Targets:
 
 def hardware_of(deployment: Deployment, model: str | None) -> Hardware:
     """The GPU kind, model, KV link and memory settings the profile's pools run with."""
+    from pdfleet.bench.fleet_targets import bench_model
+    from pdfleet.model import catalog
+    from pdfleet.plan.space import Hardware
+
     spec = bench_model(deployment.profile, model)
     sim = deployment.profile.vllm.sim
     pool = next((spec.pools.get(p) for p, _ in spec.pools.items() if p in ("colocated", "decode")), None)
@@ -114,6 +118,10 @@ def hardware_of(deployment: Deployment, model: str | None) -> Hardware:
 
 def current_of(deployment: Deployment, model: str | None) -> Current:
     """Today's pools (instances from the inventory, TP and budget from the profile), threshold, stage."""
+    from pdfleet.bench.fleet_targets import bench_model
+    from pdfleet.plan.diff import Current
+    from pdfleet.plan.space import PoolShape
+
     spec = bench_model(deployment.profile, model)
     pools: dict[str, PoolShape | None] = {}
     for name in ("prefill", "decode", "colocated"):
@@ -126,6 +134,8 @@ def current_of(deployment: Deployment, model: str | None) -> Current:
 
 def _tps(deployment: Deployment, given: str | None) -> tuple[int, ...]:
     """TP sizes to try: up to --gpus-per-host, else the most GPUs an inventory host lists (8 if none)."""
+    from pdfleet.plan.space import TP_SIZES
+
     if given is not None:
         most = _int(given, "gpus-per-host", 1, 64)
     else:
@@ -162,6 +172,9 @@ def _bench_plan(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan:
 
 def _traffic(deployment: Deployment, opts: dict[str, Any]) -> tuple[list[Request], dict[str, Any], list[str]]:
     """The requests (bench's for the workload options, or the --trace file's), what they are, warnings."""
+    from pdfleet.bench.compare import MAX_DURATION_S
+    from pdfleet.plan.traffic import prefix_warning, requests_of, requests_of_trace
+
     trace = opts["trace"]
     if trace is None:
         bench = _bench_plan(deployment, opts["bench"])
@@ -185,6 +198,15 @@ def run_plan(
     ctx: Context, profile: str, opts: dict[str, Any], console: Console
 ) -> tuple[dict[str, Any], Decision]:
     """Search, predict, decide; (the plan document, the decision)."""
+    from pdfleet.bench.fleet_targets import bench_model
+    from pdfleet.bench.stats import Bounds
+    from pdfleet.plan.decide import choose
+    from pdfleet.plan.diff import inventory_changes, profile_changes
+    from pdfleet.plan.report import document
+    from pdfleet.plan.run import default_workers, predict_all
+    from pdfleet.plan.space import THRESHOLDS, search_space
+    from pdfleet.plan.traffic import load_of
+
     deployment = open_deployment(ctx, profile, opts["inventory"])
     gpus = _int(opts["gpus"], "gpus", 2, MAX_GPUS) if opts["gpus"] is not None else None
     if gpus is None:
@@ -257,6 +279,10 @@ def plan(
     out: str | None = None,
 ) -> None:
     """Predict every layout of N GPUs for this traffic; ranked table, recommendation, diff, report."""
+    from rich.console import Console
+
+    from pdfleet.plan.report import write
+
     console = Console(stderr=True)
     if trace is not None and workload != "long-prompt-mix":
         raise ValidationError("give --workload W or --trace FILE, not both")
@@ -297,6 +323,11 @@ def plan(
 
 def print_outcome(doc: dict[str, Any]) -> None:
     """The top of the ranked table, the recommendation, why and the diff on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pdfleet.plan.report import RANKED, ranked_rows
+
     out = Console() if Console().is_terminal else Console(width=200)
     table = Table(title=f"plan: {doc['gpus']} x {doc['hardware']['gpu']} ({doc['requests']} requests)")
     for column in RANKED:

@@ -10,8 +10,6 @@ from invoke.exceptions import Exit
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ValidationError
-from pdfleet.model.inventory import load_inventory
-from pdfleet.model.survey import survey_profiles
 
 
 @task(
@@ -27,6 +25,9 @@ def profiles(
     ctx: Context, profiles_dir: str | None = None, inventory: str | None = None, profile: str | None = None
 ) -> None:
     """List profiles with topology/engine/connector and whether each validates; non-zero exit if any fails."""
+    from pdfleet.model.inventory import load_inventory
+    from pdfleet.model.survey import survey_profiles
+
     settings = Settings.of(ctx)
     directory = _shown(repo_path(profiles_dir) if profiles_dir else settings.profiles_dir)
     if not directory.is_dir():

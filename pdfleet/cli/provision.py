@@ -6,15 +6,11 @@ from pathlib import Path
 
 from invoke import Context, task
 from invoke.exceptions import Exit
-from rich.console import Console
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP, live_layout_file, open_deployment, run_options
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.live_layout import record
-from pdfleet.fleet.provision import provision as run_provision
-from pdfleet.ops.report import print_report
 
 
 @task(
@@ -51,6 +47,11 @@ def provision(
     layout_from_inventory: bool = False,
 ) -> None:
     """Converge hosts to the profile: packages, venv, env files, units; 0 changes when converged."""
+    from rich.console import Console
+
+    from pdfleet.fleet.provision import provision as run_provision
+    from pdfleet.ops.report import print_report
+
     if serial < 0:
         raise ValidationError(f"--serial must be 0 (all at once) or a positive wave size, not {serial}")
     console = Console(stderr=True)
@@ -78,6 +79,8 @@ def provision(
 
 def reset_layout(state: Path) -> None:
     """Remove the live layout (the inventory's layout is now the fleet's), recorded in its audit log."""
+    from pdfleet.fleet.live_layout import record
+
     if state.exists():
         state.unlink()
         record(state, {"event": "reset", "reason": "invoke provision --layout-from-inventory"})

@@ -16,33 +16,23 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from invoke import Context, task
-from rich.console import Console
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP, layout_note, live_layout_file, open_deployment, run_options
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.deployment import Deployment
-from pdfleet.fleet.live_layout import record, write_layout
-from pdfleet.fleet.mover import (
-    DEFAULT_WAIT_S,
-    Layout,
-    MovePlan,
-    in_flight,
-    keeps_live_layout,
-    layout_of,
-    plan_move,
-)
-from pdfleet.fleet.moving import Front, MoveFailed, execute
-from pdfleet.fleet.provision import provision as run_provision
-from pdfleet.fleet.topology import Instance
-from pdfleet.metrics.scrape import scrape_metrics
+from pdfleet.fleet.mover import DEFAULT_WAIT_S
 from pdfleet.model.specs import POOL_NAMES
-from pdfleet.ops.ssh import open_connection
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from pdfleet.fleet.deployment import Deployment
+    from pdfleet.fleet.mover import Layout, MovePlan
+    from pdfleet.fleet.topology import Instance
 
 HTTP_TIMEOUT_S = 5.0
 DEFAULT_REASON = "by hand (invoke rebalance)"
@@ -74,6 +64,9 @@ def rebalance(
     dry_run: bool = False,
 ) -> None:
     """Move a host between the colocated, prefill and decode pools (--dry-run: plan it, change nothing)."""
+    from pdfleet.fleet.live_layout import record
+    from pdfleet.fleet.mover import MovePlan, layout_of, plan_move
+
     if wait <= 0:
         raise ValidationError(f"--wait must be a positive number of seconds, not {wait}")
     if not reason.strip():
@@ -108,6 +101,10 @@ def move(
     reason: str,
 ) -> None:
     """The live move: the executor's steps on the fleet, the outcome in the audit log either way."""
+    from pdfleet.fleet.live_layout import record
+    from pdfleet.fleet.mover import layout_of
+    from pdfleet.fleet.moving import Front, MoveFailed, execute
+
     state = live_layout_file(ctx, profile, inventory)
     initial = open_deployment(ctx, profile, inventory, layout_from_inventory=True)
     fleet = TaskFleet(
@@ -134,12 +131,17 @@ class TaskFleet:
     def __init__(
         self, ctx: Context, profile: str, inventory: str | None, before: Layout, initial: Layout
     ) -> None:
+        from rich.console import Console
+
         self.ctx, self.profile, self.inventory = ctx, profile, inventory
         self.before, self.initial = before, initial
         self.console = Console(stderr=True)
         self.state = live_layout_file(ctx, profile, inventory)
 
     def converge(self, layout: Layout, hosts: Sequence[str], roles: str | None) -> None:
+        from pdfleet.fleet.moving import MoveFailed
+        from pdfleet.fleet.provision import provision as run_provision
+
         deployment = open_deployment(
             self.ctx,
             self.profile,
@@ -168,6 +170,9 @@ class TaskFleet:
         return next(i for i in self._where(host, pool).topology.on_host(host) if i.pool == pool)
 
     def unroute(self, host: str, pool: str) -> None:
+        from pdfleet.fleet.moving import MoveFailed
+        from pdfleet.ops.ssh import open_connection
+
         deployment = self._where(host, pool)
         inst = next(i for i in deployment.topology.on_host(host) if i.pool == pool)
         settings = Settings.of(self.ctx)
@@ -192,6 +197,9 @@ class TaskFleet:
             self.say(f"      {router.host}: vllm-router no longer selects {inst.url}")
 
     def in_flight(self, host: str, pool: str) -> int | None:
+        from pdfleet.fleet.mover import in_flight
+        from pdfleet.metrics.scrape import scrape_metrics
+
         try:
             return in_flight(scrape_metrics(self._instance(host, pool).url))
         except (OSError, ValueError):
@@ -205,6 +213,9 @@ class TaskFleet:
             return False
 
     def keep(self, layout: Layout) -> None:
+        from pdfleet.fleet.live_layout import write_layout
+        from pdfleet.fleet.mover import keeps_live_layout
+
         if keeps_live_layout(layout, self.initial):
             write_layout(self.state, self.profile, self.inventory_path, layout.hosts)
             self.say(f"      live layout kept in {self.state}")
@@ -240,4 +251,6 @@ def describe(plan: MovePlan, deployment: Deployment) -> list[str]:
 
 def _pools(layout: Layout) -> dict[str, list[str]]:
     """Each pool the layout has and its hosts, in prefill, decode, colocated order."""
+    from pdfleet.model.specs import POOL_NAMES
+
     return {pool: layout.members(pool) for pool in POOL_NAMES if pool in layout.pool_gpus}

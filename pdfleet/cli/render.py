@@ -11,8 +11,6 @@ from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP, layout_note, open_deployment
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.provision import render_fleet
-from pdfleet.fleet.render import write_tree
 
 
 @task(
@@ -29,6 +27,9 @@ def render(
     ctx: Context, profile: str, inventory: str | None = None, out: str | None = None, limit: str | None = None
 ) -> None:
     """Render units, env files and configs per host into a directory to review or diff."""
+    from pdfleet.fleet.provision import render_fleet
+    from pdfleet.fleet.render import write_tree
+
     dest = out_dir(repo_path(out) if out else Settings.of(ctx).output_dir / "render")
     deployment = open_deployment(ctx, profile, inventory, limit=limit, keys="review")
     hosts = deployment.hosts

@@ -11,7 +11,7 @@ import json
 import shlex
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Collection, Context, task
 
@@ -20,12 +20,10 @@ from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP, open_deployment
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ConnectError, PdfleetError, ValidationError
-from pdfleet.fleet.deployment import Deployment
-from pdfleet.fleet.host_layout import SERVICE_USER
-from pdfleet.fleet.topology import Controller, controller_of
-from pdfleet.gateway.decider import reason_mix_text
-from pdfleet.model.inventory import load_inventory
-from pdfleet.ops.ssh import open_connection
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from pdfleet.fleet.deployment import Deployment
+    from pdfleet.fleet.topology import Controller
 
 WATCH_EVERY_S = 1.0
 ENDED = ("succeeded", "degraded", "aborted", "idle")
@@ -50,6 +48,8 @@ Remote = Callable[[list[str]], str]
 
 def remote_argv(controller: Controller, args: list[str]) -> str:
     """The command line run on the monitoring host: pdfleet-rollout as the service user (sudo -n)."""
+    from pdfleet.fleet.host_layout import SERVICE_USER
+
     argv = ["sudo", "-n", "-u", SERVICE_USER, controller.bin, "--config", controller.config_file, *args]
     return " ".join(shlex.quote(a) for a in argv)
 
@@ -57,6 +57,10 @@ def remote_argv(controller: Controller, args: list[str]) -> str:
 def _remote(ctx: Context, profile: str | None, inventory: str | None) -> tuple[Deployment | None, Remote]:
     """The deployment (when a profile is given: checked against the inventory) and a runner of
     pdfleet-rollout commands on the inventory's monitoring host."""
+    from pdfleet.fleet.topology import controller_of
+    from pdfleet.model.inventory import load_inventory
+    from pdfleet.ops.ssh import open_connection
+
     settings = Settings.of(ctx)
     deployment = None if profile is None else open_deployment(ctx, profile, inventory)
     if deployment is None:  # no profile: the inventory alone says where the controller runs
@@ -122,6 +126,8 @@ def format_status(doc: dict[str, Any]) -> str:
 
 def reason_line(mix: dict[str, float] | str, window_s: float | None) -> str:
     """Why requests were (not) disaggregated over the gates' window: each decider reason's share."""
+    from pdfleet.gateway.decider import reason_mix_text
+
     span = f" over the last {window_s:g} s" if window_s else ""
     text = reason_mix_text(mix) if isinstance(mix, dict) else mix
     return f"decider reasons{span}: {text}"

@@ -16,25 +16,21 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from invoke import Collection, Context, task
-from rich.console import Console
-from rich.table import Table
 
-from pdfleet.bench.shadow_report import COLUMNS, as_dict, build_report, table_rows
 from pdfleet.cli.bench import thresholds_of
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.monitor import number
 from pdfleet.cli.options import HELP, open_deployment
 from pdfleet.errors import ConnectError, PdfleetError, ValidationError
-from pdfleet.fleet.deployment import Deployment
-from pdfleet.lab.network import lab_route_problem
-from pdfleet.metrics.prometheus import PrometheusClient
-from pdfleet.monitoring.chain_table import prometheus_url
-from pdfleet.rollout.config import GatewayTarget, read_admin_key
-from pdfleet.rollout.gateways import GatewayClient
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from pdfleet.fleet.deployment import Deployment
+    from pdfleet.rollout.config import GatewayTarget
+    from pdfleet.rollout.gateways import GatewayClient
 
 WATCH_EVERY_S = 2.0
 MAX_MINUTES = 7 * 24 * 60.0
@@ -45,6 +41,10 @@ BASE_HELP = {**GATEWAYS_HELP, "model": MODEL_HELP}
 
 def _gateways(deployment: Deployment) -> tuple[GatewayClient, list[GatewayTarget]]:
     """The admin client (the profile's admin key file) and every gateway's admin URL (the topology)."""
+    from pdfleet.lab.network import lab_route_problem
+    from pdfleet.rollout.config import GatewayTarget, read_admin_key
+    from pdfleet.rollout.gateways import GatewayClient
+
     gateways = deployment.topology.gateways
     if not gateways:
         raise ValidationError("the inventory has no gateway host: nothing to shadow")
@@ -155,6 +155,8 @@ def _stop_quietly(client: GatewayClient, targets: list[GatewayTarget]) -> None:
 
 def _follow(client: GatewayClient, targets: list[GatewayTarget]) -> None:
     """The live view until every gateway's run ended; Ctrl-C stops the run everywhere."""
+    from rich.console import Console
+
     console = Console()
     try:
         while True:
@@ -206,6 +208,14 @@ def report(
     as_json: bool = False,
 ) -> None:
     """Primary against shadow per class and length bin, stalls caused by long prefills, the verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from pdfleet.bench.shadow_report import COLUMNS, as_dict, build_report, table_rows
+    from pdfleet.lab.network import lab_route_problem
+    from pdfleet.metrics.prometheus import PrometheusClient
+    from pdfleet.monitoring.chain_table import prometheus_url
+
     span = number("--minutes", minutes, most=MAX_MINUTES)
     if span <= 0:
         raise ValidationError(f"--minutes: {minutes} must be more than 0")

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from invoke import Context, task
 from invoke.exceptions import Exit
 
-from pdfleet.checks.verify import VerifyOptions, print_results, run_verify
 from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP, open_deployment
 from pdfleet.cli.settings import Settings, repo_path
-from pdfleet.fleet.roles import ManagedUnit, role_units
-from pdfleet.model.inventory import Host
+
+if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
+    from pdfleet.fleet.roles import ManagedUnit
+    from pdfleet.model.inventory import Host
 
 
 @task(
@@ -38,6 +41,9 @@ def verify(
 ) -> None:
     """Check hosts against the profile over SSH: driver, RDMA, KV library, staged weights, units, ports,
     /health, secrets."""
+    from pdfleet.checks.verify import VerifyOptions, print_results, run_verify
+    from pdfleet.fleet.roles import role_units
+
     deployment = open_deployment(ctx, profile, inventory, limit=limit, keys="provision", manifests=True)
     hosts = deployment.hosts
     lab_site.require_routable(hosts)

@@ -6,7 +6,7 @@ from invoke import Context, task
 
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.settings import repo_path
-from pdfleet.fleet.host_wheel import DEFAULT_CACHE, cached_host_wheel, host_version, write_host_wheel
+from pdfleet.fleet.host_wheel import DEFAULT_CACHE
 
 
 @task(
@@ -18,6 +18,8 @@ from pdfleet.fleet.host_wheel import DEFAULT_CACHE, cached_host_wheel, host_vers
 @user_errors
 def wheel(ctx: Context, print_version: bool = False, out: str | None = None) -> None:
     """Build the host wheel of this tree; its version changes only when host code (gateway, sim) does."""
+    from pdfleet.fleet.host_wheel import cached_host_wheel, host_version, write_host_wheel
+
     if print_version:
         print(host_version())
         return
