@@ -2,8 +2,8 @@
 
 Every test under tests/lab is marked `lab` and skipped, with the reason, where the lab cannot run
 (not Linux, not root, a tool missing). Set PDFLEET_LAB_KEEP=1 to leave the lab up after the session.
-The tests of BESIDE_UNITS are also marked `beside_units`: `./dev test` runs them while the unit tests
-run, and the others after (two sessions, the first with PDFLEET_LAB_KEEP=1).
+The tests of STATES run first, the ones that measure latencies, rates and alert timings after them (see
+STATES). `./dev test` runs the unit tests beside this one session, at a lower CPU priority.
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ FIRST = (
 # healthy-fleet test reads `--minutes 1` and must find no tuning advice), and Molecule's other test, which
 # converges lab-cross with a broken template and provisions it back.
 LAST = ("test_lab_bench.py", "test_lab_molecule.py")
-# The tests that stay reliable with the unit tests busy on the same two cores (a key as in FIRST): they
-# check states, files and answers, not latencies, and wait on conditions rather than fixed windows. The
-# others measure latencies, rates or alert timings (bench, doctor's tuning rules and its healthy fleet view,
-# the KV alert, the rollout's gates) and run after the unit tests, with the machine otherwise idle.
-BESIDE_UNITS = (
+# The tests that check states, files and answers, not latencies, and wait on conditions rather than fixed
+# windows (a key as in FIRST). They run first, in the order above; the others measure latencies, rates or
+# alert timings (doctor's tuning rules and its healthy fleet view, the KV alert, the rollout's gates, the
+# bench) and run after all of them, so that no state test's traffic or provisioning is in their windows.
+STATES = (
     "test_lab_infra.py",
     "test_lab_molecule.py",
     "test_lab_provision.py",
@@ -86,22 +86,21 @@ def named(keys: tuple[str, ...], file: str, test: str) -> bool:
     return file in keys or f"{file}::{test}" in keys
 
 
-def run_rank(file: str, test: str) -> int:
-    """Where a lab test runs: FIRST in their order, then the rest (stable sort: file order), LAST."""
+def run_rank(file: str, test: str) -> tuple[int, int]:
+    """Where a lab test runs: the STATES tests, then the others; within each, FIRST in their order, then the
+    rest (stable sort: file order), LAST."""
+    group = 0 if named(STATES, file, test) else 1
     for index, key in enumerate(FIRST):
         if named((key,), file, test):
-            return index
-    return len(FIRST) + (1 + LAST.index(file) if file in LAST else 0)
+            return group, index
+    return group, len(FIRST) + (1 + LAST.index(file) if file in LAST else 0)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test in this directory as a lab test (and `beside_units`, see BESIDE_UNITS), and order
-    the files (see FIRST)."""
+    """Mark every test in this directory as a lab test, and order them (see FIRST and STATES)."""
     for item in items:
         if LAB_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.lab)
-            if named(BESIDE_UNITS, Path(str(item.path)).name, getattr(item, "originalname", item.name)):
-                item.add_marker(pytest.mark.beside_units)
     items.sort(key=lambda item: run_rank(Path(str(item.path)).name, getattr(item, "originalname", item.name)))
 
 
