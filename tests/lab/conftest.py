@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from pdfleet.lab.control import Lab, down, up
 from pdfleet.lab.paths import LabPaths
 from pdfleet.lab.system import REQUIRED_TOOLS
 from roles import REGISTRY
-from tests.lab.helpers import REPO_ROOT, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabCrossOwed, LabHandle
 
 LAB_DIR = Path(__file__).resolve().parent
 
@@ -45,6 +46,10 @@ FIRST = (
 # healthy-fleet test reads `--minutes 1` and must find no tuning advice), and Molecule's other test, which
 # converges lab-cross with a broken template and provisions it back.
 LAST = ("test_lab_bench.py", "test_lab_molecule.py")
+# The modules that provision a profile of their own: they run back to back (after the other state tests,
+# before LAST), each leaving its profile for the next to switch from, and lab-cross is provisioned back once,
+# before the next test that shares it (lab_cross_back): one return instead of one per module.
+SWITCHING = ("test_lab_mooncake.py", "test_lab_two_models.py", "test_lab_weights.py")
 # The tests that check states, files and answers, not latencies, and wait on conditions rather than fixed
 # windows (a key as in FIRST). They run first, in the order above; the others measure latencies, rates or
 # alert timings (doctor's tuning rules and its healthy fleet view, the KV alert, the rollout's gates, the
@@ -88,12 +93,14 @@ def named(keys: tuple[str, ...], file: str, test: str) -> bool:
 
 def run_rank(file: str, test: str) -> tuple[int, int]:
     """Where a lab test runs: the STATES tests, then the others; within each, FIRST in their order, then the
-    rest (stable sort: file order), LAST."""
+    rest (stable sort: file order), SWITCHING, LAST."""
     group = 0 if named(STATES, file, test) else 1
     for index, key in enumerate(FIRST):
         if named((key,), file, test):
             return group, index
-    return group, len(FIRST) + (1 + LAST.index(file) if file in LAST else 0)
+    if file in LAST:
+        return group, len(FIRST) + 2 + LAST.index(file)
+    return group, len(FIRST) + (1 if file in SWITCHING else 0)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -132,3 +139,38 @@ def lab(lab_def: Lab) -> Iterator[LabHandle]:
     yield LabHandle(lab_def, result.hosts)
     if os.environ.get("PDFLEET_LAB_KEEP") != "1":
         down(lab_def)
+
+
+def _provision_lab_cross(report: Path) -> None:
+    """`invoke provision --profile lab-cross` on its colocated stage (a module may have staged another)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", "provision", "--profile", "lab-cross", "--stage", "colocated"]
+        + ["--json", str(report)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="session")
+def lab_cross_owed(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabCrossOwed]:
+    """Whether a module of SWITCHING left the lab on its own profile; paid at the session's end, before the
+    lab goes down (or stays up with PDFLEET_LAB_KEEP=1, then on lab-cross)."""
+    owed = LabCrossOwed()
+    yield owed
+    if owed.owed:
+        _provision_lab_cross(tmp_path_factory.mktemp("lab-cross-back") / "report.json")
+
+
+@pytest.fixture(autouse=True)
+def lab_cross_back(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """lab-cross provisioned back before a test outside SWITCHING when a module of SWITCHING left another."""
+    if Path(str(request.node.path)).name in SWITCHING:
+        return
+    owed: LabCrossOwed = request.getfixturevalue("lab_cross_owed")
+    if owed.owed:
+        _provision_lab_cross(tmp_path_factory.mktemp("lab-cross-back") / "report.json")
+        owed.owed = False

@@ -40,6 +40,14 @@ class LabHandle:
         up(self.lab)
 
 
+@dataclass
+class LabCrossOwed:
+    """lab-cross owed back: a module of SWITCHING (tests/lab/conftest.py) that provisions another profile
+    sets `owed` instead of provisioning lab-cross back itself; the next test sharing lab-cross gets it."""
+
+    owed: bool = False
+
+
 def prometheus_url(profile: str) -> str:
     """The Prometheus bench, doctor and monitor must read for a lab profile: the topology's (lab-gw on the
     profile's monitoring.port), not on Prometheus's default port, so a task reading a fixed one misses it."""

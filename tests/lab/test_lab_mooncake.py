@@ -2,7 +2,7 @@
 0.33.0's, simulated): the gateway's vllm-router in mooncake mode reads the prefill's bootstrap server,
 a streamed chat through the gateway's disaggregated pool moves its KV from prefill to decode, and under
 load `invoke monitor` and the rollout's KV gate read Mooncake's transfer-time histogram.
-Leaves the lab provisioned with lab-cross again (the profile the other lab tests share)."""
+Leaves lab-cross owed back (tests/lab/conftest.py: SWITCHING): the next module switches from this profile."""
 
 from __future__ import annotations
 
@@ -12,13 +12,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import openai
 import pytest
 
 from pdfleet.metrics.scrape import scrape_metrics
-from tests.lab.helpers import REPO_ROOT, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabCrossOwed, LabHandle
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross-mooncake"
@@ -37,27 +36,26 @@ def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def client(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+def client(
+    lab: LabHandle, lab_cross_owed: LabCrossOwed, tmp_path_factory: pytest.TempPathFactory
+) -> openai.OpenAI:
     """lab-cross-mooncake provisioned (twice: the second run changes nothing); the SDK set up from
-    `invoke lab.env`. Afterwards lab-cross is provisioned back."""
+    `invoke lab.env`. lab-cross is owed back from the first provision on."""
     tmp = tmp_path_factory.mktemp("mooncake")
-    try:
-        for run in ("first", "second"):
-            report = tmp / f"{run}.json"
-            proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        second = json.loads(report.read_text())
-        assert second["totals"]["changed"] == 0, {h: v["changes"] for h, v in second["hosts"].items()}
-        env_proc = _invoke("lab.env", "--profile", PROFILE)
-        assert env_proc.returncode == 0, env_proc.stderr
-        env = dict(line.removeprefix("export ").partition("=")[::2] for line in env_proc.stdout.splitlines())
-        env = {key: value.strip("'\"") for key, value in env.items()}
-        yield openai.OpenAI(
-            base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=120
-        )
-    finally:
-        restore = _invoke("provision", "--profile", "lab-cross", "--json", str(tmp / "restore.json"))
-        assert restore.returncode == 0, restore.stdout[-3000:] + restore.stderr[-3000:]
+    lab_cross_owed.owed = True
+    for run in ("first", "second"):
+        report = tmp / f"{run}.json"
+        proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    second = json.loads(report.read_text())
+    assert second["totals"]["changed"] == 0, {h: v["changes"] for h, v in second["hosts"].items()}
+    env_proc = _invoke("lab.env", "--profile", PROFILE)
+    assert env_proc.returncode == 0, env_proc.stderr
+    env = dict(line.removeprefix("export ").partition("=")[::2] for line in env_proc.stdout.splitlines())
+    env = {key: value.strip("'\"") for key, value in env.items()}
+    return openai.OpenAI(
+        base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=120
+    )
 
 
 def test_the_router_runs_in_mooncake_mode_against_the_prefill_bootstrap_server(

@@ -2,7 +2,7 @@
 model and a small colocated one, and a "hosted provider" (a simulator on lab-d1 with its own key), through
 one base URL and one key by changing only `model`; a second provision changes 0; staging the P/D model to
 long-prompts leaves the other model's group and routing as they were, and so does a rollout step of it
-through the controller (`invoke rollout --model`). lab-cross is provisioned back at the end (it retires
+through the controller (`invoke rollout --model`). lab-cross is owed back at the end (it retires
 the two-model units), so the files after this one find the lab as they expect."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 from pdfleet.lab.hosts import LabHost, ssh_client
 from pdfleet.lab.paths import LabPaths
 from pdfleet.metrics.scrape import scrape_metrics
-from tests.lab.helpers import REPO_ROOT, LabHandle, lab_deployment
+from tests.lab.helpers import REPO_ROOT, LabCrossOwed, LabHandle, lab_deployment
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PD_MODEL, PD_ALIAS = "llama-8b", "llama-3.1-8b"
@@ -109,8 +109,11 @@ def _client_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def fleet(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoModels]:
-    """lab-two-models with an outside alias, provisioned twice (the second changing 0); lab-cross after."""
+def fleet(
+    lab: LabHandle, lab_cross_owed: LabCrossOwed, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TwoModels]:
+    """lab-two-models with an outside alias, provisioned twice (the second changing 0); lab-cross owed back
+    (tests/lab/conftest.py: SWITCHING) from the first provision on."""
     tmp = tmp_path_factory.mktemp("two")
     key_file = tmp / "outside.key"
     key_file.touch(mode=0o600)
@@ -126,6 +129,7 @@ def fleet(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         f"      {{api: openai, base_url: '{outside_url}', upstream_model: {OUTSIDE_UPSTREAM}, "
         f"key_file: '{key_file}'}}\n"
     )
+    lab_cross_owed.owed = True
     try:
         _provision(str(profile), tmp / "first.json")
         second = _provision(str(profile), tmp / "second.json")
@@ -138,7 +142,6 @@ def fleet(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield TwoModels(client, outside_url, profile)
     finally:
         lab.ssh(_host(lab, OUTSIDE_HOST), f"sudo -n systemctl stop {OUTSIDE_UNIT}; rm -f outside.env")
-        _provision("lab-cross", tmp / "back.json", "--stage", "colocated")
 
 
 def _admin(path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -3,8 +3,8 @@ from the lab's model mirror on every pool host, checked by SHA-256; a second pro
 byte flipped on lab-d1 is found by `invoke verify` and restored by provision; an interrupted copy (half a
 shard left as its .part) continues with a range request; files swapped on lab-d1 are named by
 `invoke doctor --profile`; lab-r2 pushed from the control machine's directory replaces lab-r1 (removed
-once converged); a decode pool pinned to another revision is refused. lab-cross is provisioned
-back at the end. It checks states and files, not latencies."""
+once converged); a decode pool pinned to another revision is refused. lab-cross is owed back at the end
+(tests/lab/conftest.py: SWITCHING). It checks states and files, not latencies."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from pdfleet.lab.mirrors import refresh_host_wheel
 from pdfleet.lab.model_mirror import LAB_MODEL
 from pdfleet.model.weights import WeightsManifest
-from tests.lab.helpers import REPO_ROOT, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabCrossOwed, LabHandle
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-weights"
@@ -59,7 +59,9 @@ def _on(lab: LabHandle, host: str, command: str) -> None:
     assert rc == 0, err
 
 
-def test_weights_staged_verified_restored_resumed_and_named(lab: LabHandle, tmp_path: Path) -> None:
+def test_weights_staged_verified_restored_resumed_and_named(
+    lab: LabHandle, lab_cross_owed: LabCrossOwed, tmp_path: Path
+) -> None:
     refresh_host_wheel(lab.paths)
     manifest = WeightsManifest.model_validate_json(
         (lab.paths.models_dir / LAB_MODEL / "lab-r1" / "manifest.json").read_text()
@@ -67,6 +69,7 @@ def test_weights_staged_verified_restored_resumed_and_named(lab: LabHandle, tmp_
     want = {f.path: f.sha256 for f in manifest.files}
     for lab_host in lab.hosts:  # from nothing, whatever an earlier session left
         assert lab.ssh(lab_host, "sudo rm -rf /var/lib/pdfleet/models")[0] == 0
+    lab_cross_owed.owed = True  # lab-cross back before the next test sharing it (conftest: SWITCHING)
     first = _provision(PROFILE, tmp_path / "first.json")
     for host in POOL_HOSTS:
         fetched = [c for c in first["hosts"][host]["changes"] if c["op"].startswith(f"weights {DIR}/")]
@@ -131,9 +134,6 @@ def test_weights_staged_verified_restored_resumed_and_named(lab: LabHandle, tmp_
         assert _staged(lab, host) is None, host
         diffs = [c["diff"] for c in pushed["hosts"][host]["changes"] if c["op"].startswith("old revisions")]
         assert len(diffs) == 1 and diffs[0].startswith("remove lab-r1 ("), diffs
-
-    # lab-cross back for the tests after this one (its units load the model by id again)
-    _provision("lab-cross", tmp_path / "back.json")
 
 
 def test_a_decode_pool_pinned_to_another_revision_is_refused(tmp_path: Path) -> None:
