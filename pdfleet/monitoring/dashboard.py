@@ -82,11 +82,11 @@ def model_variable(profile: Profile) -> dict[str, Any]:
     }
 
 
-def _prefix_panel(has_gateway: bool) -> Panel:
-    """Prefix-cache hit tokens/s in vLLM, beside the gateway's estimate of them when there is a gateway
-    (its prefix index's; colocated: the colocated instances' hits, disagg: the prefill instances')."""
+def _prefix_panel(estimated: bool) -> Panel:
+    """Prefix-cache hit tokens/s in vLLM, beside the gateway's estimate of them where a gateway keeps a prefix
+    index (colocated: the colocated instances' hits, disagg: the prefill instances')."""
     queries = [Query(_of_model("pool_role:vllm_prefix_cache_hits:rate"), "vLLM hits {{pool}} {{role}}")]
-    if has_gateway:
+    if estimated:
         queries.append(
             Query(_of_model("pool:gateway_prefix_estimate_cached_tokens:rate"), "estimate {{pool}}")
         )
@@ -182,7 +182,7 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
                     (Query(_of_model("pool_role:vllm_num_preemptions:per_min"), "{{pool}} {{role}}"),),
                     unit="short",
                 ),
-                _prefix_panel(has_gateway),
+                _prefix_panel(has_gateway and profile.gateway.decider.uses_index),
             ],
         )
     )

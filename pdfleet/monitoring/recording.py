@@ -89,6 +89,7 @@ class Figure:
     expr: str
     title: str
     gateway: bool = False  # needs a gateway (its metrics) in the topology
+    index: bool = False  # needs the gateway's prefix index (kept only when the decider reads it)
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -172,6 +173,7 @@ def figures(window: str) -> tuple[Figure, ...]:
             _rate("pdfleet_gateway_prefix_estimate_cached_tokens_total", ("pool",), window),
             "prefix-cached prompt tokens/s, the gateway's estimate (vs vLLM's hits below)",
             gateway=True,
+            index=True,
         ),
         Figure(
             "pool_role:vllm_prefix_cache_hits:rate",
@@ -281,9 +283,11 @@ def chain_steps(profile: Profile, has_gateway: bool) -> list[Step]:
 
 
 def chain_figures(profile: Profile, has_gateway: bool) -> list[Figure]:
-    """The rates and gauges this deployment has data for."""
+    """The rates and gauges this deployment has data for (the prefix estimate only where the decider keeps
+    its index: no other gateway counts it)."""
     window = window_of(profile)
-    found = [f for f in figures(window) if has_gateway or not f.gateway]
+    index = profile.gateway.decider.uses_index
+    found = [f for f in figures(window) if (has_gateway or not f.gateway) and (index or not f.index)]
     for series in kv_series_of(profile):
         found += list(kv_figures(series, window))
     return found
