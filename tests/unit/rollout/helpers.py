@@ -103,6 +103,7 @@ class Load:
 
     ports: list[int]
     threads: int = 4
+    pace_s: float = 0.0  # each thread's rest between requests (0: closed loop, as fast as answered)
     sent: int = 0
     failed: int = 0
     errors: list[str] = field(default_factory=list)
@@ -134,6 +135,8 @@ class Load:
                 if not ok:
                     self.failed += 1
                     self.errors.append(why)
+            if self.pace_s:
+                self._stop.wait(self.pace_s)
 
     def _one(self, port: int, text: str, session: str) -> tuple[bool, str]:
         body = json.dumps(

@@ -30,6 +30,12 @@ GATES = [
 ]
 
 
+def _load(f: object) -> Load:
+    """Load through the fleet's gateways at a few requests a second per thread: the gates need
+    min_samples in their window, not a saturated simulator (a closed loop burned the CPU)."""
+    return Load([g.port for g in f.gateways], threads=2, pace_s=0.1).start()  # type: ignore[attr-defined]
+
+
 def _rollout(steps: list[dict[str, object]]) -> dict[str, object]:
     return {
         "interval_s": 0.5,
@@ -85,7 +91,7 @@ def test_a_rollout_walks_every_step_and_every_gateway_reports_each_version(
     ]
     with SimProcess(SIM_ARGS) as disagg, fleet(tmp_path, colocated.url, disagg.url) as f:
         controller = f.controller(_rollout(steps))
-        load = Load([g.port for g in f.gateways]).start()
+        load = _load(f)
         try:
             with running(controller):
                 wait_until(lambda: controller.store.load(), 10, "the controller's first state")
@@ -123,7 +129,7 @@ def test_a_fault_mid_rollout_rolls_back_by_itself(tmp_path: Path, colocated: Sim
     try:
         with fleet(tmp_path, colocated.url, disagg.url) as f:
             controller = f.controller(_rollout(steps))
-            load = Load([g.port for g in f.gateways]).start()
+            load = _load(f)
             try:
                 with running(controller):
                     wait_until(lambda: controller.store.load(), 10, "the controller's first state")
@@ -185,7 +191,7 @@ def test_dry_run_measures_and_changes_nothing_then_abort_goes_back(
     ]
     with SimProcess(SIM_ARGS) as disagg, fleet(tmp_path, colocated.url, disagg.url) as f:
         controller = f.controller(_rollout(steps))
-        load = Load([g.port for g in f.gateways]).start()
+        load = _load(f)
         try:
             with running(controller):
                 wait_until(lambda: controller.store.load(), 10, "the controller's first state")
