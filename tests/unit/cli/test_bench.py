@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.cli.helpers import invoke_many
+
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 REPO = Path(__file__).resolve().parents[3]
@@ -31,59 +33,71 @@ def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_bench_is_listed_and_every_option_has_help() -> None:
-    assert any(ln.strip().startswith("bench ") for ln in _invoke("--list").stdout.splitlines())
-    out = _invoke("--help", "bench").stdout
+    listed, shown = invoke_many([["--list"], ["--help", "bench"]])
+    assert any(ln.strip().startswith("bench ") for ln in listed.stdout.splitlines())
+    out = shown.stdout
     options = [ln for ln in out.splitlines() if ln.strip().startswith("--")]
     assert len(options) >= 18
     for line in options:
-        assert len(line.split("  ", 1)) == 2 and line.split("  ", 1)[1].strip(), f"no help: {line}"
+        assert len(line.strip().split("  ", 1)) == 2, f"no help: {line}"  # the flag, then its help
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--rate", "1", "--concurrency", "2"], "error: give --rate R or --concurrency C, not both"),
-        (
-            ["--workload", "nope"],
-            "error: --workload 'nope': not a workload; choose one of random, long-prompt-mix",
-        ),
-        (
-            ["--pools", "colocated,pd"],
-            "error: --pools colocated,pd: pd is not a pool; pools are colocated, disagg",
-        ),
-        (["--rate", "fast"], "error: --rate 'fast': not a number"),
-        (["--duration", "10", "--num-prompts", "5"], "error: give --duration S or --num-prompts N, not both"),
-        (
-            ["--workload", "trace"],
-            "error: --workload trace needs --trace FILE (a Mooncake trace JSONL file)",
-        ),
-        (["--trace", "no/such.jsonl"], "error: --trace /"),  # the path, made absolute
-        (["--trace", "t.jsonl", "--workload", "random"], "error: --trace t.jsonl: replays a trace; it goes"),
-        (["--trace", "t.jsonl", "--dataset", "t.jsonl"], "error: --trace t.jsonl: give --trace FILE or"),
-        (["--workload", "trace", "--dataset", "no/such.jsonl"], "error: --trace /"),
-        (["--workload", "sharegpt", "--dataset", "no/such.json"], "error: --dataset /"),
-        # N11: these ended in tracebacks, or built 10^8 requests before starting
-        (["--rate", "inf"], "error: --rate 'inf': not a finite number"),
-        (["--burstiness", "inf"], "error: --burstiness 'inf': not a finite number"),
-        (["--duration", "1e308"], "error: --duration 1e+308: must be > 0 and at most 604800 s"),
-        (["--num-prompts", "100000000"], "error: --num-prompts 100000000: must be at least 1 and at most"),
-        (
-            ["--colocated-choice", "round_robin,lru"],
-            "error: --colocated-choice round_robin,lru: lru is not a colocated choice; choices are "
-            "round_robin, prefix_load",
-        ),
-        (["--colocated-choice", " , "], "error: --colocated-choice ' , ': name at least one choice"),
-        (
-            ["--colocated-choice", "prefix_load", "--pools", "disagg"],
-            "error: --colocated-choice prefix_load: the colocated pool is not run (--pools disagg)",
-        ),
-    ],
-)
+BAD_OPTIONS = [
+    (["--rate", "1", "--concurrency", "2"], "error: give --rate R or --concurrency C, not both"),
+    (
+        ["--workload", "nope"],
+        "error: --workload 'nope': not a workload; choose one of random, long-prompt-mix",
+    ),
+    (
+        ["--pools", "colocated,pd"],
+        "error: --pools colocated,pd: pd is not a pool; pools are colocated, disagg",
+    ),
+    (["--rate", "fast"], "error: --rate 'fast': not a number"),
+    (["--duration", "10", "--num-prompts", "5"], "error: give --duration S or --num-prompts N, not both"),
+    (
+        ["--workload", "trace"],
+        "error: --workload trace needs --trace FILE (a Mooncake trace JSONL file)",
+    ),
+    (["--trace", "no/such.jsonl"], "error: --trace /"),  # the path, made absolute
+    (["--trace", "t.jsonl", "--workload", "random"], "error: --trace t.jsonl: replays a trace; it goes"),
+    (["--trace", "t.jsonl", "--dataset", "t.jsonl"], "error: --trace t.jsonl: give --trace FILE or"),
+    (["--workload", "trace", "--dataset", "no/such.jsonl"], "error: --trace /"),
+    (["--workload", "sharegpt", "--dataset", "no/such.json"], "error: --dataset /"),
+    # N11: these ended in tracebacks, or built 10^8 requests before starting
+    (["--rate", "inf"], "error: --rate 'inf': not a finite number"),
+    (["--burstiness", "inf"], "error: --burstiness 'inf': not a finite number"),
+    (["--duration", "1e308"], "error: --duration 1e+308: must be > 0 and at most 604800 s"),
+    (["--num-prompts", "100000000"], "error: --num-prompts 100000000: must be at least 1 and at most"),
+    (
+        ["--colocated-choice", "round_robin,lru"],
+        "error: --colocated-choice round_robin,lru: lru is not a colocated choice; choices are "
+        "round_robin, prefix_load",
+    ),
+    (["--colocated-choice", " , "], "error: --colocated-choice ' , ': name at least one choice"),
+    (
+        ["--colocated-choice", "prefix_load", "--pools", "disagg"],
+        "error: --colocated-choice prefix_load: the colocated pool is not run (--pools disagg)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, subprocess.CompletedProcess[str]]]:
+    """Each BAD_OPTIONS case's `invoke bench` (its own --out), all in one process: (out, result)."""
+    outs = [tmp_path_factory.mktemp("bad") / "out" for _ in BAD_OPTIONS]
+    cases = [
+        ["bench", "--profile", "lab-cross", "--out", str(out), *args]
+        for out, (args, _) in zip(outs, BAD_OPTIONS, strict=True)
+    ]
+    return list(zip(outs, invoke_many(cases), strict=True))
+
+
+@pytest.mark.parametrize(("case", "args", "message"), [(n, *c) for n, c in enumerate(BAD_OPTIONS)])
 def test_bad_options_are_one_clear_error_and_write_nothing(
-    tmp_path: Path, args: list[str], message: str
+    bad_runs: list[tuple[Path, subprocess.CompletedProcess[str]]], case: int, args: list[str], message: str
 ) -> None:
-    out = tmp_path / "out"
-    proc = _invoke("bench", "--profile", "lab-cross", "--out", str(out), *args)
+    out, proc = bad_runs[case]
+    assert proc.args[-len(args) :] == args
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()

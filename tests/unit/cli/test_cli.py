@@ -20,6 +20,7 @@ import pytest
 
 from pdfleet.cli import build_namespace
 from pdfleet.fleet.secrets import PLACEHOLDER
+from tests.unit.cli.helpers import invoke_many
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -74,48 +75,77 @@ def test_the_readme_task_table_lists_every_task_and_no_other() -> None:
     assert readme <= known, f"README.md's task table names no such task: {sorted(readme - known)}"
 
 
-@pytest.mark.parametrize("task", ["render", "provision"])
-def test_every_option_has_help(task: str) -> None:
-    out = _invoke("--help", task).stdout
+HELP_TASKS = ["render", "provision"]
+BARE_TASKS = ["render", "provision", "verify", "monitor", "bench"]
+BAD_INPUT = [
+    (["render", "--profile", "no-such-profile", "--inventory", CROSS], "available"),
+    (["render", "--profile", "cross-rdma", "--inventory", "inventory/nope.yml"], "nope.yml"),
+    (
+        ["render", "--profile", "cross-rdma", "--inventory", "inventory/examples/same-host-pcie.yml"],
+        "same-host-pcie.yml",
+    ),
+    (["render", "--profile", "cross-rdma", "--inventory", CROSS, "--limit", "ghost"], "ghost"),
+    (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--roles", "bogus"], "bogus"),
+    (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--serial", "-1"], "--serial"),
+    (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--limit", "ghost,pf-01"], "ghost"),
+]
+
+
+def _bad_argv(args: list[str], out_dir: Path) -> list[str]:
+    return [*args, "--out", str(out_dir)] if args[0] == "render" else args
+
+
+@pytest.fixture(scope="module")
+def bad_outs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where BAD_INPUT case N's render would write: bad_outs/N/out."""
+    return tmp_path_factory.mktemp("bad-input")
+
+
+@pytest.fixture(scope="module")
+def runs(bad_outs: Path) -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
+    """The help and bad-input commands below, each through invoke's CLI, all in one process (by argv)."""
+    base = bad_outs
+    cases = (
+        [["--help", t] for t in HELP_TASKS] + [[t, "--help"] for t in BARE_TASKS] + [[t] for t in BARE_TASKS]
+    )
+    cases += [_bad_argv(args, base / str(n) / "out") for n, (args, _) in enumerate(BAD_INPUT)]
+    return {tuple(case): proc for case, proc in zip(cases, invoke_many(cases), strict=True)}
+
+
+@pytest.mark.parametrize("task", HELP_TASKS)
+def test_every_option_has_help(
+    task: str, runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]]
+) -> None:
+    out = runs["--help", task].stdout
     options = [ln for ln in out.splitlines() if ln.strip().startswith("-")]
     assert options
     for line in options:
-        assert len(line.split("  ", 1)) == 2 and line.split("  ", 1)[1].strip(), f"no help: {line}"
+        assert len(line.strip().split("  ", 1)) == 2, f"no help: {line}"  # the flag, then its help
 
 
-@pytest.mark.parametrize("task", ["render", "provision", "verify", "monitor", "bench"])
-def test_task_help_after_the_task_is_help_and_a_missing_profile_is_named(task: str) -> None:
+@pytest.mark.parametrize("task", BARE_TASKS)
+def test_task_help_after_the_task_is_help_and_a_missing_profile_is_named(
+    task: str, runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]]
+) -> None:
     """`invoke TASK --help` prints the task's help (it was read as a profile named --help), and a task run
     without --profile says so instead of looking up a profile named None."""
-    shown = _invoke(task, "--help")
+    shown = runs[task, "--help"]
     assert shown.returncode == 0 and "--profile" in shown.stdout, shown.stdout + shown.stderr
-    bare = _invoke(task)
+    bare = runs[(task,)]
     assert bare.returncode != 0 and "Traceback" not in bare.stdout + bare.stderr
     assert bare.stderr.startswith("error: no profile given: pass --profile NAME, one of:"), bare.stderr
 
 
-@pytest.mark.parametrize(
-    ("args", "expected"),
-    [
-        (["render", "--profile", "no-such-profile", "--inventory", CROSS], "available"),
-        (["render", "--profile", "cross-rdma", "--inventory", "inventory/nope.yml"], "nope.yml"),
-        (
-            ["render", "--profile", "cross-rdma", "--inventory", "inventory/examples/same-host-pcie.yml"],
-            "same-host-pcie.yml",
-        ),
-        (["render", "--profile", "cross-rdma", "--inventory", CROSS, "--limit", "ghost"], "ghost"),
-        (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--roles", "bogus"], "bogus"),
-        (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--serial", "-1"], "--serial"),
-        (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--limit", "ghost,pf-01"], "ghost"),
-    ],
-)
+@pytest.mark.parametrize(("case", "args", "expected"), [(n, *c) for n, c in enumerate(BAD_INPUT)])
 def test_bad_input_is_one_paragraph_and_changes_nothing(
-    args: list[str], expected: str, tmp_path: Path
+    case: int,
+    args: list[str],
+    expected: str,
+    runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+    bad_outs: Path,
 ) -> None:
-    out_dir = tmp_path / "out"
-    if args[0] == "render":
-        args = [*args, "--out", str(out_dir)]
-    proc = _invoke(*args)
+    out_dir = bad_outs / str(case) / "out"
+    proc = runs[tuple(_bad_argv(args, out_dir))]
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr + proc.stdout
     message = proc.stderr.strip()

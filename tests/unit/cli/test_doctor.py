@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet.bench.procs import free_port
-from tests.unit.cli.helpers import REPO
+from tests.unit.cli.helpers import REPO, invoke_many
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -60,9 +60,18 @@ def invoke(args: list[str], env: dict[str, str] | None = None) -> subprocess.Com
     )
 
 
-@pytest.mark.parametrize(("args", "message"), BAD)
-def test_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
-    res = invoke(args)
+@pytest.fixture(scope="module")
+def runs() -> list[subprocess.CompletedProcess[str]]:
+    """BAD's commands then `invoke --help doctor`, each through invoke's CLI, in one process."""
+    return invoke_many([args for args, _ in BAD] + [["--help", "doctor"]])
+
+
+@pytest.mark.parametrize(("case", "args", "message"), [(n, *c) for n, c in enumerate(BAD)])
+def test_bad_input_is_a_clear_error(
+    case: int, args: list[str], message: str, runs: list[subprocess.CompletedProcess[str]]
+) -> None:
+    res = runs[case]
+    assert res.args[1:] == args
     assert res.returncode != 0
     assert message in res.stderr and "Traceback" not in res.stderr + res.stdout
 
@@ -88,8 +97,9 @@ def test_refused_connection_as_json_exits_1() -> None:
     assert "0123456789" not in res.stdout
 
 
-def test_every_option_has_help() -> None:
-    res = invoke(["--help", "doctor"])
+def test_every_option_has_help(runs: list[subprocess.CompletedProcess[str]]) -> None:
+    res = runs[-1]
+    assert res.returncode == 0, res.stderr
     for option in ("--base-url", "--api-key-env", "--anthropic", "--profile", "--json", "--body", "--sample"):
         assert option in res.stdout
 
