@@ -261,6 +261,7 @@ def test_every_recording_rule_has_a_value_per_pool_on_a_real_stack(tmp_path: Pat
                     except BaseException as exc:  # noqa: BLE001 - reported below, not lost in a thread
                         errors.append(exc)
                         return
+                    stop.wait(0.5)  # a few requests a second fill every window; a closed loop burned CPU
 
             with prometheus(tmp_path / "prom", config) as prom:
                 threads = [
