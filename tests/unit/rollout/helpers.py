@@ -270,3 +270,16 @@ def wait_until(check: Any, timeout: float, what: str, every: float = 0.2) -> Any
             return got
         time.sleep(every)
     raise AssertionError(f"{what} did not happen within {timeout:g} s")
+
+
+@contextmanager
+def running(controller: Controller) -> Iterator[Controller]:
+    """The controller's loop in a thread for the block, stopped at its end."""
+    stop = threading.Event()
+    thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield controller
+    finally:
+        stop.set()
+        thread.join(10)

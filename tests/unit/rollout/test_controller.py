@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from pdfleet.gateway.decider import REASONS
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.rollout import commands
 from pdfleet.rollout.controller import Controller
-from tests.unit.rollout.helpers import MODEL, Load, fleet, hung_server, wait_until
+from tests.unit.rollout.helpers import MODEL, Load, fleet, hung_server, running, wait_until
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -50,18 +49,6 @@ def _rollout(steps: list[dict[str, object]]) -> dict[str, object]:
 def colocated() -> Iterator[SimProcess]:
     with SimProcess(SIM_ARGS) as sim:
         yield sim
-
-
-@contextmanager
-def running(controller: Controller) -> Iterator[Controller]:
-    stop = threading.Event()
-    thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        yield controller
-    finally:
-        stop.set()
-        thread.join(10)
 
 
 def _phase(controller: Controller, *phases: str) -> object:

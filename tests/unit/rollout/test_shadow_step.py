@@ -5,9 +5,7 @@ and an abort while a dead controller left a shadow running is acted on by the ne
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from pdfleet.rollout.config import GatewayTarget
 from pdfleet.rollout.controller import Controller
 from pdfleet.rollout.machine import ShadowWant, initial_state, submit, with_shadow
 from pdfleet.rollout.shadow_step import none_of_ours, shadow_writes, tag_of
-from tests.unit.rollout.helpers import MODEL, Fleet, Load, fleet, wait_until
+from tests.unit.rollout.helpers import MODEL, Fleet, Load, fleet, running, wait_until
 
 STAGES = {"colocated": StageSpec(short=0, long=0), "long-prompts": StageSpec(short=0, long=100)}
 GATES = [
@@ -100,18 +98,6 @@ def test_starts_go_where_the_run_is_missing_and_stops_only_to_our_own() -> None:
 def colocated() -> Iterator[SimProcess]:
     with SimProcess(SIM_ARGS) as sim:
         yield sim
-
-
-@contextmanager
-def running(controller: Controller) -> Iterator[Controller]:
-    stop = threading.Event()
-    thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        yield controller
-    finally:
-        stop.set()
-        thread.join(10)
 
 
 def _runs(f: Fleet, controller: Controller) -> list[dict[str, Any] | None]:
