@@ -18,7 +18,8 @@ from pdfleet.errors import PdfleetError
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.rollout import commands
 from pdfleet.rollout.config import DEFAULT_CONFIG, load_configs, read_admin_key
-from pdfleet.rollout.controller import Controller, Controllers
+from pdfleet.rollout.controller import Controller
+from pdfleet.rollout.controllers import Controllers
 from pdfleet.rollout.gateways import GatewayClient
 from pdfleet.rollout.store import Store, migrate_legacy
 

@@ -1,9 +1,9 @@
-"""`pdfleet-rollout run`: one loop per model (`Controllers`), each over that model's state directory,
-gates and stage (the policy's top level, or its model group). Each tick: measure the gates (without the
-state lock, so an operator's command never waits for Prometheus), then, holding the write turn the
-models share (the gateways' policy has one version for all of them), ask every gateway which policy it
-runs, under the lock advance the state machine on the freshly read state and save it, then bring every
-gateway to the saved version and confirm.
+"""One model's rollout controller (`pdfleet-rollout run` runs one per model: controllers.Controllers),
+over that model's state directory, gates and stage (the policy's top level, or its model group). Each
+tick: measure the gates (without the state lock, so an operator's command never waits for Prometheus),
+then, holding the write turn the models share (the gateways' policy has one version for all of them),
+ask every gateway which policy it runs, under the lock advance the state machine on the freshly read
+state and save it, then bring every gateway to the saved version and confirm.
 
 Every transition is written ahead: the new version is saved (the intent) before any gateway is
 written, each gateway write is recorded before and after it is sent, and the version counts as applied
@@ -33,10 +33,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
-from pdfleet.errors import PdfleetError, ValidationError
+from pdfleet.errors import PdfleetError
 from pdfleet.metrics.source import MetricsSource
 from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.config import ControllerConfig
@@ -84,7 +83,7 @@ class Controller:
     clock: Callable[[], float] = time.time
     # the other models' saved states (several models share the gateways' one policy version)
     peers: Callable[[], list[RolloutState]] = lambda: []
-    # held to read the gateways, number a version and write it: one model at a time (Controllers)
+    # held to read the gateways, number a version and write it: one model at a time (controllers.Controllers)
     writing: threading.Lock = field(default_factory=threading.Lock)
     _started: bool = field(default=False, init=False)
     _inflight: threading.Thread | None = field(default=None, init=False)
@@ -390,60 +389,3 @@ def _describe(event: Event) -> str:
 def finite(value: float | None) -> float | None:
     """JSON-safe numbers (NaN and infinities become None)."""
     return value if value is not None and math.isfinite(value) else None
-
-
-@dataclass
-class Controllers:
-    """Every model's controller in one process (the profile's order): each ticks on its own thread, so
-    one model's measurement or pause never holds another's step or abort, and they share one write
-    turn and read each other's saved states, because the gateways' policy has one version for all."""
-
-    models: list[Controller]
-
-    @classmethod
-    def of(cls, controllers: list[Controller]) -> Controllers:
-        """Wire the controllers together: one write lock, each one's peers the others' stores."""
-        lock = threading.Lock()
-        for c in controllers:
-            c.writing = lock
-            c.peers = partial(saved_states, [o.store for o in controllers if o is not c])
-        return cls(controllers)
-
-    @property
-    def names(self) -> list[str]:
-        return [c.config.name or "-" for c in self.models]
-
-    def named(self, name: str | None) -> Controller:
-        """The controller of model `name`; None: the only one (ValidationError naming the models)."""
-        if name is None and len(self.models) == 1:
-            return self.models[0]
-        found = [c for c in self.models if c.config.name == name]
-        if not found:
-            what = "several models roll out on their own; name one" if name is None else f"no model {name!r}"
-            raise ValidationError(f"--model: {what}; models: {', '.join(self.names)}")
-        return found[0]
-
-    def run(self, stop: threading.Event) -> None:
-        """Every model's loop until `stop` is set."""
-        threads = [
-            threading.Thread(target=c.run, args=(stop,), name=f"rollout-{c.config.name}", daemon=True)
-            for c in self.models
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-
-def saved_states(stores: list[Store]) -> list[RolloutState]:
-    """The states saved in `stores` (read without their locks: each is replaced in one rename); one
-    that cannot be read is left out (its own controller reports it)."""
-    states = []
-    for store in stores:
-        try:
-            state = store.load()
-        except PdfleetError:
-            continue
-        if state is not None:
-            states.append(state)
-    return states
