@@ -17,7 +17,7 @@ from typing import Any
 from pdfleet.errors import PdfleetError
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.rollout import commands
-from pdfleet.rollout.config import DEFAULT_CONFIG, load_configs, read_admin_key
+from pdfleet.rollout.config import DEFAULT_CONFIG, load_configs, read_key_file
 from pdfleet.rollout.controller import Controller
 from pdfleet.rollout.controllers import Controllers
 from pdfleet.rollout.gateways import GatewayClient
@@ -63,12 +63,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def controllers_from(config_path: Path) -> Controllers:
-    """Every model's controller a configuration file describes (reads the admin key file), each with
+    """Every model's controller a configuration file describes (reads the stage key file), each with
     its state under state_dir/<model>/; a state from before rollouts went by model (in state_dir
     itself) is moved to the first model's first (store.migrate_legacy)."""
     configs = load_configs(config_path)
     first = configs[0]
-    key = read_admin_key(Path(first.admin_key_file))
+    key = read_key_file(Path(first.stage_key_file), "stage key")
     state_dir = Path(first.state_dir)
     if first.name is not None and migrate_legacy(state_dir, first.name):
         log.info("moved the rollout state in %s to %s", state_dir, state_dir / first.name)

@@ -3,7 +3,9 @@ the gateways' admin URLs, Prometheus and where state lives, and per model (`mode
 order) its plans, gates, stages and SLOs, the gateway group it stages and the `model` label of its series.
 Each model is rolled out on its own: `ControllerConfig` is one model's view of the file.
 
-The admin key is not in it: `admin_key_file` names a 0600 file holding it, read once at start.
+The controller's key is not in it: `stage_key_file` names a 0600 file holding it (the gateways' stage-only
+key, gateway.controller_key_file in the profile: it may read the policy and set the stage, nothing else),
+read once at start.
 """
 
 from __future__ import annotations
@@ -35,14 +37,14 @@ class GatewayTarget(BaseModel):
 
 
 class _Shared(BaseModel):
-    """What every model's controller shares: the gateways, Prometheus, the admin key, the state dir."""
+    """What every model's controller shares: the gateways, Prometheus, the stage key, the state dir."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     profile: str = Field(min_length=1)
     gateways: list[GatewayTarget] = Field(min_length=1)
     prometheus_url: str = Field(pattern=r"^https?://[^/\s]+$")
-    admin_key_file: str = Field(min_length=1)
+    stage_key_file: str = Field(min_length=1)
     # the CA an https admin_url's certificate chains to (None: the system's trust; plain http needs none)
     gateway_ca_file: str | None = Field(None, min_length=1)
     state_dir: str = str(STATE_DIR)
@@ -105,6 +107,11 @@ def load_configs(path: Path) -> list[ControllerConfig]:
             f"{path}: models: missing (a file from before rollouts went by model); "
             "run invoke provision to render it again"
         )
+    if isinstance(data, dict) and "admin_key_file" in data and "stage_key_file" not in data:
+        raise ValidationError(
+            f"{path}: admin_key_file: renamed stage_key_file (it names the stage-only key's file); "
+            "run invoke provision to render it again"
+        )
     try:
         doc = ControllerFile.model_validate(data)
     except PydanticValidationError as exc:
@@ -138,13 +145,19 @@ def _model_problems(models: list[ModelControl]) -> list[str]:
 
 def read_admin_key(path: Path) -> str:
     """The gateways' admin key from its file (which must not be readable by others)."""
+    return read_key_file(path, "admin key")
+
+
+def read_key_file(path: Path, what: str) -> str:
+    """A gateway key (`what`: which, for the errors) from its file, which must not be readable by others;
+    errors never hold the key."""
     try:
         mode = path.stat().st_mode & 0o077
         key = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise ValidationError(f"{path}: cannot read the admin key file: {exc.strerror}") from None
+        raise ValidationError(f"{path}: cannot read the {what} file: {exc.strerror}") from None
     if mode:
-        raise ValidationError(f"{path}: the admin key file is readable by group or others; chmod 0600 it")
+        raise ValidationError(f"{path}: the {what} file is readable by group or others; chmod 0600 it")
     if not key:
-        raise ValidationError(f"{path}: the admin key file is empty")
+        raise ValidationError(f"{path}: the {what} file is empty")
     return key

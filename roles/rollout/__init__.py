@@ -77,7 +77,7 @@ def controller_config(ctx: RoleContext) -> str:
         "profile": ctx.profile.name,
         "gateways": gateways,
         "prometheus_url": prometheus.url,
-        "admin_key_file": controller.key_file,
+        "stage_key_file": controller.key_file,
         "state_dir": controller.state_dir,
         "models": [_model_part(ctx, spec, bool(ctx.profile.models)) for spec in served],
     }

@@ -1,11 +1,11 @@
 """The rollout role: on the monitoring host, controller.json the controller itself accepts (the
-profile's plans and every gateway's admin URL), the admin key in a 0600 file of the service user, a
-unit whose command line pdfleet-rollout parses; no key, no controller (a Skip saying why)."""
+profile's plans and every gateway's admin URL), the stage-only key in a 0600 file of the service user
+(controller.json's stage_key_file), a unit whose command line pdfleet-rollout parses; no key, no
+controller (a Skip saying why)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import roles.rollout as rollout_role
@@ -53,7 +53,7 @@ def test_the_controller_gets_its_config_key_and_unit(tmp_path: Path) -> None:
     assert (argv[0], str(args.config), args.command) == (controller.bin, controller.config_file, "run")
     assert argv[0] == "/opt/pdfleet/rollout/bin/pdfleet-rollout"
     assert "StateDirectory=pdfleet/rollout" in unit and KEY not in unit
-    assert json.loads(by_path[controller.config_file].content)["admin_key_file"] == controller.key_file
+    assert config.stage_key_file == controller.key_file
 
 
 def test_without_the_controller_key_the_role_skips_saying_why() -> None:

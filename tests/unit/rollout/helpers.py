@@ -39,7 +39,7 @@ STAGES = {"colocated": {"short": 0, "long": 0}, "long-prompts": {"short": 0, "lo
 SLO = {"ttft_p99_ms": 60000.0, "tpot_p99_ms": 1000.0, "itl_p99_ms": 5000.0, "kv_transfer_p99_ms": 5000.0}
 
 
-SHARED = ("profile", "gateways", "prometheus_url", "admin_key_file", "state_dir")
+SHARED = ("profile", "gateways", "prometheus_url", "stage_key_file", "state_dir")
 
 
 class GatewayProcess(_Proc):
@@ -189,7 +189,7 @@ class Fleet:
             "slo": SLO,
             "gateways": [{"name": f"gw{i}", "admin_url": g.url} for i, g in enumerate(self.gateways)],
             "prometheus_url": self.prom.url,
-            "admin_key_file": str(key),
+            "stage_key_file": str(key),
             "state_dir": str(self.state_dir),
             "kv_transfer_metrics": False,
             **more,

@@ -1,6 +1,6 @@
-"""The controller's configuration and admin key file: one configuration per model, each with the shared
-keys; bad files are refused naming the file and key (a model or group twice, a file from before models);
-a key file others can read is refused."""
+"""The controller's configuration and key file: one configuration per model, each with the shared keys;
+bad files are refused naming the file and key (a model or group twice, a file from before models or from
+before `stage_key_file`); a key file others can read is refused."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.rollout.config import load_configs, read_admin_key
+from pdfleet.rollout.config import load_configs, read_admin_key, read_key_file
 
 MODEL = {
     "name": "big",
@@ -24,7 +24,7 @@ SHARED = {
     "profile": "p",
     "gateways": [{"name": "gw", "admin_url": "http://10.0.0.1:8080"}],
     "prometheus_url": "http://10.0.0.5:9090",
-    "admin_key_file": "/etc/pdfleet/rollout/admin.key",
+    "stage_key_file": "/etc/pdfleet/rollout/admin.key",
 }
 GOOD = {**SHARED, "models": [MODEL, SMALL]}
 
@@ -62,6 +62,11 @@ def test_a_good_config_loads_one_configuration_per_model(tmp_path: Path) -> None
         ({**GOOD, "gateways": [{"name": "gw", "admin_url": "http://h:1/path"}]}, "gateways[0].admin_url"),
         ({**GOOD, "colour": 1}, "colour"),
         ({**SHARED, **MODEL}, "models: missing (a file from before rollouts went by model); run invoke"),
+        (
+            {**{k: v for k, v in GOOD.items() if k != "stage_key_file"}, "admin_key_file": "/k"},
+            "admin_key_file: renamed stage_key_file (it names the stage-only key's file); run invoke",
+        ),
+        ({k: v for k, v in GOOD.items() if k != "stage_key_file"}, "stage_key_file"),
     ],
 )
 def test_bad_configs_name_file_and_key(tmp_path: Path, doc: object, expected: str) -> None:
@@ -70,18 +75,22 @@ def test_bad_configs_name_file_and_key(tmp_path: Path, doc: object, expected: st
     assert expected in str(err.value) and "controller.json" in str(err.value)
 
 
-def test_the_admin_key_file_must_be_private_and_not_empty(tmp_path: Path) -> None:
+def test_a_key_file_must_be_private_and_not_empty_and_its_errors_say_which_key(tmp_path: Path) -> None:
     key = tmp_path / "admin.key"
     key.write_text("sk-secret\n")
     key.chmod(0o600)
     assert read_admin_key(key) == "sk-secret"
+    assert read_key_file(key, "stage key") == "sk-secret"
     key.chmod(0o644)
-    with pytest.raises(ValidationError, match="readable by group or others") as err:
+    with pytest.raises(ValidationError, match="the admin key file is readable by group or others") as err:
         read_admin_key(key)
+    assert "sk-secret" not in str(err.value)
+    with pytest.raises(ValidationError, match="the stage key file is readable by group or others") as err:
+        read_key_file(key, "stage key")
     assert "sk-secret" not in str(err.value)
     key.write_text("\n")
     key.chmod(0o600)
-    with pytest.raises(ValidationError, match="empty"):
-        read_admin_key(key)
-    with pytest.raises(ValidationError, match="cannot read"):
+    with pytest.raises(ValidationError, match="the stage key file is empty"):
+        read_key_file(key, "stage key")
+    with pytest.raises(ValidationError, match="cannot read the admin key file"):
         read_admin_key(tmp_path / "missing")

@@ -160,7 +160,7 @@ def test_an_abort_no_gateway_can_take_does_not_make_the_controller_spin(tmp_path
             "slo": {"ttft_p99_ms": 1.0, "tpot_p99_ms": 1.0, "itl_p99_ms": 1.0, "kv_transfer_p99_ms": 1.0},
             "gateways": [{"name": "gw0", "admin_url": closed}],
             "prometheus_url": closed,
-            "admin_key_file": "unused",
+            "stage_key_file": "unused",
             "state_dir": str(tmp_path),
         }
     )
