@@ -22,6 +22,9 @@ from pdfleet.bench.stats import Bounds
 from pdfleet.bench.verdict import Thresholds
 from pdfleet.bench.workloads import WorkloadSpec
 from pdfleet.metrics.direct import DirectScrape
+from pdfleet.model.connectors import NIXL
+from pdfleet.model.monitoring import kv_transfer_series
+from pdfleet.model.vllm_release_data import NEWEST
 
 
 def main() -> int:
@@ -51,9 +54,14 @@ def main() -> int:
     )
     thresholds = Thresholds(3000.0, 60.0, 500.0, 100.0)
     sim_args = ["--sim-time-scale", str(args.time_scale)]
+    # the loopback fleet's NixlConnector on the simulator's default release: its KV histogram, from the table
+    series = kv_transfer_series(NIXL, NEWEST)
+    kv = series.histogram if series is not None else None
     with LocalFleet(colocated=2, sim_args=sim_args, colocated_budget=args.colocated_budget) as fleet:
         targets = {
-            p: PoolTarget(p, fleet.gpus(p), DirectScrape(fleet.targets(p)), DirectScrape(fleet.targets(p)))
+            p: PoolTarget(
+                p, fleet.gpus(p), DirectScrape(fleet.targets(p)), DirectScrape(fleet.targets(p)), 0, kv
+            )
             for p in ("colocated", "disagg")
         }
         result = asyncio.run(run_compare(plan, fleet.gateway, targets, asyncio.Event()))

@@ -158,6 +158,8 @@ class PoolTarget:
     metrics: MetricsSource | None = None
     kv_metrics: MetricsSource | None = None  # sampled during the run (a source of its own for direct scrapes)
     instances: int = 0  # instances the gateway picks among in this pool (0: one per GPU)
+    # the KV-transfer histogram of the model's connector on its pinned release (facts table; None: none)
+    kv_histogram: str | None = None
 
     @property
     def instance_count(self) -> int:
@@ -228,7 +230,9 @@ async def run_one(
     result.run, result.kv_peak = run, run.samples
     if target.metrics is not None:
         window = max(1.0, run.wall_s)
-        result.server = await asyncio.to_thread(chain, target.metrics, target.name, window)
+        result.server = await asyncio.to_thread(
+            chain, target.metrics, target.name, window, target.kv_histogram
+        )
         result.reasons = await asyncio.to_thread(reasons, target.metrics, window)
     return result
 

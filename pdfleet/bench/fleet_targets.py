@@ -1,7 +1,8 @@
 """What `invoke bench` needs of a deployment: which model it compares, the gateway to send through, its
-client key, each of that model's pools' GPU count, and the metrics source (Prometheus on the monitoring host
-when it answers, else a direct scrape of the topology's metrics endpoints), narrowed to that model's
-series. Decided here from the one Topology; nothing recomputes addresses."""
+client key, each of that model's pools' GPU count, the KV-transfer histogram its connector registers on its
+pinned release (the facts table: NIXL's, or Mooncake's), and the metrics source (Prometheus on the
+monitoring host when it answers, else a direct scrape of the topology's metrics endpoints), narrowed to that
+model's series. Decided here from the one Topology; nothing recomputes addresses."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pdfleet.fleet.topology import GATEWAY_POOL, Topology
 from pdfleet.metrics.direct import DirectScrape, Target
 from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.metrics.source import MetricsSource, Result
+from pdfleet.model.monitoring import kv_transfer_series
 from pdfleet.model.profile import Profile
 from pdfleet.model.served import ServedModel
 
@@ -54,6 +56,16 @@ def bench_model(profile: Profile, name: str | None) -> ServedModel:
         known = ", ".join(spec.name for spec in served)
         raise ValidationError(f"--model {name}: profile {profile.name} serves no such model; models: {known}")
     return found
+
+
+def kv_histogram(profile: Profile, spec: ServedModel) -> str | None:
+    """The KV-transfer histogram a model's P/D pool exports: its connector's on the pinned release, from the
+    facts table (None: not P/D, or the release registers none, as 0.11.0 for NIXL)."""
+    view = profile.for_model(spec)
+    if not view.disaggregated:
+        return None
+    series = kv_transfer_series(view.kv_transfer.connector, view.vllm.version)
+    return series.histogram if series is not None else None
 
 
 def gateway_of(profile: Profile, topology: Topology, key: str, alias: str | None = None) -> Gateway:
@@ -179,11 +191,17 @@ def metrics_sources(
 
 
 def pool_targets(
-    topology: Topology, pools: tuple[str, ...], sources: Sources, model: str | None = None
+    topology: Topology,
+    pools: tuple[str, ...],
+    sources: Sources,
+    model: str | None = None,
+    kv_histogram: str | None = None,
 ) -> dict[str, PoolTarget]:
-    """PoolTarget per pool asked for (of one model's instances, or every model's)."""
+    """PoolTarget per pool asked for (of one model's instances, or every model's), the P/D pool's KV
+    transfer read from `kv_histogram`."""
     out = {}
     for p in pools:
         source, kv = sources(p)
-        out[p] = PoolTarget(p, gpu_count(topology, p, model), source, kv, instance_count(topology, p, model))
+        gpus, instances = gpu_count(topology, p, model), instance_count(topology, p, model)
+        out[p] = PoolTarget(p, gpus, source, kv, instances, kv_histogram)
     return out

@@ -113,41 +113,56 @@ def server_rows(doc: dict[str, Any]) -> list[list[str]]:
         if "error" in s:
             continue
         server, peak = s["pdfleet"]["server"], s["pdfleet"]["kv_cache_usage_peak"]
+        kv = s["pdfleet"].get("kv_transfer_histogram")
         roles = sorted({r for v in server.values() for r in v if r != "*"}) or ["*"]
         for role in roles:
             cells = [pool, role]
             for st in STAGES:
                 p95 = server.get(f"{st}_p95_ms", {}).get(role, server.get(f"{st}_p95_ms", {}).get("*"))
                 p99 = server.get(f"{st}_p99_ms", {}).get(role, server.get(f"{st}_p99_ms", {}).get("*"))
-                cells.append(_pair(p95, p99, st))
+                cells.append(_pair(p95, p99, kv if st == "kv_transfer" else dict(CHAIN)[st]))
             pre = server.get("preemptions", {}).get(role)
             cells.append(fmt(pre, 0) if isinstance(pre, int | float) else "-")
             hit = server.get("prefix_cache_hit_pct", {}).get(role)
             cells.append(f"{hit:.0f}%" if isinstance(hit, int | float) else "-")
-            kv = peak.get(role)
-            cells.append(f"{100 * kv:.0f}%" if isinstance(kv, int | float) else "-")
+            top = peak.get(role)
+            cells.append(f"{100 * top:.0f}%" if isinstance(top, int | float) else "-")
             rows.append(cells)
     return rows
 
 
-def _ms(v: float, stage: str) -> str:
+def _ms(v: float, histogram: str | None) -> str:
     """A server figure; inside its histogram's first bucket only "<bound" is known (`metrics.bounds`)."""
-    return show_ms(v, BUCKETS.get(dict(CHAIN)[stage], ()))
+    return show_ms(v, BUCKETS.get(histogram or "", ()))
 
 
-def _pair(p95: Any, p99: Any, stage: str) -> str:
+def _pair(p95: Any, p99: Any, histogram: str | None) -> str:
     """A P95 / P99 cell of the server table."""
-    if isinstance(p95, int | float):
-        return f"{_ms(p95, stage)} / {_ms(p99, stage)}" if isinstance(p99, int | float) else _ms(p95, stage)
-    return "n/a"
+    if not isinstance(p95, int | float):
+        return "n/a"
+    return (
+        f"{_ms(p95, histogram)} / {_ms(p99, histogram)}"
+        if isinstance(p99, int | float)
+        else _ms(p95, histogram)
+    )
 
 
-BUCKET_NOTE = (
-    "queue, prefill and decode come from vLLM's request-time histograms, whose first bucket ends "
-    f"at {1000 * BUCKETS[dict(CHAIN)['queue']][0]:g} ms: '<{1000 * BUCKETS[dict(CHAIN)['queue']][0]:g}' "
-    "is all they can say below it; KV transfer's first bucket ends at "
-    f"{1000 * BUCKETS[dict(CHAIN)['kv_transfer']][0]:g} ms"
-)
+def bucket_note(doc: dict[str, Any]) -> str:
+    """Where the server figures' first buckets end: the request-time histograms', and each KV-transfer
+    histogram the run read (its connector's)."""
+    first = 1000 * BUCKETS[str(dict(CHAIN)["queue"])][0]
+    note = (
+        f"queue, prefill and decode come from vLLM's request-time histograms, whose first bucket ends at "
+        f"{first:g} ms: '<{first:g}' is all they can say below it"
+    )
+    kv = sorted(
+        {h for s in doc["pools"].values() if (h := s.get("pdfleet", {}).get("kv_transfer_histogram"))}
+    )
+    return note + "".join(
+        f"; KV transfer's ({h}) first bucket ends at {1000 * BUCKETS[h][0]:g} ms" for h in kv if h in BUCKETS
+    )
+
+
 SERVER = [
     "pool",
     "role",
@@ -336,7 +351,7 @@ def markdown(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> st
         "",
         *markdown_table(SERVER, server_rows(doc)),
     ]
-    lines += ["", *[f"- {n}" for n in server_notes(doc)], f"- {BUCKET_NOTE}", ""]
+    lines += ["", *[f"- {n}" for n in server_notes(doc)], f"- {bucket_note(doc)}", ""]
     lines += [
         "## Decider reasons",
         "",
@@ -379,7 +394,7 @@ def html_page(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> s
     parts += [f"<li><b>WARNING</b>: {esc(w)}</li>" for w in verdict.warnings] + ["</ul>"]
     parts += ["<h2>Fair comparison (per GPU)</h2>", html_table(FAIR, fair_rows(doc))]
     parts += ["<h2>Server side</h2>", html_table(SERVER, server_rows(doc))]
-    parts += ["<ul>", *[f"<li>{esc(n)}</li>" for n in [*server_notes(doc), BUCKET_NOTE]], "</ul>"]
+    parts += ["<ul>", *[f"<li>{esc(n)}</li>" for n in [*server_notes(doc), bucket_note(doc)]], "</ul>"]
     parts += [
         "<h2>Decider reasons</h2>",
         html_table(REASONS, reason_rows(doc)),

@@ -94,6 +94,7 @@ def pool_summary(result: BenchResult, name: str, run: PoolResult | None = None) 
             recs, name == "colocated", res.target.instance_count, plan.bounds.stall_ms, plan.time_scale
         ),
         "server": res.server,
+        "kv_transfer_histogram": res.target.kv_histogram,
         "kv_cache_usage_peak": res.kv_peak,
         "decider_reasons": res.reasons,
         "interrupted": res.run.interrupted,

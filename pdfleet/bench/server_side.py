@@ -1,7 +1,8 @@
 """Server-side figures of one pool's run window, read only through a `MetricsSource` (Prometheus or a
 direct scrape of the topology's metrics endpoints): the request chain (queue, prefill, decode), KV
-transfer P95/P99, preemptions, the prefix-cache hit rate and peak KV-cache usage, per pool and role; and
-the gateway decider's reasons over the window.
+transfer P95/P99 (from the histogram the pinned release's connector registers: NIXL's on decode,
+Mooncake's on prefill; `model.monitoring.kv_transfer_series`), preemptions, the prefix-cache hit rate
+and peak KV-cache usage, per pool and role; and the gateway decider's reasons over the window.
 
 A figure the source cannot give (no observation, a series not exported, a source not answering) is kept
 as its reason, never as a zero; the report prints the reason.
@@ -16,13 +17,15 @@ from typing import Any
 
 from pdfleet.metrics.source import MetricsError, MetricsSource
 
-# (figure, vLLM histogram) of the request chain, in the order a request goes through it
-CHAIN = (
+# (figure, vLLM histogram) of the request chain, in the order a request goes through it; the KV transfer's
+# histogram is the connector's on the pinned release (None here: `chain` is told which)
+CHAIN: tuple[tuple[str, str | None], ...] = (
     ("queue", "vllm:request_queue_time_seconds"),
     ("prefill", "vllm:request_prefill_time_seconds"),
-    ("kv_transfer", "vllm:nixl_xfer_time_seconds"),
+    ("kv_transfer", None),
     ("decode", "vllm:request_decode_time_seconds"),
 )
+NO_KV_HISTOGRAM = "n/a: the pinned vLLM release registers no KV-transfer histogram for this connector"
 PREEMPTIONS = "vllm:num_preemptions_total"
 # prompt tokens looked up in the prefix cache, and those found there (vLLM V1 counters, in tokens)
 PREFIX_QUERIES, PREFIX_HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
@@ -40,8 +43,11 @@ def _try(read: Callable[[], Any]) -> Any:
         return f"n/a: {err}"
 
 
-def chain(source: MetricsSource, pool: str, window_s: float) -> dict[str, dict[str, Figure]]:
-    """P95/P99 of each chain stage per role of `pool` (ms), preemptions and the KV-transfer tail.
+def chain(
+    source: MetricsSource, pool: str, window_s: float, kv_histogram: str | None
+) -> dict[str, dict[str, Figure]]:
+    """P95/P99 of each chain stage per role of `pool` (ms), preemptions and the KV-transfer tail read from
+    `kv_histogram` (None: the release registers none for the connector, said as the figure's reason).
 
     Returns {"<stage>_p95_ms": {role: value or reason}, ..., "preemptions": {role: count}}.
     """
@@ -50,9 +56,13 @@ def chain(source: MetricsSource, pool: str, window_s: float) -> dict[str, dict[s
     for stage, metric in CHAIN:
         if stage == "kv_transfer" and pool == "colocated":
             continue  # no KV connector on a colocated pool
+        histogram = kv_histogram if stage == "kv_transfer" else metric
         for q in QUANTILES:
             key = f"{stage}_p{int(q * 100)}_ms"
-            got = _try(partial(source.quantile, q, metric, window_s, by=("role",), match=match))
+            if histogram is None:
+                out[key] = {"*": NO_KV_HISTOGRAM}
+                continue
+            got = _try(partial(source.quantile, q, histogram, window_s, by=("role",), match=match))
             out[key] = {k[0]: 1000 * v for k, v in got.items()} if isinstance(got, dict) else {"*": got}
     got = _try(lambda: source.increase(PREEMPTIONS, window_s, by=("role",), match=match))
     out["preemptions"] = {k[0]: v for k, v in got.items()} if isinstance(got, dict) else {"*": got}

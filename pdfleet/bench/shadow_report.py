@@ -107,12 +107,17 @@ def _tpot(source: MetricsSource, window_s: float, model: str | None, **where: st
 
 
 def pool_figures(
-    source: MetricsSource, window_s: float, model: str | None = None, vllm_model: str | None = None
+    source: MetricsSource,
+    window_s: float,
+    model: str | None = None,
+    vllm_model: str | None = None,
+    kv_histogram: str | None = None,
 ) -> dict[str, PoolFigures]:
     """The verdict's inputs: each side's TTFT P95 (the shadowed requests), each pool's TPOT and queue
-    P95 and the P/D pool's KV transfer P95 (vLLM's series: the pool's whole traffic)."""
-    colo = chain(source, "colocated", window_s)
-    pd = chain(source, "disagg", window_s)
+    P95 and the P/D pool's KV transfer P95 from `kv_histogram`, its connector's (vLLM's series: the pool's
+    whole traffic)."""
+    colo = chain(source, "colocated", window_s, None)
+    pd = chain(source, "disagg", window_s, kv_histogram)
     colo_queue = value_of(colo.get("queue_p95_ms", {}))
     return {
         "colocated": PoolFigures(
@@ -151,13 +156,14 @@ def build_report(
     thresholds: Thresholds,
     model: str | None = None,
     vllm_model: str | None = None,
+    kv_histogram: str | None = None,
 ) -> ShadowReport:
     """The whole report over the last `window_s` seconds (`model`: the gateway's label, `vllm_model`:
-    vLLM's; None: every model's series summed)."""
+    vLLM's; None: every model's series summed; `kv_histogram`: the P/D model's KV-transfer histogram)."""
     report = ShadowReport(window_s)
     report.rows = shadow_rows(source, window_s, model)
     report.long_prefill = long_prefill_counts(source, window_s, model)
-    report.figures = pool_figures(source, window_s, model, vllm_model)
+    report.figures = pool_figures(source, window_s, model, vllm_model, kv_histogram)
     if not report.rows:
         report.notes.append(
             "no shadowed request in the window: start one (invoke shadow --stage S --share N) or widen "

@@ -249,7 +249,13 @@ async def _run(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from pdfleet.bench.compare import run_compare
-    from pdfleet.bench.fleet_targets import bench_model, gateway_of, metrics_sources, pool_targets
+    from pdfleet.bench.fleet_targets import (
+        bench_model,
+        gateway_of,
+        kv_histogram,
+        metrics_sources,
+        pool_targets,
+    )
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -258,7 +264,7 @@ async def _run(
     spec = bench_model(deployment.profile, model)
     sources, what = metrics_sources(topology, lambda m: console.print(m), spec.name)
     console.print(f"model {spec.name}, server side: {what}")
-    targets = pool_targets(topology, plan.pools, sources, spec.name)
+    targets = pool_targets(topology, plan.pools, sources, spec.name, kv_histogram(deployment.profile, spec))
     gw = gateway_of(deployment.profile, topology, key, spec.aliases[0])
     bars = Progress(
         TextColumn("{task.description}"),

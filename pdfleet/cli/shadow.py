@@ -211,6 +211,7 @@ def report(
     from rich.console import Console
     from rich.table import Table
 
+    from pdfleet.bench.fleet_targets import bench_model, kv_histogram
     from pdfleet.bench.shadow_report import COLUMNS, as_dict, build_report, table_rows
     from pdfleet.lab.network import lab_route_problem
     from pdfleet.metrics.prometheus import PrometheusClient
@@ -225,8 +226,11 @@ def report(
     problem = lab_route_problem([urlparse(url).hostname or ""])
     if problem:
         raise ConnectError(problem)
+    kv = kv_histogram(
+        deployment.profile, bench_model(deployment.profile, model)
+    )  # --model's, or the P/D one's
     found = build_report(
-        PrometheusClient(url), span * 60, thresholds_of(deployment, model), label, vllm_label
+        PrometheusClient(url), span * 60, thresholds_of(deployment, model), label, vllm_label, kv
     )
     if as_json:
         print(json.dumps(as_dict(found), indent=2, default=str))

@@ -17,6 +17,7 @@ from pdfleet.bench.fleet_targets import (
     direct_targets,
     gateway_of,
     gpu_count,
+    kv_histogram,
     metrics_sources,
     pools_of,
     read_client_key,
@@ -24,6 +25,7 @@ from pdfleet.bench.fleet_targets import (
 from pdfleet.errors import ValidationError
 from pdfleet.metrics.direct import DirectScrape
 from pdfleet.metrics.prometheus import PrometheusClient
+from pdfleet.model.profile_loader import load_profile
 from tests.unit.fleet.helpers import deploy, monitoring_on_port
 from tests.unit.metrics.helpers import exporter, prometheus, samples_seen, scrape_config, wait_for
 
@@ -48,6 +50,25 @@ def test_lab_cross_compares_two_colocated_gpus_with_one_prefill_and_one_decode()
         ("disagg", "prefill"),
         ("disagg", "decode"),
     }
+
+
+@pytest.mark.parametrize(
+    ("profile", "model", "histogram"),
+    [
+        ("lab-cross", None, "vllm:nixl_xfer_time_seconds"),
+        ("lab-cross-mooncake", None, "vllm:mooncake_xfer_time_seconds"),
+        ("lab-same-host", None, None),  # 0.11.0: NixlConnector registers no metric
+        ("lab-two-models", "llama-1b", None),  # colocated only
+        ("lab-colocated", None, None),
+    ],
+)
+def test_the_kv_transfer_histogram_is_the_connector_s_on_the_pinned_release(
+    profile: str, model: str | None, histogram: str | None
+) -> None:
+    """Issue 25: bench reads the P/D pool's KV transfer from the histogram the facts table says its
+    connector registers on its pin (a Mooncake bench showed n/a: it read NIXL's name only)."""
+    prof = load_profile(profile, REPO / "profiles")
+    assert kv_histogram(prof, bench_model(prof, model)) == histogram
 
 
 def test_a_colocated_profile_has_only_the_colocated_pool() -> None:

@@ -4,6 +4,7 @@ missing), the client's lateness, every error."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -109,3 +110,24 @@ def test_note_only_when_there_is_something_to_say() -> None:
     """Items joined by '; ' between the lead and the tail, after a blank line; nothing without items."""
     assert note("slow: ", ["a at 1", "b at 2"], ". Rerun.") == ["", "note: slow: a at 1; b at 2. Rerun."]
     assert note("slow: ", [], ". Rerun.") == []
+
+
+def test_a_mooncake_run_names_the_histogram_its_kv_transfer_came_from(tmp_path: Path) -> None:
+    """Issue 25: results.json keeps which KV-transfer histogram the P/D pool was read from (the connector's,
+    from the facts table) and the report's bucket note gives that histogram's first bucket; a run that
+    read none (0.11.0's NIXL, colocated) adds no KV note."""
+    result = built_result()
+    disagg = result.pools["disagg"]
+    disagg.target = dataclasses.replace(disagg.target, kv_histogram="vllm:mooncake_xfer_time_seconds")
+    disagg.server["kv_transfer_p95_ms"] = {"prefill": 3.0}  # Mooncake observes on P
+    doc, verdict = write_results(
+        tmp_path, result, "llama", "lab-cross-mooncake", Thresholds(1000, 100, 500, 500)
+    )
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["pools"]["disagg"]["pdfleet"]["kv_transfer_histogram"] == "vllm:mooncake_xfer_time_seconds"
+    assert saved["pools"]["colocated"]["pdfleet"]["kv_transfer_histogram"] is None
+    text = markdown(doc, verdict, [])
+    assert "KV transfer's (vllm:mooncake_xfer_time_seconds) first bucket ends at 5 ms" in text
+    assert "| disagg | prefill | 350 | n/a | <5 | n/a |" in text  # inside that histogram's first bucket
+    plain, _ = _doc(tmp_path / "nixl-less")
+    assert "KV transfer's" not in markdown(plain, verdict, [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pdfleet.bench.server_side import chain, kv_peak, reasons, value_of
+from pdfleet.bench.server_side import NO_KV_HISTOGRAM, chain, kv_peak, reasons, value_of
 from pdfleet.metrics.direct import DirectScrape, Target
 from tests.unit.bench.helpers import text_server
 
@@ -41,7 +41,7 @@ def test_chain_per_role_over_the_window_and_reasons_for_what_is_missing() -> Non
         source.scrape()
         pages["/metrics"] = page(10, 0.6, 3)
         clock[0] = 30.0
-        figs = chain(source, "colocated", 30.0)
+        figs = chain(source, "colocated", 30.0, None)
     q95 = figs["queue_p95_ms"]["colocated"]
     assert isinstance(q95, float) and 300 < q95 <= 500  # inside the 0.3-0.5 s bucket, in ms
     assert figs["preemptions"] == {"colocated": 3.0}
@@ -79,7 +79,7 @@ def test_prefix_hit_rate_with_no_lookup_in_the_window_is_a_reason_not_a_zero() -
         )
         source.scrape()
         clock[0] = 30.0
-        figs = chain(source, "colocated", 30.0)
+        figs = chain(source, "colocated", 30.0, None)
     assert figs["prefix_cache_hit_pct"] == {"colocated": "n/a: no prompt token looked up in the window"}
 
 
@@ -105,3 +105,35 @@ def test_the_decider_reasons_over_the_window_or_why_there_are_none() -> None:
         pages["/metrics"] = page(1, 0.1, 0)
         clock[0] = 60.0
         assert str(reasons(source, 30.0)).startswith("n/a: ")
+
+
+def test_the_kv_transfer_tail_is_read_from_the_histogram_named_for_the_connector() -> None:
+    """Issue 25: a Mooncake P/D pool's KV transfer comes from vllm:mooncake_xfer_time_seconds on its prefill
+    instance (Mooncake pushes from P), not NIXL's, which a Mooncake fleet never exports (was n/a); with no
+    histogram for the connector (0.11.0's NIXL) the figure is that reason, never a zero."""
+    clock = [0.0]
+
+    def kv_page(transfers: int) -> str:
+        name = "vllm:mooncake_xfer_time_seconds"
+        lines = [
+            f'{name}_bucket{{le="{le}"}} {0 if le == "0.01" else transfers}'
+            for le in ("0.01", "0.025", "+Inf")
+        ]
+        return "\n".join([*lines, f"{name}_count {transfers}", f"{name}_sum {0.02 * transfers}"]) + "\n"
+
+    pages = {"/metrics": kv_page(0)}
+    with text_server(pages) as url:
+        source = DirectScrape(
+            [Target(url + "/metrics", {"pool": "disagg", "role": "prefill", "host": "p1"})],
+            clock=lambda: clock[0],
+        )
+        source.scrape()
+        pages["/metrics"] = kv_page(20)
+        clock[0] = 30.0
+        mooncake = chain(source, "disagg", 30.0, "vllm:mooncake_xfer_time_seconds")
+        nixl = chain(source, "disagg", 30.0, "vllm:nixl_xfer_time_seconds")
+        none = chain(source, "disagg", 30.0, None)
+    p95 = mooncake["kv_transfer_p95_ms"]["prefill"]
+    assert isinstance(p95, float) and 10 < p95 <= 25  # inside the 10-25 ms bucket
+    assert str(nixl["kv_transfer_p95_ms"]["*"]).startswith("n/a: ")
+    assert none["kv_transfer_p95_ms"] == none["kv_transfer_p99_ms"] == {"*": NO_KV_HISTOGRAM}
