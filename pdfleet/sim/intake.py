@@ -320,7 +320,7 @@ class Intake:
         if self._producer and params.get("do_remote_decode"):
             digest = prompt_digest(body, self.counter_id)
         hashes: tuple[bytes, ...] = ()
-        if self.cfg.enable_prefix_caching and not (self._consumer and params.get("do_remote_prefill")):
+        if self.cfg.enable_prefix_caching:  # a consumer too: it looks its prompt up, caches what it pulled
             hashes = block_hashes(prompt_units(body, counter), self.cfg.block_size)
         return Prepared(body, parsed, digest, known is None, hashes)
 

@@ -95,18 +95,6 @@ def test_without_caching_nothing_matches() -> None:
     assert pool.match(hashes, 1) == [] and pool.num_cached == 0
 
 
-def _old_hashes(units: list[int | str], block_size: int) -> tuple[bytes, ...]:
-    """The hash as first written: each unit tagged and joined in Python (the fast path must equal it)."""
-    import hashlib
-
-    out, parent = [], b""
-    for start in range(0, len(units) - block_size + 1, block_size):
-        block = "\x1f".join(f"{type(u).__name__[0]}{u}" for u in units[start : start + block_size])
-        parent = hashlib.blake2b(parent + block.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-        out.append(parent)
-    return tuple(out)
-
-
 def _old_pieces(text: str, n: int) -> list[str]:
     import math
 
@@ -114,13 +102,39 @@ def _old_pieces(text: str, n: int) -> list[str]:
     return [text[math.floor(i * step) : math.floor((i + 1) * step)] for i in range(n)]
 
 
-def test_the_fast_hash_and_pieces_are_the_ones_first_written() -> None:
-    """Hashing a 25K-token prompt took tens of ms in per-unit Python; the fast path names blocks alike."""
-    pieces: list[int | str] = list(prompt_units({"prompt": "ab" * 501 + "é"}, CharEstimate()))
-    ids: list[int | str] = list(range(100, 180))
-    mixed: list[int | str] = ["\0role-marker", 5, "x", 7, *range(40)]
-    for units in (pieces, ids, mixed, [True, 1, *range(30)]):
-        assert block_hashes(units, 16) == _old_hashes(units, 16)
+def _changed(unit: int | str) -> int | str:
+    return unit + 1 if isinstance(unit, int) else unit + "x"
+
+
+@pytest.mark.parametrize(
+    "units",
+    [
+        list(prompt_units({"prompt": "ab" * 60 + "é"}, CharEstimate())),  # pieces, one not ASCII
+        list(prompt_units({"prompt": "wxyz" * 15}, CharEstimate())),  # ASCII pieces
+        list(range(100, 155)),  # token ids
+        [2**70, *range(60)],  # an id past 64 bits
+        ["\0role-marker", 5, "x", 7, *range(60)],  # a chat prompt's markers among ids
+        [True, *range(60)],
+    ],
+)
+def test_a_block_is_named_by_every_unit_up_to_its_end_and_none_after(units: list[int | str]) -> None:
+    """Each layout (ids, pieces, mixed) slices its blocks right: changing any one unit changes the hash
+    of its block and of every block after it, and of none before it."""
+    hashes = block_hashes(units, 16)
+    assert len(hashes) == len(units) // 16 and len(set(hashes)) == len(hashes)
+    for k in range(len(hashes)):
+        assert block_hashes(units[: 16 * k + 16], 16) == hashes[: k + 1]
+    for j, unit in enumerate(units[: 16 * len(hashes)]):
+        other = block_hashes([*units[:j], _changed(unit), *units[j + 1 :]], 16)
+        k = j // 16
+        assert other[:k] == hashes[:k] and all(a != b for a, b in zip(other[k:], hashes[k:], strict=True))
+
+
+def test_an_id_a_text_piece_and_a_bool_name_different_blocks() -> None:
+    assert len({block_hashes(block, 16)[0] for block in ([1] * 16, ["1"] * 16, [True] * 16)}) == 3
+
+
+def test_the_pieces_are_the_ones_first_written() -> None:
     for text in ("x" * 4000, "x" * 4001, "ab" * 777):
         n = CharEstimate().count(text)
         assert prompt_units({"prompt": text}, CharEstimate()) == _old_pieces(text, n)

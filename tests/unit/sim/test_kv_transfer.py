@@ -417,6 +417,26 @@ def test_vllm_router_serves_a_streaming_chat_through_the_pair(pair: tuple[SimPro
     wait_for(lambda: "KV Transfer metrics: Num successful transfers=" in consumer.log())
 
 
+def test_a_consumer_caches_what_it_pulled_so_a_longer_prompt_pulls_only_its_new_blocks(
+    pair: tuple[SimProcess, SimProcess],
+) -> None:
+    """As vLLM's scheduler caches a request's blocks once their remote KV arrived: an agent's next turn
+    (its history plus 400 tokens) finds the history in the consumer's own prefix cache and pulls the rest."""
+    producer, consumer = pair
+    history = "w" * 8000  # 2000 tokens: 125 full blocks
+    with RouterProcess([producer.url], [consumer.url]) as router:
+        client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        client.completions.create(model=MODEL, prompt=history, max_tokens=2)
+        before = scrape_metrics(consumer.url)
+        client.completions.create(model=MODEL, prompt=history + "v" * 1600, max_tokens=2)
+        after = scrape_metrics(consumer.url)
+    hits = "vllm:prefix_cache_hits_total"
+    assert after[hits] - before[hits] == 2000  # the history, all 125 blocks of it
+    if "0.11.0" not in consumer.argv:  # 0.11 registers no vllm:nixl_* metrics
+        moved = after["vllm:nixl_bytes_transferred_sum"] - before["vllm:nixl_bytes_transferred_sum"]
+        assert moved == 400 * KV_BYTES_8B  # the new 400 tokens only, not the 2400 of the prompt
+
+
 def test_kv_transfer_params_round_trip_without_router(pair: tuple[SimProcess, SimProcess]) -> None:
     """Both legs carry one X-Request-Id, as a proxy sends (0.11 pairs P and D by it)."""
     producer, consumer = pair
