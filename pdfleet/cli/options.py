@@ -47,6 +47,7 @@ def open_deployment(
     roles: str | None = None,
     limit: str | None = None,
     stage: str | None = None,
+    stage_model: str | None = None,
     keys: Keys = "none",
     wheel: Callable[[str], None] | None = None,
     manifests: bool = False,
@@ -54,13 +55,13 @@ def open_deployment(
     layout: HostPools | None = None,
 ) -> Deployment:
     """Every task's deployment, from its options and invoke.yaml's defaults, through the one door
-    (fleet.deployment.load_deployment): `roles` (default all), `--limit`ed hosts, `--stage`, the gateway's
-    keys as `keys` says (asked only when a selected role installs them on a selected host) and, with
-    `wheel` (progress messages), the host wheel the selected hosts install; with `manifests`, the staged
-    models' manifests from their mirrors (when the weights role runs on a host serving one); the pool
-    groups as the live layout left them (`invoke rebalance`) unless `layout_from_inventory`, or as `layout`
-    gives them (the layouts a move goes through: `invoke rebalance`'s steps). Everything is validated
-    first."""
+    (fleet.deployment.load_deployment): `roles` (default all), `--limit`ed hosts, `--stage` (of the model
+    `stage_model` names), the gateway's keys as `keys` says (asked only when a selected role installs them
+    on a selected host) and, with `wheel` (progress messages), the host wheel the selected hosts install;
+    with `manifests`, the staged models' manifests from their mirrors (when the weights role runs on a
+    host serving one); the pool groups as the live layout left them (`invoke rebalance`) unless
+    `layout_from_inventory`, or as `layout` gives them (the layouts a move goes through: `invoke
+    rebalance`'s steps). Everything is validated first."""
     from pdfleet.fleet.alert_secrets import read_alert_secrets
     from pdfleet.fleet.deployment import DeploymentRequest, load_deployment
     from pdfleet.fleet.host_wheel import cached_host_wheel
@@ -85,6 +86,7 @@ def open_deployment(
         lab_network=lab_site.LAB_NETWORK,
         limit=limit,
         stage=stage,
+        stage_model=stage_model,
         secrets=_secrets(keys),
         host_wheel=None if wheel is None else functools.partial(cached_host_wheel, progress=wheel),
         manifests=load_manifests if manifests else None,

@@ -25,7 +25,9 @@ from pdfleet.errors import ValidationError
         "json": "Also write the JSON report (hosts, changes, totals) to this path.",
         "stage": "Set the gateways to this stage of gateway.stages (an explicit override). Without it the "
         "stage the gateways run now is kept (the rollout controller's); gateway.stage is only "
-        "the initial one.",
+        "the initial one. With several models, it sets the stage of the model given by --model.",
+        "model": "With --stage: the model whose stage it sets (a name under the profile's models:); needed "
+        "when the profile serves several (the first one's is the policy's top-level stage).",
         "layout_from_inventory": "Go back to the inventory's pool groups: ignore and, once provision "
         "succeeded, remove the live layout `invoke rebalance` left (without it, a moved host stays moved).",
         "reboot": "Reboot hosts whose roles report 'reboot required' (e.g. a new driver), wave by wave "
@@ -45,6 +47,7 @@ def provision(
     reboot: bool = False,
     stage: str | None = None,
     layout_from_inventory: bool = False,
+    model: str | None = None,
 ) -> None:
     """Converge hosts to the profile: packages, venv, env files, units; 0 changes when converged."""
     from rich.console import Console
@@ -62,6 +65,7 @@ def provision(
         roles=roles,
         limit=limit,
         stage=stage,
+        stage_model=model,
         keys="provision",
         wheel=lambda msg: console.print(msg, highlight=False),
         manifests=True,

@@ -59,6 +59,7 @@ class Deployment:
     manifests: Mapping[str, WeightsManifest] = field(default_factory=dict)  # staged models' by model id
     hub_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)  # staged hub models' by model id
     alert_secrets: Mapping[str, str] = field(default_factory=dict, repr=False)  # the receivers', by name
+    stage_model: str | None = None  # the model whose stage stage_override sets (--model; None: the first)
 
     def context(self, host: Host) -> RoleContext:
         """What the roles see for one host."""
@@ -74,6 +75,7 @@ class Deployment:
             self.manifests,
             self.hub_tokens,
             self.alert_secrets,
+            self.stage_model,
         )
 
 
@@ -90,6 +92,7 @@ class DeploymentRequest:
     lab_network: ipaddress.IPv4Network | None = None  # addresses in it are lab hosts
     limit: str | None = None  # `--limit`: hosts and groups, comma-separated
     stage: str | None = None  # `invoke provision --stage S`: over the gateways' live stage
+    stage_model: str | None = None  # `--model M`: whose stage (needed when the profile serves several)
     secrets: Secrets | None = None  # asked only when a selected role installs keys on a selected host
     host_wheel: HostWheel | None = None  # asked only when a selected host gets the wheel uploaded
     manifests: Manifests | None = None  # asked only when a selected role reads staged models' manifests
@@ -110,11 +113,7 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
         source, live = request.layout
         inventory = apply_layout(inventory, profile.served[0], live, source)
     check_against_inventory(profile, inventory)
-    if request.stage is not None:
-        # the gateway's one policy carries the first model's stages until it holds a stage per model
-        problem = stage_problem(profile.served[0], request.stage)
-        if problem:
-            raise ValidationError(f"--stage: {problem}")
+    stage_model = staged_model(profile, request.stage, request.stage_model)
     hosts = tuple(inventory.limit(request.limit).hosts.values())
     topology = build_topology(profile, inventory, request.lab_network)
     roles = tuple(request.roles)
@@ -166,7 +165,26 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
         manifests,
         tokens,
         alerting,
+        stage_model,
     )
+
+
+def staged_model(profile: Profile, stage: str | None, model: str | None) -> str | None:
+    """The name of the model `--stage` sets (`--model`, or the only one), checked: a stage of that model,
+    a model of the profile (a profile serving several needs --model; ValidationError naming them), and
+    --model only with --stage. None without --stage."""
+    if stage is None:
+        if model is not None:
+            raise ValidationError("--model: it names the model whose stage --stage sets; give --stage too")
+        return None
+    try:
+        spec = profile.served_model(model)
+    except ValidationError as exc:
+        raise ValidationError(f"--stage: {exc}") from None
+    problem = stage_problem(spec, stage)
+    if problem:
+        raise ValidationError(f"--stage: {problem}")
+    return spec.name
 
 
 def installs_gateway_side(roles: Iterable[Role], topology: Topology, hosts: Iterable[Host]) -> bool:

@@ -2,7 +2,8 @@
 
 The profile's `gateway.stage` is only the initial stage. On a gateway host that already runs a policy,
 provision keeps that policy's stage (the rollout controller's, a step's weights included) unless
-`invoke provision --stage S` says otherwise, and bumps the version only when the policy's meaning
+`invoke provision --stage S [--model M]` says otherwise (of one model: the first one's is the policy's
+top-level stage, another's its policy group's), and bumps the version only when the policy's meaning
 changes, so a converged gateway reloads nothing and the controller sees no foreign version. The policy on
 the host is read with the gateway's own parser (pdfleet.gateway.policy), so both agree on what it says.
 """
@@ -37,12 +38,15 @@ def meaning(policy: PolicySpec) -> dict[str, Any]:
 Staging = tuple[str, dict[str, StageSpec]]  # a stage, and the stages beside it
 
 
-def policy_stage(profile: Profile, live: PolicySpec | None, override: str | None) -> Staging:
-    """The stage to render and the stages beside it: the override, else the live one (a rollout step's
-    weights kept), else the profile's initial stage (the first model's: the policy's top-level stage)."""
+def policy_stage(
+    profile: Profile, live: PolicySpec | None, override: str | None, model: str | None = None
+) -> Staging:
+    """The stage to render and the stages beside it: the override (when it is the first model's: `model`
+    None or its name), else the live one (a rollout step's weights kept), else the profile's initial stage
+    (the first model's: the policy's top-level stage)."""
     first = profile.served[0].gateway
     stages = dict(first.stages)
-    if override is not None:
+    if override is not None and overridden(profile, model) == profile.served[0].name:
         return override, stages
     if live is None:
         return first.stage, stages
@@ -50,21 +54,24 @@ def policy_stage(profile: Profile, live: PolicySpec | None, override: str | None
 
 
 def model_stages(
-    profile: Profile, live: PolicySpec | None, override: str | None
+    profile: Profile, live: PolicySpec | None, override: str | None, model: str | None = None
 ) -> dict[str, Staging | None]:
     """Each listed model's stage and stages (its policy group's), or None where the group follows the
-    policy's top-level stage (the first model's, which `--stage` and a controller without `model` set):
-    the first model unless the host's policy gives its group a stage of its own (and no `--stage`); the
-    others keep their group's live stage (the controller sets it per model), else their initial one. {}
-    for a single-model profile, whose policy has no groups."""
+    policy's top-level stage (the first model's, which its `--stage` and a controller without `model`
+    set): the model `--stage` names (`model`; None: the first) takes it, the first following the top
+    level; otherwise the first model follows the top level unless the host's policy gives its group a
+    stage of its own, and the others keep their group's live stage (the controller sets it per model),
+    else their initial one. {} for a single-model profile, whose policy has no groups."""
     if not profile.models:
         return {}
+    target = None if override is None else overridden(profile, model)
     out: dict[str, Staging | None] = {}
     for index, spec in enumerate(profile.served):
         stages = dict(spec.gateway.stages)
         group = None if live is None else live.groups.get(spec.name)
-        overridden = index == 0 and override is not None
-        if live is not None and group is not None and group.stage is not None and not overridden:
+        if spec.name == target:
+            out[spec.name] = None if index == 0 else (str(override), stages)
+        elif live is not None and group is not None and group.stage is not None:
             live_stages = group.stages if group.stages is not None else live.stages
             out[spec.name] = _kept(group.stage, live_stages, stages)
         elif index == 0:
@@ -72,6 +79,11 @@ def model_stages(
         else:
             out[spec.name] = (spec.gateway.stage, stages)
     return out
+
+
+def overridden(profile: Profile, model: str | None) -> str:
+    """The name of the model `--stage` sets: `model`, or the first (a single-model profile's only one)."""
+    return profile.served[0].name if model is None else model
 
 
 def _kept(stage: str, live_stages: dict[str, StageSpec], stages: dict[str, StageSpec]) -> Staging:

@@ -51,6 +51,8 @@ class RoleContext:
     hub_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
     # the Alertmanager receivers' secrets by name (never rendered: only the monitoring role's 0600 files)
     alert_secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # `--model M` beside `--stage S`: the model whose stage stage_override sets (None: the first model's)
+    stage_model: str | None = None
 
     @property
     def instances(self) -> list[Instance]:

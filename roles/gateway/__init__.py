@@ -223,8 +223,8 @@ def live_policy_text(ctx: RoleContext, facts: FactSource) -> str:
     when the policy's meaning changes (pdfleet.fleet.live_stage's rule)."""
     source = Path(POLICY_FILE)
     live = live_policy(facts.get(FileContent(POLICY_FILE)), source)
-    stage, stages = policy_stage(ctx.profile, live, ctx.stage_override)
-    groups = model_stages(ctx.profile, live, ctx.stage_override)
+    stage, stages = policy_stage(ctx.profile, live, ctx.stage_override, ctx.stage_model)
+    groups = model_stages(ctx.profile, live, ctx.stage_override, ctx.stage_model)
 
     def rendered(version: int) -> gateway_policy.PolicySpec:
         return gateway_policy.parse_policy(source, policy_text(ctx, version, stage, stages, groups))
@@ -237,13 +237,12 @@ def files(ctx: RoleContext) -> list[RenderedFile]:
     if _why_not(ctx):
         return []
     gw = ctx.profile.gateway
-    first = ctx.profile.served[0].gateway
     routers = ctx.topology.routers_on(ctx.host.name)
     secrets = ctx.gateway_secrets
     assert secrets is not None
-    stage = ctx.stage_override or first.stage
-    groups = model_stages(ctx.profile, None, ctx.stage_override)
-    policy = policy_text(ctx, gw.policy_version, stage, dict(first.stages), groups)
+    stage, stages = policy_stage(ctx.profile, None, ctx.stage_override, ctx.stage_model)
+    groups = model_stages(ctx.profile, None, ctx.stage_override, ctx.stage_model)
+    policy = policy_text(ctx, gw.policy_version, stage, stages, groups)
     keys = ctx.render(
         "gateway-keys.yaml.j2",
         client_sha256=secrets.client_sha256,

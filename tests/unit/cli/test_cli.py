@@ -88,6 +88,19 @@ BAD_INPUT = [
     (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--roles", "bogus"], "bogus"),
     (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--serial", "-1"], "--serial"),
     (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--limit", "ghost,pf-01"], "ghost"),
+    (["provision", "--profile", "cross-rdma", "--inventory", CROSS, "--model", "x"], "give --stage too"),
+    (
+        [
+            "provision",
+            "--profile",
+            "lab-two-models",
+            "--inventory",
+            "inventory/lab.yml",
+            "--stage",
+            "colocated",
+        ],
+        "several models; name one (--model): llama-8b, llama-1b",
+    ),
 ]
 
 

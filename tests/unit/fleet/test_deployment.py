@@ -71,6 +71,19 @@ def test_a_provision_gets_everything_in_one_call(tmp_path: Path) -> None:
     )
 
 
+def test_stage_names_its_model_the_only_one_by_default(tmp_path: Path) -> None:
+    """--stage with --model: the model whose stage it sets reaches every host's context; a single-model
+    profile's is its only model, named or not."""
+    calls = Calls(tmp_path)
+    two = load_deployment(_request(calls, "lab-two-models", stage="long-prompts", stage_model="llama-1b"))
+    ctx = two.context(two.hosts[0])
+    assert (ctx.stage_override, ctx.stage_model) == ("long-prompts", "llama-1b")
+    for model in (None, "llama-3-1-8b"):
+        one = load_deployment(_request(calls, stage="colocated", stage_model=model))
+        assert (one.stage_override, one.stage_model) == ("colocated", "llama-3-1-8b")
+    assert load_deployment(_request(calls)).stage_model is None
+
+
 def test_keys_and_wheel_only_where_a_selected_role_installs_them_on_a_selected_host(tmp_path: Path) -> None:
     calls = Calls(tmp_path)
     pool_host = load_deployment(_request(calls, limit="lab-d1"))
@@ -101,6 +114,19 @@ def test_the_decisions_follow_the_topology() -> None:
         ({"stage": "no-such-stage"}, "--stage: 'no-such-stage' is not a stage in gateway.stages"),
         ({"limit": "no-such-host"}, "no-such-host"),
         ({"profile": "no-such-profile"}, "no-such-profile"),
+        (
+            {"stage_model": "llama-3-1-8b"},
+            "--model: it names the model whose stage --stage sets; give --stage",
+        ),
+        ({"stage": "colocated", "stage_model": "x"}, "--stage: .*lab-cross.yml: no model 'x' \\(--model\\)"),
+        (
+            {"profile": "lab-two-models", "stage": "colocated"},
+            "--stage: .*several models; name one \\(--model\\): llama-8b, llama-1b",
+        ),
+        (
+            {"profile": "lab-two-models", "stage": "nope", "stage_model": "llama-1b"},
+            "--stage: 'nope' is not a stage in models\\[1\\].gateway.stages",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_anything_is_asked_for(

@@ -140,6 +140,26 @@ def test_each_listed_model_is_a_policy_group_that_keeps_its_own_live_stage() -> 
     forced = _gateway_plan(dataclasses.replace(fleet, stage_override="all-disagg"), moved)
     assert forced["stage"] == "all-disagg" and "stage" not in forced["groups"]["llama-8b"]
     assert forced["groups"]["llama-1b"]["stage"] == "canary@1"
+    named = _gateway_plan(
+        dataclasses.replace(fleet, stage_override="all-disagg", stage_model="llama-8b"), moved
+    )
+    assert named == forced  # --model naming the first model is --stage as before
+    # --stage --model llama-1b sets that model's group alone: the top level and the P/D model's group kept
+    small = _gateway_plan(
+        dataclasses.replace(fleet, stage_override="colocated", stage_model="llama-1b"), moved
+    )
+    assert (small["version"], small["stage"]) == (7, "colocated")
+    assert small["groups"]["llama-1b"]["stage"] == "colocated"
+    assert small["groups"]["llama-1b"]["stages"] == fresh["stages"]  # the profile's, no step's weights
+    assert small["groups"]["llama-8b"]["stage"] == "long-prompts"
+    assert policy_stage(fleet.profile, live, "colocated", "llama-1b") == policy_stage(
+        fleet.profile, live, None
+    )
+    fresh_small = model_stages(fleet.profile, None, "long-prompts", "llama-1b")
+    assert fresh_small["llama-8b"] is None and fresh_small["llama-1b"] == (
+        "long-prompts",
+        kept_stages(fresh, "llama-1b"),
+    )
     assert model_stages(deployment("lab-cross").profile, live, None) == {}  # a single-model policy: no groups
 
 
