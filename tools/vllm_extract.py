@@ -351,4 +351,5 @@ def extract(src: Sources) -> Release:
         batch_defaults=batch_defaults(src),
         metrics=metrics,
         serve_flags=serve_flags(src),
+        other_metrics=vllm_metrics.other_metrics(src, metrics),
     )

@@ -192,6 +192,8 @@ def summary(release: Release) -> list[str]:
         + (", ".join(f"{mode} x{factor}" for mode, factor in r.batch_defaults.mode_factors) or "scales none"),
         f"  metrics ({len(r.metrics)}, {sum(m.name.startswith('vllm:nixl_') for m in r.metrics)} nixl): "
         + ", ".join(m.name.removeprefix("vllm:") for m in r.metrics),
+        f"  other metric families ({sum(len(o.names) for o in r.other_metrics)}, names only): "
+        + ("; ".join(f"{o.source} {len(o.names)}" for o in r.other_metrics) or "none"),
         "  label values set on start: "
         + "; ".join(
             f"{m.name.removeprefix('vllm:')} {label}={'/'.join(values)}"

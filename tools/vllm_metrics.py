@@ -8,6 +8,12 @@ The `cache_config_info` gauge (`log_metrics_info`) is named by a local and label
 holds: the fields, then attributes its methods set) and `engine`. `finished_reason` carries one series per
 `FinishReason` from the start, the strings of FINISH_REASON_STRINGS.
 
+Every other `vllm:` family is tabled by name and file (`other_metrics`): a name is declared where a string
+that is exactly `vllm:<name>` is bound to a name or attribute, passed to a call, or is a dict key or a
+tuple's item (registration calls, 0.33's name constants and metadata dicts, spec decoding's name lists);
+a name compared against (`metric.name == "vllm:..."`) or a prefix (`line.startswith("vllm:spec_decode")`)
+declares nothing, nor do docstrings and comments (PromQL in them).
+
 Bucket lists are evaluated from the tree in the order the function builds them (a list bound to
 `buckets` and re-bound later, `buckets[1:]`, `[2 ** (10 + i) for i in range(1, 25, 2)]`, 0.33's
 `histogram_buckets("family")` families of v1/metrics/buckets.py); bounds that depend on the model
@@ -18,10 +24,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdfleet.model.vllm_releases import Metric
+from pdfleet.model.vllm_releases import Metric, OtherMetrics
 from tools.vllm_ast import (
     NotConstant,
     Sources,
@@ -283,3 +290,33 @@ def counting_rules(tree: ast.Module) -> dict[str, tuple[str, ...]]:
             items = value if isinstance(value, list) else [value]
             out[name.removeprefix("counter_")] = tuple(str(v) for v in items if isinstance(v, str))
     return out
+
+
+NAME = re.compile(r"vllm:[a-z0-9_]+")
+NOT_DECLARING = ("startswith", "endswith")  # a prefix or suffix tested, not a metric named
+
+
+def declared_names(tree: ast.Module) -> set[str]:
+    """The `vllm:` metric names a module declares (see the module's docstring for what declares one)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        # a docstring (a bare string statement), a comparison, an f-string's pieces, a prefix test
+        if isinstance(node, ast.Expr | ast.Compare | ast.JoinedStr) or call_name(node) in NOT_DECLARING:
+            continue
+        for child in ast.iter_child_nodes(node):
+            value = child.value if isinstance(child, ast.Constant) else None
+            if isinstance(value, str) and NAME.fullmatch(value):
+                found.add(value)
+    return found
+
+
+def other_metrics(src: Sources, tabled: Sequence[Metric]) -> tuple[OtherMetrics, ...]:
+    """Per file (sorted), the `vllm:` names it declares that no `metrics` row holds; a file none of whose
+    names is left out is not listed."""
+    known = {m.name for m in tabled}
+    out = []
+    for path in sorted(p for p, text in src.files.items() if "vllm:" in text):
+        names = declared_names(src.tree(path)) - known
+        if names:
+            out.append(OtherMetrics(tuple(sorted(names)), path))
+    return tuple(out)

@@ -23,6 +23,7 @@ from pdfleet.model.vllm_releases import (
     Lease,
     Metric,
     MooncakeProtocol,
+    OtherMetrics,
     PrefixCaching,
     Registry,
     Release,
@@ -1862,6 +1863,26 @@ V0_11_0 = Release(
         ),
         allow_abbrev=True,
         source="vllm/utils/__init__.py",
+    ),
+    other_metrics=(
+        OtherMetrics(
+            names=(
+                "vllm:generation_tokens_total",
+                "vllm:num_preemptions_total",
+                "vllm:prompt_tokens_total",
+                "vllm:request_success_total",
+            ),
+            source="vllm/engine/metrics.py",
+        ),
+        OtherMetrics(
+            names=(
+                "vllm:spec_decode_num_accepted_tokens",
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "vllm:spec_decode_num_draft_tokens",
+                "vllm:spec_decode_num_drafts",
+            ),
+            source="vllm/v1/spec_decode/metrics.py",
+        ),
     ),
 )
 
@@ -3972,6 +3993,17 @@ V0_11_1 = Release(
         allow_abbrev=True,
         source="vllm/utils/argparse_utils.py",
     ),
+    other_metrics=(
+        OtherMetrics(
+            names=(
+                "vllm:spec_decode_num_accepted_tokens",
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "vllm:spec_decode_num_draft_tokens",
+                "vllm:spec_decode_num_drafts",
+            ),
+            source="vllm/v1/spec_decode/metrics.py",
+        ),
+    ),
 )
 
 
@@ -6080,6 +6112,17 @@ V0_11_2 = Release(
         ),
         allow_abbrev=True,
         source="vllm/utils/argparse_utils.py",
+    ),
+    other_metrics=(
+        OtherMetrics(
+            names=(
+                "vllm:spec_decode_num_accepted_tokens",
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "vllm:spec_decode_num_draft_tokens",
+                "vllm:spec_decode_num_drafts",
+            ),
+            source="vllm/v1/spec_decode/metrics.py",
+        ),
     ),
 )
 
@@ -9545,6 +9588,151 @@ V0_33_0 = Release(
         ),
         allow_abbrev=True,
         source="vllm/utils/argparse_utils.py",
+    ),
+    other_metrics=(
+        OtherMetrics(
+            names=(
+                "vllm:hf3fs_load_duration_seconds",
+                "vllm:hf3fs_num_failed_load",
+                "vllm:hf3fs_num_failed_save",
+                "vllm:hf3fs_save_duration_seconds",
+            ),
+            source="vllm/distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_connector.py",
+        ),
+        OtherMetrics(
+            names=(
+                "vllm:hisparse_cache_hits",
+                "vllm:hisparse_cache_misses",
+                "vllm:hisparse_host_block_idle_before_evict_seconds",
+                "vllm:hisparse_host_block_lifetime_seconds",
+                "vllm:hisparse_host_block_reuse_gap_seconds",
+                "vllm:hisparse_host_cache_usage_perc",
+                "vllm:hisparse_host_to_device_bytes",
+                "vllm:hisparse_pending_page_transfers",
+            ),
+            source="vllm/distributed/kv_transfer/kv_connector/v1/hisparse/stats.py",
+        ),
+        OtherMetrics(
+            names=(
+                "vllm:mooncake_store_operation_bytes_total",
+                "vllm:mooncake_store_operation_failed_keys_total",
+                "vllm:mooncake_store_operation_keys_total",
+                "vllm:mooncake_store_operation_time_seconds",
+                "vllm:mooncake_store_operation_total",
+            ),
+            source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/metrics.py",
+        ),
+        OtherMetrics(
+            names=(
+                "vllm:kv_offload_allocation_failure",
+                "vllm:kv_offload_config_info",
+                "vllm:kv_offload_load_bytes",
+                "vllm:kv_offload_load_size",
+                "vllm:kv_offload_load_time",
+                "vllm:kv_offload_lookup_async_delay_seconds",
+                "vllm:kv_offload_lookup_sync_delay_seconds",
+                "vllm:kv_offload_size",
+                "vllm:kv_offload_store_bytes",
+                "vllm:kv_offload_store_size",
+                "vllm:kv_offload_store_time",
+                "vllm:kv_offload_total_bytes",
+                "vllm:kv_offload_total_time",
+            ),
+            source="vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py",
+        ),
+        OtherMetrics(
+            names=(
+                "vllm:umbp_transfer_bytes_total",
+                "vllm:umbp_transfer_completed_total",
+                "vllm:umbp_transfer_failed_total",
+                "vllm:umbp_transfer_submitted_total",
+            ),
+            source="vllm/distributed/kv_transfer/kv_connector/v1/umbp/stats.py",
+        ),
+        OtherMetrics(
+            names=(
+                "vllm:rl_weight_update_operation_duration_seconds",
+                "vllm:rl_weight_update_operations_in_flight",
+            ),
+            source="vllm/entrypoints/rl/online/metrics.py",
+        ),
+        OtherMetrics(
+            names=("vllm:sleep_mode_operation_duration_seconds", "vllm:sleep_mode_operations_in_flight"),
+            source="vllm/entrypoints/serve/dev/sleep/metrics.py",
+        ),
+        OtherMetrics(
+            names=(
+                "vllm:websocket_connection_duration_seconds",
+                "vllm:websocket_connections_active",
+                "vllm:websocket_connections_total",
+            ),
+            source="vllm/entrypoints/speech_to_text/realtime/metrics.py",
+        ),
+        OtherMetrics(names=("vllm:tool_call_parser_invocations_total",), source="vllm/parser/metrics.py"),
+        OtherMetrics(
+            names=(
+                "vllm:kv_offload_cpu_allocation_size",
+                "vllm:kv_offload_cpu_cache_read_usage_perc",
+                "vllm:kv_offload_cpu_cache_usage_perc",
+                "vllm:kv_offload_cpu_cache_write_usage_perc",
+                "vllm:kv_offload_stores_skipped",
+            ),
+            source="vllm/v1/kv_offload/cpu/common.py",
+        ),
+        OtherMetrics(
+            names=(
+                "vllm:kv_offload_tiering_active_cascade_jobs",
+                "vllm:kv_offload_tiering_active_promotion_jobs",
+                "vllm:kv_offload_tiering_backpressure_blocks_dropped",
+                "vllm:kv_offload_tiering_backpressure_store_latency_ema",
+                "vllm:kv_offload_tiering_backpressure_stores_dropped",
+                "vllm:kv_offload_tiering_cascade_job_failures",
+                "vllm:kv_offload_tiering_chunk_hits",
+                "vllm:kv_offload_tiering_chunk_queries",
+                "vllm:kv_offload_tiering_lookup_async_delay_seconds",
+                "vllm:kv_offload_tiering_lookup_sync_delay_seconds",
+                "vllm:kv_offload_tiering_primary_read_usage_perc",
+                "vllm:kv_offload_tiering_primary_write_usage_perc",
+                "vllm:kv_offload_tiering_promotion_allocation_failures",
+                "vllm:kv_offload_tiering_promotion_job_failures",
+                "vllm:kv_offload_tiering_promotion_latency_seconds",
+                "vllm:kv_offload_tiering_read_bytes",
+                "vllm:kv_offload_tiering_read_time",
+                "vllm:kv_offload_tiering_write_bytes",
+                "vllm:kv_offload_tiering_write_time",
+            ),
+            source="vllm/v1/kv_offload/tiering/base.py",
+        ),
+        OtherMetrics(
+            names=(
+                "vllm:estimated_flops_per_gpu_total",
+                "vllm:estimated_read_bytes_per_gpu_total",
+                "vllm:estimated_write_bytes_per_gpu_total",
+            ),
+            source="vllm/v1/metrics/perf.py",
+        ),
+        OtherMetrics(
+            names=(
+                "vllm:simple_kv_offload_info",
+                "vllm:simple_kv_offload_load_blocks_total",
+                "vllm:simple_kv_offload_pending_store_blocks",
+                "vllm:simple_kv_offload_save_outcomes_total",
+                "vllm:simple_kv_offload_used_blocks",
+            ),
+            source="vllm/v1/simple_kv_offload/metrics.py",
+        ),
+        OtherMetrics(
+            names=(
+                "vllm:diffusion_num_canvas_positions",
+                "vllm:diffusion_num_committed_tokens",
+                "vllm:diffusion_num_denoising_steps",
+                "vllm:spec_decode_num_accepted_tokens",
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "vllm:spec_decode_num_draft_tokens",
+                "vllm:spec_decode_num_drafts",
+            ),
+            source="vllm/v1/spec_decode/metrics.py",
+        ),
     ),
 )
 

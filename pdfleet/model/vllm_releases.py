@@ -8,8 +8,10 @@ Values are kept as vLLM spells them (names, env vars, defaults), so nothing is t
 
 `serve_flags` is the `vllm serve` option set, read as `get_kwargs` would build it from the config
 dataclasses' field annotations (plugins and `current_platform.pre_register_and_update` can add more at
-run time; those are not tabled). Not tabled, with the reason: speculative-decoding metrics
-(pdfleet renders none), and what the `nixl` wheel's cu12/cu13 extras install (PyPI metadata of nixl,
+run time; those are not tabled). `metrics` holds what the engine's stat logger and the NIXL and Mooncake
+connectors register, with kinds, labels and buckets; `other_metrics` names every other `vllm:` family the
+sources declare (speculative decoding's among them: pdfleet renders none), so none is missing from the
+table. Not tabled, with the reason: what the `nixl` wheel's cu12/cu13 extras install (PyPI metadata of nixl,
 not vLLM source: the minimum version vLLM checks is `handshake.min_nixl`).
 
 Issue 12's rows that are not a profile check, with the reason: P and D on different releases — a
@@ -237,6 +239,18 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class OtherMetrics:
+    """`vllm:` metric families one file declares that the `metrics` rows do not hold: registered by a part
+    of vLLM pdfleet does not render or model (KV offloading and other connectors' stats, speculative
+    decoding, the RL, sleep-mode and realtime endpoints, perf estimates), some through generic helpers
+    (metadata dicts, name constants). Tabled by name only, so that every family a release declares is in
+    the table (a `metrics` row or here) and the next release's new ones show in the generator's diff."""
+
+    names: tuple[str, ...]  # sorted
+    source: str
+
+
+@dataclass(frozen=True)
 class ServeFlag:
     """One `vllm serve` option: its option strings (negative forms included) and the values it takes."""
 
@@ -293,6 +307,8 @@ class Release:
     batch_defaults: BatchDefaults
     metrics: tuple[Metric, ...]
     serve_flags: ServeFlags
+    # every other `vllm:` family the release's sources declare, per file (kinds and labels not tabled)
+    other_metrics: tuple[OtherMetrics, ...] = ()
 
     def has_connector(self, name: str) -> bool:
         """Whether `kv_connector: name` is registered in this release."""

@@ -3,6 +3,7 @@ the conditions they are registered under, and histogram bounds as the registerin
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,38 @@ def test_finished_reason_values_and_the_cache_config_info_gauge(
     assert (info.kind, info.when, info.label_values) == ("gauge", None, ())
     assert info.labels[: len(fields)] == fields and info.labels[-1] == "engine", info.labels
     assert "DEFAULT_BLOCK_SIZE" not in info.labels  # a ClassVar is not in __dict__
+
+
+def test_every_other_family_a_file_declares_is_named_and_nothing_else() -> None:
+    """Issue 25 (the generator's blind spots): the families outside the stat logger and NIXL/Mooncake stats,
+    each with its file: names passed to a registration call (sleep mode's positional names), bound to class
+    attributes (tiering's name constants), items of a name list (spec decoding's), not the PromQL in a
+    docstring, a name compared against (reader.py) or a prefix tested; a name a `metrics` row holds is not
+    repeated."""
+    src = Sources.from_dir(FIXTURES / "vllm-0.33.0", "0.33.0")
+    others = {o.source: o.names for o in vllm_metrics.other_metrics(src, list(metrics("0.33.0").values()))}
+    assert others["vllm/entrypoints/serve/dev/sleep/metrics.py"] == (
+        "vllm:sleep_mode_operation_duration_seconds",
+        "vllm:sleep_mode_operations_in_flight",
+    )
+    tiering = others["vllm/v1/kv_offload/tiering/base.py"]
+    assert len(tiering) == 19 and "vllm:kv_offload_tiering_promotion_allocation_failures" in tiering
+    assert others["vllm/v1/spec_decode/metrics.py"] == (
+        "vllm:diffusion_num_canvas_positions",
+        "vllm:diffusion_num_committed_tokens",
+        "vllm:diffusion_num_denoising_steps",
+        "vllm:spec_decode_num_accepted_tokens",
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "vllm:spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_drafts",
+    )
+    assert "vllm/v1/metrics/reader.py" not in others  # `metric.name == "vllm:..."`, `startswith("vllm:")`
+    tabled = {n for names in others.values() for n in names}
+    assert not tabled & set(metrics("0.33.0"))  # the stat logger's and connectors' stay in `metrics` only
+    lines = (
+        "if line.startswith('vllm:spec_decode') or name == 'vllm:a':",
+        "    pass",
+        "'vllm:b'",
+        "f'vllm:c{x}'",
+    )
+    assert vllm_metrics.declared_names(ast.parse("\n".join(lines))) == set()
