@@ -45,6 +45,7 @@ ALL_KNOWN: frozenset[str] = frozenset(
         "FlexKVConnectorV1",
         "SimpleCPUOffloadConnector",
         "HF3FSKVConnector",
+        "HiSparseConnector",  # 0.33
     }
 )
 

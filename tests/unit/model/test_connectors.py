@@ -32,3 +32,14 @@ def test_check_connector_reads_the_release_registry() -> None:
     assert wrong is not None and "did you mean MooncakeConnector?" in wrong.message
     other = connectors.check_connector("OffloadingConnector", NEW)
     assert other is not None and "not one pdfleet renders" in other.message
+
+
+def test_every_connector_a_tabled_release_registers_is_known() -> None:
+    """Issue 25 (cosmetic): 0.33 registers HiSparseConnector, which the suggestions did not know: pinned to
+    0.11.0 it was called "not a vLLM connector". Every name a tabled release registers is known, so a new
+    release's connector is added here when it is tabled."""
+    registered = {c.name for rel in RELEASES.values() for c in rel.registry.connectors}
+    assert registered - connectors.ALL_KNOWN == set()
+    problem = connectors.check_connector("HiSparseConnector", OLD)
+    assert problem is not None and "not one pdfleet renders" in problem.message, problem
+    assert connectors.suggest("hisparseconnector") == "HiSparseConnector"
