@@ -209,13 +209,15 @@ def connect_command(address: str, port: int) -> str:
 def side_channel_targets(
     profile: Profile, topology: Topology, release: Release | None
 ) -> list[tuple[Instance, int, str]]:
-    """Every (prefill instance, port, purpose) a decode instance must reach: NIXL's side-channel ports (one
-    per TP rank where the release says so) or Mooncake's bootstrap port."""
+    """Every (prefill instance, port, purpose) a decode instance of its model must reach, by that model's
+    connector: NIXL's side-channel ports (one per TP rank of its prefill pool where the release says so)
+    or Mooncake's bootstrap port."""
     out = []
-    spec = profile.pools.prefill
-    tp = spec.tensor_parallel_size if spec else 1
     for inst in topology.pool("prefill"):
-        if profile.kv_transfer.connector == MOONCAKE and inst.bootstrap_port:
+        model = profile.served_model(inst.model or None)  # a topology built by hand may not name it
+        spec = model.pools.prefill
+        tp = spec.tensor_parallel_size if spec else 1
+        if model.kv_transfer.connector == MOONCAKE and inst.bootstrap_port:
             out.append((inst, inst.bootstrap_port, "Mooncake bootstrap"))
         elif inst.side_channel_port is not None:
             ports = (
@@ -261,15 +263,20 @@ def pair_hosts(topology: Topology) -> list[str]:
 def connects_planned(
     profile: Profile, topology: Topology
 ) -> dict[str, list[tuple[Instance, int, str, TcpConnect]]]:
-    """Per decode host: every (prefill instance, port, purpose, connect fact) it must manage."""
+    """Per decode host: every (prefill instance, port, purpose, connect fact) it must manage: those of the
+    models it decodes for."""
     release = find_release(profile.vllm.version, RELEASES)
     targets = side_channel_targets(profile, topology, release)
+    decodes: dict[str, set[str]] = {}
+    for inst in topology.pool("decode"):
+        decodes.setdefault(inst.host, set()).add(inst.model)
     return {
         host: [
             (inst, port, what, TcpConnect(inst.side_channel_host or inst.address, port))
             for inst, port, what in targets
+            if inst.model in decodes[host]
         ]
-        for host in sorted({i.host for i in topology.pool("decode")})
+        for host in sorted(decodes)
     }
 
 

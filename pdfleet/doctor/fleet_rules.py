@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pdfleet.doctor.finding import Finding, profile_fix
-from pdfleet.doctor.fleet_facts import FleetFacts, RdmaHostFacts
+from pdfleet.doctor.fleet_facts import FleetFacts, InstanceFacts, RdmaHostFacts
 from pdfleet.hw.distro import PlatformRefusal, check_branch, repository_drift, resolve_platform
 from pdfleet.hw.gpu import driver_branch
 from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index, qos_converged
+from pdfleet.model.served import ServedModel
 
 P2P_OK = "OK"
 P2P_MEANING = {
@@ -63,35 +64,13 @@ def rule_instances_unread(facts: FleetFacts) -> list[Finding]:
 
 
 def rule_connector_mismatch(facts: FleetFacts) -> list[Finding]:
-    """Prefill and decode run different kv_connectors (or not the profile's, or a role that cannot pair)."""
-    profile, out = facts.profile, []
+    """A P/D model's prefill and decode run different kv_connectors (or not its own, or a role that cannot
+    pair); each model against its own connector (two models may use two)."""
+    out = []
     pd = [i for i in facts.instances if i.instance.pool in ("prefill", "decode") and i.problem is None]
-    want = profile.kv_transfer.connector
-    found = {f"{i.instance.pool}@{i.instance.host}": i.connector for i in pd}
-    evidence = "\n".join(f"{k}: --kv-transfer-config kv_connector={v}" for k, v in sorted(found.items()))
-    if len({c for c in found.values()}) > 1:
-        out.append(
-            Finding(
-                "kv.connector_mismatch",
-                "error",
-                "prefill and decode instances run different kv_connectors: KV transfers time out",
-                evidence,
-                f"re-provision every pool host so all run kv_transfer.connector {want}: "
-                "invoke provision --profile P --roles services",
-                subject="kv_transfer.connector",
-            )
-        )
-    elif found and set(found.values()) != {want}:
-        out.append(
-            Finding(
-                "kv.connector_drift",
-                "error",
-                f"the pool instances run kv_connector {next(iter(found.values()))}, the profile says {want}",
-                evidence,
-                "invoke provision --profile P --roles services (the hosts run another profile's units)",
-                subject="kv_transfer.connector",
-            )
-        )
+    for name in dict.fromkeys(i.instance.model for i in pd):
+        spec = facts.profile.served_model(name or None)  # a topology built by hand may not name it
+        out += _connectors(spec, [i for i in pd if i.instance.model == name])
     allowed = {"prefill": ("kv_producer", "kv_both"), "decode": ("kv_consumer", "kv_both")}
     for i in pd:
         if i.kv_role not in allowed[i.instance.pool]:
@@ -106,6 +85,37 @@ def rule_connector_mismatch(facts: FleetFacts) -> list[Finding]:
                 )
             )
     return out
+
+
+def _connectors(spec: ServedModel, pd: list[InstanceFacts]) -> list[Finding]:
+    """One model's P/D instances against each other and its kv_transfer.connector."""
+    want, key = spec.kv_transfer.connector, spec.key("kv_transfer.connector")
+    found = {f"{i.instance.pool}@{i.instance.host}": i.connector for i in pd}
+    evidence = "\n".join(f"{k}: --kv-transfer-config kv_connector={v}" for k, v in sorted(found.items()))
+    if len({c for c in found.values()}) > 1:
+        return [
+            Finding(
+                "kv.connector_mismatch",
+                "error",
+                "prefill and decode instances run different kv_connectors: KV transfers time out",
+                evidence,
+                f"re-provision every pool host so all run {key} {want}: "
+                "invoke provision --profile P --roles services",
+                subject=key,
+            )
+        ]
+    if found and set(found.values()) != {want}:
+        return [
+            Finding(
+                "kv.connector_drift",
+                "error",
+                f"the pool instances run kv_connector {next(iter(found.values()))}, the profile says {want}",
+                evidence,
+                "invoke provision --profile P --roles services (the hosts run another profile's units)",
+                subject=key,
+            )
+        ]
+    return []
 
 
 def rule_release_mismatch(facts: FleetFacts) -> list[Finding]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,7 @@ from pdfleet.ops.files import FileContent
 from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.ssh import LocalTransport
 from pdfleet.ops.unit_health import UnitHealth, UnitState
-from tests.unit.doctor.helpers import deployment, fixture
+from tests.unit.doctor.helpers import deployment, fixture, two_pd_deployment
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -67,6 +68,19 @@ def test_side_channel_ports_follow_the_release() -> None:
     rel = RELEASES[d.profile.vllm.version]
     targets = side_channel_targets(d.profile, d.topology, rel)
     assert [(i.host, p, what) for i, p, what in targets] == [("lab-p1", 5600, "NIXL side channel")]
+
+
+def test_each_decode_host_reaches_its_own_model_s_prefill_by_that_model_s_connector(tmp_path: Path) -> None:
+    """Two P/D models, NIXL and Mooncake: lab-d1 (nixl-8b's decode) connects to nixl-8b's prefill side
+    channel only, lab-d2 (moon-8b's) to moon-8b's Mooncake bootstrap port only (the first model's
+    connector read for both left Mooncake's port unchecked and sent lab-d2 to lab-p1)."""
+    d = two_pd_deployment(tmp_path)
+    planned = connects_planned(d.profile, d.topology)
+    got = {host: [(i.host, port, what) for i, port, what, _ in c] for host, c in planned.items()}
+    assert got == {
+        "lab-d1": [("lab-p1", 5600, "NIXL side channel")],
+        "lab-d2": [("lab-p2", 8998, "Mooncake bootstrap")],
+    }
 
 
 @pytest.mark.parametrize(("pin", "ports"), [("0.11.0", [5600, 5601]), ("0.11.2", [5600])])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from pdfleet.doctor.fleet_facts import (
     Connect,
@@ -27,7 +28,7 @@ from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.hw.rdma import netdev_of
 from pdfleet.hw.rdma_facts import NetdevFact, QosFact, RdmaSysfsFact
 from pdfleet.model.weights import ManifestFile, WeightsManifest
-from tests.unit.doctor.helpers import deployment, fixture
+from tests.unit.doctor.helpers import deployment, fixture, two_pd_deployment
 from tests.unit.hw.helpers import load_fixture
 
 FACTS = fixture("fleet-facts.yml")
@@ -81,6 +82,29 @@ def test_both_on_a_connector_the_profile_does_not_name() -> None:
         ),
     )
     assert [x.rule for x in rule_connector_mismatch(f)] == ["kv.connector_drift"]
+
+
+def test_two_models_on_two_connectors_are_each_held_to_their_own(tmp_path: Path) -> None:
+    """nixl-8b on NIXL and moon-8b on Mooncake is no mismatch (one connector over all P/D instances was);
+    moon-8b's decode on NIXL is a mismatch of moon-8b alone, naming its key path."""
+    d = two_pd_deployment(tmp_path)
+    f = FleetFacts(d.profile, d.topology)
+    wanted = {"nixl-8b": "NixlConnector", "moon-8b": "MooncakeConnector"}
+    roles = {"prefill": "kv_producer", "decode": "kv_consumer"}
+    ok = tuple(
+        InstanceFacts(i, wanted[i.model], roles[i.pool], None)
+        for i in d.topology.instances
+        if i.pool in roles
+    )
+    assert rule_connector_mismatch(dataclasses.replace(f, instances=ok)) == []
+    bad = tuple(
+        dataclasses.replace(x, connector="NixlConnector") if x.instance.host == "lab-d2" else x for x in ok
+    )
+    found = rule_connector_mismatch(dataclasses.replace(f, instances=bad))
+    assert [(x.rule, x.subject) for x in found] == [
+        ("kv.connector_mismatch", "models[1].kv_transfer.connector")
+    ]
+    assert "decode@lab-d2" in found[0].evidence and "lab-d1" not in found[0].evidence
 
 
 def test_a_decode_instance_with_a_producer_role() -> None:
