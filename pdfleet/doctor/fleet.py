@@ -8,6 +8,7 @@ from pdfleet.doctor.finding import Finding
 from pdfleet.doctor.fleet_facts import (
     FleetFacts,
     HostConnect,
+    RoleFigures,
     connect_hosts,
     facts_to_gather,
     read_connects,
@@ -67,12 +68,16 @@ def gather_fleet(
     finally:
         for transport in transports.values():
             transport.close()
-    figures, source_name = {}, ""
+    figures: dict[str, dict[str, RoleFigures]] = {}
+    source_name = ""
     release = find_release(profile.vllm.version, RELEASES)
     if metrics is not None and release is not None:
         source, source_name, window = metrics()
-        roles = {r: len(topology.pool(r)) for r in ("prefill", "decode", "colocated") if topology.pool(r)}
-        figures = gather_figures(source, release, roles, window)
+        for spec in profile.served:  # a models: profile's by its instances' `model` label
+            label = spec.name if spec.listed else None
+            pools = {r: len(topology.pool(r, label)) for r in ("prefill", "decode", "colocated")}
+            roles = {r: n for r, n in pools.items() if n}
+            figures[spec.name] = gather_figures(source, release, roles, window, label)
     return FleetFacts(
         profile,
         topology,
@@ -88,17 +93,32 @@ def gather_fleet(
     )
 
 
+def read_figures(
+    profile: Profile, figures: Mapping[str, Mapping[str, RoleFigures]]
+) -> dict[str, RoleFigures]:
+    """Every model's figures by `role` (a single-model profile) or `model/role`, for what is reported."""
+    return {
+        (f"{spec.name}/{role}" if spec.listed else role): fig
+        for spec in profile.served
+        for role, fig in figures.get(spec.name, {}).items()
+    }
+
+
 def diagnose_fleet(facts: FleetFacts) -> list[Finding]:
     """Every fleet and metrics rule; one `ok` finding saying what was checked when nothing was found."""
     findings = run_rules(FLEET_RULES, facts)
-    for rule in METRICS_RULES:
-        findings += rule(facts.profile, facts.figures)
-    findings += rule_metrics_read(facts.metrics_source, facts.figures)
+    profile = facts.profile
+    for spec in profile.served:  # each model against its own pools (its key paths: models[i]...)
+        view = profile.for_model(spec) if spec.listed else profile
+        for rule in METRICS_RULES:
+            findings += rule(view, facts.figures.get(spec.name, {}))
+    read = read_figures(profile, facts.figures)
+    findings += rule_metrics_read(facts.metrics_source, read)
     if not [f for f in findings if f.severity != "ok"]:
         checked = [
             f"{len(facts.instances)} instances (units, releases)",
             f"{len(facts.connects)} side-channel connects from decode hosts",
-            f"metrics of {', '.join(sorted(facts.figures)) or 'no role'} from {facts.metrics_source or '-'}",
+            f"metrics of {', '.join(sorted(read)) or 'no role'} from {facts.metrics_source or '-'}",
         ]
         findings.append(
             Finding(

@@ -1,8 +1,8 @@
 """The fleet view's gatherer: what each pool instance runs (its unit's --kv-transfer-config, the release it
 reports, and the unit-health fact saying why an instance does not answer), TCP connects to the side channel
 run ON each decode host, GPU P2P on same-host pairs, the RDMA facts of cross-host hosts, what each pool host
-runs (provision's OS fact and its CUDA repository line), and the metrics figures per role through the one
-`MetricsSource`.
+runs (provision's OS fact and its CUDA repository line), and the metrics figures per model and role through
+the one `MetricsSource`.
 
 Everything here only reads; the decisions are in `fleet_rules` and `metrics_rules`.
 """
@@ -131,7 +131,8 @@ class FleetFacts:
         default_factory=dict
     )  # host -> matrix | why not
     rdma: tuple[RdmaHostFacts, ...] = ()
-    figures: Mapping[str, RoleFigures] = field(default_factory=dict)
+    # each served model's figures (by its name) per role: a `models:` profile's of its own instances
+    figures: Mapping[str, Mapping[str, RoleFigures]] = field(default_factory=dict)
     metrics_source: str = ""
     unreachable: Mapping[str, str] = field(default_factory=dict)  # host -> why SSH failed
     platforms: tuple[HostPlatform, ...] = ()

@@ -41,16 +41,21 @@ def _read(what: str, read: Callable[[], Result], missing: list[str]) -> Result |
 
 
 def gather_figures(
-    source: MetricsSource, release: Release, roles: Mapping[str, int], window_s: float
+    source: MetricsSource,
+    release: Release,
+    roles: Mapping[str, int],
+    window_s: float,
+    model: str | None = None,
 ) -> dict[str, RoleFigures]:
-    """Per role (with its instance count): queue P95, waiting, mean KV use, preemptions a minute."""
+    """Per role (with its instance count): queue P95, waiting, mean KV use, preemptions a minute; of one
+    model's instances (their `model` label) or, None, of every instance."""
     for name in (QUEUE, WAITING, PREEMPTIONS):
         release.metric(name)  # a name the release does not register is a bug here, not a zero
     kv = kv_usage_metric(release)
     by = ("role",)
     out = {}
     for role, count in roles.items():
-        match = {"role": role}
+        match = {"role": role} | ({"model": model} if model else {})
         missing: list[str] = []
         queue = _read("queue P95", partial(source.quantile, 0.95, QUEUE, window_s, by, match), missing)
         waiting = _read("waiting", partial(source.value, WAITING, by, match), missing)
@@ -73,6 +78,19 @@ def _fmt(value: float | None, unit: str = "") -> str:
     return "n/a" if value is None else f"{value:.3g}{unit}"
 
 
+def _key(profile: Profile, path: str) -> str:
+    """A key path of the model a rule reads (`profile`: one model's view, Profile.for_model, or a
+    single-model profile) as its file spells it: `models[1].pools.decode.max_num_seqs` in a list."""
+    return profile.served[0].key(path)
+
+
+def _scope(profile: Profile, pool: str) -> tuple[str, str]:
+    """(title prefix, subject) of a finding about a pool of the model a rule reads: `model NAME: ` and
+    `NAME/pool` for a model of a `models:` list, nothing and the pool otherwise."""
+    spec = profile.served[0]
+    return (f"model {spec.name}: ", f"{spec.name}/{pool}") if spec.listed else ("", pool)
+
+
 def rule_prefill_queue(profile: Profile, figures: Mapping[str, RoleFigures]) -> list[Finding]:
     """Prefill requests queue (P95 over monitoring.prefill_queue_p95_ms) while the prefill KV cache is mostly
     free (under monitoring.prefill_kv_usage_below): the per-step token budget limits prefill, not the GPUs."""
@@ -83,23 +101,25 @@ def rule_prefill_queue(profile: Profile, figures: Mapping[str, RoleFigures]) -> 
     if fig.queue_p95_s * 1000 <= mon.prefill_queue_p95_ms or fig.kv_usage >= mon.prefill_kv_usage_below:
         return []
     budget, tp = spec.max_num_batched_tokens, spec.tensor_parallel_size
+    budget_key, tp_key = _key(profile, "pools.prefill.max_num_batched_tokens"), _key(profile, "pools.prefill")
+    model, subject = _scope(profile, "prefill")
     evidence = (
         f"{QUEUE} P95 = {_fmt(fig.queue_p95_s, ' s')} (over {mon.prefill_queue_p95_ms:g} ms); "
         f"{WAITING} = {_fmt(fig.waiting)}; KV cache use = {_fmt(fig.kv_usage)} "
         f"(under {mon.prefill_kv_usage_below:g}): prefill GPUs under-used"
     )
-    diff = profile_fix(profile, [("pools.prefill.max_num_batched_tokens", budget, budget * 2)])
+    diff = profile_fix(profile, [(budget_key, budget, budget * 2)])
     return [
         Finding(
             "tuning.prefill_queue",
             "warning",
-            "prefill requests queue while the prefill GPUs are under-used: the token budget per step "
-            "limits prefill",
+            f"{model}prefill requests queue while the prefill GPUs are under-used: the token budget per "
+            "step limits prefill",
             evidence,
-            f"raise pools.prefill.max_num_batched_tokens {budget} → {budget * 2}, or the prefill TP size "
-            f"(pools.prefill.tensor_parallel_size {tp} → {tp * 2}); then invoke provision",
+            f"raise {budget_key} {budget} → {budget * 2}, or the prefill TP size "
+            f"({tp_key}.tensor_parallel_size {tp} → {tp * 2}); then invoke provision",
             diff,
-            subject="prefill",
+            subject=subject,
         )
     ]
 
@@ -114,17 +134,16 @@ def rule_preemption(profile: Profile, figures: Mapping[str, RoleFigures]) -> lis
         if spec is None or fig is None or fig.preemptions_per_min is None or fig.preemptions_per_min <= limit:
             continue
         seqs, util = spec.max_num_seqs, spec.gpu_memory_utilization
-        changes: list[tuple[str, object, object]] = [(f"pools.{pool}.max_num_seqs", seqs, max(1, seqs // 2))]
-        fix = [f"lower pools.{pool}.max_num_seqs {seqs} → {max(1, seqs // 2)}"]
+        at = _key(profile, f"pools.{pool}")
+        changes: list[tuple[str, object, object]] = [(f"{at}.max_num_seqs", seqs, max(1, seqs // 2))]
+        fix = [f"lower {at}.max_num_seqs {seqs} → {max(1, seqs // 2)}"]
         if not spec.kv_cache_dtype.startswith("fp8"):
-            changes.append((f"pools.{pool}.kv_cache_dtype", spec.kv_cache_dtype, "fp8"))
-            fix.append(
-                f"or store the KV cache in fp8 (pools.{pool}.kv_cache_dtype {spec.kv_cache_dtype} → fp8)"
-            )
+            changes.append((f"{at}.kv_cache_dtype", spec.kv_cache_dtype, "fp8"))
+            fix.append(f"or store the KV cache in fp8 ({at}.kv_cache_dtype {spec.kv_cache_dtype} → fp8)")
         raised = round(util + UTILIZATION_STEP, 2)
         if raised <= min(KV_BUFFER_HEADROOM_MAX, MAX_GPU_MEMORY_UTILIZATION):
             fix.append(
-                f"or raise pools.{pool}.gpu_memory_utilization {util:g} → {raised:g} (still leaves "
+                f"or raise {at}.gpu_memory_utilization {util:g} → {raised:g} (still leaves "
                 f"{1 - raised:.0%} for the KV transfer buffers)"
             )
         else:
@@ -133,15 +152,16 @@ def rule_preemption(profile: Profile, figures: Mapping[str, RoleFigures]) -> lis
             f"{PREEMPTIONS}_total: {_fmt(fig.preemptions_per_min)} a minute (over {limit:g}); "
             f"KV cache use = {_fmt(fig.kv_usage)}; {WAITING} = {_fmt(fig.waiting)}"
         )
+        model, subject = _scope(profile, pool)
         out.append(
             Finding(
                 f"tuning.{pool}_preemption",
                 "warning",
-                f"the {pool} instances preempt requests often: the KV cache runs out of blocks",
+                f"{model}the {pool} instances preempt requests often: the KV cache runs out of blocks",
                 evidence,
                 "; ".join(fix),
                 profile_fix(profile, changes),
-                subject=pool,
+                subject=subject,
             )
         )
     return out

@@ -16,6 +16,7 @@ import pytest
 from pdfleet.bench.launch import SimProcess
 from pdfleet.bench.procs import free_port
 from pdfleet.doctor.fleet import diagnose_fleet, gather_fleet
+from pdfleet.doctor.fleet_facts import FleetFacts, RoleFigures
 from pdfleet.fleet.topology import Instance, Topology
 from pdfleet.metrics.direct import DirectScrape, Target
 from pdfleet.model.inventory import Host
@@ -95,3 +96,19 @@ def test_the_fleet_view_names_the_side_channel_and_both_tuning_faults(tmp_path: 
     assert "+pools.prefill.max_num_batched_tokens: 16384" in (findings["tuning.prefill_queue"].diff or "")
     # no unit files on this machine: said, not taken for a match
     assert findings["fleet.instance_unread"].severity == "warning"
+
+
+def test_each_model_is_diagnosed_against_its_own_pools_and_figures() -> None:
+    """lab-two-models: the small model's colocated pool preempting is advised in its own keys, the P/D
+    model's quiet figures give nothing, and an unread figure is said with its model."""
+    d = deployment("lab-two-models")
+    preempting = RoleFigures("colocated", preemptions_per_min=30, kv_usage=0.99)
+    quiet = {r: RoleFigures(r, preemptions_per_min=0.0) for r in ("decode", "colocated")}
+    unread = RoleFigures("prefill", missing=("queue P95: no target",))
+    figures = {"llama-8b": {**quiet, "prefill": unread}, "llama-1b": {"colocated": preempting}}
+    found = diagnose_fleet(FleetFacts(d.profile, d.topology, figures=figures, metrics_source="direct"))
+    tuning = [f for f in found if f.rule.startswith("tuning.")]
+    assert [(f.rule, f.subject) for f in tuning] == [("tuning.colocated_preemption", "llama-1b/colocated")]
+    assert "+models[1].pools.colocated.max_num_seqs" in (tuning[0].diff or "")
+    (unread_finding,) = [f for f in found if f.rule == "metrics.unread"]
+    assert "llama-8b/prefill: queue P95: no target" in unread_finding.evidence
