@@ -1,12 +1,14 @@
 """The NIXL and Mooncake connector rows of the vLLM release facts, read from the connector's own files
 (0.11's `v1/nixl_connector.py`, 0.33's `v1/nixl/` package, `v1/mooncake/`): side-channel ports, buffer
-devices, extra-config keys, the kv_transfer_params protocol, the handshake and the lease.
+devices, extra-config keys, the kv_transfer_params protocol, the handshake, the lease and the keys of the
+`KV Transfer metrics` log line.
 """
 
 from __future__ import annotations
 
 import ast
 
+from pdfleet.model.vllm_metric_rows import TransferLog
 from pdfleet.model.vllm_releases import (
     BufferDevices,
     ExtraConfig,
@@ -308,3 +310,40 @@ def lease(src: Sources, files: list[str]) -> Lease:
     # no lease: the release holds blocks for a fixed time; the files searched are where that was read
     beat, extension = found.get("self._heartbeat_interval"), found.get("self._lease_extension")
     return Lease(beat, extension, tuple(used or files))
+
+
+def transfer_log(src: Sources, files: list[str], connector: str) -> TransferLog | None:
+    """The keys of the dict the connector's stats class (a `KVConnectorStats`) returns last from `reduce()`,
+    the one for an interval with transfers; a `**name` spread is the constant dict bound to that name in
+    `reduce` (0.33's failure counts). None: the connector keeps no stats."""
+    for path in files:
+        for cls in (n for n in ast.walk(src.tree(path)) if isinstance(n, ast.ClassDef)):
+            reduce = next(
+                (f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "reduce"), None
+            )
+            if reduce is None or not any(ast.unparse(b).endswith("KVConnectorStats") for b in cls.bases):
+                continue
+            returned = [
+                r.value for r in ast.walk(reduce) if isinstance(r, ast.Return) and r.value is not None
+            ]
+            last = max((v for v in returned if isinstance(v, ast.Dict)), key=lambda v: v.lineno, default=None)
+            if last is not None:
+                return TransferLog(connector, _dict_keys(last, reduce), path)
+    return None
+
+
+def _dict_keys(node: ast.Dict, scope: ast.FunctionDef) -> tuple[str, ...]:
+    """A dict literal's constant keys in order, a `**name` spread replaced by the keys of the dict literal
+    `name` is bound to in `scope`; anything else is a fact the table cannot hold (NotConstant)."""
+    keys: list[str] = []
+    for key, value in zip(node.keys, node.values, strict=True):
+        if key is None and isinstance(value, ast.Name):
+            bound = next(assigned(scope, value.id), None)
+            if not isinstance(bound, ast.Dict):
+                raise NotConstant(f"**{value.id} in {scope.name}() is not a dict literal")
+            keys += _dict_keys(bound, scope)
+        elif isinstance(key, ast.Constant) and isinstance(key.value, str):
+            keys.append(key.value)
+        else:
+            raise NotConstant(f"{ast.unparse(node)}: a key that is not a string")
+    return tuple(keys)

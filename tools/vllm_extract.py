@@ -48,6 +48,7 @@ from tools.vllm_connectors import (
     lease,
     mooncake_protocol,
     side_channel,
+    transfer_log,
 )
 from tools.vllm_flags import serve_flags
 
@@ -352,4 +353,12 @@ def extract(src: Sources) -> Release:
         metrics=metrics,
         serve_flags=serve_flags(src),
         other_metrics=vllm_metrics.other_metrics(src, metrics),
+        transfer_logs=tuple(
+            log
+            for log in (
+                transfer_log(src, nixl, NIXL),
+                transfer_log(src, mooncake, MOONCAKE) if mooncake else None,
+            )
+            if log is not None
+        ),
     )

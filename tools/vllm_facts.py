@@ -28,7 +28,8 @@ WIDTH = 110
 HEADER = '''"""The vLLM release facts table, written by `python -m tools.vllm_facts --write` from each wheel.
 
 Do not edit by hand: regenerate, and review the script's diff. The row types and the questions asked of
-a release are in `pdfleet.model.vllm_releases`; every row names the vLLM file it was read from.
+a release are in `pdfleet.model.vllm_releases` (the metric rows in `vllm_metric_rows`); every row names the
+vLLM file it was read from.
 """
 
 from __future__ import annotations
@@ -119,10 +120,10 @@ def _flat(value: object) -> str:
     return _str(value) if isinstance(value, str) else repr(value)
 
 
-def _type_names(value: object, names: set[str]) -> set[str]:
-    """The row types a value uses (for the data module's import line)."""
+def _type_names(value: object, names: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The row types a value uses, as (module, name) (for the data module's import lines)."""
     if dataclasses.is_dataclass(value):
-        names.add(type(value).__name__)
+        names.add((type(value).__module__, type(value).__name__))
         for f in dataclasses.fields(value):
             _type_names(getattr(value, f.name), names)
     elif isinstance(value, tuple):
@@ -139,11 +140,17 @@ def const_name(version: str) -> str:
 def module_text(releases: dict[str, Release]) -> str:
     """The whole data module for these releases, oldest first."""
     ordered = sorted(releases.values(), key=lambda r: version_key(r.version))
-    names: set[str] = {"Release"}
+    names: set[tuple[str, str]] = set()
     for release in ordered:
         _type_names(release, names)
-    imports = [f"    {name}," for name in sorted(names, key=str.lower)]
-    lines = [HEADER + "from pdfleet.model.vllm_releases import (", *imports, ")", ""]
+    imports: list[str] = []
+    for module in sorted({m for m, _ in names}):
+        imports += [
+            f"from {module} import (",
+            *(f"    {n}," for m, n in sorted(names, key=lambda x: x[1].lower()) if m == module),
+            ")",
+        ]
+    lines = [HEADER + imports[0], *imports[1:], ""]
     for release in ordered:
         lines += [f"{const_name(release.version)} = {render(release)}", "", ""]
     members = ", ".join(const_name(r.version) for r in ordered) + ("," if len(ordered) == 1 else "")
@@ -194,6 +201,8 @@ def summary(release: Release) -> list[str]:
         + ", ".join(m.name.removeprefix("vllm:") for m in r.metrics),
         f"  other metric families ({sum(len(o.names) for o in r.other_metrics)}, names only): "
         + ("; ".join(f"{o.source} {len(o.names)}" for o in r.other_metrics) or "none"),
+        "  KV Transfer metrics line: "
+        + ("; ".join(f"{log.connector} {', '.join(log.keys)}" for log in r.transfer_logs) or "none"),
         "  label values set on start: "
         + "; ".join(
             f"{m.name.removeprefix('vllm:')} {label}={'/'.join(values)}"

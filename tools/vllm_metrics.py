@@ -28,7 +28,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdfleet.model.vllm_releases import Metric, OtherMetrics
+from pdfleet.model.vllm_metric_rows import Metric, OtherMetrics
 from tools.vllm_ast import (
     NotConstant,
     Sources,

@@ -1,11 +1,17 @@
 """The vLLM release facts table, written by `python -m tools.vllm_facts --write` from each wheel.
 
 Do not edit by hand: regenerate, and review the script's diff. The row types and the questions asked of
-a release are in `pdfleet.model.vllm_releases`; every row names the vLLM file it was read from.
+a release are in `pdfleet.model.vllm_releases` (the metric rows in `vllm_metric_rows`); every row names the
+vLLM file it was read from.
 """
 
 from __future__ import annotations
 
+from pdfleet.model.vllm_metric_rows import (
+    Metric,
+    OtherMetrics,
+    TransferLog,
+)
 from pdfleet.model.vllm_releases import (
     BatchDefaults,
     BatchTier,
@@ -21,9 +27,7 @@ from pdfleet.model.vllm_releases import (
     KVTransferConfigFacts,
     KVTransferParams,
     Lease,
-    Metric,
     MooncakeProtocol,
-    OtherMetrics,
     PrefixCaching,
     Registry,
     Release,
@@ -1882,6 +1886,13 @@ V0_11_0 = Release(
                 "vllm:spec_decode_num_drafts",
             ),
             source="vllm/v1/spec_decode/metrics.py",
+        ),
+    ),
+    transfer_logs=(
+        TransferLog(
+            connector="NixlConnector",
+            keys=("num_successful_transfers",),
+            source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
         ),
     ),
 )
@@ -4004,6 +4015,22 @@ V0_11_1 = Release(
             source="vllm/v1/spec_decode/metrics.py",
         ),
     ),
+    transfer_logs=(
+        TransferLog(
+            connector="NixlConnector",
+            keys=(
+                "Num successful transfers",
+                "Avg xfer time (ms)",
+                "P90 xfer time (ms)",
+                "Avg post time (ms)",
+                "P90 post time (ms)",
+                "Avg MB per transfer",
+                "Throughput (MB/s)",
+                "Avg number of descriptors",
+            ),
+            source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+        ),
+    ),
 )
 
 
@@ -6122,6 +6149,22 @@ V0_11_2 = Release(
                 "vllm:spec_decode_num_drafts",
             ),
             source="vllm/v1/spec_decode/metrics.py",
+        ),
+    ),
+    transfer_logs=(
+        TransferLog(
+            connector="NixlConnector",
+            keys=(
+                "Num successful transfers",
+                "Avg xfer time (ms)",
+                "P90 xfer time (ms)",
+                "Avg post time (ms)",
+                "P90 post time (ms)",
+                "Avg MB per transfer",
+                "Throughput (MB/s)",
+                "Avg number of descriptors",
+            ),
+            source="vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
         ),
     ),
 )
@@ -9732,6 +9775,40 @@ V0_33_0 = Release(
                 "vllm:spec_decode_num_drafts",
             ),
             source="vllm/v1/spec_decode/metrics.py",
+        ),
+    ),
+    transfer_logs=(
+        TransferLog(
+            connector="NixlConnector",
+            keys=(
+                "Num successful transfers",
+                "Avg xfer time (ms)",
+                "P90 xfer time (ms)",
+                "Avg post time (ms)",
+                "P90 post time (ms)",
+                "Avg MB per transfer",
+                "Throughput (MB/s)",
+                "Avg number of descriptors",
+                "Num failed transfers",
+                "Num KV expired reqs",
+                "Num notifs after expiry",
+            ),
+            source="vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py",
+        ),
+        TransferLog(
+            connector="MooncakeConnector",
+            keys=(
+                "Num successful transfers",
+                "Avg xfer time (ms)",
+                "P90 xfer time (ms)",
+                "Avg MB per transfer",
+                "Throughput (MB/s)",
+                "Avg number of descriptors",
+                "Num failed transfers",
+                "Num failed recvs",
+                "Num KV expired reqs",
+            ),
+            source="vllm/distributed/kv_transfer/kv_connector/v1/mooncake/stats.py",
         ),
     ),
 )

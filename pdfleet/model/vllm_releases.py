@@ -34,6 +34,8 @@ import ast
 import operator
 from dataclasses import dataclass
 
+from pdfleet.model.vllm_metric_rows import Metric, OtherMetrics, TransferLog
+
 Scalar = str | int | float | bool | None
 
 
@@ -220,37 +222,6 @@ class BatchDefaults:
 
 
 @dataclass(frozen=True)
-class Metric:
-    """One Prometheus metric: name, type, labels and histogram buckets as vLLM registers it."""
-
-    name: str
-    kind: str  # gauge, counter, histogram
-    labels: tuple[str, ...]
-    buckets: tuple[float, ...] | None
-    buckets_rule: str | None  # when the bounds depend on the model (e.g. 1-2-5 up to max_model_len)
-    when: str | None  # the condition it is registered under (None: always)
-    source: str
-    # what a KV-connector counter adds up, as its `observe` zips it with the connector's stats keys (0.33's
-    # nixl_num_failed_transfers: transfers, handshakes and notifications); empty: not a connector counter
-    counts: tuple[str, ...] = ()
-    # label values vLLM sets on every start, per label (request_success: one series per FinishReason, its
-    # FINISH_REASON_STRINGS); empty: values come with traffic or from the configuration
-    label_values: tuple[tuple[str, tuple[str, ...]], ...] = ()
-
-
-@dataclass(frozen=True)
-class OtherMetrics:
-    """`vllm:` metric families one file declares that the `metrics` rows do not hold: registered by a part
-    of vLLM pdfleet does not render or model (KV offloading and other connectors' stats, speculative
-    decoding, the RL, sleep-mode and realtime endpoints, perf estimates), some through generic helpers
-    (metadata dicts, name constants). Tabled by name only, so that every family a release declares is in
-    the table (a `metrics` row or here) and the next release's new ones show in the generator's diff."""
-
-    names: tuple[str, ...]  # sorted
-    source: str
-
-
-@dataclass(frozen=True)
 class ServeFlag:
     """One `vllm serve` option: its option strings (negative forms included) and the values it takes."""
 
@@ -309,6 +280,8 @@ class Release:
     serve_flags: ServeFlags
     # every other `vllm:` family the release's sources declare, per file (kinds and labels not tabled)
     other_metrics: tuple[OtherMetrics, ...] = ()
+    # the `KV Transfer metrics` log line of NixlConnector and MooncakeConnector, where the release has one
+    transfer_logs: tuple[TransferLog, ...] = ()
 
     def has_connector(self, name: str) -> bool:
         """Whether `kv_connector: name` is registered in this release."""
@@ -392,6 +365,10 @@ class Release:
             if metric.name == name:
                 return metric
         raise KeyError(f"vLLM {self.version} registers no metric {name}")
+
+    def transfer_log(self, connector: str) -> TransferLog | None:
+        """The keys of a connector's `KV Transfer metrics` line in this release (None: it logs none)."""
+        return next((log for log in self.transfer_logs if log.connector == connector), None)
 
     def serve_flag(self, name: str) -> ServeFlag | None:
         """The `vllm serve` option one of whose option strings is `name` (None: the release has none)."""

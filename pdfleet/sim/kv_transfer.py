@@ -6,7 +6,8 @@
   them on the consumer's notification, or they expire when the lease runs out;
 - consumer: a `remote_prefill` request pulls its KV from the producer, waiting the link's queued
   transfer time, then decodes (or fails / recomputes, per kv_load_failure_policy);
-- vLLM's NIXL start-up lines, the nixl_* metrics and the periodic `KV Transfer metrics` line.
+- vLLM's NIXL start-up lines, the nixl_* metrics and the periodic `KV Transfer metrics` line (its keys
+  the release's, `sim.transfer_log`; Mooncake's on P, which pushes).
 
 The wire protocol is `pdfleet.sim.side_channel`; the link's timing is `pdfleet.sim.perf.LinkQueue`.
 """
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pdfleet.model.connectors import MOONCAKE
-from pdfleet.sim import mooncake
+from pdfleet.sim import mooncake, transfer_log
 from pdfleet.sim.clock import SimClock
 from pdfleet.sim.config import KVTransfer, SimConfig
 from pdfleet.sim.engine import Engine, SimRequest, State
@@ -81,7 +82,8 @@ class KVConnector:
         self._granted: dict[str, ReadGrant] = {}  # Mooncake's P: reads granted, not yet reported done
         self._bootstrap: mooncake.BootstrapServer | None = None
         self._link = LinkQueue(cfg.link)
-        self._window: list[tuple[float, float, int, int]] = []  # (xfer s, post s, bytes, descriptors)
+        self._window: list[transfer_log.Transfer] = []  # transfers since the last `KV Transfer metrics` line
+        self._logged_failures: dict[str, int] = {}  # the failure counters at that line
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -232,6 +234,7 @@ class KVConnector:
             self.metrics.mooncake_xfer.observe(xfer_s)
             self.metrics.mooncake_bytes.observe(grant.nbytes)
             self.metrics.mooncake_descriptors.observe(grant.num_blocks)
+            self._window.append(transfer_log.Transfer(xfer_s, 0.0, grant.nbytes, grant.num_blocks))
 
     def release(self, rid: str) -> None:
         """Side channel: the consumer read the blocks; free them and maybe admit waiting work."""
@@ -316,7 +319,10 @@ class KVConnector:
             m.nixl_post.observe(timing["post"])
             m.nixl_bytes.observe(moved["bytes"])
             m.nixl_descriptors.observe(moved["blocks"])
-            self._window.append((timing["xfer"], timing["post"], moved["bytes"], moved["blocks"]))
+            if not self.mooncake:  # Mooncake's P records its push (`pushed`)
+                self._window.append(
+                    transfer_log.Transfer(timing["xfer"], timing["post"], moved["bytes"], moved["blocks"])
+                )
         except mooncake.BootstrapError as exc:
             ok = False
             self.metrics.mooncake_recvs += 1
@@ -373,24 +379,25 @@ class KVConnector:
 
     # ---- periodic log line ------------------------------------------------------------------------
     def log_transfers(self) -> None:
-        """vLLM's periodic `KV Transfer metrics: ...` line over the transfers since the last one (if any)."""
-        if not self._window:
-            return
+        """vLLM's periodic `KV Transfer metrics: ...` line over the interval since the last one, with the
+        keys the release's connector logs (nothing for an interval without transfers or failures)."""
+        keys = self.cfg.release.transfer_log(self.kv.connector)
+        counts = self._failure_counts()
+        failed = {key: n - self._logged_failures.get(key, 0) for key, n in counts.items()}
+        self._logged_failures = counts
         window, self._window = self._window, []
-        xfers = sorted(w[0] for w in window)
-        posts = sorted(w[1] for w in window)
-        total_bytes = sum(w[2] for w in window)
-        n = len(window)
-        log.info(
-            "KV Transfer metrics: Num successful transfers=%d, Avg xfer time (ms)=%.3f, P90 xfer time "
-            "(ms)=%.3f, Avg post time (ms)=%.3f, P90 post time (ms)=%.3f, Avg MB per transfer=%.3f, "
-            "Throughput (MB/s)=%.3f, Avg number of descriptors=%.1f",
-            n,
-            1e3 * sum(xfers) / n,
-            1e3 * xfers[min(n - 1, int(0.9 * n))],
-            1e3 * sum(posts) / n,
-            1e3 * posts[min(n - 1, int(0.9 * n))],
-            total_bytes / n / 1e6,
-            total_bytes / 1e6 / max(sum(xfers), 1e-9),
-            sum(w[3] for w in window) / n,
-        )
+        text = transfer_log.line(keys.keys, window, failed) if keys is not None else None
+        if text is not None:
+            log.info("%s", text)
+
+    def _failure_counts(self) -> dict[str, int]:
+        """The failure counters behind the line's failure keys (cumulative), by key."""
+        m = self.metrics
+        if self.mooncake:
+            failed = {"Num failed transfers": m.mooncake_failed, "Num failed recvs": m.mooncake_recvs}
+            return {**failed, "Num KV expired reqs": m.mooncake_expired}
+        return {
+            "Num failed transfers": m.nixl_failed_transfers,
+            "Num KV expired reqs": m.nixl_expired,
+            "Num notifs after expiry": m.nixl_after_expiry,
+        }
