@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import pytest
 
 from pdfleet.errors import PdfleetError, ValidationError
-from pdfleet.fleet.roles import ManagedUnit, instance_unit
+from pdfleet.fleet.roles import ManagedUnit, host_kv_profile, instance_unit
 from pdfleet.fleet.topology import Topology
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
@@ -153,6 +153,11 @@ class VerifyPlugin:
         if "pd_pair" in metafunc.fixturenames:
             pairs = pd_pairs(self.hosts)
             metafunc.parametrize("pd_pair", pairs, ids=[f"{p.name}->{d.name}" for p, d in pairs])
+
+    def kv_profile(self, host: Host) -> Profile:
+        """The profile as the host's P/D model has it (fleet.roles.host_kv_profile: what the roles
+        installed there by): its connector, topology and pools."""
+        return host_kv_profile(self.profile, self.topology.on_host(host.name))
 
     def connection(self, host: Host) -> SshTransport:
         """The host's SSH connection, opened once; a host that cannot be reached fails the check asking,

@@ -30,6 +30,15 @@ from pdfleet.ops.pip import PipRequirements
 from pdfleet.ops.systemd import restart_handler
 
 
+def host_kv_profile(profile: Profile, instances: Iterable[Instance]) -> Profile:
+    """The profile as a host's P/D model has it (its connector, topology and pools at the top level): the
+    model of the host's first prefill or decode instance, else the first model. What host-wide KV
+    settings follow on a host serving several models, for the roles and for verify alike."""
+    inst = next((i for i in instances if i.kv_role), None)
+    spec = profile.served_model(inst.model or None) if inst else profile.served[0]
+    return profile.for_model(spec)
+
+
 @dataclass(frozen=True)
 class RoleContext:
     """Everything a role may read about the host it plans for; roles read no files themselves."""
@@ -64,9 +73,7 @@ class RoleContext:
         """The profile as the host's P/D model has it (its KV connector and topology at the top level): the
         model of its first prefill or decode instance, else the first model. What host-wide KV settings
         (the transfer library, kv-transfer.env) follow on a host serving several models."""
-        inst = next((i for i in self.instances if i.kv_role), None)
-        spec = self.profile.served_model(inst.model) if inst else self.profile.served[0]
-        return self.profile.for_model(spec)
+        return host_kv_profile(self.profile, self.instances)
 
     def render(self, template: str, **variables: Any) -> str:
         return self.renderer.render(template, **variables)

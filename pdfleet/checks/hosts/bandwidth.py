@@ -22,7 +22,7 @@ def test_ib_write_bw(verify: VerifyPlugin, pd_pair: tuple[Host, Host]) -> None:
     prefill, decode = pd_pair
     if not verify.options.rdma_bandwidth:
         pytest.skip("--rdma-bandwidth not given")
-    if not (uses_rdma(verify.profile, prefill) and uses_rdma(verify.profile, decode)):
+    if not (uses_rdma(verify.kv_profile(prefill), prefill) and uses_rdma(verify.kv_profile(decode), decode)):
         pytest.skip("KV does not move over RDMA between these hosts")
     minimum = verify.profile.rdma.min_bandwidth_gbps
     if minimum is None:

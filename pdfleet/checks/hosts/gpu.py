@@ -74,7 +74,7 @@ def test_fabricmanager_active_on_nvswitch(verify: VerifyPlugin, pd_host: Host, t
 def test_gpudirect_path(verify: VerifyPlugin, pd_host: Host, target: Any) -> None:
     gpu_host(verify, pd_host, target)
     kernel = remote_fact(target, KernelFact())
-    mode = resolve_gpudirect(verify.profile.gpu, kernel, uses_rdma(verify.profile, pd_host))
+    mode = resolve_gpudirect(verify.profile.gpu, kernel, uses_rdma(verify.kv_profile(pd_host), pd_host))
     if mode.mode == "none":
         pytest.skip(f"GPUDirect RDMA not used: {mode.reason}")
     if mode.mode == "peermem":

@@ -22,9 +22,10 @@ def test_kv_library_importable(verify: VerifyPlugin, pd_host: Host, target: Any)
     kv_host(verify, pd_host)
     if verify.profile.vllm.engine == "sim":
         pytest.skip("engine: sim: no NIXL/Mooncake wheel (the simulator models the transfer)")
-    module = kv_import_name(verify.profile)
+    profile = verify.kv_profile(pd_host)  # the host's P/D model's connector
+    module = kv_import_name(profile)
     if module is None:
-        pytest.skip(f"no transfer library known for {verify.profile.kv_transfer.connector}")
+        pytest.skip(f"no transfer library known for {profile.kv_transfer.connector}")
     python = verify.profile.vllm.venv.rstrip("/") + "/bin/python"
     result = target.run(f"{shlex.quote(python)} -c {shlex.quote(f'import {module}')}")
     assert result.rc == 0, f"`import {module}` fails in {python}: {result.stderr.strip()[-300:]}"

@@ -23,8 +23,8 @@ from pdfleet.model.inventory import Host
 
 
 def rdma_devices(verify: VerifyPlugin, pd_host: Host, target: Any) -> dict[str, RdmaDevice]:
-    """The host's RDMA devices; skips where KV does not move over RDMA."""
-    profile = verify.profile
+    """The host's RDMA devices; skips where KV does not move over RDMA (by the host's P/D model)."""
+    profile = verify.kv_profile(pd_host)
     if not uses_rdma(profile, pd_host):
         if not any(pd_host.in_group(g) for g in ("prefill", "decode")):
             pytest.skip("runs no prefill/decode pool")

@@ -17,6 +17,7 @@ from pdfleet.checks.verify import (
     SKIP,
     CheckResult,
     VerifyOptions,
+    VerifyPlugin,
     _host_and_check,
     env_pairs,
     host_units,
@@ -31,6 +32,8 @@ from pdfleet.fleet.topology import build_topology
 from pdfleet.hw.kv import render_env
 from pdfleet.model.inventory import Host, Inventory, load_inventory
 from pdfleet.model.profile import Profile
+from pdfleet.model.profile_loader import load_profile
+from tests.unit.fleet.helpers import two_pd_deployment
 from tests.unit.helpers import Sshd, SystemdUnits
 from tests.unit.hw.helpers import REPO, host, pinned, profile
 
@@ -145,6 +148,26 @@ def test_verify_over_ssh_skips_hardware_and_fails_naming_host_and_check(tmp_path
 
 
 @pytest.mark.sshd
+def test_a_host_of_a_second_p_d_model_is_checked_for_its_own_transfer_library(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
+    """A models: profile whose first model is colocated (NIXL at its top level) and whose second runs P/D on
+    `loop` over Mooncake: loop's library check imports mooncake, as the kv_transfer role installs it."""
+    inv = load_inventory(_loopback_inventory(tmp_path, sshd, colocated=True))
+    path = tmp_path / "two.yml"
+    path.write_text(
+        "extends: same-host-pcie\ngateway: {model_alias: null}\nmodels:\n"
+        "  - {name: chat, aliases: [chat], topology: colocated,\n"
+        "     pools: {prefill: null, decode: null, colocated: {hosts: [colo]}}}\n"
+        "  - {name: big, aliases: [big], pools: {colocated: null},\n"
+        "     kv_transfer: {connector: MooncakeConnector, mooncake_protocol: tcp}}\n"
+    )
+    prof = load_profile(str(path), REPO / "profiles")
+    options = VerifyOptions(checks="kv_library", connect_timeout=5)
+    run = run_verify(prof, _topology(prof, inv), [inv.hosts["loop"]], options)
+    [result] = run.results
+    assert result.outcome == FAIL and "import mooncake" in result.detail, result.detail
+
+
+@pytest.mark.sshd
 def test_verify_passes_when_only_skipping_checks_run(tmp_path: Path, sshd) -> None:  # type: ignore[no-untyped-def]
     inv = load_inventory(_loopback_inventory(tmp_path, sshd))
     prof = profile("same-host-pcie")
@@ -251,3 +274,13 @@ def test_verify_reads_unit_health_over_ssh_from_a_real_systemd(
     assert health.outcome == FAIL and health.detail == f"/health does not answer: {down_url} (unreachable)", (
         health
     )
+
+
+def test_the_kv_checks_read_each_host_s_own_p_d_model(tmp_path: Path) -> None:
+    """Two P/D models on two connectors: the checks of lab-p2 read moon-8b's (Mooncake), lab-p1's
+    nixl-8b's (the first model's connector read for both checked NIXL on the Mooncake hosts)."""
+    d = two_pd_deployment(tmp_path)
+    hosts = d.inventory.hosts
+    plugin = VerifyPlugin(d.profile, d.topology, [hosts["lab-p1"], hosts["lab-p2"]], VerifyOptions())
+    assert plugin.kv_profile(hosts["lab-p2"]).kv_transfer.connector == "MooncakeConnector"
+    assert plugin.kv_profile(hosts["lab-p1"]).kv_transfer.connector == "NixlConnector"

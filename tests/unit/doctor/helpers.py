@@ -27,36 +27,6 @@ def deployment(profile: str, inventory: str = "inventory/lab.yml") -> Deployment
     return deploy(profile, REPO / inventory, secrets=None)
 
 
-TWO_PD = """\
-extends: lab-cross
-gateway:
-  model_alias: null
-models:
-  - name: nixl-8b
-    aliases: [nixl-8b]
-    pools:
-      prefill: {hosts: [lab-p1], tensor_parallel_size: 2, gpus: [0, 1]}
-      decode: {hosts: [lab-d1]}
-      colocated: {hosts: [lab-colo1]}
-  - name: moon-8b
-    aliases: [moon-8b]
-    kv_transfer: {connector: MooncakeConnector, mooncake_protocol: tcp}
-    gateway: {router_port: 8091, router_prometheus_port: 29001}
-    pools:
-      prefill: {hosts: [lab-p2]}
-      decode: {hosts: [lab-d2]}
-      colocated: {hosts: [lab-colo2]}
-"""
-
-
-def two_pd_deployment(tmp_path: Path) -> Deployment:
-    """Two P/D models on the 16-host lab, each on its own hosts and connector: nixl-8b (NIXL, prefill TP 2
-    on lab-p1, decode on lab-d1) and moon-8b (Mooncake over TCP, lab-p2 and lab-d2)."""
-    path = tmp_path / "two-pd.yml"
-    path.write_text(TWO_PD)
-    return deploy(str(path), REPO / "inventory/lab-16.yml", secrets=None)
-
-
 VLLM_LOCAL_KEY = "sk-vllm-local-0123456789"
 
 

@@ -37,7 +37,8 @@ from pdfleet.ops.files import FileContent
 from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.ssh import LocalTransport
 from pdfleet.ops.unit_health import UnitHealth, UnitState
-from tests.unit.doctor.helpers import deployment, fixture, two_pd_deployment
+from tests.unit.doctor.helpers import deployment, fixture
+from tests.unit.fleet.helpers import two_pd_deployment
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 

@@ -28,7 +28,8 @@ from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.hw.rdma import netdev_of
 from pdfleet.hw.rdma_facts import NetdevFact, QosFact, RdmaSysfsFact
 from pdfleet.model.weights import ManifestFile, WeightsManifest
-from tests.unit.doctor.helpers import deployment, fixture, two_pd_deployment
+from tests.unit.doctor.helpers import deployment, fixture
+from tests.unit.fleet.helpers import two_pd_deployment
 from tests.unit.hw.helpers import load_fixture
 
 FACTS = fixture("fleet-facts.yml")

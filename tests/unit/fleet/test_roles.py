@@ -16,6 +16,7 @@ from pdfleet.fleet.host_layout import VLLM_START_TIMEOUT_S
 from pdfleet.fleet.host_wheel import wheel_name
 from pdfleet.fleet.roles import (
     apt_packages,
+    host_kv_profile,
     host_wheel_install,
     instance_restart,
     instance_unit,
@@ -23,11 +24,13 @@ from pdfleet.fleet.roles import (
     select_roles,
 )
 from pdfleet.fleet.secrets import GatewaySecrets
+from pdfleet.hw.kv import kv_import_name
+from pdfleet.model.profile import Profile
 from pdfleet.ops.base import FakeFacts, Operation, Run
 from pdfleet.ops.files import Directory, File, FileContent
 from pdfleet.ops.pip import PipRequirements
 from roles import REGISTRY
-from tests.unit.fleet.helpers import REPO, deploy, fleet_of
+from tests.unit.fleet.helpers import REPO, deploy, fleet_of, two_pd_deployment
 
 
 def test_apt_packages_of_all_roles_include_base() -> None:
@@ -138,3 +141,23 @@ def test_host_wide_kv_settings_follow_the_model_whose_pd_instance_the_host_runs(
         "c1": "NixlConnector",
     }
     assert [i.unit for i in fleet.topology.on_host("p2")] == ["vllm-moon-prefill.service"]
+
+
+def test_a_host_s_kv_settings_follow_its_own_p_d_model(tmp_path: Path) -> None:
+    """Two P/D models on two connectors: each pool host's KV profile is its own model's (the roles install
+    its transfer library and verify checks that one), a host without a P/D instance the first model's."""
+    d = two_pd_deployment(tmp_path)
+
+    def on(host: str) -> Profile:
+        return host_kv_profile(d.profile, d.topology.on_host(host))
+
+    assert [on(h).kv_transfer.connector for h in ("lab-p1", "lab-d1", "lab-p2", "lab-d2")] == [
+        "NixlConnector",
+        "NixlConnector",
+        "MooncakeConnector",
+        "MooncakeConnector",
+    ]
+    assert [kv_import_name(on(h)) for h in ("lab-p1", "lab-p2")] == ["nixl", "mooncake"]
+    assert on("lab-colo2").served[0].name == "nixl-8b"  # no P/D instance there: the first model
+    ctx = d.context(d.inventory.hosts["lab-d2"])
+    assert ctx.kv_profile.kv_transfer.connector == "MooncakeConnector"
