@@ -62,7 +62,7 @@ def gather_fleet(
                 del hosts[name]
         instances = read_instances(topology, hosts, timeout, profile)
         connects = read_connects(profile, topology, hosts)
-        p2p = read_p2p(topology, hosts) if profile.topology == "same-host" else {}
+        p2p = read_p2p(profile, topology, hosts)
         rdma = read_rdma(profile, hosts, inventory.hosts, topology)
         platforms = read_platforms(topology, hosts)
     finally:

@@ -20,6 +20,7 @@ import httpx2
 
 from pdfleet.errors import PdfleetError
 from pdfleet.fleet.host_layout import MODELS_DIR
+from pdfleet.fleet.roles import host_kv_profile
 from pdfleet.fleet.topology import Instance, Topology
 from pdfleet.fleet.weights import staged_dir
 from pdfleet.hw.distro import CUDA_SOURCE
@@ -256,9 +257,15 @@ class P2pMatrix(Fact["Mapping[tuple[int, int], str] | str"]):
         return matrix or f"`{P2P_COMMAND}` gave no matrix (rc {rc}): {stdout.strip()[:200]}"
 
 
-def pair_hosts(topology: Topology) -> list[str]:
-    """Hosts that run both a prefill and a decode instance (a same-host pair)."""
-    return sorted({i.host for i in topology.pool("prefill")} & {i.host for i in topology.pool("decode")})
+def pair_hosts(profile: Profile, topology: Topology) -> list[str]:
+    """Hosts that run both a prefill and a decode instance of a same-host model (a same-host pair)."""
+    out: set[str] = set()
+    for spec in profile.served:
+        if spec.topology == "same-host":
+            label = spec.name if spec.listed else None
+            pre, dec = topology.pool("prefill", label), topology.pool("decode", label)
+            out |= {i.host for i in pre} & {i.host for i in dec}
+    return sorted(out)
 
 
 def connects_planned(
@@ -290,9 +297,8 @@ def facts_to_gather(profile: Profile, topology: Topology) -> dict[str, list[Fact
             plan[inst.host].append(StagedListing(directory))
     for host, connects in connects_planned(profile, topology).items():
         plan.setdefault(host, []).extend(c[3] for c in connects)
-    if profile.topology == "same-host":
-        for host in pair_hosts(topology):
-            plan.setdefault(host, []).extend((NvidiaPciFact(), P2pMatrix()))
+    for host in pair_hosts(profile, topology):
+        plan.setdefault(host, []).extend((NvidiaPciFact(), P2pMatrix()))
     for host in {i.host for i in topology.instances}:
         plan.setdefault(host, []).extend((OsReleaseFact(), NvidiaPciFact(), FileContent(CUDA_SOURCE)))
     return {host: list(dict.fromkeys(facts)) for host, facts in plan.items()}
@@ -372,11 +378,11 @@ def read_connects(profile: Profile, topology: Topology, hosts: Mapping[str, Fact
 
 
 def read_p2p(
-    topology: Topology, hosts: Mapping[str, FactSource]
+    profile: Profile, topology: Topology, hosts: Mapping[str, FactSource]
 ) -> dict[str, Mapping[tuple[int, int], str] | str]:
     """The P2P matrix of each same-host pair's host (or why there is none)."""
     out: dict[str, Mapping[tuple[int, int], str] | str] = {}
-    for host in pair_hosts(topology):
+    for host in pair_hosts(profile, topology):
         if host not in hosts:
             continue
         pci, _ = _get(hosts[host], NvidiaPciFact())
@@ -403,13 +409,16 @@ def read_platforms(topology: Topology, hosts: Mapping[str, FactSource]) -> list[
 def read_rdma(
     profile: Profile, hosts: Mapping[str, FactSource], inventory_hosts: Mapping[str, Host], topology: Topology
 ) -> list[RdmaHostFacts]:
-    """The RDMA facts of each disaggregated pool host that declares rdma_devices (cross-host, RDMA on)."""
-    if profile.topology != "cross-host" or not profile.rdma.enabled:
+    """The RDMA facts of each disaggregated pool host that declares rdma_devices (RDMA on, the host's P/D
+    model cross-host: fleet.roles.host_kv_profile, as the roles install it)."""
+    if not profile.rdma.enabled:
         return []
     out = []
     for name in sorted({i.host for i in topology.instances if i.pool in ("prefill", "decode")}):
         host, facts = inventory_hosts.get(name), hosts.get(name)
         if host is None or facts is None or not host.rdma_devices:
+            continue
+        if host_kv_profile(profile, topology.on_host(name)).topology != "cross-host":
             continue
         devices = facts.get(RdmaSysfsFact())
         netdevs = {

@@ -17,6 +17,7 @@ from pdfleet.doctor.fleet_facts import (
     connect_command,
     connects_planned,
     facts_to_gather,
+    pair_hosts,
     parse_p2p,
     parse_unit,
     read_connects,
@@ -38,7 +39,7 @@ from pdfleet.ops.gather import HostFacts
 from pdfleet.ops.ssh import LocalTransport
 from pdfleet.ops.unit_health import UnitHealth, UnitState
 from tests.unit.doctor.helpers import deployment, fixture
-from tests.unit.fleet.helpers import two_pd_deployment
+from tests.unit.fleet.helpers import REPO, deploy, two_pd_deployment
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -169,13 +170,39 @@ def test_each_host_answers_in_one_batch() -> None:
     )
 
 
+def test_the_same_host_pair_of_a_second_model_is_asked_for_its_p2p_matrix(tmp_path: Path) -> None:
+    """A models: profile whose top level and first model are colocated and whose second runs P/D on lab-p1
+    (same-host): lab-p1 is a same-host pair (the profile's top-level topology read asked it nothing)."""
+    inventory = tmp_path / "inventory.yml"  # lab-colo1 with a second GPU for the colocated model
+    text = (REPO / "inventory/lab-same-host.yml").read_text()
+    inventory.write_text(
+        text.replace(
+            "ansible_host: 198.18.0.11\n          gpus: [0]",
+            "ansible_host: 198.18.0.11\n          gpus: [0, 1]",
+        )
+    )
+    path = tmp_path / "two.yml"
+    path.write_text(
+        "extends: lab-same-host\ngateway: {model_alias: null}\nmodels:\n"
+        "  - {name: chat, aliases: [chat], topology: colocated,\n"
+        "     pools: {prefill: null, decode: null, colocated: {port: 8001, gpus: [1]}}}\n"
+        "  - {name: big, aliases: [big], topology: same-host}\n"
+        "topology: colocated\n"  # the file's top level, which the profile's own `topology` reads
+    )
+    d = deploy(str(path), inventory, secrets=None)
+    assert [s.topology for s in d.profile.served] == ["colocated", "same-host"]
+    assert pair_hosts(d.profile, d.topology) == ["lab-p1"]
+    assert P2pMatrix() in facts_to_gather(d.profile, d.topology)["lab-p1"]
+    assert pair_hosts(deployment("lab-cross").profile, deployment("lab-cross").topology) == []
+
+
 def test_p2p_of_a_host_without_gpus_says_so_as_the_gpu_role_does() -> None:
     d = deployment("lab-same-host", "inventory/lab-same-host.yml")
     local = HostFacts(LocalTransport("lab-p1"))
     local.gather([NvidiaPciFact(), P2pMatrix()])  # only these: the plan's connects go to lab addresses
     if local.get(NvidiaPciFact()).gpus:
         pytest.skip("this machine has an NVIDIA GPU: the matrix is read instead")
-    assert read_p2p(d.topology, {"lab-p1": local}) == {"lab-p1": "no NVIDIA GPU on the PCI bus"}
+    assert read_p2p(d.profile, d.topology, {"lab-p1": local}) == {"lab-p1": "no NVIDIA GPU on the PCI bus"}
 
 
 def test_each_pool_host_is_asked_what_it_runs_and_this_machine_answers_for_real() -> None:
