@@ -47,8 +47,9 @@ REAPPLY = restart_handler(UNIT)  # a oneshot with RemainAfterExit: restart rerun
 
 
 def applies(ctx: RoleContext) -> bool:
-    """Prefill/decode hosts of a cross-host profile (same-host KV moves over PCIe/NVLink)."""
-    return ctx.profile.topology == "cross-host" and any(i.kv_role for i in ctx.instances)
+    """Prefill/decode hosts of a cross-host model (same-host KV moves over PCIe/NVLink): the host's own P/D
+    model's topology (ctx.kv_profile), which a `models:` entry may set apart from the profile's top level."""
+    return any(i.kv_role for i in ctx.instances) and ctx.kv_profile.topology == "cross-host"
 
 
 def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from pdfleet.hw.rdma import (
     roce_script,
     ucx_net_devices,
 )
+from tests.unit.fleet.helpers import REPO, deploy
 from tests.unit.hw.helpers import (
     H100_DEVICES,
     commands,
@@ -168,3 +170,25 @@ def test_role_does_not_apply_to_same_host_or_colocated() -> None:
     assert not role.applies(context(pinned("same-host-pcie"), host(groups=("prefill", "decode"))))
     assert not role.applies(context(pinned("colocated"), host(groups=("colocated",))))
     assert role.applies(context(pinned(), host(groups=("decode",))))
+
+
+def test_role_applies_by_the_host_s_own_model_s_topology(tmp_path: Path) -> None:
+    """A models: profile whose top level says colocated and whose P/D model is cross-host: that model's
+    prefill and decode hosts get the role, the small colocated model's host does not."""
+    path = tmp_path / "two.yml"
+    path.write_text(
+        "extends: lab-two-models\ntopology: colocated\nmodels:\n"
+        "  - {name: llama-8b, aliases: [llama-3.1-8b], topology: cross-host}\n"
+        "  - name: llama-1b\n    aliases: [llama-3.2-1b]\n    topology: colocated\n"
+        "    model: {id: meta-llama/Llama-3.2-1B-Instruct, max_model_len: 16384}\n"
+        "    pools: {prefill: null, decode: null,\n"
+        "            colocated: {port: 8001, gpus: [1], hosts: [lab-colo2], max_num_batched_tokens: 4096}}\n"
+    )
+    d = deploy(str(path), REPO / "inventory/lab.yml", secrets=None)
+    assert d.profile.topology == "colocated"
+    hosts = d.inventory.hosts
+    assert [role.applies(d.context(hosts[h])) for h in ("lab-p1", "lab-d1", "lab-colo2")] == [
+        True,
+        True,
+        False,
+    ]
