@@ -22,7 +22,7 @@ from pdfleet.bench.client import Record, Stats, StreamClient, request_bytes
 from pdfleet.bench.workloads import Item, completion_body
 from pdfleet.errors import PdfleetError
 from pdfleet.gateway.policy import length_class  # the gateway's own rule: records classed as it routes
-from pdfleet.model.routing import CHOICE_HEADER
+from pdfleet.model.routing import CHOICE_HEADER, THRESHOLD_HEADER
 
 Probe = Callable[[], dict[str, float]]  # counters to difference over the window (e.g. CPU seconds)
 Progress = Callable[[int, int | None], None]  # (requests finished, total or None when open-ended)
@@ -261,14 +261,17 @@ def gateway_request(
     max_tokens: int,
     session: str | None = None,
     choice: str | None = None,
+    on: str | None = None,
 ) -> bytes:
     """A streaming /v1/completions request through the gateway to `pool` (None: where the gateway
     decides) with usage in the stream; a session's id as X-Session-Id (the gateway's sticky key); a
-    colocated choice in the gateway's choice header (None: the gateway's own)."""
+    colocated choice and a threshold_on in the gateway's choice and threshold headers (None: its own)."""
     body = completion_body(prompt, max_tokens, gw.model, usage=True)
     headers = {"X-Session-Id": session} if session else {}
     if choice:
         headers[CHOICE_HEADER] = choice
+    if on:
+        headers[THRESHOLD_HEADER] = on
     return request_bytes(gw.host, gw.port, "/v1/completions", body, key=gw.key, pool=pool, headers=headers)
 
 
@@ -307,10 +310,11 @@ async def run_pool(
     background: Callable[[asyncio.Event], Coroutine[Any, Any, dict[str, float | str]]] | None = None,
     choice: str | None = None,
     forced: bool = True,
+    on: str | None = None,
 ) -> PoolRun:
-    """Run `items` through the gateway to `pool` by `schedule`; every request ends as a Record. `choice`:
-    the colocated choice every request asks the gateway for (None: the gateway's own); not `forced`: no
-    pool header, the gateway's live stage decides (the records still say `pool`).
+    """Run `items` through the gateway to `pool` by `schedule`; every request ends as a Record. `choice`,
+    `on`: the colocated choice and threshold_on every request asks the gateway for (None: the gateway's
+    own); not `forced`: no pool header, the gateway's live stage decides (the records still say `pool`).
 
     Requests cancelled by `stop` or abandoned after the drain are marked cancelled, with the reason.
     """
@@ -331,7 +335,7 @@ async def run_pool(
         rec = Record(item.index, pool, cls, item.prompt_tokens, item.output_tokens)
         records.append(rec)
         request = requests.get(item.index) or gateway_request(
-            gw, header, item.prompt, item.output_tokens, item.session, choice
+            gw, header, item.prompt, item.output_tokens, item.session, choice, on
         )
         if due is not None:
             rec.due = due
@@ -344,7 +348,7 @@ async def run_pool(
 
     # built before the clock starts: encoding a 30K-token prompt takes a millisecond the schedule cannot spare
     requests = {
-        it.index: gateway_request(gw, header, it.prompt, it.output_tokens, it.session, choice)
+        it.index: gateway_request(gw, header, it.prompt, it.output_tokens, it.session, choice, on)
         for it in items[:PREBUILT]
     }
     lag_task = asyncio.create_task(_lag_monitor(lag, finished))

@@ -7,8 +7,9 @@ reason has a unit test and the decision's cost is measurable alone.
 The order, and the reason each step gives:
 1. a forced pool (the override header) wins: `forced_header`;
 2. the colocated instance is chosen (round robin, or prefix-affine and load-aware: the policy's choice,
-   or the one the request asked for in the choice header), and the request's
-   length class is taken from its whole prompt or from what that instance would still have to prefill;
+   or the one the request asked for in the choice header), and the request's length class is taken from
+   its whole prompt or from what that instance would still have to prefill (the policy's threshold_on, or
+   the one the request asked for in the threshold header);
 3. the sticky bucket against the stage's percentage for that class: outside the share the request
    stays colocated as `short` (a long prompt in that bucket would have gone), `cached_prefix` (its
    whole prompt would have gone, its uncached part does not) or `stage_weight` (not even a long one);
@@ -26,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from pdfleet.model.routing import ColocatedChoice, DeciderSpec
+from pdfleet.model.routing import ColocatedChoice, DeciderSpec, ThresholdOn
 from pdfleet.model.stages import StageSpec
 
 Reason = Literal[
@@ -67,7 +68,8 @@ class Facts:
     `cached` and `outstanding` have one entry per colocated instance, in the route's order: the
     prompt tokens the gateway estimates that instance has cached, and the prompt tokens it has been
     sent and not yet prefilled (sent, no first byte yet). `rr` is the route's round-robin counter;
-    `choice` the colocated choice the request asked for (None: the policy's).
+    `choice` the colocated choice the request asked for, `threshold_on` what it asked its length class be
+    taken from (None: the policy's).
     Not frozen (nor Verdict): a frozen dataclass's __init__ costs several microseconds per request.
     """
 
@@ -82,6 +84,7 @@ class Facts:
     prefill: Sequence[Load] = ()
     decode: Sequence[Load] = ()
     choice: ColocatedChoice | None = None
+    threshold_on: ThresholdOn | None = None
 
 
 @dataclass(slots=True)
@@ -133,7 +136,7 @@ def queue_past(loads: Sequence[Load], bound: int | None, stale_s: float) -> bool
 def decide(spec: DeciderSpec, stage: StageSpec, threshold: int, facts: Facts) -> Verdict:
     """The target and the one reason for a request (see the module docstring for the order)."""
     instance = choose_instance(spec, facts)
-    cached = facts.cached[instance] if spec.threshold_on == "effective" else 0
+    cached = facts.cached[instance] if (facts.threshold_on or spec.threshold_on) == "effective" else 0
     effective = max(0, facts.tokens - cached)
     cls = length_class(effective, threshold)
 

@@ -17,7 +17,7 @@ from pdfleet.gateway.decider import Facts, Load, decide
 from pdfleet.gateway.load import Outstanding, QueueWatch
 from pdfleet.gateway.policy import ActivePolicy, Decision, LengthClass, Pool, Route, bucket_of, length_class
 from pdfleet.gateway.prefix_index import PrefixIndex, prompt_blocks, prompt_text
-from pdfleet.model.routing import ColocatedChoice, DeciderSpec
+from pdfleet.model.routing import ColocatedChoice, DeciderSpec, ThresholdOn
 
 _NO_LOADS: tuple[Load, ...] = ()
 
@@ -27,7 +27,8 @@ class Deciding:
 
     def __init__(self, policy: ActivePolicy) -> None:
         self.index: PrefixIndex | None = None
-        # the prefix index of the requests that asked for prefix_load while the policy keeps none: only
+        # the prefix index of the requests that asked for prefix_load (or for effective) while the policy
+        # keeps none: only
         # they read and feed it, so a client that does not ask costs nothing more (a reload drops it)
         self.asked: PrefixIndex | None = None
         self.queues = QueueWatch()
@@ -71,12 +72,14 @@ class Deciding:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _index(self, spec: DeciderSpec, choice: ColocatedChoice | None) -> PrefixIndex | None:
+    def _index(
+        self, spec: DeciderSpec, choice: ColocatedChoice | None, on: ThresholdOn | None
+    ) -> PrefixIndex | None:
         """The prefix index this request reads and feeds: the policy's when it keeps one, else (a request
-        that asked for prefix_load) the asking requests' own, made on the first such request."""
+        that asked for prefix_load or effective) the asking requests' own, made on the first such request."""
         if spec.uses_index:
             return self.index
-        if choice != "prefix_load":
+        if choice != "prefix_load" and on != "effective":
             return None
         if self.asked is None:
             self.asked = PrefixIndex(spec.index_blocks, spec.block_tokens)
@@ -92,9 +95,10 @@ class Deciding:
         sticky: str,
         forced: Pool | None,
         choice: ColocatedChoice | None = None,
+        on: ThresholdOn | None = None,
     ) -> tuple[LengthClass, Decision]:
         """The request's length class and decision; its prompt recorded on the chosen candidate.
-        `choice`: the colocated choice the request asked for (None: the policy's)."""
+        `choice`, `on`: the colocated choice and threshold_on the request asked for (None: the policy's)."""
         bucket = bucket_of(sticky)
         staging = route.staging
         if staging is None:  # an outside alias: no stage, no pools
@@ -103,7 +107,7 @@ class Deciding:
             )
         spec = policy.spec.decider
         urls = route.colocated
-        index = self._index(spec, choice)
+        index = self._index(spec, choice, on)
         blocks: list[int] | None = None
         if index is not None:
             text = prompt_text(data, endpoint)
@@ -132,6 +136,7 @@ class Deciding:
             prefill,
             decode,
             choice,
+            on,
         )
         v = decide(spec, staging.weights, staging.long_prompt_tokens, facts)
         decision = Decision(v.pool, v.reason, bucket, v.instance, v.effective)

@@ -14,7 +14,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
@@ -29,7 +29,14 @@ from pdfleet.gateway.limits import Limiter, admit_key, admit_model, check_prompt
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.outside import check_api
 from pdfleet.gateway.policy import NO_MODEL, POOLS, ActivePolicy, Pool, Route
-from pdfleet.model.routing import CHOICE_HEADER, COLOCATED_CHOICES, ColocatedChoice
+from pdfleet.model.routing import (
+    CHOICE_HEADER,
+    COLOCATED_CHOICES,
+    THRESHOLD_HEADER,
+    THRESHOLD_ONS,
+    ColocatedChoice,
+    ThresholdOn,
+)
 from pdfleet.tokens import CharEstimate, count_messages_tokens, count_request_tokens
 
 
@@ -280,26 +287,35 @@ def forced_pool(
 def forced_choice(headers: Mapping[str, str], policy: ActivePolicy, route: Route) -> ColocatedChoice | None:
     """The colocated choice named by the choice header, honoured like the pool override header: only while
     the policy enables that one (a policy without overrides ignores both)."""
+    return cast("ColocatedChoice | None", _asked(headers, policy, route, CHOICE_HEADER, COLOCATED_CHOICES))
+
+
+def forced_threshold(headers: Mapping[str, str], policy: ActivePolicy, route: Route) -> ThresholdOn | None:
+    """What the threshold header asks a request's length class be taken from, honoured as the choice
+    header is."""
+    return cast("ThresholdOn | None", _asked(headers, policy, route, THRESHOLD_HEADER, THRESHOLD_ONS))
+
+
+def _asked(
+    headers: Mapping[str, str], policy: ActivePolicy, route: Route, name: str, values: tuple[str, ...]
+) -> str | None:
+    """One of `values` named by header `name` (None: not sent, or overrides off); a 400 for another
+    value or an outside endpoint (which has no decider)."""
     if policy.spec.override_header is None:
         return None
-    value = headers.get(CHOICE_HEADER)
+    value = headers.get(name)
     if value is None:
         return None
     value = value.strip().lower()
-    for choice in COLOCATED_CHOICES:
-        if value == choice:
-            break
-    else:
-        raise Reject(
-            400, f"header {CHOICE_HEADER} must be one of: {', '.join(COLOCATED_CHOICES)}", param=CHOICE_HEADER
-        )
+    if value not in values:
+        raise Reject(400, f"header {name} must be one of: {', '.join(values)}", param=name)
     if route.outside is not None:
         raise Reject(
             400,
-            f"model {route.alias!r} is an outside endpoint; header {CHOICE_HEADER} cannot pick an instance",
-            param=CHOICE_HEADER,
+            f"model {route.alias!r} is an outside endpoint; header {name} cannot pick an instance",
+            param=name,
         )
-    return choice
+    return value
 
 
 async def count_tokens(
@@ -377,6 +393,7 @@ async def admit(
         check_fields(endpoint, data)
         forced = forced_pool(request.headers, policy, route, endpoint)
         choice = forced_choice(request.headers, policy, route)
+        on = forced_threshold(request.headers, policy, route)
         tokens = await count_tokens(policy, data, len(body), endpoint)
         check_prompt_limit(policy.limits, limiter, held, alias, tokens, endpoint)
         model_slot = admit_model(limiter, held, alias, m)
@@ -398,7 +415,7 @@ async def admit(
     key, digest = auth.entry, auth.digest
     assert key is not None and digest is not None  # authorize() raised otherwise
     sticky = sticky_key(request.headers, policy, data, digest)
-    cls, decision = deciding.route(policy, route, data, endpoint, tokens, sticky, forced, choice)
+    cls, decision = deciding.route(policy, route, data, endpoint, tokens, sticky, forced, choice, on)
     if decision.reason == "endpoint_not_carried":
         m.child(m.kept_colocated, model, endpoint, "router_lacks_endpoint").inc()
     stage = route.staging.stage if route.staging is not None else NO_MODEL

@@ -11,6 +11,10 @@ What they mean (issue 32; the decision itself is pdfleet.gateway.decider):
   conversation keeps its cache and two long prefills do not stack on one instance while another idles.
   Issue 26's bench compares the two: a request may ask for either in the `X-Pdfleet-Colocated-Choice`
   header (CHOICE_HEADER), honoured like the pool override header and only while the policy enables it.
+  Likewise `X-Pdfleet-Threshold-On` (THRESHOLD_HEADER) asks for `prompt` or `effective` for one request,
+  so a comparison of length-only routing against the decider runs on one gateway, one policy (issue 32's
+  lab test): a request that asks for `effective` or `prefix_load` under a policy keeping no prefix index
+  reads and feeds an index only such requests keep.
 - `block_tokens`, `index_blocks`: the approximate prefix index's block (vLLM's default block size is 16
   tokens) and its bound per candidate, in blocks (least recently used blocks are forgotten first).
 - `prefill_busy_waiting`: a request the stage sends to the P/D pool stays colocated (`prefill busy`)
@@ -30,6 +34,8 @@ ThresholdOn = Literal["prompt", "effective"]
 ColocatedChoice = Literal["round_robin", "prefix_load"]
 COLOCATED_CHOICES: tuple[ColocatedChoice, ...] = get_args(ColocatedChoice)
 CHOICE_HEADER = "X-Pdfleet-Colocated-Choice"  # one request's colocated choice (a bench's comparison)
+THRESHOLD_ONS: tuple[ThresholdOn, ...] = get_args(ThresholdOn)
+THRESHOLD_HEADER = "X-Pdfleet-Threshold-On"  # one request's threshold_on (a bench's comparison)
 VLLM_DEFAULT_BLOCK_TOKENS = 16
 
 

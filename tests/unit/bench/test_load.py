@@ -242,6 +242,14 @@ def test_a_sessions_requests_carry_its_id_as_the_gateways_sticky_key() -> None:
     assert b"X-Session-Id" not in gateway_request(gw, "colocated", "hi", 4)
 
 
+def test_a_request_asks_for_the_deciders_settings_in_their_headers() -> None:
+    gw = Gateway("127.0.0.1", 8080, "sk", "m")
+    head = gateway_request(gw, None, "hi", 4, None, "prefix_load", "effective").split(b"\r\n\r\n")[0]
+    assert b"\r\nX-Pdfleet-Colocated-Choice: prefix_load" in head
+    assert b"\r\nX-Pdfleet-Threshold-On: effective" in head and b"X-Pdfleet-Pool" not in head
+    assert b"X-Pdfleet-Threshold-On" not in gateway_request(gw, None, "hi", 4)
+
+
 def test_an_unforced_run_leaves_the_pool_to_the_gateway() -> None:
     """Every request of an unforced run (the shadow A/B's) goes without the pool header, the first
     prebuilt ones too; a forced run's all carry it."""

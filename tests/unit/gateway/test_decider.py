@@ -213,3 +213,13 @@ def test_reason_shares_in_the_documented_order_and_none_without_requests() -> No
     text = reason_mix_text(counts)
     assert text == "stage_weight 60%, short 30%, cached_prefix 10%, prefill_busy 0.4% of 100 requests"
     assert reason_mix_text({"short": 0}) == "no request decided"
+
+
+def test_a_request_may_ask_for_its_class_on_effective_or_on_prompt_tokens() -> None:
+    """The threshold header's value overrides the policy's threshold_on for that request alone."""
+    held: dict[str, Any] = {"cached": [LONG - 500, 0], "choice": "prefix_load"}
+    asked = decide(DeciderSpec(), ALL_PD, THRESHOLD, facts(**held, threshold_on="effective"))
+    assert (asked.pool, asked.reason, asked.effective) == ("colocated", "cached_prefix", 500)
+    assert decide(DeciderSpec(), ALL_PD, THRESHOLD, facts(**held)).reason == "stage_weight"
+    whole = decide(EFFECTIVE, ALL_PD, THRESHOLD, facts(**held, threshold_on="prompt"))
+    assert (whole.pool, whole.reason, whole.effective) == ("disagg", "stage_weight", LONG)

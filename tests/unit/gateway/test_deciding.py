@@ -81,11 +81,15 @@ def _served(raw: bytes) -> str:
     return str(json.loads(raw)["served_by"])
 
 
-@pytest.mark.parametrize("decider", ["decider", "length_only"])
+ASK_DECIDER = {"X-Pdfleet-Threshold-On": "Effective", "X-Pdfleet-Colocated-Choice": "prefix_load"}
+
+
+@pytest.mark.parametrize("decider", ["decider", "length_only", "asked"])
 def test_a_growing_conversation_keeps_its_instance_and_stays_colocated(tmp_path: Path, decider: str) -> None:
     """Turn 1 is short and goes colocated; later turns pass the threshold by length but only 600 tokens of
     each are new: the decider keeps them on the instance that holds the rest (`cached_prefix`); routing by
-    length sends them to the P/D pool."""
+    length sends them to the P/D pool. `asked`: a length-only policy, the requests asking for the decider's
+    settings in the threshold and choice headers (the lab's comparison on one gateway) get the decider."""
 
     async def scenario() -> None:
         third = FakeUpstream("third")
@@ -95,6 +99,7 @@ def test_a_growing_conversation_keeps_its_instance_and_stays_colocated(tmp_path:
             if decider == "decider"
             else {"threshold_on": "prompt", "colocated_choice": "round_robin"}
         )
+        ask = ASK_DECIDER if decider == "asked" else {}
 
         def models(colo: str, dis: str) -> dict[str, Any]:
             return {"llama": {"colocated": [colo, dis], "disagg": third.url}}
@@ -103,18 +108,28 @@ def test_a_growing_conversation_keeps_its_instance_and_stays_colocated(tmp_path:
             async with Env(tmp_path, models=models, decider=settings) as env:
                 seen = []
                 for turns in range(1, 5):
-                    st, h, raw = await env.post("/v1/chat/completions", _conversation(turns))
+                    st, h, raw = await env.post("/v1/chat/completions", _conversation(turns), ask)
                     assert st == 200
                     seen.append((h["X-Pdfleet-Decision"], _served(raw)))
-                if decider == "decider":
+                if decider != "length_only":
                     first = seen[0][1]
                     assert seen == [("short", first)] + [("cached_prefix", first)] * 3
                     # another long prompt with nothing cached still goes to the P/D pool
-                    st, h, _ = await env.post("/v1/chat/completions", chat(LONG))
+                    st, h, _ = await env.post("/v1/chat/completions", chat(LONG), ask)
                     assert h["X-Pdfleet-Decision"] == "stage_weight" and h["X-Pdfleet-Pool"] == "disagg"
                 else:
                     assert seen[0][0] == "short"
                     assert seen[1:] == [("stage_weight", "third")] * 3
+                if decider == "asked":  # the policy's own routing for the requests that do not ask
+                    st, h, _ = await env.post("/v1/chat/completions", _conversation(4))
+                    assert h["X-Pdfleet-Decision"] == "stage_weight" and h["X-Pdfleet-Pool"] == "disagg"
+                    assert env.gw is not None and env.gw.gateway.deciding.index is None
+                    st, _, raw = await env.post(
+                        "/v1/chat/completions", chat(), {"X-Pdfleet-Threshold-On": "all"}
+                    )
+                    err = error_of(raw)
+                    assert st == 400 and err["param"] == "X-Pdfleet-Threshold-On"
+                    assert "prompt, effective" in err["message"]
         finally:
             await third.stop()
 
