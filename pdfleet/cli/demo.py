@@ -58,7 +58,7 @@ def demo(ctx: Context, profile: str = DEMO_PROFILE, bench_seconds: int = BENCH_S
     up(this_lab(), lab_progress(console))
     progress = lambda msg: console.print(msg, highlight=False)  # noqa: E731 - a one-line callback
     deployment = open_deployment(
-        ctx, profile, str(REPO_ROOT / LAB_INVENTORY), keys="provision", wheel=progress
+        ctx, profile, str(REPO_ROOT / LAB_INVENTORY), keys="provision", wheel=progress, fleet_layout=True
     )
     hosts = deployment.hosts
     report = provision(deployment, hosts, run_options(ctx), console)

@@ -62,6 +62,7 @@ def _apply(ctx: Context, profile: str, inventory: str | None, deployment: Deploy
         limit=hosts,
         keys="provision",
         wheel=lambda msg: console.print(msg, highlight=False),
+        fleet_layout=True,  # the policy keeps the colocated hosts the live layout gives
     )
     lab_site.require_routable(fleet.hosts)
     report = run_provision(fleet, fleet.hosts, run_options(ctx), console)

@@ -13,7 +13,8 @@ from pdfleet.cli import lab_site
 from pdfleet.cli.settings import Settings, repo_path
 
 if TYPE_CHECKING:  # the fleet's machinery is imported when a task runs, not when invoke lists the tasks
-    from pdfleet.fleet.deployment import Deployment, Secrets
+    from pdfleet.fleet.deployment import Deployment, DeploymentRequest, Secrets
+    from pdfleet.fleet.layout_store import FleetLayout
     from pdfleet.fleet.live_layout import HostPools
     from pdfleet.ops.runner import RunOptions
 
@@ -52,6 +53,7 @@ def open_deployment(
     wheel: Callable[[str], None] | None = None,
     manifests: bool = False,
     layout_from_inventory: bool = False,
+    fleet_layout: bool = False,
     layout: HostPools | None = None,
 ) -> Deployment:
     """Every task's deployment, from its options and invoke.yaml's defaults, through the one door
@@ -59,30 +61,42 @@ def open_deployment(
     `stage_model` names), the gateway's keys as `keys` says (asked only when a selected role installs them
     on a selected host) and, with `wheel` (progress messages), the host wheel the selected hosts install;
     with `manifests`, the staged models' manifests from their mirrors (when the weights role runs on a
-    host serving one); the pool groups as the live layout left them (`invoke rebalance`) unless
-    `layout_from_inventory`, or as `layout` gives them (the layouts a move goes through: `invoke
-    rebalance`'s steps). Everything is validated first."""
+    host serving one); the pool groups as the live layout left them (`invoke rebalance`): read from the
+    fleet's gateway hosts with `fleet_layout` (the tasks that change or check hosts; the local copy
+    refreshed), else the copy last read; the inventory's with `layout_from_inventory`; `layout`'s (the
+    layouts a move goes through: `invoke rebalance`'s steps). Everything is validated first."""
     from pdfleet.fleet.alert_secrets import read_alert_secrets
     from pdfleet.fleet.deployment import DeploymentRequest, load_deployment
     from pdfleet.fleet.host_wheel import cached_host_wheel
-    from pdfleet.fleet.live_layout import read_layout
     from pdfleet.fleet.roles import select_roles
     from pdfleet.fleet.weights import load_manifests, load_tokens
     from roles import REGISTRY
 
     settings = Settings.of(ctx)
     inventory_path = repo_path(inventory) if inventory else settings.inventory
-    state = live_layout_file(ctx, profile or "", inventory)
+    selected = select_roles(REGISTRY, roles)  # a bad --roles is refused before any host is contacted
+    plain = DeploymentRequest(
+        profile,
+        inventory_path,
+        settings.profiles_dir,
+        settings.templates_dir,
+        lab_network=lab_site.LAB_NETWORK,
+        limit=limit,
+        stage=stage,
+        stage_model=stage_model,
+    )
     # no profile: the one door names the missing option (a layout file of no profile means nothing)
-    live = None if layout_from_inventory or not profile else read_layout(state)
+    live: tuple[str, HostPools] | None = None
     if layout is not None:
-        live = layout
+        live = ("the layout of a step of invoke rebalance", layout)
+    elif profile and not layout_from_inventory:
+        live = _live_layout(ctx, plain, inventory, fleet_layout)
     request = DeploymentRequest(
         profile,
         inventory_path,
         settings.profiles_dir,
         settings.templates_dir,
-        roles=select_roles(REGISTRY, roles),
+        roles=selected,
         lab_network=lab_site.LAB_NETWORK,
         limit=limit,
         stage=stage,
@@ -92,7 +106,7 @@ def open_deployment(
         manifests=load_manifests if manifests else None,
         hub_tokens=load_tokens if manifests else None,
         alert_secrets=read_alert_secrets if keys == "provision" else None,
-        layout=None if live is None else (state, live),
+        layout=live,
     )
     deployment = load_deployment(request)
     if wheel is not None:
@@ -100,26 +114,79 @@ def open_deployment(
     return deployment
 
 
+def _live_layout(
+    ctx: Context, plain: DeploymentRequest, inventory: str | None, fleet: bool
+) -> tuple[str, HostPools] | None:
+    """The live layout a deployment takes and where it was read: from the fleet's gateway hosts (`fleet`),
+    else the copy last read from them; None: the inventory's. `plain`: the plainest deployment of the
+    task's profile, inventory, --limit and --stage."""
+    from pdfleet.fleet.deployment import load_deployment
+    from pdfleet.fleet.live_layout import read_copy
+
+    state = live_layout_file(ctx, plain.profile, inventory)
+    if not fleet:
+        copy = read_copy(state)
+        return None if copy is None else (str(state), copy)
+    load_deployment(plain)  # bad input is refused before any host is contacted
+    store = fleet_layouts(ctx, plain.profile, inventory)
+    live = refresh_copy(ctx, plain.profile, inventory, store)
+    return None if live is None else (store.path, live)
+
+
 def live_layout_file(ctx: Context, profile: str, inventory: str | None) -> Path:
-    """The state file of the live layout of a profile on an inventory (fleet.live_layout), under
-    pdfleet.output_dir."""
-    from pdfleet.fleet.live_layout import layout_file
+    """The control machine's copy of the live layout of a profile on an inventory, last read from the
+    fleet (fleet.live_layout), under pdfleet.output_dir."""
+    from pdfleet.fleet.live_layout import copy_file
 
     settings = Settings.of(ctx)
-    return layout_file(
-        settings.output_dir, repo_path(inventory) if inventory else settings.inventory, profile
-    )
+    return copy_file(settings.output_dir, repo_path(inventory) if inventory else settings.inventory, profile)
 
 
-def layout_note(ctx: Context, profile: str, inventory: str | None) -> str:
-    """Which layout a task's deployment shows: the live one (and where it is kept) or the inventory's."""
+def fleet_layouts(ctx: Context, profile: str, inventory: str | None) -> FleetLayout:
+    """The profile's live layout on the fleet: kept on the inventory's gateway hosts, reached over SSH."""
+    from pdfleet.fleet.layout_store import FleetLayout
+    from pdfleet.model.inventory import Host, load_inventory
+    from pdfleet.ops.ssh import Transport, open_connection
+
+    settings = Settings.of(ctx)
+    inv = load_inventory(repo_path(inventory) if inventory else settings.inventory)
+    keepers = [inv.hosts[name] for name in inv.groups.get("gateway", ())]
+    lab_site.require_routable(keepers)
+
+    def connect(host: Host) -> Transport:
+        return open_connection(host, settings.known_hosts, settings.connect_timeout)
+
+    return FleetLayout(keepers, connect, profile)
+
+
+def refresh_copy(ctx: Context, profile: str, inventory: str | None, store: FleetLayout) -> HostPools | None:
+    """The live layout the fleet keeps, its copy on the control machine refreshed (removed when none)."""
+    from pdfleet.fleet.live_layout import agreed_layout, write_copy
+
+    texts = store.texts()
+    live = agreed_layout(texts, store.path)
+    write_copy(live_layout_file(ctx, profile, inventory), next((t for t in texts.values() if t), None))
+    return live
+
+
+def layout_note(ctx: Context, profile: str, inventory: str | None, fleet: bool = False) -> str:
+    """Which layout a task's deployment shows: the fleet's (`fleet`: read from its gateway hosts just
+    now), the copy last read from the fleet, or the inventory's."""
     state = live_layout_file(ctx, profile, inventory)
+    reset = "`invoke provision --layout-from-inventory` resets it"
+    if fleet:
+        if state.exists():
+            return f"layout: the live layout the gateway hosts keep (left by invoke rebalance; {reset})"
+        return "layout: the inventory's pool groups (the gateway hosts keep no live layout)"
     if state.exists():
         return (
-            f"layout: the live layout in {state} (left by invoke rebalance; "
-            "`invoke provision --layout-from-inventory` resets it)"
+            f"layout: the live layout as last read from the fleet's gateway hosts, copied in {state} "
+            f"(left by invoke rebalance; {reset})"
         )
-    return "layout: the inventory's pool groups (no host was moved by invoke rebalance)"
+    return (
+        "layout: the inventory's pool groups (no live layout read from the fleet on this machine; "
+        "provision, verify and rebalance read it from the gateway hosts)"
+    )
 
 
 def run_options(

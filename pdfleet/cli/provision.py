@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from invoke import Context, task
 from invoke.exceptions import Exit
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
-from pdfleet.cli.options import HELP, live_layout_file, open_deployment, run_options
+from pdfleet.cli.options import HELP, fleet_layouts, live_layout_file, open_deployment, run_options
 from pdfleet.errors import ValidationError
 
 
@@ -29,7 +27,8 @@ from pdfleet.errors import ValidationError
         "model": "With --stage: the model whose stage it sets (a name under the profile's models:); needed "
         "when the profile serves several (the first one's is the policy's top-level stage).",
         "layout_from_inventory": "Go back to the inventory's pool groups: ignore and, once provision "
-        "succeeded, remove the live layout `invoke rebalance` left (without it, a moved host stays moved).",
+        "succeeded, remove the live layout `invoke rebalance` left on the gateway hosts (without it, a moved "
+        "host stays moved).",
         "reboot": "Reboot hosts whose roles report 'reboot required' (e.g. a new driver), wave by wave "
         "with --serial, wait for SSH, then converge them. Without it the need is only reported.",
     },
@@ -70,6 +69,7 @@ def provision(
         wheel=lambda msg: console.print(msg, highlight=False),
         manifests=True,
         layout_from_inventory=layout_from_inventory,
+        fleet_layout=True,
     )
     lab_site.require_routable(deployment.hosts)
     options = run_options(ctx, check=check, serial=serial, json=json, reboot=reboot)
@@ -78,14 +78,17 @@ def provision(
     if report.totals["failed"]:
         raise Exit(code=1)
     if layout_from_inventory and not check:
-        reset_layout(live_layout_file(ctx, profile, inventory))
+        reset_layout(ctx, profile, inventory)
 
 
-def reset_layout(state: Path) -> None:
-    """Remove the live layout (the inventory's layout is now the fleet's), recorded in its audit log."""
-    from pdfleet.fleet.live_layout import record
+def reset_layout(ctx: Context, profile: str, inventory: str | None) -> None:
+    """Remove the live layout from the gateway hosts and the local copy (the inventory's layout is now the
+    fleet's), recorded in the fleet's audit log."""
+    from pdfleet.fleet.live_layout import write_copy
 
-    if state.exists():
-        state.unlink()
-        record(state, {"event": "reset", "reason": "invoke provision --layout-from-inventory"})
-        print(f"live layout {state} removed: the fleet runs the inventory's layout")
+    store = fleet_layouts(ctx, profile, inventory)
+    if any(text is not None for text in store.texts().values()):
+        store.write(None)
+        store.record({"event": "reset", "reason": "invoke provision --layout-from-inventory"})
+        print(f"live layout {store.path} removed on the gateway hosts: the fleet runs the inventory's layout")
+    write_copy(live_layout_file(ctx, profile, inventory), None)

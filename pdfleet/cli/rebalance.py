@@ -23,7 +23,14 @@ from invoke import Context, task
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
-from pdfleet.cli.options import HELP, layout_note, live_layout_file, open_deployment, run_options
+from pdfleet.cli.options import (
+    HELP,
+    fleet_layouts,
+    layout_note,
+    live_layout_file,
+    open_deployment,
+    run_options,
+)
 from pdfleet.cli.settings import Settings, repo_path
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.mover import DEFAULT_WAIT_S
@@ -64,25 +71,25 @@ def rebalance(
     dry_run: bool = False,
 ) -> None:
     """Move a host between the colocated, prefill and decode pools (--dry-run: plan it, change nothing)."""
-    from pdfleet.fleet.live_layout import record
     from pdfleet.fleet.mover import MovePlan, layout_of, plan_move
 
     if wait <= 0:
         raise ValidationError(f"--wait must be a positive number of seconds, not {wait}")
     if not reason.strip():
         raise ValidationError("--reason must say why the host moves (it goes into the audit log)")
-    deployment = open_deployment(ctx, profile, inventory)
+    # a live move starts from the layout the fleet keeps; the dry run from the copy last read from it
+    deployment = open_deployment(ctx, profile, inventory, fleet_layout=not dry_run)
     if deployment.profile.models:
         raise ValidationError(
             f"--profile {profile}: lists models; invoke rebalance moves the hosts of a single-model profile"
         )
     layout = layout_of(deployment.profile.served[0], deployment.inventory)
-    print(layout_note(ctx, profile, inventory))
+    print(layout_note(ctx, profile, inventory, fleet=not dry_run))
     out = plan_move(layout, host, to, wait)
     if not isinstance(out, MovePlan):
         if not dry_run:
-            state = live_layout_file(ctx, profile, inventory)
-            record(state, {"event": "refused", "host": host, "to": to, "why": out.reason, "reason": reason})
+            event = {"event": "refused", "host": host, "to": to, "why": out.reason, "reason": reason}
+            fleet_layouts(ctx, profile, inventory).record(event)
         raise ValidationError(f"--host {host} --to {to}: refused: {out.reason}")
     if dry_run:
         for line in describe(out, deployment):
@@ -100,12 +107,16 @@ def move(
     before: Layout,
     reason: str,
 ) -> None:
-    """The live move: the executor's steps on the fleet, the outcome in the audit log either way."""
-    from pdfleet.fleet.live_layout import record
+    """The live move: the executor's steps on the fleet, the outcome in the fleet's audit log either way."""
     from pdfleet.fleet.mover import layout_of
     from pdfleet.fleet.moving import Front, MoveFailed, execute
 
-    state = live_layout_file(ctx, profile, inventory)
+    store = fleet_layouts(ctx, profile, inventory)
+    if not store.keepers:
+        raise ValidationError(
+            "the inventory has no gateway host: the live layout is kept on the gateway hosts, beside the "
+            "live stage, so a host cannot move"
+        )
     initial = open_deployment(ctx, profile, inventory, layout_from_inventory=True)
     fleet = TaskFleet(
         ctx, profile, inventory, before, layout_of(initial.profile.served[0], initial.inventory)
@@ -117,10 +128,10 @@ def move(
     try:
         report = execute(plan, before, front, fleet)
     except MoveFailed as exc:
-        record(state, {"event": "move-failed", **event, "error": str(exc)})
+        store.record({"event": "move-failed", **event, "error": str(exc)})
         raise
     done = {"at_drain": report.at_drain, "outlived": report.outlived, "seconds": report.seconds}
-    record(state, {"event": "moved", **event, **done})
+    store.record({"event": "moved", **event, **done})
     print(f"moved {plan.host} to the {plan.target} pool in {sum(report.seconds.values()):.1f} s")
 
 
@@ -136,7 +147,7 @@ class TaskFleet:
         self.ctx, self.profile, self.inventory = ctx, profile, inventory
         self.before, self.initial = before, initial
         self.console = Console(stderr=True)
-        self.state = live_layout_file(ctx, profile, inventory)
+        self.store = fleet_layouts(ctx, profile, inventory)
 
     def converge(self, layout: Layout, hosts: Sequence[str], roles: str | None) -> None:
         from pdfleet.fleet.moving import MoveFailed
@@ -213,15 +224,18 @@ class TaskFleet:
             return False
 
     def keep(self, layout: Layout) -> None:
-        from pdfleet.fleet.live_layout import write_layout
+        from pdfleet.fleet.live_layout import layout_text, write_copy
         from pdfleet.fleet.mover import keeps_live_layout
 
+        keepers = ", ".join(h.name for h in self.store.keepers)
+        text = None
         if keeps_live_layout(layout, self.initial):
-            write_layout(self.state, self.profile, self.inventory_path, layout.hosts)
-            self.say(f"      live layout kept in {self.state}")
-        elif self.state.exists():
-            self.state.unlink()
-            self.say(f"      the inventory's layout again: live layout {self.state} removed")
+            text = layout_text(self.profile, self.inventory_path, layout.hosts)
+            self.say(f"      live layout kept in {self.store.path} on {keepers}")
+        else:
+            self.say(f"      the inventory's layout again: {self.store.path} removed on {keepers}")
+        self.store.write(text)
+        write_copy(live_layout_file(self.ctx, self.profile, self.inventory), text)
 
     @property
     def inventory_path(self) -> Path:

@@ -44,7 +44,9 @@ def verify(
     from pdfleet.checks.verify import VerifyOptions, print_results, run_verify
     from pdfleet.fleet.roles import role_units
 
-    deployment = open_deployment(ctx, profile, inventory, limit=limit, keys="provision", manifests=True)
+    deployment = open_deployment(
+        ctx, profile, inventory, limit=limit, keys="provision", manifests=True, fleet_layout=True
+    )
     hosts = deployment.hosts
     lab_site.require_routable(hosts)
     settings = Settings.of(ctx)

@@ -98,7 +98,7 @@ class DeploymentRequest:
     manifests: Manifests | None = None  # asked only when a selected role reads staged models' manifests
     hub_tokens: Tokens | None = None  # asked with the manifests: the hub tokens hosts download with
     # the live layout (fleet.live_layout) and its state file: the inventory's pool groups rewritten to it
-    layout: tuple[Path, HostPools] | None = None
+    layout: tuple[str, HostPools] | None = None  # (where it was read, the layout)
     # asked only when the monitoring role runs on a monitoring host: the receivers' secrets by name
     alert_secrets: AlertSecrets | None = None
 

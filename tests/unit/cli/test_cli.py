@@ -497,6 +497,6 @@ def test_render_says_which_layout_it_shows_and_follows_the_live_one(
     shutil.rmtree(out)
     proc = site.render(profile=profile, inventory=inventory)
     assert proc.returncode == 0, proc.stderr
-    assert f"layout: the live layout in {state}" in proc.stdout
+    assert f"the live layout as last read from the fleet's gateway hosts, copied in {state}" in proc.stdout
     assert (out / "lab-colo2/etc/systemd/system/vllm-decode.service").exists()
     assert not (out / "lab-colo2/etc/systemd/system/vllm-colocated.service").exists()

@@ -1,6 +1,7 @@
 """The live layout: the inventory's pool groups rewritten to the layout `invoke rebalance` left, so the
-topology (units, router and gateway pools, Prometheus labels) follows the moved host; its state file
-round-trips; bad state and layouts that cannot apply are refused naming the file and what is wrong."""
+topology (units, router and gateway pools, Prometheus labels) follows the moved host; its file round-trips
+on the gateway hosts (through this machine's shell) with its audit log, gateway hosts that disagree are
+refused; bad state and layouts that cannot apply are refused naming the file and what is wrong."""
 
 from __future__ import annotations
 
@@ -11,21 +12,25 @@ import pytest
 
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.deployment import DeploymentRequest, load_deployment
+from pdfleet.fleet.layout_store import FleetLayout
 from pdfleet.fleet.live_layout import (
     HostPools,
+    agreed_layout,
     apply_layout,
-    audit_file,
-    layout_file,
-    read_layout,
-    record,
-    write_layout,
+    copy_file,
+    layout_text,
+    parse_layout,
+    read_copy,
+    write_copy,
 )
 from pdfleet.fleet.mover import MovePlan, layout_of, plan_move
+from pdfleet.model.inventory import Host
+from pdfleet.ops.ssh import LocalTransport, Transport
 from tests.unit.fleet.helpers import REPO
 from tests.unit.roles.helpers import deployment
 
 LAB = REPO / "inventory/lab.yml"
-STATE = Path("/state/layouts/lab-lab-cross.json")
+STATE = "lab-gw:/var/lib/pdfleet/layouts/lab-cross.json"
 
 
 def _moved() -> dict[str, tuple[str, ...]]:
@@ -36,7 +41,7 @@ def _moved() -> dict[str, tuple[str, ...]]:
     return dict(out.after.hosts)
 
 
-def _request(layout: tuple[Path, HostPools] | None) -> DeploymentRequest:
+def _request(layout: tuple[str, HostPools] | None) -> DeploymentRequest:
     return DeploymentRequest("lab-cross", LAB, REPO / "profiles", REPO / "templates", layout=layout)
 
 
@@ -55,23 +60,60 @@ def test_the_deployment_follows_the_live_layout() -> None:
     assert [(i.host, i.pool) for i in plain.topology.on_host("lab-colo2")] == [("lab-colo2", "colocated")]
 
 
-def test_the_state_file_round_trips_and_the_audit_log_appends(tmp_path: Path) -> None:
-    state = layout_file(tmp_path, LAB, "lab-cross")
-    assert state == tmp_path / "layouts" / "lab-lab-cross.json"
-    assert read_layout(state) is None
-    write_layout(state, "lab-cross", LAB, _moved())
-    assert read_layout(state) == _moved()
-    record(state, {"event": "move", "host": "lab-colo2", "reason": "by hand"})
-    record(state, {"event": "reset", "reason": "r"})
-    lines = [json.loads(line) for line in audit_file(state).read_text().splitlines()]
-    assert [e["event"] for e in lines] == ["move", "reset"] and lines[0]["host"] == "lab-colo2"
+def _store(root: Path, keepers: list[str]) -> FleetLayout:
+    """The live layout kept under `root` on `keepers`, each reached through this machine's shell."""
+    hosts = deployment("lab-cross").inventory.hosts
+
+    def connect(host: Host) -> Transport:
+        return LocalTransport(host.name)
+
+    return FleetLayout([hosts[name] for name in keepers], connect, "lab-cross", str(root / "layouts"), False)
 
 
-def test_a_broken_state_file_is_refused_naming_it_and_the_reset(tmp_path: Path) -> None:
-    state = tmp_path / "x.json"
-    state.write_text('{"profile": "lab-cross", "inventory": "i", "hosts": {"a": "decode"}, "extra": 1}')
-    with pytest.raises(ValidationError, match=r"(?s)x\.json: not a live layout.*--layout-from-inventory"):
-        read_layout(state)
+@pytest.mark.procs  # this machine's shell stands for the gateway hosts
+def test_the_fleet_keeps_the_layout_and_its_audit_log(tmp_path: Path) -> None:
+    store = _store(tmp_path, ["lab-gw"])
+    assert store.path == f"{tmp_path}/layouts/lab-cross.json"
+    assert store.read() is None and store.texts() == {"lab-gw": None}
+    store.write(layout_text("profiles/lab-cross.yml", LAB, _moved()))
+    assert store.read() == _moved()
+    assert json.loads(Path(store.path).read_text())["profile"] == "lab-cross"
+    store.record({"event": "moved", "host": "lab-colo2", "reason": "by hand"})
+    store.record({"event": "reset", "reason": "r"})
+    lines = [json.loads(line) for line in store.audit()["lab-gw"].splitlines()]
+    assert [e["event"] for e in lines] == ["moved", "reset"] and lines[0]["host"] == "lab-colo2"
+    store.write(None)
+    assert store.read() is None and store.audit()["lab-gw"]  # the audit log stays
+    store.write(None)  # nothing to remove: no error
+
+
+@pytest.mark.procs
+def test_gateway_hosts_that_disagree_are_refused_one_without_a_layout_is_not(tmp_path: Path) -> None:
+    moved = layout_text("lab-cross", LAB, _moved())
+    assert agreed_layout({"gw1": moved, "gw2": None}, "p") == _moved()
+    other = layout_text("lab-cross", LAB, {**_moved(), "lab-colo2": ("colocated",)})
+    with pytest.raises(ValidationError, match=r"gateway hosts gw1, gw2 keep different live layouts in p;"):
+        agreed_layout({"gw1": moved, "gw2": other}, "p")
+    # two keepers reached through one shell share the file: written once each, read back agreeing
+    store = _store(tmp_path, ["lab-gw", "lab-colo1"])
+    store.write(moved)
+    assert store.texts() == {"lab-gw": moved, "lab-colo1": moved} and store.read() == _moved()
+
+
+def test_the_local_copy_round_trips(tmp_path: Path) -> None:
+    copy = copy_file(tmp_path, LAB, "lab-cross")
+    assert copy == tmp_path / "layouts" / "lab-lab-cross.json"
+    assert read_copy(copy) is None
+    write_copy(copy, layout_text("lab-cross", LAB, _moved()))
+    assert read_copy(copy) == _moved()
+    write_copy(copy, None)
+    assert not copy.exists()
+
+
+def test_a_broken_layout_is_refused_naming_where_and_the_reset() -> None:
+    text = '{"profile": "lab-cross", "inventory": "i", "hosts": {"a": "decode"}, "extra": 1}'
+    with pytest.raises(ValidationError, match=r"(?s)gw:/x\.json: not a live layout.*--layout-from-inventory"):
+        parse_layout(text, "gw:/x.json")
 
 
 def test_an_unknown_host_in_the_layout_is_refused() -> None:
