@@ -38,7 +38,7 @@ from pdfleet.model.specs import POOL_NAMES
 
 if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
     from pdfleet.fleet.deployment import Deployment
-    from pdfleet.fleet.mover import Layout, MovePlan
+    from pdfleet.fleet.mover import Layout, Left, MovePlan
     from pdfleet.fleet.topology import Instance
 
 HTTP_TIMEOUT_S = 5.0
@@ -130,7 +130,12 @@ def move(
     except MoveFailed as exc:
         store.record({"event": "move-failed", **event, "error": str(exc)})
         raise
-    done = {"at_drain": report.at_drain, "outlived": report.outlived, "seconds": report.seconds}
+    done = {
+        "at_drain": report.at_drain,
+        "outlived": report.outlived,
+        "kv_held": report.kv_held,
+        "seconds": report.seconds,
+    }
     store.record({"event": "moved", **event, **done})
     print(f"moved {plan.host} to the {plan.target} pool in {sum(report.seconds.values()):.1f} s")
 
@@ -207,12 +212,12 @@ class TaskFleet:
                 )
             self.say(f"      {router.host}: vllm-router no longer selects {inst.url}")
 
-    def in_flight(self, host: str, pool: str) -> int | None:
-        from pdfleet.fleet.mover import in_flight
+    def left(self, host: str, pool: str) -> Left | None:
+        from pdfleet.fleet.mover import left_in
         from pdfleet.metrics.scrape import scrape_metrics
 
         try:
-            return in_flight(scrape_metrics(self._instance(host, pool).url))
+            return left_in(pool, scrape_metrics(self._instance(host, pool).url))
         except (OSError, ValueError):
             return None
 

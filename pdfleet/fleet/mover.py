@@ -23,6 +23,10 @@ DEFAULT_WAIT_S = 120.0  # how long a drained host's streams may run before the m
 ROUTED_POOLS = ("prefill", "decode")  # the pools vllm-router selects from (the gateway routes colocated)
 # a vLLM instance's requests still in it: in execution batches, and queued for them
 IN_FLIGHT_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+# the fraction of its KV blocks in use: a prefill instance keeps a finished request's blocks (vLLM's delayed
+# free, the simulator's hold) until the decode instance that reads them says it has, so above 0 with no
+# request running, a decode still reads them
+KV_USAGE_SERIES = "vllm:kv_cache_usage_perc"
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,31 @@ def in_flight(metrics: Mapping[str, float]) -> int | None:
     """The requests still in a vLLM instance, from its /metrics (None: it exports neither series)."""
     found = [metrics[name] for name in IN_FLIGHT_SERIES if name in metrics]
     return round(sum(found)) if found else None
+
+
+@dataclass(frozen=True)
+class Left:
+    """What a drained instance still holds: its requests, and (a prefill instance) whether KV blocks a
+    decode instance may still read are held."""
+
+    requests: int
+    kv_held: bool = False
+
+    @property
+    def done(self) -> bool:
+        """Nothing left: the instance's unit can be retired without cutting a stream or a KV read."""
+        return self.requests == 0 and not self.kv_held
+
+
+def left_in(pool: str, metrics: Mapping[str, float]) -> Left | None:
+    """What a drained `pool` instance still holds, from its /metrics (None: it exports neither request
+    series). A prefill instance with no request left still holds KV for a decode's read while its KV usage
+    is above 0 (running 0 is not enough); a prefill instance that exports no KV usage counts as holding."""
+    requests = in_flight(metrics)
+    if requests is None:
+        return None
+    held = pool == "prefill" and metrics.get(KV_USAGE_SERIES, 1.0) > 0
+    return Left(requests, held)
 
 
 def keeps_live_layout(after: Layout, initial: Layout) -> bool:

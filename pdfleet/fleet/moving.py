@@ -9,8 +9,9 @@ what is reported, and no I/O of its own:
 1. drain: a host leaving a P/D pool is removed from every gateway's router with the router's own worker
    management (its streams in flight keep their worker); a colocated host leaves the gateway's policy by
    provisioning the gateway hosts under the layout where it serves nothing (a reload: streams kept).
-2. wait: its in-flight requests (running and waiting, from its /metrics) until none is left or the bound;
-   the ones that outlive the bound are reported, and are cut when its old unit is retired.
+2. wait: its in-flight requests (running and waiting, from its /metrics) until none is left or the bound,
+   and for a prefill host, until no decode still reads its KV (mover.left_in); what outlives the bound is
+   reported, and is cut when its old unit is retired.
 3. render: the live layout is kept first (a plain provision from now on converges to the new layout),
    then the host is provisioned under it: its old unit retired, its new one installed and started.
 4. health: its new instance answers /health.
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pdfleet.errors import PdfleetError
-from pdfleet.fleet.mover import Layout, MovePlan, Step, drains_through_router
+from pdfleet.fleet.mover import Layout, Left, MovePlan, Step, drains_through_router
 
 POLL_S = 0.5  # how often the wait and the health step look again
 SETTLE_S = 1.0  # a request the gateway or router sent just before the drain reaches the host in this time
@@ -53,8 +54,8 @@ class Fleet(Protocol):
         """Remove the host's `pool` instance from every gateway's vllm-router (its /remove_worker)."""
         ...
 
-    def in_flight(self, host: str, pool: str) -> int | None:
-        """The requests still in the host's `pool` instance (None: its /metrics cannot be read)."""
+    def left(self, host: str, pool: str) -> Left | None:
+        """What the host's `pool` instance still holds (mover.left_in; None: its /metrics cannot be read)."""
         ...
 
     def healthy(self, host: str, pool: str) -> bool:
@@ -86,11 +87,12 @@ class Front:
 @dataclass
 class MoveReport:
     """What a move did: each step's seconds, the requests in the host as it was drained and those that
-    outlived the wait (None: unread)."""
+    outlived the wait (None: unread), and whether a prefill host still held KV for a decode at its end."""
 
     seconds: dict[str, float] = field(default_factory=dict)
     at_drain: int | None = 0
     outlived: int | None = 0
+    kv_held: bool = False
 
 
 Clock = Callable[[], float]
@@ -138,15 +140,23 @@ def _run(
         else:
             fleet.converge(before.drained(step.host), front.gateways, FRONT_ROLES)
     elif step.kind == "wait":
-        report.at_drain = fleet.in_flight(step.host, step.pool)
+        first = fleet.left(step.host, step.pool)
+        report.at_drain = None if first is None else first.requests
         shown = "an unknown number of" if report.at_drain is None else str(report.at_drain)
         fleet.say(f"      {shown} request(s) in {step.host} at the drain")
         sleep(SETTLE_S)
-        report.outlived = wait_out(fleet, step, clock, sleep)
+        last = wait_out(fleet, step, clock, sleep)
+        report.outlived = None if last is None else last.requests
+        report.kv_held = last is not None and last.kv_held
         if report.outlived:
             fleet.say(
                 f"      {report.outlived} request(s) still in {step.host} after {step.bound_s:.0f} s: "
                 "they are cut when its old unit is retired"
+            )
+        elif report.kv_held:
+            fleet.say(
+                f"      {step.host} still holds KV for a decode's read after {step.bound_s:.0f} s: "
+                "a read in flight fails when its old unit is retired (vLLM's decode recomputes or fails it)"
             )
         elif report.outlived is None:
             fleet.say(f"      {step.host}'s /metrics could not be read: going on without knowing")
@@ -160,14 +170,14 @@ def _run(
         fleet.converge(plan.after, front.admitted, ADMIT_ROLES)
 
 
-def wait_out(fleet: Fleet, step: Step, clock: Clock, sleep: Sleep) -> int | None:
-    """Wait until the host has no request in flight or the step's bound passed: how many are left (0),
-    or None when its /metrics could not be read at the end."""
+def wait_out(fleet: Fleet, step: Step, clock: Clock, sleep: Sleep) -> Left | None:
+    """Wait until the host holds nothing (no request, no KV a decode may read) or the step's bound passed:
+    what is left, or None when its /metrics could not be read at the end."""
     bound = step.bound_s or 0.0
     deadline = clock() + bound
     while True:
-        left = fleet.in_flight(step.host, step.pool)
-        if left == 0 or clock() >= deadline:
+        left = fleet.left(step.host, step.pool)
+        if (left is not None and left.done) or clock() >= deadline:
             return left
         sleep(POLL_S)
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from pdfleet.fleet.mover import (
     Layout,
+    Left,
     MovePlan,
     Refusal,
     drains_through_router,
     in_flight,
     keeps_live_layout,
     layout_of,
+    left_in,
     plan_move,
 )
 from tests.unit.roles.helpers import deployment
@@ -124,3 +126,15 @@ def test_the_live_layout_is_kept_unless_the_move_goes_back_to_the_inventorys() -
     moved = initial.with_move("lab-colo2", "decode")
     assert keeps_live_layout(moved, initial)
     assert not keeps_live_layout(moved.with_move("lab-colo2", "colocated"), initial)
+
+
+def test_a_prefill_instance_is_drained_only_once_no_decode_can_still_read_its_kv() -> None:
+    idle = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}
+    assert left_in("prefill", {**idle, "vllm:kv_cache_usage_perc": 0.02}) == Left(0, kv_held=True)
+    assert not Left(0, kv_held=True).done
+    assert left_in("prefill", {**idle, "vllm:kv_cache_usage_perc": 0.0}) == Left(0)
+    assert Left(0).done and not Left(1).done
+    assert left_in("prefill", idle) == Left(0, kv_held=True)  # no KV usage exported: cannot tell
+    # a decode or colocated instance's KV is its own requests' (a prefix cache's free blocks count as free)
+    assert left_in("decode", {**idle, "vllm:kv_cache_usage_perc": 0.3}) == Left(0)
+    assert left_in("prefill", {"x": 1.0}) is None

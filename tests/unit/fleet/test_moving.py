@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from pdfleet.fleet.mover import Layout, MovePlan, layout_of, plan_move
+from pdfleet.fleet.mover import Layout, Left, MovePlan, layout_of, plan_move
 from pdfleet.fleet.moving import ADMIT_ROLES, FRONT_ROLES, Front, MoveFailed, execute
 from tests.unit.roles.helpers import deployment
 
@@ -19,7 +19,9 @@ FRONT = Front(gateways=("lab-gw",), monitoring=("lab-gw",))
 class Recorded:
     """A fleet that records each call; `busy` in-flight readings before 0, `health` answers before True."""
 
-    def __init__(self, busy: list[int | None] | None = None, healthy_after: int = 0, fail: str = "") -> None:
+    def __init__(
+        self, busy: list[int | Left | None] | None = None, healthy_after: int = 0, fail: str = ""
+    ) -> None:
         self.calls: list[tuple[object, ...]] = []
         self.busy = list(busy or [])
         self.healthy_after = healthy_after
@@ -34,9 +36,10 @@ class Recorded:
     def unroute(self, host: str, pool: str) -> None:
         self.calls.append(("unroute", host, pool))
 
-    def in_flight(self, host: str, pool: str) -> int | None:
-        self.calls.append(("in_flight", host, pool))
-        return self.busy.pop(0) if self.busy else 0
+    def left(self, host: str, pool: str) -> Left | None:
+        self.calls.append(("left", host, pool))
+        got = self.busy.pop(0) if self.busy else 0
+        return Left(got) if isinstance(got, int) else got
 
     def healthy(self, host: str, pool: str) -> bool:
         self.calls.append(("healthy", host, pool))
@@ -87,9 +90,9 @@ def test_a_colocated_host_leaves_through_the_gateway_then_renders_checks_and_is_
     after = dict(plan.after.hosts)
     assert fleet.calls == [
         ("converge", drained, ("lab-gw",), FRONT_ROLES),
-        ("in_flight", "lab-colo2", "colocated"),
-        ("in_flight", "lab-colo2", "colocated"),
-        ("in_flight", "lab-colo2", "colocated"),
+        ("left", "lab-colo2", "colocated"),
+        ("left", "lab-colo2", "colocated"),
+        ("left", "lab-colo2", "colocated"),
         ("keep", after),
         ("converge", after, ("lab-colo2",), None),
         ("healthy", "lab-colo2", "decode"),
@@ -106,7 +109,7 @@ def test_a_decode_host_leaves_through_the_routers_remove_worker_without_touching
     plan = _plan(before, "lab-colo2", "colocated")
     fleet, clock = Recorded(), Clock()
     execute(plan, before, FRONT, fleet, clock, clock.sleep)
-    assert fleet.calls[:2] == [("unroute", "lab-colo2", "decode"), ("in_flight", "lab-colo2", "decode")]
+    assert fleet.calls[:2] == [("unroute", "lab-colo2", "decode"), ("left", "lab-colo2", "decode")]
     assert [c for c in fleet.calls if c[0] == "converge"][0][3] is None  # the first converge: the host's
 
 
@@ -148,3 +151,18 @@ def test_an_instance_that_never_answers_health_fails_the_move_before_admitting_i
         ("lab-gw",),
         ADMIT_ROLES,
     ) not in (fleet.calls)
+
+
+def test_a_prefill_host_is_waited_for_until_no_decode_still_reads_its_kv() -> None:
+    before = _layout().with_move("lab-colo2", "prefill")
+    plan = _plan(before, "lab-colo2", "colocated", wait_s=30)
+    held = Left(0, kv_held=True)
+    fleet, clock = Recorded(busy=[Left(1, True), held, held, held]), Clock()
+    report = execute(plan, before, FRONT, fleet, clock, clock.sleep)
+    assert [c for c in fleet.calls if c[0] == "left"] == [("left", "lab-colo2", "prefill")] * 5
+    assert (report.at_drain, report.outlived, report.kv_held) == (1, 0, False)
+    # held to the bound: reported, and the move goes on
+    fleet, clock = Recorded(busy=[held] * 1000), Clock()
+    report = execute(plan, before, FRONT, fleet, clock, clock.sleep)
+    assert (report.outlived, report.kv_held) == (0, True)
+    assert any("still holds KV for a decode's read after 30 s" in line for line in fleet.lines)
