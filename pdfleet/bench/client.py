@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
+
+from pdfleet.bench.http_request import request_bytes as request_bytes  # built there, imported from here too
 
 try:  # a vllm-router dependency; ~5x faster than json on small events
     import orjson
@@ -90,42 +93,6 @@ class Stats:
     failed: int = 0
     connects: int = 0  # TCP connections opened: shows whether the server kept connections alive
     stale: int = 0  # kept-alive connections the server had closed before answering (retried)
-
-
-def request_bytes(
-    host: str,
-    port: int,
-    path: str,
-    body: bytes | Mapping[str, Any],
-    *,
-    key: str | None = None,
-    pool: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    keepalive: bool = True,
-) -> bytes:
-    """A raw HTTP/1.1 POST of `body` (JSON-encoded unless bytes): `key` as a bearer token, `pool` in
-    X-Pdfleet-Pool for the gateway, `headers` (a session id, say) after them; `Connection: close`
-    unless kept alive. A header that would not be one line is refused (ValueError)."""
-    extra = dict(headers or {})
-    for name, value in extra.items():
-        if any(c in name + value for c in "\r\n\0") or not name or ":" in name:
-            raise ValueError(f"header {name!r}: not one header line")
-    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
-    head = [
-        f"POST {path} HTTP/1.1",
-        f"Host: {host}:{port}",
-        "Content-Type: application/json",
-        "Accept: text/event-stream",
-        f"Content-Length: {len(payload)}",
-    ]
-    if key:
-        head.append(f"Authorization: Bearer {key}")
-    if pool:
-        head.append(f"X-Pdfleet-Pool: {pool}")
-    if not keepalive:
-        head.append("Connection: close")  # HTTP/1.1 keeps alive by default
-    head += [f"{name}: {value}" for name, value in extra.items()]
-    return ("\r\n".join(head) + "\r\n\r\n").encode() + payload
 
 
 def _content(event: dict[str, Any]) -> bool:
@@ -383,9 +350,16 @@ class StreamClient:
     """
 
     def __init__(
-        self, host: str, port: int, stats: Stats | None = None, keepalive: bool = True, parse: bool = True
+        self,
+        host: str,
+        port: int,
+        stats: Stats | None = None,
+        keepalive: bool = True,
+        parse: bool = True,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.host, self.port, self.keepalive, self.parse = host, port, keepalive, parse
+        self.tls = tls  # HTTPS: the context the server's certificate and name are verified with
         self.stats = Stats() if stats is None else stats
         self.idle: list[_Conn] = []
         self.every: set[_Conn] = set()
@@ -404,9 +378,13 @@ class StreamClient:
             if conn is None:
                 try:
                     _, conn = await asyncio.get_running_loop().create_connection(
-                        lambda: _Conn(self.stats, self.parse), self.host, self.port
+                        lambda: _Conn(self.stats, self.parse),
+                        self.host,
+                        self.port,
+                        ssl=self.tls,
+                        server_hostname=self.host if self.tls is not None else None,
                     )
-                except OSError as err:
+                except OSError as err:  # ssl.SSLError (an untrusted certificate) is one
                     rec.error = f"cannot connect to {self.host}:{self.port} ({err.strerror or err})"
                     rec.end = time.perf_counter()
                     self.stats.failed += 1

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from pdfleet.bench.arrivals import gamma_starts
-from pdfleet.bench.client import StreamClient
 from pdfleet.bench.load import Gateway, PoolDown, PoolRun, Progress, Schedule, run_pool, warm_up
 from pdfleet.bench.server_side import chain, kv_peak, reasons
 from pdfleet.bench.sla_search import margin, next_rate
@@ -212,7 +211,7 @@ async def run_one(
     """Warm up, run and read one pool (its requests asking for `choice`, when given); a pool that is
     down becomes a result with its error."""
     result = PoolResult(target)
-    client = StreamClient(gw.host, gw.port)
+    client = gw.client()
     try:
         await warm_up(client, gw, target.name, items, plan.warmup)
     except PoolDown as err:

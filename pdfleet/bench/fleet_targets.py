@@ -77,7 +77,8 @@ def gateway_of(profile: Profile, topology: Topology, key: str, alias: str | None
             f"profile {profile.name}: bench sends through the gateway, and there is none: {why}"
         )
     gw = topology.gateways[0]
-    return Gateway(gw.address, gw.port, key, alias or profile.gateway.model_alias or profile.model.id)
+    alias = alias or profile.gateway.model_alias or profile.model.id
+    return Gateway(gw.address, gw.port, key, alias, gw.ca_file)
 
 
 def pools_of(topology: Topology, model: str | None = None) -> tuple[str, ...]:

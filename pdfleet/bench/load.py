@@ -22,6 +22,7 @@ from pdfleet.bench.client import Record, Stats, StreamClient, request_bytes
 from pdfleet.bench.workloads import Item, completion_body
 from pdfleet.errors import PdfleetError
 from pdfleet.gateway.policy import length_class  # the gateway's own rule: records classed as it routes
+from pdfleet.gateway.tls import client_context
 from pdfleet.model.routing import CHOICE_HEADER, THRESHOLD_HEADER
 
 Probe = Callable[[], dict[str, float]]  # counters to difference over the window (e.g. CPU seconds)
@@ -226,12 +227,18 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Gateway:
-    """Where the client sends requests: the gateway's address, its client key, the model alias."""
+    """Where the client sends requests: the gateway's address, its client key, the model alias, and for a
+    TLS gateway the CA its certificate is verified against (the topology's gateway.ca_file)."""
 
     host: str
     port: int
     key: str | None
     model: str
+    ca_file: str | None = None
+
+    def client(self) -> StreamClient:
+        """A kept-alive stream client to this gateway, over HTTPS verifying its CA when it has one."""
+        return StreamClient(self.host, self.port, tls=client_context(self.ca_file))
 
 
 @dataclass
@@ -318,7 +325,7 @@ async def run_pool(
 
     Requests cancelled by `stop` or abandoned after the drain are marked cancelled, with the reason.
     """
-    client = StreamClient(gw.host, gw.port)
+    client = gw.client()
     header = pool if forced else None
     records: list[Record] = []
     ended: set[int] = set()  # id() of the records whose request ended (the others were cancelled)

@@ -8,6 +8,7 @@ gateway's /health is JSON naming its policy version, vLLM's is an empty 200 and 
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx2
 
 from pdfleet.doctor.exchange import Exchange, Recorder, by_probe
+from pdfleet.errors import ValidationError
 
 if TYPE_CHECKING:
     import openai
@@ -154,8 +156,10 @@ def gather_client_facts(
     # an empty variable is an unset one, as the Anthropic SDK reads them (`os.environ.get(...) or None`)
     env = {n: (recorder.mask(environ[n]) if environ.get(n) else None) for n in ANTHROPIC_ENV}
     shape = key_shape(key_var, key) if key is not None else None
-    # trust_env off: probes go to the URL asked, never through a proxy the environment names
-    with httpx2.Client(event_hooks=recorder.hooks(), timeout=timeout, trust_env=False) as http:
+    # trust_env off: probes go to the URL asked, never through a proxy the environment names; the CAs
+    # trusted are the SDK's (SSL_CERT_FILE/SSL_CERT_DIR, as its httpx2 client reads them)
+    trust = sdk_trust(environ)
+    with httpx2.Client(event_hooks=recorder.hooks(), timeout=timeout, trust_env=False, verify=trust) as http:
         root = origin(base_url)
         _run(recorder, "health", _get(http, root + "/health"))
         if not _reachable(by_probe(recorder.exchanges).get("health")):
@@ -168,6 +172,20 @@ def gather_client_facts(
         else:
             models, model = _openai_probes(http, recorder, base_url, key or "", model, script)
     return ClientFacts(base_url, use_anthropic, shape, tuple(recorder.exchanges), model, models, env, script)
+
+
+def sdk_trust(environ: Mapping[str, str]) -> ssl.SSLContext | bool:
+    """The certificates the SDKs' HTTP client trusts in `environ`: SSL_CERT_FILE, else SSL_CERT_DIR, else the
+    system's (True). ValidationError naming the variable when it names nothing loadable."""
+    for var in ("SSL_CERT_FILE", "SSL_CERT_DIR"):
+        if where := environ.get(var):
+            try:
+                if var == "SSL_CERT_FILE":
+                    return ssl.create_default_context(cafile=where)
+                return ssl.create_default_context(capath=where)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValidationError(f"{var}={where}: no CA certificate loads from it ({exc})") from None
+    return True
 
 
 def _openai_probes(

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import ssl
+import subprocess
+import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from pdfleet.fleet.deployment import Deployment, DeploymentRequest, load_deployment
 from pdfleet.fleet.roles import Role
+from pdfleet.gateway.tls import client_context
 from pdfleet.lab.control import Lab, up
 from pdfleet.lab.hosts import LabHost, ssh_run
 from pdfleet.lab.paths import LabPaths
@@ -66,3 +72,44 @@ def lab_deployment(profile: str, roles: tuple[Role, ...] = ()) -> Deployment:
     return load_deployment(
         DeploymentRequest(profile, lab, REPO_ROOT / "profiles", REPO_ROOT / "templates", roles)
     )
+
+
+def gateway_url(profile: str = "lab-cross") -> str:
+    """The first gateway's client URL from the profile's topology (https under gateway.tls, with its CA)."""
+    return lab_deployment(profile).topology.gateways[0].url
+
+
+def gateway_open(
+    target: str | urllib.request.Request, profile: str = "lab-cross", timeout: float = 10.0
+) -> bytes:
+    """GET or POST `target` (a gateway URL) verifying the gateway against the topology's CA; the body."""
+    ctx = client_context(lab_deployment(profile).topology.gateways[0].ca_file)
+    with urllib.request.urlopen(target, timeout=timeout, context=ctx) as resp:  # noqa: S310 (a lab URL)
+        body: bytes = resp.read()
+        return body
+
+
+def lab_env(profile: str | None = None) -> dict[str, str]:
+    """What `eval "$(invoke lab.env [--profile P])"` exports, parsed (the SDKs' URLs, key, SSL_CERT_FILE);
+    asked again only when the lab's client key file changed (a lab brought down and up: a new key)."""
+    key = LabPaths().gateway_client_key
+    return dict(_lab_env(profile, key.stat().st_mtime_ns if key.exists() else 0))
+
+
+@functools.cache
+def _lab_env(profile: str | None, _key_stamp: int) -> dict[str, str]:
+    args = [sys.executable, "-m", "invoke", "lab.env", *(["--profile", profile] if profile else [])]
+    proc = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    env = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = value.strip("'\"")
+    return env
+
+
+def sdk_verify(env: dict[str, str]) -> ssl.SSLContext | bool:
+    """What an SDK given `env` as its environment trusts: SSL_CERT_FILE's CA, else the system's (True). For
+    a client built with explicit arguments: `http_client=openai.DefaultHttpxClient(verify=...)`."""
+    ca = env.get("SSL_CERT_FILE")
+    return ssl.create_default_context(cafile=ca) if ca else True

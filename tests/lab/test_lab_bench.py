@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from pdfleet.bench.overlap import stalls_during
 from pdfleet.gateway.policy import parse_policy
 from pdfleet.metrics.direct import parse_exposition
 from pdfleet.model.profile_loader import load_profile
-from tests.lab.helpers import REPO_ROOT, LabHandle, lab_deployment, prometheus_url
+from tests.lab.helpers import REPO_ROOT, LabHandle, gateway_open, gateway_url, lab_deployment, prometheus_url
 
 PROFILE = "lab-cross"
 FILES = (
@@ -94,9 +93,7 @@ def _gateway_policy(lab: LabHandle) -> str:
 def _gateway_counts() -> dict[str, float]:
     """The gateway's short colocated streams that decoded beside a long prefill on their own instance
     (`overlaps`), and their stalls during one (`stalls`: the stalls caused by long prefills)."""
-    url = lab_deployment(PROFILE).topology.gateways[0].url
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        samples = parse_exposition(resp.read().decode(), {})
+    samples = parse_exposition(gateway_open(gateway_url(PROFILE) + "/metrics", PROFILE).decode(), {})
     names = {"overlaps": "pdfleet_gateway_long_prefill_overlaps_total"}
     names["stalls"] = "pdfleet_gateway_long_prefill_stalls_total"
     return {

@@ -43,7 +43,7 @@ from pdfleet.gateway.decider import reason_mix_text
 from pdfleet.lab.paths import LabPaths
 from pdfleet.metrics.direct import parse_exposition
 from pdfleet.metrics.scrape import scrape_metrics
-from tests.lab.helpers import LabHandle, lab_deployment
+from tests.lab.helpers import LabHandle, gateway_open, lab_deployment
 
 PROFILE = "lab-cross"
 STAGE = "decider-comparison"
@@ -72,8 +72,7 @@ def _admin(url: str, path: str, body: dict[str, Any] | None = None) -> dict[str,
     request = urllib.request.Request(url + path, data=data, method="GET" if body is None else "POST")
     request.add_header("Authorization", f"Bearer {LabPaths().gateway_admin_key.read_text().strip()}")
     request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=30) as resp:
-        return dict(json.loads(resp.read()))
+    return dict(json.loads(gateway_open(request, PROFILE, timeout=30)))
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +96,7 @@ Labelled = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 def _scrape(topo: Topology) -> tuple[Samples, Labelled]:
     """The counters the figures difference: each instance's (summed over label sets), the gateway's."""
-    url = topo.gateways[0].url
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        gateway = parse_exposition(resp.read().decode(), {})
+    gateway = parse_exposition(gateway_open(topo.gateways[0].url + "/metrics", PROFILE).decode(), {})
     return {i.url: scrape_metrics(i.url) for i in topo.instances}, gateway
 
 
@@ -129,7 +126,7 @@ def _run_arm(topo: Topology, items: list[Item], choice: str | None, on: str | No
     gw = topo.gateways[0]
     host, _, port = gw.url.partition("://")[2].partition(":")
     key = LabPaths().gateway_client_key.read_text().strip()
-    client = Gateway(host, int(port), key, topo.model().aliases[0])
+    client = Gateway(host, int(port), key, topo.model().aliases[0], gw.ca_file)  # https: lab-cross on TLS
     threshold = lab_deployment(PROFILE).profile.gateway.long_prompt_tokens
     before = _scrape(topo)
     started = time.monotonic()

@@ -23,11 +23,11 @@ from typing import Any
 import openai
 import pytest
 
-from tests.lab.helpers import REPO_ROOT, LabHandle, prometheus_url
+from tests.lab.helpers import REPO_ROOT, LabHandle, gateway_url, lab_env, prometheus_url, sdk_verify
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
-GATEWAY = "http://198.18.0.10:8080"
+GATEWAY = gateway_url(PROFILE)  # the topology's: https, lab-cross is on TLS (the lab CA)
 PREFILL_URL = "http://198.18.0.21:8100"  # lab-p1's prefill instance: a pool port
 PREFILL_ADDRESS, SIDE_CHANNEL_PORT = "198.18.0.21", 5600  # kv_transfer.side_channel_port of cross-rdma
 MODEL = "llama-3.1-8b"
@@ -44,8 +44,10 @@ def _invoke(
 
 
 def _doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    """`invoke doctor ARGS --json`: the exit status and the JSON document."""
-    proc = _invoke("doctor", *args, "--json", env={**os.environ, **(env or {})}, timeout=180)
+    """`invoke doctor ARGS --json` in a shell where `eval "$(invoke lab.env)"` ran (SSL_CERT_FILE: the lab
+    CA, which the SDKs and so doctor's probes trust), `env` over it: the exit status and the JSON document."""
+    shell = {**os.environ, "SSL_CERT_FILE": lab_env()["SSL_CERT_FILE"], **(env or {})}
+    proc = _invoke("doctor", *args, "--json", env=shell, timeout=180)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.stdout.strip(), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
@@ -67,10 +69,7 @@ def key(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> str:
     report = tmp_path_factory.mktemp("doctor") / "report.json"
     proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    env_proc = _invoke("lab.env")
-    assert env_proc.returncode == 0, env_proc.stderr
-    env = dict(line.removeprefix("export ").partition("=")[::2] for line in env_proc.stdout.splitlines())
-    return env["OPENAI_API_KEY"].strip("'\"")
+    return lab_env()["OPENAI_API_KEY"]
 
 
 def _host(lab: LabHandle, name: str):  # noqa: ANN202 - LabHost
@@ -203,7 +202,10 @@ def _provision_one(profile: str, host: str, report: Path) -> None:
 def _load(key: str, n: int, words: int, max_tokens: int) -> None:
     """`n` concurrent requests forced to the disaggregated pool through the gateway, each prompt its own
     (no prefix cache hit lightens the load)."""
-    client = openai.OpenAI(base_url=GATEWAY + "/v1", api_key=key, max_retries=0, timeout=180)
+    http = openai.DefaultHttpxClient(verify=sdk_verify(lab_env()))
+    client = openai.OpenAI(
+        base_url=GATEWAY + "/v1", api_key=key, max_retries=0, timeout=180, http_client=http
+    )
 
     def one(i: int) -> None:
         client.completions.create(

@@ -1,7 +1,8 @@
-"""The gateway as `invoke provision --profile lab-cross` deploys it, from Anthropic clients: the Anthropic SDK
-streams and non-streams through it with the lab's key (as x-api-key and as a Bearer token), a wrong key
-is the SDK's AuthenticationError; and per-key limits set in a profile reach the gateway by a reload,
-refuse with 429 + Retry-After (OpenAI and Anthropic shapes) and 400 over the prompt cap, counted."""
+"""The gateway as `invoke provision --profile lab-cross` deploys it (HTTPS, the lab CA), from Anthropic
+clients: the Anthropic SDK streams and non-streams through it trusting the CA `invoke lab.env` exports,
+with the lab's key (as x-api-key and as a Bearer token), a wrong key is the SDK's AuthenticationError; and
+per-key limits set in a profile reach the gateway by a reload, refuse with 429 + Retry-After (OpenAI and
+Anthropic shapes) and 400 over the prompt cap, counted."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ import pytest
 
 from pdfleet.lab.paths import LabPaths
 from pdfleet.metrics.scrape import scrape_metrics
-from tests.lab.helpers import REPO_ROOT, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabHandle, gateway_open, gateway_url, lab_env, sdk_verify
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
 MODEL = "llama-3.1-8b"
-GATEWAY_URL = "http://198.18.0.10:8080"
+GATEWAY_URL = gateway_url(PROFILE)  # the topology's: https, lab-cross is on TLS
 # the colocated pool: lab-colo1 and lab-colo2, balanced by the gateway
 COLOCATED_URLS = ("http://198.18.0.11:8000", "http://198.18.0.12:8000")
 
@@ -39,13 +40,7 @@ def lab_key(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> str:
     report = tmp_path_factory.mktemp("gw-anthropic") / "report.json"
     proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    env_proc = _invoke("lab.env")
-    assert env_proc.returncode == 0, env_proc.stderr
-    env = {}
-    for line in env_proc.stdout.splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        env[key] = value.strip("'\"")
-    return env["OPENAI_API_KEY"]
+    return lab_env()["OPENAI_API_KEY"]
 
 
 def _anthropic(monkeypatch: pytest.MonkeyPatch, **env: str) -> anthropic.Anthropic:
@@ -53,6 +48,7 @@ def _anthropic(monkeypatch: pytest.MonkeyPatch, **env: str) -> anthropic.Anthrop
     for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("ANTHROPIC_BASE_URL", GATEWAY_URL)
+    monkeypatch.setenv("SSL_CERT_FILE", lab_env()["SSL_CERT_FILE"])  # the lab CA, as lab.env exports it
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return anthropic.Anthropic(max_retries=0, timeout=60)
@@ -61,8 +57,7 @@ def _anthropic(monkeypatch: pytest.MonkeyPatch, **env: str) -> anthropic.Anthrop
 def _gateway_metric(name: str, **labels: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(GATEWAY_URL + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+    text = gateway_open(GATEWAY_URL + "/metrics").decode()
     return sum(
         s.value
         for fam in text_string_to_metric_families(text)
@@ -123,8 +118,7 @@ def _limited_profile(tmp_path: Path) -> Path:
 def _admin_policy() -> dict:
     request = urllib.request.Request(GATEWAY_URL + "/admin/policy")
     request.add_header("Authorization", f"Bearer {LabPaths().gateway_admin_key.read_text().strip()}")
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        return json.loads(resp.read())
+    return json.loads(gateway_open(request))
 
 
 def test_profile_limits_reload_and_refuse_in_each_routes_shape(
@@ -132,7 +126,10 @@ def test_profile_limits_reload_and_refuse_in_each_routes_shape(
 ) -> None:
     gw = next(h for h in lab.hosts if h.name == "lab-gw")
     _, pid_before, _ = lab.ssh(gw, "systemctl show -p MainPID --value pdfleet-gateway.service")
-    oai = openai.OpenAI(base_url=GATEWAY_URL + "/v1", api_key=lab_key, max_retries=0, timeout=60)
+    http = openai.DefaultHttpxClient(verify=sdk_verify(lab_env()))
+    oai = openai.OpenAI(
+        base_url=GATEWAY_URL + "/v1", api_key=lab_key, max_retries=0, timeout=60, http_client=http
+    )
     claude = _anthropic(monkeypatch, ANTHROPIC_API_KEY=lab_key)
     hello = [{"role": "user", "content": "hello"}]
     version_before = _admin_policy()["version"]

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from pdfleet.metrics.scrape import scrape_metrics
-from tests.lab.helpers import REPO_ROOT, LabCrossOwed, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabCrossOwed, LabHandle, sdk_verify
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross-mooncake"
@@ -54,7 +54,11 @@ def client(
     env = dict(line.removeprefix("export ").partition("=")[::2] for line in env_proc.stdout.splitlines())
     env = {key: value.strip("'\"") for key, value in env.items()}
     return openai.OpenAI(
-        base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=120
+        base_url=env["OPENAI_BASE_URL"],
+        api_key=env["OPENAI_API_KEY"],
+        max_retries=0,
+        timeout=120,
+        http_client=openai.DefaultHttpxClient(verify=sdk_verify(env)),  # the lab CA (SSL_CERT_FILE)
     )
 
 

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,14 +36,25 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdfleet.bench.client import Record, StreamClient, request_bytes
 from pdfleet.bench.workloads import completion_body, words
 from pdfleet.gateway.policy import bucket_of
+from pdfleet.gateway.tls import client_context
+from pdfleet.lab.paths import LabPaths
 from pdfleet.model.profile_loader import load_profile
-from tests.lab.helpers import REPO_ROOT, LabHandle, prometheus_url
+from tests.lab.helpers import (
+    REPO_ROOT,
+    LabHandle,
+    gateway_open,
+    gateway_url,
+    lab_deployment,
+    prometheus_url,
+    sdk_verify,
+)
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
 MODEL = "llama-3.1-8b"
 LONG_TOKENS = 8_750  # the bench's random-word prompt of that many tokens (chars/4): just over 8192, long
-GATEWAY_METRICS = "http://198.18.0.10:8080/metrics"
+GATEWAY_URL = gateway_url(PROFILE)  # the topology's: https, lab-cross is on TLS (the lab CA)
+GATEWAY_METRICS = GATEWAY_URL + "/metrics"
 ROLLBACK_S = 5.0
 # the gates' window: a test's figures stay in it after the test. Healthy figures are what the next test
 # would see anyway; a fault's (errors, fallbacks, a cold decode instance) are waited out, and so is all
@@ -109,10 +122,7 @@ def _active(
 
 def _decisions() -> dict[tuple[str, str], float]:
     """The gateway's routing decisions of long prompts per (stage, pool)."""
-    import urllib.request
-
-    with urllib.request.urlopen(GATEWAY_METRICS, timeout=10) as resp:
-        text = resp.read().decode()
+    text = gateway_open(GATEWAY_METRICS).decode()
     out: dict[tuple[str, str], float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -123,10 +133,7 @@ def _decisions() -> dict[tuple[str, str], float]:
 
 
 def _gateway_metrics() -> list[Any]:
-    import urllib.request
-
-    with urllib.request.urlopen(GATEWAY_METRICS, timeout=10) as resp:
-        return list(text_string_to_metric_families(resp.read().decode()))
+    return list(text_string_to_metric_families(gateway_open(GATEWAY_METRICS).decode()))
 
 
 def _served() -> tuple[int, str]:
@@ -155,7 +162,11 @@ def _warm_disagg(env: dict[str, str], timeout: float = 60) -> None:
     """Streams forced to the disaggregated pool until three in a row answer from it: a restarted
     instance's first requests are not the figures the next test should be gated on."""
     client = openai.OpenAI(
-        base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=60
+        base_url=env["OPENAI_BASE_URL"],
+        api_key=env["OPENAI_API_KEY"],
+        max_retries=0,
+        timeout=60,
+        http_client=openai.DefaultHttpxClient(verify=sdk_verify(env)),
     )
     deadline, served = time.monotonic() + timeout, 0
     while served < 3:
@@ -229,13 +240,14 @@ def traffic(provisioned: dict[str, str], last_traffic: dict[str, float]) -> Iter
     the test ends: one stream of long documents, one of short turns, each request with its session;
     every failed request is kept (fallbacks are not failures: the client sees a whole stream)."""
     base = urlsplit(provisioned["OPENAI_BASE_URL"])
-    host, port, key = base.hostname or "", base.port or 80, provisioned["OPENAI_API_KEY"]
+    host, port, key = base.hostname or "", base.port or 443, provisioned["OPENAI_API_KEY"]
+    tls = client_context(provisioned.get("SSL_CERT_FILE"))  # the lab CA lab.env exports (https)
     stop = threading.Event()
     seen: dict[str, Any] = {"sent": 0, "failed": [], "failed_started": []}
     sessions, turn, rng = _session_per_bucket(), itertools.count(), random.Random(15)
 
     async def worker(long: bool) -> None:
-        client = StreamClient(host, port)
+        client = StreamClient(host, port, tls=tls)
         try:
             for n in itertools.count():
                 if stop.is_set():
@@ -319,6 +331,51 @@ def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
         share = 100 * decisions.get((stage, "disagg"), 0) / total
         assert abs(share - weight) <= 5, f"{stage}: {share:.1f}% on disagg, wanted {weight}%"
     assert traffic["failed"] == [], traffic["failed"][:3]
+    _the_controller_walked_over_tls_with_a_stage_only_key(lab)
+
+
+def _controller_key_file() -> str:
+    """Where the rollout role puts the controller's gateway key on its host (the topology's)."""
+    controller = lab_deployment(PROFILE).topology.controller
+    assert controller is not None
+    return controller.key_file
+
+
+def _the_controller_walked_over_tls_with_a_stage_only_key(lab: LabHandle) -> None:
+    """The walk's calls went over HTTPS, verified against the lab CA, with the controller's key: a key that
+    sets the stage and reads the policy (and the shadow a plan's step sets), and is refused (403) on every
+    other admin call and on the client API; the admin key is not on the controller's host."""
+    rc, raw, err = lab.ssh(_host(lab, "lab-gw"), "sudo -n cat /etc/pdfleet/rollout/controller.json")
+    assert rc == 0, err
+    config = json.loads(raw)
+    assert [g["admin_url"] for g in config["gateways"]] == [GATEWAY_URL], config["gateways"]
+    assert config["gateway_ca_file"] == "/etc/pdfleet/tls/gateway-ca.crt"
+    rc, key, err = lab.ssh(_host(lab, "lab-gw"), f"sudo -n cat {_controller_key_file()}")
+    assert rc == 0, err
+    key = key.strip()
+    assert key and key != LabPaths().gateway_admin_key.read_text().strip(), (
+        "the controller holds the admin key"
+    )
+
+    def status(method: str, path: str) -> int:
+        request = urllib.request.Request(
+            GATEWAY_URL + path, method=method, data=b"{}" if method == "POST" else None
+        )
+        request.add_header("Authorization", f"Bearer {key}")
+        request.add_header("Content-Type", "application/json")
+        try:
+            gateway_open(request)
+        except urllib.error.HTTPError as err:
+            return err.code
+        return 200
+
+    assert status("GET", "/admin/policy") == 200 and status("GET", "/admin/shadow") == 200
+    # the gateway's other admin routes (pdfleet/gateway/app.py) and the client API: refused for its scope
+    refused = {
+        (m, p): status(m, p)
+        for m, p in (("POST", "/admin/reload"), ("GET", "/admin/keys"), ("GET", "/v1/models"))
+    }
+    assert set(refused.values()) == {403}, refused
 
 
 def test_the_controller_outlives_a_killed_operator_promote_full_ends_it_and_provision_keeps_the_stage(

@@ -19,7 +19,7 @@ import pytest
 
 from pdfleet.bench.workloads import words
 from pdfleet.metrics.prometheus import PrometheusClient
-from tests.lab.helpers import REPO_ROOT, LabHandle, prometheus_url
+from tests.lab.helpers import REPO_ROOT, LabHandle, lab_env, prometheus_url, sdk_verify
 
 PROFILE = "lab-cross"
 MODEL = "llama-3.1-8b"
@@ -43,11 +43,12 @@ def client(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     report = tmp_path_factory.mktemp("shadow") / "report.json"
     proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    env = dict(
-        line.removeprefix("export ").partition("=")[::2] for line in _invoke("lab.env").stdout.splitlines()
-    )
+    env = lab_env()
     yield openai.OpenAI(
-        base_url=env["OPENAI_BASE_URL"].strip("'\""), api_key=env["OPENAI_API_KEY"].strip("'\""), timeout=120
+        base_url=env["OPENAI_BASE_URL"],
+        api_key=env["OPENAI_API_KEY"],
+        timeout=120,
+        http_client=openai.DefaultHttpxClient(verify=sdk_verify(env)),  # the lab CA (SSL_CERT_FILE)
     )
     _invoke("shadow.stop", "--profile", PROFILE)
     lab.ssh(_host(lab, "lab-d1"), "sudo -n systemctl start vllm-decode.service")

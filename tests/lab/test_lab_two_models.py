@@ -24,7 +24,16 @@ import pytest
 from pdfleet.lab.hosts import LabHost, ssh_client
 from pdfleet.lab.paths import LabPaths
 from pdfleet.metrics.scrape import scrape_metrics
-from tests.lab.helpers import REPO_ROOT, LabCrossOwed, LabHandle, lab_deployment
+from tests.lab.helpers import (
+    REPO_ROOT,
+    LabCrossOwed,
+    LabHandle,
+    gateway_open,
+    gateway_url,
+    lab_deployment,
+    lab_env,
+    sdk_verify,
+)
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PD_MODEL, PD_ALIAS = "llama-8b", "llama-3.1-8b"
@@ -33,7 +42,7 @@ OUTSIDE_ALIAS, OUTSIDE_UPSTREAM = "hosted-chat", "hosted-upstream"
 OUTSIDE_HOST, OUTSIDE_PORT = "lab-d1", 8300  # beside lab-d1's decode instance (8200)
 OUTSIDE_UNIT = "pdfleet-test-outside.service"  # transient: gone once stopped
 SMALL_URL = "http://198.18.0.12:8001"  # lab-colo2's second GPU
-GATEWAY_URL = "http://198.18.0.10:8080"
+GATEWAY_URL = gateway_url("lab-two-models")  # the topology's: https, lab-two-models extends lab-cross (TLS)
 SIM = "/opt/pdfleet/venv/bin/pdfleet-sim"
 DECISIONS = "pdfleet_gateway_routing_decisions_total"
 
@@ -98,16 +107,6 @@ def _start_outside(lab: LabHandle, key: str) -> str:
     return url
 
 
-def _client_env() -> dict[str, str]:
-    proc = _invoke("lab.env")
-    assert proc.returncode == 0, proc.stderr
-    env = {}
-    for line in proc.stdout.splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        env[key] = value.strip("'\"")
-    return env
-
-
 @pytest.fixture(scope="module")
 def fleet(
     lab: LabHandle, lab_cross_owed: LabCrossOwed, tmp_path_factory: pytest.TempPathFactory
@@ -135,9 +134,13 @@ def fleet(
         second = _provision(str(profile), tmp / "second.json")
         assert second["totals"]["changed"] == 0, {h: v["changes"] for h, v in second["hosts"].items()}
         assert _start_outside(lab, key_file.read_text().strip()) == outside_url
-        env = _client_env()
+        env = lab_env("lab-two-models")
         client = openai.OpenAI(
-            base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0, timeout=60
+            base_url=env["OPENAI_BASE_URL"],
+            api_key=env["OPENAI_API_KEY"],
+            max_retries=0,
+            timeout=60,
+            http_client=openai.DefaultHttpxClient(verify=sdk_verify(env)),
         )
         yield TwoModels(client, outside_url, profile)
     finally:
@@ -149,9 +152,8 @@ def _admin(path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     request = urllib.request.Request(f"{GATEWAY_URL}{path}", data=data, method="POST" if data else "GET")
     request.add_header("Authorization", f"Bearer {LabPaths().gateway_admin_key.read_text().strip()}")
     request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        answer: dict[str, Any] = json.loads(resp.read())
-        return answer
+    answer: dict[str, Any] = json.loads(gateway_open(request, "lab-two-models"))
+    return answer
 
 
 def _success(url: str) -> float:
@@ -161,8 +163,7 @@ def _success(url: str) -> float:
 def _decisions(model: str, pool: str) -> float:
     """The gateway's routing decisions for one model (its group: the label) that chose `pool`, summed over
     the other labels."""
-    with urllib.request.urlopen(f"{GATEWAY_URL}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+    text = gateway_open(f"{GATEWAY_URL}/metrics", "lab-two-models").decode()
     total = 0.0
     for line in text.splitlines():
         if line.startswith(DECISIONS + "{") and f'model="{model}"' in line and f'pool="{pool}"' in line:

@@ -9,10 +9,11 @@ import asyncio
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 
-from pdfleet.bench.client import StreamClient, request_bytes
+from pdfleet.bench.client import Record, StreamClient, request_bytes
 from pdfleet.bench.load import (
     REFUSED_PAUSE_S,
     Gateway,
@@ -28,7 +29,9 @@ from pdfleet.bench.load import (
 from pdfleet.bench.procs import free_port
 from pdfleet.bench.upstream import paced_body
 from pdfleet.bench.workloads import Item
+from pdfleet.lab import pki
 from tests.unit.bench.helpers import DONE, SSE_HEAD, Reply, ScriptedServer, chunk, paced_upstream
+from tests.unit.gateway.helpers import USER_KEY, Env
 
 PATH = "/v1/chat/completions"
 
@@ -257,3 +260,29 @@ def test_an_unforced_run_leaves_the_pool_to_the_gateway() -> None:
         run, _, server = asyncio.run(_run(Schedule(starts=[0.0] * 6), forced=forced))
         assert len(server.requests) >= 6 and all(r.success for r in run.records)
         assert all((b"X-Pdfleet-Pool: colocated" in raw) is forced for raw in server.requests), forced
+
+
+@pytest.mark.procs  # openssl makes the CA and the gateway's certificate
+def test_a_tls_gateway_is_reached_verifying_its_ca_and_refused_with_another(tmp_path: Path) -> None:
+    """The bench's client to a real gateway on HTTPS: with the topology's CA it streams; a client holding
+    another CA records the failed verification as the request's error (no exception)."""
+    ca = pki.make_ca(tmp_path / "ca")
+    other = pki.make_ca(tmp_path / "other")
+    pair = pki.issue(ca, tmp_path / "ca", "gateway", ["localhost"], ["127.0.0.1"])
+    listen = {"host": "127.0.0.1", "port": 0, "tls": {"cert_file": str(pair.cert), "key_file": str(pair.key)}}
+
+    async def scenario() -> tuple[Record, Record]:
+        async with Env(tmp_path, listen=listen) as env:
+            assert env.gw is not None
+            recs = []
+            for trusted in (ca, other):
+                gw = Gateway("127.0.0.1", env.gw.port, USER_KEY, "llama", str(trusted.cert))
+                client, rec = gw.client(), Record()
+                await client.run(gateway_request(gw, "colocated", "hello", 4), rec)
+                client.close()
+                recs.append(rec)
+            return recs[0], recs[1]
+
+    good, bad = asyncio.run(scenario())
+    assert good.success and good.status == 200 and good.ttft > 0, good.error
+    assert not bad.success and "CERTIFICATE_VERIFY_FAILED" in bad.error

@@ -151,6 +151,7 @@ gateway:
   router_prometheus_port: {ports["router_prom"]}
   client_key_file: {tmp}/client.key
   admin_key_file: {tmp}/admin.key
+  tls: off  # the loopback gateway below listens in plain HTTP (bench verifies an https one's CA)
 """)
     inventory = tmp / "inv.yml"
     inventory.write_text("""all:

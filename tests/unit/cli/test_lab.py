@@ -24,7 +24,7 @@ def test_lab_env_prints_exports_or_says_the_gateway_is_not_provisioned(
     assert exc.value.code != 0
     assert "not provisioned yet" in capsys.readouterr().err
     lab.paths.gateway_client_key.write_text("sk-lab-123\n")
-    cli_lab.env_task(project_context(), profile="lab-cross-tls")
+    cli_lab.env_task(project_context())
     assert capsys.readouterr().out.splitlines() == [  # HTTPS with the lab CA
         "export OPENAI_BASE_URL=https://198.18.0.10:8080/v1",
         "export OPENAI_API_KEY=sk-lab-123",
@@ -32,13 +32,13 @@ def test_lab_env_prints_exports_or_says_the_gateway_is_not_provisioned(
         "export ANTHROPIC_API_KEY=sk-lab-123",
         "export SSL_CERT_FILE=/var/lib/pdfleet-lab/tls/ca.crt",
     ]
-    cli_lab.env_task(project_context())  # lab-cross: plain HTTP, no CA to trust
+    cli_lab.env_task(project_context(), profile="lab-cross-plain")  # plain HTTP, no CA to trust
     out = capsys.readouterr().out
     assert "export OPENAI_BASE_URL=http://198.18.0.10:8080/v1" in out and "SSL_CERT_FILE" not in out
     # the port is the provisioned profile's, not a constant
     profiles = tmp_path / "profiles"
     shutil.copytree(REPO / "profiles", profiles)
-    (profiles / "lab-alt-port.yml").write_text("extends: lab-cross-tls\ngateway:\n  port: 9080\n")
+    (profiles / "lab-alt-port.yml").write_text("extends: lab-cross\ngateway:\n  port: 9080\n")
     ctx = project_context(profiles_dir=str(profiles))
     cli_lab.env_task(ctx, profile="lab-alt-port")
     assert capsys.readouterr().out.splitlines()[0] == "export OPENAI_BASE_URL=https://198.18.0.10:9080/v1"

@@ -38,10 +38,12 @@ def test_invoke_profiles_lists_and_exits_zero() -> None:
     assert "_base" not in rows
     # the shipped vLLM profiles leave the hub revision floating: warned about, still ok (issue 31)
     assert "\ncross-rdma: warning\n  profiles/_base.yml: model.revision: unset: " in proc.stdout
-    assert "lab-cross-tls: warning" not in proc.stdout  # the simulator loads no weights; HTTPS
+    assert "lab-cross: warning" not in proc.stdout  # the simulator loads no weights; HTTPS
     # plain HTTP is warned about where a profile asks for it (issue 28), HTTPS is not
-    plain = "  profiles/lab-cross.yml: gateway.tls: the gateway listens in plain HTTP (gateway.tls: off)"
-    assert f"\nlab-cross: warning\n{plain}" in proc.stdout
+    plain = (
+        "  profiles/lab-cross-plain.yml: gateway.tls: the gateway listens in plain HTTP (gateway.tls: off)"
+    )
+    assert f"\nlab-cross-plain: warning\n{plain}" in proc.stdout
     assert "cross-rdma: warning\n  profiles/_base.yml: gateway.tls" not in proc.stdout
 
 

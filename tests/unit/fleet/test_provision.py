@@ -189,7 +189,7 @@ def test_every_rendered_serve_command_parses_under_the_simulator(profile: str, i
 
 def test_rendered_gateway_policy_and_keys_load_in_the_real_gateway(tmp_path: Path) -> None:
     """The policy provision installs is one pdfleet-gateway accepts, routing to the profile's pools, with
-    the site's certificate and key as provision pushes them (lab-cross-tls)."""
+    the site's certificate and key as provision pushes them (lab-cross)."""
     from pdfleet.gateway.policy import load_policy
 
     lab = REPO / "inventory" / "lab.yml"
@@ -197,7 +197,7 @@ def test_rendered_gateway_policy_and_keys_load_in_the_real_gateway(tmp_path: Pat
     pair = pki.issue(ca, tmp_path / "pki", "gateway", ["lab-gw"], ["198.18.0.10"])
     setting = GatewayTls(cert_file=str(pair.cert), key_file=str(pair.key), ca_file=str(ca.cert))
     secrets = dataclasses.replace(TEST_SECRETS, tls=tls_material(setting))
-    deployment = deploy("lab-cross-tls", lab, secrets=secrets)
+    deployment = deploy("lab-cross", lab, secrets=secrets)
     gateway_host = deployment.inventory.hosts["lab-gw"]
     files = {f.path: f for f in render_fleet(deployment, [gateway_host])["lab-gw"]}
     for name in ("tls.crt", "tls.key"):

@@ -151,7 +151,7 @@ def test_prometheus_on_every_monitoring_host_and_the_controller_on_the_first(
 
 
 def test_the_monitoring_port_and_admin_port_come_from_the_profile() -> None:
-    prof, inv, _ = _load("lab-cross-tls", REPO / "inventory/lab.yml")
+    prof, inv, _ = _load("lab-cross", REPO / "inventory/lab.yml")
     prof = prof.model_copy(
         update={
             "monitoring": prof.monitoring.model_copy(update={"port": 9191}),

@@ -56,4 +56,4 @@ def test_every_shipped_profile_says_which() -> None:
     repo = Path(__file__).resolve().parents[3] / "profiles"
     statuses = {s.name: s for s in survey_profiles(repo)}
     plain = sorted(n for n, s in statuses.items() if any("plain HTTP" in w for w in s.warnings))
-    assert "lab-cross-tls" not in plain and "cross-rdma" not in plain and "lab-cross" in plain
+    assert "lab-cross" not in plain and "cross-rdma" not in plain and "lab-cross-plain" in plain

@@ -261,7 +261,7 @@ def test_bad_profile_shadow_or_capture_names_the_key_path(
     assert expected in str(exc.value)
 
 
-def _tls_fleet(tmp_path: Path, profile: str = "lab-cross-tls") -> Deployment:
+def _tls_fleet(tmp_path: Path, profile: str = "lab-cross") -> Deployment:
     """A TLS lab profile with a real CA and certificate in `tmp_path` as its site PKI."""
     ca = pki.make_ca(tmp_path / "pki")
     pair = pki.issue(ca, tmp_path / "pki", "gateway", ["lab-gw"], ["198.18.0.10"])
@@ -291,7 +291,7 @@ def test_tls_pushes_the_pair_and_ca_and_a_renewal_reloads_a_toggle_restarts(tmp_
     ops = list(gateway_role.operations(ctx, live))
     assert _notified(ops, gateway_role.TLS_CERT_FILE) == ["reload pdfleet-gateway.service"]
     # the host runs a plain policy: turning TLS on restarts (a reload cannot rebind the sockets)
-    plain = deploy("lab-cross", REPO / "inventory/lab.yml")
+    plain = deploy("lab-cross-plain", REPO / "inventory/lab.yml")
     plain_policy = {f.path: f for f in gateway_role.files(plain.context(host))}[gateway_role.POLICY_FILE]
     ops = list(
         gateway_role.operations(ctx, FakeFacts({FileContent(gateway_role.POLICY_FILE): plain_policy.content}))

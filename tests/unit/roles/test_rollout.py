@@ -23,7 +23,7 @@ def _monitoring(fleet):
 
 
 def test_the_controller_gets_its_config_key_and_unit(tmp_path: Path) -> None:
-    fleet = deployment("lab-cross-tls")
+    fleet = deployment("lab-cross")
     fleet = dataclasses.replace(fleet, gateway_secrets=GatewaySecrets("1" * 64, "2" * 64, KEY))
     ctx = fleet.context(_monitoring(fleet))
     controller = fleet.topology.controller
