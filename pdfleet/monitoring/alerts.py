@@ -290,13 +290,35 @@ def pool_alerts() -> list[Alert]:
     ]
 
 
+CERT_EXPIRY = "pdfleet_gateway_tls_certificate_expiry_timestamp_seconds"  # its notAfter; 0 in plain HTTP
+
+
+def certificate_alerts(profile: Profile) -> list[Alert]:
+    """The gateway's TLS certificate lapsing within gateway.tls.warn_days (or lapsed): from the notAfter
+    each gateway exports, so a renewal that reached the gateway (a reload) resolves it. None in plain HTTP."""
+    tls = profile.gateway.tls
+    if isinstance(tls, str):
+        return []
+    return [
+        Alert(
+            "PdfleetCertificateExpiry",
+            f"{CERT_EXPIRY} - time() < {tls.warn_days * 86400} and {CERT_EXPIRY} > 0",
+            "The gateway's TLS certificate on {{ $labels.host }} lapses in {{ $value | humanizeDuration }} "
+            f"(gateway.tls.warn_days: {tls.warn_days}); once it has, every client refuses the gateway.",
+            "Renew it from the site's PKI into gateway.tls.cert_file and key_file, then invoke provision "
+            "--roles gateway (a reload: streams in flight finish); invoke verify shows every gateway's "
+            "expiry.",
+        )
+    ]
+
+
 def alert_rules(profile: Profile, has_gateway: bool) -> dict[str, object]:
     """The alerts file: one group, every alert with the profile's `for:`."""
     alerts = slo_alerts(profile, has_gateway)
     alerts += kv_alerts(profile)
     alerts += engine_alerts(profile)
     if has_gateway:
-        alerts += gateway_alerts(profile)
+        alerts += gateway_alerts(profile) + certificate_alerts(profile)
     alerts += pool_alerts() + target_alerts()
     for_s = profile.monitoring.alert_for_s
     interval = f"{profile.monitoring.evaluation_interval_s}s"

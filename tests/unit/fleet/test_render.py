@@ -302,9 +302,12 @@ ALERTING_FILES = (
 )
 
 
+ISSUE_28_ALERTS = ("PdfleetPoolDown", "PdfleetCertificateExpiry")
+
+
 def _without_alerting(now: dict[str, str]) -> dict[str, str]:
     """A render without issue 28's additions: its new files, the `node` job and the `alerting` section of
-    prometheus.yml, the pool-down alert and the dashboard's host rows."""
+    prometheus.yml, the pool-down and certificate-expiry alerts and the dashboard's host rows."""
     out = {}
     for key, text in now.items():
         if key.endswith(ALERTING_FILES):
@@ -319,7 +322,7 @@ def _without_alerting(now: dict[str, str]) -> dict[str, str]:
             head, _, body = text.partition("\n")
             doc = yaml.safe_load(body)
             for group in doc["groups"]:
-                group["rules"] = [r for r in group["rules"] if r.get("alert") != "PdfleetPoolDown"]
+                group["rules"] = [r for r in group["rules"] if r.get("alert") not in ISSUE_28_ALERTS]
             text = head + "\n" + dump(doc)
         elif key.endswith(DASHBOARD):
             doc = json.loads(text)

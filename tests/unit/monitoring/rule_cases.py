@@ -468,4 +468,25 @@ def alert_cases(profile: Profile, has_gateway: bool) -> list[AlertCase]:
         ('model="m", pool="disagg", role="decode"',),
     )
     cases = [*_slo_cases(profile, has_gateway), *_kv_cases(profile), *_engine_cases(profile), target, down]
-    return cases + (_gateway_cases(profile) if has_gateway else [])
+    return cases + (_gateway_cases(profile) + _certificate_cases(profile) if has_gateway else [])
+
+
+def _certificate_cases(profile: Profile) -> list[AlertCase]:
+    """Three gateways (promtool's clock starts at 0, so a notAfter is seconds from the test's start): one
+    lapsing within warn_days fires; one lapsing after it, and a plain-HTTP one exporting 0, do not."""
+    tls = profile.gateway.tls
+    if isinstance(tls, str):
+        return []
+    day, name = 86400, "pdfleet_gateway_tls_certificate_expiry_timestamp_seconds"
+    return [
+        AlertCase(
+            "PdfleetCertificateExpiry",
+            "days compared as seconds or the bound inverted, or a plain-HTTP gateway's 0 read as lapsed",
+            (
+                Series(f'{name}{{job="pdfleet-gateway", host="gw1"}}', value=(tls.warn_days - 1) * day),
+                Series(f'{name}{{job="pdfleet-gateway", host="gw2"}}', value=(tls.warn_days + 1) * day),
+                Series(f'{name}{{job="pdfleet-gateway", host="gw3"}}', value=0),
+            ),
+            ('job="pdfleet-gateway", host="gw1"',),
+        )
+    ]
