@@ -40,6 +40,11 @@ both at about +4.6 ms p99 over 2900 samples). A SCHED_IDLE spinner on that core 
 without taking CPU from the proxies (the scheduler preempts it as soon as a proxy wakes), the VM
 analogue of the latency tuning (no deep C-states) a latency-sensitive host gets. `--no-keep-awake`
 measures without it. Its CPU time counts neither as the proxy's nor as "other".
+TLS (`--tls`): the same comparison with both proxies in HTTPS (one throwaway CA and certificate for
+127.0.0.1, made with openssl in the run's temporary directory; TLS 1.2+, each proxy's default suites,
+which negotiate TLS 1.3 here), the client verifying the certificate; the direct baseline and the
+upstream stay plain, so the added TTFT includes the TLS records (and, with `--connections close`, a
+handshake per stream).
 Everything listens on 127.0.0.1 and the whole run is bounded in time.
 Needs nginx (`apt-get install -y nginx`); without it the nginx rows are skipped with a note.
 """
@@ -60,7 +65,8 @@ from pathlib import Path
 from pdfleet.bench.gateway_overhead import OverheadConfig, run_all
 from pdfleet.bench.gateway_overhead_report import describe, fmt_table, setup_line
 from pdfleet.bench.procs import keep_awake, stop_processes
-from pdfleet.bench.proxies import start_targets
+from pdfleet.bench.proxies import TlsFiles, start_targets
+from pdfleet.lab import pki
 
 
 def positive(kind: type):
@@ -73,6 +79,13 @@ def positive(kind: type):
         return value
 
     return parse
+
+
+def _tls_files(tmp: Path) -> TlsFiles:
+    """A throwaway CA and a certificate for 127.0.0.1 it signed, in `tmp` (keys 0600)."""
+    ca = pki.make_ca(tmp / "ca")
+    pair = pki.issue(ca, tmp / "ca", "proxy", ["localhost"], ["127.0.0.1"])
+    return TlsFiles(pair.cert, pair.key, ca.cert)
 
 
 def main() -> int:
@@ -155,6 +168,11 @@ def main() -> int:
         help="during the latency runs, keep the proxies' core from halting with a SCHED_IDLE spinner "
         "(default; see above why); --no-keep-awake measures with the VM's idle wake-ups",
     )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="both proxies in HTTPS with a throwaway CA (the client verifies it); direct stays plain",
+    )
     p.add_argument("--json", type=Path, help="also write the raw results here")
     args = p.parse_args()
     cpus: tuple[int | None, int | None] = (0, 1) if (os.cpu_count() or 1) >= 2 else (None, None)
@@ -167,7 +185,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="pdfleet-gw-bench-"))
     procs: list[subprocess.Popen] = []
     try:
-        targets = start_targets(tmp, cpus, procs)
+        targets = start_targets(tmp, cpus, procs, _tls_files(tmp) if args.tls else None)
         spinner = keep_awake(cpus[1]) if kept_awake and cpus[1] is not None else None
         if spinner is not None:
             procs.append(spinner)
@@ -180,7 +198,7 @@ def main() -> int:
         stop_processes(procs)
         shutil.rmtree(tmp, ignore_errors=True)
     print()
-    print(setup_line(cfg, cpus, kept_awake))
+    print(setup_line(cfg, cpus, kept_awake) + ("; proxies in HTTPS (--tls)" if args.tls else ""))
     for line in describe(cfg, stream_ms):
         print(line)
     print(fmt_table(latency, throughput))

@@ -120,7 +120,7 @@ def merge(rows: list[dict]) -> dict:
 def _client(target: Target, body: bytes, keepalive: bool) -> tuple[StreamClient, bytes]:
     """A client for `target` that reads no payload (the upstream sends only content events), its request."""
     request = request_bytes("127.0.0.1", target.port, PATH, body, key=target.key, keepalive=keepalive)
-    return StreamClient("127.0.0.1", target.port, keepalive=keepalive, parse=False), request
+    return StreamClient("127.0.0.1", target.port, keepalive=keepalive, parse=False, tls=target.tls), request
 
 
 async def open_row(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -32,14 +33,19 @@ def _exited(proc: subprocess.Popen[bytes] | None, what: str, log: Path | None) -
 
 
 def wait_http(
-    url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None
+    url: str,
+    timeout: float = 20.0,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
-    """Poll url until it answers 200; fail early (with the log) if proc exits."""
+    """Poll url until it answers 200 (an https one verified with `tls`); fail early (with the log) if proc
+    exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         _exited(proc, f"{url} answered", log)
         try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
+            with urllib.request.urlopen(url, timeout=1, context=tls) as resp:
                 if resp.status == 200:
                     return
         except (urllib.error.URLError, OSError):

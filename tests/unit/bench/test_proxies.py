@@ -10,8 +10,10 @@ import pytest
 
 from pdfleet.bench.client import Record, Stats, StreamClient, request_bytes
 from pdfleet.bench.procs import stop_processes
-from pdfleet.bench.proxies import PATH, Target, find_nginx, start_targets
+from pdfleet.bench.proxies import PATH, Target, TlsFiles, find_nginx, start_targets
 from pdfleet.bench.upstream import paced_body
+from pdfleet.gateway.tls import client_context
+from pdfleet.lab import pki
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest
 def _stream_once(target: Target) -> Stats:
     async def main() -> Stats:
         request = request_bytes("127.0.0.1", target.port, PATH, paced_body(3, 1.0, 1.0), key=target.key)
-        client = StreamClient("127.0.0.1", target.port, parse=False)
+        client = StreamClient("127.0.0.1", target.port, parse=False, tls=target.tls)
         await client.run(request, Record())
         client.close()
         return client.stats
@@ -54,5 +56,25 @@ def test_the_gateway_refuses_a_stream_without_the_key(tmp_path: Path) -> None:
         gateway = start_targets(tmp_path, (None, None), procs)[-1]
         stats = _stream_once(Target("gateway", gateway.port, None, [], []))
         assert (stats.done, stats.failed) == (0, 1)
+    finally:
+        stop_processes(procs)
+
+
+def test_with_tls_both_proxies_stream_in_https_verified_and_refuse_another_ca(tmp_path: Path) -> None:
+    """--tls: nginx (when installed) and the gateway present the run's certificate; a client verifying it
+    streams, one holding another CA fails on it; direct stays plain (the baseline)."""
+    ca = pki.make_ca(tmp_path / "ca")
+    pair = pki.issue(ca, tmp_path / "ca", "proxy", ["localhost"], ["127.0.0.1"])
+    other = client_context(str(pki.make_ca(tmp_path / "other").cert))
+    procs: list[subprocess.Popen] = []
+    try:
+        targets = start_targets(tmp_path, (None, None), procs, TlsFiles(pair.cert, pair.key, ca.cert))
+        assert [t.tls is not None for t in targets] == [False] + [True] * (len(targets) - 1)
+        for target in targets:
+            stats = _stream_once(target)
+            assert (target.name, stats.done, stats.events) == (target.name, 1, 4)
+            if target.tls is not None:
+                refused = _stream_once(Target(target.name, target.port, target.key, [], [], tls=other))
+                assert (target.name, refused.done, refused.failed) == (target.name, 0, 1)
     finally:
         stop_processes(procs)
