@@ -66,6 +66,9 @@ STATES = (
     "test_lab_two_models.py",  # provisions lab-two-models and lab-cross back: answers, stages, counters
     "test_lab_weights.py",  # staged files, checksums, verify/doctor findings, refusals; no timing
     "test_lab_shadow.py",  # shadow runs: counts, series present, drop reasons, no client failed; no timing
+    "test_lab_keys.py",  # keys added, rotated, revoked: answers per key and no failed request; no timing
+    # two hosts moved between pools under traffic and back: layouts, router lists, labels, no failed request
+    "test_lab_rebalance.py",
     # doctor's client catalogue and a blocked side channel: findings from answers and host state
     "test_lab_doctor.py::test_healthy_client_view_has_no_error",
     "test_lab_doctor.py::test_healthy_anthropic_view_has_no_error",

@@ -3,6 +3,7 @@ rendered rules fires the KV-transfer alert on slow transfers and resolves it whe
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
 from typing import Any
@@ -209,10 +210,14 @@ def test_a_slow_sim_link_fires_the_kv_alert_on_real_simulators(tmp_path: Path) -
         errors: list[BaseException] = []
 
         def long_prompts() -> None:
-            while not stop.is_set():
+            # each prompt its own first word: a decode instance caches the KV it pulled, so a repeated
+            # prompt would pull nothing after the first and the link would never look slow
+            for n in itertools.count():
+                if stop.is_set():
+                    return
                 try:
                     client.completions.create(
-                        model=MODEL, prompt="word " * 8000, max_tokens=4
+                        model=MODEL, prompt=f"r{n} " + "word " * 8000, max_tokens=4
                     )  # ≈ 10K tokens
                 except BaseException as exc:  # noqa: BLE001 - reported by the test, not lost in the thread
                     errors.append(exc)
