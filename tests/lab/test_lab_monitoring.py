@@ -9,6 +9,7 @@ starting it resolves it."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import re
@@ -119,10 +120,14 @@ class Traffic:
             pass
 
     def loop(self, pool: str) -> None:
-        while not self.stop.is_set():
+        # each long prompt its own first word: a decode instance caches the KV it pulled (as vLLM does), so
+        # a repeated prompt would move no KV after its first request and the KV-transfer series would stop
+        for n in itertools.count():
+            if self.stop.is_set():
+                return
             try:
                 self.one(pool, "hello, how are you?")
-                self.one(pool, LONG_PROMPT)
+                self.one(pool, f"{pool}{n} {LONG_PROMPT}")
             except BaseException as exc:  # noqa: BLE001 - reported by the test, not lost in a thread
                 if not self._restarting.is_set():
                     self.errors.append(exc)

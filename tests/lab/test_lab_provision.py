@@ -185,13 +185,15 @@ def test_a_stopped_unit_is_started_again(converged: LabHandle, tmp_path: Path) -
 
 
 def test_changed_host_key_is_refused_with_the_fix(converged: LabHandle, tmp_path: Path) -> None:
-    """A host whose key no longer matches known_hosts is refused, saying how to fix it; others go on."""
+    """A host whose key no longer matches known_hosts is refused, saying how to fix it; others go on.
+    A pool host: a gateway host's is refused before anything starts (provision reads the live layout
+    from the gateway hosts first)."""
     lab = converged
     key = tmp_path / "other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     lines = lab.paths.known_hosts.read_text().splitlines()
-    forged = [ln for ln in lines if "198.18.0.10" not in ln.split(" ", 1)[0].split(",")]
-    forged.append("198.18.0.10 " + " ".join(key.with_suffix(".pub").read_text().split()[:2]))
+    forged = [ln for ln in lines if "198.18.0.31" not in ln.split(" ", 1)[0].split(",")]
+    forged.append("198.18.0.31 " + " ".join(key.with_suffix(".pub").read_text().split()[:2]))
     known = tmp_path / "known_hosts"
     known.write_text("\n".join(forged) + "\n")
     inventory = tmp_path / "lab.yml"
@@ -199,10 +201,10 @@ def test_changed_host_key_is_refused_with_the_fix(converged: LabHandle, tmp_path
 
     rc, output, data = _run_provision(PROFILE, inventory, tmp_path / "key.json")
     assert rc != 0
-    error = data["hosts"]["lab-gw"]["error"] or ""
+    error = data["hosts"]["lab-d1"]["error"] or ""
     assert "changed" in error.lower() and "ssh-keygen -R" in error, error
-    assert data["hosts"]["lab-gw"]["failed"] == 1
-    assert all(v["failed"] == 0 for h, v in data["hosts"].items() if h != "lab-gw")
+    assert data["hosts"]["lab-d1"]["failed"] == 1
+    assert all(v["failed"] == 0 for h, v in data["hosts"].items() if h != "lab-d1")
 
 
 def test_a_host_powered_off_mid_fleet_fails_alone_then_rejoins(converged: LabHandle, tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ import pytest
 
 from pdfleet.bench.client import Record, StreamClient, request_bytes
 from pdfleet.bench.workloads import completion_body, words
+from pdfleet.gateway.tls import client_context
 from pdfleet.metrics.scrape import scrape_metrics
 from tests.lab.helpers import REPO_ROOT, LabHandle, prometheus_url
 
@@ -142,13 +143,14 @@ def traffic(long_prompts: None) -> Iterator[dict[str, Any]]:
         key, _, value = line.removeprefix("export ").partition("=")
         env[key] = value.strip("'\"")
     base = urlsplit(env["OPENAI_BASE_URL"])
-    host, port, key = base.hostname or "", base.port or 80, env["OPENAI_API_KEY"]
+    host, port, key = base.hostname or "", base.port or 443, env["OPENAI_API_KEY"]
+    tls = client_context(env.get("SSL_CERT_FILE"))  # lab-cross is on TLS: the lab CA lab.env exports
     stop = threading.Event()
     seen: dict[str, Any] = {"ok": 0, "failed": []}
     rng = random.Random(35)
 
     async def worker(long: bool) -> None:
-        client = StreamClient(host, port)
+        client = StreamClient(host, port, tls=tls)
         try:
             for n in itertools.count():
                 if stop.is_set():
