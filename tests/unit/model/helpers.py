@@ -1,8 +1,12 @@
-"""Shared pieces of the model tests: the repo's profiles and inventories, and a known-good base profile."""
+"""Shared pieces of the model tests: the repo's profiles and inventories, a known-good base profile, and
+the source files of the cached vLLM wheels."""
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 PROFILES = REPO / "profiles"
@@ -39,3 +43,15 @@ def write(tmp_path: Path, text: str, name: str = "inv.yml") -> Path:
     path = tmp_path / name
     path.write_text(text)
     return path
+
+
+WHEELS = Path("~/.cache/pdfleet/vllm-wheels").expanduser()  # where `python -m tools.vllm_facts` keeps them
+
+
+def wheel_source(version: str, path: str) -> str:
+    """A source file of the release's cached wheel (skipped when the wheel is not cached)."""
+    wheels = sorted(WHEELS.glob(f"vllm-{version}-*.whl"))
+    if not wheels:
+        pytest.skip(f"vLLM {version}'s wheel is not in {WHEELS} (python -m tools.vllm_facts downloads it)")
+    with zipfile.ZipFile(wheels[-1]) as archive:
+        return archive.read(path).decode()
