@@ -20,7 +20,7 @@ from pdfleet.cli.bench import plan_from_options
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP as COMMON_HELP
 from pdfleet.cli.options import open_deployment
-from pdfleet.cli.settings import Settings, repo_path
+from pdfleet.cli.settings import Settings, inventory_name, repo_path
 from pdfleet.errors import ValidationError
 
 if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
@@ -234,6 +234,7 @@ def run_plan(
     header = {
         "profile": deployment.profile.name,
         "model": spec.name,
+        "inventory": inventory_name(opts["inventory"], Settings.of(ctx)),  # what --to-plan checks
         "gpus": gpus,
         "hardware": {"gpu": hw.gpu.name, "model": hw.model.name, "link": hw.link.name},
         "workload": workload,

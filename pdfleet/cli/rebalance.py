@@ -23,6 +23,7 @@ from invoke import Context, task
 
 from pdfleet.cli import lab_site
 from pdfleet.cli.exits import user_errors
+from pdfleet.cli.monitor import number
 from pdfleet.cli.options import (
     HELP,
     fleet_layouts,
@@ -56,27 +57,47 @@ DEFAULT_REASON = "by hand (invoke rebalance)"
         "wait": f"Seconds the drained host's in-flight requests may run before the move goes on (default "
         f"{DEFAULT_WAIT_S:.0f}).",
         "reason": f"Why the host moves, kept in the audit log with the move (default: {DEFAULT_REASON}).",
-        "dry_run": "Print the move's steps, the layout after it and the hosts it provisions; change nothing.",
+        "to_plan": "An `invoke plan` plan.json: move hosts one at a time to its recommended layout's pool "
+        "counts, each move held to the profile's rollout gates; a failing gate stops and goes back (instead "
+        "of --host/--to).",
+        "hold": "With --to-plan: seconds each move is held to the gates (default, and least: "
+        "rollout.window_s).",
+        "dry_run": "Print the move's steps (--to-plan: the moves and why each host), the layout after it and "
+        "the hosts it provisions; change nothing.",
     },
 )
 @user_errors
 def rebalance(
     ctx: Context,
     profile: str,
-    host: str,
-    to: str,
+    host: str | None = None,
+    to: str | None = None,
     inventory: str | None = None,
     wait: int = int(DEFAULT_WAIT_S),
     reason: str = DEFAULT_REASON,
+    to_plan: str | None = None,
+    hold: str | None = None,
     dry_run: bool = False,
 ) -> None:
-    """Move a host between the colocated, prefill and decode pools (--dry-run: plan it, change nothing)."""
+    """Move a host between the colocated, prefill and decode pools, or hosts to a plan's layout (--to-plan);
+    --dry-run: plan it, change nothing."""
+    from pdfleet.cli.rebalance_plan import to_plan as apply_plan
     from pdfleet.fleet.mover import MovePlan, layout_of, plan_move
 
     if wait <= 0:
         raise ValidationError(f"--wait must be a positive number of seconds, not {wait}")
     if not reason.strip():
         raise ValidationError("--reason must say why the host moves (it goes into the audit log)")
+    if to_plan is not None:
+        if host is not None or to is not None:
+            raise ValidationError("give --host H --to POOL, or --to-plan FILE, not both")
+        hold_s = None if hold is None else number("--hold", hold, most=3600.0)
+        apply_plan(ctx, profile, inventory, to_plan, wait, hold_s, reason, dry_run, TaskFleet)
+        return
+    if host is None or to is None:
+        raise ValidationError("give --host H --to POOL (one move), or --to-plan FILE (a plan's layout)")
+    if hold is not None:
+        raise ValidationError("--hold applies to --to-plan only (a single move is not gated)")
     # a live move starts from the layout the fleet keeps; the dry run from the copy last read from it
     deployment = open_deployment(ctx, profile, inventory, fleet_layout=not dry_run)
     if deployment.profile.models:

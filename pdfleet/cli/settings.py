@@ -59,3 +59,13 @@ class Settings:
             known_hosts=str(Path(str(value("known_hosts"))).expanduser()),
             connect_timeout=float(timeout),
         )
+
+
+def inventory_name(given: str | None, settings: Settings) -> str:
+    """An inventory as a plan names it (and `invoke rebalance --to-plan` checks it): its path from the repo
+    root, so another clone of the repo names it the same (absolute when it is outside the repo)."""
+    path = (repo_path(given) if given else settings.inventory).resolve()
+    try:
+        return path.relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)

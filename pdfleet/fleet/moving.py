@@ -38,9 +38,14 @@ ADMIT_ROLES = "gateway,monitoring"  # what admitting re-renders: policy, routers
 
 
 class MoveFailed(PdfleetError):
-    """A step of a move failed: the fleet is where the steps before it left it (exit 1)."""
+    """A step of a move failed: the fleet is where the steps before it left it (exit 1); `step` names
+    the step ("" where no step of a move raised it)."""
 
     exit_code = 1
+
+    def __init__(self, message: str, step: str = "") -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class Fleet(Protocol):
@@ -116,7 +121,7 @@ def execute(
         try:
             _run(step, plan, before, front, fleet, report, clock, sleep)
         except MoveFailed as exc:
-            raise MoveFailed(f"{step.kind}: {exc}") from exc
+            raise MoveFailed(f"{step.kind}: {exc}", step.kind) from exc
         took = clock() - started
         report.seconds[step.kind] = round(took, 1)
         fleet.say(f"      {step.kind} done in {took:.1f} s")

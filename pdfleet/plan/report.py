@@ -57,6 +57,17 @@ def _row_doc(row: Row) -> dict[str, Any]:
         "kind": p.layout.kind,
         "gpus": p.layout.gpus,
         "threshold": p.layout.threshold,
+        # each pool's shape (what `invoke rebalance --to-plan` moves hosts toward; None: no such pool)
+        "pools": {
+            name: None
+            if shape is None
+            else {"instances": shape.instances, "tp": shape.tp, "budget": shape.budget}
+            for name, shape in (
+                ("prefill", p.layout.prefill),
+                ("decode", p.layout.decode),
+                ("colocated", p.layout.colocated),
+            )
+        },
         **figs,
         "classes": classes,
         "request_goodput_per_gpu": _num(p.per_gpu.get("request_goodput_per_gpu")),

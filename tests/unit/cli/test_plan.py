@@ -43,6 +43,17 @@ def test_a_plan_writes_json_markdown_html_and_the_pareto_plot(
     assert doc["recommended"] == doc["layouts"][0]["layout"] or doc["verdict"]["decision"] != "split"
     assert {r["kind"] for r in doc["layouts"]} >= {"colocated", "disagg"}
     assert doc["timing"]["layouts"] == len(doc["layouts"])
+    # what `invoke rebalance --to-plan` checks and moves toward: the inventory, each pool's shape
+    assert doc["inventory"] == "inventory/lab.yml"
+    for row in doc["layouts"]:
+        pools = {
+            p: f"{s['instances']}{p[0].upper()} tp{s['tp']} b{s['budget']}"
+            for p, s in row["pools"].items()
+            if s
+        }
+        assert row["layout"].split(" long>=")[0] == " + ".join(
+            pools[p] for p in ("prefill", "decode", "colocated") if p in pools
+        )
     md = (out / "report.md").read_text(encoding="utf-8")
     for heading in ("## Recommendation", "## Predicted verdict", "## Profile changes", "## Ranked layouts"):
         assert heading in md

@@ -95,6 +95,17 @@ def test_every_option_has_help() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    for option in ("--profile", "--inventory", "--host", "--to", "--wait", "--reason", "--dry-run"):
+    options = (
+        "--profile",
+        "--inventory",
+        "--host",
+        "--to",
+        "--wait",
+        "--reason",
+        "--to-plan",
+        "--hold",
+        "--dry-run",
+    )
+    for option in options:
         line = next(ln for ln in proc.stdout.splitlines() if option in ln)
         assert len(line.split()) > 2, f"{option} has no help"

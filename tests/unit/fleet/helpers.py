@@ -6,12 +6,14 @@ import ast
 import dataclasses
 import functools
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.deployment import Deployment, DeploymentRequest, load_deployment
 from pdfleet.fleet.gateway_tls import tls_material
+from pdfleet.fleet.mover import Layout, Left
+from pdfleet.fleet.moving import MoveFailed
 from pdfleet.fleet.roles import Role
 from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.model.inventory import load_inventory
@@ -213,3 +215,53 @@ def two_pd_deployment(tmp_path: Path) -> Deployment:
     path = tmp_path / "two-pd.yml"
     path.write_text(TWO_PD)
     return deploy(str(path), REPO / "inventory/lab-16.yml", secrets=None)
+
+
+class Recorded:
+    """A fleet that records each call; `busy` in-flight readings before 0, `health` answers before True."""
+
+    def __init__(
+        self, busy: list[int | Left | None] | None = None, healthy_after: int = 0, fail: str = ""
+    ) -> None:
+        self.calls: list[tuple[object, ...]] = []
+        self.busy = list(busy or [])
+        self.healthy_after = healthy_after
+        self.fail = fail  # converge with these roles fails ("all": roles None)
+        self.lines: list[str] = []
+
+    def converge(self, layout: Layout, hosts: Sequence[str], roles: str | None) -> None:
+        self.calls.append(("converge", dict(layout.hosts), tuple(hosts), roles))
+        if self.fail and self.fail == (roles or "all"):
+            raise MoveFailed(f"provisioning {', '.join(hosts)} failed: boom")
+
+    def unroute(self, host: str, pool: str) -> None:
+        self.calls.append(("unroute", host, pool))
+
+    def left(self, host: str, pool: str) -> Left | None:
+        self.calls.append(("left", host, pool))
+        got = self.busy.pop(0) if self.busy else 0
+        return Left(got) if isinstance(got, int) else got
+
+    def healthy(self, host: str, pool: str) -> bool:
+        self.calls.append(("healthy", host, pool))
+        self.healthy_after -= 1
+        return self.healthy_after < 0
+
+    def keep(self, layout: Layout) -> None:
+        self.calls.append(("keep", dict(layout.hosts)))
+
+    def say(self, line: str) -> None:
+        self.lines.append(line)
+
+
+class Clock:
+    """Time that moves only when the executor sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds

@@ -5,65 +5,14 @@ outlive it, and a failing step that stops the move naming itself. The fleet here
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
 
 from pdfleet.fleet.mover import Layout, Left, MovePlan, layout_of, plan_move
 from pdfleet.fleet.moving import ADMIT_ROLES, FRONT_ROLES, Front, MoveFailed, execute
+from tests.unit.fleet.helpers import Clock, Recorded
 from tests.unit.roles.helpers import deployment
 
 FRONT = Front(gateways=("lab-gw",), monitoring=("lab-gw",))
-
-
-class Recorded:
-    """A fleet that records each call; `busy` in-flight readings before 0, `health` answers before True."""
-
-    def __init__(
-        self, busy: list[int | Left | None] | None = None, healthy_after: int = 0, fail: str = ""
-    ) -> None:
-        self.calls: list[tuple[object, ...]] = []
-        self.busy = list(busy or [])
-        self.healthy_after = healthy_after
-        self.fail = fail  # converge with these roles fails ("all": roles None)
-        self.lines: list[str] = []
-
-    def converge(self, layout: Layout, hosts: Sequence[str], roles: str | None) -> None:
-        self.calls.append(("converge", dict(layout.hosts), tuple(hosts), roles))
-        if self.fail and self.fail == (roles or "all"):
-            raise MoveFailed(f"provisioning {', '.join(hosts)} failed: boom")
-
-    def unroute(self, host: str, pool: str) -> None:
-        self.calls.append(("unroute", host, pool))
-
-    def left(self, host: str, pool: str) -> Left | None:
-        self.calls.append(("left", host, pool))
-        got = self.busy.pop(0) if self.busy else 0
-        return Left(got) if isinstance(got, int) else got
-
-    def healthy(self, host: str, pool: str) -> bool:
-        self.calls.append(("healthy", host, pool))
-        self.healthy_after -= 1
-        return self.healthy_after < 0
-
-    def keep(self, layout: Layout) -> None:
-        self.calls.append(("keep", dict(layout.hosts)))
-
-    def say(self, line: str) -> None:
-        self.lines.append(line)
-
-
-class Clock:
-    """Time that moves only when the executor sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def _layout() -> Layout:
