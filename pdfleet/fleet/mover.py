@@ -90,7 +90,8 @@ class Refusal:
 
 
 def layout_of(spec: ServedModel, inventory: Inventory, minimums: Mapping[str, int] | None = None) -> Layout:
-    """A model's layout as the profile and the inventory give it (hosts without its pools left out)."""
+    """A model's layout as the profile and the inventory give it (hosts without its pools left out), with
+    the profile's per-pool minimums (rollout.rebalance.minimums) unless `minimums` is given."""
     hosts = {
         name: tuple(pools)
         for name, host in inventory.hosts.items()
@@ -100,7 +101,10 @@ def layout_of(spec: ServedModel, inventory: Inventory, minimums: Mapping[str, in
         hosts,
         {name: host.gpus for name, host in inventory.hosts.items()},
         {pool: tuple(pool_spec.gpus) for pool, pool_spec in spec.pools.items()},
-        dict(minimums or {}),
+        {
+            str(pool): n
+            for pool, n in (spec.rollout.rebalance.minimums if minimums is None else minimums).items()
+        },
     )
 
 

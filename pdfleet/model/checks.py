@@ -17,6 +17,7 @@ from pdfleet.model.host_checks import HostRuns, host_problems
 from pdfleet.model.platforms import PLATFORM_KEYS, PLATFORMS, branches_by_platform
 from pdfleet.model.problems import Problem
 from pdfleet.model.profile import DEFAULT_KV_ROLES, PoolSpec, Profile
+from pdfleet.model.rebalancing import rebalance_problems
 from pdfleet.model.release_checks import managed_flag, release_problems
 from pdfleet.model.rollout import rollout_problems
 from pdfleet.model.served import ServedModel
@@ -78,6 +79,8 @@ def model_problems(profile: Profile, spec: ServedModel, rel: Release | None) -> 
     problems += _gateway_problems(spec)
     plans = rollout_problems(spec.rollout, spec.gateway.stages)
     problems += [Problem(spec.key(path), message) for path, message in plans]
+    moves = rebalance_problems(spec.rollout.rebalance, [pool for pool, _ in spec.pools.items()])
+    problems += [Problem(spec.key(path), message) for path, message in moves]
     if spec.topology == "same-host":
         pair = HostRuns(instances=[(spec, "prefill"), (spec, "decode")])
         problems += host_problems(profile, pair, where=None)

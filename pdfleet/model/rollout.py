@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from pdfleet.model.rebalancing import RebalanceSpec
 from pdfleet.model.stages import LENGTH_CLASSES, StageSpec
 
 LengthClass = Literal["short", "long"]
@@ -154,6 +155,8 @@ class RolloutSpec(_Model):
     min_samples: int = Field(20, ge=1)
     gates: list[GateSpec] = Field(default_factory=list)
     plans: dict[str, PlanSpec] = Field(default_factory=dict)
+    # per-pool minimums of every rebalance move, and the automatic mode (issue 35: model.rebalancing)
+    rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec)
 
 
 def weights_of(step: SetWeight | Pause | Analysis | Shadow) -> StageSpec | None:

@@ -23,6 +23,9 @@ With several models, a version above a model's own that the controller wrote for
 this model's unchanged stage, is this model's (reconcile.as_seen_by); a new version is numbered above
 every version any model or gateway holds (reconcile.lifted), and a lower version another model saved is
 written first (reconcile.peer_pending), so the gateways take versions in the order they were saved.
+
+With `rollout.rebalance.mode` on (dry-run), each loop also asks the automatic rebalance (rollout.pressure)
+after the rollout's tick, which records its proposals in the same audit log.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from pdfleet.rollout.machine import (
     with_shadow,
 )
 from pdfleet.rollout.measure import observe
+from pdfleet.rollout.pressure import AutoRebalancer
 from pdfleet.rollout.reconcile import (
     as_seen_by,
     blind_results,
@@ -90,12 +94,17 @@ class Controller:
     _last_error: str = field(default="", init=False)
     _abort_ticked: bool = field(default=False, init=False)  # the last tick began with an abort pending
     shadows: ShadowWriter = field(init=False)
+    rebalancer: AutoRebalancer | None = field(default=None, init=False)  # rollout.rebalance.mode on
 
     def __post_init__(self) -> None:
         c = self.config
         self.shadows = ShadowWriter(
             self.gateways, c.gateways, self.store, lambda: self.clock(), c.name, c.group
         )
+        if c.rollout.rebalance.mode != "off":
+            self.rebalancer = AutoRebalancer(
+                c.rollout.rebalance, self.source, self.store, self.clock, c.model
+            )
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -115,6 +124,8 @@ class Controller:
                 self._last_error = message
             except Exception:  # the controller keeps going: the next tick starts from the saved state
                 log.exception("rollout tick failed")
+            if self.rebalancer is not None:  # after the rollout's tick, whatever it did: never holds one up
+                self.rebalancer.tick()
             self._wait(stop, interval - (time.monotonic() - started))
 
     def _wait(self, stop: threading.Event, seconds: float) -> None:

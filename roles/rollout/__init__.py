@@ -94,7 +94,8 @@ def _model_part(ctx: RoleContext, spec: ServedModel, listed: bool) -> dict[str, 
         "name": spec.name,
         "group": spec.name if listed else None,
         "model": spec.name if listed else None,
-        "rollout": spec.rollout.model_dump(mode="json"),
+        # rebalance's automatic mode only when it is on (off, the file is as before issue 35's keys)
+        "rollout": spec.rollout.model_dump(mode="json", exclude=_off(spec)),
         "stages": {k: v.model_dump() for k, v in spec.gateway.stages.items()},
         "initial_stage": spec.gateway.stage,
         "slo": spec.slo.model_dump(exclude_none=True),  # unset P95 bounds fall back to P99 in bench only
@@ -153,3 +154,9 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
                 notify=(restart,),
             )
     yield Service(controller.unit, enabled=True, running=True)
+
+
+def _off(spec: ServedModel) -> set[str] | None:
+    """What controller.json leaves out of a model's rollout section: rebalance, while its automatic mode is
+    off (the controller reads the default then, and the file stays as before)."""
+    return {"rebalance"} if spec.rollout.rebalance.mode == "off" else None

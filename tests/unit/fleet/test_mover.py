@@ -16,6 +16,7 @@ from pdfleet.fleet.mover import (
     left_in,
     plan_move,
 )
+from pdfleet.model.rebalancing import RebalanceSpec
 from tests.unit.roles.helpers import deployment
 
 
@@ -138,3 +139,17 @@ def test_a_prefill_instance_is_drained_only_once_no_decode_can_still_read_its_kv
     # a decode or colocated instance's KV is its own requests' (a prefix cache's free blocks count as free)
     assert left_in("decode", {**idle, "vllm:kv_cache_usage_perc": 0.3}) == Left(0)
     assert left_in("prefill", {"x": 1.0}) is None
+
+
+def test_the_profiles_minimums_hold_every_move() -> None:
+    """rollout.rebalance.minimums (issue 35): a move that leaves a pool below its minimum is refused."""
+    fleet = deployment("lab-cross")
+    spec = fleet.profile.served[0]
+    rollout = spec.rollout.model_copy(update={"rebalance": RebalanceSpec(minimums={"colocated": 2})})
+    layout = layout_of(spec.model_copy(update={"rollout": rollout}), fleet.inventory)
+    assert layout.minimum("colocated") == 2 and layout.minimum("decode") == 1
+    out = plan_move(layout, "lab-colo2", "decode")
+    assert (
+        isinstance(out, Refusal)
+        and out.reason == "the colocated pool would keep 1 host(s), below its minimum of 2"
+    )
