@@ -6,10 +6,10 @@ reason has a unit test and the decision's cost is measurable alone.
 
 The order, and the reason each step gives:
 1. a forced pool (the override header) wins: `forced_header`;
-2. the colocated instance is chosen (round robin, or prefix-affine and load-aware: the policy's choice,
-   or the one the request asked for in the choice header), and the request's length class is taken from
-   its whole prompt or from what that instance would still have to prefill (the policy's threshold_on, or
-   the one the request asked for in the threshold header);
+2. the colocated instance is chosen (round robin, or prefix-affine, load- and stream-aware: the policy's
+   choice, or the one the request asked for in the choice header), and the request's length class is
+   taken from its whole prompt or from what that instance would still have to prefill (the policy's
+   threshold_on, or the one the request asked for in the threshold header);
 3. the sticky bucket against the stage's percentage for that class: outside the share the request
    stays colocated as `short` (a long prompt in that bucket would have gone), `cached_prefix` (its
    whole prompt would have gone, its uncached part does not) or `stage_weight` (not even a long one);
@@ -65,9 +65,10 @@ class Load:
 class Facts:
     """What the gateway knows about one request and the pools when it decides.
 
-    `cached` and `outstanding` have one entry per colocated instance, in the route's order: the
-    prompt tokens the gateway estimates that instance has cached, and the prompt tokens it has been
-    sent and not yet prefilled (sent, no first byte yet). `rr` is the route's round-robin counter;
+    `cached`, `outstanding` and `serving` have one entry per colocated instance, in the route's order:
+    the prompt tokens the gateway estimates that instance has cached, the prompt tokens it has been
+    sent and not yet prefilled (sent, no first byte yet), and the requests it is serving (prefilling or
+    decoding: sent, not yet ended; empty: none counted). `rr` is the route's round-robin counter;
     `choice` the colocated choice the request asked for, `threshold_on` what it asked its length class be
     taken from (None: the policy's).
     Not frozen (nor Verdict): a frozen dataclass's __init__ costs several microseconds per request.
@@ -85,6 +86,7 @@ class Facts:
     decode: Sequence[Load] = ()
     choice: ColocatedChoice | None = None
     threshold_on: ThresholdOn | None = None
+    serving: Sequence[int] = ()
 
 
 @dataclass(slots=True)
@@ -105,17 +107,25 @@ def length_class(tokens: int, threshold: int) -> ClassName:
 
 
 def choose_instance(spec: DeciderSpec, facts: Facts) -> int:
-    """The colocated instance: the round robin's next, or (prefix_load) the one with the least
-    outstanding prompt tokens plus this request's uncached tokens; ties go in round-robin order, so an
-    idle pool with no cache still spreads. The request's own choice, when it asked, else the policy's."""
+    """The colocated instance: the round robin's next, or (prefix_load) the one of least cost; ties go in
+    round-robin order, so an idle pool with no cache still spreads. The request's own choice, when it
+    asked, else the policy's.
+
+    The cost is the prompt tokens every request it delays waits for: this one waits for the instance's
+    outstanding prompt tokens and its own uncached ones; each request the instance is serving waits for
+    those uncached ones too (it decodes in the same steps, now or once its own prefill is done). So a
+    conversation stays where its prefix is cached, two long prefills do not stack on one instance while
+    another idles, and a fresh prefill goes where fewer streams would stall behind it."""
     n = len(facts.cached)
     start = facts.rr % n
     if (facts.choice or spec.colocated_choice) == "round_robin" or n == 1:
         return start
+    serving = facts.serving
     best, best_cost = start, -1
     for k in range(n):
         i = (start + k) % n
-        cost = facts.outstanding[i] + max(0, facts.tokens - facts.cached[i])
+        uncached = max(0, facts.tokens - facts.cached[i])
+        cost = facts.outstanding[i] + uncached * (1 + (serving[i] if serving else 0))
         if best_cost < 0 or cost < best_cost:
             best, best_cost = i, cost
     return best

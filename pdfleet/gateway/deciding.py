@@ -117,6 +117,7 @@ class Deciding:
             cached = [0] * len(urls)
         busy = (choice or spec.colocated_choice) == "prefix_load"
         outstanding = self.outstanding.of(urls) if busy else [0] * len(urls)
+        serving = self.outstanding.serving(urls) if busy else ()
         prefill = decode = _NO_LOADS
         if spec.polls:
             now = time.monotonic()
@@ -137,6 +138,7 @@ class Deciding:
             decode,
             choice,
             on,
+            serving,
         )
         v = decide(spec, staging.weights, staging.long_prompt_tokens, facts)
         decision = Decision(v.pool, v.reason, bucket, v.instance, v.effective)

@@ -9,7 +9,8 @@ pdfleet.model.vllm_release_data has none), so the bound is on waiting requests o
 
 Outstanding prompt tokens: what the gateway sent to a colocated instance and has not seen a first byte
 for yet (the instance is still prefilling it), charged with the tokens the decider expects it to
-prefill.
+prefill; and the requests each colocated instance is serving (those prefilling, and the streams it
+is decoding: first byte sent, not yet ended), each of which a fresh prefill there would stall.
 """
 
 from __future__ import annotations
@@ -98,23 +99,44 @@ class QueueWatch:
 
 
 class Outstanding:
-    """Prompt tokens sent to each colocated instance and not yet answered with a first byte."""
+    """Per colocated instance: prompt tokens sent and not yet answered with a first byte (and how many
+    requests carry them), and the streams it is decoding (a first byte, not yet ended)."""
 
     def __init__(self) -> None:
         self.tokens: dict[str, int] = {}
+        self.prefilling: dict[str, int] = {}
+        self.streams: dict[str, int] = {}
 
     def add(self, url: str, tokens: int) -> None:
         self.tokens[url] = self.tokens.get(url, 0) + tokens
+        self.prefilling[url] = self.prefilling.get(url, 0) + 1
 
     def done(self, url: str, tokens: int) -> None:
-        left = self.tokens.get(url, 0) - tokens
-        if left > 0:
-            self.tokens[url] = left
-        else:
-            self.tokens.pop(url, None)
+        _take(self.tokens, url, tokens)
+        _take(self.prefilling, url, 1)
 
     def of(self, urls: Iterable[str]) -> list[int]:
         return [self.tokens.get(u, 0) for u in urls]
+
+    def stream(self, url: str) -> None:
+        """A stream started decoding on the instance."""
+        self.streams[url] = self.streams.get(url, 0) + 1
+
+    def ended(self, url: str) -> None:
+        """A stream on the instance ended (finished, failed or its client left)."""
+        _take(self.streams, url, 1)
+
+    def serving(self, urls: Iterable[str]) -> list[int]:
+        """Requests each instance is prefilling or decoding: each decodes beside a prefill sent there now."""
+        return [self.prefilling.get(u, 0) + self.streams.get(u, 0) for u in urls]
+
+
+def _take(counts: dict[str, int], url: str, n: int) -> None:
+    left = counts.get(url, 0) - n
+    if left > 0:
+        counts[url] = left
+    else:
+        counts.pop(url, None)
 
 
 class LongPrefills:

@@ -132,7 +132,7 @@ class Proxy:
     ) -> None:
         self.upstream = upstream
         self.metrics = metrics
-        self.outstanding = outstanding  # prompt tokens each colocated instance has still to prefill
+        self.outstanding = outstanding  # each colocated instance's prompt tokens to prefill, streams
         self.prefills = LongPrefills()  # the long prompts each colocated instance is prefilling
         self.shadowing = shadowing if shadowing is not None else Shadowing(metrics, upstream, _NO_QUEUES)
         self.capture = capture if capture is not None else Capture()
@@ -164,9 +164,10 @@ class Proxy:
         for i, (pool, base) in enumerate(tries):
             last = i == len(tries) - 1
             m.child(m.in_flight, model, pool).inc()
-            charged = ctx.decision.effective if pool == "colocated" else 0
-            long_prefill = pool == "colocated" and ctx.cls == "long"
-            if charged:
+            colocated = pool == "colocated"  # its prompt tokens to prefill there, and a request served
+            charged = ctx.decision.effective if colocated else 0
+            long_prefill = colocated and ctx.cls == "long"
+            if colocated:
                 self.outstanding.add(base, charged)
             if long_prefill:
                 self.prefills.start(base)
@@ -174,7 +175,7 @@ class Proxy:
                 got = await self._open(ctx, pool, base, path, headers)
             finally:
                 m.child(m.in_flight, model, pool).dec()
-                if charged:  # a first byte (or a failure): its prefill is over
+                if colocated:  # a first byte (or a failure): its prefill is over
                     self.outstanding.done(base, charged)
                 if long_prefill:
                     self.prefills.end(base, time.perf_counter())
@@ -210,9 +211,14 @@ class Proxy:
         m.child(m.in_flight, model, up.pool).inc()
         tap = OutputCounter(None) if self.capture.on else None
         outcome = "cancelled"
+        decoding = up.pool == "colocated"  # a stream a fresh prefill there would stall (the decider's cost)
+        if decoding:
+            self.outstanding.stream(up.base)
         try:
             out, outcome = await self._stream(request, ctx, up, fell_back, shadowed, tap)
         finally:
+            if decoding:
+                self.outstanding.ended(up.base)
             if outcome == "cancelled" and up.resp.answered:  # left after the answer's last event
                 outcome = "ok"
             m.child(m.in_flight, model, up.pool).dec()

@@ -7,8 +7,9 @@ What they mean (issue 32; the decision itself is pdfleet.gateway.decider):
   prompt minus the prefix the gateway estimates that instance has cached), as llm-d's
   prefix-based-pd-decider and Dynamo's conditional disaggregation do.
 - `colocated_choice`: `round_robin` (the routing before the decider) or `prefix_load`: the colocated
-  instance with the least (outstanding prompt tokens to prefill + this request's uncached tokens), so a
-  conversation keeps its cache and two long prefills do not stack on one instance while another idles.
+  instance with the least (outstanding prompt tokens to prefill + this request's uncached tokens x (1 +
+  the streams it is decoding)), so a conversation keeps its cache, two long prefills do not stack on one
+  instance while another idles, and a fresh prefill goes where fewer streams would stall behind it.
   Issue 26's bench compares the two: a request may ask for either in the `X-Pdfleet-Colocated-Choice`
   header (CHOICE_HEADER), honoured like the pool override header and only while the policy enables it.
   Likewise `X-Pdfleet-Threshold-On` (THRESHOLD_HEADER) asks for `prompt` or `effective` for one request,

@@ -163,6 +163,29 @@ def test_prefix_load_prefers_the_cache_then_the_least_loaded() -> None:
     assert [choose_instance(EFFECTIVE, facts(rr=i)) for i in range(3)] == [0, 1, 0]
 
 
+def test_prefix_load_keeps_a_fresh_prefill_off_the_instances_serving_requests() -> None:
+    # issue 32's lab stall: a new session's 8,067-token first turn (uncached on both) while instance 0
+    # serves a short turn (613 tokens still to prefill, or decoding already): it goes to instance 1, where
+    # no request would decode beside its prefill (8,067 against 613 + 8,067 x 2)
+    assert choose_instance(EFFECTIVE, facts(rr=0, tokens=8067, outstanding=[613, 0], serving=[1, 0])) == 1
+    assert choose_instance(EFFECTIVE, facts(rr=0, tokens=8067, serving=[1, 0])) == 1
+    # each request served waits for the uncached tokens: a backlog longer than that is still worse
+    assert choose_instance(EFFECTIVE, facts(rr=0, tokens=8067, outstanding=[0, 9000], serving=[1, 1])) == 0
+    # more requests served cost more: with some on both, the fewer
+    assert choose_instance(EFFECTIVE, facts(rr=0, tokens=4000, serving=[3, 2])) == 1
+    # a conversation's next turn stays where its prefix is cached, requests there or not: 800 new tokens
+    # beside two cost 2,400 against 20,800 uncached elsewhere
+    turn = facts(rr=0, tokens=20_800, cached=[20_000, 0], serving=[2, 0])
+    assert choose_instance(EFFECTIVE, turn) == 0
+    # a fully cached prompt stalls nobody: the requests served do not move it
+    assert choose_instance(EFFECTIVE, facts(rr=1, tokens=4000, cached=[4000, 0], serving=[5, 0])) == 0
+    # none counted (empty): the cost without them, as before
+    assert choose_instance(EFFECTIVE, facts(rr=0, tokens=8067, outstanding=[0, 3000])) == 0
+    # round robin ignores them
+    rr = DeciderSpec(colocated_choice="round_robin")
+    assert choose_instance(rr, facts(rr=0, serving=[9, 0])) == 0
+
+
 def test_the_requests_own_choice_wins_over_the_policys() -> None:
     rr = DeciderSpec(colocated_choice="round_robin")
     assert choose_instance(rr, facts(rr=0, outstanding=[LONG, 0], choice="prefix_load")) == 1

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from pdfleet.errors import ValidationError
-from tests.unit.gateway.helpers import LONG, Env, FakeUpstream, chat, error_of, load_test_policy, run
+from tests.unit.gateway.helpers import LONG, Env, FakeUpstream, auth, chat, error_of, load_test_policy, run
 
 TURN = "turn " * 480  # 2400 characters: 600 tokens at 4 characters a token (the threshold is 1000)
 
@@ -194,6 +194,35 @@ def test_the_choice_header_picks_the_colocated_choice_for_that_request_only(tmp_
             assert "round_robin, prefix_load" in err["message"]
         async with Env(tmp_path, models=models, override_header=None) as env:
             assert len(set(await turns(env, ask))) == 2  # overrides off: the header is not honoured
+
+    run(scenario())
+
+
+def test_a_fresh_prompt_goes_where_no_stream_is_decoding(tmp_path: Path) -> None:
+    """prefix_load counts the streams the gateway is relaying from each colocated instance: with a stream
+    decoding on instance 0, a fresh prompt whose round-robin turn is instance 0 goes to instance 1 (no
+    prefill outstanding on either); once the stream ended, the round robin's order again."""
+
+    async def scenario() -> None:
+        def models(colo: str, dis: str) -> dict[str, Any]:
+            return {"llama": {"colocated": [colo, dis], "disagg": None}}
+
+        async with Env(tmp_path, models=models, decider={"colocated_choice": "prefix_load"}) as env:
+            env.colo.delay = 0.05  # 60 tokens: a 3 s stream
+            body = json.dumps(chat("hi", stream=True, max_tokens=60)).encode()
+            headers = {**auth(), "Content-Type": "application/json"}
+            async with env.session.post(env.base + "/v1/chat/completions", data=body, headers=headers) as r:
+                assert r.headers["X-Pdfleet-Instance"] == "0"
+                await r.content.readline()  # its first byte: decoding on instance 0
+                _, h, _ = await env.post("/v1/chat/completions", chat("one"))  # rr 1: instance 1
+                assert h["X-Pdfleet-Instance"] == "1"
+                _, h, _ = await env.post("/v1/chat/completions", chat("two"))  # rr 2: instance 0's turn
+                assert h["X-Pdfleet-Instance"] == "1"
+                await r.read()
+            _, h, _ = await env.post("/v1/chat/completions", chat("three"))  # rr 3: instance 1's turn
+            _, h2, _ = await env.post("/v1/chat/completions", chat("four"))  # rr 4: instance 0's
+            assert (h["X-Pdfleet-Instance"], h2["X-Pdfleet-Instance"]) == ("1", "0")
+            assert env.gw is not None and env.gw.gateway.deciding.outstanding.streams == {}
 
     run(scenario())
 

@@ -45,3 +45,17 @@ def test_outstanding_tokens_add_up_and_drain() -> None:
     out.done("a", 100)
     out.done("b", 7)
     assert out.of(["a", "b"]) == [50, 0] and "b" not in out.tokens
+
+
+def test_requests_served_count_those_prefilling_and_those_decoding() -> None:
+    out = Outstanding()
+    out.add("a", 100)  # sent: prefilling
+    out.stream("a")
+    out.stream("b")
+    assert out.serving(["a", "b", "c"]) == [2, 1, 0]
+    out.done("a", 100)  # its first byte: the proxy counts its stream from here
+    out.stream("a")
+    out.ended("a")
+    out.ended("b")
+    out.ended("b")  # an extra end never goes negative
+    assert out.serving(["a", "b"]) == [1, 0] and "b" not in out.streams and out.prefilling == {}
