@@ -5,8 +5,7 @@ did not see stored; malformed payloads are refused."""
 
 from __future__ import annotations
 
-import ast
-from typing import Any, Optional, Union
+from typing import Any
 
 import msgspec
 import pytest
@@ -22,20 +21,8 @@ from pdfleet.gateway.kv_events import (
     unpack,
 )
 from pdfleet.gateway.prefix_index import prompt_blocks
-from pdfleet.model.vllm_kv_events import FORMATS, SOURCE
-from tests.unit.model.helpers import wheel_source
-
-CLASSES = ("EventBatch", "KVCacheEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch")
-
-
-def wheel_events(version: str) -> dict[str, Any]:
-    """The release's event classes, compiled from its wheel's source with msgspec (nothing else of vLLM)."""
-    tree = ast.parse(wheel_source(version, SOURCE))
-    body: list[ast.stmt] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in CLASSES]
-    scope: dict[str, Any] = {"msgspec": msgspec, "Any": Any, "Optional": Optional, "Union": Union}
-    scope["ExternalBlockHash"] = bytes | int
-    exec(compile(ast.Module(body, []), SOURCE, "exec"), scope)  # noqa: S102 - vLLM's own classes, to encode with
-    return scope
+from pdfleet.model.vllm_kv_events import FORMATS
+from tests.unit.model.helpers import wheel_events
 
 
 def _encoded(version: str) -> bytes:

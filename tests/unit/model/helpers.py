@@ -3,10 +3,15 @@ the source files of the cached vLLM wheels."""
 
 from __future__ import annotations
 
+import ast
 import zipfile
 from pathlib import Path
+from typing import Any, Optional, Union
 
+import msgspec
 import pytest
+
+from pdfleet.model.vllm_kv_events import SOURCE
 
 REPO = Path(__file__).resolve().parents[3]
 PROFILES = REPO / "profiles"
@@ -55,3 +60,16 @@ def wheel_source(version: str, path: str) -> str:
         pytest.skip(f"vLLM {version}'s wheel is not in {WHEELS} (python -m tools.vllm_facts downloads it)")
     with zipfile.ZipFile(wheels[-1]) as archive:
         return archive.read(path).decode()
+
+
+CLASSES = ("EventBatch", "KVCacheEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch")
+
+
+def wheel_events(version: str) -> dict[str, Any]:
+    """The release's event classes, compiled from its wheel's source with msgspec (nothing else of vLLM)."""
+    tree = ast.parse(wheel_source(version, SOURCE))
+    body: list[ast.stmt] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in CLASSES]
+    scope: dict[str, Any] = {"msgspec": msgspec, "Any": Any, "Optional": Optional, "Union": Union}
+    scope["ExternalBlockHash"] = bytes | int
+    exec(compile(ast.Module(body, []), SOURCE, "exec"), scope)  # noqa: S102 - vLLM's own classes, to encode with
+    return scope

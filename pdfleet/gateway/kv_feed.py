@@ -1,0 +1,87 @@
+"""The gateway's subscription to one engine's KV-cache events (issue 32): a ZMQ SUB on the engine's
+`--kv-events-config` endpoint, each batch applied in order to the `KvEventIndex` under the candidate
+it describes.
+
+A message is three frames: the topic, an 8-byte big-endian sequence number (0 from the publisher's
+start) and the msgpack batch. A sequence number that is not the last one plus one means batches were
+missed (the publisher's high-water mark, a reconnect, a restarted engine): counted in `gaps`, and the
+index keeps what it had (a removal missed can leave a block counted until it is stored or cleared
+again; vLLM's replay socket is not read). A lost connection is retried every `retry_s` until stopped;
+while it is down the index keeps its last state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from pdfleet.gateway.kv_events import KvEventError, KvEventIndex, parse_batch
+from pdfleet.model.vllm_kv_events import EventFormat
+from pdfleet.zmtp import Subscriber, ZmtpError
+
+log = logging.getLogger("pdfleet.gateway")
+
+
+@dataclass
+class FeedState:
+    """What one subscription has seen: batches applied, sequence gaps, bad payloads, connections made."""
+
+    batches: int = 0
+    gaps: int = 0
+    bad: int = 0
+    connects: int = 0
+    last_seq: int | None = None
+
+
+def seq_of(frame: bytes) -> int:
+    """The publisher's sequence number (8 bytes, big-endian, signed: the replay's end marker is -1)."""
+    return int.from_bytes(frame, "big", signed=True)
+
+
+def take(state: FeedState, parts: list[bytes], index: KvEventIndex, candidate: str, fmt: EventFormat) -> None:
+    """Apply one received message to the index, counting a gap before it or a payload it cannot read."""
+    if len(parts) != 3 or len(parts[1]) != 8:
+        state.bad += 1
+        return
+    seq = seq_of(parts[1])
+    if state.last_seq is not None and seq != state.last_seq + 1:
+        state.gaps += 1
+    state.last_seq = seq
+    try:
+        batch = parse_batch(parts[2], fmt)
+    except KvEventError as exc:
+        state.bad += 1
+        log.warning("kv events from %s: batch %d unreadable: %s", candidate, seq, exc)
+        return
+    index.apply(candidate, batch)
+    state.batches += 1
+
+
+async def follow(
+    host: str,
+    port: int,
+    candidate: str,
+    index: KvEventIndex,
+    fmt: EventFormat,
+    state: FeedState,
+    topic: bytes = b"",
+    retry_s: float = 1.0,
+) -> None:
+    """Subscribe to one engine's events and apply them until cancelled, reconnecting after a failure."""
+    while True:
+        sub: Subscriber | None = None
+        try:
+            sub = await Subscriber.connect(host, port, topic)
+            state.connects += 1
+            state.last_seq = None  # a new connection: the publisher may have restarted
+            while True:
+                take(state, await sub.receive(), index, candidate, fmt)
+        except (OSError, ZmtpError, asyncio.IncompleteReadError, TimeoutError) as exc:
+            log.warning("kv events from %s (%s:%d): %s; retrying in %gs", candidate, host, port, exc, retry_s)
+        finally:
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.close()
+        await asyncio.sleep(retry_s)

@@ -1,0 +1,126 @@
+"""A ZeroMQ SUB socket over asyncio (ZMTP 3.0, NULL security): what the gateway needs to read vLLM's
+KV-cache events from the engines' PUB sockets, without a ZeroMQ library on the hosts.
+
+The wire, as rfc.zeromq.org/spec/23 (ZMTP 3.0) has it: each side sends a 64-byte greeting (signature
+0xFF, eight padding bytes, 0x7F; version 3.0; mechanism `NULL`; as-server 0), then a READY command with
+its `Socket-Type`; then frames: a flags byte (0x01 more frames follow, 0x02 an 8-byte size, else one
+byte; 0x04 a command) and the body. A SUB subscribes by sending a one-frame message of 0x01 followed by
+the topic prefix (3.0's form, which libzmq's PUB accepts from a 3.0 peer); the PUB then sends every
+message whose first frame starts with it. Only NULL security: the PUB endpoints are on the fleet's own
+network, as vLLM binds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+
+SIGNATURE = b"\xff" + b"\x00" * 8 + b"\x7f"
+GREETING = SIGNATURE + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
+MORE, LONG, COMMAND = 0x01, 0x02, 0x04
+
+
+class ZmtpError(ConnectionError):
+    """The peer broke the protocol (or is not a ZMTP 3 NULL socket of the expected type)."""
+
+
+def frame(body: bytes, flags: int = 0) -> bytes:
+    """One frame: flags (LONG set when the body needs an 8-byte size) and size, then the body."""
+    if len(body) > 255:
+        return struct.pack(">BQ", flags | LONG, len(body)) + body
+    return struct.pack(">BB", flags, len(body)) + body
+
+
+def ready(socket_type: str) -> bytes:
+    """The READY command announcing our socket type."""
+    name, value = b"Socket-Type", socket_type.encode()
+    body = b"\x05READY" + bytes([len(name)]) + name + struct.pack(">I", len(value)) + value
+    return frame(body, COMMAND)
+
+
+def parse_properties(body: bytes) -> dict[str, bytes]:
+    """A READY command's properties (after its name)."""
+    out: dict[str, bytes] = {}
+    at = 0
+    while at < len(body):
+        n = body[at]
+        name = body[at + 1 : at + 1 + n].decode("ascii", "replace")
+        at += 1 + n
+        if at + 4 > len(body):
+            raise ZmtpError("READY property cut short")
+        (size,) = struct.unpack_from(">I", body, at)
+        out[name] = body[at + 4 : at + 4 + size]
+        at += 4 + size
+    return out
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """The next frame's flags and body."""
+    head = await reader.readexactly(2)
+    flags = head[0]
+    if flags & LONG:
+        (size,) = struct.unpack(">Q", head[1:] + await reader.readexactly(7))
+    else:
+        size = head[1]
+    return flags, await reader.readexactly(size)
+
+
+async def handshake(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ours: str, theirs: str
+) -> None:
+    """Greetings and READY commands both ways; the peer must be a ZMTP 3 NULL socket of type `theirs`."""
+    writer.write(GREETING + ready(ours))
+    await writer.drain()
+    greeting = await reader.readexactly(64)
+    if greeting[:1] != b"\xff" or greeting[9:10] != b"\x7f" or greeting[10] < 3:
+        raise ZmtpError("not a ZMTP 3 peer")
+    if greeting[12:32].rstrip(b"\x00") != b"NULL":
+        raise ZmtpError(f"peer asks for security mechanism {greeting[12:32].rstrip(bytes(1))!r}, not NULL")
+    flags, body = await read_frame(reader)
+    if not flags & COMMAND or not body.startswith(b"\x05READY"):
+        raise ZmtpError("peer sent no READY command")
+    kind = parse_properties(body[6:]).get("Socket-Type", b"").decode("ascii", "replace")
+    if kind != theirs:
+        raise ZmtpError(f"peer is a {kind or 'typeless'} socket, not {theirs}")
+
+
+class Subscriber:
+    """A SUB connected to one PUB endpoint (`host`, `port`), subscribed to a topic prefix."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def connect(cls, host: str, port: int, topic: bytes = b"", timeout_s: float = 5.0) -> Subscriber:
+        """Connect, handshake and subscribe (within `timeout_s`)."""
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        try:
+            await asyncio.wait_for(handshake(reader, writer, "SUB", "PUB"), timeout_s)
+            writer.write(frame(b"\x01" + topic))
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionResetError) as exc:
+            writer.close()  # libzmq hangs up on a socket type it does not pair with
+            what = f"{host}:{port} closed the connection in the handshake (not a ZMTP PUB?)"
+            raise ZmtpError(what) from exc
+        except BaseException:
+            writer.close()
+            raise
+        return cls(reader, writer)
+
+    async def receive(self) -> list[bytes]:
+        """The next message's frames (commands the PUB sends, such as PING, are skipped)."""
+        parts: list[bytes] = []
+        while True:
+            flags, body = await read_frame(self.reader)
+            if flags & COMMAND:
+                continue
+            parts.append(body)
+            if not flags & MORE:
+                return parts
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.writer.wait_closed()

@@ -1,0 +1,89 @@
+"""The gateway's subscription to an engine's KV events, against libzmq's PUB (pyzmq) sending what vLLM's
+ZmqEventPublisher sends (topic, 8-byte sequence number, a batch the 0.33 wheel's classes encode): the
+blocks land in the index under the candidate; a skipped sequence number is a gap; an unreadable payload
+is counted and skipped; after the publisher restarts on the same port the feed reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import zmq
+
+from pdfleet.gateway.kv_events import KvEventIndex
+from pdfleet.gateway.kv_feed import FeedState, follow, seq_of, take
+from pdfleet.gateway.prefix_index import prompt_blocks
+from pdfleet.model.vllm_kv_events import FORMATS
+from tests.unit.model.helpers import wheel_events
+
+FMT = FORMATS["0.33.0"]
+IDS = list(range(1000, 1032))  # two 16-token blocks
+
+
+def _batch(c: dict[str, Any], *events: Any) -> bytes:
+    return msgspec.msgpack.Encoder().encode(c["KVEventBatch"](ts=0.0, events=list(events)))
+
+
+def _stored(c: dict[str, Any], hashes: list[int], parent: int | None, ids: list[int]) -> Any:
+    return c["BlockStored"](
+        block_hashes=hashes, parent_block_hash=parent, token_ids=ids, block_size=16, lora_id=None,
+        medium="GPU", lora_name=None,
+    )  # fmt: skip
+
+
+async def _until(check: Any, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not within the time"
+        await asyncio.sleep(0.01)
+
+
+def test_a_feed_applies_a_libzmq_publishers_batches_and_reconnects() -> None:
+    c = wheel_events("0.33.0")
+    blocks = prompt_blocks(IDS, 16, 4.0)
+
+    async def scenario() -> None:
+        ctx = zmq.Context()
+        pub = ctx.socket(zmq.PUB)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        index, state = KvEventIndex(16), FeedState()
+        task = asyncio.create_task(follow("127.0.0.1", port, "colo1", index, FMT, state, retry_s=0.1))
+        try:
+            first = _batch(c, _stored(c, [11], None, IDS[:16]))
+            seq = 0
+            while state.batches == 0:  # the PUB drops what it sends before the subscription arrives
+                pub.send_multipart([b"", seq.to_bytes(8, "big"), first])
+                seq += 1
+                await asyncio.sleep(0.02)
+            assert index.cached_tokens("colo1", blocks, 32) == 16
+            pub.send_multipart([b"", (seq + 5).to_bytes(8, "big"), _batch(c, _stored(c, [12], 11, IDS[16:]))])
+            await _until(lambda: index.cached_tokens("colo1", blocks, 32) == 32)
+            assert state.gaps >= 1 and state.bad == 0
+            pub.send_multipart([b"", (seq + 6).to_bytes(8, "big"), b"\xc1"])
+            await _until(lambda: state.bad == 1)
+            pub.close(linger=0)  # the engine restarts on the same port
+            pub = ctx.socket(zmq.PUB)
+            pub.bind(f"tcp://127.0.0.1:{port}")
+            removed = _batch(c, c["BlockRemoved"](block_hashes=[11], medium="GPU"))
+            seq = 0
+            while index.cached_tokens("colo1", blocks, 32) != 0:
+                pub.send_multipart([b"", seq.to_bytes(8, "big"), removed])
+                seq += 1
+                await asyncio.sleep(0.02)
+            assert state.connects == 2 and index.cached_tokens("colo1", blocks[1:], 16) == 16
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            pub.close(linger=0)
+            ctx.term()
+
+    asyncio.run(scenario())
+
+
+def test_a_message_that_is_not_three_frames_is_counted_bad() -> None:
+    state, index = FeedState(), KvEventIndex(16)
+    take(state, [b"", b"\x00" * 8], index, "a", FMT)
+    take(state, [b"", b"\x00" * 7, b"\x90"], index, "a", FMT)
+    assert state.bad == 2 and state.batches == 0
+    assert seq_of((-1).to_bytes(8, "big", signed=True)) == -1  # the replay's end marker
