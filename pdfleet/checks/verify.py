@@ -47,6 +47,8 @@ class VerifyOptions:
 
     junit: Path | None = None
     rdma_bandwidth: bool = False
+    kv_path: bool = False  # run the KV-path probe on every prefill->decode pair (checks/hosts/kv_path.py)
+    kv_probe_source: str = ""  # its program's source (templates/kv_probe.py), sent to the hosts
     checks: str | None = None  # pytest -k expression, to run a subset
     connect_timeout: int = 10
     default_known_hosts: str = "~/.ssh/known_hosts"
@@ -65,6 +67,19 @@ class CheckResult:
 def host_units(topology: Topology, host: Host) -> list[ManagedUnit]:
     """The vLLM pool units a host runs (used when no role list is at hand)."""
     return [instance_unit(i) for i in topology.on_host(host.name)]
+
+
+def kv_pairs(topology: Topology, hosts: Sequence[Host]) -> list[tuple[Host, Host]]:
+    """(prefill, decode) host pairs whose instances serve one model, same-host pairs included, among the
+    selected hosts, in topology order: the pairs whose KV path `--kv-path` probes."""
+    by_name = {h.name: h for h in hosts}
+    pairs: list[tuple[Host, Host]] = []
+    for p in topology.pool("prefill"):
+        for d in topology.pool("decode", p.model):
+            pair = (by_name.get(p.host), by_name.get(d.host))
+            if pair[0] and pair[1] and pair not in pairs:
+                pairs.append((pair[0], pair[1]))
+    return pairs
 
 
 def pd_pairs(hosts: Sequence[Host]) -> list[tuple[Host, Host]]:
@@ -153,6 +168,9 @@ class VerifyPlugin:
         if "pd_pair" in metafunc.fixturenames:
             pairs = pd_pairs(self.hosts)
             metafunc.parametrize("pd_pair", pairs, ids=[f"{p.name}->{d.name}" for p, d in pairs])
+        if "kv_pair" in metafunc.fixturenames:
+            pairs = kv_pairs(self.topology, self.hosts)
+            metafunc.parametrize("kv_pair", pairs, ids=[f"{p.name}->{d.name}" for p, d in pairs])
 
     def kv_profile(self, host: Host) -> Profile:
         """The profile as the host's P/D model has it (fleet.roles.host_kv_profile: what the roles
@@ -238,10 +256,11 @@ class VerifyPlugin:
             self.results.append(CheckResult("-", f"collect {report.nodeid}", FAIL, _detail(report)))
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        """Leave out the bandwidth check unless --rdma-bandwidth was given."""
-        if self.options.rdma_bandwidth:
-            return
-        dropped = [i for i in items if "pd_pair" in getattr(i, "fixturenames", ())]
+        """Leave out the bandwidth check unless --rdma-bandwidth was given, the KV-path probe unless
+        --kv-path was."""
+        asked = {"pd_pair": self.options.rdma_bandwidth, "kv_pair": self.options.kv_path}
+        fixtures = [name for name, on in asked.items() if not on]
+        dropped = [i for i in items if any(f in getattr(i, "fixturenames", ()) for f in fixtures)]
         if dropped:
             items[:] = [i for i in items if i not in dropped]
             config.hook.pytest_deselected(items=dropped)

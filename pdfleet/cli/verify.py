@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
         "junit": "Also write the results as JUnit XML to this path.",
         "rdma_bandwidth": "Also run ib_write_bw between each prefill/decode host pair against "
         "rdma.min_bandwidth_gbps.",
+        "kv_path": "Also move a 64 MiB DRAM buffer with the connector's library (NIXL) between each "
+        "prefill/decode host pair: throughput, setup time, and the fix when it fails or is far below "
+        "the link.",
         "checks": "Only checks matching this pytest -k expression (e.g. 'services or kv').",
     },
 )
@@ -37,10 +40,12 @@ def verify(
     limit: str | None = None,
     junit: str | None = None,
     rdma_bandwidth: bool = False,
+    kv_path: bool = False,
     checks: str | None = None,
 ) -> None:
     """Check hosts against the profile over SSH: driver, RDMA, KV library, staged weights, units, ports,
     /health, secrets."""
+    from pdfleet.checks.kv_path import PROBE_FILE
     from pdfleet.checks.verify import VerifyOptions, print_results, run_verify
     from pdfleet.fleet.roles import role_units
 
@@ -53,6 +58,8 @@ def verify(
     options = VerifyOptions(
         junit=repo_path(junit) if junit else None,
         rdma_bandwidth=rdma_bandwidth,
+        kv_path=kv_path,
+        kv_probe_source=(settings.templates_dir / PROBE_FILE).read_text() if kv_path else "",
         checks=checks,
         connect_timeout=int(settings.connect_timeout),
         default_known_hosts=settings.known_hosts,

@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from pdfleet.model.profile import Profile
 
 
+# UCX's TCP transport between hosts (measured by issue 29's probe, two processes on a bridge): a dropped data
+# port held add_remote_agent ~130 s at the kernel's 6 SYN retries, 7 s at 2; a partition mid-transfer hung
+# with no error until UCX_TCP_USER_TIMEOUT. Rendered where KV moves over TCP (cross-host without RDMA).
+UCX_TCP_TIMEOUTS: dict[str, str] = {"UCX_TCP_SYN_CNT": "2", "UCX_TCP_USER_TIMEOUT": "10s"}
+
+
 def uses_rdma(profile: Profile, host: Host) -> bool:
     """KV moves over RDMA: cross-host, RDMA enabled in the profile, devices declared for the host.
 
@@ -45,9 +51,27 @@ def kv_requirement(profile: Profile) -> str | None:
     return None
 
 
+# engine: sim with kv_transfer.sim_library: the CPU builds issue 29's probe moved bytes with. nixl-cu12 names
+# torch (and the `nixl` meta package both CUDA builds) as dependencies it does not import for DRAM, hence
+# --no-deps and numpy apart; Mooncake's non-CUDA engine resolves (aiohttp, requests, msgpack).
+SIM_NIXL = "nixl-cu12==1.5.1"
+SIM_MOONCAKE = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+
+
+def sim_requirements(connector: str) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
+    """((requirements, extra pip args), ...) of the connector's CPU build for the simulator's venv."""
+    if connector == NIXL:
+        return (((SIM_NIXL,), ("--no-deps",)), (("numpy",), ()))
+    if connector == MOONCAKE:
+        return (((SIM_MOONCAKE,), ()),)
+    return ()
+
+
 def kv_import_name(profile: Profile) -> str | None:
-    """The Python module that proves the library is importable in the venv (checked by verify)."""
-    return {NIXL: "nixl", MOONCAKE: "mooncake"}.get(profile.kv_transfer.connector)
+    """The Python module that proves the library is importable in the venv (checked by verify); with
+    kv_transfer.sim_library, NIXL's CPU build alone (nixl-cu12, without the `nixl` meta package)."""
+    sim = profile.vllm.engine == "sim" and profile.kv_transfer.sim_library
+    return {NIXL: "nixl_cu12" if sim else "nixl", MOONCAKE: "mooncake"}.get(profile.kv_transfer.connector)
 
 
 def kv_connector_extra_config(profile: Profile, host: Host) -> dict[str, Any]:
@@ -69,6 +93,10 @@ def kv_env(
     env: dict[str, str] = {}
     rdma = uses_rdma(profile, host)
     env["UCX_TLS"] = kv.ucx_tls or "all"
+    if kv.ucx_tcp_port_range:
+        env["UCX_TCP_PORT_RANGE"] = kv.ucx_tcp_port_range
+    if profile.topology == "cross-host" and not rdma and kv.connector == NIXL:
+        env.update(UCX_TCP_TIMEOUTS)  # KV moves over UCX's TCP transport: a hang becomes an error
     if rdma:
         env["UCX_NET_DEVICES"] = ucx_net_devices(tuple(host.rdma_devices))
     if rdma and gid_index is not None:

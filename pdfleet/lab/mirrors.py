@@ -32,6 +32,7 @@ from pdfleet.fleet.host_wheel import (
     wheel_name,
     write_host_wheel,
 )
+from pdfleet.hw.kv import SIM_NIXL
 from pdfleet.lab.hosts import tcp_open, wait_tcp
 from pdfleet.lab.image import ImageRecipe
 from pdfleet.lab.paths import APT_PORT, BRIDGE_ADDRESS, MODELS_PORT, PYPI_PORT, LabPaths, pypi_mirror_url
@@ -57,6 +58,11 @@ HOST_PLATFORMS: tuple[str, ...] = (
 # Served beside the runtime requirements so a host venv can upgrade its packaging tools offline.
 PACKAGING_TOOLS: tuple[str, ...] = ("pip", "setuptools", "wheel")
 ROUTER_PACKAGE = "vllm-router"
+# The KV transfer library's CPU build the lab's profiles install beside the simulator
+# (kv_transfer.sim_library, pdfleet.hw.kv.sim_requirements): the pins pip resolves with the rest (numpy),
+# and those it must download without their dependencies (nixl-cu12 names torch, which it does not import).
+KV_LIBRARY_REQUIREMENTS: tuple[str, ...] = ("numpy",)
+KV_LIBRARY_NO_DEPS: tuple[str, ...] = (SIM_NIXL,)
 
 
 # ---------------------------------------------------------------- apt
@@ -198,29 +204,20 @@ def pypi_requirements() -> list[str]:
     router = [r for r in importlib.metadata.requires(DIST_NAME) or [] if re.match(rf"{ROUTER_PACKAGE}\b", r)]
     reqs += [r.split(";", 1)[0].strip() for r in router] or [ROUTER_PACKAGE]
     reqs += list(PACKAGING_TOOLS)
-    return reqs
+    return reqs + list(KV_LIBRARY_REQUIREMENTS)
 
 
-def build_pypi_deps(paths: LabPaths, progress: Progress) -> Path:
-    """Wheels of every third-party requirement for the hosts' Python (cached by key)."""
-    reqs = pypi_requirements()
-    key = hashlib.sha256(json.dumps([reqs, HOST_ABI, HOST_PLATFORMS]).encode()).hexdigest()[:16]
-    final = paths.mirrors_dir / "pypi-deps" / key
-    if (final / "COMPLETE").exists():
-        progress(f"pypi deps {key}: cached")
-        return final
-    partial = final.with_name(f"{key}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    atomic_write(partial / "requirements.txt", "\n".join(reqs) + "\n")
-    cmd = [
+def _pip_download(dest: Path, requirements: Path, no_deps: bool = False) -> list[str]:
+    """pip download of a requirements file's wheels for the hosts' Python and platforms."""
+    return [
         sys.executable,
         "-m",
         "pip",
         "download",
         "--disable-pip-version-check",
+        *(["--no-deps"] if no_deps else []),
         "--dest",
-        str(partial),
+        str(dest),
         "--only-binary=:all:",
         "--python-version",
         HOST_PYTHON,
@@ -234,10 +231,32 @@ def build_pypi_deps(paths: LabPaths, progress: Progress) -> Path:
         "none",
         *(arg for plat in HOST_PLATFORMS for arg in ("--platform", plat)),
         "--requirement",
-        str(partial / "requirements.txt"),
+        str(requirements),
     ]
+
+
+def build_pypi_deps(paths: LabPaths, progress: Progress) -> Path:
+    """Wheels of every third-party requirement for the hosts' Python (cached by key)."""
+    reqs = pypi_requirements()
+    key = hashlib.sha256(
+        json.dumps([reqs, KV_LIBRARY_NO_DEPS, HOST_ABI, HOST_PLATFORMS]).encode()
+    ).hexdigest()[:16]
+    final = paths.mirrors_dir / "pypi-deps" / key
+    if (final / "COMPLETE").exists():
+        progress(f"pypi deps {key}: cached")
+        return final
+    partial = final.with_name(f"{key}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    atomic_write(partial / "requirements.txt", "\n".join(reqs) + "\n")
+    atomic_write(partial / "no-deps.txt", "\n".join(KV_LIBRARY_NO_DEPS) + "\n")
     progress(f"pypi deps {key}: downloading wheels for {len(reqs)} requirements (cold: about a minute)")
-    run_streaming(cmd, "pip download", progress, partial / "pip.log")
+    run_streaming(
+        _pip_download(partial, partial / "requirements.txt"), "pip download", progress, partial / "pip.log"
+    )
+    progress(f"pypi deps {key}: {', '.join(KV_LIBRARY_NO_DEPS)} without dependencies")
+    no_deps = _pip_download(partial, partial / "no-deps.txt", no_deps=True)
+    run_streaming(no_deps, "pip download --no-deps", progress, partial / "pip-no-deps.log")
     atomic_write(partial / "COMPLETE", "")
     shutil.rmtree(final, ignore_errors=True)
     partial.rename(final)

@@ -116,8 +116,27 @@ class KVTransferSpec(StrictModel):
     mooncake_bootstrap_port: Port = 8998
     mooncake_protocol: Literal["rdma", "tcp"] = "rdma"
     ucx_tls: str | None = None
+    # UCX's TCP data ports (UCX_TCP_PORT_RANGE, "first-last"): pinned so a firewall can open them and
+    # `verify --kv-path` can name them; unset, UCX binds an ephemeral port
+    ucx_tcp_port_range: str | None = Field(default=None, pattern=r"^[1-9][0-9]{0,4}-[1-9][0-9]{0,4}$")
+    # the side-channel port `verify --kv-path`'s probe listens on, on prefill hosts, while it runs
+    probe_port: Port = 5599
+    # engine: sim only: install the connector's CPU build (NIXL: nixl-cu12 without its torch dependency,
+    # Mooncake: mooncake-transfer-engine-non-cuda) so `verify --kv-path` moves real bytes in the lab
+    sim_library: bool = False
     load_failure_policy: Literal["recompute", "fail"] | None = None
     extra_config: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _port_range_ordered(self) -> KVTransferSpec:
+        if self.ucx_tcp_port_range:
+            first, last = (int(x) for x in self.ucx_tcp_port_range.split("-"))
+            if not first <= last <= 65535:
+                raise ValueError(
+                    f"kv_transfer.ucx_tcp_port_range {self.ucx_tcp_port_range!r}: want first-last, "
+                    "first <= last <= 65535"
+                )
+        return self
 
     def side_channel_port_for(self, pool: str) -> int | None:
         """NIXL side-channel port of a pool's instance: prefill uses the base port, decode base+1.

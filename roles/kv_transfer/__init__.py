@@ -9,19 +9,22 @@ Per-instance side-channel settings belong to the services role.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdfleet.fleet.host_layout import KV_ENV_FILE
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
 from pdfleet.hw.gpu import resolve_gpudirect
 from pdfleet.hw.gpu_facts import KernelFact, NvidiaPciFact
-from pdfleet.hw.kv import kv_env, kv_requirement, render_env, uses_rdma
+from pdfleet.hw.kv import kv_env, kv_requirement, render_env, sim_requirements, uses_rdma
 from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index, netdev_of
 from pdfleet.hw.rdma_facts import NetdevFact, RdmaSysfsFact
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import File
 from pdfleet.ops.pip import PipRequirements
+
+if TYPE_CHECKING:
+    from pdfleet.model.profile import Profile
 
 NAME = "kv_transfer"
 APT_PACKAGES: tuple[str, ...] = ()
@@ -73,12 +76,31 @@ def gpudirect_mode(ctx: RoleContext, facts: FactSource) -> str:
         return "none"  # the gpu_driver role reports it as an error
 
 
+def sim_library(profile: Profile) -> Iterable[Operation | Skip]:
+    """The connector's CPU build in the simulator's venv (kv_transfer.sim_library), for `verify --kv-path`:
+    nixl-cu12 without its dependencies (torch) and numpy beside it, or Mooncake's non-CUDA engine."""
+    pins = sim_requirements(profile.kv_transfer.connector)
+    if not pins:
+        yield Skip("KV transfer library", f"no CPU build known for {profile.kv_transfer.connector}")
+        return
+    mirrors = profile.mirrors
+    venv = profile.vllm.venv.rstrip("/")
+    for reqs, extra in pins:
+        yield PipRequirements(
+            venv, reqs, index_url=mirrors.pypi, trusted_host=mirrors.pypi_trusted_host, extra_args=extra
+        )
+
+
 def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
     """The transfer library in the venv (not for the simulator) and the env file for every vLLM unit."""
     profile = ctx.kv_profile  # the host's P/D model's connector
     requirement = kv_requirement(profile)
-    if profile.vllm.engine == "sim":
-        reason = "engine: sim: the simulator models the transfer, there is no NIXL/Mooncake wheel"
+    if profile.vllm.engine == "sim" and profile.kv_transfer.sim_library:
+        yield from sim_library(profile)
+    elif profile.vllm.engine == "sim":
+        reason = (
+            "engine: sim: the simulator models the transfer (kv_transfer.sim_library installs the library)"
+        )
         yield Skip("KV transfer library", reason)
     elif requirement is None:
         yield Skip("KV transfer library", f"no transfer library known for {profile.kv_transfer.connector}")

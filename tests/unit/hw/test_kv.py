@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 import roles.kv_transfer as role
 from pdfleet.fleet.host_layout import KV_ENV_FILE
 from pdfleet.hw import gpu_facts
 from pdfleet.hw.kv import kv_connector_extra_config, kv_env, kv_requirement, render_env
+from pdfleet.model.specs import KVTransferSpec
 from pdfleet.ops.files import File
 from pdfleet.ops.pip import PipRequirements
 from tests.unit.hw.helpers import H100_DEVICES, context, fixture_facts, host, pinned, profile, run_role
@@ -83,8 +87,35 @@ def test_sim_engine_skips_the_wheel_with_reason_but_writes_env() -> None:
     ops, skips, changes = run_role(role, context(prof, host(rdma_devices=())), fixture_facts("lab-container"))
     assert [s.what for s in skips] == ["KV transfer library"] and "engine: sim" in skips[0].reason
     assert not any(isinstance(op, PipRequirements) for op in ops)
-    assert env_of(ops)[1] == {"UCX_TLS": "all"}
+    # cross-host without RDMA: KV moves over UCX's TCP transport, whose timeouts turn a hang into an error
+    assert env_of(ops)[1] == {"UCX_TLS": "all", "UCX_TCP_SYN_CNT": "2", "UCX_TCP_USER_TIMEOUT": "10s"}
     assert any(c.commands for c in changes)
+
+
+def test_sim_library_installs_nixl_s_cpu_build_without_torch_and_pins_the_data_ports() -> None:
+    kv = {"sim_library": True, "ucx_tls": "tcp", "ucx_tcp_port_range": "20100-20199"}
+    prof = profile("lab-cross", kv_transfer=kv)
+    ops, skips, _ = run_role(role, context(prof, host(rdma_devices=())), fixture_facts("lab-container"))
+    pips = [(op.requirements, op.extra_args) for op in ops if isinstance(op, PipRequirements)]
+    assert pips == [(("nixl-cu12==1.5.1",), ("--no-deps",)), (("numpy",), ())] and skips == []
+    assert all(
+        op.venv == prof.vllm.venv and op.index_url == prof.mirrors.pypi
+        for op in ops
+        if isinstance(op, PipRequirements)
+    )
+    env = env_of(ops)[1]
+    assert env["UCX_TLS"] == "tcp" and env["UCX_TCP_PORT_RANGE"] == "20100-20199"
+    moon = profile("lab-cross", kv_transfer={**kv, "connector": "MooncakeConnector"})
+    ops, _, _ = run_role(role, context(moon, host(rdma_devices=())), fixture_facts("lab-container"))
+    [pip] = [op for op in ops if isinstance(op, PipRequirements)]
+    assert pip.requirements == ("mooncake-transfer-engine-non-cuda==0.3.13.post1",) and pip.extra_args == ()
+    assert "UCX_TCP_SYN_CNT" not in env_of(ops)[1]  # Mooncake's TCP transport is its own, not UCX's
+
+
+def test_a_port_range_out_of_order_is_refused_naming_it() -> None:
+    with pytest.raises(ValidationError, match="ucx_tcp_port_range '20199-20100'"):
+        KVTransferSpec.model_validate({"ucx_tcp_port_range": "20199-20100"})
+    assert KVTransferSpec.model_validate({"ucx_tcp_port_range": "20100-20100"}).ucx_tcp_port_range
 
 
 def test_gid_problem_is_a_skip_not_a_guess() -> None:

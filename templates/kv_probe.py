@@ -1,0 +1,168 @@
+"""The KV-path probe `invoke verify --kv-path` runs on a prefill host and its decode peer (NIXL, DRAM).
+
+A program for the hosts, not a module of pdfleet (it imports the transfer library, which the kv_transfer
+role installs on P/D hosts and pdfleet does not depend on): verify reads this file from the templates
+directory and sends its source over SSH (`python -c`) to the vLLM venv, so a host runs it without the host
+wheel. The standard library, numpy and NIXL only.
+
+It moves one buffer as vLLM's NixlConnector does: the prefill side (`serve`) registers a DRAM buffer with a
+UCX agent and answers on a side channel with its agent metadata and the buffer's address; the decode side
+(`fetch`) loads that metadata (`add_remote_agent`: where UCX connects to the prefill host's data port),
+READs the buffer with a notification, and checks its SHA-256. Both load the host's kv-transfer.env first,
+so the UCX settings are the ones vLLM runs with. Each side prints `stage NAME` as it goes and one JSON
+line at the end (pdfleet.checks.kv_path reads them and judges).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+NOTIF = b"pdfleet-kv-probe-done"
+
+
+def stage(name: str) -> None:
+    print(f"stage {name}", flush=True)
+
+
+def load_env(path: str) -> None:
+    """KEY=value lines of a systemd env file into this process's environment (before UCX starts)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.strip().startswith("#"):
+            os.environ[key.strip()] = value.strip().strip("\"'")
+
+
+def library() -> Any:
+    """NIXL's API: the `nixl` meta package (what vLLM installs), else a CUDA build's module alone (the lab's
+    nixl-cu12 without its torch dependency)."""
+    try:
+        import nixl._api as api
+    except ImportError:
+        try:
+            import nixl_cu12._api as api
+        except ImportError as exc:
+            raise RuntimeError(
+                f"no NIXL module importable (nixl, nixl_cu12) in {sys.executable}: {exc}"
+            ) from exc
+    return api
+
+
+def agent_of(nixl: Any, name: str) -> Any:
+    return nixl.nixl_agent(name, nixl.nixl_agent_config(backends=["UCX"]))
+
+
+def register(agent: Any, array: Any) -> Any:
+    """The buffer registered as DRAM_SEG; its transfer descriptor list."""
+    region = (array.ctypes.data, array.nbytes, 0)
+    agent.register_memory([(*region, "")], "DRAM")
+    return agent.get_xfer_descs([region], "DRAM")
+
+
+def serve(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    nixl = library()
+    stage("register")
+    agent = agent_of(nixl, f"pdfleet-probe-prefill-{os.getpid()}")
+    data = np.frombuffer(os.urandom(args.bytes), dtype=np.uint8).copy()
+    register(agent, data)
+    offer = {
+        "metadata": base64.b64encode(agent.get_agent_metadata()).decode(),
+        "addr": int(data.ctypes.data),
+        "bytes": int(data.nbytes),
+        "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
+    }
+    stage("side_channel")
+    with socket.create_server(("", args.port), reuse_port=False) as server:
+        server.settimeout(args.timeout)
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(json.dumps(offer).encode() + b"\n")
+    stage("wait_notification")
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if any(NOTIF in m for msgs in agent.get_new_notifs().values() for m in msgs):
+            return {"ok": True, "role": "serve", "bytes": args.bytes}
+        time.sleep(0.005)
+    return {"ok": False, "role": "serve", "error": f"no notification within {args.timeout} s"}
+
+
+def receive_offer(peer: str, port: int, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:  # the prefill side may still be starting: retry refused connections until the deadline
+        try:
+            with socket.create_connection((peer, port), timeout=min(5.0, timeout)) as conn:
+                reader = conn.makefile("rb")
+                line = reader.readline()
+                return dict(json.loads(line))
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def fetch(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    nixl = library()
+    stage("side_channel")
+    offer = receive_offer(args.peer, args.port, args.timeout)
+    stage("register")
+    agent = agent_of(nixl, f"pdfleet-probe-decode-{os.getpid()}")
+    local = np.zeros(offer["bytes"], dtype=np.uint8)
+    local_descs = register(agent, local)
+    remote_descs = agent.get_xfer_descs([(offer["addr"], offer["bytes"], 0)], "DRAM")
+    stage("connect")
+    started = time.monotonic()
+    remote = agent.add_remote_agent(base64.b64decode(offer["metadata"]))
+    handle = agent.initialize_xfer("READ", local_descs, remote_descs, remote, NOTIF)
+    setup = time.monotonic() - started
+    stage("transfer")
+    started = time.monotonic()
+    state = agent.transfer(handle)
+    deadline = started + args.timeout
+    while state == "PROC" and time.monotonic() < deadline:
+        state = agent.check_xfer_state(handle)
+    seconds = time.monotonic() - started
+    if state != "DONE":
+        return {"ok": False, "role": "fetch", "error": f"transfer state {state} after {seconds:.1f} s"}
+    stage("verify")
+    same = hashlib.sha256(local.tobytes()).hexdigest() == offer["sha256"]
+    result = {"ok": same, "role": "fetch", "bytes": offer["bytes"], "setup_s": setup, "seconds": seconds}
+    return result if same else {**result, "error": "the bytes read differ from the prefill buffer's"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("role", choices=("serve", "fetch"), help="serve on the prefill host, fetch on decode")
+    parser.add_argument("--port", type=int, required=True, help="the probe's side-channel TCP port")
+    parser.add_argument("--peer", default="", help="fetch: the prefill host's address")
+    parser.add_argument("--bytes", type=int, default=64 << 20, help="serve: the buffer's size")
+    parser.add_argument("--timeout", type=float, default=20.0, help="seconds each wait may take")
+    parser.add_argument("--env-file", default="", help="the host's kv-transfer.env, loaded first")
+    args = parser.parse_args(argv)
+    if args.env_file:
+        load_env(args.env_file)
+    try:
+        result = serve(args) if args.role == "serve" else fetch(args)
+    except Exception as exc:  # the library's own words are the finding
+        result = {"ok": False, "role": args.role, "error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(result), flush=True)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
