@@ -43,9 +43,10 @@ def _facts(
     )
 
 
-def _serve_side(server: Any, pid: str) -> ProbeSide:
-    """The prefill side's output once it has printed its result (a few seconds at most), then stopped."""
-    deadline = time.monotonic() + 3
+def _serve_side(server: Any, pid: str, wait: bool) -> ProbeSide:
+    """The prefill side's output (once it printed its result, at most 3 s, when the decode side finished),
+    then that process stopped by its pid and its log removed."""
+    deadline = time.monotonic() + (3 if wait else 0)
     out = server.run(f"cat {SERVE_LOG}").stdout
     while '{"ok"' not in out and time.monotonic() < deadline:
         time.sleep(0.3)
@@ -72,6 +73,6 @@ def test_kv_path(
     pid = started.stdout.strip()
     fetched = client.run(fetch_command(python, prefill.address, facts.probe_port, KV_ENV_FILE, source))
     fetch = parse_side(fetched.stdout + "\n" + fetched.stderr, fetched.rc)
-    found = verdict(facts, _serve_side(server, pid), fetch)
+    found = verdict(facts, _serve_side(server, pid, wait=fetch.result is not None), fetch)
     assert found.ok, f"{found.summary}; fix: {found.fix}"
     record_property("note", found.summary)
