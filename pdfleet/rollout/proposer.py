@@ -111,7 +111,10 @@ def propose(
 
 
 def _n(value: float | None) -> str:
-    return "n/a" if value is None else format(value, ".3g")
+    """A figure as the audit line shows it: whole numbers from 100 up, three digits below."""
+    if value is None:
+        return "n/a"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def _shown(f: Figures) -> str:
