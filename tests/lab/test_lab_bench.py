@@ -7,7 +7,7 @@ decoded beside a long prefill on their own instance, and the stalls caused by lo
 the gateway's stall threshold that met a long prefill on the stream's instance). The colocated balancing
 choices (`--colocated-choice`) are not run here: the bench's option is tested end to end on loopback
 (tests/unit/cli/test_bench.py), prefix_load through the provisioned gateway in test_lab_decider.py, and a
-second 35 s colocated run would cost the suite ~40 s."""
+second 30 s colocated run would cost the suite ~35 s."""
 
 from __future__ import annotations
 
@@ -63,10 +63,10 @@ def bench_out(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Path:
     (out / "gateway_policy.yaml").write_text(_gateway_policy(lab))
     before = _gateway_counts()
     # the default long-prompt mix (the demo's settings: a quarter 16K-30K-token documents at 3 req/s),
-    # 35 s a pool instead of 60 to keep the suite short (~105 requests a run, ~26 long; at 45 s a run held
-    # 26 and 32 same-instance overlaps per choice, so 35 s expects ~20 and ~25 against the report's LOW
+    # 30 s a pool instead of 60 to keep the suite short (~90 requests a run, ~22 long; at 45 s a run held
+    # 26 and 32 same-instance overlaps per choice, so 30 s expects ~17 and ~21 against the report's LOW
     # CONFIDENCE bound of 10)
-    proc = _invoke("bench", "--profile", PROFILE, "--duration", "35", "--out", str(out), timeout=1200)
+    proc = _invoke("bench", "--profile", PROFILE, "--duration", "30", "--out", str(out), timeout=1200)
     (out / "stdout.txt").write_text(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "verdict:" in proc.stdout and "TTFT P95" in proc.stdout

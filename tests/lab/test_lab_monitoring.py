@@ -269,13 +269,13 @@ def test_slow_kv_link_fires_the_kv_transfer_alert_and_restoring_resolves_it(
     try:
         with traffic.restarting():
             _provision(str(profiles / "lab-cross-slow-kv.yml"), tmp_path / "slow.json", *pd_services)
-        _wait(lambda: _alert_state(prom) == {"firing"}, 300, f"{ALERT} firing on the slow link")
+        _wait(lambda: _alert_state(prom) == {"firing"}, 120, f"{ALERT} firing on the slow link")
         (alert,) = [a for a in prom.alerts() if a["labels"]["alertname"] == ALERT]
         assert "transport is the bottleneck" in alert["annotations"]["summary"]
     finally:
         with traffic.restarting():
             _provision(PROFILE, tmp_path / "restore.json", *pd_services)
-    _wait(lambda: not _alert_state(prom), 300, f"{ALERT} resolved after the link was restored")
+    _wait(lambda: not _alert_state(prom), 120, f"{ALERT} resolved after the link was restored")
 
 
 def _monitor_once() -> subprocess.CompletedProcess[str]:

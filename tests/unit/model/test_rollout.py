@@ -28,7 +28,7 @@ def test_shipped_profiles_have_a_plan_per_target_stage() -> None:
         assert set(plans) == {"canary-long", "long-prompts", "all-disagg"}
         steps = plans["long-prompts"].steps
         ramp = [w.long for s in steps if (w := weights_of(s)) is not None]
-        assert ramp == [10, 25, 50, 100]
+        assert ramp == ([10, 50, 100] if name == "lab-cross" else [10, 25, 50, 100])  # the lab's: shorter
         assert isinstance(steps[1], Analysis) and isinstance(plans["all-disagg"].steps[2], Pause)
         assert {g.name for g in profile.rollout.gates} >= {"ttft-p99-vs-colocated", "kv-transfer-p99-slo"}
     lab = load_profile("lab-cross", PROFILES).rollout
