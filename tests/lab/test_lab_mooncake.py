@@ -121,6 +121,21 @@ def _cells(line: str) -> list[str]:
     return re.findall(r"<?\d+(?:\.\d+)? (?:ms|s)|no data", line)
 
 
+def _monitor_once_transfers_show(within_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """`invoke monitor` every few seconds until its prefill KV row has six figures (lab-cross's 15 s rule
+    window then holds transfers, and the 20 s rollout window too), or the last run at the bound. The first
+    look after 10 s: several of its 2 s scrapes after the load's first transfers, for the gate's rate."""
+    deadline, pause = time.monotonic() + within_s, 10.0
+    while True:
+        time.sleep(pause)
+        pause = 3.0
+        monitor = _invoke("monitor", "--profile", PROFILE, "--minutes", "5")
+        rows = [_cells(line) for line in monitor.stdout.splitlines() if line.startswith("KV transfer")]
+        full = [cells for cells in rows if len(cells) == 6 and "no data" not in cells]
+        if full or time.monotonic() > deadline:
+            return monitor
+
+
 def test_under_load_monitor_and_the_rollout_kv_gate_read_mooncake_s_histogram(
     lab: LabHandle, client: openai.OpenAI
 ) -> None:
@@ -152,8 +167,7 @@ def test_under_load_monitor_and_the_rollout_kv_gate_read_mooncake_s_histogram(
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
     try:
-        time.sleep(25)  # lab-cross's 15 s rule window and 20 s rollout window hold transfers
-        monitor = _invoke("monitor", "--profile", PROFILE, "--minutes", "5")
+        monitor = _monitor_once_transfers_show()
         dry_run = _invoke("rollout", "--profile", PROFILE, "--stage", "long-prompts", "--dry-run")
     finally:
         stop.set()
