@@ -59,6 +59,7 @@ STATES = (
     "test_lab_molecule.py",
     "test_lab_provision.py",
     "test_lab_verify.py",
+    "test_lab_kv_path.py",  # NIXL's probe between lab-p1 and lab-d1: a pass, then a blocked port named
     "test_lab_gateway.py",
     "test_lab_gateway_anthropic.py",
     "test_lab_mooncake.py",
