@@ -23,6 +23,8 @@ from pdfleet.fleet.moving import ADMIT_ROLES, Clock, Fleet, Front, MoveFailed, M
 from pdfleet.fleet.replan import Move
 
 UNCHANGED_STEPS = ("drain", "wait")  # a move failing in these has not changed the layout
+UNADMITTED_STEPS = ("render", "health")  # a move failing in these never routed its new pool to the host
+UNADMITTED_WAIT_S = 1.0  # the wait of its move back: it holds no request of a pool it never joined
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ def apply_moves(
     report = PlanReport(layout=before)
     current = before
     done: list[Move] = []
+    unadmitted = False  # the last move failed before admitting its host (its move back need not wait)
     for n, move in enumerate(moves, 1):
         fleet.say(f"move {n}/{len(moves)}: {move.host} {move.source} -> {move.target} ({move.why})")
         plan = _planned(current, move, wait_s)
@@ -78,6 +81,7 @@ def apply_moves(
             else:
                 done.append(move)
                 current = plan.after
+                unadmitted = exc.step in UNADMITTED_STEPS
             break
         done.append(move)
         current = plan.after
@@ -88,7 +92,7 @@ def apply_moves(
             break
     if report.stopped is not None:
         fleet.say(f"stopping: {report.stopped}; going back to the layout before the first move")
-        current = _undo(done, current, front, fleet, wait_s, clock, sleep, report)
+        current = _undo(done, current, front, fleet, wait_s, clock, sleep, report, unadmitted)
     report.layout = current
     return report
 
@@ -117,12 +121,15 @@ def _undo(
     clock: Clock,
     sleep: Sleep,
     report: PlanReport,
+    unadmitted: bool = False,
 ) -> Layout:
-    """The finished moves undone, last first; the layout at the end."""
+    """The finished moves undone, last first; the layout at the end. `unadmitted`: the last move failed
+    before its host joined its new pool's routing, so its instance there holds no request (and its
+    /metrics, if it never started, cannot say so: the move back would wait out --wait for nothing)."""
     for n, move in enumerate(reversed(done), 1):
         back = move.back()
         fleet.say(f"back {n}/{len(done)}: {back.host} {back.source} -> {back.target} ({back.why})")
-        plan = _planned(current, back, wait_s)
+        plan = _planned(current, back, UNADMITTED_WAIT_S if unadmitted and n == 1 else wait_s)
         try:
             execute(plan, current, front, fleet, clock, sleep)
         except MoveFailed as exc:

@@ -102,8 +102,14 @@ def test_a_gate_failing_mid_way_undoes_the_moves_last_first_back_to_the_layout_b
 
 
 def test_a_move_failing_after_its_render_is_undone_like_a_finished_one() -> None:
+    # the new instance's /metrics never answers (it did not start): its move back does not wait out --wait
     fleet, gates = FailingFleet("render", 2), Gates()
+    fleet.busy = [0, 0, 0, 0, *[None] * 100]  # c4's and c3's reads (drain, wait), then unreadable
     report, before, _ = _run(fleet, gates)
+    reads = [c for c in fleet.calls if c[0] == "left"]
+    # c3's move back: read at the drain, then over a 1 s bound (1 + 3 reads; --wait's 5 s would be 1 + 11)
+    assert reads.count(("left", "c3", "decode")) == 4
+    assert reads.count(("left", "c4", "prefill")) > 4  # c4 was admitted: its move back waits the bound
     assert report.stopped.startswith("move 2 (c3 -> decode) failed: render: render number 2")  # type: ignore[attr-defined]
     assert [m.host for m in report.restored] == ["c3", "c4"]  # type: ignore[attr-defined]
     assert dict(report.layout.hosts) == dict(before.hosts)  # type: ignore[attr-defined]
