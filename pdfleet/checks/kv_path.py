@@ -16,6 +16,7 @@ PROBE_BYTES = 64 << 20  # 64 MiB: long enough to read a throughput, short enough
 FETCH_TIMEOUT_S = 12  # the decode side is killed after this: a blocked data port fails well within 15 s
 SERVE_TIMEOUT_S = 20  # the prefill side waits this long for its peer (then exits on its own)
 TIMED_OUT = 124  # coreutils timeout's exit status
+FIX_SEP = "; fix: "  # a failed pair's message: "<summary>; fix: <fix>" (split by `split_message`)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,17 @@ def fetch_command(python: str, peer: str, port: int, env_file: str, source: str)
         env_file,
     ]
     return probe_command(python, "fetch", args, FETCH_TIMEOUT_S, source)
+
+
+def failure_message(found: Verdict) -> str:
+    """What a failed pair's check says: the summary, then the fix after FIX_SEP."""
+    return f"{found.summary}{FIX_SEP}{found.fix}"
+
+
+def split_message(message: str) -> tuple[str, str]:
+    """(summary, fix) of a check's message (the fix is empty when it names none)."""
+    summary, _, fix = message.partition(FIX_SEP)
+    return summary, fix
 
 
 def parse_side(output: str, rc: int) -> ProbeSide:

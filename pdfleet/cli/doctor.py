@@ -46,6 +46,9 @@ HELP = {
     "minutes": f"Fleet view: the metrics window in minutes (default {DEFAULT_WINDOW_MIN:g}; at least 1).",
     "sample": f"Fleet view without Prometheus: seconds between the two direct scrapes (default "
     f"{DEFAULT_SAMPLE_S:g}; at least 1).",
+    "kv_path": "Fleet view: also run verify's KV-path probe (the connector's library moves 64 MiB between "
+    "each prefill/decode pair's own processes, ~6 s a pair; off by default for that time) and report each "
+    "pair's throughput, or the stage that failed with the fix (kv.path).",
     "json": "Print the findings as JSON instead of a table.",
     "timeout": "Seconds to wait for each answer (default 10).",
 }
@@ -68,6 +71,7 @@ def doctor(
     sample: str = str(DEFAULT_SAMPLE_S),
     json: bool = False,
     timeout: str = "10",
+    kv_path: bool = False,
 ) -> None:
     """Diagnose a client's setup (401s, wrong base URL or endpoint) or a fleet (KV transfer, tuning)."""
     wait = number("--timeout", timeout, most=3600.0)
@@ -79,6 +83,8 @@ def doctor(
             "--profile (the fleet view) and --base-url/--api-key-env/--anthropic (the client "
             "view) are separate runs: give one or the other"
         )
+    if kv_path and profile is None:
+        raise ValidationError("--kv-path is part of the fleet view: give --profile P")
     if profile is not None:
         from pdfleet.cli.doctor_fleet import fleet_findings
 
@@ -88,7 +94,7 @@ def doctor(
         every = number("--sample", sample)
         if every < 1:
             raise ValidationError(f"--sample: {sample} is less than 1 second")
-        findings, target = fleet_findings(ctx, profile, inventory, window * 60, every, wait)
+        findings, target = fleet_findings(ctx, profile, inventory, window * 60, every, wait, kv_path)
         _finish(findings, "fleet", target, json)
         return
     findings, target = _client(base_url, api_key_env, anthropic, model, endpoint, body, stream, wait)

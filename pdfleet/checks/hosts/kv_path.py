@@ -12,6 +12,7 @@ import pytest
 from pdfleet.checks.kv_path import (
     PathFacts,
     ProbeSide,
+    failure_message,
     fetch_command,
     parse_side,
     serve_command,
@@ -74,5 +75,5 @@ def test_kv_path(
     fetched = client.run(fetch_command(python, prefill.address, facts.probe_port, KV_ENV_FILE, source))
     fetch = parse_side(fetched.stdout + "\n" + fetched.stderr, fetched.rc)
     found = verdict(facts, _serve_side(server, pid, wait=fetch.result is not None), fetch)
-    assert found.ok, f"{found.summary}; fix: {found.fix}"
+    assert found.ok, failure_message(found)
     record_property("note", found.summary)

@@ -20,6 +20,7 @@ from pdfleet.checks.kv_path import (
     fetch_command,
     parse_side,
     serve_command,
+    split_message,
     verdict,
 )
 from pdfleet.checks.verify import FAIL, VerifyOptions, kv_pairs, run_verify
@@ -154,5 +155,6 @@ def test_verify_kv_path_over_ssh_fails_naming_the_library_where_it_is_missing(tm
     [result] = run_verify(prof, topology, [inv.hosts["loop"]], options).results
     assert result.check == "kv_path/kv_path" and result.host == "loop->loop"
     assert result.outcome == FAIL and "no NIXL module importable" in result.detail, result.detail
-    assert "invoke provision" in result.detail
+    summary, fix = split_message(result.detail)  # as `invoke doctor --kv-path` reads it
+    assert "no NIXL module importable" in summary and "invoke provision" in fix
     assert run_verify(prof, topology, [inv.hosts["loop"]], VerifyOptions(checks="kv_path")).results == []

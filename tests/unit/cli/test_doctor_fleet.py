@@ -39,3 +39,25 @@ def test_without_a_monitoring_host_the_vllm_endpoints_are_scraped_directly(tmp_p
         source, what, window = fleet_metrics(bare, 600, 0.1, 5)
     assert isinstance(source, DirectScrape) and [t.url for t in source.targets] == [exp.url]
     assert (what, window) == ("direct scrape of 1 vLLM endpoints over 0.1 s", 0.1)
+
+
+def test_verify_results_become_kv_path_outcomes_split_into_summary_and_fix() -> None:
+    from pdfleet.checks.kv_path import Verdict, failure_message
+    from pdfleet.checks.verify import CheckResult
+    from pdfleet.cli.doctor_fleet import kv_path_outcomes
+
+    bad = Verdict(False, "p->d: the probe's side channel 10.0.0.1:5599 is unreachable", "allow TCP 5599")
+    results = [
+        CheckResult("p->d", "kv_path/kv_path", "fail", failure_message(bad)),
+        CheckResult("p->d2", "kv_path/kv_path", "pass", "p->d2: 64 MiB in 227 ms = 2.36 Gb/s"),
+        CheckResult("p", "kv/kv_library_importable", "pass"),  # not the probe: left out
+        CheckResult("-", "collect kv_path.py", "fail", "ImportError: nixl"),
+    ]
+    found = kv_path_outcomes(results)
+    assert [(r.pair, r.outcome) for r in found] == [
+        ("p->d", "fail"),
+        ("p->d2", "pass"),
+        ("collect kv_path.py", "fail"),
+    ]
+    assert (found[0].summary, found[0].fix) == (bad.summary, bad.fix)
+    assert found[1].summary.endswith("2.36 Gb/s") and found[2].fix == ""
