@@ -1,12 +1,15 @@
-"""A ZeroMQ SUB socket over asyncio (ZMTP 3.0, NULL security): what the gateway needs to read vLLM's
-KV-cache events from the engines' PUB sockets, without a ZeroMQ library on the hosts.
+"""ZeroMQ PUB and SUB sockets over asyncio (ZMTP 3.0, NULL security): what the gateway needs to read
+vLLM's KV-cache events from the engines' PUB sockets, and the simulator to publish them, without a
+ZeroMQ library on the hosts.
 
 The wire, as rfc.zeromq.org/spec/23 (ZMTP 3.0) has it: each side sends a 64-byte greeting (signature
 0xFF, eight padding bytes, 0x7F; version 3.0; mechanism `NULL`; as-server 0), then a READY command with
 its `Socket-Type`; then frames: a flags byte (0x01 more frames follow, 0x02 an 8-byte size, else one
 byte; 0x04 a command) and the body. A SUB subscribes by sending a one-frame message of 0x01 followed by
-the topic prefix (3.0's form, which libzmq's PUB accepts from a 3.0 peer); the PUB then sends every
-message whose first frame starts with it. Only NULL security: the PUB endpoints are on the fleet's own
+the topic prefix (3.0's form, which libzmq's PUB accepts from a 3.0 peer; 0x00 cancels it; a 3.1 peer's
+SUBSCRIBE and CANCEL commands are read too); the PUB then sends every message whose first frame starts
+with one of the peer's prefixes, and drops a message for a peer whose unsent bytes are past its
+high-water mark, as a PUB does. Only NULL security: the PUB endpoints are on the fleet's own
 network, as vLLM binds them.
 """
 
@@ -124,3 +127,74 @@ class Subscriber:
         self.writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await self.writer.wait_closed()
+
+
+class Publisher:
+    """A PUB bound to (`host`, `port`): every connected SUB gets the messages its subscriptions match;
+    a peer more than `hwm_bytes` behind misses messages (never blocks the publisher)."""
+
+    def __init__(self, server: asyncio.Server, hwm_bytes: int) -> None:
+        self.server = server
+        self.hwm_bytes = hwm_bytes
+        self.peers: dict[asyncio.StreamWriter, list[bytes]] = {}
+        self.dropped = 0
+
+    @classmethod
+    async def bind(cls, host: str, port: int, hwm_bytes: int = 64 << 20) -> Publisher:
+        pub: Publisher | None = None
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            assert pub is not None
+            await pub._peer(reader, writer)
+
+        server = await asyncio.start_server(serve, host or None, port)
+        pub = cls(server, hwm_bytes)
+        return pub
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Handshake with one SUB, then read its subscriptions until it leaves."""
+        topics: list[bytes] = []
+        try:
+            await asyncio.wait_for(handshake(reader, writer, "PUB", "SUB"), 10)
+            self.peers[writer] = topics
+            while True:
+                flags, body = await read_frame(reader)
+                if flags & COMMAND:  # ZMTP 3.1: SUBSCRIBE / CANCEL commands
+                    for name, on in ((b"\x09SUBSCRIBE", True), (b"\x06CANCEL", False)):
+                        if body.startswith(name):
+                            _subscribe(topics, body[len(name) :], on)
+                elif body[:1] in (b"\x00", b"\x01"):
+                    _subscribe(topics, body[1:], body[:1] == b"\x01")
+        except (OSError, ZmtpError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        finally:
+            self.peers.pop(writer, None)
+            writer.close()
+
+    def send(self, parts: list[bytes]) -> None:
+        """Queue one message to every peer subscribed to its first frame (never waits)."""
+        data = b"".join(frame(p, MORE if i < len(parts) - 1 else 0) for i, p in enumerate(parts))
+        for writer, topics in self.peers.items():
+            if not any(parts[0].startswith(t) for t in topics):
+                continue
+            if writer.transport.get_write_buffer_size() > self.hwm_bytes:
+                self.dropped += 1
+                continue
+            writer.write(data)
+
+    async def close(self) -> None:
+        for writer in list(self.peers):
+            writer.close()
+        self.server.close()
+        await self.server.wait_closed()
+
+
+def _subscribe(topics: list[bytes], topic: bytes, on: bool) -> None:
+    if on:
+        topics.append(topic)
+    elif topic in topics:
+        topics.remove(topic)

@@ -59,6 +59,7 @@ class SimAPI:
         self.registry = registry
         self.counter = counter
         self.intake = Intake(cfg, counter, counter_id)
+        self.intake.block_tokens = runtime.block_tokens  # the KV events publisher's token ids, when on
         self.model_name = cfg.served_model_names[0]
         self._seq = 0
 

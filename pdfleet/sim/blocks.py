@@ -170,6 +170,8 @@ class BlockPool:
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, bytes] = {}
         self._block_of: dict[bytes, int] = {}
+        # the KV events publisher's, when on: ("stored", hashes, parent) and ("removed", [hash], None)
+        self.events: list[tuple[str, list[bytes], bytes | None]] | None = None
 
     @property
     def num_free(self) -> int:
@@ -198,6 +200,8 @@ class BlockPool:
             old = self._hash_of.pop(block, None)
             if old is not None:
                 del self._block_of[old]
+                if self.events is not None:
+                    self.events.append(("removed", [old], None))
             self._refs[block] = 1
             out.append(block)
         return out
@@ -228,7 +232,16 @@ class BlockPool:
         """Name a request's first full_blocks blocks by their hashes (a cached hash keeps its block)."""
         if not self.caching:
             return
-        for block, h in zip(blocks[:full_blocks], hashes[:full_blocks], strict=False):
+        events = self.events
+        run: tuple[str, list[bytes], bytes | None] | None = None
+        for i, (block, h) in enumerate(zip(blocks[:full_blocks], hashes[:full_blocks], strict=False)):
             if h not in self._block_of and block not in self._hash_of:
                 self._block_of[h] = block
                 self._hash_of[block] = h
+                if events is not None:  # vLLM's BlockStored: a run of new blocks under its parent
+                    if run is None:
+                        run = ("stored", [], hashes[i - 1] if i else None)
+                        events.append(run)
+                    run[1].append(h)
+            else:
+                run = None

@@ -20,9 +20,11 @@ from typing import Any
 from pdfleet.errors import ValidationError
 from pdfleet.model import catalog
 from pdfleet.model.catalog import GpuRoofline, LinkSpec, ModelShape
+from pdfleet.model.vllm_kv_events import event_format
 from pdfleet.model.vllm_release_data import NEWEST, RELEASES
 from pdfleet.model.vllm_releases import Release
 from pdfleet.sim.engine import Engine, EngineLimits
+from pdfleet.sim.kv_events import KvEventsSettings, parse_kv_events_config
 from pdfleet.sim.perf import PerfModel
 from pdfleet.sim.serve_options import parse_argv, release_named
 
@@ -90,6 +92,7 @@ class SimConfig:
     log_interval_s: float
     visible_devices: tuple[str, ...] | None
     mooncake_bootstrap_port: int = 8998  # VLLM_MOONCAKE_BOOTSTRAP_PORT (a Mooncake producer's)
+    kv_events: KvEventsSettings | None = None  # --kv-events-config's publisher (None: events off)
     release: Release = field(default=RELEASES[NEWEST], repr=False)  # modelled (--sim-vllm-version)
 
     @property
@@ -221,8 +224,19 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         mooncake_bootstrap_port=_env_int(env, MOONCAKE_PORT_ENV, int(rel.env_number(MOONCAKE_PORT_ENV)))
         if rel.has_env(MOONCAKE_PORT_ENV)
         else 8998,
+        kv_events=_kv_events(ns.kv_events_config, rel),
         release=rel,
     )
+
+
+def _kv_events(text: str | None, rel: Release) -> KvEventsSettings | None:
+    """--kv-events-config as the release reads it (a release whose format is not tabled: refused)."""
+    fmt = event_format(rel.version)
+    if fmt is None:
+        if text:
+            raise ValidationError(f"--kv-events-config: vLLM {rel.version}'s KV event format is not tabled")
+        return None
+    return parse_kv_events_config(text, fmt)
 
 
 def _kv_dtype_bytes(dtype: str, rel: Release) -> int | None:

@@ -30,6 +30,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from pdfleet.sim.blocks import block_hashes, once, prompt_units
 from pdfleet.sim.config import SimConfig
+from pdfleet.sim.kv_events import BlockTokens
 from pdfleet.sim.stream import compact
 from pdfleet.tokens import TextCounter, count_request_tokens
 
@@ -288,6 +289,7 @@ class Intake:
         self._producer = kv is not None and kv.is_producer
         self._consumer = kv is not None and kv.is_consumer
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdfleet-sim-intake")
+        self.block_tokens: BlockTokens | None = None  # the KV events publisher's, when on
 
     async def body(self, raw: bytes) -> dict[str, Any]:
         """A JSON object body (for /tokenize and /detokenize), parsed off the loop."""
@@ -321,7 +323,10 @@ class Intake:
             digest = prompt_digest(body, self.counter_id)
         hashes: tuple[bytes, ...] = ()
         if self.cfg.enable_prefix_caching:  # a consumer too: it looks its prompt up, caches what it pulled
-            hashes = block_hashes(prompt_units(body, counter), self.cfg.block_size)
+            units = prompt_units(body, counter)
+            hashes = block_hashes(units, self.cfg.block_size)
+            if self.block_tokens is not None:
+                self.block_tokens.register(hashes, units, self.cfg.block_size)
         return Prepared(body, parsed, digest, known is None, hashes)
 
     def close(self) -> None:

@@ -31,9 +31,11 @@ import logging
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
+from pdfleet.model.vllm_kv_events import event_format
 from pdfleet.sim.clock import SimClock
 from pdfleet.sim.config import SimConfig
 from pdfleet.sim.engine import Engine, SimRequest, State, StepResult
+from pdfleet.sim.kv_events import BlockTokens, KvEventPublisher, step_events
 from pdfleet.sim.kv_transfer import KVConnector
 from pdfleet.sim.metrics import SimMetrics
 from pdfleet.sim.stream import DEFAULT_FILLER, Filler, Sink, chunk_frame
@@ -100,6 +102,8 @@ class Runtime:
         self._ready_at: float | None = None  # latest time new work became runnable while the loop idled
         self._pending: set[Pending] = set()  # requests in intake, by first-byte time
         self._intake_done = asyncio.Event()
+        self.kv_events: KvEventPublisher | None = None  # --kv-events-config's, from open()
+        self.block_tokens = BlockTokens(2 * cfg.num_blocks) if cfg.kv_events is not None else None
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def open(self) -> None:
@@ -107,6 +111,9 @@ class Runtime:
         self.clock.start(asyncio.get_running_loop())
         if self.kv is not None:
             await self.kv.start()
+        if self.cfg.kv_events is not None:
+            self.kv_events = await KvEventPublisher.start(self.cfg.kv_events)
+            self.engine.pool.events = []
 
     def start(self) -> None:
         """Start stepping (and the periodic stats lines unless --disable-log-stats)."""
@@ -128,6 +135,17 @@ class Runtime:
             sink.settle("the server is shutting down")
         if self.kv is not None:
             await self.kv.close()
+        if self.kv_events is not None:
+            await self.kv_events.close()
+
+    def _publish_kv_events(self) -> None:
+        """The step's block pool events, as one batch (vLLM's scheduler publishes one a step)."""
+        pool, publisher, tokens = self.engine.pool, self.kv_events, self.block_tokens
+        assert publisher is not None and tokens is not None and pool.events is not None
+        raw, pool.events = pool.events, []
+        fmt = event_format(self.cfg.release.version)
+        if raw and fmt is not None:
+            publisher.publish(step_events(fmt, raw, tokens, self.cfg.block_size))
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -255,6 +273,8 @@ class Runtime:
                 await asyncio.sleep(delay)
             result = engine.complete(batch, end)
             self._emit(result, end)
+            if self.kv_events is not None:
+                self._publish_kv_events()
             done_wall = loop.time()
             lag = done_wall - target
             m.steps += 1

@@ -60,6 +60,7 @@ _HONOURED: dict[str, dict[str, Any]] = {
     "--num-gpu-blocks-override": {"type": int, "default": None},
     "--long-prefill-token-threshold": {"type": int, "default": 0},
     "--kv-transfer-config": {"default": None, "help": "JSON, as vLLM's KVTransferConfig"},
+    "--kv-events-config": {"default": None, "help": "JSON, as vLLM's KVEventsConfig (the zmq publisher)"},
     "--disable-log-stats": {"default": False},
     "--performance-mode": {"default": None},  # choices: the release's; throughput scales batch defaults
 }

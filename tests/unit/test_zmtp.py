@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from pdfleet.zmtp import GREETING, Subscriber, ZmtpError, ready
+from pdfleet.zmtp import GREETING, Publisher, Subscriber, ZmtpError, ready
 
 
 @contextlib.contextmanager
@@ -101,3 +101,47 @@ def test_nothing_listening_is_a_connection_error() -> None:
         port = s.getsockname()[1]
     with pytest.raises(OSError):
         asyncio.run(Subscriber.connect("127.0.0.1", port))
+
+
+def test_a_libzmq_sub_receives_what_the_publisher_sends_on_its_topic() -> None:
+    """The publisher against libzmq's SUB: the subscription (whichever form libzmq sends) arrives, a
+    message of three frames (one past 255 bytes) arrives whole, another topic is filtered out."""
+
+    async def scenario() -> None:
+        pub = await Publisher.bind("127.0.0.1", 0)
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        sub.connect(f"tcp://127.0.0.1:{pub.port}")
+        try:
+            while not any(pub.peers.values()):  # until the subscription arrived
+                await asyncio.sleep(0.01)
+            long = bytes(range(256)) * 300
+            pub.send([b"other", b"x"])
+            pub.send([b"kv", (7).to_bytes(8, "big"), long])
+            await asyncio.sleep(0)
+            got = await asyncio.get_running_loop().run_in_executor(None, lambda: sub.poll(5000))
+            assert got and sub.recv_multipart() == [b"kv", (7).to_bytes(8, "big"), long]
+            assert sub.poll(100) == 0  # the other topic never came
+        finally:
+            sub.close(linger=0)
+            ctx.term()
+            await pub.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_publisher_and_the_subscriber_speak_to_each_other() -> None:
+    async def scenario() -> None:
+        pub = await Publisher.bind("127.0.0.1", 0)
+        sub = await Subscriber.connect("127.0.0.1", pub.port, b"t")
+        try:
+            while not any(pub.peers.values()):
+                await asyncio.sleep(0.01)
+            pub.send([b"t", b"1"])
+            assert await asyncio.wait_for(sub.receive(), 5) == [b"t", b"1"]
+        finally:
+            await sub.close()
+            await pub.close()
+
+    asyncio.run(scenario())

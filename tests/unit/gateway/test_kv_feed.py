@@ -64,7 +64,12 @@ def test_a_feed_applies_a_libzmq_publishers_batches_and_reconnects() -> None:
             await _until(lambda: state.bad == 1)
             pub.close(linger=0)  # the engine restarts on the same port
             pub = ctx.socket(zmq.PUB)
-            pub.bind(f"tcp://127.0.0.1:{port}")
+            for _ in range(500):  # libzmq releases the port in its own thread
+                try:
+                    pub.bind(f"tcp://127.0.0.1:{port}")
+                    break
+                except zmq.ZMQError:
+                    await asyncio.sleep(0.01)
             removed = _batch(c, c["BlockRemoved"](block_hashes=[11], medium="GPU"))
             seq = 0
             while index.cached_tokens("colo1", blocks, 32) != 0:

@@ -4,6 +4,8 @@ the source files of the cached vLLM wheels."""
 from __future__ import annotations
 
 import ast
+import sys
+import types
 import zipfile
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -69,7 +71,12 @@ def wheel_events(version: str) -> dict[str, Any]:
     """The release's event classes, compiled from its wheel's source with msgspec (nothing else of vLLM)."""
     tree = ast.parse(wheel_source(version, SOURCE))
     body: list[ast.stmt] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in CLASSES]
-    scope: dict[str, Any] = {"msgspec": msgspec, "Any": Any, "Optional": Optional, "Union": Union}
-    scope["ExternalBlockHash"] = bytes | int
-    exec(compile(ast.Module(body, []), SOURCE, "exec"), scope)  # noqa: S102 - vLLM's own classes, to encode with
-    return scope
+    name = f"vllm_{version.replace('.', '_')}_kv_events"
+    module = sys.modules.get(name)
+    if module is None:  # a module of its own: msgspec resolves the classes' annotations in its globals
+        module = types.ModuleType(name)
+        module.__dict__.update(msgspec=msgspec, Any=Any, Optional=Optional, Union=Union)
+        module.__dict__["ExternalBlockHash"] = bytes | int
+        exec(compile(ast.Module(body, []), SOURCE, "exec"), module.__dict__)  # noqa: S102 - vLLM's own classes
+        sys.modules[name] = module
+    return module.__dict__

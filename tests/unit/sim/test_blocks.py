@@ -157,3 +157,26 @@ def test_a_request_is_tokenized_once_for_its_count_and_its_blocks(tmp_path: Path
     units = prompt_units(body, counter)
     assert len(units) == n == count_request_tokens(body, HFTokenizer(make_tokenizer(tmp_path / "t2.json")))
     assert sorted(calls) == sorted(set(calls))  # each text (role, content) encoded once
+
+
+def test_with_events_on_the_pool_reports_each_run_it_names_and_each_hash_it_evicts() -> None:
+    """What the KV events publisher reads (vLLM's BlockStored/BlockRemoved): a run of newly named
+    blocks under its parent's hash (a block already named splits runs), an evicted hash when a cached
+    free block is handed out again; with events off nothing is kept."""
+    pool = BlockPool(4, caching=True)
+    pool.events = []
+    h = [bytes([i]) * 16 for i in range(5)]
+    blocks = pool.take(3)
+    assert blocks is not None
+    pool.cache(blocks, h[:3], 2)  # the first two blocks computed
+    pool.cache(blocks, h[:3], 3)  # the third: a run of one under the second
+    assert pool.events == [("stored", [h[0], h[1]], None), ("stored", [h[2]], h[1])]
+    pool.free(blocks)
+    pool.events.clear()
+    assert pool.take(4) is not None  # the free queue hands out the cached blocks: their hashes go
+    assert sorted(hs[0] for kind, hs, _ in pool.events if kind == "removed") == sorted(h[:3])
+    quiet = BlockPool(4, caching=True)
+    got = quiet.take(1)
+    assert got is not None
+    quiet.cache(got, h[:1], 1)
+    assert quiet.events is None
