@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 # port held add_remote_agent ~130 s at the kernel's 6 SYN retries, 7 s at 2; a partition mid-transfer hung
 # with no error until UCX_TCP_USER_TIMEOUT. Rendered where KV moves over TCP (cross-host without RDMA).
 UCX_TCP_TIMEOUTS: dict[str, str] = {"UCX_TCP_SYN_CNT": "2", "UCX_TCP_USER_TIMEOUT": "10s"}
+# Mooncake's transfer engine between hosts (names from mooncake-transfer-engine-non-cuda 0.3.13.post1's
+# engine.so and Mooncake's source): a transfer the peer stopped answering fails after MC_TRANSFER_TIMEOUT
+# seconds (default 30; 10 as UCX's). Over its TCP transport a call with more descriptors than
+# MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER (default 1024) is refused, failing as -1 (issue 29's probe: 4096
+# refused): set to the source's maximum, 65535.
+MOONCAKE_TIMEOUTS: dict[str, str] = {"MC_TRANSFER_TIMEOUT": "10"}
+MOONCAKE_TCP_QUEUE: dict[str, str] = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "65535"}
 
 
 def uses_rdma(profile: Profile, host: Host) -> bool:
@@ -102,6 +109,10 @@ def kv_env(
     if rdma and gid_index is not None:
         env["UCX_IB_GID_INDEX"] = str(gid_index)
         env["MC_GID_INDEX"] = str(gid_index)
+    if profile.topology == "cross-host" and kv.connector == MOONCAKE:
+        env.update(MOONCAKE_TIMEOUTS)  # a peer that stops answering: an error, not a 30 s wait
+        if kv.mooncake_protocol == "tcp":
+            env.update(MOONCAKE_TCP_QUEUE)
     if kv.connector == MOONCAKE:
         if is_prefill:
             env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(kv.mooncake_bootstrap_port)

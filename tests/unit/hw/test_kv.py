@@ -66,6 +66,19 @@ def test_mooncake_prefill_gets_bootstrap_port_and_dmabuf_peermem_flag() -> None:
     assert "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in env and env["MC_GID_INDEX"] == "3"
 
 
+def test_mooncake_between_hosts_gets_a_transfer_timeout_and_over_tcp_the_queue_depth() -> None:
+    rdma = kv_env(pinned(kv_transfer=MOONCAKE), host(groups=("decode",)), 3, "dmabuf", False)
+    assert rdma["MC_TRANSFER_TIMEOUT"] == "10" and "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER" not in rdma
+    assert "UCX_TCP_USER_TIMEOUT" not in rdma  # NIXL's: Mooncake does not read UCX's settings
+    lab = profile("lab-cross-mooncake")
+    ops, _, _ = run_role(role, context(lab, host(rdma_devices=())), fixture_facts("lab-container"))
+    env = env_of(ops)[1]
+    assert env["MC_TRANSFER_TIMEOUT"] == "10" and env["MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER"] == "65535"
+    same = pinned("same-host-pcie", kv_transfer={**MOONCAKE, "mooncake_protocol": "tcp"})
+    h = host(groups=("prefill", "decode"), gpus=(0, 1), rdma_devices=(), rdma_netdev=None)
+    assert not [k for k in kv_env(same, h, None, "dmabuf", True) if k.startswith("MC_T")]
+
+
 def test_mooncake_with_peermem_when_proprietary_modules() -> None:
     prof = pinned(open_modules=False, kv_transfer=MOONCAKE)
     assert kv_env(prof, host(), 3, "peermem", False)["WITH_NVIDIA_PEERMEM"] == "1"
