@@ -73,7 +73,16 @@ def _p95(xs: list[float]) -> float:
 def simulate(
     layout: Layout, requests: Sequence[Request], hw: Hardware, bounds: Bounds, long_tokens: int
 ) -> Prediction:
-    """Run the traffic through the layout on a simulated clock; the figures `invoke bench` would report.
+    """Run the traffic through the layout on a simulated clock; the figures `invoke bench` would report."""
+    records, pd = run(layout, requests, hw)
+    end = max((rec.token_times[-1] for _, _, rec in records if rec.token_times), default=0.0)
+    return _figures(layout, records, pd, bounds, long_tokens, end)
+
+
+def run(
+    layout: Layout, requests: Sequence[Request], hw: Hardware
+) -> tuple[list[tuple[Request, str, Record]], PDPool | None]:
+    """Every request's record (with the pool that served it: colocated or disagg), and the P/D pool.
 
     The gateway's choices depend only on each request (its effective tokens, the round robin's turn), so
     each colocated instance's requests are known up front and it runs alone (`sim.des.run_alone`); the P/D
@@ -111,11 +120,10 @@ def simulate(
         for req in to_pd:
             sim.at(req.at, arrive, req, pd)
         sim.run()
-    end = max((rec.token_times[-1] for _, _, rec in records if rec.token_times), default=0.0)
-    return _figures(layout, records, pd, bounds, long_tokens, end)
+    return records, pd
 
 
-def _client(req: Request, rec: Record, long_tokens: int) -> ClientRecord:
+def client_record(req: Request, rec: Record, long_tokens: int) -> ClientRecord:
     """The DES record as bench's client would have written it."""
     chunks = list(rec.token_times)
     return ClientRecord(
@@ -140,7 +148,7 @@ def _figures(
     end: float,
 ) -> Prediction:
     """bench's figures of the run, the queues per role and the KV link's load."""
-    clients = [_client(req, rec, long_tokens) for req, _, rec in records]
+    clients = [client_record(req, rec, long_tokens) for req, _, rec in records]
     start = min((r.start for r in clients), default=0.0)
     duration = max(end - start, 1e-9)
     overall = summarize(clients, duration, bounds)

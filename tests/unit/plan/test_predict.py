@@ -3,9 +3,11 @@ finishes, and the figures are bench's."""
 
 from __future__ import annotations
 
-from pdfleet.bench.stats import Bounds
+import pytest
+
+from pdfleet.bench.stats import Bounds, gaps, quantile
 from pdfleet.model import catalog
-from pdfleet.plan.predict import Request, simulate
+from pdfleet.plan.predict import Request, client_record, run, simulate
 from pdfleet.plan.space import Hardware, Layout, PoolShape
 
 HW = Hardware(catalog.GPUS["H100-SXM"], catalog.MODELS["Llama-3.1-8B"], catalog.LINKS["roce-400g"])
@@ -44,3 +46,16 @@ def test_p_d_alone_takes_every_request_whatever_its_length() -> None:
     p = simulate(layout, _traffic(), HW, BOUNDS, 8192)
     assert p.to_pd == 44 and p.summary["completed"] == 44
     assert p.per_gpu["request_throughput_per_gpu"] == p.summary["request_throughput"] / 2
+
+
+def test_run_hands_back_each_request_once_with_its_pool_and_the_gaps_the_figures_read() -> None:
+    """bench/plan_fidelity.py compares these gaps with the lab instances' own and the client's."""
+    layout = Layout(PoolShape(1, 1, 8192), PoolShape(1, 1, 8192), PoolShape(1, 1, 2048), 8192)
+    traffic = _traffic()
+    records, pd = run(layout, traffic, HW)
+    assert sorted(r.at for r, _, _ in records) == [r.at for r in traffic]
+    assert {r.prompt_tokens for r, pool, _ in records if pool == "disagg"} == {20000}
+    assert pd is not None and len(pd.transfers) == 4
+    pooled = sorted(g for r, _, rec in records for g in gaps(client_record(r, rec, 8192)))
+    p = simulate(layout, traffic, HW, BOUNDS, 8192)
+    assert p.summary["p95_itl_ms"] == pytest.approx(1000 * quantile(pooled, 0.95))

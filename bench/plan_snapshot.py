@@ -1,0 +1,48 @@
+"""Every vLLM instance's /metrics of a deployment, saved as one JSON file: taken before and after an
+`invoke bench` run (into its output directory as server-before.json and server-after.json), it lets
+bench/plan_fidelity.py read what the instances themselves saw over the run: the simulator's inter-token
+latency (simulated time, the engine's own gaps) and how late each step's tokens left in wall time
+(pdfleet_sim_step_lag_seconds), per pool and role, beside the client's view and the prediction.
+
+    .venv/bin/python bench/plan_snapshot.py --profile lab-cross out/fid-cross/server-before.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from invoke import Config, Context
+
+from pdfleet.bench.fleet_targets import direct_targets
+from pdfleet.cli.options import open_deployment
+from pdfleet.metrics.direct import DirectScrape
+
+REPO = Path(__file__).resolve().parents[1]
+KEPT = ("vllm:inter_token_latency_seconds", "pdfleet_sim_step_lag", "pdfleet_sim_loop_lag")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="the JSON file to write")
+    ap.add_argument("--profile", required=True, help="the profile the fleet runs (as invoke bench's)")
+    ap.add_argument("--inventory", default=None, help="its inventory (default: the lab's, as invoke bench)")
+    args = ap.parse_args()
+    config = Config(project_location=REPO)
+    config.load_project()
+    deployment = open_deployment(Context(config), args.profile, args.inventory, fleet_layout=True)
+    snap = DirectScrape(direct_targets(deployment.topology)).scrape()
+    samples = [
+        {"name": name, "labels": dict(labels), "value": value}
+        for (name, labels), value in snap.samples.items()
+        if name.startswith(KEPT)
+    ]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"at": time.time(), "samples": samples}) + "\n", encoding="utf-8")
+    print(f"{args.out}: {len(samples)} samples of {len(direct_targets(deployment.topology))} instance(s)")
+
+
+if __name__ == "__main__":
+    main()
