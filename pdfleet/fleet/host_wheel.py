@@ -17,6 +17,7 @@ import base64
 import functools
 import hashlib
 import importlib.metadata
+import json
 import os
 import re
 import zipfile
@@ -29,6 +30,9 @@ from pdfleet.errors import PdfleetError
 
 PACKAGE_DIR = Path(pdfleet.__file__).resolve().parent
 DEFAULT_CACHE = Path("~/.cache/pdfleet/wheels")
+# The pdfleet imports of each source text host_files has parsed, by the text's SHA-256 (see host_files)
+IMPORTS_CACHE = Path("~/.cache/pdfleet/host-imports.json")
+IMPORTS_CACHE_MAX = 4096  # entries kept across edits; past it, only the current sources' are
 DIST_NAME = "pdfleet"
 # The programs hosts run: (console script, module:function). Their packages start the import closure.
 ENTRY_POINTS: tuple[tuple[str, str], ...] = (
@@ -62,9 +66,14 @@ def _module_file(package_dir: Path, dotted: str) -> Path | None:
     return None
 
 
-def _imported_modules(source: Path) -> set[str]:
-    """Every `pdfleet...` module a file imports (`from pdfleet.x import y` counts y when it is a module)."""
-    return set(_imports_in(source.read_text(encoding="utf-8"), str(source)))
+def _imported_modules(source: Path, known: dict[str, list[str]]) -> set[str]:
+    """Every `pdfleet...` module a file imports (`from pdfleet.x import y` counts y when it is a module);
+    `known` maps a source text's SHA-256 to its imports (the on-disk cache, filled here on a miss)."""
+    text = source.read_text(encoding="utf-8")
+    key = hashlib.sha256(text.encode()).hexdigest()
+    if key not in known:
+        known[key] = sorted(_imports_in(text, str(source)))
+    return set(known[key])
 
 
 @functools.lru_cache(maxsize=1024)
@@ -81,8 +90,47 @@ def _imports_in(text: str, filename: str) -> frozenset[str]:
     return frozenset(found)
 
 
-def host_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:
-    """The host packages' files, every pdfleet module they import (transitively) and its parent packages."""
+def _load_imports(cache: Path | None) -> dict[str, list[str]]:
+    """The imports cache (source SHA-256 -> imports); empty when absent, unreadable or not this shape."""
+    if cache is None:
+        return {}
+    try:
+        doc = json.loads(cache.expanduser().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {
+        k: v
+        for k, v in doc.items()
+        if isinstance(k, str) and isinstance(v, list) and all(isinstance(m, str) for m in v)
+    }
+
+
+def _save_imports(cache: Path | None, known: dict[str, list[str]], used: set[str]) -> None:
+    """Keep this run's entries (and older ones up to a bound) for the next process: written whole to a
+    temporary file and renamed, so a concurrent reader sees the old cache or the new one; a cache that
+    cannot be written costs only the parse next time."""
+    if cache is None:
+        return
+    kept = known if len(known) <= IMPORTS_CACHE_MAX else {k: known[k] for k in used}
+    path = cache.expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(kept, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        return
+
+
+def host_files(package_dir: Path = PACKAGE_DIR, cache: Path | None = IMPORTS_CACHE) -> list[Path]:
+    """The host packages' files, every pdfleet module they import (transitively) and its parent packages.
+
+    Parsing ~100 sources costs every command ~0.5 s, so their imports are cached on disk by content
+    (`cache`, None: no cache): an edited file is parsed again, an unchanged one never."""
+    known = _load_imports(cache)
+    before = set(known)
     pending = [p for pkg in HOST_PACKAGES for p in sorted((package_dir / pkg).rglob("*.py"))]
     seen: set[Path] = set()
     while pending:
@@ -90,10 +138,13 @@ def host_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:
         if path in seen:
             continue
         seen.add(path)
-        for dotted in _imported_modules(path):
+        for dotted in _imported_modules(path, known):
             module = _module_file(package_dir, dotted)
             if module is not None:
                 pending.append(module)
+    if set(known) != before:
+        used = {hashlib.sha256(p.read_bytes()).hexdigest() for p in seen}
+        _save_imports(cache, known, used)
     for path in list(seen):
         for parent in path.relative_to(package_dir).parents:
             seen.add(package_dir / parent / "__init__.py")

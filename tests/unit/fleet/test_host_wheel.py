@@ -4,7 +4,9 @@ that pip installs, and a cache that writes it once per version."""
 from __future__ import annotations
 
 import email
+import hashlib
 import importlib.metadata
+import json
 import shutil
 import subprocess
 import sys
@@ -68,6 +70,46 @@ def test_a_new_import_in_host_code_brings_its_module_in_the_same_process(tree: P
     assert "fleet/topology.py" not in {p.relative_to(tree).as_posix() for p in host_files(tree)}
     _append(tree / "tokens.py", "\nimport pdfleet.fleet.topology  # noqa\n")
     assert "fleet/topology.py" in {p.relative_to(tree).as_posix() for p in host_files(tree)}
+
+
+def _rel(tree: Path, files: list[Path]) -> set[str]:
+    return {p.relative_to(tree).as_posix() for p in files}
+
+
+def test_the_imports_cache_is_read_by_content_and_an_edited_file_is_parsed_again(
+    tree: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache" / "imports.json"
+    plain = _rel(tree, host_files(tree, cache=None))
+    assert _rel(tree, host_files(tree, cache)) == plain
+    known = json.loads(cache.read_text())
+    tokens = hashlib.sha256((tree / "tokens.py").read_bytes()).hexdigest()
+    assert tokens in known and "fleet/topology.py" not in plain
+    # an entry the cache holds is believed: proof that the second run read it instead of parsing
+    known[tokens] = [*known[tokens], "pdfleet.fleet.topology"]
+    cache.write_text(json.dumps(known))
+    assert "fleet/topology.py" in _rel(tree, host_files(tree, cache))
+    # an edit gives the file another key: parsed again, the planted entry no longer applies
+    _append(tree / "tokens.py", "\n# edited\n")
+    assert _rel(tree, host_files(tree, cache)) == plain
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"a": "not a list"}'])
+def test_an_unreadable_imports_cache_is_rebuilt(tree: Path, tmp_path: Path, content: str) -> None:
+    cache = tmp_path / "imports.json"
+    cache.write_text(content)
+    assert _rel(tree, host_files(tree, cache)) == _rel(tree, host_files(tree, cache=None))
+    assert isinstance(json.loads(cache.read_text()), dict)
+
+
+def test_an_imports_cache_that_cannot_be_written_costs_nothing_but_the_parse(
+    tree: Path, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cache = blocker / "imports.json"  # its directory is a file: nothing can be written there
+    assert _rel(tree, host_files(tree, cache)) == _rel(tree, host_files(tree, cache=None))
+    assert not cache.exists() and blocker.read_text() == ""
 
 
 def test_host_code_is_the_host_packages_and_what_they_import() -> None:
