@@ -30,8 +30,9 @@ from pdfleet.errors import PdfleetError
 
 PACKAGE_DIR = Path(pdfleet.__file__).resolve().parent
 DEFAULT_CACHE = Path("~/.cache/pdfleet/wheels")
-# The pdfleet imports of each source text host_files has parsed, by the text's SHA-256 (see host_files)
-IMPORTS_CACHE = Path("~/.cache/pdfleet/host-imports.json")
+# The pdfleet imports of each source text host_files has parsed, by the text's SHA-256 (see host_files);
+# beside the wheels, written where they are (provision), read by every command
+IMPORTS_CACHE_NAME = "host-imports.json"
 IMPORTS_CACHE_MAX = 4096  # entries kept across edits; past it, only the current sources' are
 DIST_NAME = "pdfleet"
 # The programs hosts run: (console script, module:function). Their packages start the import closure.
@@ -124,11 +125,16 @@ def _save_imports(cache: Path | None, known: dict[str, list[str]], used: set[str
         return
 
 
-def host_files(package_dir: Path = PACKAGE_DIR, cache: Path | None = IMPORTS_CACHE) -> list[Path]:
+def host_files(
+    package_dir: Path = PACKAGE_DIR,
+    cache: Path | None = DEFAULT_CACHE / IMPORTS_CACHE_NAME,
+    save: bool = False,
+) -> list[Path]:
     """The host packages' files, every pdfleet module they import (transitively) and its parent packages.
 
     Parsing ~100 sources costs every command ~0.5 s, so their imports are cached on disk by content
-    (`cache`, None: no cache): an edited file is parsed again, an unchanged one never."""
+    (`cache`, None: no cache): an edited file is parsed again, an unchanged one never. Only `save` writes
+    the cache (the commands that write the wheel beside it): a review command writes nothing."""
     known = _load_imports(cache)
     before = set(known)
     pending = [p for pkg in HOST_PACKAGES for p in sorted((package_dir / pkg).rglob("*.py"))]
@@ -142,7 +148,7 @@ def host_files(package_dir: Path = PACKAGE_DIR, cache: Path | None = IMPORTS_CAC
             module = _module_file(package_dir, dotted)
             if module is not None:
                 pending.append(module)
-    if set(known) != before:
+    if save and set(known) != before:
         used = {hashlib.sha256(p.read_bytes()).hexdigest() for p in seen}
         _save_imports(cache, known, used)
     for path in list(seen):
@@ -179,9 +185,14 @@ def host_requirements() -> tuple[str, ...]:
     return tuple(out)
 
 
-def host_code(package_dir: Path = PACKAGE_DIR) -> HostCode:
-    """What the host wheel holds and the version that names it (a hash of exactly that)."""
-    files = host_files(package_dir)
+def host_code(
+    package_dir: Path = PACKAGE_DIR,
+    cache: Path | None = DEFAULT_CACHE / IMPORTS_CACHE_NAME,
+    save: bool = False,
+) -> HostCode:
+    """What the host wheel holds and the version that names it (a hash of exactly that); `cache` and
+    `save` as host_files takes them."""
+    files = host_files(package_dir, cache, save)
     requirements = host_requirements()
     digest = hashlib.sha256()
     names = []
@@ -269,7 +280,7 @@ def cached_host_wheel(
 ) -> Path:
     """The current host wheel from `cache_dir`, written there first when missing; older ones are removed."""
     cache_dir = cache_dir.expanduser()
-    version = host_version(package_dir)
+    version = host_code(package_dir, cache_dir / IMPORTS_CACHE_NAME, save=True).version
     wanted = cache_dir / wheel_name(version)
     if not wanted.exists():
         if progress:

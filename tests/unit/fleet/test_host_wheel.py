@@ -18,6 +18,7 @@ import pytest
 from pdfleet.fleet.host_wheel import (
     ENTRY_POINTS,
     HOST_DEPENDENCIES,
+    IMPORTS_CACHE_NAME,
     PACKAGE_DIR,
     cached_host_wheel,
     host_code,
@@ -81,7 +82,8 @@ def test_the_imports_cache_is_read_by_content_and_an_edited_file_is_parsed_again
 ) -> None:
     cache = tmp_path / "cache" / "imports.json"
     plain = _rel(tree, host_files(tree, cache=None))
-    assert _rel(tree, host_files(tree, cache)) == plain
+    assert _rel(tree, host_files(tree, cache)) == plain and not cache.exists()  # read, not written
+    assert _rel(tree, host_files(tree, cache, save=True)) == plain
     known = json.loads(cache.read_text())
     tokens = hashlib.sha256((tree / "tokens.py").read_bytes()).hexdigest()
     assert tokens in known and "fleet/topology.py" not in plain
@@ -94,11 +96,17 @@ def test_the_imports_cache_is_read_by_content_and_an_edited_file_is_parsed_again
     assert _rel(tree, host_files(tree, cache)) == plain
 
 
+def test_writing_the_wheel_writes_the_imports_cache_beside_it(tmp_path: Path) -> None:
+    wheel = cached_host_wheel(tmp_path / "wheels")
+    known = json.loads((wheel.parent / IMPORTS_CACHE_NAME).read_text())
+    assert hashlib.sha256((PACKAGE_DIR / "tokens.py").read_bytes()).hexdigest() in known
+
+
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"a": "not a list"}'])
 def test_an_unreadable_imports_cache_is_rebuilt(tree: Path, tmp_path: Path, content: str) -> None:
     cache = tmp_path / "imports.json"
     cache.write_text(content)
-    assert _rel(tree, host_files(tree, cache)) == _rel(tree, host_files(tree, cache=None))
+    assert _rel(tree, host_files(tree, cache, save=True)) == _rel(tree, host_files(tree, cache=None))
     assert isinstance(json.loads(cache.read_text()), dict)
 
 
@@ -108,7 +116,7 @@ def test_an_imports_cache_that_cannot_be_written_costs_nothing_but_the_parse(
     blocker = tmp_path / "file"
     blocker.write_text("")
     cache = blocker / "imports.json"  # its directory is a file: nothing can be written there
-    assert _rel(tree, host_files(tree, cache)) == _rel(tree, host_files(tree, cache=None))
+    assert _rel(tree, host_files(tree, cache, save=True)) == _rel(tree, host_files(tree, cache=None))
     assert not cache.exists() and blocker.read_text() == ""
 
 
