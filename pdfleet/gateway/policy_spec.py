@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from yarl import URL
 
-from pdfleet.gateway.limits import LimitsSpec
 from pdfleet.gateway.outside import OutsideSpec
+from pdfleet.model.limits import LimitsSpec
 from pdfleet.model.routing import DeciderSpec
 from pdfleet.model.shadowing import CaptureSpec, ShadowSpec
 from pdfleet.model.stages import StageSpec
