@@ -180,10 +180,12 @@ def test_the_index_fed_by_a_simulators_events_estimates_its_prefix_hits() -> Non
         )
         loop = asyncio.get_running_loop()
         try:
-            probe = [rng.randrange(1, 30_000) for _ in range(64)]
             deadline = loop.time() + 60
             while state.batches == 0:  # the PUB drops what it sends before the subscription arrives
                 assert loop.time() < deadline, ("no KV event batch within 60 s", state)
+                # a new prompt each time: a repeated one hits the cache, stores no block, sends no event
+                # (seen: under load the subscription came after the first probe's events, then nothing)
+                probe = [rng.randrange(1, 30_000) for _ in range(64)]
                 await loop.run_in_executor(None, _complete, url, probe)
                 await asyncio.sleep(0.05)
             before = scrape_metrics(url).get("vllm:prefix_cache_hits_total", 0.0)
