@@ -1,10 +1,13 @@
 """`invoke verify --kv-path` on lab-cross (issue 29): NIXL's CPU build (kv_transfer.sim_library) moves 64 MiB
 lab-p1 -> lab-d1 over the bridge and the pair reports a throughput; with UCX's data ports on lab-p1 blocked
 from lab-d1, the check fails within 15 s naming the ports and the fix. States, not latencies: the throughput
-is only required to be there. On lab-cross as provisioned (its kv_transfer role installed the library)."""
+is only required to be there. On lab-cross as provisioned, with the library turned on in a profile extending
+it (lab-cross leaves it off: its install would cost every from-scratch provision) and installed by its
+kv_transfer role on the P/D hosts; it stays installed (lab-cross's provision removes nothing)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -17,8 +20,29 @@ CHECK = "test_kv_path[lab-p1->lab-d1]"
 DATA_PORTS = "20100-20199"  # lab-cross's kv_transfer.ucx_tcp_port_range
 
 
-def _verify(inventory: Path, junit: Path) -> subprocess.CompletedProcess[str]:
-    args = ["verify", "--profile", PROFILE, "--inventory", str(inventory), "--kv-path", "--checks", "kv_path"]
+def _with_library(tmp_path: Path) -> str:
+    """lab-cross with kv_transfer.sim_library on, beside a copy of the repo's profiles."""
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO_ROOT / "profiles", profiles)
+    (profiles / "lab-cross-nixl.yml").write_text(f"extends: {PROFILE}\nkv_transfer:\n  sim_library: true\n")
+    return str(profiles / "lab-cross-nixl.yml")
+
+
+def _install(profile: str, inventory: Path) -> None:
+    """The kv_transfer role on the P/D hosts: NIXL's CPU build and numpy into the simulator's venv."""
+    args = ["provision", "--profile", profile, "--inventory", str(inventory), "--roles", "kv_transfer"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", *args, "--limit", "prefill,decode"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _verify(profile: str, inventory: Path, junit: Path) -> subprocess.CompletedProcess[str]:
+    args = ["verify", "--profile", profile, "--inventory", str(inventory), "--kv-path", "--checks", "kv_path"]
     cmd = [sys.executable, "-m", "invoke", *args, "--junit", str(junit)]
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
 
@@ -55,7 +79,9 @@ def test_verify_kv_path_moves_bytes_then_fails_naming_a_blocked_data_port(
     lab: LabHandle, tmp_path: Path
 ) -> None:
     inventory = lab.lab.inventory
-    ok = _verify(inventory, tmp_path / "ok.xml")
+    profile = _with_library(tmp_path)
+    _install(profile, inventory)
+    ok = _verify(profile, inventory, tmp_path / "ok.xml")
     outcome, note, _ = _case(tmp_path / "ok.xml")
     assert ok.returncode == 0 and outcome == "pass", ok.stdout[-3000:] + ok.stderr[-2000:]
     assert note.startswith("lab-p1->lab-d1: 64 MiB in ") and "Gb/s, setup " in note and "over tcp" in note, (
@@ -68,7 +94,7 @@ def test_verify_kv_path_moves_bytes_then_fails_naming_a_blocked_data_port(
     rc, out, err = lab.ssh(d1, block)
     assert rc == 0, out + err
     try:
-        blocked = _verify(inventory, tmp_path / "blocked.xml")
+        blocked = _verify(profile, inventory, tmp_path / "blocked.xml")
     finally:
         lab.ssh(d1, unblock)
     outcome, message, seconds = _case(tmp_path / "blocked.xml")
