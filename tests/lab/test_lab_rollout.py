@@ -1,7 +1,7 @@
 """`invoke rollout` on the lab (lab-cross): the controller on lab-gw walks long prompts to the
 disaggregated pool step by step with traffic running, rolls back by itself on a fault, keeps going when
-the operator's process is killed, and a plain provision leaves its stage alone; abort, promote, a dry run
-and an inconclusive pause each do what they say.
+the operator's process is killed, and a plain provision leaves its stage alone; abort, promote, promote
+--full, a dry run and an inconclusive pause each do what they say.
 
 Traffic: the bench's load generator (its streaming client and random-word prompts) through the
 gateway's one key and base URL, one stream of long prompts and one of short ones. The long ones take
@@ -25,7 +25,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -293,7 +292,7 @@ def at_colocated(provisioned: dict[str, str], lab: LabHandle, last_traffic: dict
         _wait_out_window(last_traffic)
 
 
-def test_too_little_traffic_pauses_inconclusive_and_says_why(
+def test_too_little_traffic_pauses_inconclusive_says_why_and_promote_full_ends_it(
     lab: LabHandle, at_colocated: None, last_traffic: dict[str, float]
 ) -> None:
     # no traffic fixture, and a window that holds no earlier request: the first analysis never sees
@@ -306,17 +305,32 @@ def test_too_little_traffic_pauses_inconclusive_and_says_why(
     )
     assert "too little traffic" in status["reason"]
     assert "inconclusive" in _ok("rollout.status")
-    _ok("rollout.abort")
-    # the next test starts from here: it must not see the pause the controller is still leaving
-    _wait(lambda: _status(lab)["phase"] == "aborted", 30, "the abort")
+    # promote --full skips every remaining step: the target's full weights at once (two 20 s analyses
+    # are left in the plan, so succeeding within 15 s is the promotion)
+    _ok("rollout.promote", "--full")
+    done = _wait(lambda: (s := _status(lab))["phase"] == "succeeded" and s, 15, "the full promotion")
+    assert (done["stage"], done["weights"]["long"]) == ("long-prompts", 100), done
 
 
-def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
+def test_rollout_walks_every_step_to_100_percent_by_itself_with_no_failed_request(
     lab: LabHandle, at_colocated: None, traffic: dict[str, Any]
 ) -> None:
+    """The operator's process follows the rollout and is killed in its first step: the controller walks
+    every step by itself, with each step's share of long prompts on the disaggregated pool, no failed
+    request, and a plain provision afterwards keeps the stage it reached."""
     before = _decisions()
-    _ok("rollout", "--stage", "long-prompts", timeout=400)  # follows the live view until the end
-    status = _status(lab)
+    watcher = subprocess.Popen(
+        [*INVOKE, "rollout", "--stage", "long-prompts"],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait(lambda: _status(lab)["phase"] == "progressing", 60, "the rollout started")
+    watcher.send_signal(signal.SIGKILL)
+    watcher.wait(30)
+    killed_at = _status(lab)["step_index"]
+    assert killed_at <= 1, killed_at  # killed in the first step (10%) or its analysis
+    status = _active(lab, lambda s: s["phase"] == "succeeded", 400, "the controller walking by itself")
     walked = (status["phase"], status["stage"], status["weights"]["long"])
     assert walked == ("succeeded", "long-prompts", 100), (status.get("reason"), status.get("last_results"))
     history = _remote(lab, "history")
@@ -331,6 +345,10 @@ def test_rollout_walks_every_step_to_100_percent_with_no_failed_request(
         share = 100 * decisions.get((stage, "disagg"), 0) / total
         assert abs(share - weight) <= 5, f"{stage}: {share:.1f}% on disagg, wanted {weight}%"
     assert traffic["failed"] == [], traffic["failed"][:3]
+    _ok("provision", "--profile", PROFILE)
+    after = _status(lab)
+    assert (after["stage"], after["version"]) == (status["stage"], status["version"])
+    assert "long-prompts" in _ok("rollout.status")
     _the_controller_walked_over_tls_with_a_stage_only_key(lab)
 
 
@@ -376,34 +394,6 @@ def _the_controller_walked_over_tls_with_a_stage_only_key(lab: LabHandle) -> Non
         for m, p in (("POST", "/admin/reload"), ("GET", "/admin/keys"), ("GET", "/v1/models"))
     }
     assert set(refused.values()) == {403}, refused
-
-
-def test_the_controller_outlives_a_killed_operator_promote_full_ends_it_and_provision_keeps_the_stage(
-    lab: LabHandle, at_colocated: None, traffic: dict[str, Any], tmp_path: Path
-) -> None:
-    watcher = subprocess.Popen(
-        [*INVOKE, "rollout", "--stage", "long-prompts"],
-        cwd=REPO_ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    _wait(lambda: _status(lab)["phase"] == "progressing", 60, "the rollout started")
-    watcher.send_signal(signal.SIGKILL)
-    watcher.wait(30)
-    killed_at = _status(lab)["step_index"]
-    assert killed_at <= 1, killed_at  # killed in the first step (10%) or its analysis
-    going = _active(lab, lambda s: s["step_index"] >= 2, 120, "the controller going on by itself")
-    # promote --full skips the remaining steps (the rest of the walk is the walk test's): at step 3 at the
-    # latest (50%'s analysis), at least that analysis's rest and 100%'s 20 s are left, so finishing within
-    # 30 s is the promotion, not the walk
-    assert going["step_index"] <= 3, going
-    _ok("rollout.promote", "--full")
-    status = _wait(lambda: (s := _status(lab))["phase"] == "succeeded" and s, 30, "the full promotion")
-    assert status["weights"]["long"] == 100
-    _ok("provision", "--profile", PROFILE)
-    after = _status(lab)
-    assert (after["stage"], after["version"]) == (status["stage"], status["version"])
-    assert "long-prompts" in _ok("rollout.status")
 
 
 def test_abort_goes_back_within_5_s_with_prometheus_hung_and_promote_ends_a_pause(
