@@ -157,8 +157,8 @@ def test_a_host_s_kv_settings_follow_its_own_p_d_model(tmp_path: Path) -> None:
         "MooncakeConnector",
         "MooncakeConnector",
     ]
-    # lab-cross's kv_transfer.sim_library: NIXL's CPU build alone (docs/kv-path.md)
-    assert [kv_import_name(on(h)) for h in ("lab-p1", "lab-p2")] == ["nixl_cu12", "mooncake"]
+    # each host's own connector's library (lab-cross leaves kv_transfer.sim_library off: docs/kv-path.md)
+    assert [kv_import_name(on(h)) for h in ("lab-p1", "lab-p2")] == ["nixl", "mooncake"]
     assert on("lab-colo2").served[0].name == "nixl-8b"  # no P/D instance there: the first model
     ctx = d.context(d.inventory.hosts["lab-d2"])
     assert ctx.kv_profile.kv_transfer.connector == "MooncakeConnector"

@@ -251,8 +251,10 @@ def test_chat_without_max_tokens_stops_at_the_simulated_eos(client: openai.OpenA
 
 def test_kv_pressure_preempts_and_still_completes_every_request() -> None:
     """200 blocks × 16 tokens = 3200 KV slots; four 1000-token requests need 4000: someone is preempted.
-    The prompts differ from their first token, so the prefix cache shares none of their blocks."""
-    args = [MODEL, "--num-gpu-blocks-override", "200", "--max-model-len", "2048", "--sim-time-scale", "0.05"]
+    The prompts differ from their first token, so the prefix cache shares none of their blocks. At time
+    scale 0.5 a request decodes for ~1.3 s of wall time, so the four overlap even when a loaded machine
+    starts them hundreds of ms apart (at 0.05, ~0.13 s: CI's unit phase once saw no preemption)."""
+    args = [MODEL, "--num-gpu-blocks-override", "200", "--max-model-len", "2048", "--sim-time-scale", "0.5"]
     with SimProcess(args) as sim:
         client = openai.OpenAI(base_url=sim.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
