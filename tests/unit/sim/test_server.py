@@ -163,8 +163,9 @@ def test_a_wall_clock_client_sees_the_ttft_and_tpot_the_simulator_reports(tmp_pa
     assert statistics.mean(tpots) == pytest.approx(sim_tpot, rel=0.02), figures
     # A quantile lies in the simulator's bucket, give or take the client's own mean offset measured above
     # (loopback, parsing, its event loop): short prompts' ~19 ms TTFT sits at the 20 ms bucket bound, where
-    # the client's ~1-2 ms on a busy machine read as a miss
-    offset = abs(statistics.mean(ttfts) - sim_ttft)
+    # the client's ~1-2 ms on a busy machine read as a miss; and the simulator's own worst lateness (its
+    # event loop, measured by itself): one request written 49 ms late moved the median of 30 past a bucket
+    offset = abs(statistics.mean(ttfts) - sim_ttft) + after["pdfleet_sim_max_lag_seconds"]
     for q in (0.5, 0.95):
         lower, upper = _bucket_of(ttft_hist, q)
         client = ttfts[round(q * (len(ttfts) - 1))]
