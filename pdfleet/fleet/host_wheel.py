@@ -67,11 +67,13 @@ def _module_file(package_dir: Path, dotted: str) -> Path | None:
     return None
 
 
-def _imported_modules(source: Path, known: dict[str, list[str]]) -> set[str]:
+def _imported_modules(source: Path, known: dict[str, list[str]], used: set[str]) -> set[str]:
     """Every `pdfleet...` module a file imports (`from pdfleet.x import y` counts y when it is a module);
-    `known` maps a source text's SHA-256 to its imports (the on-disk cache, filled here on a miss)."""
+    `known` maps a source text's SHA-256 to its imports (the on-disk cache, filled here on a miss), and
+    `used` gathers the keys this walk read (the entries a bounded cache keeps)."""
     text = source.read_text(encoding="utf-8")
     key = hashlib.sha256(text.encode()).hexdigest()
+    used.add(key)
     if key not in known:
         known[key] = sorted(_imports_in(text, str(source)))
     return set(known[key])
@@ -139,17 +141,17 @@ def host_files(
     before = set(known)
     pending = [p for pkg in HOST_PACKAGES for p in sorted((package_dir / pkg).rglob("*.py"))]
     seen: set[Path] = set()
+    used: set[str] = set()
     while pending:
         path = pending.pop()
         if path in seen:
             continue
         seen.add(path)
-        for dotted in _imported_modules(path, known):
+        for dotted in _imported_modules(path, known, used):
             module = _module_file(package_dir, dotted)
             if module is not None:
                 pending.append(module)
     if save and set(known) != before:
-        used = {hashlib.sha256(p.read_bytes()).hexdigest() for p in seen}
         _save_imports(cache, known, used)
     for path in list(seen):
         for parent in path.relative_to(package_dir).parents:

@@ -102,6 +102,20 @@ def test_writing_the_wheel_writes_the_imports_cache_beside_it(tmp_path: Path) ->
     assert hashlib.sha256((PACKAGE_DIR / "tokens.py").read_bytes()).hexdigest() in known
 
 
+def test_a_full_imports_cache_keeps_only_the_entries_of_the_sources_read(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "imports.json"
+    monkeypatch.setattr("pdfleet.fleet.host_wheel.IMPORTS_CACHE_MAX", 3)
+    cache.write_text(json.dumps({f"stale-{n}": [] for n in range(4)}))
+    files = host_files(tree, cache, save=True)
+    kept = set(json.loads(cache.read_text()))
+    read = {hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    # every entry kept is a source the walk read; the stale ones are gone
+    assert not any(key.startswith("stale-") for key in kept) and kept <= read
+    assert hashlib.sha256((tree / "tokens.py").read_bytes()).hexdigest() in kept
+
+
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"a": "not a list"}'])
 def test_an_unreadable_imports_cache_is_rebuilt(tree: Path, tmp_path: Path, content: str) -> None:
     cache = tmp_path / "imports.json"
