@@ -204,17 +204,18 @@ def _provision_lab_cross(report: Path) -> None:
 
 @pytest.fixture(scope="session")
 def lab_cross_owed(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabCrossOwed]:
-    """Whether a module of SWITCHING left the lab on its own profile; paid at the session's end, before the
-    lab goes down (or stays up with PDFLEET_LAB_KEEP=1, then on lab-cross)."""
+    """Whether a test left the lab on another profile or an altered lab-cross; paid at the session's end only
+    when the lab stays up (PDFLEET_LAB_KEEP=1, then on lab-cross): a lab going down needs no lab-cross."""
     owed = LabCrossOwed()
     yield owed
-    if owed.owed:
+    if owed.owed and os.environ.get("PDFLEET_LAB_KEEP") == "1":
         _provision_lab_cross(tmp_path_factory.mktemp("lab-cross-back") / "report.json")
 
 
 @pytest.fixture(autouse=True)
 def lab_cross_back(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """lab-cross provisioned back before a test outside SWITCHING when a module of SWITCHING left another."""
+    """lab-cross provisioned back before a test outside SWITCHING when a module of SWITCHING (or Molecule's
+    non-idempotent converge) left another."""
     if Path(str(request.node.path)).name in SWITCHING:
         return
     owed: LabCrossOwed = request.getfixturevalue("lab_cross_owed")
