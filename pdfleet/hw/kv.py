@@ -17,6 +17,7 @@ from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
 from pdfleet.ops.systemd import env_value
+from pdfleet.sim.kv_library import FRACTION_ENV, LIBRARY_ENV
 
 if TYPE_CHECKING:
     from pdfleet.model.inventory import Host
@@ -74,6 +75,15 @@ def sim_requirements(connector: str) -> tuple[tuple[tuple[str, ...], tuple[str, 
     return ()
 
 
+def sim_library_env(profile: Profile) -> dict[str, str]:
+    """engine: sim with kv_transfer.sim_library over NIXL: the simulator moves each request's scaled KV
+    bytes through the library (`pdfleet.sim.kv_library`); {} otherwise (Mooncake's engine is not built in)."""
+    kv = profile.kv_transfer
+    if profile.vllm.engine != "sim" or not kv.sim_library or kv.connector != NIXL:
+        return {}
+    return {LIBRARY_ENV: "nixl", FRACTION_ENV: repr(kv.sim_bytes_fraction)}
+
+
 def kv_import_name(profile: Profile) -> str | None:
     """The Python module that proves the library is importable in the venv (checked by verify); with
     kv_transfer.sim_library, NIXL's CPU build alone (nixl-cu12, without the `nixl` meta package)."""
@@ -109,6 +119,7 @@ def kv_env(
     if rdma and gid_index is not None:
         env["UCX_IB_GID_INDEX"] = str(gid_index)
         env["MC_GID_INDEX"] = str(gid_index)
+    env.update(sim_library_env(profile))
     if profile.topology == "cross-host" and kv.connector == MOONCAKE:
         env.update(MOONCAKE_TIMEOUTS)  # a peer that stops answering: an error, not a 30 s wait
         if kv.mooncake_protocol == "tcp":

@@ -124,6 +124,10 @@ class KVTransferSpec(StrictModel):
     # engine: sim only: install the connector's CPU build (NIXL: nixl-cu12 without its torch dependency,
     # Mooncake: mooncake-transfer-engine-non-cuda) so `verify --kv-path` moves real bytes in the lab
     sim_library: bool = False
+    # with sim_library, the simulator moves this fraction of each P/D request's KV bytes through the library
+    # (the model's per-token KV bytes x prompt tokens x this, per block; kv-transfer.env carries it):
+    # 0.001 moves ~3 MB for a 9K-token prompt of a 70B model, ~12 ms over the lab's TCP bridge
+    sim_bytes_fraction: float = Field(default=0.001, gt=0, le=1)
     load_failure_policy: Literal["recompute", "fail"] | None = None
     extra_config: dict[str, Any] = Field(default_factory=dict)
 

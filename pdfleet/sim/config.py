@@ -25,6 +25,7 @@ from pdfleet.model.vllm_release_data import NEWEST, RELEASES
 from pdfleet.model.vllm_releases import Release
 from pdfleet.sim.engine import Engine, EngineLimits
 from pdfleet.sim.kv_events import KvEventsSettings, parse_kv_events_config
+from pdfleet.sim.kv_library import LibrarySettings, settings_from_env
 from pdfleet.sim.perf import PerfModel
 from pdfleet.sim.serve_options import parse_argv, release_named
 
@@ -93,6 +94,7 @@ class SimConfig:
     visible_devices: tuple[str, ...] | None
     mooncake_bootstrap_port: int = 8998  # VLLM_MOONCAKE_BOOTSTRAP_PORT (a Mooncake producer's)
     kv_events: KvEventsSettings | None = None  # --kv-events-config's publisher (None: events off)
+    kv_library: LibrarySettings | None = None  # real KV bytes through NIXL (kv-transfer.env; None: off)
     release: Release = field(default=RELEASES[NEWEST], repr=False)  # modelled (--sim-vllm-version)
 
     @property
@@ -225,6 +227,7 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         if rel.has_env(MOONCAKE_PORT_ENV)
         else 8998,
         kv_events=_kv_events(ns.kv_events_config, rel),
+        kv_library=settings_from_env(env),
         release=rel,
     )
 

@@ -14,6 +14,7 @@ The wire protocol is `pdfleet.sim.side_channel`; the link's timing is `pdfleet.s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,7 @@ from pdfleet.sim import mooncake, transfer_log
 from pdfleet.sim.clock import SimClock
 from pdfleet.sim.config import KVTransfer, SimConfig
 from pdfleet.sim.engine import Engine, SimRequest, State
+from pdfleet.sim.kv_library import LibraryError, NixlAgent, Offer
 from pdfleet.sim.metrics import SimMetrics
 from pdfleet.sim.perf import LinkQueue
 from pdfleet.sim.side_channel import PullError, ReadGrant, SideChannelServer, compat_hash, heartbeat, pull
@@ -84,6 +86,8 @@ class KVConnector:
         self._link = LinkQueue(cfg.link)
         self._window: list[transfer_log.Transfer] = []  # transfers since the last `KV Transfer metrics` line
         self._logged_failures: dict[str, int] = {}  # the failure counters at that line
+        # real bytes through NIXL (kv_transfer.sim_library), from start()
+        self.library: NixlAgent | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -96,6 +100,12 @@ class KVConnector:
         log.info("Initializing NIXL Scheduler %s", kv.engine_id)
         log.info("Initializing NIXL wrapper")
         log.info("Initializing NIXL worker %s", kv.engine_id)
+        if cfg.kv_library is not None:  # the worker fails to start without NIXL, as vLLM's does
+            self.library = NixlAgent(f"pdfleet-sim-{kv.engine_id}", cfg.kv_library)
+            await self.library.start(kv.is_producer)
+            log.info(
+                "KV bytes move through NIXL (UCX), %g of each request's KV bytes", cfg.kv_library.fraction
+            )
         if kv.is_producer:
             renew = self.renew if cfg.release.lease_timing() is not None else None
             self._side = SideChannelServer(kv.engine_id, self.compat, self.grant, self.release, renew)
@@ -129,6 +139,8 @@ class KVConnector:
             await self._side.close()
         if self._bootstrap is not None:
             await self._bootstrap.close()
+        if self.library is not None:
+            self.library.close()
 
     # ---- kv_transfer_params -----------------------------------------------------------------------
     def role_of(self, body: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
@@ -219,9 +231,9 @@ class KVConnector:
         req = self.engine.held_request(rid)
         if req is None:
             return None
-        grant = ReadGrant(
-            req.prompt_tokens, len(req.block_ids), req.prompt_tokens * self.cfg.kv_bytes_per_token
-        )
+        nbytes, blocks = req.prompt_tokens * self.cfg.kv_bytes_per_token, len(req.block_ids)
+        offer = None if self.library is None else self.library.offer(rid, nbytes, blocks).to_wire()
+        grant = ReadGrant(req.prompt_tokens, blocks, nbytes, offer)
         if self.mooncake:  # P pushes: it observes the transfer once the consumer reports it done
             self._granted[rid] = grant
         return grant
@@ -239,6 +251,8 @@ class KVConnector:
     def release(self, rid: str) -> None:
         """Side channel: the consumer read the blocks; free them and maybe admit waiting work."""
         self._granted.pop(rid, None)
+        if self.library is not None:  # the consumers' NIXL notifications, taken as vLLM's scheduler does
+            asyncio.ensure_future(self.library.drain_notifications())
         if self.engine.release_held(rid) is not None:
             self.wake()
         else:
@@ -301,7 +315,13 @@ class KVConnector:
             end = self._link.reserve(now, moved["bytes"])
             # the modelled setup, not the real loopback handshake (which time scaling would inflate)
             timing["post"] = self.cfg.link.setup_s
+            real = self._read_real(grant, moved["blocks"], str(params.get("remote_request_id")))
             await self.clock.sleep(end - now)
+            if real is not None:  # the modelled wait is the clock; the real READ must have succeeded too
+                try:
+                    moved["bytes"] = await real
+                except LibraryError as exc:
+                    raise PullError(str(exc), handshake=exc.handshake) from exc
             timing["xfer"] = end - now
             return end - now
 
@@ -359,6 +379,16 @@ class KVConnector:
                 self.metrics.success["error"] += 1
             sink.settle(f"KV transfer for request {failed.request_id} failed (kv_load_failure_policy=fail)")
         self.wake()
+
+    def _read_real(self, grant: ReadGrant, blocks: int, notif: str) -> asyncio.Future[int] | None:
+        """Consumer with the library: the real READ of the blocks it misses, beside the modelled wait
+        (None without the library). A producer offering none cannot be read: a failed handshake."""
+        if self.library is None:
+            return None
+        offer = Offer.from_wire(grant.library)
+        if offer is None:
+            raise PullError("the producer offers no NIXL agent (kv_transfer.sim_library off there)", True)
+        return asyncio.ensure_future(self.library.read(offer, blocks, notif))
 
     def _receive_timeout_s(self) -> float | None:
         """The release's handshake receive timeout in seconds (None: 0.11.0 waits without a bound)."""

@@ -5,7 +5,8 @@ VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT (the `remote_host`/`remo
 kv_transfer_params advertise):
 
   consumer → {"op": "read", "remote_request_id", "remote_engine_id", "remote_block_ids", "compat_hash"}
-  producer → {"ok": true, "num_tokens", "num_blocks", "bytes"} | {"ok": false, "error"}
+  producer → {"ok": true, "num_tokens", "num_blocks", "bytes"[, "library"]} | {"ok": false, "error"}
+  ("library": the producer's NIXL offer when real bytes move, `pdfleet.sim.kv_library`)
   (consumer waits the link's transfer time for `bytes`: setup + bytes / (η · bandwidth), scaled)
   consumer → {"op": "done", "remote_request_id"}      (NIXL's notification; the producer frees the blocks)
   producer → {"ok": true}
@@ -53,6 +54,8 @@ class ReadGrant:
     num_tokens: int
     num_blocks: int
     nbytes: int
+    # the producer's NIXL offer (`pdfleet.sim.kv_library.Offer.to_wire`) when real bytes move
+    library: dict[str, Any] | None = None
 
 
 class SideChannelServer:
@@ -121,13 +124,14 @@ class SideChannelServer:
                     "error": f"Potentially invalid KV blocks for unrecognized request {rid}. "
                     "They may have expired.",
                 }
-            return {
+            reply = {
                 "ok": True,
                 "num_tokens": grant.num_tokens,
                 "num_blocks": grant.num_blocks,
                 "bytes": grant.nbytes,
                 "compat_hash": self.compat,
             }
+            return reply if grant.library is None else {**reply, "library": grant.library}
         if op == "done":
             if self._pushed is not None and isinstance(msg.get("xfer_s"), int | float):
                 self._pushed(rid, float(msg["xfer_s"]))
@@ -208,7 +212,8 @@ async def _read(
         reply = await _ask(reader, writer, msg, timeout_s)
         if not reply.get("ok"):
             raise PullError(str(reply.get("error")), handshake="compatibility" in str(reply.get("error")))
-        return ReadGrant(int(reply["num_tokens"]), int(reply["num_blocks"]), int(reply["bytes"]))
+        library = reply.get("library") if isinstance(reply.get("library"), dict) else None
+        return ReadGrant(int(reply["num_tokens"]), int(reply["num_blocks"]), int(reply["bytes"]), library)
     except (TimeoutError, OSError, json.JSONDecodeError, KeyError) as exc:
         raise PullError(f"KV side channel {where} failed: {exc}", handshake=False) from exc
 

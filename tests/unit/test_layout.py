@@ -279,9 +279,32 @@ def test_every_third_party_import_of_the_product_is_declared() -> None:
     undeclared = []
     for module, files in sorted(_third_party_imports(_product_files()).items()):
         dists = {canonicalize_name(d) for d in by_module.get(module, [])}
+        if _sim_host_library(module, files):
+            continue
         if not dists & (runtime | extras):
             undeclared.append(f"{module} ({', '.join(sorted(dists)) or 'not installed'}): {sorted(files)}")
     assert not undeclared, "imported but not in [project.dependencies]: " + "; ".join(undeclared)
+
+
+def _sim_host_library(module: str, files: set[str]) -> bool:
+    """A library the kv_transfer role installs into the simulator's venv (kv_transfer.sim_library:
+    `pdfleet.hw.kv.sim_requirements`), imported by the simulator alone: declared by the role, not by pip."""
+    from pdfleet.hw.kv import sim_requirements
+    from pdfleet.model.connectors import MOONCAKE, NIXL
+
+    pins = {
+        canonicalize_name(Requirement(r).name)
+        for connector in (NIXL, MOONCAKE)
+        for reqs, _ in sim_requirements(connector)
+        for r in reqs
+    }
+    return canonicalize_name(module) in pins and all(f.startswith("pdfleet/sim/") for f in files)
+
+
+def test_a_sim_host_library_counts_only_for_the_simulator() -> None:
+    assert _sim_host_library("nixl_cu12", {"pdfleet/sim/kv_library.py"})
+    assert not _sim_host_library("nixl_cu12", {"pdfleet/sim/kv_library.py", "pdfleet/checks/kv_path.py"})
+    assert not _sim_host_library("torch", {"pdfleet/sim/kv_library.py"})
 
 
 def test_every_runtime_dependency_is_imported_by_the_product() -> None:

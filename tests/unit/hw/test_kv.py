@@ -118,11 +118,23 @@ def test_sim_library_installs_nixl_s_cpu_build_without_torch_and_pins_the_data_p
     )
     env = env_of(ops)[1]
     assert env["UCX_TLS"] == "tcp" and env["UCX_TCP_PORT_RANGE"] == "20100-20199"
+    # the simulator moves each request's KV bytes through NIXL at the profile's fraction (sim.kv_library)
+    assert env["PDFLEET_SIM_KV_LIBRARY"] == "nixl" and env["PDFLEET_SIM_KV_BYTES_FRACTION"] == "0.001"
     moon = profile("lab-cross", kv_transfer={**kv, "connector": "MooncakeConnector"})
     ops, _, _ = run_role(role, context(moon, host(rdma_devices=())), fixture_facts("lab-container"))
     [pip] = [op for op in ops if isinstance(op, PipRequirements)]
     assert pip.requirements == ("mooncake-transfer-engine-non-cuda==0.3.13.post1",) and pip.extra_args == ()
     assert "UCX_TCP_SYN_CNT" not in env_of(ops)[1]  # Mooncake's TCP transport is its own, not UCX's
+    assert "PDFLEET_SIM_KV_LIBRARY" not in env_of(ops)[1]  # the simulator moves no bytes with Mooncake yet
+
+
+def test_the_sim_moves_no_bytes_without_the_library_and_refuses_a_fraction_out_of_range() -> None:
+    prof = profile("lab-cross")
+    ops, _, _ = run_role(role, context(prof, host(rdma_devices=())), fixture_facts("lab-container"))
+    assert not any(key.startswith("PDFLEET_SIM_") for key in env_of(ops)[1])
+    for bad in (0, 1.5):
+        with pytest.raises(ValidationError, match="sim_bytes_fraction"):
+            KVTransferSpec.model_validate({"sim_bytes_fraction": bad})
 
 
 def test_a_port_range_out_of_order_is_refused_naming_it() -> None:

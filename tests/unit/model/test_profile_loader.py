@@ -522,7 +522,7 @@ def test_lab_profiles_extend_the_real_ones_with_sim_and_mirrors(
     # lab-cross adds the colocated baseline beside its P/D pair (what the gateway routes between)
     assert lab.pools.colocated is not None  # every profile has the colocated baseline the gateway needs
     # lab-cross installs NIXL's CPU build beside the simulator and moves it over the bridge (docs/kv-path.md)
-    lab_only = {"sim_library", "ucx_tls", "ucx_tcp_port_range"}
+    lab_only = {"sim_library", "sim_bytes_fraction", "ucx_tls", "ucx_tcp_port_range"}
     assert lab.kv_transfer.model_dump(exclude=lab_only) == real.kv_transfer.model_dump(exclude=lab_only)
     assert lab.vllm.sim == real.vllm.sim
     check_against_inventory(lab, load_inventory(REPO / "inventory" / inventory))
