@@ -3,6 +3,7 @@
 bench/plan_fidelity.py read what the instances themselves saw over the run: the simulator's inter-token
 latency (simulated time, the engine's own gaps) and how late each step's tokens left in wall time
 (pdfleet_sim_step_lag_seconds), per pool and role, beside the client's view and the prediction.
+`invoke plan --validate` takes the same snapshots around its own bench run.
 
     .venv/bin/python bench/plan_snapshot.py --profile lab-cross out/fid-cross/server-before.json
 """
@@ -11,17 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 from invoke import Config, Context
 
-from pdfleet.bench.fleet_targets import direct_targets
 from pdfleet.cli.options import open_deployment
-from pdfleet.metrics.direct import DirectScrape
+from pdfleet.cli.plan_validate import snapshot
 
 REPO = Path(__file__).resolve().parents[1]
-KEPT = ("vllm:inter_token_latency_seconds", "pdfleet_sim_step_lag", "pdfleet_sim_loop_lag")
 
 
 def main() -> None:
@@ -33,15 +31,10 @@ def main() -> None:
     config = Config(project_location=REPO)
     config.load_project()
     deployment = open_deployment(Context(config), args.profile, args.inventory, fleet_layout=True)
-    snap = DirectScrape(direct_targets(deployment.topology)).scrape()
-    samples = [
-        {"name": name, "labels": dict(labels), "value": value}
-        for (name, labels), value in snap.samples.items()
-        if name.startswith(KEPT)
-    ]
+    snap = snapshot(deployment)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"at": time.time(), "samples": samples}) + "\n", encoding="utf-8")
-    print(f"{args.out}: {len(samples)} samples of {len(direct_targets(deployment.topology))} instance(s)")
+    Path(args.out).write_text(json.dumps(snap) + "\n", encoding="utf-8")
+    print(f"{args.out}: {len(snap['samples'])} samples of {snap['instances']} instance(s)")
 
 
 if __name__ == "__main__":

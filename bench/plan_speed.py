@@ -25,7 +25,7 @@ from pdfleet.bench.fleet_targets import bench_model
 from pdfleet.bench.stats import Bounds
 from pdfleet.bench.workloads import WorkloadSpec
 from pdfleet.cli.options import open_deployment
-from pdfleet.cli.plan import hardware_of
+from pdfleet.cli.plan_fleet import hardware_of
 from pdfleet.plan.run import default_workers, predict_all
 from pdfleet.plan.space import TP_SIZES, search_space
 from pdfleet.plan.traffic import load_of, requests_of

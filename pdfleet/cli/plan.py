@@ -20,6 +20,7 @@ from pdfleet.cli.bench import plan_from_options
 from pdfleet.cli.exits import user_errors
 from pdfleet.cli.options import HELP as COMMON_HELP
 from pdfleet.cli.options import open_deployment
+from pdfleet.cli.plan_fleet import current_of, hardware_of, targets_of
 from pdfleet.cli.settings import Settings, inventory_name, repo_path
 from pdfleet.errors import ValidationError
 
@@ -29,10 +30,8 @@ if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
     from pdfleet.bench.compare import BenchPlan
     from pdfleet.fleet.deployment import Deployment
     from pdfleet.model.profile import SloSpec
-    from pdfleet.plan.decide import Decision, Targets
-    from pdfleet.plan.diff import Current
+    from pdfleet.plan.decide import Decision
     from pdfleet.plan.predict import Request
-    from pdfleet.plan.space import Hardware, PoolShape
 
 DEFAULT_DURATION_S = 600.0  # ten minutes of traffic per layout (the issue's speed target)
 MAX_GPUS = 64
@@ -43,7 +42,7 @@ HELP = {
     "gpus": f"GPUs of the profile's kind (vllm.sim.gpu) to lay out, 2-{MAX_GPUS}.",
     "workload": f"Workload: {', '.join(WORKLOADS)} (default long-prompt-mix), as `invoke bench` builds it.",
     "trace": "A Mooncake trace JSONL (timestamp ms, input_length, output_length, hash_ids): its requests "
-    "at their own times (instead of --workload).",
+    "at their own times (instead of a workload).",
     "rate": "Arrivals per second (default: invoke bench's for the workload).",
     "duration": f"Seconds of traffic simulated per layout (default {DEFAULT_DURATION_S:g}).",
     "seed": "Seed of the workload and the arrivals (the same as invoke bench's --seed).",
@@ -57,6 +56,11 @@ HELP = {
     "model": "The model to plan for, by its name in the profile's models: (default: as invoke bench).",
     "workers": "Processes simulating layouts at once (default: the cores this process may use).",
     "out": "Directory for plan.json, report.md/html, pareto.png (default: output_dir/plan-*).",
+    "validate": "Then run the best two layouts the fleet serves as one of its pools through the real bench "
+    "(the same workload, rate and seed; under the lab's lock in the lab) and print predicted against "
+    "measured per class, the ranking on both, and where the ITL comes from. Moves nothing: other layouts "
+    "are skipped with the reason. Bench files in OUT/validate/. Not with --trace.",
+    "validate_duration": "--validate: seconds of traffic per measured pool (default 45, 5-600).",
 }
 
 
@@ -78,58 +82,6 @@ def _slo(base: SloSpec, text: str | None) -> SloSpec:
         return SloSpec.model_validate({**base.model_dump(), **updates})
     except ValueError as err:
         raise ValidationError(f"--slo {text}: {err}") from None
-
-
-def targets_of(slo: SloSpec) -> Targets:
-    """What a layout must meet: the verdict's P95 bounds and queue thresholds, the P99s, attainment."""
-    from pdfleet.plan.decide import Targets
-
-    return Targets(
-        slo.ttft_bound_ms,
-        slo.tpot_bound_ms,
-        slo.itl_p99_ms,
-        slo.kv_transfer_p99_ms,
-        slo.attainment_pct,
-        slo.prefill_queue_p95_ms,
-        slo.decode_queue_p95_ms,
-    )
-
-
-def hardware_of(deployment: Deployment, model: str | None) -> Hardware:
-    """The GPU kind, model, KV link and memory settings the profile's pools run with."""
-    from pdfleet.bench.fleet_targets import bench_model
-    from pdfleet.model import catalog
-    from pdfleet.plan.space import Hardware
-
-    spec = bench_model(deployment.profile, model)
-    sim = deployment.profile.vllm.sim
-    pool = next((spec.pools.get(p) for p, _ in spec.pools.items() if p in ("colocated", "decode")), None)
-    dtype = pool.kv_cache_dtype if pool is not None else "auto"
-    hw_model = catalog.model(spec.model.id)
-    return Hardware(
-        catalog.gpu(sim.gpu),
-        hw_model,
-        catalog.link(sim.link),
-        gpu_memory_utilization=pool.gpu_memory_utilization if pool is not None else 0.9,
-        max_model_len=spec.model.max_model_len or hw_model.max_model_len,
-        kv_dtype_bytes=catalog.KV_CACHE_DTYPES.get(dtype),
-    )
-
-
-def current_of(deployment: Deployment, model: str | None) -> Current:
-    """Today's pools (instances from the inventory, TP and budget from the profile), threshold, stage."""
-    from pdfleet.bench.fleet_targets import bench_model
-    from pdfleet.plan.diff import Current
-    from pdfleet.plan.space import PoolShape
-
-    spec = bench_model(deployment.profile, model)
-    pools: dict[str, PoolShape | None] = {}
-    for name in ("prefill", "decode", "colocated"):
-        n = len(deployment.topology.pool(name, spec.name))
-        ps = spec.pools.get(name) if n else None
-        pools[name] = PoolShape(n, ps.tensor_parallel_size, ps.max_num_batched_tokens) if ps else None
-    gw = deployment.profile.for_model(spec).gateway
-    return Current(pools, gw.long_prompt_tokens, gw.stage)
 
 
 def _tps(deployment: Deployment, given: str | None) -> tuple[int, ...]:
@@ -278,15 +230,24 @@ def plan(
     model: str | None = None,
     workers: str | None = None,
     out: str | None = None,
+    validate: bool = False,
+    validate_duration: str | None = None,
 ) -> None:
     """Predict every layout of N GPUs for this traffic; ranked table, recommendation, diff, report."""
     from rich.console import Console
 
+    from pdfleet.cli.plan_validate import run_validate, validate_duration_of
+    from pdfleet.plan.decide import Targets
     from pdfleet.plan.report import write
 
     console = Console(stderr=True)
     if trace is not None and workload != "long-prompt-mix":
         raise ValidationError("give --workload W or --trace FILE, not both")
+    if validate and trace is not None:
+        raise ValidationError("--validate benches a workload: it does not replay a --trace")
+    if validate_duration is not None and not validate:
+        raise ValidationError("--validate-duration is for --validate")
+    bench_s = validate_duration_of(validate_duration)
     if trace is not None and not repo_path(trace).is_file():
         raise ValidationError(f"--trace {trace}: cannot read the file (not found)")
     bench_opts = {
@@ -300,7 +261,7 @@ def plan(
         "long_share": long_share,
         "model": model,
     }
-    opts = {
+    opts: dict[str, Any] = {
         "trace": trace,
         "inventory": inventory,
         "gpus": gpus,
@@ -310,7 +271,7 @@ def plan(
         "workers": workers,
         "bench": bench_opts,
     }
-    doc, _ = run_plan(ctx, profile, opts, console)
+    doc, decision = run_plan(ctx, profile, opts, console)
     settings = Settings.of(ctx)
     out_dir = (
         repo_path(out)
@@ -320,6 +281,11 @@ def plan(
     files = write(Path(out_dir), doc)
     print_outcome(doc)
     console.print(f"written: {', '.join(str(f) for f in files)}")
+    if validate:
+        opts["validate_duration"] = bench_s
+        targets = Targets(**doc["targets"])
+        for line in run_validate(ctx, profile, opts, decision, targets, Path(out_dir), console):
+            print(line, flush=True)
 
 
 def print_outcome(doc: dict[str, Any]) -> None:

@@ -12,12 +12,13 @@ prefixes (agentic sessions, prefix-repetition, a trace's hash_ids) are predicted
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pdfleet.bench.compare import BenchPlan
 from pdfleet.bench.trace import read_trace
-from pdfleet.bench.workloads import build
+from pdfleet.bench.workloads import WorkloadSpec, build
 from pdfleet.errors import ValidationError
 from pdfleet.plan.predict import Request
 from pdfleet.plan.space import THRESHOLDS, Load
@@ -38,6 +39,20 @@ def requests_of(plan: BenchPlan) -> list[Request]:
         for it, t in zip(items, starts, strict=True)
     ]
     return sorted(reqs, key=lambda r: r.at)
+
+
+def requests_of_results(doc: Mapping[str, Any]) -> list[Request]:
+    """The very requests an `invoke bench` run sent (its results.json: workload, seed, and a pool's rate,
+    prompt count and burstiness; every pool gets the same)."""
+    pool = next(p for p in doc["pools"].values() if "request_rate" in p)
+    plan = BenchPlan(
+        WorkloadSpec(**doc["workload"]),
+        seed=doc["seed"],
+        rate=float(pool["request_rate"]),
+        num_prompts=int(pool["num_prompts"]),
+        burstiness=float(pool["burstiness"]),
+    )
+    return requests_of(plan)
 
 
 def requests_of_trace(path: Path | str, duration_s: float | None = None) -> tuple[list[Request], int]:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from invoke.exceptions import Exit
@@ -97,10 +98,23 @@ def test_a_trace_is_planned_at_its_own_times(tmp_path: Path) -> None:
             {"gpus": "2", "trace": "no/such.jsonl"},
             "error: --trace no/such.jsonl: cannot read the file (not found)",
         ),
+        (
+            {"gpus": "2", "trace": "t.jsonl", "validate": True},
+            "error: --validate benches a workload: it does not replay a --trace",
+        ),
+        ({"gpus": "2", "validate_duration": "30"}, "error: --validate-duration is for --validate"),
+        (
+            {"gpus": "2", "validate": True, "validate_duration": "3"},
+            "error: --validate-duration 3: must be between 5 and 600 s",
+        ),
+        (
+            {"gpus": "2", "validate": True, "validate_duration": "soon"},
+            "error: --validate-duration 'soon': not a number of seconds",
+        ),
     ],
 )
 def test_bad_options_are_one_clear_error_and_write_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], kwargs: dict[str, str], message: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kwargs: dict[str, Any], message: str
 ) -> None:
     out = tmp_path / "plan"
     with pytest.raises(Exit):

@@ -11,7 +11,7 @@ from pdfleet.bench.compare import BenchPlan
 from pdfleet.bench.trace import TraceRequest, write_trace
 from pdfleet.bench.workloads import WorkloadSpec, build
 from pdfleet.errors import ValidationError
-from pdfleet.plan.traffic import load_of, prefix_warning, requests_of, requests_of_trace
+from pdfleet.plan.traffic import load_of, prefix_warning, requests_of, requests_of_results, requests_of_trace
 
 
 def test_requests_are_benchs_items_at_benchs_times() -> None:
@@ -23,6 +23,15 @@ def test_requests_are_benchs_items_at_benchs_times() -> None:
         (t, it.prompt_tokens, it.output_tokens) for it, t in zip(items, starts, strict=True)
     ]
     assert all(r.effective_tokens == r.prompt_tokens for r in reqs)
+
+
+def test_a_bench_runs_results_give_back_the_requests_it_sent() -> None:
+    spec = WorkloadSpec(name="long-prompt-mix", input_len=512)
+    sent = requests_of(BenchPlan(spec, seed=3, rate=2.0, num_prompts=40, burstiness=1.0))
+    pool = {"request_rate": 2.0, "num_prompts": 40, "burstiness": 1.0}
+    doc = {"workload": spec.__dict__, "seed": 3, "pools": {"colocated": {"error": "down"}, "disagg": pool}}
+    assert requests_of_results(doc) == sent
+    assert requests_of_results({**doc, "seed": 4}) != sent
 
 
 def test_the_load_gives_each_thresholds_share() -> None:

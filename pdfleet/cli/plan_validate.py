@@ -1,0 +1,171 @@
+"""`invoke plan --validate`: the plan's best two layouts that the fleet serves as one of its pools, run
+through the real bench (the plan's workload, rate and seed, `--validate-duration` seconds a pool), and
+printed predicted against measured side by side, with where the ITL comes from (the model's gaps, the
+instances' own, the client's: the machine's delivery jitter is not the model's error).
+
+Nothing is moved: a layout the fleet does not serve as it stands (another shape, a hybrid) is skipped with
+the reason, so the fleet is left as it was found, also when the bench fails or is interrupted. The decision
+is pure (pdfleet.plan.validate, pdfleet.plan.gaps); this wires the bench, the /metrics snapshots and the
+prediction on the very requests the bench sent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from invoke import Context
+
+from pdfleet.errors import ValidationError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from pdfleet.fleet.deployment import Deployment
+    from pdfleet.plan.decide import Decision, Targets
+    from pdfleet.plan.predict import Request
+    from pdfleet.plan.space import Hardware, Layout
+
+DEFAULT_VALIDATE_S = 45.0  # seconds of traffic per measured pool: the fidelity runs' length (docs/plan.md)
+MAX_VALIDATE_S = 600.0
+# invoke bench's options the plan does not take, as `invoke bench` defaults them (its warm-up included)
+BENCH_DEFAULTS: dict[str, Any] = {
+    "concurrency": None,
+    "num_prompts": None,
+    "sweep": False,
+    "burstiness": None,
+    "range_ratio": None,
+    "warmup": None,
+    "dataset": None,
+    "colocated_choice": None,
+}
+
+
+def validate_duration_of(value: str | None) -> float:
+    """--validate-duration's seconds; ValidationError on anything but 5-600."""
+    if value is None:
+        return DEFAULT_VALIDATE_S
+    try:
+        s = float(value)
+    except ValueError:
+        raise ValidationError(f"--validate-duration {value!r}: not a number of seconds") from None
+    if not 5 <= s <= MAX_VALIDATE_S:
+        raise ValidationError(f"--validate-duration {s:g}: must be between 5 and {MAX_VALIDATE_S:g} s")
+    return s
+
+
+def snapshot(deployment: Deployment) -> dict[str, Any]:
+    """Every vLLM instance's /metrics series that the components read (pdfleet.plan.gaps.KEPT)."""
+    import time
+
+    from pdfleet.bench.fleet_targets import direct_targets
+    from pdfleet.metrics.direct import DirectScrape
+    from pdfleet.plan.gaps import KEPT
+
+    targets = direct_targets(deployment.topology)
+    snap = DirectScrape(targets).scrape()
+    samples = [
+        {"name": name, "labels": dict(labels), "value": value}
+        for (name, labels), value in snap.samples.items()
+        if name.startswith(KEPT)
+    ]
+    return {"at": time.time(), "instances": len(targets), "samples": samples}
+
+
+def component_report(
+    out_dir: Path,
+    doc: dict[str, Any],
+    layouts: dict[str, Layout],
+    requests: list[Request],
+    hw: Hardware,
+    long_tokens: int,
+) -> list[str]:
+    """Per benched pool: the gaps predicted, the instances' own (with DIR/server-before.json and
+    server-after.json), the client's (DIR/requests.jsonl), and the client's own lateness."""
+    from pdfleet.bench.stats import gaps
+    from pdfleet.plan.gaps import component_lines, deltas
+    from pdfleet.plan.predict import client_record, run
+
+    files = [out_dir / f"server-{w}.json" for w in ("before", "after")]
+    lab = {}
+    if all(f.exists() for f in files):
+        before, after = (json.loads(f.read_text(encoding="utf-8"))["samples"] for f in files)
+        lab = deltas(before, after)
+    sent = [json.loads(x) for x in (out_dir / "requests.jsonl").read_text(encoding="utf-8").splitlines() if x]
+    out = []
+    for pool, layout in layouts.items():
+        records, _ = run(layout, requests, hw)
+        predicted = [gaps(client_record(r, rec, long_tokens)) for r, _, rec in records]
+        client = [x["itl"] for x in sent if x["pool"] == pool and x["success"]]
+        out.extend(component_lines(pool, predicted, lab, client))
+        c = doc["pools"][pool]["pdfleet"]["client"]
+        out.append(
+            f"{pool:10} client: event-loop lag P99 {c['p99_loop_lag_ms']:.1f} ms, schedule lateness P99 "
+            f"{c['p99_schedule_lateness_ms']:.1f} ms (delivery jitter the model has none of)"
+        )
+    return out
+
+
+def run_validate(
+    ctx: Context,
+    profile: str,
+    opts: dict[str, Any],
+    decision: Decision,
+    targets: Targets,
+    out_dir: Path,
+    console: Console,
+) -> list[str]:
+    """Pick, bench, predict on the bench's requests, compare; the printed lines (also DIR/validate.txt)."""
+    from pdfleet.bench.fleet_targets import bench_model
+    from pdfleet.bench.stats import Bounds
+    from pdfleet.cli.bench import run_bench
+    from pdfleet.cli.options import open_deployment
+    from pdfleet.cli.plan_fleet import current_of, hardware_of
+    from pdfleet.plan.predict import simulate
+    from pdfleet.plan.traffic import requests_of_results
+    from pdfleet.plan.validate import lines, pick, pool_layouts, validate
+
+    deployment = open_deployment(ctx, profile, opts["inventory"], fleet_layout=True)  # as it serves now
+    model = opts["model"]
+    fleet = pool_layouts(current_of(deployment, model).pools)
+    picks = pick([r.prediction.layout for r in decision.rows], fleet)
+    for p in picks:
+        how = f"the fleet's {p.pool} pool: measured" if p.pool else f"skipped: {p.skipped}"
+        console.print(f"validate: #{p.rank} {p.layout.name}: {how}", highlight=False)
+    measured = [p for p in picks if p.pool]
+    if not measured:
+        return ["validate: none of the ranked layouts is one of the fleet's pools; nothing measured"]
+    bench_dir = out_dir / "validate"
+    bench_opts = {
+        **BENCH_DEFAULTS,
+        **opts["bench"],
+        "duration": str(opts["validate_duration"]),
+        "pools": ",".join(str(p.pool) for p in measured),
+    }
+    console.print(
+        f"validate: benching {bench_opts['pools']} for {opts['validate_duration']:g} s each (seed "
+        f"{opts['bench']['seed'] or 0}); nothing is moved, the fleet stays as it is"
+    )
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    _write(bench_dir / "server-before.json", snapshot(deployment))
+    doc, _, _ = run_bench(ctx, profile, opts["inventory"], bench_opts, str(bench_dir), console)
+    _write(bench_dir / "server-after.json", snapshot(deployment))
+    spec = bench_model(deployment.profile, model)
+    requests = requests_of_results(doc)
+    hw = hardware_of(deployment, model)
+    long_tokens = deployment.profile.for_model(spec).gateway.long_prompt_tokens
+    bounds = Bounds(**doc["slo_bounds_ms"])
+    layouts = {str(p.pool): p.layout for p in measured}
+    preds = {pool: simulate(lay, requests, hw, bounds, long_tokens) for pool, lay in layouts.items()}
+    v = validate(preds, doc["pools"], targets, [p for p in picks if not p.pool])
+    head = [f"validate: {len(requests)} requests, time scale {doc.get('time_scale', 1):g}"]
+    if doc.get("partial"):
+        head.append("validate: the bench was interrupted; the measurement is partial")
+    body = lines(v) + component_report(bench_dir, doc, layouts, requests, hw, long_tokens)
+    (bench_dir / "validate.txt").write_text("\n".join(head + body) + "\n", encoding="utf-8")
+    return head + body
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data) + "\n", encoding="utf-8")
