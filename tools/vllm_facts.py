@@ -263,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the table module --write rewrites (default {DATA_MODULE.relative_to(REPO)})",
     )
     parser.add_argument("--full", action="store_true", help="print every fact, not only the summary")
+    parser.add_argument(
+        "--fetch",
+        action="store_true",
+        help="only download the releases' wheels into --cache (what the wheel-reading tests read), then exit",
+    )
     args = parser.parse_args(argv)
     table = committed_table()
     versions = args.versions or sorted(table, key=version_key)
@@ -275,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
             if not all(part.isdigit() for part in version.split(".")) or version.count(".") != 2:
                 raise FactsError(f"{version!r}: give an exact release like 0.33.0")
             wheel = wheel_for(version, args.cache.expanduser())
+            if args.fetch:
+                print(f"vLLM {version}: {wheel}")
+                continue
             try:
                 derived[version] = extract(Sources.from_wheel(wheel, version))
             except NotConstant as exc:  # a fact the table's types cannot hold: to review, not to guess
@@ -282,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FactsError, KeyError, OSError) as exc:
         print(f"vllm_facts: {exc}", file=sys.stderr)
         return 2
+    if args.fetch:
+        return 0
     changed = False
     for version, release in derived.items():
         print("\n".join(render(release).splitlines() if args.full else summary(release)))

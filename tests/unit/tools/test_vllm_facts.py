@@ -64,6 +64,17 @@ def test_write_keeps_the_other_releases(tmp_path: Path, capsys: pytest.CaptureFi
     assert f"wrote {out}" in capsys.readouterr().out
 
 
+def test_fetch_only_caches_the_wheels_and_derives_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wheel = fixture_wheel(tmp_path, "0.11.0")  # cached: nothing to download, and no diff is printed
+    assert vllm_facts.main(["0.11.0", "--cache", str(tmp_path), "--fetch"]) == 0
+    assert capsys.readouterr().out == f"vLLM 0.11.0: {wheel}\n"
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # a release not cached and not fetchable: named, exit 2
+    assert vllm_facts.main(["0.0.1", "--cache", str(tmp_path), "--fetch"]) == 2
+    assert capsys.readouterr().err.startswith("vllm_facts: vllm==0.0.1: pip download failed: ")
+
+
 def test_bad_version_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert vllm_facts.main(["latest", "--cache", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "vllm_facts: 'latest': give an exact release like 0.33.0\n"
