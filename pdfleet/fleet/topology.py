@@ -26,6 +26,9 @@ from pdfleet.model.served import ServedModel, pool_hosts
 ROUTER_ADDRESS = "127.0.0.1"  # vllm-router listens on each gateway host's loopback, for its gateway only
 # Which gateway pool (X-Pdfleet-Pool) an instance serves, by its profile pool.
 GATEWAY_POOL = {"prefill": "disagg", "decode": "disagg", "colocated": "colocated"}
+# vLLM's KV-events publisher (KVEventsConfig.endpoint's default port); a model's colocated instances
+# publish at this port plus the model's place in `models:` (two models may share a host)
+KV_EVENTS_PORT = 5557
 MONITORING_GROUP = "monitoring"  # the inventory group whose hosts run Prometheus (the first: the controller)
 
 
@@ -44,6 +47,7 @@ class Instance:
     bootstrap_port: int | None  # VLLM_MOONCAKE_BOOTSTRAP_PORT (MooncakeConnector prefill only)
     model: str = ""  # the name of the model it serves (ServedModel.name)
     listed: bool = False  # the profile lists models: its unit and env file names carry the model's name
+    kv_events_port: int | None = None  # its KV-events publisher (gateway.decider.cache_source: kv_events)
 
     @property
     def stem(self) -> str:
@@ -69,6 +73,11 @@ class Instance:
     @property
     def health_url(self) -> str:
         return f"{self.url}/health"
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """Where the gateway subscribes to its KV events (None: it publishes none)."""
+        return None if self.kv_events_port is None else f"tcp://{self.address}:{self.kv_events_port}"
 
 
 @dataclass(frozen=True)
@@ -374,19 +383,12 @@ def _instance(profile: Profile, spec: ServedModel, host: Host, pool: str) -> Ins
     if sc_port is not None:
         sc_host = host.address if kv.side_channel_host == "auto" else kv.side_channel_host
     boot = spec.bootstrap_port_for(pool)
+    events = pool == "colocated" and spec.gateway.decider.cache_source == "kv_events"
+    port = KV_EVENTS_PORT + (spec.index or 0) if events else None
     return Instance(
-        pool,
-        host.name,
-        host.address,
-        pool_spec.port,
-        tuple(pool_spec.gpus),
-        pool_spec.kv_role,
-        sc_host,
-        sc_port,
-        boot,
-        spec.name,
-        spec.listed,
-    )
+        pool, host.name, host.address, pool_spec.port, tuple(pool_spec.gpus), pool_spec.kv_role, sc_host,
+        sc_port, boot, spec.name, spec.listed, port,
+    )  # fmt: skip
 
 
 def _model(

@@ -11,6 +11,7 @@ from pdfleet.hw.kv import kv_connector_extra_config
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 from pdfleet.model.served import ServedModel
+from pdfleet.model.vllm_kv_events import event_format
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
 
@@ -37,6 +38,22 @@ def kv_transfer_config(profile: Profile, host: Host, inst: Instance) -> dict[str
     if rel is not None:  # a key the pin has no field for: refused (0.33) or silently ignored (0.11)
         config = {key: value for key, value in config.items() if key in rel.config_keys()}
     return config
+
+
+def kv_events_config(profile: Profile, inst: Instance) -> dict[str, Any] | None:
+    """The --kv-events-config object of an instance that publishes KV events (None: it publishes none):
+    the pinned release's KVEventsConfig keys, the zmq publisher bound on every address at the topology's
+    port (vLLM binds only an endpoint with `*`; any other address it connects to)."""
+    fmt = event_format(profile.vllm.version)
+    if inst.kv_events_port is None or fmt is None:
+        return None
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{inst.kv_events_port}",
+    }
+    keys = {key for key, _ in fmt.config}
+    return {key: value for key, value in config.items() if key in keys}
 
 
 def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
@@ -79,6 +96,9 @@ def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
     kv_config = kv_transfer_config(profile, host, inst)
     if kv_config is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_config, separators=(",", ":"), sort_keys=True)]
+    events = kv_events_config(profile, inst)
+    if events is not None:
+        argv += ["--kv-events-config", json.dumps(events, separators=(",", ":"), sort_keys=True)]
     if profile.vllm.engine == "sim":
         sim = profile.vllm.sim
         argv += [

@@ -65,7 +65,8 @@ class Gateway:
         self.last_reload: dict[str, Any] = {"ok": True, "at": policy.loaded_at, "error": None}
         # no connection cap: the pools apply their own
         self.upstream = UpstreamClient()
-        self.deciding = Deciding(policy)  # outlives reloads: what the prefix index learned, the queues
+        # outlives reloads: what the prefix index learned, the queues, the KV-events feeds
+        self.deciding = Deciding(policy, self.metrics.count_kv_event_problem)
         self.shadowing = Shadowing(self.metrics, self.upstream, self.deciding.queues)
         self.shadowing.spec = policy.spec.shadow
         self.shadowing.on_change = self._shadowing_changed

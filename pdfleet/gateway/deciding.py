@@ -14,9 +14,10 @@ import time
 from typing import Any
 
 from pdfleet.gateway.decider import Facts, Load, decide
+from pdfleet.gateway.kv_feeds import Count, KvFeeds, wanted_of
 from pdfleet.gateway.load import Outstanding, QueueWatch
 from pdfleet.gateway.policy import ActivePolicy, Decision, LengthClass, Pool, Route, bucket_of, length_class
-from pdfleet.gateway.prefix_index import PrefixIndex, prompt_blocks, prompt_text
+from pdfleet.gateway.prefix_index import CacheSource, PrefixIndex, prompt_blocks, prompt_text
 from pdfleet.model.routing import ColocatedChoice, DeciderSpec, ThresholdOn
 
 _NO_LOADS: tuple[Load, ...] = ()
@@ -25,8 +26,10 @@ _NO_LOADS: tuple[Load, ...] = ()
 class Deciding:
     """The decider's live state: the prefix index, the P/D queues, the colocated outstanding tokens."""
 
-    def __init__(self, policy: ActivePolicy) -> None:
+    def __init__(self, policy: ActivePolicy, count: Count | None = None) -> None:
         self.index: PrefixIndex | None = None
+        # the colocated instances' KV events, for the routes that list them (`count`: each feed problem)
+        self.feeds = KvFeeds(count)
         # the prefix index of the requests that asked for prefix_load (or for effective) while the policy
         # keeps none: only
         # they read and feed it, so a client that does not ask costs nothing more (a reload drops it)
@@ -57,15 +60,18 @@ class Deciding:
             if shadow or (spec.polls and spec.decode_busy_waiting is not None):
                 scraped += route.decode
         self.queues.watch(scraped)
+        self.feeds.configure(wanted_of(policy.routes.values()), spec.block_tokens)
         self.spec = spec
 
     def start(self) -> None:
         """Start scraping the P/D instances (a no-op loop while none is watched)."""
         if self._poller is None:
             self._poller = asyncio.get_running_loop().create_task(self.queues.run(lambda: self.spec.poll_s))
+        self.feeds.start()
 
     async def stop(self) -> None:
         """Stop scraping."""
+        await self.feeds.stop()
         task, self._poller = self._poller, None
         if task is not None:
             task.cancel()
@@ -73,13 +79,17 @@ class Deciding:
                 await task
 
     def _index(
-        self, spec: DeciderSpec, choice: ColocatedChoice | None, on: ThresholdOn | None
-    ) -> PrefixIndex | None:
-        """The prefix index this request reads and feeds: the policy's when it keeps one, else (a request
-        that asked for prefix_load or effective) the asking requests' own, made on the first such request."""
+        self, spec: DeciderSpec, route: Route, choice: ColocatedChoice | None, on: ThresholdOn | None
+    ) -> CacheSource | None:
+        """The cache facts this request reads (and feeds): the KV events when its route lists them, else
+        the policy's prefix index when it keeps one, else (a request that asked for prefix_load or
+        effective) the asking requests' own index, made on the first such request."""
+        asked = choice == "prefix_load" or on == "effective"
+        if route.kv_events and route.colocated and self.feeds.follows(route.colocated[0]):
+            return self.feeds if spec.reads_cache or asked else None
         if spec.uses_index:
             return self.index
-        if choice != "prefix_load" and on != "effective":
+        if not asked:
             return None
         if self.asked is None:
             self.asked = PrefixIndex(spec.index_blocks, spec.block_tokens)
@@ -107,7 +117,7 @@ class Deciding:
             )
         spec = policy.spec.decider
         urls = route.colocated
-        index = self._index(spec, choice, on)
+        index = self._index(spec, route, choice, on)
         blocks: list[int] | None = None
         if index is not None:
             text = prompt_text(data, endpoint)

@@ -255,6 +255,11 @@ class KvEventIndex:
     def record(self, candidate: str, blocks: Sequence[int]) -> None:
         """Nothing: the engine's events say what it cached."""
 
+    def forget(self, candidate: str) -> None:
+        """Drop what the candidate held (its feed lost events or its connection: unknown, not cached)."""
+        self._own.pop(candidate, None)
+        self._held.pop(candidate, None)
+
     def size(self, candidate: str) -> int:
         """Blocks held for a candidate."""
         return sum(self._held.get(candidate, Counter()).values())

@@ -5,9 +5,10 @@ it describes.
 A message is three frames: the topic, an 8-byte big-endian sequence number (0 from the publisher's
 start) and the msgpack batch. A sequence number that is not the last one plus one means batches were
 missed (the publisher's high-water mark, a reconnect, a restarted engine): counted in `gaps`, and the
-index keeps what it had (a removal missed can leave a block counted until it is stored or cleared
-again; vLLM's replay socket is not read). A lost connection is retried every `retry_s` until stopped;
-while it is down the index keeps its last state.
+index forgets what it held for that engine (a removal missed could leave a block counted: unknown is
+never cached; vLLM's replay socket is not read), as it does when a connection is made or lost. A lost
+connection is retried every `retry_s` until stopped; while it is down `up` is False and the engine
+holds nothing the gateway counts.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdfleet.gateway.kv_events import KvEventError, KvEventIndex, parse_batch
@@ -32,7 +34,21 @@ class FeedState:
     gaps: int = 0
     bad: int = 0
     connects: int = 0
+    drops: int = 0  # connections lost
     last_seq: int | None = None
+    up: bool = False  # connected now
+    notify: Callable[[str], None] | None = None  # told each problem: gap, unreadable, disconnected
+
+    def problem(self, kind: str) -> None:
+        """Count one problem (and tell `notify`)."""
+        if kind == "gap":
+            self.gaps += 1
+        elif kind == "unreadable":
+            self.bad += 1
+        else:
+            self.drops += 1
+        if self.notify is not None:
+            self.notify(kind)
 
 
 def seq_of(frame: bytes) -> int:
@@ -43,16 +59,17 @@ def seq_of(frame: bytes) -> int:
 def take(state: FeedState, parts: list[bytes], index: KvEventIndex, candidate: str, fmt: EventFormat) -> None:
     """Apply one received message to the index, counting a gap before it or a payload it cannot read."""
     if len(parts) != 3 or len(parts[1]) != 8:
-        state.bad += 1
+        state.problem("unreadable")
         return
     seq = seq_of(parts[1])
     if state.last_seq is not None and seq != state.last_seq + 1:
-        state.gaps += 1
+        state.problem("gap")
+        index.forget(candidate)
     state.last_seq = seq
     try:
         batch = parse_batch(parts[2], fmt)
     except KvEventError as exc:
-        state.bad += 1
+        state.problem("unreadable")
         log.warning("kv events from %s: batch %d unreadable: %s", candidate, seq, exc)
         return
     index.apply(candidate, batch)
@@ -76,11 +93,17 @@ async def follow(
             sub = await Subscriber.connect(host, port, topic)
             state.connects += 1
             state.last_seq = None  # a new connection: the publisher may have restarted
+            index.forget(candidate)
+            state.up = True
             while True:
                 take(state, await sub.receive(), index, candidate, fmt)
         except (OSError, ZmtpError, asyncio.IncompleteReadError, TimeoutError) as exc:
             log.warning("kv events from %s (%s:%d): %s; retrying in %gs", candidate, host, port, exc, retry_s)
         finally:
+            if state.up:
+                state.up = False
+                state.problem("disconnected")
+            index.forget(candidate)
             if sub is not None:
                 with contextlib.suppress(Exception):
                     await sub.close()

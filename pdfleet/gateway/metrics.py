@@ -193,6 +193,13 @@ class GatewayMetrics:
             ["model", "pool", "upstream"],
             registry=r,
         )
+        self.kv_event_problems = Counter(
+            "pdfleet_gateway_kv_events_problems",
+            "KV-events feed problems by colocated instance (host:port) and kind: gap (batches missed), "
+            "unreadable, disconnected; the instance counts nothing cached until its feed is whole again",
+            ["upstream", "kind"],
+            registry=r,
+        )
         self.prompt_tokens = Histogram(
             "pdfleet_gateway_prompt_tokens",
             "Estimated prompt tokens per routed request",
@@ -335,6 +342,11 @@ class GatewayMetrics:
         upstream = candidate.partition("://")[2].rstrip("/") or candidate
         self.child(self.estimated_prompt, model, pool, upstream).inc(tokens)
         self.child(self.estimated_cached, model, pool, upstream).inc(cached)
+
+    def count_kv_event_problem(self, candidate: str, kind: str) -> None:
+        """One problem of an instance's KV-events feed (the instance's base URL)."""
+        upstream = candidate.partition("://")[2].rstrip("/") or candidate
+        self.child(self.kv_event_problems, upstream, kind).inc()
 
     def set_policy(self, version: int, stage: str, sha256: str, tls_expiry: datetime | None = None) -> None:
         """Publish the active policy as the info metric, and the certificate's expiry when TLS is on."""

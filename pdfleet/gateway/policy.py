@@ -98,6 +98,8 @@ class Route:
     outside: Outside | None = None
     prefill: tuple[str, ...] = ()  # the P/D pool's instances the decider scrapes
     decode: tuple[str, ...] = ()
+    kv_events: tuple[str, ...] = ()  # each colocated instance's KV-events publisher (empty: the index)
+    kv_events_release: str | None = None  # the vLLM release whose event format they publish
 
     def next_rr(self) -> int:
         """The round robin's next position over the colocated instances."""
@@ -423,6 +425,8 @@ def compile_route(spec: PolicySpec, alias: str, r: ModelRoute, source: Path) -> 
         None,
         tuple(r.prefill),
         tuple(r.decode),
+        tuple(r.kv_events),
+        r.kv_events_release,
     )
 
 

@@ -16,6 +16,7 @@ from pdfleet.model.limits import LimitsSpec
 from pdfleet.model.routing import DeciderSpec
 from pdfleet.model.shadowing import CaptureSpec, ShadowSpec
 from pdfleet.model.stages import StageSpec
+from pdfleet.model.vllm_kv_events import FORMATS, event_format
 from pdfleet.tokens import DEFAULT_CHARS_PER_TOKEN
 
 EndpointName = Literal["chat", "completions", "messages"]
@@ -124,6 +125,10 @@ class ModelRoute(_Strict):
     # the P/D pool's vLLM instances, scraped for their queues when the decider has a bypass bound
     prefill: list[BaseUrl] = []
     decode: list[BaseUrl] = []
+    # the colocated instances' KV-events publishers (tcp://HOST:PORT, in `colocated`'s order) and the vLLM
+    # release whose event format they publish: the decider's cache facts for this alias come from them
+    kv_events: list[str] = []
+    kv_events_release: str | None = Field(None, min_length=1)
 
 
 class PolicySpec(_Strict):
@@ -154,7 +159,7 @@ class PolicySpec(_Strict):
 def route_problems(spec: PolicySpec, alias: str, route: ModelRoute) -> list[str]:
     """What is wrong with one alias: pools or an outside endpoint (not both, not neither), its group."""
     if route.outside is not None:
-        pool_keys = ("colocated", "disagg", "disagg_endpoints", "group", "prefill", "decode")
+        pool_keys = ("colocated", "disagg", "disagg_endpoints", "group", "prefill", "decode", "kv_events")
         extra = [k for k in pool_keys if k in route.model_fields_set]
         if extra:
             return [f"{k}: an outside alias has no pools, P/D or group; remove {k}" for k in extra]
@@ -166,7 +171,35 @@ def route_problems(spec: PolicySpec, alias: str, route: ModelRoute) -> list[str]
         return [f"group: {route.group!r} is not under groups: (groups: {known})"]
     if route.group is None and alias in spec.groups:
         return [f"group: the alias is named like group {alias!r}; set group: {alias} (or rename one)"]
-    return _bypass_problems(spec.decider, route)
+    return _bypass_problems(spec.decider, route) + _kv_events_problems(route)
+
+
+def _kv_events_problems(route: ModelRoute) -> list[str]:
+    """One publisher per colocated instance, each tcp://HOST:PORT, of a release whose format is tabled."""
+    if not route.kv_events:
+        return ["kv_events_release: set only with kv_events"] if route.kv_events_release else []
+    if len(route.kv_events) != len(route.colocated):
+        return [
+            f"kv_events: {len(route.kv_events)} endpoints for {len(route.colocated)} colocated instances; "
+            "list one per colocated instance, in the same order"
+        ]
+    problems = [
+        f"kv_events[{i}]: {e!r} is not tcp://HOST:PORT" for i, e in enumerate(route.kv_events) if not _tcp(e)
+    ]
+    if route.kv_events_release is None or event_format(route.kv_events_release) is None:
+        tabled = ", ".join(FORMATS)
+        problems.append(
+            f"kv_events_release: {route.kv_events_release!r}: give the vLLM release the instances run "
+            f"(KV event formats tabled: {tabled})"
+        )
+    return problems
+
+
+def _tcp(endpoint: str) -> bool:
+    """tcp://HOST:PORT with a port number."""
+    scheme, _, rest = endpoint.partition("://")
+    host, _, port = rest.rpartition(":")
+    return scheme == "tcp" and bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
 def _bypass_problems(decider: DeciderSpec, route: ModelRoute) -> list[str]:
@@ -184,8 +217,14 @@ def _bypass_problems(decider: DeciderSpec, route: ModelRoute) -> list[str]:
 
 
 def group_problems(spec: PolicySpec) -> list[str]:
-    """What is wrong with the groups: a stage not among its stages, a group no alias names."""
+    """What is wrong with the groups: a stage not among its stages, a group no alias names (and a
+    policy-wide cache source: in a policy, each alias lists its KV-events publishers)."""
     problems = []
+    if spec.decider.cache_source != "index":
+        problems.append(
+            "decider.cache_source: a policy takes KV events per alias; list each alias's kv_events "
+            "endpoints and kv_events_release instead (remove the key)"
+        )
     named = {r.group for r in spec.models.values()}
     for name, group in spec.groups.items():
         stages = group.stages if group.stages is not None else spec.stages

@@ -21,6 +21,7 @@ from pdfleet.model.rebalancing import rebalance_problems
 from pdfleet.model.release_checks import managed_flag, release_problems
 from pdfleet.model.rollout import rollout_problems
 from pdfleet.model.served import ServedModel
+from pdfleet.model.vllm_kv_events import event_format
 from pdfleet.model.vllm_release_data import NEWEST, RELEASES
 from pdfleet.model.vllm_releases import Release, find_release
 from pdfleet.model.weights_checks import one_revision_per_model_id, pd_weights_problems, weights_problems
@@ -39,6 +40,7 @@ MANAGED_FLAGS: dict[str, str] = {
     "--no-enable-chunked-prefill": "{pool}.enable_chunked_prefill",
     "--max-model-len": "{pool}.max_model_len or model.max_model_len",
     "--kv-transfer-config": "kv_transfer and {pool}.kv_role",
+    "--kv-events-config": "gateway.decider.cache_source",
     "--served-model-name": "model.served_model_name",
     "--revision": "model.revision",
 }
@@ -297,8 +299,10 @@ def _gateway_problems(spec: ServedModel) -> Iterable[Problem]:
 
 
 def _decider_problems(profile: Profile) -> Iterable[Problem]:
-    """A bypass bound needs a P/D pool whose queues it reads."""
+    """A bypass bound needs a P/D pool whose queues it reads; KV events need a tabled release, a colocated
+    pool that publishes them and a decider that reads them."""
     decider = profile.gateway.decider
+    yield from _cache_source_problems(profile)
     if any(spec.disaggregated for spec in profile.served):
         return
     for key in ("prefill_busy_waiting", "decode_busy_waiting"):
@@ -307,6 +311,25 @@ def _decider_problems(profile: Profile) -> Iterable[Problem]:
                 f"gateway.decider.{key}",
                 "no model of this profile has a P/D pool (prefill and decode), so there is no queue to "
                 "bound; remove the key",
+            )
+
+
+def _cache_source_problems(profile: Profile) -> Iterable[Problem]:
+    """Each model that takes its cache facts from KV events: what it needs (see DeciderSpec.cache_source)."""
+    reads = profile.gateway.decider.reads_cache
+    for spec in profile.served:
+        if spec.gateway.decider.cache_source != "kv_events":
+            continue
+        key = spec.key("gateway.decider.cache_source")
+        if event_format(profile.vllm.version) is None:
+            yield Problem(key, f"vLLM {profile.vllm.version}'s KV event format is not tabled; use index")
+        elif spec.pools.colocated is None:
+            yield Problem(key, "kv_events: the model has no colocated pool whose events the decider reads")
+        elif not reads:
+            yield Problem(
+                key,
+                "kv_events: nothing reads the cache facts; set gateway.decider.threshold_on: effective or "
+                "gateway.decider.colocated_choice: prefix_load (or remove the key)",
             )
 
 

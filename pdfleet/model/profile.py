@@ -248,8 +248,9 @@ class Profile(StrictModel):
         gw = self.gateway
         alias = gw.model_alias or self.model.id
         gateway = ModelGateway.model_validate(
-            {key: getattr(gw, key) for key in ModelGateway.model_fields if key != "limits"}
+            {key: getattr(gw, key) for key in ModelGateway.model_fields if key not in ("limits", "decider")}
             | {"limits": {"model_max_prompt_tokens": gw.limits.model_max_prompt_tokens}}
+            | {"decider": {"cache_source": gw.decider.cache_source}}
         )
         return ServedModel(
             name=slug(alias),
@@ -280,10 +281,14 @@ class Profile(StrictModel):
         written against one model (release checks, bench, doctor); `served` is that model."""
         gw = self.gateway
         # attributes, not model_dump(): model_copy does not validate, so stages must stay StageSpecs
-        model_gw = {key: getattr(spec.gateway, key) for key in ModelGateway.model_fields if key != "limits"}
+        own = ("limits", "decider")
+        model_gw = {key: getattr(spec.gateway, key) for key in ModelGateway.model_fields if key not in own}
         cap = spec.gateway.limits.model_max_prompt_tokens
         limits = gw.limits.model_copy(update={"model_max_prompt_tokens": cap})
-        gateway = gw.model_copy(update={**model_gw, "model_alias": spec.aliases[0], "limits": limits})
+        decider = gw.decider.model_copy(update={"cache_source": spec.gateway.decider.cache_source})
+        gateway = gw.model_copy(
+            update={**model_gw, "model_alias": spec.aliases[0], "limits": limits, "decider": decider}
+        )
         update = {key: getattr(spec, key) for key in MODEL_KEYS}
         view = self.model_copy(update={**update, "gateway": gateway, "models": None})
         view._only = spec

@@ -23,6 +23,12 @@ What they mean (issue 32; the decision itself is pdfleet.gateway.decider):
   its figure is unknown (not scraped within `stale_s`: a stopped instance is never idle);
   `decode_busy_waiting` the same for the decode instances (`decode busy`). Unset: no bypass.
 - `poll_s`: how often the gateway scrapes the P/D pool's instances (at most 1 s).
+- `cache_source`: where the cached-prefix facts come from: `index` (the gateway's own approximate index of
+  what it routed where, any vLLM) or `kv_events` (each colocated instance's KV-cache events: provision
+  renders `--kv-events-config` into its unit with the publisher port from pdfleet/fleet/topology.py, and
+  the gateway subscribes to every instance; exact for prompts given as token ids, 0 cached for text
+  prompts, see pdfleet/gateway/kv_events.py). A profile's `models:` entry may set its own
+  (`gateway.decider.cache_source`); the policy lists the events endpoints per alias (`kv_events:`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ThresholdOn = Literal["prompt", "effective"]
+CacheSourceName = Literal["index", "kv_events"]
 ColocatedChoice = Literal["round_robin", "prefix_load"]
 COLOCATED_CHOICES: tuple[ColocatedChoice, ...] = get_args(ColocatedChoice)
 CHOICE_HEADER = "X-Pdfleet-Colocated-Choice"  # one request's colocated choice (a bench's comparison)
@@ -53,6 +60,7 @@ class DeciderSpec(BaseModel):
     decode_busy_waiting: int | None = Field(None, ge=0)
     poll_s: float = Field(1.0, gt=0, le=1.0)
     stale_s: float = Field(2.0, gt=0, le=60)
+    cache_source: CacheSourceName = "index"
 
     @model_validator(mode="after")
     def _stale_after_a_poll(self) -> DeciderSpec:
@@ -65,10 +73,23 @@ class DeciderSpec(BaseModel):
 
     @property
     def uses_index(self) -> bool:
-        """The prefix index is kept only when something reads it."""
+        """The gateway's own prefix index is kept only when something reads it and it is the source."""
+        return self.reads_cache and self.cache_source == "index"
+
+    @property
+    def reads_cache(self) -> bool:
+        """Something reads cached-prefix facts (whichever their source)."""
         return self.threshold_on == "effective" or self.colocated_choice == "prefix_load"
 
     @property
     def polls(self) -> bool:
         """The P/D pool's instances are scraped only when a bypass bound is set."""
         return self.prefill_busy_waiting is not None or self.decode_busy_waiting is not None
+
+
+class ModelDecider(BaseModel):
+    """A served model's own decider setting (`models[i].gateway.decider`): its cache-facts source."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cache_source: CacheSourceName = "index"

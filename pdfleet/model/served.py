@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, Field, PrivateAttr
 
 from pdfleet.model.inventory import Host, Inventory
 from pdfleet.model.rollout import RolloutSpec
+from pdfleet.model.routing import ModelDecider
 from pdfleet.model.specs import (
     KVTransferSpec,
     ModelSpec,
@@ -65,6 +66,7 @@ class ModelGateway(StrictModel):
         default_factory=RouterPolicy
     )
     limits: ModelLimits = Field(default_factory=ModelLimits)
+    decider: ModelDecider = Field(default_factory=ModelDecider)  # the model's cache-facts source
 
 
 class ServedModel(StrictModel):
@@ -85,6 +87,11 @@ class ServedModel(StrictModel):
     def key(self, path: str) -> str:
         """A key path of this model as the profile spells it: `models[1].pools.colocated.port` in a list."""
         return path if self._index is None else f"models[{self._index}].{path}"
+
+    @property
+    def index(self) -> int | None:
+        """Its place in `models:` (None: a single-model profile)."""
+        return self._index
 
     @property
     def listed(self) -> bool:
@@ -156,6 +163,9 @@ def inherited(top: dict[str, Any]) -> dict[str, Any]:
         limits = gateway.get("limits")
         if isinstance(limits, dict) and "model_max_prompt_tokens" in limits:
             found["gateway"]["limits"] = {"model_max_prompt_tokens": limits["model_max_prompt_tokens"]}
+        decider = gateway.get("decider")
+        if isinstance(decider, dict) and "cache_source" in decider:
+            found["gateway"]["decider"] = {"cache_source": decider["cache_source"]}
     return found
 
 

@@ -182,7 +182,7 @@ def chain_panels(profile: Profile, topology: Topology) -> list[tuple[str, list[P
                     (Query(_of_model("pool_role:vllm_num_preemptions:per_min"), "{{pool}} {{role}}"),),
                     unit="short",
                 ),
-                _prefix_panel(has_gateway and profile.gateway.decider.uses_index),
+                _prefix_panel(has_gateway and profile.gateway.decider.reads_cache),
             ],
         )
     )

@@ -286,7 +286,7 @@ def chain_figures(profile: Profile, has_gateway: bool) -> list[Figure]:
     """The rates and gauges this deployment has data for (the prefix estimate only where the decider keeps
     its index: no other gateway counts it)."""
     window = window_of(profile)
-    index = profile.gateway.decider.uses_index
+    index = profile.gateway.decider.reads_cache
     found = [f for f in figures(window) if (has_gateway or not f.gateway) and (index or not f.index)]
     for series in kv_series_of(profile):
         found += list(kv_figures(series, window))

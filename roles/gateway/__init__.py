@@ -137,6 +137,10 @@ def policy_limits(limits: GatewayLimits, models: dict[str, int | None]) -> dict[
 def _route(ctx: RoleContext, model: ModelTopology) -> dict[str, Any]:
     """One model's route on this gateway: its colocated URLs, and its router when it disaggregates."""
     route: dict[str, Any] = {"colocated": model.pool_urls("colocated")}
+    events = [i.kv_events_endpoint for i in model.pool("colocated")]
+    if events and all(events):  # the model's cache facts from its instances' KV events
+        route["kv_events"] = events
+        route["kv_events_release"] = ctx.profile.vllm.version
     router = model.router_on(ctx.host.name)
     if router is not None:
         route["disagg"] = router.url
@@ -199,7 +203,8 @@ def policy_text(
     }
     if first.slo.stall_ms != STALL_DEFAULT_MS:  # the profile's stall is the gateway's (bench, gates, alerts)
         doc["stall_threshold_ms"] = first.slo.stall_ms
-    decider = gw.decider.model_dump(exclude_defaults=True)
+    # the cache source is each model's: its routes list the events endpoints
+    decider = gw.decider.model_dump(exclude_defaults=True, exclude={"cache_source"})
     if decider:  # a profile without one renders the policy it rendered before the decider
         doc["decider"] = decider
     for key in ("shadow", "capture"):  # off and default unless the profile sets them: rendered as before

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pdfleet.fleet.vllm_args import kv_transfer_config, serve_argv
 from pdfleet.model.profile_loader import load_profile
+from pdfleet.sim.config import parse_serve_args
 from pdfleet.sim.serve_options import parse_argv
 from tests.unit.fleet.helpers import REPO, deploy
 
@@ -65,3 +66,25 @@ def test_only_pd_instances_get_their_models_connector() -> None:
         "NixlConnector",
         "kv_producer",
     )
+
+
+def test_a_models_entry_turns_kv_events_on_for_its_own_colocated_instances(tmp_path: Path) -> None:
+    for path in (REPO / "profiles").glob("*.yml"):
+        (tmp_path / path.name).write_text(path.read_text())
+    two = (tmp_path / "lab-two-models.yml").read_text()
+    mine = "    gateway:\n      long_prompt_tokens: 4096\n"
+    assert two.count(mine) == 1
+    (tmp_path / "lab-two-models.yml").write_text(
+        two.replace(mine, mine + "      decider: {cache_source: kv_events}\n")
+    )
+    (tmp_path / "ev.yml").write_text(
+        "extends: lab-two-models\ngateway: {decider: {colocated_choice: prefix_load}}\n"
+    )
+    small = _argv_of("ev", "lab-colo2", "llama-1b", tmp_path)
+    big = _argv_of("ev", "lab-colo2", "llama-8b", tmp_path)
+    assert "--kv-events-config" not in big  # the other model keeps the gateway's index
+    # the second model of `models:` publishes at vLLM's default port plus its place
+    assert _after(small, "--kv-events-config") == [
+        '{"enable_kv_cache_events":true,"endpoint":"tcp://*:5558","publisher":"zmq"}'
+    ]
+    parse_serve_args(small[2:])  # the simulator reads it as the release's KVEventsConfig

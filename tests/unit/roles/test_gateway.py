@@ -300,3 +300,48 @@ def test_tls_pushes_the_pair_and_ca_and_a_renewal_reloads_a_toggle_restarts(tmp_
     # and back: the plain profile on a TLS host restarts too
     ops = list(gateway_role.operations(plain.context(host), live))
     assert _notified(ops, gateway_role.POLICY_FILE) == ["restart pdfleet-gateway.service"]
+
+
+def test_kv_events_reach_each_colocated_unit_and_the_policy(tmp_path: Path) -> None:
+    fleet = _lab_cross_gateway(
+        tmp_path,
+        "{decider: {colocated_choice: prefix_load, cache_source: kv_events, prefill_busy_waiting: 8}}",
+    )
+    spec = parse_policy(Path("policy.yaml"), _rendered_policy(fleet))  # the gateway's own schema
+    colocated = fleet.topology.model().pool("colocated")
+    (route,) = [r for r in spec.models.values() if r.disagg is not None]
+    assert route.colocated == [i.url for i in colocated] and len(colocated) == 2
+    assert route.kv_events == [f"tcp://{i.address}:5557" for i in colocated]
+    assert route.kv_events_release == fleet.profile.vllm.version
+    assert spec.decider.cache_source == "index"  # in a policy the source is each alias's
+    rendered = render_fleet(fleet, fleet.inventory.hosts.values())
+    for inst in fleet.topology.instances:  # only the colocated units publish
+        (unit,) = [f for f in rendered[inst.host] if f.path == inst.unit_path]
+        argv = exec_start_argv(unit.content)
+        assert ("--kv-events-config" in argv) == (inst.pool == "colocated"), inst
+        if inst.pool == "colocated":
+            config = argv[argv.index("--kv-events-config") + 1]
+            assert config == '{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","publisher":"zmq"}'
+
+
+def test_a_profile_without_kv_events_renders_no_events_endpoints(tmp_path: Path) -> None:
+    fleet = _lab_cross_gateway(tmp_path, "{decider: {colocated_choice: prefix_load}}")
+    text = _rendered_policy(fleet)
+    assert "kv_events" not in text and "cache_source" not in text
+    assert all(i.kv_events_port is None for i in fleet.topology.instances)
+
+
+@pytest.mark.parametrize(
+    ("gateway_yaml", "expected"),
+    [
+        (
+            "{decider: {cache_source: kv_events}}",
+            "gateway.decider.cache_source: kv_events: nothing reads the cache facts",
+        ),
+        ("{decider: {cache_source: events}}", "gateway.decider.cache_source"),
+    ],
+)
+def test_bad_kv_events_settings_name_the_key_path(tmp_path: Path, gateway_yaml: str, expected: str) -> None:
+    with pytest.raises(PdfleetError) as exc:
+        _lab_cross_gateway(tmp_path, gateway_yaml)
+    assert expected in str(exc.value) and "lim.yml" in str(exc.value)

@@ -1,0 +1,108 @@
+"""The KV-events source through a running gateway on loopback: a policy alias listing its colocated
+instances' publishers (libzmq PUBs sending what vLLM 0.33's publisher sends) routes a token-id prompt to
+the instance whose events hold its prefix and counts that instance's cached tokens; a text prompt counts
+none (the gateway does not run the model's tokenizer); a stopped publisher is counted and its instance
+holds nothing cached; the policy refuses a malformed events list."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+
+from pdfleet.errors import ValidationError
+from tests.unit.gateway.helpers import Env, load_test_policy, run
+from tests.unit.model.helpers import wheel_events
+
+IDS = list(range(5000, 5000 + 80))  # five 16-token blocks
+SETTINGS = {"threshold_on": "effective", "colocated_choice": "prefix_load"}
+
+
+def _stored(c: dict[str, Any], ids: list[int]) -> bytes:
+    hashes = list(range(900, 900 + len(ids) // 16))
+    event = c["BlockStored"](
+        block_hashes=hashes, parent_block_hash=None, token_ids=ids, block_size=16, lora_id=None,
+        medium="GPU", lora_name=None,
+    )  # fmt: skip
+    return msgspec.msgpack.Encoder().encode(c["KVEventBatch"](ts=0.0, events=[event]))
+
+
+def _served(raw: bytes) -> str:
+    return str(json.loads(raw)["served_by"])
+
+
+def test_a_token_id_prompt_goes_where_the_events_hold_its_prefix(tmp_path: Path) -> None:
+    c = wheel_events("0.33.0")
+
+    async def scenario() -> None:
+        ctx = zmq.Context()
+        pubs = [ctx.socket(zmq.PUB) for _ in range(2)]
+        ports = [p.bind_to_random_port("tcp://127.0.0.1") for p in pubs]
+        events = [f"tcp://127.0.0.1:{port}" for port in ports]
+
+        def models(colo: str, dis: str) -> dict[str, Any]:
+            route = {"colocated": [colo, dis], "kv_events": events, "kv_events_release": "0.33.0"}
+            return {"llama": route}
+
+        try:
+            async with Env(tmp_path, models=models, decider=SETTINGS) as env:
+                assert env.gw is not None
+                feeds = env.gw.gateway.deciding.feeds
+                second = env.dis.url  # the alias's second colocated instance
+                seq = 0
+                while feeds.states()[second].batches == 0:  # a PUB drops what precedes the subscription
+                    pubs[1].send_multipart([b"", seq.to_bytes(8, "big"), _stored(c, IDS)])
+                    seq += 1
+                    await asyncio.sleep(0.02)
+                body = {"model": "llama", "prompt": [*IDS, 1, 2, 3], "max_tokens": 4}
+                for _ in range(3):  # round robin would alternate; the events keep it on the second
+                    st, _, raw = await env.post("/v1/completions", body)
+                    assert st == 200 and _served(raw) == "dis"
+                est = "pdfleet_gateway_prefix_estimate_cached_tokens_total"
+                upstream = second.removeprefix("http://")
+                assert await env.metric(est, pool="colocated", upstream=upstream) == 3 * 80
+                st, _, raw = await env.post("/v1/completions", {"model": "llama", "prompt": "x" * 400})
+                assert st == 200 and await env.metric(est, upstream=upstream) == 3 * 80  # text: none
+                pubs[1].close(linger=0)  # the second engine stops
+                problems = "pdfleet_gateway_kv_events_problems_total"
+                for _ in range(500):
+                    if await env.metric(problems, upstream=upstream, kind="disconnected") == 1:
+                        break
+                    await asyncio.sleep(0.02)
+                assert await env.metric(problems, upstream=upstream, kind="disconnected") == 1
+                before = await env.metric(est)
+                st, _, raw = await env.post("/v1/completions", body)
+                assert st == 200 and await env.metric(est) == before  # unknown: nothing counted cached
+        finally:
+            for p in pubs:
+                p.close(linger=0)
+            ctx.term()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("route", "expected"),
+    [
+        ({"kv_events": ["tcp://127.0.0.1:5557"]}, r"kv_events: 1 endpoints for 2 colocated instances"),
+        ({"kv_events": ["tcp://a:1", "udp://b:2"], "kv_events_release": "0.33.0"}, r"kv_events\[1\]: 'udp"),
+        (
+            {"kv_events": ["tcp://a:1", "tcp://b:2"], "kv_events_release": "0.10.0"},
+            r"formats tabled: 0\.11\.0",
+        ),
+        ({"kv_events_release": "0.33.0"}, r"kv_events_release: set only with kv_events"),
+    ],
+)
+def test_the_policy_refuses_a_malformed_events_list(
+    tmp_path: Path, route: dict[str, Any], expected: str
+) -> None:
+    models = {"llama": {"colocated": ["http://127.0.0.1:1", "http://127.0.0.1:2"], **route}}
+    with pytest.raises(ValidationError, match=expected):
+        load_test_policy(tmp_path, models=models)
+    with pytest.raises(ValidationError, match=r"decider\.cache_source: a policy takes KV events per alias"):
+        load_test_policy(tmp_path, decider={"cache_source": "kv_events", **SETTINGS})
