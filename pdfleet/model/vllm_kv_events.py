@@ -22,7 +22,7 @@ Read from the releases' own sources, `vllm/distributed/kv_events.py` and `vllm/c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TAG_FIELD = "type"  # msgspec's default tag field for a tagged struct encoded as a map
 INT_HASHES_ENV = "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"
@@ -68,15 +68,8 @@ _V0110 = EventFormat(
     removed_required=2,
     config=(("enable_kv_cache_events", False), ("publisher", "null"), *_CONFIG_COMMON),
 )
-_V0111 = EventFormat(
-    events_array_like=True,
-    batch=_BATCH,
-    stored=_STORED_011,
-    stored_required=6,
-    removed=("block_hashes", "medium"),
-    removed_required=2,
-    config=(("enable_kv_cache_events", False), ("publisher", None), *_CONFIG_COMMON),
-)
+# 0.11.1 and 0.11.2: 0.11.0 but for the publisher default (None: zmq when events are enabled)
+_V0111 = replace(_V0110, config=(("enable_kv_cache_events", False), ("publisher", None), *_CONFIG_COMMON))
 _V0330 = EventFormat(
     events_array_like=False,
     batch=_BATCH,
