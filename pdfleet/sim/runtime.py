@@ -31,7 +31,7 @@ import logging
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
-from pdfleet.model.vllm_kv_events import event_format
+from pdfleet.model.vllm_kv_events import EventFormat, event_format
 from pdfleet.sim.clock import SimClock
 from pdfleet.sim.config import SimConfig
 from pdfleet.sim.engine import Engine, SimRequest, State, StepResult
@@ -103,6 +103,7 @@ class Runtime:
         self._pending: set[Pending] = set()  # requests in intake, by first-byte time
         self._intake_done = asyncio.Event()
         self.kv_events: KvEventPublisher | None = None  # --kv-events-config's, from open()
+        self._event_fmt: EventFormat | None = None  # the release's event format, resolved in open()
         self.block_tokens = BlockTokens(2 * cfg.num_blocks) if cfg.kv_events is not None else None
 
     # ---- lifecycle --------------------------------------------------------------------------------
@@ -112,6 +113,7 @@ class Runtime:
         if self.kv is not None:
             await self.kv.start()
         if self.cfg.kv_events is not None:
+            self._event_fmt = event_format(self.cfg.release.version)
             self.kv_events = await KvEventPublisher.start(self.cfg.kv_events)
             self.engine.pool.events = []
 
@@ -143,9 +145,8 @@ class Runtime:
         pool, publisher, tokens = self.engine.pool, self.kv_events, self.block_tokens
         assert publisher is not None and tokens is not None and pool.events is not None
         raw, pool.events = pool.events, []
-        fmt = event_format(self.cfg.release.version)
-        if raw and fmt is not None:
-            publisher.publish(step_events(fmt, raw, tokens, self.cfg.block_size))
+        if raw and self._event_fmt is not None:
+            publisher.publish(step_events(self._event_fmt, raw, tokens, self.cfg.block_size))
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
