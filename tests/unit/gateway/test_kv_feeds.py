@@ -2,12 +2,16 @@
 instances' publishers (libzmq PUBs sending what vLLM 0.33's publisher sends) routes a token-id prompt to
 the instance whose events hold its prefix and counts that instance's cached tokens; a text prompt counts
 none (the gateway does not run the model's tokenizer); a stopped publisher is counted and its instance
-holds nothing cached; the policy refuses a malformed events list."""
+holds nothing cached; the policy refuses a malformed events list. End to end, both sources on the same
+agentic traffic: two simulator processes publishing their events behind a gateway, one alias reading
+them and one its own prefix index; each alias's estimated cached tokens within 10% of the simulators'
+`vllm:prefix_cache_hits` increase over its sessions."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +19,15 @@ import msgspec
 import pytest
 import zmq
 
+from pdfleet.bench.launch import SimProcess
+from pdfleet.bench.procs import free_port
 from pdfleet.errors import ValidationError
+from pdfleet.gateway.prefix_index import prompt_blocks
+from pdfleet.metrics.scrape import scrape_metrics
+from pdfleet.model.vllm_release_data import NEWEST
 from tests.unit.gateway.helpers import Env, load_test_policy, run
 from tests.unit.model.helpers import wheel_events
+from tests.unit.sim.helpers import MODEL
 
 IDS = list(range(5000, 5000 + 80))  # five 16-token blocks
 SETTINGS = {"threshold_on": "effective", "colocated_choice": "prefix_load"}
@@ -106,3 +116,83 @@ def test_the_policy_refuses_a_malformed_events_list(
         load_test_policy(tmp_path, models=models)
     with pytest.raises(ValidationError, match=r"decider\.cache_source: a policy takes KV events per alias"):
         load_test_policy(tmp_path, decider={"cache_source": "kv_events", **SETTINGS})
+
+
+def _sessions(rng: random.Random) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """Three agent sessions of token ids (1-3K at first, 300-900 more a turn), five turns each,
+    interleaved."""
+    sessions = [[rng.randrange(1, 30_000) for _ in range(rng.randrange(1000, 3000))] for _ in range(3)]
+    return sessions, [(s, rng.randrange(300, 900)) for _ in range(5) for s in range(3)]
+
+
+@pytest.mark.procs
+def test_both_sources_estimate_the_simulators_prefix_hits_on_the_same_traffic(tmp_path: Path) -> None:
+    """Alias `events` reads the simulators' KV events, alias `index` the gateway's own index, both over the
+    same two simulators with prefix_load and effective; each alias gets agent sessions of the same shape
+    (its own random ids, so neither finds the other's blocks). Per alias, the gateway's estimate metric
+    against the simulators' `vllm:prefix_cache_hits` increase over its sessions: within 10%."""
+    ports = [free_port(), free_port()]
+    sims = [
+        SimProcess(
+            [
+                MODEL,
+                "--sim-time-scale",
+                "0.05",
+                "--kv-events-config",
+                json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}"}),
+            ]
+        )  # fmt: skip
+        for port in ports
+    ]
+
+    def models(_colo: str, _dis: str) -> dict[str, Any]:
+        urls = [sim.url for sim in sims]
+        events = [f"tcp://127.0.0.1:{port}" for port in ports]
+        return {
+            "events": {"colocated": urls, "upstream_model": MODEL, "kv_events": events,
+                       "kv_events_release": NEWEST},
+            "index": {"colocated": urls, "upstream_model": MODEL},
+        }  # fmt: skip
+
+    async def arm(env: Env, alias: str, rng: random.Random) -> tuple[float, float]:
+        assert env.gw is not None
+        feeds = env.gw.gateway.deciding.feeds
+        sessions, turns = _sessions(rng)
+        before = sum(scrape_metrics(s.url).get("vllm:prefix_cache_hits_total", 0.0) for s in sims)
+        for s, grow in turns:
+            ids = sessions[s]
+            st, _, raw = await env.post("/v1/completions", {"model": alias, "prompt": ids, "max_tokens": 2})
+            assert st == 200, raw
+            if alias == "events":  # its blocks' events, published at its prefill's steps
+                blocks, whole = prompt_blocks(ids, 16, 4.0), len(ids) // 16 * 16
+                for _ in range(3000):
+                    if any(feeds.cached_tokens(u, blocks, len(ids)) >= whole for u in feeds.states()):
+                        break
+                    await asyncio.sleep(0.01)
+            ids += [rng.randrange(1, 30_000) for _ in range(grow)]
+        hits = sum(scrape_metrics(s.url).get("vllm:prefix_cache_hits_total", 0.0) for s in sims) - before
+        estimate = await env.metric("pdfleet_gateway_prefix_estimate_cached_tokens_total", model=alias)
+        return estimate, hits
+
+    async def scenario() -> dict[str, tuple[float, float]]:
+        async with Env(tmp_path, models=models, decider=SETTINGS) as env:
+            assert env.gw is not None
+            feeds = env.gw.gateway.deciding.feeds
+            rng = random.Random(32)
+            for _ in range(3000):  # both subscriptions made (a PUB drops what precedes a subscription)
+                if all(state.up for state in feeds.states().values()):
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # the SUB's subscription message reaches the PUB after the handshake
+            return {alias: await arm(env, alias, rng) for alias in ("events", "index")}
+
+    for sim in sims:
+        sim.__enter__()
+    try:
+        figures = run(scenario())
+    finally:
+        for sim in sims:
+            sim.__exit__(None, None, None)
+    print(f"estimated cached tokens vs vllm:prefix_cache_hits increase: {figures}")
+    for alias, (estimate, hits) in figures.items():
+        assert hits > 10_000 and abs(estimate - hits) <= 0.10 * hits, (alias, estimate, hits)
