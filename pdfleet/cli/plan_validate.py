@@ -148,23 +148,40 @@ def run_validate(
         f"{opts['bench']['seed'] or 0}); nothing is moved, the fleet stays as it is"
     )
     bench_dir.mkdir(parents=True, exist_ok=True)
-    _write(bench_dir / "server-before.json", snapshot(deployment))
+    for old in ("before", "after"):  # an earlier run's into the same --out must not pair with this one's
+        (bench_dir / f"server-{old}.json").unlink(missing_ok=True)
+    notes = _snapshot_to(deployment, bench_dir / "server-before.json")
     doc, _, _ = run_bench(ctx, profile, opts["inventory"], bench_opts, str(bench_dir), console)
-    _write(bench_dir / "server-after.json", snapshot(deployment))
+    notes += _snapshot_to(deployment, bench_dir / "server-after.json")
+    down = [f"validate: {pool}: {d['error']}" for pool, d in doc["pools"].items() if "error" in d]
+    layouts = {str(p.pool): p.layout for p in measured if "error" not in doc["pools"].get(str(p.pool), {})}
+    if not layouts:
+        return [*down, "validate: no pool was measured: nothing to compare"]
     spec = bench_model(deployment.profile, model)
     requests = requests_of_results(doc)
     hw = hardware_of(deployment, model)
     long_tokens = deployment.profile.for_model(spec).gateway.long_prompt_tokens
     bounds = Bounds(**doc["slo_bounds_ms"])
-    layouts = {str(p.pool): p.layout for p in measured}
     preds = {pool: simulate(lay, requests, hw, bounds, long_tokens) for pool, lay in layouts.items()}
     v = validate(preds, doc["pools"], targets, [p for p in picks if not p.pool])
-    head = [f"validate: {len(requests)} requests, time scale {doc.get('time_scale', 1):g}"]
+    head = [f"validate: {len(requests)} requests, time scale {doc.get('time_scale', 1):g}", *down, *notes]
     if doc.get("partial"):
         head.append("validate: the bench was interrupted; the measurement is partial")
     body = lines(v) + component_report(bench_dir, doc, layouts, requests, hw, long_tokens)
     (bench_dir / "validate.txt").write_text("\n".join(head + body) + "\n", encoding="utf-8")
     return head + body
+
+
+def _snapshot_to(deployment: Deployment, path: Path) -> list[str]:
+    """The instances' /metrics into `path`; a line saying why not when an instance does not answer (the
+    instances' own gaps are then left out, the rest is compared)."""
+    from pdfleet.metrics.source import MetricsUnavailable
+
+    try:
+        _write(path, snapshot(deployment))
+    except MetricsUnavailable as exc:
+        return [f"validate: no {path.stem} snapshot ({exc}): the instances' own gaps are not shown"]
+    return []
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
