@@ -1,9 +1,10 @@
 """Issue 24 in the lab: `invoke provision --profile lab-two-models` (plus an outside alias) serves the P/D
 model and a small colocated one, and a "hosted provider" (a simulator on lab-d1 with its own key), through
-one base URL and one key by changing only `model`; a second provision changes 0; staging the P/D model to
-long-prompts leaves the other model's group and routing as they were, and so does a rollout step of it
-through the controller (`invoke rollout --model`). lab-cross is owed back at the end (it retires
-the two-model units), so the files after this one find the lab as they expect."""
+one base URL and one key by changing only `model`; a second provision changes 0; a rollout of the P/D model
+to long-prompts through the controller (`invoke rollout --model`) leaves the other model's group and
+routing as they were, and so does staging it to long-prompts by hand through the admin API. lab-cross is
+owed back at the end (it retires the two-model units), so the files after this one find the lab as they
+expect."""
 
 from __future__ import annotations
 
@@ -202,20 +203,62 @@ def test_one_base_url_and_key_reach_both_models_and_the_outside_alias(fleet: Two
         )
 
 
+def _stage_pd_model_by_hand(stage: str) -> dict[str, Any]:
+    """The P/D model's group set to a stage through the gateway's admin API (as a rollout step sets it);
+    the gateway's answer."""
+    version = _admin("/admin/policy")["version"]
+    stages = lab_deployment("lab-two-models").profile.served_model(PD_MODEL).gateway.stages
+    body = {"version": version + 1, "stage": stage, "stages": {k: v.model_dump() for k, v in stages.items()}}
+    return _admin("/admin/stage", {**body, "model": PD_MODEL})
+
+
+def test_a_rollout_of_the_pd_model_to_long_prompts_leaves_the_small_model_s_stage_alone(
+    fleet: TwoModels,
+) -> None:
+    """`invoke rollout --model llama-8b --stage long-prompts` from colocated: the controller's first step
+    reaches the P/D model's group on the gateway, the small model's group keeps every setting and sends
+    long prompts to its colocated pool, the top-level stage is as it was; rollout.status shows both
+    models; abort puts the P/D model back. Without --model the rollout is refused naming both models."""
+    profile = str(fleet.profile)
+    refused = _invoke("rollout", "--profile", profile, "--stage", "long-prompts", "--no-watch")
+    assert refused.returncode != 0 and f"{PD_MODEL}, {SMALL_MODEL}" in refused.stderr, refused.stderr
+    before = _admin("/admin/policy")
+    stable = before["groups"][PD_MODEL]["stage"]
+    # the controller has read what the gateway runs (colocated, as provisioned)
+    _until(lambda: f"stage {stable} (" in _status_of(fleet.profile, PD_MODEL), 30, "the controller's view")
+    submit = ("--profile", profile, "--model", PD_MODEL, "--stage", "long-prompts", "--no-watch")
+    proc = _invoke("rollout", *submit)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    groups = _until(
+        lambda: (g := _admin("/admin/policy"))["groups"][PD_MODEL]["stage"] == "long-prompts@0" and g,
+        30,
+        "the first step on the gateway",
+    )
+    assert groups["stage"] == before["stage"], "the top-level stage moved"
+    assert groups["groups"][PD_MODEL]["stage_percent_disagg"] == {"short": 0, "long": 10}
+    kept = {k: v for k, v in before["groups"][SMALL_MODEL].items() if k != "decisions"}
+    assert {k: v for k, v in groups["groups"][SMALL_MODEL].items() if k != "decisions"} == kept
+    assert "rollout to long-prompts" in _status_of(fleet.profile, PD_MODEL)
+    small_colocated = _decisions(SMALL_MODEL, "colocated")
+    for _ in range(2):
+        assert _chat(fleet.client, SMALL_ALIAS, "tell me a long story " * 2000, 2)
+    assert _decisions(SMALL_MODEL, "colocated") - small_colocated == 2
+    assert _decisions(SMALL_MODEL, "disagg") == 0
+    proc = _invoke("rollout.abort", "--profile", profile, "--model", PD_MODEL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    after = _until(
+        lambda: (g := _admin("/admin/policy"))["groups"][PD_MODEL]["stage"] == stable and g,
+        30,
+        "the P/D model back on its stable stage",
+    )
+    assert {k: v for k, v in after["groups"][SMALL_MODEL].items() if k != "decisions"} == kept
+
+
 def test_staging_the_pd_model_to_long_prompts_leaves_the_small_model_alone(fleet: TwoModels) -> None:
     before = _admin("/admin/policy")
     groups = before["groups"]
     small_stage = groups[SMALL_MODEL]["stage"]
-    stages = lab_deployment("lab-two-models").profile.served_model(PD_MODEL).gateway.stages
-    answer = _admin(
-        "/admin/stage",
-        {
-            "version": before["version"] + 1,
-            "stage": "long-prompts",
-            "stages": {k: v.model_dump() for k, v in stages.items()},
-            "model": PD_MODEL,
-        },
-    )
+    answer = _stage_pd_model_by_hand("long-prompts")
     assert answer["stage"] == "long-prompts" and answer["model"] == PD_MODEL, answer
     after = _admin("/admin/policy")["groups"]
     assert after[PD_MODEL]["stage"] == "long-prompts"
@@ -252,43 +295,3 @@ def _until(check: Any, timeout: float, what: str) -> Any:
             return got
         time.sleep(0.5)
     raise AssertionError(f"{what} did not happen within {timeout:g} s")
-
-
-def test_a_rollout_step_of_the_pd_model_leaves_the_small_model_s_stage_alone(fleet: TwoModels) -> None:
-    """`invoke rollout --model llama-8b --stage canary-long`: the controller's first step reaches the P/D
-    model's group on the gateway, the small model's group keeps every setting and sends long prompts to
-    its colocated pool, the top-level stage is as it was; rollout.status shows both models; abort puts
-    the P/D model back. Without --model the rollout is refused naming both models."""
-    profile = str(fleet.profile)
-    refused = _invoke("rollout", "--profile", profile, "--stage", "canary-long", "--no-watch")
-    assert refused.returncode != 0 and f"{PD_MODEL}, {SMALL_MODEL}" in refused.stderr, refused.stderr
-    before = _admin("/admin/policy")
-    stable = before["groups"][PD_MODEL]["stage"]
-    # the controller has read what the gateway runs (a test above staged the P/D model by hand)
-    _until(lambda: f"stage {stable} (" in _status_of(fleet.profile, PD_MODEL), 30, "the controller's view")
-    submit = ("--profile", profile, "--model", PD_MODEL, "--stage", "canary-long", "--no-watch")
-    proc = _invoke("rollout", *submit)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    groups = _until(
-        lambda: (g := _admin("/admin/policy"))["groups"][PD_MODEL]["stage"] == "canary-long@0" and g,
-        30,
-        "the first step on the gateway",
-    )
-    assert groups["stage"] == before["stage"], "the top-level stage moved"
-    assert groups["groups"][PD_MODEL]["stage_percent_disagg"] == {"short": 0, "long": 5}
-    kept = {k: v for k, v in before["groups"][SMALL_MODEL].items() if k != "decisions"}
-    assert {k: v for k, v in groups["groups"][SMALL_MODEL].items() if k != "decisions"} == kept
-    assert "rollout to canary-long" in _status_of(fleet.profile, PD_MODEL)
-    small_colocated = _decisions(SMALL_MODEL, "colocated")
-    for _ in range(2):
-        assert _chat(fleet.client, SMALL_ALIAS, "tell me a long story " * 2000, 2)
-    assert _decisions(SMALL_MODEL, "colocated") - small_colocated == 2
-    assert _decisions(SMALL_MODEL, "disagg") == 0
-    proc = _invoke("rollout.abort", "--profile", profile, "--model", PD_MODEL)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    after = _until(
-        lambda: (g := _admin("/admin/policy"))["groups"][PD_MODEL]["stage"] == stable and g,
-        30,
-        "the P/D model back on its stable stage",
-    )
-    assert {k: v for k, v in after["groups"][SMALL_MODEL].items() if k != "decisions"} == kept
