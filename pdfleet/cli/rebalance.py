@@ -62,6 +62,10 @@ DEFAULT_REASON = "by hand (invoke rebalance)"
         "of --host/--to).",
         "hold": "With --to-plan: seconds each move is held to the gates (default, and least: "
         "rollout.window_s).",
+        "proposed": "Carry out the rollout controller's newest automatic-rebalance proposal (profile's "
+        "rollout.rebalance.mode: on), gated and undone on a failing gate as with --to-plan; each proposal is "
+        "carried out at most once (instead of --host/--to).",
+        "follow": "As --proposed, every this many seconds until Ctrl-C (e.g. --follow 5).",
         "dry_run": "Print the move's steps (--to-plan: the moves and why each host), the layout after it and "
         "the hosts it provisions; change nothing.",
     },
@@ -77,6 +81,8 @@ def rebalance(
     reason: str = DEFAULT_REASON,
     to_plan: str | None = None,
     hold: str | None = None,
+    proposed: bool = False,
+    follow: str | None = None,
     dry_run: bool = False,
 ) -> None:
     """Move a host between the colocated, prefill and decode pools, or hosts to a plan's layout (--to-plan);
@@ -88,6 +94,9 @@ def rebalance(
         raise ValidationError(f"--wait must be a positive number of seconds, not {wait}")
     if not reason.strip():
         raise ValidationError("--reason must say why the host moves (it goes into the audit log)")
+    if proposed or follow is not None:
+        _proposed(ctx, profile, inventory, host, to, to_plan, wait, hold, follow, dry_run)
+        return
     if to_plan is not None:
         if host is not None or to is not None:
             raise ValidationError("give --host H --to POOL, or --to-plan FILE, not both")
@@ -117,6 +126,36 @@ def rebalance(
             print(line)
         return
     move(ctx, profile, inventory, deployment, out, layout, reason)
+
+
+def _proposed(
+    ctx: Context,
+    profile: str,
+    inventory: str | None,
+    host: str | None,
+    to: str | None,
+    to_plan: str | None,
+    wait: int,
+    hold: str | None,
+    follow: str | None,
+    dry_run: bool,
+) -> None:
+    """--proposed / --follow S: the controller's proposals, carried out from here (rebalance_proposed)."""
+    from pdfleet.cli.rebalance_proposed import follow as follow_proposals
+
+    if host is not None or to is not None or to_plan is not None:
+        raise ValidationError(
+            "--proposed/--follow carry out the controller's proposals: not with --host/--to/--to-plan"
+        )
+    if dry_run:
+        raise ValidationError(
+            "--proposed/--follow move hosts; the controller's dry run is rollout.rebalance.mode: dry-run"
+        )
+    every = None if follow is None else number("--follow", follow, most=3600.0)
+    if every is not None and every <= 0:
+        raise ValidationError(f"--follow must be a positive number of seconds, not {follow}")
+    hold_s = None if hold is None else number("--hold", hold, most=3600.0)
+    follow_proposals(ctx, profile, inventory, wait, hold_s, every, TaskFleet)
 
 
 def move(

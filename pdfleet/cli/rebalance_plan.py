@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pdfleet.fleet.gate_hold import GateConfig
     from pdfleet.fleet.mover import Layout
     from pdfleet.fleet.moving import Fleet as MovingFleet
+    from pdfleet.fleet.moving import Front
     from pdfleet.fleet.replan import Move
     from pdfleet.fleet.replanning import Held, PlanReport
     from pdfleet.metrics.source import MetricsSource
@@ -146,6 +147,30 @@ class PromGate:
         return Held(out.ok, out.reason)
 
 
+def prom_gate(deployment: Deployment, config: GateConfig, hold_s: float) -> PromGate:
+    """The gate on the monitoring host's Prometheus (ConnectError when the lab cannot route to it)."""
+    from urllib.parse import urlparse
+
+    from pdfleet.errors import ConnectError
+    from pdfleet.lab.network import lab_route_problem
+    from pdfleet.metrics.prometheus import PrometheusClient
+    from pdfleet.monitoring.chain_table import prometheus_url
+
+    url = prometheus_url(deployment.topology, None)
+    problem = lab_route_problem([urlparse(url).hostname or ""])
+    if problem:
+        raise ConnectError(problem)
+    return PromGate(PrometheusClient(url), config, hold_s)
+
+
+def front_of(deployment: Deployment) -> Front:
+    """The gateway and monitoring hosts a move re-renders."""
+    from pdfleet.fleet.moving import Front
+
+    topo = deployment.topology
+    return Front(tuple(g.host for g in topo.gateways), tuple(p.host for p in topo.monitoring))
+
+
 def _apply(
     ctx: Context,
     profile: str,
@@ -161,27 +186,16 @@ def _apply(
     file: str,
 ) -> None:
     """The live moves, gated; every move, the stop and the moves back in the fleet's audit log."""
-    from urllib.parse import urlparse
-
-    from pdfleet.errors import ConnectError
-    from pdfleet.fleet.moving import Front, MoveFailed
+    from pdfleet.fleet.moving import MoveFailed
     from pdfleet.fleet.replanning import apply_moves
-    from pdfleet.lab.network import lab_route_problem
-    from pdfleet.metrics.prometheus import PrometheusClient
-    from pdfleet.monitoring.chain_table import prometheus_url
 
     store = fleet_layouts(ctx, profile, inventory)
     if not store.keepers:
         raise ValidationError(
             "the inventory has no gateway host: the live layout is kept on the gateway hosts"
         )
-    url = prometheus_url(deployment.topology, None)
-    problem = lab_route_problem([urlparse(url).hostname or ""])
-    if problem:
-        raise ConnectError(problem)
-    topo = deployment.topology
-    front = Front(tuple(g.host for g in topo.gateways), tuple(p.host for p in topo.monitoring))
-    gate = PromGate(PrometheusClient(url), config, hold_s)
+    gate = prom_gate(deployment, config, hold_s)
+    front = front_of(deployment)
     why = f"{reason} (--to-plan {file})"
     try:
         report = apply_moves(moves, layout, front, fleet, gate, wait)

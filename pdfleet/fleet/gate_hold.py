@@ -2,8 +2,10 @@
 measured and decided with the rollout's own machinery, as an analysis step holds a rollout: every
 `rollout.interval_s` each gate is measured over `rollout.window_s` (pdfleet.rollout.measure.observe), held to
 its bounds (gates.evaluate_gate) and the tick decided (gates.decide_analysis, with the profile's failure and
-error limits and `rollout.min_samples`). The hold passes once it has run `hold_s` (at least the window, so
-the window holds only traffic after the move) with every deciding gate passing; a failed gate or too many
+error limits and `rollout.min_samples`), from the first tick whose window holds only traffic after the move
+(none is decided before `rollout.window_s` has passed: the window would still hold the move's own drain and
+router restart). The hold passes once it has run `hold_s` (at least the window) with every deciding gate
+passing; a failed gate or too many
 metrics errors fail it, and so does too little traffic by its deadline (4 x hold_s): a move nobody could
 measure is not one to build the next on.
 
@@ -87,6 +89,8 @@ def hold(
             weights, error = None, str(exc)
         else:
             error = ""
+        if elapsed < spec.window_s:  # the window still holds the move's own traffic (its router restart)
+            continue
         if weights is None and not error:
             if elapsed < hold_s:
                 continue

@@ -147,3 +147,16 @@ def _pools(layout: Layout) -> str:
     return "; ".join(
         f"{pool}: {', '.join(layout.members(pool))}" for pool in ("prefill", "decode", "colocated")
     )
+
+
+def resolve(move: Move, layout: Layout, where: str, front: Front, fleet: Fleet) -> None:
+    """Finish what an interrupted move left (pdfleet.fleet.proposed.where_now says `where` its host is in
+    the live `layout`): still in its old pool (stopped at drain or wait), it is admitted there again; in its
+    new one (the render step was reached), the host and the front are converged to the layout."""
+    if where == "source":
+        _readmit(layout, move, front, fleet)
+        return
+    if where == "target":
+        fleet.say(f"      {move.host} is in the {move.target} pool in the live layout: finishing its move")
+        fleet.converge(layout, (move.host,), None)
+    fleet.converge(layout, front.admitted, ADMIT_ROLES)

@@ -1,7 +1,8 @@
 """The automatic rebalance in the rollout controller (issue 35): the pools' figures read through the one
 metrics client, the pure proposer (rollout.proposer) asked, and every proposal recorded in the controller's
-audit log with the numbers behind it. `dry-run` (the only mode besides off) records and changes nothing: a
-move needs provisioning from the control machine (`invoke rebalance`), which the controller does not do.
+audit log with the numbers behind it. The controller changes nothing itself: a move needs provisioning from
+the control machine, which the controller does not do; `dry-run` only records, `on` records the proposal
+(`mode: on`) for `invoke rebalance --follow` on the control machine to carry out (pdfleet.fleet.proposed).
 
 Figures, each over `rollout.rebalance.window_s`, of the model's instances (Prometheus's `pool`/`role` target
 labels): the prefill instances' queue time P95 (`vllm:request_queue_time_seconds`), the decode instances'

@@ -1,5 +1,6 @@
-"""The rollout controller's automatic rebalance in dry run on the lab (issue 35), opt-in: skipped unless
-PDFLEET_LAB_AUTO=1 (it costs some two minutes: a move by hand, the controller re-provisioned twice, a burst).
+"""The rollout controller's automatic rebalance on the lab (issue 35), opt-in: skipped unless
+PDFLEET_LAB_AUTO=1 (some two minutes for the dry run: a move by hand, the controller re-provisioned twice, a
+burst; some four more for the moving leg, see its test).
 
 lab-cross has one decode host, which its minimum keeps, so lab-colo2 is first moved to decode by hand; the
 controller (the rollout role on lab-gw) is provisioned with lab-cross-auto (lab-cross with
@@ -37,12 +38,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 INVOKE = [sys.executable, "-m", "invoke"]
-PROFILE, AUTO = "lab-cross", "lab-cross-auto"
+PROFILE, AUTO, AUTO_ON = "lab-cross", "lab-cross-auto", "lab-cross-auto-on"
 MODEL = "llama-3.1-8b"
 LONG_TOKENS = 8_750  # over the 8192-token threshold: P/D at the long-prompts stage
 BURST = 8  # long prompts at once on one prefill instance
 EVENT = "rebalance-proposal"
 FLEET_LAYOUT = "/var/lib/pdfleet/layouts/lab-cross.json"
+LAYOUTS = "/var/lib/pdfleet/layouts"
+COOLDOWN_S = 150  # profiles/lab-cross-auto.yml's (and so lab-cross-auto-on's)
 
 
 def _ok(*args: str, timeout: float = 600) -> str:
@@ -53,17 +56,32 @@ def _ok(*args: str, timeout: float = 600) -> str:
     return proc.stdout
 
 
-def _proposals() -> list[dict[str, Any]]:
-    out = _ok("rollout.history", "--profile", AUTO, "--last", "200")
+def _proposals(profile: str = AUTO) -> list[dict[str, Any]]:
+    out = _ok("rollout.history", "--profile", profile, "--last", "200")
     events = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
     return [e for e in events if e.get("event") == EVENT]
 
 
-def _fleet_layout(lab: LabHandle) -> dict[str, list[str]] | None:
+def _cooled_down(profile: str) -> list[dict[str, Any]]:
+    """The controller's proposals, once the last one's cool-down (read back from its audit log whatever its
+    mode, so an earlier run's holds this one's) has ended."""
+    proposals = _proposals(profile)
+    if proposals:
+        time.sleep(max(0.0, proposals[-1]["at"] + COOLDOWN_S + 1 - time.time()))
+    return proposals
+
+
+def _gw_file(lab: LabHandle, path: str) -> str | None:
+    """A file on lab-gw (None: absent)."""
     gw = next(h for h in lab.hosts if h.name == "lab-gw")
-    rc, out, err = lab.ssh(gw, f"sudo -n sh -c '[ -e {FLEET_LAYOUT} ] || exit 3; cat {FLEET_LAYOUT}'")
+    rc, out, err = lab.ssh(gw, f"sudo -n sh -c '[ -e {path} ] || exit 3; cat {path}'")
     assert rc in (0, 3), err
-    return None if rc == 3 else dict(json.loads(out)["hosts"])
+    return None if rc == 3 else out
+
+
+def _fleet_layout(lab: LabHandle, path: str = FLEET_LAYOUT) -> dict[str, list[str]] | None:
+    text = _gw_file(lab, path)
+    return None if text is None else dict(json.loads(text)["hosts"])
 
 
 @pytest.fixture
@@ -134,7 +152,7 @@ def _burst(seconds: float) -> dict[str, Any]:
 def test_a_burst_of_long_prompts_gets_one_dry_run_proposal_toward_prefill_and_no_flap_back(
     lab: LabHandle, auto: None
 ) -> None:
-    before = len(_proposals())
+    before = len(_cooled_down(AUTO))
     layout = _fleet_layout(lab)
     started, wall = time.monotonic(), time.time()
     burst = _burst(30)
@@ -158,4 +176,107 @@ def test_a_burst_of_long_prompts_gets_one_dry_run_proposal_toward_prefill_and_no
     print(
         f"\nauto rebalance (dry run): proposal {first['from']} -> {first['to']} {reaction:.0f} s after the "
         f"burst began ({first['why']}); {burst['ok']} long prompts ok, 0 failed"
+    )
+
+
+@pytest.fixture
+def auto_on(lab: LabHandle) -> Iterator[None]:
+    """The fleet under lab-cross-auto-on (the controller's proposals to carry out) with two decode hosts at
+    the long-prompts stage; then the inventory's layout and lab-cross's renders on lab-gw again."""
+    for profile in (PROFILE, AUTO_ON):
+        path = f"{LAYOUTS}/{profile}.json"
+        assert _fleet_layout(lab, path) is None, f"lab-gw:{path}: an earlier run left a live layout"
+    front = ("--roles", "gateway,monitoring,rollout", "--limit", "lab-gw")
+    try:
+        _ok("provision", "--profile", AUTO_ON, *front, "--stage", "long-prompts")
+        why = "auto lab test: a second decode host to give"
+        _ok(
+            "rebalance",
+            "--profile",
+            AUTO_ON,
+            "--host",
+            "lab-colo2",
+            "--to",
+            "decode",
+            "--wait",
+            "30",
+            "--reason",
+            why,
+        )
+        yield
+    finally:
+        if _fleet_layout(lab, f"{LAYOUTS}/{AUTO_ON}.json") is not None:
+            _ok("provision", "--profile", AUTO_ON, "--layout-from-inventory")
+        _ok("provision", "--profile", PROFILE, *front, "--stage", "colocated")
+
+
+def _figures(profile: str, window_s: float) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from pdfleet.metrics.prometheus import PrometheusClient
+    from pdfleet.rollout.pressure import read_figures
+    from tests.lab.helpers import prometheus_url
+
+    return asdict(read_figures(PrometheusClient(prometheus_url(profile)), window_s))
+
+
+def test_mode_on_moves_one_host_toward_prefill_the_queue_falls_and_nothing_flaps_back(
+    lab: LabHandle, auto_on: None, tmp_path: Any
+) -> None:
+    """The Done-when: a burst of long prompts overloads the one prefill instance; the controller proposes
+    decode -> prefill (mode on), `invoke rebalance --follow` carries it out (one decode host moved, gated),
+    the prefill queue P95 falls, no other proposal or move follows, and no request fails."""
+    proposals = _cooled_down(AUTO_ON)
+    before = len(proposals)
+    audit_path = f"{LAYOUTS}/{AUTO_ON}.audit.jsonl"
+    audit_before = len((_gw_file(lab, audit_path) or "").splitlines())
+    log = (tmp_path / "follow.log").open("w")
+    follower = subprocess.Popen(
+        [*INVOKE, "rebalance", "--profile", AUTO_ON, "--follow", "2", "--wait", "30"],
+        cwd=REPO_ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    started, wall = time.monotonic(), time.time()
+    try:
+        burst = _burst(110)
+        moved: list[dict[str, Any]] = []
+        while time.monotonic() < started + 100 and not moved:
+            time.sleep(3)
+            events = [json.loads(ln) for ln in (_gw_file(lab, audit_path) or "").splitlines()[audit_before:]]
+            moved = [e for e in events if e.get("event") in ("moved", "proposal-stopped", "proposal-failed")]
+        moved_after = time.monotonic() - started
+        time.sleep(max(0.0, started + 100 - time.monotonic()))  # the burst's last seconds on the new layout
+        after = _figures(AUTO_ON, 10)
+        burst["thread"].join(60)
+    finally:
+        follower.send_signal(2)  # Ctrl-C: the loop stops between looks
+        follower.wait(60)
+        log.close()
+    out = (tmp_path / "follow.log").read_text()
+    events = [json.loads(ln) for ln in (_gw_file(lab, audit_path) or "").splitlines()[audit_before:]]
+    new = _proposals(AUTO_ON)[before:]
+    said = f"\nfollower said:\n{out[-4000:]}\naudit: {json.dumps(events)}"
+    assert len(new) == 1, f"{new}{said}"  # one proposal, no flap back in the cool-down
+    first = new[0]
+    assert (first["from"], first["to"], first["mode"]) == ("decode", "prefill", "on"), first
+    assert first["at"] >= wall
+    kinds = [e["event"] for e in events]
+    assert kinds == ["proposal-taken", "moved"], said
+    taken, done = events
+    assert taken["proposal"] == done["proposal"] == f"{first['at']:.3f}"
+    assert (done["from"], done["to"]) == ("decode", "prefill"), done
+    layout = _fleet_layout(lab, f"{LAYOUTS}/{AUTO_ON}.json")
+    assert layout is not None and layout[done["host"]] == ["prefill"], layout
+    q_before, q_after = first["figures"]["prefill_queue_p95_ms"], after["prefill_queue_p95_ms"]
+    assert q_after is not None and q_after < q_before, (q_before, after)
+    assert after["hosts"]["prefill"] == 2, after
+    assert not burst["failed"], burst["failed"][:5]
+    print(
+        f"\nauto rebalance (on): proposal {first['at'] - wall:.0f} s after the burst began; "
+        f"{done['host']} moved to prefill {taken['at'] - first['at']:.1f} s after it was proposed (took "
+        f"{sum(done['seconds'].values()):.1f} s: {done['seconds']}; gates: {done['gates']}); moved "
+        f"{moved_after:.0f} s into the burst; prefill queue P95 {q_before:.0f} -> {q_after:.0f} ms; "
+        f"{burst['ok']} long prompts ok, 0 failed; follower said:\n{out[-1500:]}"
     )

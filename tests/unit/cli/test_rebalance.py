@@ -84,6 +84,32 @@ def test_bad_options_are_refused_before_anything_is_read(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("profile", "options", "expected"),
+    [
+        ("lab-cross", {"proposed": True, "host": "lab-colo2"}, "not with --host/--to/--to-plan"),
+        ("lab-cross", {"follow": "5", "to_plan": "p.json"}, "not with --host/--to/--to-plan"),
+        ("lab-cross", {"proposed": True, "dry_run": True}, "the controller's dry run is"),
+        ("lab-cross", {"follow": "0"}, "--follow must be a positive number"),
+        ("lab-cross", {"follow": "soon"}, "--follow: 'soon' is not a number"),
+        ("lab-cross", {"proposed": True}, "rollout.rebalance.mode is off"),
+        ("lab-cross-auto", {"proposed": True}, "rollout.rebalance.mode is dry-run"),
+    ],
+)
+def test_carrying_out_proposals_refuses_bad_input_before_any_host(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    profile: str,
+    options: dict[str, object],
+    expected: str,
+) -> None:
+    ctx = project_context(output_dir=str(tmp_path))
+    with pytest.raises(Exit):
+        rebalance(ctx, profile=profile, **options)  # type: ignore[arg-type]
+    assert expected in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.procs  # starts invoke: see tests/unit/conftest.py
 def test_every_option_has_help() -> None:
     proc = subprocess.run(
@@ -104,6 +130,8 @@ def test_every_option_has_help() -> None:
         "--reason",
         "--to-plan",
         "--hold",
+        "--proposed",
+        "--follow",
         "--dry-run",
     )
     for option in options:

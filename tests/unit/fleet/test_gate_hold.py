@@ -89,6 +89,16 @@ def test_a_gate_past_its_ratio_fails_the_hold(traffic: Traffic) -> None:
     assert out.ticks < 6  # it does not wait out the hold
 
 
+def test_the_move_s_own_traffic_before_the_hold_is_not_decided_on(traffic: Traffic) -> None:
+    traffic.disagg_ttft_s = 2.0  # the move's router restart: slow (or fallen back) P/D requests
+    traffic.sleep(4)
+    traffic.source.scrape()  # Prometheus scrapes on its own schedule: one as the move ends
+    traffic.disagg_ttft_s = 0.2
+    out = hold(traffic.source, CONFIG, 4.0, lambda _: None, traffic.clock, traffic.sleep)
+    assert out.ok, out.reason
+    assert out.ticks == 4  # nothing decided before the window (4 s) held only traffic after the move
+
+
 def test_too_little_traffic_fails_the_hold_at_its_deadline(traffic: Traffic) -> None:
     traffic.disagg_per_s = 1  # one a second: 3 in the direct scrape's window (4 s less its slack), 5 needed
     out = hold(traffic.source, CONFIG, 4.0, lambda _: None, traffic.clock, traffic.sleep)

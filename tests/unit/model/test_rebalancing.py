@@ -42,10 +42,18 @@ def test_a_dry_run_section_parses(tmp_path: Path) -> None:
     assert spec.prefill_queue_p95_ms == Band(high=800, low=200)
 
 
+def test_mode_on_parses_with_its_window_to_act(tmp_path: Path) -> None:
+    spec = _profile(tmp_path, "    mode: on\n    act_within_s: 30\n").rollout.rebalance
+    assert (spec.mode, spec.act_within_s) == ("on", 30)
+    assert RebalanceSpec().act_within_s == 120
+    assert _profile(tmp_path, "    mode: off\n").rollout.rebalance.mode == "off"  # YAML 1.1's booleans
+
+
 @pytest.mark.parametrize(
     ("rebalance", "more", "expected"),
     [
-        ("    mode: on\n", "", "rollout.rebalance.mode: must be one of 'off' or 'dry-run'"),
+        ("    mode: auto\n", "", "rollout.rebalance.mode: must be one of 'off', 'dry-run' or 'on'"),
+        ("    act_within_s: 0\n", "", "rollout.rebalance.act_within_s: must be > 0"),
         ("    minimums: {decode: 0}\n", "", "rollout.rebalance.minimums.decode: must be >= 1"),
         (
             "    minimums: {colocated: 1}\n",
