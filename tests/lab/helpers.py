@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import shutil
 import ssl
 import subprocess
 import sys
@@ -64,6 +65,15 @@ def prometheus_url(profile: str) -> str:
         f"{profile}: set monitoring.port to a port other than {default}"
     )
     return topology.prometheus.url
+
+
+def derived_profile(tmp_path: Path, name: str, text: str) -> str:
+    """A profile `name` (YAML `text`, extending one of the repo's) written beside a copy of the repo's
+    profiles under `tmp_path`; its path, for `--profile`."""
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO_ROOT / "profiles", profiles)
+    (profiles / f"{name}.yml").write_text(text)
+    return str(profiles / f"{name}.yml")
 
 
 def lab_deployment(profile: str, roles: tuple[Role, ...] = ()) -> Deployment:

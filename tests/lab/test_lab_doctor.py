@@ -13,7 +13,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -23,7 +22,15 @@ from typing import Any
 import openai
 import pytest
 
-from tests.lab.helpers import REPO_ROOT, LabHandle, gateway_url, lab_env, prometheus_url, sdk_verify
+from tests.lab.helpers import (
+    REPO_ROOT,
+    LabHandle,
+    derived_profile,
+    gateway_url,
+    lab_env,
+    prometheus_url,
+    sdk_verify,
+)
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
@@ -183,14 +190,6 @@ def test_the_side_channel_blocked_on_the_decode_host(lab: LabHandle, key: str) -
     assert f"allow TCP {SIDE_CHANNEL_PORT}" in found["fix"]
 
 
-def _derived(tmp_path: Path, name: str, text: str) -> str:
-    """A profile extending lab-cross, written beside a copy of the repo's profiles."""
-    profiles = tmp_path / "profiles"
-    shutil.copytree(REPO_ROOT / "profiles", profiles)
-    (profiles / f"{name}.yml").write_text(text)
-    return str(profiles / f"{name}.yml")
-
-
 def _provision_one(profile: str, host: str, report: Path) -> None:
     """The services of one host under `profile` (what a pool's settings change), started and healthy."""
     proc = _invoke(
@@ -241,7 +240,7 @@ def test_the_healthy_lab_under_the_decode_load_has_no_preemption_finding(key: st
 
 
 def test_a_prefill_pool_with_a_small_token_budget(key: str, tmp_path: Path) -> None:
-    profile = _derived(
+    profile = derived_profile(
         tmp_path,
         "lab-cross-small-budget",
         "extends: lab-cross\npools:\n  prefill:\n    max_num_batched_tokens: 512\n",
@@ -263,7 +262,7 @@ def test_a_prefill_pool_with_a_small_token_budget(key: str, tmp_path: Path) -> N
 def test_a_decode_pool_short_of_kv_blocks(key: str, tmp_path: Path) -> None:
     # 0.25 of a simulated H100 leaves ~25K tokens of KV after the weights: 40 requests growing past 1K
     # tokens each cannot all stay resident, so the scheduler preempts
-    profile = _derived(
+    profile = derived_profile(
         tmp_path,
         "lab-cross-short-kv",
         "extends: lab-cross\npools:\n  decode:\n    gpu_memory_utilization: 0.25\n    max_model_len: 16384\n",

@@ -13,7 +13,6 @@ lab-cross's kv-transfer.env back on the P/D hosts at its end."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -24,7 +23,7 @@ import openai
 
 from pdfleet.metrics.scrape import scrape_metrics
 from pdfleet.sim.kv_library import BUFFER_BYTES, scaled
-from tests.lab.helpers import REPO_ROOT, LabHandle, lab_deployment, lab_env, sdk_verify
+from tests.lab.helpers import REPO_ROOT, LabHandle, derived_profile, lab_deployment, lab_env, sdk_verify
 
 PROFILE = "lab-cross"
 CHECK = "test_kv_path[lab-p1->lab-d1]"
@@ -37,10 +36,8 @@ MODEL = "llama-3.1-8b"  # lab-cross's served model name
 
 def _with_library(tmp_path: Path) -> str:
     """lab-cross with kv_transfer.sim_library on, beside a copy of the repo's profiles."""
-    profiles = tmp_path / "profiles"
-    shutil.copytree(REPO_ROOT / "profiles", profiles)
-    (profiles / "lab-cross-nixl.yml").write_text(f"extends: {PROFILE}\nkv_transfer:\n  sim_library: true\n")
-    return str(profiles / "lab-cross-nixl.yml")
+    text = f"extends: {PROFILE}\nkv_transfer:\n  sim_library: true\n"
+    return derived_profile(tmp_path, "lab-cross-nixl", text)
 
 
 def _install(profile: str, inventory: Path) -> None:

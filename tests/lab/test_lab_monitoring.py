@@ -13,7 +13,6 @@ import itertools
 import json
 import math
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.monitoring.host_panels import host_rows
 from pdfleet.monitoring.recording import chain_figures, chain_steps
 from roles import REGISTRY
-from tests.lab.helpers import REPO_ROOT, LabHandle, lab_deployment, prometheus_url
+from tests.lab.helpers import REPO_ROOT, LabHandle, derived_profile, lab_deployment, prometheus_url
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
@@ -260,15 +259,14 @@ def _alert_state(prom: PrometheusClient) -> set[str]:
 def test_slow_kv_link_fires_the_kv_transfer_alert_and_restoring_resolves_it(
     prom: PrometheusClient, traffic: Traffic, tmp_path: Path
 ) -> None:
-    profiles = tmp_path / "profiles"
-    shutil.copytree(REPO_ROOT / "profiles", profiles)
     # the simulator's --sim-link: KV over plain TCP (≈4 GB/s) instead of 400G RoCE
-    (profiles / "lab-cross-slow-kv.yml").write_text("extends: lab-cross\nvllm:\n  sim:\n    link: tcp\n")
+    slow_kv = "extends: lab-cross\nvllm:\n  sim:\n    link: tcp\n"
+    slow = derived_profile(tmp_path, "lab-cross-slow-kv", slow_kv)
     # only the P/D hosts' simulators move KV: the colocated ones keep serving (and are not restarted)
     pd_services = ("--roles", "services", "--limit", "prefill,decode")
     try:
         with traffic.restarting():
-            _provision(str(profiles / "lab-cross-slow-kv.yml"), tmp_path / "slow.json", *pd_services)
+            _provision(slow, tmp_path / "slow.json", *pd_services)
         _wait(lambda: _alert_state(prom) == {"firing"}, 120, f"{ALERT} firing on the slow link")
         (alert,) = [a for a in prom.alerts() if a["labels"]["alertname"] == ALERT]
         assert "transport is the bottleneck" in alert["annotations"]["summary"]
