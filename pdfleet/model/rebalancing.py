@@ -67,6 +67,8 @@ class RebalanceSpec(_Model):
     decode_itl_p95_ms: Band = Band(high=100.0, low=50.0)
     decode_kv_usage: Band = Band(high=0.9, low=0.7)  # the busiest decode instance's, 0..1
     decode_preemptions_per_min: float = Field(0.0, ge=0)  # more than this presses the decode pool
+    # set: the colocated pool takes part (its instances' queue time P95); unset: moves between P/D only
+    colocated_queue_p95_ms: Band | None = None
 
 
 def rebalance_problems(spec: RebalanceSpec, pools: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -79,6 +81,11 @@ def rebalance_problems(spec: RebalanceSpec, pools: Iterable[str]) -> Iterator[tu
                 f"rollout.rebalance.minimums.{pool}",
                 f"the profile sets no pools.{pool}; pools: {', '.join(pools)}",
             )
+    if spec.colocated_queue_p95_ms is not None and "colocated" not in pools:
+        yield (
+            "rollout.rebalance.colocated_queue_p95_ms",
+            f"the profile sets no pools.colocated; pools: {', '.join(pools)}",
+        )
     if spec.mode != "off" and not {"prefill", "decode"} <= set(pools):
         yield (
             "rollout.rebalance.mode",

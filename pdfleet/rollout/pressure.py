@@ -8,7 +8,8 @@ Figures, each over `rollout.rebalance.window_s`, of the model's instances (Prome
 labels): the prefill instances' queue time P95 (`vllm:request_queue_time_seconds`), the decode instances'
 inter-token latency P95 (`vllm:inter_token_latency_seconds`), the busiest decode instance's KV usage
 (`vllm:kv_cache_usage_perc`), the decode instances' preemptions per minute (`vllm:num_preemptions_total`),
-the disaggregated pool's TTFT P95 at the gateway (recorded), and the instances up per pool (`up`). A series
+the disaggregated pool's TTFT P95 at the gateway (recorded), the colocated instances' queue time P95
+(deciding when the profile sets its band), and the instances up per pool (`up`). A series
 that is absent is no data (None); the cool-down survives a restart (the last proposal is read back from the
 audit log).
 """
@@ -70,6 +71,7 @@ def read_figures(source: MetricsSource, window_s: float, model: str | None = Non
         decode_kv_usage=max(kv.values()) if kv else None,
         decode_preemptions_per_min=per_min,
         ttft_p95_ms=quantile("pdfleet_gateway_ttft_seconds", {"pool": "disagg"}),
+        colocated_queue_p95_ms=quantile("vllm:request_queue_time_seconds", POOL_LABELS["colocated"]),
         hosts=hosts,
     )
 

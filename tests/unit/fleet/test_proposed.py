@@ -67,6 +67,12 @@ def test_the_newest_proposal_is_carried_with_the_mover_s_host_choice() -> None:
     }
 
 
+def test_a_proposal_toward_the_colocated_pool_moves_the_host_the_inventory_puts_there() -> None:
+    action = _next([_event(NOW - 1, source="decode", target="colocated")], [])
+    assert action.kind == "carry"
+    assert action.move == Move("c2", "decode", "colocated", "the inventory puts c2 in the colocated pool")
+
+
 def test_dry_run_proposals_and_foreign_lines_are_never_acted_on() -> None:
     history = [_event(NOW - 5, mode="dry-run"), {"event": "rebalance-proposal", "mode": "on"}, {"event": "x"}]
     assert proposals_in(history) == []

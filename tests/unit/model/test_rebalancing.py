@@ -64,6 +64,11 @@ def test_mode_on_parses_with_its_window_to_act(tmp_path: Path) -> None:
         ("    reaction_s: -1\n", "", "rollout.rebalance.reaction_s: must be >= 0"),
         ("    colour: blue\n", "", "rollout.rebalance.colour: unknown key"),
         (
+            "    colocated_queue_p95_ms: {high: 500, low: 100}\n",
+            "pools: {colocated: null}\n",
+            "rollout.rebalance.colocated_queue_p95_ms: the profile sets no pools.colocated",
+        ),
+        (
             "    mode: dry-run\n",
             COLOCATED_ONLY,
             "rollout.rebalance.mode: dry-run: the automatic mode moves hosts between the prefill and decode",

@@ -89,3 +89,35 @@ def test_the_giving_pool_keeps_its_minimum() -> None:
     one = Figures(**{**PREFILL_HOT.__dict__, "hosts": {"prefill": 1, "decode": 1}})
     _, proposal, why = propose(ProposerState(), one, RebalanceSpec(reaction_s=0), 0.0)
     assert proposal is None and "its minimum is 1" in why
+
+
+COLOCATED = RebalanceSpec.model_validate(
+    {"mode": "on", "reaction_s": 0, "colocated_queue_p95_ms": {"high": 500, "low": 100}}
+)
+WITH_COLOCATED = {"prefill": 1, "decode": 2, "colocated": 2}
+
+
+def test_the_colocated_pool_takes_part_only_with_its_band() -> None:
+    hot = Figures(
+        prefill_queue_p95_ms=300, decode_itl_p95_ms=20, colocated_queue_p95_ms=900, hosts=WITH_COLOCATED
+    )
+    assert pressed(hot, SPEC)[0] is None  # no band: moves between the P/D pools only
+    _, proposal, why = propose(ProposerState(), hot, COLOCATED, 0.0)
+    assert proposal is not None and (proposal.source, proposal.target) == ("decode", "colocated")
+    assert why.startswith("colocated queue P95 900 ms > 500 and decode has room")
+    assert proposal.figures["colocated_queue_p95_ms"] == 900
+
+
+def test_a_pressed_pd_pool_takes_a_host_from_a_colocated_pool_with_room() -> None:
+    # prefill queueing, decode inside its band (no room to give), colocated idle
+    figures = Figures(
+        prefill_queue_p95_ms=900, decode_itl_p95_ms=70, colocated_queue_p95_ms=20, hosts=WITH_COLOCATED
+    )
+    _, proposal, why = propose(ProposerState(), figures, COLOCATED, 0.0)
+    assert proposal is not None and (proposal.source, proposal.target) == ("colocated", "prefill")
+    assert why.startswith("prefill queue P95 900 ms > 500 and colocated has room")
+    # inside its own band, the colocated pool neither asks nor gives
+    calm = Figures(
+        prefill_queue_p95_ms=900, decode_itl_p95_ms=70, colocated_queue_p95_ms=300, hosts=WITH_COLOCATED
+    )
+    assert pressed(calm, COLOCATED)[0] is None
