@@ -62,13 +62,11 @@ def serve_argv(profile: Profile, host: Host, inst: Instance) -> list[str]:
     spec = served.pools.get(inst.pool)
     venv = profile.vllm.venv.rstrip("/")
     model = served.model
-    # a staged model loads from its staged directory (vLLM's positional model: a local path); the simulator
-    # reads no weights and knows the model by id
-    staged = model.staged and profile.vllm.engine == "vllm"
-    if profile.vllm.engine == "sim":
-        argv = [f"{venv}/bin/pdfleet-sim", "serve", model.path or model.id]
-    else:
-        argv = [f"{venv}/bin/vllm", "serve", staged_dir(model) if staged else model.path or model.id]
+    # a staged model loads from its staged directory (the positional model: a local path), vLLM's and the
+    # simulator's alike (the simulator reads its config.json and tokenizer, pdfleet.sim.model_dir)
+    staged = model.staged
+    program = "pdfleet-sim" if profile.vllm.engine == "sim" else "vllm"
+    argv = [f"{venv}/bin/{program}", "serve", staged_dir(model) if staged else model.path or model.id]
     argv += [
         "--host",
         inst.address,

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from pdfleet.model.weights import MANIFEST_NAME, WeightsManifest, manifest_of_dir
+from pdfleet.sim.stream import FILLER
 
 LAB_MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the simulator's catalog knows it by this id
 LAB_REVISIONS = ("lab-r1", "lab-r2")  # lab-r2: the "other revision" a decode pool is pinned to
 SHARDS = 2
 SHARD_BYTES = 2 * 1024 * 1024  # two 2 MiB shards: enough for a copy to be interrupted half way
+SPECIAL_TOKENS = ("<s>", "</s>")
 
 
 def _stream(seed: str, size: int) -> bytes:
@@ -47,32 +49,95 @@ def _safetensors(name: str, data: bytes) -> bytes:
     return struct.pack("<Q", len(header_bytes)) + header_bytes + data
 
 
+# The words the lab tokenizer holds as single tokens (with their leading space, as byte-level BPE spells
+# them): the simulator's filler words, so its streamed text re-tokenizes to the count it reports.
+LAB_WORDS = FILLER
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte-level alphabet: the printable character each byte 0..255 is written as."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+def lab_tokenizer() -> dict[str, Any]:
+    """A byte-level BPE tokenizer.json (HF `tokenizers` loads it): the 256 bytes, merges spelling each of
+    LAB_WORDS as one token, and <s>, </s> as special tokens."""
+    chars = _byte_chars()
+    vocab = {c: i for i, c in enumerate(chars)}
+    merges: list[str] = []
+    for word in dict.fromkeys(LAB_WORDS):
+        spelled = "".join(chars[b] for b in word.encode())
+        for end in range(2, len(spelled) + 1):
+            if spelled[:end] not in vocab:
+                merges.append(f"{spelled[: end - 1]} {spelled[end - 1]}")
+                vocab[spelled[:end]] = len(vocab)
+    added = [
+        {
+            "id": len(vocab) + i,
+            "content": tok,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, tok in enumerate(SPECIAL_TOKENS)
+    ]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": None,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }
+
+
 def lab_model_files(revision: str) -> dict[str, bytes]:
     """The repository's files at a revision: config, generation config, tokenizer, shards and index."""
+    tokenizer = lab_tokenizer()
+    vocab_size = len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"])
+    bos, eos = (t["id"] for t in tokenizer["added_tokens"])
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": 64,
         "num_attention_heads": 4,
         "num_hidden_layers": 2,
-        "vocab_size": 256,
+        "vocab_size": vocab_size,
         "max_position_embeddings": 131072,
         "torch_dtype": "uint8",
         "_pdfleet_lab_revision": revision,
     }
     files: dict[str, bytes] = {
         "config.json": (json.dumps(config, indent=1) + "\n").encode(),
-        "generation_config.json": b'{"bos_token_id": 1, "eos_token_id": 2}\n',
+        "generation_config.json": (json.dumps({"bos_token_id": bos, "eos_token_id": eos}) + "\n").encode(),
         "tokenizer_config.json": (
             b'{"model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast"}\n'
         ),
         "special_tokens_map.json": b'{"bos_token": "<s>", "eos_token": "</s>"}\n',
-        "tokenizer.json": (
-            json.dumps(
-                {"version": "1.0", "model": {"type": "BPE", "vocab": {f"b{i}": i for i in range(256)}}}
-            )
-            + "\n"
-        ).encode(),
+        "tokenizer.json": (json.dumps(tokenizer) + "\n").encode(),
     }
     weight_map: dict[str, str] = {}
     for index in range(1, SHARDS + 1):

@@ -26,6 +26,7 @@ from pdfleet.model.vllm_releases import Release
 from pdfleet.sim.engine import Engine, EngineLimits
 from pdfleet.sim.kv_events import KvEventsSettings, parse_kv_events_config
 from pdfleet.sim.kv_library import LibrarySettings, settings_from_env
+from pdfleet.sim.model_dir import ModelDir, can_run_tokenizers, read_model_dir
 from pdfleet.sim.perf import PerfModel
 from pdfleet.sim.serve_options import parse_argv, release_named
 
@@ -96,6 +97,7 @@ class SimConfig:
     kv_events: KvEventsSettings | None = None  # --kv-events-config's publisher (None: events off)
     kv_library: LibrarySettings | None = None  # real KV bytes through NIXL (kv-transfer.env; None: off)
     release: Release = field(default=RELEASES[NEWEST], repr=False)  # modelled (--sim-vllm-version)
+    model_dir: ModelDir | None = None  # a local model directory's config and tokenizer (a staged model)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -136,7 +138,8 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
     model_id = ns.model_opt or ns.model_tag
     if not model_id:
         raise ValidationError("pdfleet-sim serve: error: the following arguments are required: model_tag")
-    spec = catalog.model(model_id)
+    model_dir = read_model_dir(model_id) if os.path.isdir(model_id) else None
+    spec = _catalog_model(model_id, model_dir, ns.served_model_name or ())
     gpu = catalog.gpu(ns.sim_gpu)
     link = catalog.link(ns.sim_link)
     if not ns.sim_time_scale > 0:
@@ -152,11 +155,16 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
             f"tensor_parallel_size ({tp}) is larger than the number of GPUs in CUDA_VISIBLE_DEVICES "
             f"({','.join(visible) or 'empty'})"
         )
-    max_model_len = ns.max_model_len or spec.max_model_len
-    if max_model_len > spec.max_model_len:
+    derived, where = (
+        (model_dir.max_len, f"{model_dir.max_len_key}={model_dir.max_len} in {model_dir.config_file}")
+        if model_dir
+        else (spec.max_model_len, f"max_position_embeddings={spec.max_model_len} of {spec.name}")
+    )
+    max_model_len = ns.max_model_len or derived
+    if max_model_len > derived and not (model_dir and model_dir.max_len_key == "default"):
         raise ValidationError(
             f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
-            f"(max_position_embeddings={spec.max_model_len}) of {spec.name}"
+            f"({where})"
         )
     rel = release_named(ns.sim_vllm_version)
     tier = rel.batch_tier(gpu.memory_bytes / catalog.GIB, gpu.name)  # get_batch_defaults, API server
@@ -218,7 +226,8 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
             int(rel.env_number("VLLM_NIXL_SIDE_CHANNEL_PORT")),
         ),
         abort_timeout_s=timeout,
-        tokenizer=ns.tokenizer,
+        # vLLM's tokenizer defaults to the model's directory; the simulator runs it when it can
+        tokenizer=ns.tokenizer or (model_dir.tokenizer_file if model_dir and can_run_tokenizers() else None),
         chars_per_token=ns.sim_chars_per_token,
         disable_log_stats=ns.disable_log_stats,
         log_interval_s=ns.sim_log_interval,
@@ -229,7 +238,22 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         kv_events=_kv_events(ns.kv_events_config, rel),
         kv_library=settings_from_env(env),
         release=rel,
+        model_dir=model_dir,
     )
+
+
+def _catalog_model(model: str, model_dir: ModelDir | None, served: Sequence[str]) -> ModelShape:
+    """The catalog's shape of the model: by the id or path's last part; a local directory (a staged
+    revision's, `<id>/<revision>`) whose last part names none is known by its first served name that does."""
+    try:
+        return catalog.model(model)
+    except ValidationError:
+        for name in served if model_dir else ():
+            try:
+                return catalog.model(name)
+            except ValidationError:
+                continue
+        raise
 
 
 def _kv_events(text: str | None, rel: Release) -> KvEventsSettings | None:

@@ -18,6 +18,7 @@ from pdfleet.sim.api import SimAPI
 from pdfleet.sim.config import SimConfig, describe
 from pdfleet.sim.intake import ArrivalStamp
 from pdfleet.sim.metrics import SimCollector, make_registry
+from pdfleet.sim.model_dir import describe_dir
 from pdfleet.sim.runtime import Runtime
 from pdfleet.sim.stream import Filler
 from pdfleet.sim.vocab import filler_for
@@ -59,6 +60,10 @@ class SimServer:
         """Bind the HTTP port (and the side channel on producers) and start the step loop."""
         cfg = self.cfg
         log.info("pdfleet-sim: simulating %s", describe(cfg))
+        if cfg.model_dir is not None:  # a local model directory (a staged model): the files it read
+            log.info(
+                describe_dir(cfg.model_dir, tokenizer_runs=cfg.tokenizer == cfg.model_dir.tokenizer_file)
+            )
         warning = cfg.release.chunked_prefill.disable_warning
         if not cfg.enable_chunked_prefill and warning:
             log.warning(warning)  # the release honours --no-enable-chunked-prefill, with vLLM's warning

@@ -1,10 +1,12 @@
 """Staged weights in the lab (issue 31), on the provisioned lab: lab-weights stages the lab model's lab-r1
-from the lab's model mirror on every pool host, checked by SHA-256; a byte flipped on lab-d1 is found by
-`invoke verify` and restored by the second provision, which changes nothing else on any host; an
-interrupted copy (half a shard left as its .part) continues with a range request; files swapped on lab-d1
-are named by `invoke doctor --profile`; lab-r2 pushed from the control machine's directory replaces lab-r1
-(removed once converged); a decode pool pinned to another revision is refused. lab-cross is owed back at
-the end (tests/lab/conftest.py: SWITCHING). It checks states and files, not latencies."""
+from the lab's model mirror on every pool host, checked by SHA-256, and every pool host's simulator is
+started from the staged directory and logs the config.json and tokenizer.json it read there; a byte
+flipped on lab-d1 is found by `invoke verify` and restored by the second provision, which changes nothing
+else on any host; an interrupted copy (half a shard left as its .part) continues with a range request;
+files swapped on lab-d1 are named by `invoke doctor --profile`; lab-r2 pushed from the control machine's
+directory replaces lab-r1 (removed once converged); a decode pool pinned to another revision is refused.
+lab-cross is owed back at the end (tests/lab/conftest.py: SWITCHING). It checks states and files, not
+latencies."""
 
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from pdfleet.lab.mirrors import refresh_host_wheel
-from pdfleet.lab.model_mirror import LAB_MODEL
+from pdfleet.lab.model_mirror import LAB_MODEL, build_lab_models
 from pdfleet.model.weights import WeightsManifest
 from tests.lab.helpers import REPO_ROOT, LabCrossOwed, LabHandle
 
@@ -63,6 +66,7 @@ def test_weights_staged_verified_restored_resumed_and_named(
     lab: LabHandle, lab_cross_owed: LabCrossOwed, tmp_path: Path
 ) -> None:
     refresh_host_wheel(lab.paths)
+    build_lab_models(lab.paths.models_dir)  # the lab model of these sources (a no-op when lab.up made it)
     manifest = WeightsManifest.model_validate_json(
         (lab.paths.models_dir / LAB_MODEL / "lab-r1" / "manifest.json").read_text()
     )
@@ -70,11 +74,22 @@ def test_weights_staged_verified_restored_resumed_and_named(
     for lab_host in lab.hosts:  # from nothing, whatever an earlier session left
         assert lab.ssh(lab_host, "sudo rm -rf /var/lib/pdfleet/models")[0] == 0
     lab_cross_owed.owed = True  # lab-cross back before the next test sharing it (conftest: SWITCHING)
+    since = int(time.time())
     first = _provision(PROFILE, tmp_path / "first.json")
     for host in POOL_HOSTS:
         fetched = [c for c in first["hosts"][host]["changes"] if c["op"].startswith(f"weights {DIR}/")]
         assert len(fetched) == len(want), (host, fetched)
         assert _staged(lab, host) == want, host
+        # the simulator was started from the staged directory and read its config and tokenizer there
+        found = next(h for h in lab.hosts if h.name == host)
+        rc, journal, err = lab.ssh(found, f"sudo journalctl -u 'vllm-*' --since @{since} -o cat --no-pager")
+        assert rc == 0, err
+        read = [line for line in journal.splitlines() if f"model config {DIR}/config.json" in line]
+        assert read and "(LlamaForCausalLM, max_position_embeddings: max_model_len 131072)" in read[-1], (
+            host,
+            journal[-2000:],
+        )
+        assert f"tokenizer {DIR}/tokenizer.json (BPE, 343 tokens)" in read[-1], read[-1]
     assert not [c for c in first["hosts"]["lab-gw"]["changes"] if c["op"].startswith("weights ")]
 
     shard = next(f for f in manifest.files if f.path.endswith(".safetensors"))

@@ -19,6 +19,7 @@ import pytest
 import roles.gateway as gateway_role
 import roles.services as services_role
 from pdfleet.fleet.gateway_tls import tls_material
+from pdfleet.fleet.host_layout import MODELS_DIR
 from pdfleet.fleet.provision import host_facts, render_fleet
 from pdfleet.fleet.render import RenderedFile, write_tree
 from pdfleet.hw.distro import CUDA_SOURCE
@@ -26,6 +27,7 @@ from pdfleet.hw.gpu import GPU_FACTS
 from pdfleet.hw.os_facts import OsReleaseFact
 from pdfleet.hw.rdma_facts import RdmaSysfsFact
 from pdfleet.lab import pki
+from pdfleet.lab.model_mirror import lab_model_files
 from pdfleet.model.platforms import find_platform
 from pdfleet.model.tls import GatewayTls
 from pdfleet.ops.apt import AptPackages
@@ -164,11 +166,24 @@ def test_every_profile_renders_for_some_inventory() -> None:
     assert rendered == set(list_profiles(REPO / "profiles"))
 
 
+def _staged_here(tmp_path: Path, revision: str) -> Path:
+    """The lab model's files at a revision, as a host holds them once staged."""
+    directory = tmp_path / revision
+    if not directory.exists():
+        directory.mkdir()
+        for name, data in lab_model_files(revision).items():
+            (directory / name).write_bytes(data)
+    return directory
+
+
 @pytest.mark.parametrize(
     ("profile", "inventory"), profile_inventory_pairs(), ids=lambda v: v if isinstance(v, str) else v.name
 )
-def test_every_rendered_serve_command_parses_under_the_simulator(profile: str, inventory: Path) -> None:
-    """A typo in any rendered `vllm serve` line fails here (the sim rejects unknown options as vLLM does)."""
+def test_every_rendered_serve_command_parses_under_the_simulator(
+    profile: str, inventory: Path, tmp_path: Path
+) -> None:
+    """A typo in any rendered `vllm serve` line fails here (the sim rejects unknown options as vLLM does);
+    a staged model's directory is the lab model's files here (the simulator reads its config.json)."""
     from pdfleet.sim.config import parse_serve_args
 
     deployment = fleet_of(profile, inventory)
@@ -181,6 +196,8 @@ def test_every_rendered_serve_command_parses_under_the_simulator(profile: str, i
             env = _env(by_path[env_path].content)
             argv = _exec_start_argv(f.content)
             assert argv[1] == "serve", f"{host}: {argv[:2]}"
+            if argv[2].startswith(f"{MODELS_DIR}/"):  # staged: <MODELS_DIR>/<id>/<revision>
+                argv[2] = str(_staged_here(tmp_path, argv[2].rsplit("/", 1)[1]))
             config = parse_serve_args(argv[1:], env=env)
             assert config.port == int(argv[argv.index("--port") + 1])
             if "VLLM_NIXL_SIDE_CHANNEL_PORT" in env:

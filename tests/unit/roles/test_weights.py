@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from pdfleet.errors import ValidationError
 from pdfleet.fleet.deployment import Deployment, DeploymentRequest, load_deployment
 from pdfleet.fleet.vllm_args import serve_argv
-from pdfleet.lab.model_mirror import LAB_MODEL, build_lab_models
+from pdfleet.lab.model_mirror import LAB_MODEL, build_lab_models, lab_model_files
 from pdfleet.model.specs import ModelSpec
 from pdfleet.model.weights import WeightsManifest
 from pdfleet.ops.files import Directory
 from pdfleet.ops.weights import OldRevisions, PushFile, RevisionDirs, StageFile, WeightsSpace
+from pdfleet.sim.config import parse_serve_args
 from roles import REGISTRY, services, weights
 from tests.unit.hw.helpers import HostFacts
 from tests.unit.roles.helpers import REPO, exec_start_argv
@@ -102,7 +104,28 @@ def test_vllm_loads_the_staged_directory_without_a_revision(
     assert exec_start_argv(unit.content)[2] == DIR
     sim = _deploy("lab-weights", lab_manifest, [])
     sim_argv = serve_argv(sim.profile, host, sim.topology.on_host("lab-d1")[0])
-    assert sim_argv[2] == LAB_MODEL  # the simulator knows the model by id and reads no weights
+    # the simulator is started as vLLM is: from the staged directory, offline, known to clients by the id
+    assert sim_argv[1:3] == ["serve", DIR] and "--revision" not in sim_argv
+    assert sim_argv[sim_argv.index("--served-model-name") + 1] == LAB_MODEL
+
+
+def test_the_simulator_reads_the_staged_lab_model_it_is_rendered_to_serve(
+    lab_manifest: WeightsManifest, tmp_path: Path
+) -> None:
+    staged = tmp_path / "lab-r1"
+    staged.mkdir()
+    for path, data in lab_model_files("lab-r1").items():
+        (staged / path).write_bytes(data)
+    sim = _deploy("lab-weights", lab_manifest, [])
+    host = sim.inventory.hosts["lab-d1"]
+    argv = serve_argv(sim.profile, host, sim.topology.on_host("lab-d1")[0])
+    cfg = parse_serve_args([str(staged) if word == DIR else word for word in argv[1:]], env={})
+    assert cfg.model_dir is not None and cfg.model_dir.architectures == ("LlamaForCausalLM",)
+    assert cfg.model_spec.name == "Llama-3.1-8B" and cfg.served_model_names[0] == LAB_MODEL
+    assert cfg.tokenizer == str(staged / "tokenizer.json")  # tokenizers is installed here (dev extra)
+    (staged / "config.json").unlink()
+    with pytest.raises(ValidationError, match=f"{staged}/config.json: missing"):
+        parse_serve_args([str(staged) if word == DIR else word for word in argv[1:]], env={})
 
 
 def test_a_missing_manifest_is_a_clear_error(lab_manifest: WeightsManifest) -> None:

@@ -10,6 +10,7 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from pdfleet.bench.arrivals import poisson_starts
 from pdfleet.bench.client import Record, StreamClient, request_bytes
 from pdfleet.bench.launch import SimProcess
+from pdfleet.lab.model_mirror import lab_model_files
 from pdfleet.metrics.scrape import scrape_histogram, scrape_metrics
 from pdfleet.sim.config import parse_serve_args
 from pdfleet.sim.server import SimServer, _tokenizer_file
@@ -75,6 +77,33 @@ def test_a_producer_opens_its_side_channel_after_vllms_lines(caplog: pytest.LogC
     messages = [r.getMessage() for r in caplog.records]
     assert messages[1].startswith("Creating v1 connector with name: NixlConnector and engine_id: ")
     assert "Initializing NIXL worker" in messages[4] and messages[5].startswith("KV side channel listening")
+
+
+def test_a_model_directory_s_tokenizer_counts_and_its_files_are_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A staged model as the simulator serves it: the lab model's files, the tokenizer counting."""
+    for path, data in lab_model_files("lab-r1").items():
+        (tmp_path / path).write_bytes(data)
+    cfg = parse_serve_args([str(tmp_path), "--served-model-name", MODEL, "--sim-time-scale", "0.01"], env={})
+    server = SimServer(cfg)
+
+    async def run() -> dict[str, Any]:
+        await server.start("127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as http:
+                body = {"model": MODEL, "prompt": " the quick brown fox", "max_tokens": 1}
+                url = f"http://127.0.0.1:{server.bound_port()}/v1/completions"
+                async with http.post(url, json=body) as resp:
+                    return dict(await resp.json())
+        finally:
+            await server.stop()
+
+    with caplog.at_level(logging.INFO, logger="pdfleet.sim"):
+        out = asyncio.run(run())
+    assert out["usage"]["prompt_tokens"] == 4  # one token a word; the estimate says 5 (20 chars / 4)
+    line = next(r.getMessage() for r in caplog.records if "model config" in r.getMessage())
+    assert f"tokenizer {tmp_path}/tokenizer.json (BPE, 343 tokens) counts prompt tokens" in line, line
 
 
 def test_the_tokenizer_file_is_found_in_a_directory_or_not_at_all(tmp_path: Path) -> None:
