@@ -3,8 +3,7 @@
 Every test under tests/lab is marked `lab` and skipped, with the reason, where the lab cannot run
 (not Linux, not root, a tool missing). Set PDFLEET_LAB_KEEP=1 to leave the lab up after the session.
 The tests of STATES run first, the ones that measure latencies, rates and alert timings after them (see
-STATES). `./dev test` runs the unit tests beside this one session, once its from-scratch start is done (see
-START_DONE_ENV).
+STATES). `./dev test` runs the unit tests beside this one session, at a lower CPU priority.
 """
 
 from __future__ import annotations
@@ -91,13 +90,6 @@ STATES = (
 )
 
 
-# `./dev test` names a file here; it is created when the last test of FIRST has finished (or the session ends
-# first), and the unit phase starts then. The start (boots, the from-scratch provision, Molecule's converges)
-# is the session's most CPU-bound stretch: beside the unit phase, provision's from-scratch test took 77-87 s
-# against 58 s alone. The later tests mostly wait on windows and streams, so the unit phase costs them less.
-START_DONE_ENV = "PDFLEET_LAB_START_DONE"
-
-
 def named(keys: tuple[str, ...], file: str, test: str) -> bool:
     """Whether a key names this test: its file, or file::test (test without its parameters)."""
     return file in keys or f"{file}::{test}" in keys
@@ -121,41 +113,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if LAB_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.lab)
     items.sort(key=lambda item: run_rank(Path(str(item.path)).name, getattr(item, "originalname", item.name)))
-    config.stash[_START_LAST] = last_of_start(items)
-    if not config.stash[_START_LAST]:
-        mark_start_done()
-
-
-_START_LAST = pytest.StashKey[str]()
-
-
-def last_of_start(items: list[pytest.Item]) -> str:
-    """The node id of the last test of FIRST in the run order ("" when none is selected)."""
-    start = [
-        item.nodeid
-        for item in items
-        if run_rank(Path(str(item.path)).name, getattr(item, "originalname", item.name))[1] < len(FIRST)
-    ]
-    return start[-1] if start else ""
-
-
-def mark_start_done() -> None:
-    """Create the file `./dev test` waits on (see START_DONE_ENV), if it named one."""
-    path = os.environ.get(START_DONE_ENV)
-    if path:
-        Path(path).touch()
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """The unit phase may start once the last test of the session's start is torn down."""
-    if item.nodeid == item.config.stash.get(_START_LAST, ""):
-        mark_start_done()
-
-
-def pytest_sessionfinish() -> None:
-    """A session that ends before its start does (a failure with -x, an interrupt) lets the units start."""
-    mark_start_done()
 
 
 def lab_unavailable() -> str | None:
@@ -204,8 +161,8 @@ def _provision_lab_cross(report: Path) -> None:
 
 @pytest.fixture(scope="session")
 def lab_cross_owed(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabCrossOwed]:
-    """Whether a test left the lab on another profile or an altered lab-cross; paid at the session's end only
-    when the lab stays up (PDFLEET_LAB_KEEP=1, then on lab-cross): a lab going down needs no lab-cross."""
+    """Whether a module of SWITCHING left the lab on its own profile; paid at the session's end only when the
+    lab stays up (PDFLEET_LAB_KEEP=1, then on lab-cross): a lab going down needs no lab-cross."""
     owed = LabCrossOwed()
     yield owed
     if owed.owed and os.environ.get("PDFLEET_LAB_KEEP") == "1":
@@ -214,8 +171,10 @@ def lab_cross_owed(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(autouse=True)
 def lab_cross_back(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """lab-cross provisioned back before a test outside SWITCHING when a module of SWITCHING (or Molecule's
-    non-idempotent converge) left another."""
+    """lab-cross provisioned back before a test outside SWITCHING when a module of SWITCHING left another.
+    A function fixture: the next module's own module-scoped fixtures run before it, so a module after
+    SWITCHING must not stage or read the fleet in one (a module fixture that staged the gateway was undone
+    by this provision's --stage colocated, seen in a suite run)."""
     if Path(str(request.node.path)).name in SWITCHING:
         return
     owed: LabCrossOwed = request.getfixturevalue("lab_cross_owed")
