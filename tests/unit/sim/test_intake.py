@@ -180,41 +180,51 @@ async def _gaps_around(port: int, bursts: list[dict[str, Any]], window_s: float)
     return [(worst(t - window_s, t), worst(t, t + window_s)) for t in sent]
 
 
+def _pd_bursts(producer_url: str, seeds: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Per seed, a ~30K-token prompt prefilled on the producer and the request a router then sends decode."""
+    bursts = []
+    for seed in seeds:
+        long_prompt = random_words(5200, seed)  # ~30K tokens of the test tokenizer
+        status, prefilled = post_json(
+            producer_url + "/v1/completions",
+            {
+                "model": MODEL,
+                "prompt": long_prompt,
+                "max_tokens": 1,
+                "kv_transfer_params": {"do_remote_decode": True},
+            },
+        )
+        assert status == 200 and prefilled["usage"]["prompt_tokens"] > 27_000
+        params = {
+            k: v for k, v in prefilled["kv_transfer_params"].items() if not k.startswith("pdfleet_sim_")
+        }  # as a real vLLM producer sends them: the consumer tokenizes the prompt itself
+        bursts.append({"model": MODEL, "prompt": long_prompt, "max_tokens": 2, "kv_transfer_params": params})
+    return bursts
+
+
 def test_tokenizing_a_30k_token_prompt_does_not_stall_a_decode_instances_streams(tmp_path: Path) -> None:
     """A consumer (decode-only) streams; 30K-token P/D requests arrive and are tokenized there.
 
-    Three times: before the intake thread, tokenizing on the loop grew the worst gap by 60-200 ms in at
-    least one of the three on every run here (~2-6 ms per 1K tokens on this busy box); since, CPU noise
-    on the shared box grows it by up to ~30 ms now and then.
+    A round sends three: before the intake thread, tokenizing on the loop grew the worst gap by 60-200 ms in
+    at least one of the three on every run here (~2-6 ms per 1K tokens on this busy box); since, CPU noise
+    on the shared box grows it by up to ~30 ms now and then, and once (CI, beside the lab) by 48 ms. So a
+    second round of three fresh prompts is sent when the first goes over: the stall that tokenizing on the
+    loop causes shows in every round, noise seldom in two running.
     """
     tokenizer = make_tokenizer(tmp_path / "tokenizer.json")
     common = ["--tokenizer", str(tokenizer), "--disable-log-stats", "--sim-link", "roce-400g"]
     env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
-    bursts = []
+    rounds = []
     with (
         SimProcess([MODEL, *common, "--kv-transfer-config", kv_config("kv_producer")], env=env) as p,
         SimProcess([MODEL, *common, "--kv-transfer-config", kv_config("kv_consumer")]) as d,
     ):
-        for seed in (3, 4, 5):
-            long_prompt = random_words(5200, seed)  # ~30K tokens of the test tokenizer
-            status, prefilled = post_json(
-                p.url + "/v1/completions",
-                {
-                    "model": MODEL,
-                    "prompt": long_prompt,
-                    "max_tokens": 1,
-                    "kv_transfer_params": {"do_remote_decode": True},
-                },
-            )
-            assert status == 200 and prefilled["usage"]["prompt_tokens"] > 27_000
-            params = {
-                k: v for k, v in prefilled["kv_transfer_params"].items() if not k.startswith("pdfleet_sim_")
-            }  # as a real vLLM producer sends them: the consumer tokenizes the prompt itself
-            bursts.append(
-                {"model": MODEL, "prompt": long_prompt, "max_tokens": 2, "kv_transfer_params": params}
-            )
-        gaps = asyncio.run(_gaps_around(d.port, bursts, window_s=1.0))
-    figures = ", ".join(f"{1e3 * b:.1f} -> {1e3 * a:.1f} ms" for b, a in gaps)
-    print("worst gap before -> after a 30K-token prompt came:", figures)
-    # the decode steps themselves grow by ~2 ms while the 30K-token context decodes (its KV is read)
-    assert max(a - b for b, a in gaps) <= 0.040, figures
+        for seeds in ((3, 4, 5), (6, 7, 8)):
+            gaps = asyncio.run(_gaps_around(d.port, _pd_bursts(p.url, seeds), window_s=1.0))
+            rounds.append(", ".join(f"{1e3 * b:.1f} -> {1e3 * a:.1f} ms" for b, a in gaps))
+            # the decode steps themselves grow by ~2 ms while the 30K-token context decodes (its KV is read)
+            if max(a - b for b, a in gaps) <= 0.040:
+                break
+        else:
+            pytest.fail(f"the worst gap grew by over 40 ms in both rounds: {' | '.join(rounds)}")
+    print("worst gap before -> after a 30K-token prompt came:", " | ".join(rounds))
