@@ -26,9 +26,6 @@ from pdfleet.model.served import ServedModel, pool_hosts
 ROUTER_ADDRESS = "127.0.0.1"  # vllm-router listens on each gateway host's loopback, for its gateway only
 # Which gateway pool (X-Pdfleet-Pool) an instance serves, by its profile pool.
 GATEWAY_POOL = {"prefill": "disagg", "decode": "disagg", "colocated": "colocated"}
-# vLLM's KV-events publisher (KVEventsConfig.endpoint's default port); a model's colocated instances
-# publish at this port plus the model's place in `models:` (two models may share a host)
-KV_EVENTS_PORT = 5557
 MONITORING_GROUP = "monitoring"  # the inventory group whose hosts run Prometheus (the first: the controller)
 
 
@@ -383,11 +380,9 @@ def _instance(profile: Profile, spec: ServedModel, host: Host, pool: str) -> Ins
     if sc_port is not None:
         sc_host = host.address if kv.side_channel_host == "auto" else kv.side_channel_host
     boot = spec.bootstrap_port_for(pool)
-    events = pool == "colocated" and spec.gateway.decider.cache_source == "kv_events"
-    port = KV_EVENTS_PORT + (spec.index or 0) if events else None
     return Instance(
         pool, host.name, host.address, pool_spec.port, tuple(pool_spec.gpus), pool_spec.kv_role, sc_host,
-        sc_port, boot, spec.name, spec.listed, port,
+        sc_port, boot, spec.name, spec.listed, spec.kv_events_port_for(pool),
     )  # fmt: skip
 
 

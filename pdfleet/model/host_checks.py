@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pdfleet.model.inventory import Host
 from pdfleet.model.problems import Problem
 from pdfleet.model.profile import Profile
-from pdfleet.model.served import ServedModel
+from pdfleet.model.served import KV_EVENTS_PORT, ServedModel
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
 
@@ -26,7 +26,7 @@ class HostRuns:
 
 def instance_ports(profile: Profile, spec: ServedModel, pool: str) -> list[tuple[int, str]]:
     """Every TCP port one instance listens on (vLLM's, NIXL side channels per TP rank, Mooncake's
-    bootstrap server), each with the key path that sets it and what it is."""
+    bootstrap server, the KV-events publisher), each with the key path that sets it and what it is."""
     pool_spec = spec.pools.get(pool)
     ports = [(pool_spec.port, spec.key(f"pools.{pool}.port"))]
     side = spec.side_channel_port_for(pool, profile.vllm.version)
@@ -41,6 +41,11 @@ def instance_ports(profile: Profile, spec: ServedModel, pool: str) -> list[tuple
     boot = spec.bootstrap_port_for(pool)
     if boot is not None:
         ports.append((boot, spec.key("kv_transfer.mooncake_bootstrap_port")))
+    events = spec.kv_events_port_for(pool)
+    if events is not None:
+        # a fixed port (not a key): the clash is mended by moving the other port
+        what = f"kv_events: {spec.key('pools.colocated')}'s publisher, {KV_EVENTS_PORT} + the model's place"
+        ports.append((events, f"{spec.key('gateway.decider.cache_source')} ({what})"))
     return ports
 
 

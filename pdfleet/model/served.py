@@ -31,6 +31,10 @@ from pdfleet.model.stages import StageSpec
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
 
+# vLLM's KV-events publisher (KVEventsConfig.endpoint's default port); a model's colocated instances publish
+# at this port plus the model's place in `models:` (two models may share a host)
+KV_EVENTS_PORT = 5557
+
 # The per-model keys: a `models:` entry inherits each from the top level unless it sets it.
 MODEL_KEYS = ("model", "topology", "pools", "kv_transfer", "slo", "rollout")
 GATEWAY_KEYS = (
@@ -133,6 +137,13 @@ class ServedModel(StrictModel):
     def bootstrap_port_for(self, pool: str) -> int | None:
         """MooncakeConnector's bootstrap port of a pool's instance (None: none, or a colocated model)."""
         return self.kv_transfer.bootstrap_port_for(pool) if self.disaggregated else None
+
+    def kv_events_port_for(self, pool: str) -> int | None:
+        """The KV-events publisher's port of a pool's instance: colocated instances publish when the
+        model's decider reads its cache facts from them (gateway.decider.cache_source: kv_events)."""
+        if pool != "colocated" or self.gateway.decider.cache_source != "kv_events":
+            return None
+        return KV_EVENTS_PORT + (self.index or 0)
 
 
 def slug(text: str) -> str:

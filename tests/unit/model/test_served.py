@@ -305,6 +305,22 @@ def test_a_host_given_twice_is_refused(
     assert any(p.startswith(prefix) and wanted in p for p in problems), "\n".join(problems)
 
 
+def test_a_kv_events_publisher_s_port_counts_on_its_host(tmp_path: Path) -> None:
+    """The small model (models[1]) publishes KV events at 5557 + 1 on p1 once the decider reads them."""
+    text = TWO.replace(
+        "gateway: {model_alias: null}", "gateway: {model_alias: null, decider: {threshold_on: effective}}"
+    ).replace("stage: colocated}", "stage: colocated, decider: {cache_source: kv_events}}")
+    assert _checked(tmp_path, text) == []
+    problems = _checked(tmp_path, text.replace("port: 8001", "port: 5558"))
+    wanted = (
+        "models[1].gateway.decider.cache_source: port 5558 is used twice on host p1: by "
+        "models[1].pools.colocated.port and models[1].gateway.decider.cache_source "
+        "(kv_events: models[1].pools.colocated's publisher, 5557 + the model's place)"
+    )
+    assert any(p.endswith(wanted) for p in problems), "\n".join(problems)
+    assert _checked(tmp_path, TWO.replace("port: 8001", "port: 5558")) == []  # no publisher without kv_events
+
+
 def test_the_monitoring_port_counts_on_a_monitoring_host(tmp_path: Path) -> None:
     inventory = INV + "    monitoring:\n      hosts:\n        p1:\n"
     problems = _checked(tmp_path, TWO.replace("port: 8001", "port: 9090"), inventory)
