@@ -222,6 +222,15 @@ def served(url: str) -> float:
         return 0.0
 
 
+def in_flight(url: str) -> float:
+    """An instance's requests running or waiting (-1 when its /metrics cannot be read)."""
+    try:
+        metrics = scrape_metrics(url)
+    except OSError:
+        return -1.0
+    return metrics.get("vllm:num_requests_running", 0.0) + metrics.get("vllm:num_requests_waiting", 0.0)
+
+
 def at_drain(out: str) -> int:
     """How many requests `invoke rebalance` found in its host at the drain (its output's line)."""
     line = next(ln for ln in out.splitlines() if "at the drain" in ln)

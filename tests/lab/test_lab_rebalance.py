@@ -8,6 +8,7 @@ traffic stops and `invoke provision --layout-from-inventory` resets the fleet to
 
 lab-cross, not lab-16 (the issue's 16 hosts): lab-16 needs its own inventory booted (16 containers) and
 provisioned, minutes beyond this file; the legs, the router and the drain are the same on four hosts.
+test_lab_rebalance_16.py runs them on lab-16 (opt-in, PDFLEET_LAB_16=1; passed 12-03).
 
 Traffic: the bench's streaming client through the gateway's one key and base URL, at the long-prompts
 stage (short prompts stream from the colocated pool, long ones through the router to the P/D pool, with
