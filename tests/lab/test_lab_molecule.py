@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.helpers import REPO_ROOT, LabHandle
+from tests.lab.helpers import REPO_ROOT, LabCrossOwed, LabHandle
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -53,12 +53,17 @@ def molecule(
     )
 
 
-def test_idempotence_fails_when_a_converge_is_not_idempotent(lab: LabHandle, tmp_path: Path) -> None:
+def test_idempotence_fails_when_a_converge_is_not_idempotent(
+    lab: LabHandle, lab_cross_owed: LabCrossOwed, tmp_path: Path
+) -> None:
     """The P/D router's unit template gains a comment line of random text: every converge rewrites the
     unit, so the second converge reports a change and Molecule's idempotence step fails, naming the
-    provision task. It runs last, on the session's lab-cross fleet (create finds the lab up), and provisions
-    it back. The router's unit, not the vLLM env file: a change restarts one router on lab-gw instead of
-    every simulator (three converges here), and the idempotence check is the same."""
+    provision task. It runs last, right after the modules that switch profiles (create finds the lab up):
+    its first converge takes the fleet to lab-cross from whatever they left, and its closing provision puts
+    lab-cross back on its colocated stage with the shipped templates, paying the lab-cross they owe
+    (tests/lab/conftest.py: PAYS_LAB_CROSS). The router's unit, not the vLLM env file: a change restarts one
+    router on lab-gw instead of every simulator (three converges here), and the idempotence check is the
+    same."""
     templates = tmp_path / "templates"
     shutil.copytree(REPO_ROOT / "templates", templates)
     unit_template = templates / "vllm-router-pd.service.j2"
@@ -71,13 +76,14 @@ def test_idempotence_fails_when_a_converge_is_not_idempotent(lab: LabHandle, tmp
     finally:
         # the session's lab, converged with the shipped templates again (no destroy: the lab stays up)
         restored = subprocess.run(
-            [sys.executable, "-m", "invoke", "provision", "--profile", "lab-cross"],
+            [sys.executable, "-m", "invoke", "provision", "--profile", "lab-cross", "--stage", "colocated"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
             timeout=900,
         )
     assert restored.returncode == 0, restored.stderr[-3000:]
+    lab_cross_owed.owed = False
     out = second.stdout + second.stderr
     assert second.returncode != 0, out[-4000:]
     assert "Provision lab-cross" in out and "idempoten" in out.lower(), out[-4000:]
