@@ -231,8 +231,22 @@ def test_up_recovers_after_kill_9(lab: LabHandle, victim: str) -> None:
     assert status(lab.lab).healthy
 
 
-def test_down_twice_is_clean_then_up_again(lab: LabHandle) -> None:
-    """down removes containers, mounts, servers and bridge; a second down is a no-op; up restores."""
+def test_down_twice_is_clean_then_up_several_times_in_a_row_logs_in_at_once(lab: LabHandle) -> None:
+    """down removes containers, mounts, servers and bridge; a second down is a no-op; up restores. Up right
+    after down, twice in a row (the first, the up after that double down): every host takes the login as
+    soon as up returns, because sshd starts only after systemd-user-sessions has removed /run/nologin (else
+    PAM hangs up). One test, two down/up rounds (two tests took three)."""
+    _down_twice_clean(lab)
+    for round_ in range(2):
+        if round_:
+            down(lab.lab)
+        lab.up()
+        _logins_wait_for_user_sessions(lab)  # the first login after up
+        assert all(ssh_ok(h.address, lab.paths.key_file, lab.paths.known_hosts) for h in lab.hosts)
+
+
+def _down_twice_clean(lab: LabHandle) -> None:
+    """down, checking it left nothing behind, then down again (safe twice)."""
     state = LabState.load(lab.paths.state_file)
     refs = [r for rec in state.hosts.values() for r in (rec.nspawn, rec.init) if r]
     refs += list(state.servers.values())
@@ -246,27 +260,21 @@ def test_down_twice_is_clean_then_up_again(lab: LabHandle) -> None:
     assert not any(link_exists(f"vb-{h.name}") for h in lab.hosts)
     down(lab.lab)  # safe twice
     assert not link_exists(BRIDGE)
-    lab.up()
-    assert all(ssh_ok(h.address, lab.paths.key_file, lab.paths.known_hosts) for h in lab.hosts)
 
 
-def test_down_then_up_several_times_in_a_row_logs_in_at_once(lab: LabHandle) -> None:
-    """Up right after down, twice in a row: every host takes the login as soon as up returns, because
-    sshd starts only after systemd-user-sessions has removed /run/nologin (else PAM hangs up)."""
+def _logins_wait_for_user_sessions(lab: LabHandle) -> None:
+    """Every host's sshd is ordered after systemd-user-sessions and started after it was up."""
     probe = (
         "systemctl show -p After --value ssh.service; "
         "systemctl show -p ActiveEnterTimestampMonotonic --value systemd-user-sessions.service; "
         "systemctl show -p ExecMainStartTimestampMonotonic --value ssh.service"
     )
-    for _ in range(2):
-        down(lab.lab)
-        lab.up()
-        for host in lab.hosts:
-            rc, out, err = lab.ssh(host, probe)
-            assert rc == 0, err
-            after, sessions_up, sshd_start = out.split("\n")[:3]
-            assert "systemd-user-sessions.service" in after.split()
-            assert 0 < int(sessions_up) <= int(sshd_start), f"{host.name}: sshd started before logins"
+    for host in lab.hosts:
+        rc, out, err = lab.ssh(host, probe)
+        assert rc == 0, err
+        after, sessions_up, sshd_start = out.split("\n")[:3]
+        assert "systemd-user-sessions.service" in after.split()
+        assert 0 < int(sessions_up) <= int(sshd_start), f"{host.name}: sshd started before logins"
 
 
 def test_login_user_lingers_so_logins_never_wait_for_its_manager(lab: LabHandle) -> None:
