@@ -95,6 +95,16 @@ class Deciding:
             self.asked = PrefixIndex(spec.index_blocks, spec.block_tokens)
         return self.asked
 
+    def _pd_cached(self, index: CacheSource, route: Route, blocks: list[int], tokens: int) -> int:
+        """The P/D candidate's cached tokens of a prompt: from its prefill instances' KV events when the
+        route lists them (the largest when the router picks by prefix, else their mean: it spreads
+        prompts), else what the index recorded for the router."""
+        assert route.disagg is not None
+        if index is not self.feeds or not route.prefill_kv_events:
+            return index.cached_tokens(route.disagg, blocks, tokens)
+        each = [self.feeds.cached_tokens(u, blocks, tokens) for u in route.prefill]
+        return max(each) if route.prefill_cache_aware else sum(each) // len(each)
+
     def route(
         self,
         policy: ActivePolicy,
@@ -155,7 +165,7 @@ class Deciding:
         if index is not None and blocks is not None:  # the estimate for where it went, then the record
             disagg = route.disagg if v.pool == "disagg" else None
             where = decision.candidate = disagg or urls[v.instance]
-            decision.cached = index.cached_tokens(where, blocks, tokens) if disagg else cached[v.instance]
+            decision.cached = self._pd_cached(index, route, blocks, tokens) if disagg else cached[v.instance]
             if blocks:
                 index.record(where, blocks)
         return v.cls, decision

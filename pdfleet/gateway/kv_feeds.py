@@ -1,6 +1,7 @@
 """The gateway's KV-events subscriptions (issue 32): one feed per colocated instance a policy route lists
-under `kv_events:`, all into one `KvEventIndex` keyed by the instance's base URL, so the decider reads
-them through the same `cached_tokens` as the gateway's own prefix index.
+under `kv_events:` and per P/D prefill instance under `prefill_kv_events:`, all into one `KvEventIndex`
+keyed by the instance's base URL, so the decider reads them through the same `cached_tokens` as the
+gateway's own prefix index.
 
 A feed that is not connected (the engine stopped, its publisher unreachable) counts nothing cached for
 its instance: the index forgets an instance when its feed connects, loses its connection or misses
@@ -44,13 +45,16 @@ class _Feed:
 
 
 def wanted_of(routes: Iterable[Route]) -> dict[str, Wanted]:
-    """Every route's colocated instances paired with their publishers (a route without kv_events: none)."""
+    """Every route's colocated and prefill instances paired with their publishers (a route without
+    kv_events: none)."""
     out: dict[str, Wanted] = {}
     for route in routes:
         fmt = event_format(route.kv_events_release or "")
         if fmt is None:
             continue
-        for url, endpoint in zip(route.colocated, route.kv_events, strict=False):
+        pairs = [*zip(route.colocated, route.kv_events, strict=False)]
+        pairs += zip(route.prefill, route.prefill_kv_events, strict=False)
+        for url, endpoint in pairs:
             host, _, port = endpoint.partition("://")[2].rpartition(":")
             out[url] = Wanted(url, host.strip("[]"), int(port), fmt)
     return out

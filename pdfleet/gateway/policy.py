@@ -100,6 +100,8 @@ class Route:
     decode: tuple[str, ...] = ()
     kv_events: tuple[str, ...] = ()  # each colocated instance's KV-events publisher (empty: the index)
     kv_events_release: str | None = None  # the vLLM release whose event format they publish
+    prefill_kv_events: tuple[str, ...] = ()  # each prefill instance's publisher (the P/D candidate's facts)
+    prefill_cache_aware: bool = False  # vllm-router picks the prefill instance by prefix (else spreads)
 
     def next_rr(self) -> int:
         """The round robin's next position over the colocated instances."""
@@ -427,6 +429,8 @@ def compile_route(spec: PolicySpec, alias: str, r: ModelRoute, source: Path) -> 
         tuple(r.decode),
         tuple(r.kv_events),
         r.kv_events_release,
+        tuple(r.prefill_kv_events),
+        r.prefill_cache_aware,
     )
 
 

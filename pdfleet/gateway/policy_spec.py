@@ -129,6 +129,11 @@ class ModelRoute(_Strict):
     # release whose event format they publish: the decider's cache facts for this alias come from them
     kv_events: list[str] = []
     kv_events_release: str | None = Field(None, min_length=1)
+    # the P/D pool's prefill instances' publishers (in `prefill`'s order): the P/D candidate's cache facts,
+    # their largest figure when vllm-router picks the prefill instance by prefix (cache_aware), else their
+    # mean (round robin and the other policies spread a prompt over them)
+    prefill_kv_events: list[str] = []
+    prefill_cache_aware: bool = False
 
 
 class PolicySpec(_Strict):
@@ -175,8 +180,11 @@ def route_problems(spec: PolicySpec, alias: str, route: ModelRoute) -> list[str]
 
 
 def _kv_events_problems(route: ModelRoute) -> list[str]:
-    """One publisher per colocated instance, each tcp://HOST:PORT, of a release whose format is tabled."""
+    """One publisher per colocated instance, each tcp://HOST:PORT, of a release whose format is tabled;
+    the prefill instances' likewise, beside them."""
     if not route.kv_events:
+        if route.prefill_kv_events:
+            return ["prefill_kv_events: set only with kv_events (the colocated instances' publishers)"]
         return ["kv_events_release: set only with kv_events"] if route.kv_events_release else []
     if len(route.kv_events) != len(route.colocated):
         return [
@@ -185,6 +193,16 @@ def _kv_events_problems(route: ModelRoute) -> list[str]:
         ]
     problems = [
         f"kv_events[{i}]: {e!r} is not tcp://HOST:PORT" for i, e in enumerate(route.kv_events) if not _tcp(e)
+    ]
+    if route.prefill_kv_events and len(route.prefill_kv_events) != len(route.prefill):
+        problems.append(
+            f"prefill_kv_events: {len(route.prefill_kv_events)} endpoints for {len(route.prefill)} prefill "
+            "instances; list the P/D pool's prefill base URLs under prefill, one publisher each, in order"
+        )
+    problems += [
+        f"prefill_kv_events[{i}]: {e!r} is not tcp://HOST:PORT"
+        for i, e in enumerate(route.prefill_kv_events)
+        if not _tcp(e)
     ]
     if route.kv_events_release is None or event_format(route.kv_events_release) is None:
         tabled = ", ".join(FORMATS)

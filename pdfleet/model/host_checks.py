@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pdfleet.model.inventory import Host
 from pdfleet.model.problems import Problem
 from pdfleet.model.profile import Profile
-from pdfleet.model.served import KV_EVENTS_PORT, ServedModel
+from pdfleet.model.served import ServedModel
 from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
 
@@ -44,7 +44,8 @@ def instance_ports(profile: Profile, spec: ServedModel, pool: str) -> list[tuple
     events = spec.kv_events_port_for(pool)
     if events is not None:
         # a fixed port (not a key): the clash is mended by moving the other port
-        what = f"kv_events: {spec.key('pools.colocated')}'s publisher, {KV_EVENTS_PORT} + the model's place"
+        base = events - (spec.index or 0)
+        what = f"kv_events: {spec.key(f'pools.{pool}')}'s publisher, {base} + the model's place"
         ports.append((events, f"{spec.key('gateway.decider.cache_source')} ({what})"))
     return ports
 

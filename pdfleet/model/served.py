@@ -32,8 +32,10 @@ from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
 
 # vLLM's KV-events publisher (KVEventsConfig.endpoint's default port); a model's colocated instances publish
-# at this port plus the model's place in `models:` (two models may share a host)
+# at this port plus the model's place in `models:` (two models may share a host), its P/D pool's prefill
+# instances at a base of their own (a same-host layout runs a prefill and a colocated instance on one host)
 KV_EVENTS_PORT = 5557
+PREFILL_KV_EVENTS_PORT = 5657
 
 # The per-model keys: a `models:` entry inherits each from the top level unless it sets it.
 MODEL_KEYS = ("model", "topology", "pools", "kv_transfer", "slo", "rollout")
@@ -139,11 +141,16 @@ class ServedModel(StrictModel):
         return self.kv_transfer.bootstrap_port_for(pool) if self.disaggregated else None
 
     def kv_events_port_for(self, pool: str) -> int | None:
-        """The KV-events publisher's port of a pool's instance: colocated instances publish when the
-        model's decider reads its cache facts from them (gateway.decider.cache_source: kv_events)."""
-        if pool != "colocated" or self.gateway.decider.cache_source != "kv_events":
+        """The KV-events publisher's port of a pool's instance: when the model's decider reads its cache
+        facts from KV events (gateway.decider.cache_source: kv_events), its colocated instances publish,
+        and its P/D pool's prefill instances (the P/D candidate's cache facts)."""
+        if self.gateway.decider.cache_source != "kv_events":
             return None
-        return KV_EVENTS_PORT + (self.index or 0)
+        if pool == "colocated":
+            return KV_EVENTS_PORT + (self.index or 0)
+        if pool == "prefill" and self.has_router:
+            return PREFILL_KV_EVENTS_PORT + (self.index or 0)
+        return None
 
 
 def slug(text: str) -> str:

@@ -145,8 +145,13 @@ def _route(ctx: RoleContext, model: ModelTopology) -> dict[str, Any]:
     if router is not None:
         route["disagg"] = router.url
         decider = ctx.profile.gateway.decider
-        # the P/D instances the decider scrapes, only where a bypass bound reads them
-        if decider.prefill_busy_waiting is not None:
+        prefill_events = [i.kv_events_endpoint for i in model.pool("prefill")]
+        if events and prefill_events and all(prefill_events):  # the P/D candidate's cache facts
+            route["prefill_kv_events"] = prefill_events
+            spec = ctx.profile.served_model(model.name)
+            route["prefill_cache_aware"] = spec.gateway.router_policy.prefill == "cache_aware"
+        # the P/D instances the decider scrapes where a bypass bound reads them (or their events are read)
+        if decider.prefill_busy_waiting is not None or "prefill_kv_events" in route:
             route["prefill"] = model.pool_urls("prefill")
         if decider.decode_busy_waiting is not None:
             route["decode"] = model.pool_urls("decode")

@@ -19,7 +19,7 @@ import msgspec
 import pytest
 import zmq
 
-from pdfleet.bench.launch import SimProcess
+from pdfleet.bench.launch import RouterProcess, SimProcess
 from pdfleet.bench.procs import free_port
 from pdfleet.errors import ValidationError
 from pdfleet.gateway.prefix_index import prompt_blocks
@@ -27,10 +27,11 @@ from pdfleet.metrics.scrape import scrape_metrics
 from pdfleet.model.vllm_release_data import NEWEST
 from tests.unit.gateway.helpers import Env, load_test_policy, run
 from tests.unit.model.helpers import wheel_events
-from tests.unit.sim.helpers import MODEL
+from tests.unit.sim.helpers import MODEL, kv_config
 
 IDS = list(range(5000, 5000 + 80))  # five 16-token blocks
 SETTINGS = {"threshold_on": "effective", "colocated_choice": "prefix_load"}
+EVENTS = {"kv_events": ["tcp://a:1", "tcp://b:2"], "kv_events_release": "0.33.0"}  # two colocated instances'
 
 
 def _stored(c: dict[str, Any], ids: list[int]) -> bytes:
@@ -106,6 +107,12 @@ def test_a_token_id_prompt_goes_where_the_events_hold_its_prefix(tmp_path: Path)
             r"formats tabled: 0\.11\.0",
         ),
         ({"kv_events_release": "0.33.0"}, r"kv_events_release: set only with kv_events"),
+        ({"prefill_kv_events": ["tcp://a:1"]}, r"prefill_kv_events: set only with kv_events"),
+        ({**EVENTS, "prefill_kv_events": ["tcp://a:1"]}, r"prefill_kv_events: 1 endpoints for 0 prefill"),
+        (
+            {**EVENTS, "prefill": ["http://127.0.0.1:3"], "prefill_kv_events": ["tcp//a:1"]},
+            r"prefill_kv_events\[0\]: 'tcp//a:1' is not tcp://HOST:PORT",
+        ),
     ],
 )
 def test_the_policy_refuses_a_malformed_events_list(
@@ -196,3 +203,66 @@ def test_both_sources_estimate_the_simulators_prefix_hits_on_the_same_traffic(tm
     print(f"estimated cached tokens vs vllm:prefix_cache_hits increase: {figures}")
     for alias, (estimate, hits) in figures.items():
         assert hits > 10_000 and abs(estimate - hits) <= 0.10 * hits, (alias, estimate, hits)
+
+
+@pytest.mark.procs
+def test_the_pd_candidate_s_estimate_comes_from_its_prefill_instance_s_events(tmp_path: Path) -> None:
+    """A P/D pool of one producer publishing its KV events and one consumer behind the real vllm-router
+    (round robin), beside a colocated simulator publishing too. Agent sessions sent to the P/D pool (the
+    override header): the gateway's estimate for the disagg pool, read from the producer's events, within
+    10% of the producer's `vllm:prefix_cache_hits` increase."""
+    colo_port, prefill_port, side = free_port(), free_port(), free_port()
+
+    def events(port: int) -> list[str]:
+        return [
+            "--kv-events-config",
+            json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}"}),
+        ]
+
+    fast = [MODEL, "--sim-time-scale", "0.05"]
+    colo = SimProcess([*fast, *events(colo_port)])
+    producer = SimProcess(
+        [*fast, *events(prefill_port), "--kv-transfer-config", kv_config("kv_producer")],
+        env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
+    )
+    consumer = SimProcess([*fast, "--kv-transfer-config", kv_config("kv_consumer")])
+
+    async def scenario(router: RouterProcess) -> tuple[float, float]:
+        def models(_colo: str, _dis: str) -> dict[str, Any]:
+            route = {
+                "colocated": [colo.url], "disagg": router.url, "upstream_model": MODEL,
+                "kv_events": [f"tcp://127.0.0.1:{colo_port}"], "kv_events_release": NEWEST,
+                "prefill": [producer.url], "prefill_kv_events": [f"tcp://127.0.0.1:{prefill_port}"],
+            }  # fmt: skip
+            return {"llama": route}
+
+        async with Env(tmp_path, models=models, decider=SETTINGS) as env:
+            assert env.gw is not None
+            feeds = env.gw.gateway.deciding.feeds
+            for _ in range(3000):  # both subscriptions made (a PUB drops what precedes a subscription)
+                if len(feeds.states()) == 2 and all(state.up for state in feeds.states().values()):
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            rng = random.Random(33)
+            sessions, turns = _sessions(rng)
+            before = scrape_metrics(producer.url).get("vllm:prefix_cache_hits_total", 0.0)
+            for s, grow in turns:
+                ids = sessions[s]
+                body = {"model": "llama", "prompt": ids, "max_tokens": 2}
+                st, headers, raw = await env.post("/v1/completions", body, {"X-Pdfleet-Pool": "disagg"})
+                assert st == 200 and headers["X-Pdfleet-Pool"] == "disagg", raw
+                blocks, whole = prompt_blocks(ids, 16, 4.0), len(ids) // 16 * 16
+                for _ in range(3000):  # its blocks' events, published at the producer's prefill steps
+                    if feeds.cached_tokens(producer.url, blocks, len(ids)) >= whole:
+                        break
+                    await asyncio.sleep(0.01)
+                ids += [rng.randrange(1, 30_000) for _ in range(grow)]
+            hits = scrape_metrics(producer.url).get("vllm:prefix_cache_hits_total", 0.0) - before
+            estimate = await env.metric("pdfleet_gateway_prefix_estimate_cached_tokens_total", pool="disagg")
+            return estimate, hits
+
+    with colo, producer, consumer, RouterProcess([producer.url], [consumer.url]) as router:
+        estimate, hits = run(scenario(router))
+    print(f"P/D estimate vs the producer's vllm:prefix_cache_hits increase: {estimate:.0f} vs {hits:.0f}")
+    assert hits > 10_000 and abs(estimate - hits) <= 0.10 * hits, (estimate, hits)

@@ -302,7 +302,7 @@ def test_tls_pushes_the_pair_and_ca_and_a_renewal_reloads_a_toggle_restarts(tmp_
     assert _notified(ops, gateway_role.POLICY_FILE) == ["restart pdfleet-gateway.service"]
 
 
-def test_kv_events_reach_each_colocated_unit_and_the_policy(tmp_path: Path) -> None:
+def test_kv_events_reach_each_colocated_and_prefill_unit_and_the_policy(tmp_path: Path) -> None:
     fleet = _lab_cross_gateway(
         tmp_path,
         "{decider: {colocated_choice: prefix_load, cache_source: kv_events, prefill_busy_waiting: 8}}",
@@ -313,15 +313,21 @@ def test_kv_events_reach_each_colocated_unit_and_the_policy(tmp_path: Path) -> N
     assert route.colocated == [i.url for i in colocated] and len(colocated) == 2
     assert route.kv_events == [f"tcp://{i.address}:5557" for i in colocated]
     assert route.kv_events_release == fleet.profile.vllm.version
+    prefill = fleet.topology.model().pool("prefill")  # the P/D candidate's facts: its prefill instances'
+    assert route.prefill == [i.url for i in prefill] and prefill
+    assert route.prefill_kv_events == [f"tcp://{i.address}:5657" for i in prefill]
+    assert route.prefill_cache_aware is False  # the profile's prefill policy: round_robin
     assert spec.decider.cache_source == "index"  # in a policy the source is each alias's
     rendered = render_fleet(fleet, fleet.inventory.hosts.values())
-    for inst in fleet.topology.instances:  # only the colocated units publish
+    ports = {"colocated": 5557, "prefill": 5657}
+    for inst in fleet.topology.instances:  # the colocated and prefill units publish, decode ones do not
         (unit,) = [f for f in rendered[inst.host] if f.path == inst.unit_path]
         argv = exec_start_argv(unit.content)
-        assert ("--kv-events-config" in argv) == (inst.pool == "colocated"), inst
-        if inst.pool == "colocated":
+        assert ("--kv-events-config" in argv) == (inst.pool in ports), inst
+        if inst.pool in ports:
             config = argv[argv.index("--kv-events-config") + 1]
-            assert config == '{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","publisher":"zmq"}'
+            endpoint = f"tcp://*:{ports[inst.pool]}"
+            assert config == f'{{"enable_kv_cache_events":true,"endpoint":"{endpoint}","publisher":"zmq"}}'
 
 
 def test_a_profile_without_kv_events_renders_no_events_endpoints(tmp_path: Path) -> None:
