@@ -252,13 +252,14 @@ def test_the_decider_moves_half_the_kv_of_length_only_routing_on_agent_sessions(
 
 EVENTS_PROFILE = "lab-cross-kv-events"
 ASK = {"X-Pdfleet-Threshold-On": "effective", "X-Pdfleet-Colocated-Choice": "prefix_load"}
+TO_PD = {"X-Pdfleet-Pool": "disagg"}  # the override header: the same sessions through the P/D pool
 
 
 def _provision(profile: str) -> float:
-    """The colocated units and the gateway provisioned with `profile`; the seconds it took."""
+    """The colocated and prefill units and the gateway provisioned with `profile`; the seconds it took."""
     started = time.monotonic()
     for args in (
-        ("--roles", "services", "--limit", "colocated"),
+        ("--roles", "services", "--limit", "colocated,prefill"),
         ("--roles", "gateway", "--limit", "lab-gw"),
     ):
         argv = [sys.executable, "-m", "invoke", "provision", "--profile", profile, *args]
@@ -279,7 +280,8 @@ def _complete(topo: Topology, ids: list[int], headers: dict[str, str]) -> None:
 
 def _token_sessions(topo: Topology, rng: random.Random, headers: dict[str, str]) -> dict[str, Any]:
     """Three agent sessions of token ids (1-3K, then 300-900 more a turn, five turns each, interleaved, a
-    0.3 s tool pause after each turn), all short, so colocated; the counters before and after."""
+    0.3 s tool pause after each turn), all short, so colocated unless `headers` send them to P/D; the
+    counters before and after."""
     sessions = [[rng.randrange(1, 30_000) for _ in range(rng.randrange(1000, 3000))] for _ in range(3)]
     before = _scrape(topo)
     for _ in range(5):
@@ -299,6 +301,13 @@ def _colocated_estimates(topo: Topology, arm: dict[str, Any]) -> dict[str, tuple
         )
         for i in topo.pool("colocated")
     }
+
+
+def _pd_estimate(topo: Topology, arm: dict[str, Any]) -> tuple[float, float]:
+    """The gateway's estimate for the P/D pool against its prefill instances' prefix-cache hits."""
+    estimate = _by_label(arm, "pdfleet_gateway_prefix_estimate_cached_tokens_total", "pool")
+    hits = sum(_delta(arm, i.url, "vllm:prefix_cache_hits_total") for i in topo.pool("prefill"))
+    return estimate.get("disagg", 0.0), hits
 
 
 def _events_followed(topo: Topology, rng: random.Random, timeout_s: float = 60.0) -> float:
@@ -323,10 +332,13 @@ def test_both_cache_sources_estimate_the_instances_prefix_hits(lab: LabHandle) -
     topo = lab_deployment(PROFILE).topology
     rng = random.Random(SEED)
     index = _colocated_estimates(topo, _token_sessions(topo, rng, ASK))
+    index["P/D"] = _pd_estimate(topo, _token_sessions(topo, rng, {**ASK, **TO_PD}))
     timings = {"provision_events_s": _provision(EVENTS_PROFILE)}
     try:
         timings["followed_s"] = _events_followed(topo, rng)
         events = _colocated_estimates(topo, _token_sessions(topo, rng, {}))
+        # the P/D candidate's estimate from its prefill instances' events (was the index's only)
+        events["P/D"] = _pd_estimate(topo, _token_sessions(topo, rng, TO_PD))
     finally:
         timings["provision_back_s"] = _provision(PROFILE)
     print(json.dumps({"index": index, "kv_events": events, "timings": timings}, indent=2))
