@@ -212,21 +212,10 @@ def _apply(
 
 
 def _audit(store: Any, report: PlanReport, why: str, file: str) -> None:
-    for (move, done), held in zip(report.moved, [*report.held, ""], strict=False):
-        store.record(
-            {
-                "event": "moved",
-                "host": move.host,
-                "from": move.source,
-                "to": move.target,
-                "reason": f"{why}: {move.why}",
-                "at_drain": done.at_drain,
-                "outlived": done.outlived,
-                "kv_held": done.kv_held,
-                "seconds": done.seconds,
-                "gates": held,
-            }
-        )
+    from pdfleet.fleet.replanning import moved_events
+
+    for event in moved_events(report, why):
+        store.record(event)
     if report.stopped is not None:
         back = [{"host": m.host, "to": m.target} for m in report.restored]
         store.record(

@@ -12,12 +12,16 @@ resolved, a stale one skipped; every step a line of the live layout's audit log 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from invoke import Context
 
 from pdfleet.cli.options import fleet_layouts, open_deployment
+from pdfleet.fleet.layout_store import FollowerLock
 
 if TYPE_CHECKING:
     from pdfleet.cli.rebalance_plan import TaskFleetMaker
@@ -49,16 +53,70 @@ def follow(
             f"--profile {profile}: rollout.rebalance.mode is {spec.mode}: the controller proposes moves to "
             "carry out only with mode: on"
         )
-    if every_s is None:
-        look(ctx, profile, inventory, wait, hold_s, task_fleet, quiet=False)
-        return
-    print(f"following the controller's proposals every {every_s:g} s (Ctrl-C stops)", flush=True)
+    lock = FollowerLock(fleet_layouts(ctx, profile, inventory), follower_name()).take()
     try:
-        while True:
+        if every_s is None:
+            look(ctx, profile, inventory, wait, hold_s, task_fleet, quiet=False)
+            return
+
+        def each() -> None:
+            if not lock.alive:  # its connection was lost: taken again, or refused if another took it
+                lock.take()
             look(ctx, profile, inventory, wait, hold_s, task_fleet, quiet=True)
-            time.sleep(every_s)
-    except KeyboardInterrupt:
-        print("stopped following", flush=True)
+
+        print(f"following the controller's proposals every {every_s:g} s (Ctrl-C stops)", flush=True)
+        try:
+            follow_loop(each, every_s)
+        except KeyboardInterrupt:
+            print("stopped following", flush=True)
+    finally:
+        lock.release()
+
+
+def follower_name() -> str:
+    """Who follows, as a refused second follower is told: this machine, process and start time."""
+    return f"{socket.gethostname()} pid {os.getpid()} since {time.strftime('%H:%M:%S UTC', time.gmtime())}"
+
+
+def transient() -> tuple[type[BaseException], ...]:
+    """The errors a look may fail on and the next look may not: a host or Prometheus not answering."""
+    from paramiko import SSHException
+
+    from pdfleet.errors import ConnectError
+    from pdfleet.metrics.source import MetricsUnavailable
+
+    return (ConnectError, MetricsUnavailable, OSError, EOFError, SSHException)
+
+
+def follow_loop(
+    each: Callable[[], object],
+    every_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+    say: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> None:
+    """`each` look every `every_s` seconds; one failing on a transient error is reported and looked again
+    after a pause (pdfleet.fleet.proposed.retry_pause), until FOLLOW_FAILURES in a row stop it (ConnectError
+    naming the last). Any other error stops it at once (a move back that failed, bad state)."""
+    from pdfleet.errors import ConnectError
+    from pdfleet.fleet.proposed import FOLLOW_FAILURES, retry_pause
+
+    failures = 0
+    while True:
+        try:
+            each()
+        except transient() as exc:
+            failures += 1
+            pause = retry_pause(failures, every_s)
+            if pause is None:
+                raise ConnectError(
+                    f"--follow stopped: {failures} looks in a row failed, the last on: {exc}. A move such a "
+                    "look interrupted is resolved by the next look (invoke rebalance --proposed)"
+                ) from None
+            limit = f"{failures} in a row, --follow stops at {FOLLOW_FAILURES}"
+            say(f"look failed ({limit}): {exc}; next look in {pause:g} s")
+        else:
+            failures, pause = 0, every_s
+        sleep(pause)
 
 
 def look(
@@ -139,7 +197,7 @@ def _carry(
     from pdfleet.cli.rebalance_plan import front_of, prom_gate
     from pdfleet.fleet.moving import MoveFailed
     from pdfleet.fleet.proposed import taken_event
-    from pdfleet.fleet.replanning import apply_moves
+    from pdfleet.fleet.replanning import apply_moves, moved_events
 
     assert action.proposal is not None and action.move is not None
     key, move = action.key, action.move
@@ -152,20 +210,10 @@ def _carry(
     except MoveFailed as exc:
         store.record({"event": "proposal-failed", "proposal": key, "error": str(exc)})
         raise
-    why = f"the controller's proposal {key}: {action.proposal.why}"
-    for (m, done), held in zip(report.moved, [*report.held, ""], strict=False):
-        event = {"event": "moved", "proposal": key, "host": m.host, "from": m.source, "to": m.target}
-        store.record(
-            {
-                **event,
-                "reason": f"{why}; {m.why}",
-                "at_drain": done.at_drain,
-                "outlived": done.outlived,
-                "kv_held": done.kv_held,
-                "seconds": done.seconds,
-                "gates": held,
-            }
-        )
+    for event in moved_events(
+        report, f"the controller's proposal {key}: {action.proposal.why}", proposal=key
+    ):
+        store.record(event)
     if report.stopped is not None:
         back = [{"host": m.host, "to": m.target} for m in report.restored]
         store.record({"event": "proposal-stopped", "proposal": key, "why": report.stopped, "back": back})

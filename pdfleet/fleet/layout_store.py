@@ -7,18 +7,21 @@ them.
 from __future__ import annotations
 
 import shlex
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from pdfleet.errors import ConnectError
+from pdfleet.errors import ConnectError, ValidationError
 from pdfleet.fleet.live_layout import FLEET_LAYOUT_DIR, HostPools, agreed_layout, audit_line, fleet_paths
 from pdfleet.model.inventory import Host
 from pdfleet.ops.ssh import Transport
 
 ABSENT = 3  # the read's exit code when the host keeps no layout
 TIMEOUT_S = 30.0
+LOCK_BUSY = 75  # flock's exit when another holds the follower lock
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,15 @@ class FleetLayout:
             for host in self.keepers
         }
 
+    def run_on(self, host: Host, cmd: str) -> str | None:
+        """Run one command on a gateway host: its output, None when it fails (a file not there)."""
+        conn = self.connect(host)
+        try:
+            out = conn.run(cmd, sudo=self.sudo, timeout=TIMEOUT_S)
+        finally:
+            conn.close()
+        return out.stdout if out.rc == 0 else None
+
     def _each(self, cmd: str, stdin: str | None = None) -> None:
         for host in self.keepers:
             self._run(host, cmd, stdin=stdin)
@@ -96,3 +108,99 @@ class FleetLayout:
                 f"(exit {out.rc}): {out.stderr.strip() or out.stdout.strip()}"
             )
         return out.stdout
+
+
+def lock_paths(root: str, profile: str, token: str) -> tuple[str, str, str]:
+    """The follower lock's file, its holder's name and one attempt's mark file (under the live layout's
+    directory)."""
+    base = f"{root}/{profile}.follow"
+    return f"{base}.lock", f"{base}.owner", f"{base}.{token}"
+
+
+def hold_command(root: str, profile: str, owner: str, token: str) -> str:
+    """The command that holds the follower lock while its stdin is open: it names the holder and marks
+    `held`, or marks `exit N` when it could not take it (N = LOCK_BUSY: another holds it)."""
+    lock, who, mark = (shlex.quote(p) for p in lock_paths(root, profile, token))
+    hold = f"printf %s {shlex.quote(owner)} > {who}; echo held > {mark}; cat > /dev/null; rm -f {mark}"
+    return (
+        f"mkdir -p {shlex.quote(root)} && "
+        f'{{ flock -n -E {LOCK_BUSY} {lock} sh -c {shlex.quote(hold)} || echo "exit $?" > {mark}; }}'
+    )
+
+
+@dataclass
+class FollowerLock:
+    """The profile's follower lock (`invoke rebalance --follow/--proposed`: one per profile), held on the
+    first gateway host by `flock` around a command whose stdin stays open. Closing that stdin
+    (`release`) ends the command and frees the lock; so does this process dying, which closes its
+    connection and the stdin with it. `alive` says whether the holding command still runs from here."""
+
+    store: FleetLayout
+    owner: str  # who holds it, shown to a follower it refuses
+    wait_s: float = 10.0  # for the host to say whether the lock was taken
+    _release: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def take(self) -> FollowerLock:
+        """Take the lock: ValidationError naming its holder when another follower holds it."""
+        if not self.store.keepers:
+            raise ValidationError(
+                "the inventory has no gateway host: the live layout is kept on the gateway hosts"
+            )
+        host, token = self.store.keepers[0], uuid.uuid4().hex
+        lock, who, mark = lock_paths(self.store.root, self.store.profile, token)
+        self._release = threading.Event()
+        conn = self.store.connect(host)  # a host that cannot be reached fails here, in the caller
+        cmd = hold_command(self.store.root, self.store.profile, self.owner, token)
+        self._thread = threading.Thread(target=self._hold, args=(conn, cmd), daemon=True)
+        self._thread.start()
+        said = self._said(host, mark)
+        if said == "held":
+            return self
+        self.release()
+        self.store.run_on(host, f"rm -f {shlex.quote(mark)}")
+        if said != f"exit {LOCK_BUSY}":
+            raise ConnectError(
+                f"{host.name}: the follower lock {lock}: {said or f'no answer in {self.wait_s:g} s'}"
+            )
+        holder = self.store.run_on(host, f"cat {shlex.quote(who)}") or "who: unknown"
+        if holder == self.owner:  # this follower's own hold, whose lost connection the host has not seen end
+            raise ConnectError(
+                f"{host.name}: the follower lock {lock} is still held by this follower's lost connection"
+            )
+        raise ValidationError(
+            f"another follower carries out {self.store.profile}'s proposals ({holder}; its lock: {lock} on "
+            f"{host.name}): run one follower per profile (the lock is freed when that one stops)"
+        )
+
+    def release(self) -> None:
+        """Free the lock (the holding command's stdin closed); nothing when it is not held."""
+        self._release.set()
+        if self._thread is not None:
+            self._thread.join(TIMEOUT_S)
+
+    def _hold(self, conn: Transport, cmd: str) -> None:
+        def stdin() -> Iterator[bytes]:
+            self._release.wait()
+            yield from ()
+
+        try:
+            conn.send(cmd, stdin(), sudo=self.store.sudo, timeout=TIMEOUT_S)
+        except (ConnectError, OSError, EOFError):
+            pass  # the connection is lost: `alive` turns False and the follower takes the lock again
+        finally:
+            conn.close()
+
+    def _said(self, host: Host, mark: str) -> str:
+        """What the holding command left in its mark file: `held`, `exit N`, or '' (nothing in time)."""
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline:
+            text = self.store.run_on(host, f"cat {shlex.quote(mark)}")
+            if text and text.strip():
+                return text.strip()
+            time.sleep(0.1)
+        return ""

@@ -31,6 +31,8 @@ from pdfleet.fleet.replan import Move, counts_of, moves_toward
 PROPOSAL_EVENT = "rebalance-proposal"  # the controller's audit line (rollout.pressure.EVENT)
 TAKEN = "proposal-taken"
 ENDS = ("moved", "proposal-stopped", "proposal-failed", "proposal-skipped", "proposal-resolved")
+FOLLOW_FAILURES = 5  # looks in a row failing on a transient error before `--follow` stops
+FOLLOW_PAUSE_MOST_S = 120.0  # the longest pause between such looks
 
 
 @dataclass(frozen=True)
@@ -159,3 +161,12 @@ def where_now(layout: Layout, move: Move) -> str:
     if move.source in pools:
         return "source"
     return "elsewhere"
+
+
+def retry_pause(failures: int, every_s: float) -> float | None:
+    """`--follow` after `failures` looks in a row failed on a transient error (an SSH hiccup, Prometheus
+    not answering): seconds before the next look, doubling from `every_s` up to FOLLOW_PAUSE_MOST_S (or
+    `every_s` when that is longer), or None: stop, after FOLLOW_FAILURES."""
+    if failures >= FOLLOW_FAILURES:
+        return None
+    return min(every_s * 2**failures, max(FOLLOW_PAUSE_MOST_S, every_s))

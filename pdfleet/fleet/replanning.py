@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from pdfleet.fleet.mover import DEFAULT_WAIT_S, Layout, MovePlan, drains_through_router, plan_move
 from pdfleet.fleet.moving import ADMIT_ROLES, Clock, Fleet, Front, MoveFailed, MoveReport, Sleep, execute
@@ -51,6 +51,28 @@ class PlanReport:
     stopped: str | None = None
     restored: list[Move] = field(default_factory=list)
     layout: Layout | None = None  # where the fleet is at the end
+
+
+def moved_events(report: PlanReport, reason: str, **extra: str) -> list[dict[str, Any]]:
+    """The live layout's audit line of each move `report` made (the same for --to-plan and a controller's
+    proposal): the host, its pools, `reason` and why this host, the drain's figures, the seconds per step
+    and its gate hold's outcome ('' when it was not held); `extra` (a proposal's key) in each."""
+    return [
+        {
+            "event": "moved",
+            **extra,
+            "host": move.host,
+            "from": move.source,
+            "to": move.target,
+            "reason": f"{reason}; {move.why}",
+            "at_drain": done.at_drain,
+            "outlived": done.outlived,
+            "kv_held": done.kv_held,
+            "seconds": done.seconds,
+            "gates": held,
+        }
+        for (move, done), held in zip(report.moved, [*report.held, ""], strict=False)
+    ]
 
 
 def apply_moves(

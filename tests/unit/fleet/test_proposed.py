@@ -1,7 +1,7 @@
 """The automatic rebalance's moves from the control machine, pure: only the newest `mode: on` proposal is
 carried out, at most once (a taken one never again), an interrupted one resolved toward where the live layout
-puts its host, a stale one or one no host can carry skipped with why; and the resolve executor through the
-executor's Fleet protocol."""
+puts its host, a stale one or one no host can carry skipped with why; --follow's pause after failed looks;
+and the resolve executor through the executor's Fleet protocol."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pdfleet.fleet.proposed import (
     audit_events,
     next_action,
     proposals_in,
+    retry_pause,
     taken_event,
     where_now,
 )
@@ -148,3 +149,13 @@ def test_resolving_a_move_interrupted_after_its_render_finishes_it() -> None:
 
 def test_a_proposal_is_keyed_by_its_time() -> None:
     assert Proposal(12.34567, "decode", "prefill", "q").key == "12.346"
+
+
+@pytest.mark.parametrize(
+    ("failures", "every_s", "pause"),
+    [(1, 5.0, 10.0), (2, 5.0, 20.0), (4, 5.0, 80.0), (3, 30.0, 120.0), (1, 3600.0, 3600.0), (5, 5.0, None)],
+)
+def test_follow_waits_longer_after_each_failed_look_and_stops_after_five(
+    failures: int, every_s: float, pause: float | None
+) -> None:
+    assert retry_pause(failures, every_s) == pause

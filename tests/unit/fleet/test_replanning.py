@@ -11,7 +11,7 @@ import pytest
 from pdfleet.fleet.mover import Layout
 from pdfleet.fleet.moving import ADMIT_ROLES, FRONT_ROLES, Front, MoveFailed
 from pdfleet.fleet.replan import Move, moves_toward
-from pdfleet.fleet.replanning import Held, apply_moves
+from pdfleet.fleet.replanning import Held, apply_moves, moved_events
 from tests.unit.fleet.helpers import Clock, Recorded
 
 FRONT = Front(gateways=("lab-gw",), monitoring=("lab-gw",))
@@ -153,3 +153,16 @@ def test_a_pd_host_failing_at_its_drain_is_readmitted_through_a_router_restart()
         ("converge", dict(before.drained("p1").hosts), ("lab-gw",), ADMIT_ROLES),
         ("converge", dict(before.hosts), ("lab-gw",), ADMIT_ROLES),
     ]
+
+
+def test_each_move_made_is_one_audit_line_with_its_gate_hold_and_why_this_host() -> None:
+    report, _, moves = _run(Recorded(), Gates(fail_at=2))
+    events = moved_events(report, "by hand (--to-plan p.json)", proposal="12.000")  # type: ignore[arg-type]
+    assert [(e["event"], e["proposal"], e["host"], e["from"], e["to"]) for e in events] == [
+        ("moved", "12.000", "c4", "colocated", "prefill"),
+        ("moved", "12.000", "c3", "colocated", "decode"),
+    ]
+    assert events[0]["reason"] == f"by hand (--to-plan p.json); {moves[0].why}"
+    assert events[0]["gates"] == "every gate passed" and events[1]["gates"].startswith("failed: ttft")
+    assert set(events[0]) >= {"at_drain", "outlived", "kv_held", "seconds"}
+    assert moved_events(_run(Recorded(), Gates())[0], "r")[1]["gates"] == "every gate passed"  # type: ignore[arg-type]
