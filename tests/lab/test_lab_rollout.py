@@ -203,28 +203,37 @@ def _spread(turn: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def provisioned(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """lab-cross provisioned (the controller included), its disaggregated pool warmed; the client
-    environment of `invoke lab.env`. Unwarmed, the walk's first step (3 samples, its P99 their maximum)
-    gated on the P/D pool's first request after an earlier test restarted it: 690 ms against the
-    colocated pool's 293 ms in one CI run."""
+def last_traffic() -> dict[str, float]:
+    """When the previous test's traffic ended ("at"), and whether its window holds a fault ("fault": 1).
+    At the module's start the previous module's requests count as one (the session runs this file after
+    the KV-alert test, whose forced P/D streams span a restart of the P/D pool): the first test waits
+    them out of the gates' window. Taken before the module's provision, which sends no client request:
+    the provision runs inside that wait instead of before it."""
+    return {"at": time.time(), "fault": 1.0}
+
+
+@pytest.fixture(scope="module")
+def provisioned(
+    lab: LabHandle, tmp_path_factory: pytest.TempPathFactory, last_traffic: dict[str, float]
+) -> dict[str, str]:
+    """lab-cross provisioned (the controller included); the client environment of `invoke lab.env`."""
     report = tmp_path_factory.mktemp("rollout") / "provision.json"
     _ok("provision", "--profile", PROFILE, "--json", str(report))
     env = {}
     for line in _ok("lab.env").splitlines():
         key, _, value = line.removeprefix("export ").partition("=")
         env[key] = value.strip("'\"")
-    _warm_disagg(env)
     return env
 
 
-@pytest.fixture(scope="module")
-def last_traffic() -> dict[str, float]:
-    """When the previous test's traffic ended ("at"), and whether its window holds a fault ("fault": 1).
-    At the module's start the previous module's requests count as one (the session runs this file after
-    the KV-alert test, whose forced P/D streams span a restart of the P/D pool): the first test waits
-    them out of the gates' window."""
-    return {"at": time.time(), "fault": 1.0}
+@pytest.fixture
+def warmed(provisioned: dict[str, str]) -> None:
+    """The disaggregated pool warmed before the walk. Unwarmed, the walk's first step (3 samples, its P99
+    their maximum) gated on the P/D pool's first request after an earlier test restarted it: 690 ms against
+    the colocated pool's 293 ms in one CI run. Here, not in the module's provision: the inconclusive test
+    before the walk needs a window without requests, and the warm-up's short streams (forced to the P/D
+    pool, no routing decision of a long prompt) stay out of the walk's samples."""
+    _warm_disagg(provisioned)
 
 
 def _wait_out_window(last_traffic: dict[str, float]) -> None:
@@ -305,15 +314,15 @@ def test_too_little_traffic_pauses_inconclusive_says_why_and_promote_full_ends_i
     )
     assert "too little traffic" in status["reason"]
     assert "inconclusive" in _ok("rollout.status")
-    # promote --full skips every remaining step: the target's full weights at once (two 20 s analyses
-    # are left in the plan, so succeeding within 15 s is the promotion)
+    # promote --full skips every remaining step: the target's full weights at once (two analyses are
+    # left in the plan, each wanting 10 samples this test never sends, so succeeding is the promotion)
     _ok("rollout.promote", "--full")
     done = _wait(lambda: (s := _status(lab))["phase"] == "succeeded" and s, 15, "the full promotion")
     assert (done["stage"], done["weights"]["long"]) == ("long-prompts", 100), done
 
 
 def test_rollout_walks_every_step_to_100_percent_by_itself_with_no_failed_request(
-    lab: LabHandle, at_colocated: None, traffic: dict[str, Any]
+    lab: LabHandle, at_colocated: None, warmed: None, traffic: dict[str, Any]
 ) -> None:
     """The operator's process follows the rollout and is killed in its first step: the controller walks
     every step by itself, with each step's share of long prompts on the disaggregated pool, no failed
