@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from tests.lab.helpers import (
     lab_env,
     prometheus_url,
     sdk_verify,
+    wait_for,
 )
 
 INVOKE = [sys.executable, "-m", "invoke"]
@@ -39,7 +42,6 @@ PREFILL_URL = "http://198.18.0.21:8100"  # lab-p1's prefill instance: a pool por
 PREFILL_ADDRESS, SIDE_CHANNEL_PORT = "198.18.0.21", 5600  # kv_transfer.side_channel_port of cross-rdma
 MODEL = "llama-3.1-8b"
 KEY_VAR = "PDFLEET_DOCTOR_TEST_KEY"
-SCRAPE_SETTLE_S = 6  # three of the lab's 2 s scrape intervals: the load's last observations are in Prometheus
 
 
 def _invoke(
@@ -227,13 +229,33 @@ PREFILL_LOAD = {"n": 16, "words": 6000, "max_tokens": 1}
 DECODE_LOAD = {"n": 40, "words": 800, "max_tokens": 600}
 
 
+def _scraped_after_the_load(ended: float, timeout: float = 30) -> None:
+    """Until Prometheus has scraped every vLLM target after `ended` (this machine's clock, which the lab's
+    containers share): the load's last observations are in the figures doctor reads. A poll, not the fixed
+    6 s (three of the lab's 2 s scrape intervals) this waited before."""
+    query = urllib.parse.urlencode({"query": 'min(timestamp(up{job="vllm"}))'})
+    url = f"{prometheus_url(PROFILE)}/api/v1/query?{query}"
+
+    def scraped() -> bool:
+        with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the lab's Prometheus
+            result = json.loads(resp.read())["data"]["result"]
+        return bool(result) and float(result[0]["value"][1]) > ended
+
+    wait_for(scraped, timeout, "a scrape of every vLLM target after the load", every=0.25)
+
+
+def _loaded(key: str, load: dict[str, int]) -> None:
+    """The load, then every vLLM target scraped after it."""
+    _load(key, **load)
+    _scraped_after_the_load(time.time() + 1)  # a second for the last observations
+
+
 def _rules(doc: dict[str, Any]) -> list[str]:
     return [f["rule"] for f in doc["findings"]]
 
 
 def test_the_healthy_lab_under_the_decode_load_has_no_preemption_finding(key: str) -> None:
-    _load(key, **DECODE_LOAD)
-    time.sleep(SCRAPE_SETTLE_S)
+    _loaded(key, DECODE_LOAD)
     rc, doc = _doctor("--profile", PROFILE, "--minutes", "1")
     evidence = [(f["rule"], f["evidence"]) for f in doc["findings"]]
     assert rc == 0 and "tuning.decode_preemption" not in _rules(doc) and not _errors(doc), evidence
@@ -247,8 +269,7 @@ def test_a_prefill_pool_with_a_small_token_budget(key: str, tmp_path: Path) -> N
     )
     try:
         _provision_one(profile, "lab-p1", tmp_path / "small.json")
-        _load(key, **PREFILL_LOAD)
-        time.sleep(SCRAPE_SETTLE_S)
+        _loaded(key, PREFILL_LOAD)
         rc, doc = _doctor("--profile", profile, "--minutes", "1")
     finally:
         _provision_one(PROFILE, "lab-p1", tmp_path / "restore.json")
@@ -269,8 +290,7 @@ def test_a_decode_pool_short_of_kv_blocks(key: str, tmp_path: Path) -> None:
     )
     try:
         _provision_one(profile, "lab-d1", tmp_path / "short.json")
-        _load(key, **DECODE_LOAD)
-        time.sleep(SCRAPE_SETTLE_S)
+        _loaded(key, DECODE_LOAD)
         rc, doc = _doctor("--profile", profile, "--minutes", "1")
     finally:
         _provision_one(PROFILE, "lab-d1", tmp_path / "restore.json")
