@@ -8,9 +8,10 @@ overloaded_error, any other upstream failure 500 api_error), so its SDK raises t
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from aiohttp import web
+if TYPE_CHECKING:  # aiohttp is imported where a response is made: provision reads Reject through the
+    from aiohttp import web  # policy and limits modules and serves nothing (~0.3 s of imports a run)
 
 Style = Literal["openai", "anthropic"]
 
@@ -72,6 +73,8 @@ def error_response(
     style: Style = "openai",
 ) -> web.Response:
     """An aiohttp response carrying an OpenAI (or, by `style`, an Anthropic) error object."""
+    from aiohttp import web
+
     if style == "anthropic":
         status, err_type = anthropic_status(status)
         body = anthropic_error_body(err_type, message)
