@@ -10,6 +10,7 @@ The PyPI mirror also serves this clone's host wheel (`pdfleet.fleet.host_wheel`)
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import importlib.metadata
@@ -302,15 +303,32 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+INDEX_STAMP = ".pdfleet-wheels.json"  # in simple/: the wheels (name, size, mtime) its pages were written for
+
+
+def wheels_stamp(wheels: Iterable[Path]) -> str:
+    """What an index's pages depend on: each wheel's name, size and modification time (a rewritten or
+    replaced wheel changes them)."""
+    return json.dumps([[w.name, (st := w.stat()).st_size, st.st_mtime_ns] for w in sorted(wheels)])
+
+
 def write_simple_index(root: Path) -> None:
-    """PEP 503 pages under root/simple/ for every wheel in root/packages/ (sha256 fragments included)."""
-    by_project: dict[str, list[Path]] = {}
-    for whl in sorted((root / "packages").glob("*.whl")):
-        by_project.setdefault(normalize(whl.name.split("-")[0]), []).append(whl)
+    """PEP 503 pages under root/simple/ for every wheel in root/packages/ (sha256 fragments included);
+    nothing when they were written for these very wheels (every provision and lab.up asks, and hashing
+    the ~130 MB of wheels took ~0.2 s each time)."""
+    wheels = sorted((root / "packages").glob("*.whl"))
+    stamp = wheels_stamp(wheels)
     simple = root / "simple"
+    with contextlib.suppress(OSError):
+        if (simple / INDEX_STAMP).read_text() == stamp:
+            return
+    by_project: dict[str, list[Path]] = {}
+    for whl in wheels:
+        by_project.setdefault(normalize(whl.name.split("-")[0]), []).append(whl)
     fresh = simple.with_name(".simple.new")
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(parents=True)
+    (fresh / INDEX_STAMP).write_text(stamp)
     page = (
         '<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.0"></head>'
         "<body>\n{}</body></html>\n"

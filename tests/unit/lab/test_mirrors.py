@@ -70,3 +70,25 @@ def test_simple_index_is_pep503_and_pip_resolves_from_it(tmp_path: Path) -> None
     )
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in dest.iterdir()] == [wheel.name]
+
+
+def test_simple_index_is_rewritten_only_when_the_wheels_change(tmp_path: Path) -> None:
+    """Every provision and lab.up asks for the index: the same wheels leave the pages as they are (no
+    wheel hashed again); a wheel added, or one rewritten in place, writes them anew."""
+    root = tmp_path / "pypi"
+    (root / "packages").mkdir(parents=True)
+    _make_wheel(root / "packages", "0.1.0")
+    write_simple_index(root)
+    page = root / "simple" / "demo" / "index.html"
+    page.write_text("kept")  # the marker a rewrite would replace
+    write_simple_index(root)
+    assert page.read_text() == "kept"
+    newer = _make_wheel(root / "packages", "0.2.0")
+    write_simple_index(root)
+    assert newer.name in page.read_text() and "0.1.0" in page.read_text()
+    page.write_text("kept")
+    data = newer.read_bytes()
+    newer.unlink()
+    newer.write_bytes(data + b"\0")  # the same name, other bytes
+    write_simple_index(root)
+    assert f"#sha256={hashlib.sha256(newer.read_bytes()).hexdigest()}" in page.read_text()
