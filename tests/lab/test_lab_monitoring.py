@@ -28,7 +28,14 @@ from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.monitoring.host_panels import host_rows
 from pdfleet.monitoring.recording import chain_figures, chain_steps
 from roles import REGISTRY
-from tests.lab.helpers import REPO_ROOT, LabHandle, derived_profile, lab_deployment, prometheus_url
+from tests.lab.helpers import (
+    REPO_ROOT,
+    LabHandle,
+    derived_profile,
+    lab_deployment,
+    lab_env,
+    prometheus_url,
+)
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross"
@@ -60,12 +67,12 @@ def _provision(profile: str, report: Path, *extra: str) -> dict:  # type: ignore
     return dict(json.loads(report.read_text()))
 
 
-def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
+def _wait(check: Callable[[], bool], timeout: float, what: str, every: float = 2) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
-        time.sleep(2)
+        time.sleep(every)
     raise AssertionError(f"{what} did not happen within {timeout:g} s")
 
 
@@ -73,17 +80,19 @@ def _gw(lab: LabHandle):  # noqa: ANN202 - LabHost
     return next(h for h in lab.hosts if h.name == "lab-gw")
 
 
-@pytest.fixture(scope="module")
-def provisioned(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """lab-cross provisioned; the client environment `invoke lab.env` prints."""
+@pytest.fixture(scope="session")
+def lab_cross_once(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """lab-cross provisioned once a session, not once a module: the suite runs this file's state tests
+    among the first and its KV-alert test after them (conftest STATES), and a module fixture provisioned
+    again for that one test (5.6 s in CI), on a fleet every module leaves on lab-cross (what the SWITCHING
+    modules owe is paid before: conftest PAYS_LAB_CROSS, lab_cross_back)."""
     _provision(PROFILE, tmp_path_factory.mktemp("mon") / "first.json")
-    env_proc = _invoke("lab.env")
-    assert env_proc.returncode == 0, env_proc.stderr
-    env = {}
-    for line in env_proc.stdout.splitlines():
-        key, _, value = line.removeprefix("export ").partition("=")
-        env[key] = value.strip("'\"")
-    return env
+
+
+@pytest.fixture
+def provisioned(lab_cross_once: None) -> dict[str, str]:
+    """lab-cross provisioned; the client environment `invoke lab.env` prints."""
+    return lab_env()
 
 
 @pytest.fixture
@@ -106,6 +115,7 @@ class Traffic:
         self._restarting = threading.Event()
         self.errors: list[BaseException] = []
         self.expected_errors = 0
+        self.served_from: dict[str, float] = {}  # per pool: when its last answered request started
 
     def one(self, pool: str, prompt: str) -> None:
         stream = self.client.chat.completions.create(
@@ -125,8 +135,10 @@ class Traffic:
             if self.stop.is_set():
                 return
             try:
-                self.one(pool, "hello, how are you?")
-                self.one(pool, f"{pool}{n} {LONG_PROMPT}")
+                for prompt in ("hello, how are you?", f"{pool}{n} {LONG_PROMPT}"):
+                    started = time.monotonic()
+                    self.one(pool, prompt)
+                    self.served_from[pool] = started
             except BaseException as exc:  # noqa: BLE001 - reported by the test, not lost in a thread
                 if not self._restarting.is_set():
                     self.errors.append(exc)
@@ -136,11 +148,19 @@ class Traffic:
 
     @contextlib.contextmanager
     def restarting(self) -> Iterator[None]:
-        """Errors from streams cut by a restart are expected inside; the services get 5 s to settle."""
+        """Errors from streams cut by a restart are expected inside, and until each pool's loop has answered
+        a request started after it (one loop a pool, one request at a time: none started before is still in
+        flight); at most 30 s. It slept a fixed 5 s before."""
         self._restarting.set()
         try:
             yield
-            time.sleep(5)
+            after = time.monotonic()
+            _wait(
+                lambda: all(self.served_from.get(p, 0.0) >= after for p in ("colocated", "disagg")),
+                30,
+                "each pool answering after the restart",
+                every=0.2,
+            )
         finally:
             self._restarting.clear()
 
