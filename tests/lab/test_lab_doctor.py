@@ -72,12 +72,20 @@ def _errors(doc: dict[str, Any]) -> list[str]:
     return [f"{f['rule']}: {f['what']}" for f in doc["findings"] if f["severity"] == "error"]
 
 
-@pytest.fixture(scope="module")
-def key(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """lab-cross provisioned; the client key `invoke lab.env` hands a shell."""
+@pytest.fixture(scope="session")
+def lab_cross_once(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """lab-cross provisioned once a session, not once a module: the suite runs this file's client
+    catalogue among the state tests and its fleet-view tests after them (conftest STATES), and a module
+    fixture provisioned again for those, on a fleet every module leaves on lab-cross (what the SWITCHING
+    modules owe is paid before: conftest PAYS_LAB_CROSS, lab_cross_back)."""
     report = tmp_path_factory.mktemp("doctor") / "report.json"
     proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture
+def key(lab_cross_once: None) -> str:
+    """lab-cross provisioned; the client key `invoke lab.env` hands a shell."""
     return lab_env()["OPENAI_API_KEY"]
 
 
