@@ -226,8 +226,9 @@ def test_a_host_powered_off_mid_fleet_fails_alone_then_rejoins(converged: LabHan
     lab.up()  # power back on: same disk, units enabled
     data = _provision(PROFILE, lab.lab.inventory, tmp_path / "back.json")
     assert data["totals"]["failed"] == 0
-    again = _provision(PROFILE, lab.lab.inventory, tmp_path / "again.json")
-    assert again["totals"]["changed"] == 0
+    if data["totals"]["changed"]:  # the units came back with the host's boot: usually nothing to change
+        again = _provision(PROFILE, lab.lab.inventory, tmp_path / "again.json")
+        assert again["totals"]["changed"] == 0
 
 
 def test_a_profile_pinned_to_0_11_provisions_and_serves_p_d(lab: LabHandle, tmp_path: Path) -> None:
