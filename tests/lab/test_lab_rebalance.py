@@ -72,20 +72,24 @@ def _fleet_layout(lab: LabHandle) -> dict[str, list[str]] | None:
 
 
 @pytest.fixture
-def long_prompts(lab: LabHandle) -> Iterator[None]:
+def long_prompts(lab: LabHandle) -> Iterator[dict[str, bool]]:
     """The gateways at the long-prompts stage for the test, then back at colocated (what later tests
-    expect), after the explicit reset of the layout if the test failed before its own."""
+    expect): by the test's own reset (`reset` set), else here, after the explicit reset of the layout if the
+    test failed before its own."""
     assert _fleet_layout(lab) is None, f"lab-gw:{FLEET_LAYOUT}: an earlier run left a live layout"
     # every role, not the gateway's only: the plain provision after the moves must find nothing else to do
     invoke_ok("provision", "--profile", PROFILE, "--stage", "long-prompts")
-    yield
+    done = {"reset": False}
+    yield done
+    if done["reset"]:
+        return
     if _fleet_layout(lab) is not None:  # a failed move: the reset, so later tests find lab-cross's layout
         invoke_ok("provision", "--profile", PROFILE, "--layout-from-inventory")
     invoke_ok("provision", "--profile", PROFILE, "--roles", "gateway", "--stage", "colocated")
 
 
 @pytest.fixture
-def traffic(long_prompts: None) -> Iterator[StreamedTraffic]:
+def traffic(long_prompts: dict[str, bool]) -> Iterator[StreamedTraffic]:
     """Three short streams and two long ones at a time until the test ends; every failure kept."""
     streams = StreamedTraffic(gateway_targets(PROFILE), Streams(MODEL, LONG_TOKENS)).start()
     yield streams
@@ -101,7 +105,7 @@ def _move(host: str, to: str, why: str) -> str:
 
 
 def test_a_colocated_host_moves_to_decode_then_a_decode_host_to_prefill_under_traffic(
-    lab: LabHandle, traffic: StreamedTraffic, tmp_path: Path
+    lab: LabHandle, long_prompts: dict[str, bool], traffic: StreamedTraffic, tmp_path: Path
 ) -> None:
     started = time.monotonic()
     assert DECODE_URL not in _router_workers(lab) and COLOCATED_URL in _policy_colocated(lab)
@@ -138,7 +142,9 @@ def test_a_colocated_host_moves_to_decode_then_a_decode_host_to_prefill_under_tr
     traffic.stop()
     assert not traffic.failed, traffic.failed[:5]
 
-    invoke_ok("provision", "--profile", PROFILE, "--layout-from-inventory")
+    # the reset, and the colocated stage later tests expect, in one provision
+    invoke_ok("provision", "--profile", PROFILE, "--layout-from-inventory", "--stage", "colocated")
+    long_prompts["reset"] = True
     assert _fleet_layout(lab) is None  # the inventory's layout again
     workers = _router_workers(lab)
     assert D1_DECODE_URL in workers and DECODE_URL not in workers and D1_PREFILL_URL not in workers, workers
