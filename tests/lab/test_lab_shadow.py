@@ -97,27 +97,28 @@ def test_shadowing_long_prompts_reaches_prometheus_and_the_report(client: openai
     served = _traffic(client, 6, seed=1)
     assert set(served) == {"colocated"}  # the stage is colocated: the clients' own answers only
     deadline = time.monotonic() + 60
-    while "6 ok, 0 failed, 0 in flight" not in _status()["line"] and time.monotonic() < deadline:
+    while "6 ok, 0 failed, 0 in flight" not in (line := _status()["line"]) and time.monotonic() < deadline:
         time.sleep(1)
-    assert "6 sent, 6 ok, 0 failed, 0 in flight" in _status()["line"]
+    assert "6 sent, 6 ok, 0 failed, 0 in flight" in line, line  # the last status read (each one ~2 s)
     prom = PrometheusClient(prometheus_url(PROFILE))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         got = prom.value("pdfleet_gateway_shadow_requests_total", ("shadow",), {"outcome": "ok"})
         if got.get(("true",), 0) >= 6 and got.get(("false",), 0) >= 6:
             break
-        time.sleep(2)
+        time.sleep(0.5)  # a poll, not a wait: lab-cross scrapes every 2 s
     assert got.get(("true",), 0) >= 6 and got.get(("false",), 0) >= 6, got
     # a second round once Prometheus holds the series: the report's quantiles are rates over the window,
-    # and a series first scraped at its final count shows no increase (all six may end between scrapes)
-    time.sleep(5)
+    # and a series first scraped at its final count shows no increase (all six may end between scrapes);
+    # one scrape interval (lab-cross's 2 s) between them
+    time.sleep(2)
     _traffic(client, 2, seed=9)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         got = prom.value("pdfleet_gateway_shadow_requests_total", ("shadow",), {"outcome": "ok"})
         if got.get(("true",), 0) >= 8 and got.get(("false",), 0) >= 8:
             break
-        time.sleep(2)
+        time.sleep(0.5)  # a poll, not a wait: lab-cross scrapes every 2 s
     assert got.get(("true",), 0) >= 8 and got.get(("false",), 0) >= 8, got
     proc = _invoke("shadow.report", "--profile", PROFILE, "--minutes", "3", "--as-json")
     assert proc.returncode == 0, proc.stderr
@@ -138,8 +139,7 @@ def test_decode_stopped_mid_shadow_drops_shadows_and_fails_no_client(
     served: list[str] = []
     for seed in range(2, 8):  # until shadows are dropped (the P/D pool failing: unhealthy, or slots full)
         served += _traffic(client, 4, seed=seed)
-        if "dropped {'" in _status()["line"]:
+        if "dropped {'" in (line := _status()["line"]):
             break
     assert set(served) == {"colocated"} and len(served) >= 8  # every client request was answered
-    line = _status()["line"]
     assert "dropped {'shadow_unhealthy'" in line or "dropped {'concurrency'" in line, line
