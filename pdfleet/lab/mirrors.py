@@ -33,7 +33,7 @@ from pdfleet.fleet.host_wheel import (
     wheel_name,
     write_host_wheel,
 )
-from pdfleet.hw.kv import SIM_NIXL
+from pdfleet.hw.kv import SIM_MOONCAKE, SIM_NIXL
 from pdfleet.lab.hosts import tcp_open, wait_tcp
 from pdfleet.lab.image import ImageRecipe
 from pdfleet.lab.paths import APT_PORT, BRIDGE_ADDRESS, MODELS_PORT, PYPI_PORT, LabPaths, pypi_mirror_url
@@ -60,9 +60,10 @@ HOST_PLATFORMS: tuple[str, ...] = (
 PACKAGING_TOOLS: tuple[str, ...] = ("pip", "setuptools", "wheel")
 ROUTER_PACKAGE = "vllm-router"
 # The KV transfer library's CPU build the lab's profiles install beside the simulator
-# (kv_transfer.sim_library, pdfleet.hw.kv.sim_requirements): the pins pip resolves with the rest (numpy),
-# and those it must download without their dependencies (nixl-cu12 names torch, which it does not import).
-KV_LIBRARY_REQUIREMENTS: tuple[str, ...] = ("numpy",)
+# (kv_transfer.sim_library, pdfleet.hw.kv.sim_requirements): the pins pip resolves with the rest (numpy;
+# Mooncake's non-CUDA engine, 46 MB, with msgpack), and those it must download without their dependencies
+# (nixl-cu12 names torch, which it does not import).
+KV_LIBRARY_REQUIREMENTS: tuple[str, ...] = ("numpy", SIM_MOONCAKE)
 KV_LIBRARY_NO_DEPS: tuple[str, ...] = (SIM_NIXL,)
 
 

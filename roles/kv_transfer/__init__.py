@@ -1,5 +1,7 @@
 """kv_transfer: NIXL or Mooncake in the vLLM venv, and the host-wide /etc/pdfleet/kv-transfer.env.
 
+Mooncake's transfer engine links Debian's libibverbs1 even for its TCP protocol: the role installs it
+(from the site's apt repository, the lab's mirror) wherever the Mooncake engine goes into the venv.
 The env file (mode 0600) carries UCX_TLS, UCX_NET_DEVICES, the computed RoCE v2 GID index
 (UCX_IB_GID_INDEX, MC_GID_INDEX), VLLM_MOONCAKE_BOOTSTRAP_PORT on prefill hosts and
 WITH_NVIDIA_PEERMEM for Mooncake; every vLLM unit loads it, so a change restarts each of them.
@@ -19,6 +21,8 @@ from pdfleet.hw.gpu_facts import KernelFact, NvidiaPciFact
 from pdfleet.hw.kv import kv_env, kv_requirement, render_env, sim_requirements, uses_rdma
 from pdfleet.hw.rdma import RdmaError, check_devices, compute_gid_index, netdev_of
 from pdfleet.hw.rdma_facts import NetdevFact, RdmaSysfsFact
+from pdfleet.model.connectors import MOONCAKE
+from pdfleet.ops.apt import AptPackage, AptPackages, AptUpdate
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
 from pdfleet.ops.files import File
 from pdfleet.ops.pip import PipRequirements
@@ -27,7 +31,8 @@ if TYPE_CHECKING:
     from pdfleet.model.profile import Profile
 
 NAME = "kv_transfer"
-APT_PACKAGES: tuple[str, ...] = ()
+IBVERBS = "libibverbs1"  # mooncake/engine.so links libibverbs.so.1 (0.3.13.post1, non-CUDA build included)
+APT_PACKAGES: tuple[str, ...] = (IBVERBS,)
 
 
 def applies(ctx: RoleContext) -> bool:
@@ -38,7 +43,22 @@ def applies(ctx: RoleContext) -> bool:
 def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
     """GPUs and kernel (the GPUDirect mode); the RDMA devices where KV moves over RDMA (the GID index)."""
     rdma = (RdmaSysfsFact(),) if uses_rdma(ctx.kv_profile, ctx.host) else ()
-    return (NvidiaPciFact(), KernelFact(), *rdma)
+    apt = (AptPackages((IBVERBS,)),) if needs_ibverbs(ctx.kv_profile) else ()
+    return (NvidiaPciFact(), KernelFact(), *rdma, *apt)
+
+
+def needs_ibverbs(profile: Profile) -> bool:
+    """Mooncake's engine goes into the venv (a real engine, or the simulator's with sim_library)."""
+    sim_without = profile.vllm.engine == "sim" and not profile.kv_transfer.sim_library
+    return profile.kv_transfer.connector == MOONCAKE and not sim_without
+
+
+def ibverbs(facts: FactSource) -> Iterable[Operation]:
+    """libibverbs1 installed (package lists refreshed first when it is missing: the mirror may have
+    gained it since the host's last update)."""
+    if facts.get(AptPackages((IBVERBS,))).get(IBVERBS) is None:
+        yield AptUpdate(max_age_minutes=0)
+    yield AptPackage(IBVERBS)
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:
@@ -95,6 +115,8 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     """The transfer library in the venv (not for the simulator) and the env file for every vLLM unit."""
     profile = ctx.kv_profile  # the host's P/D model's connector
     requirement = kv_requirement(profile)
+    if needs_ibverbs(profile):
+        yield from ibverbs(facts)
     if profile.vllm.engine == "sim" and profile.kv_transfer.sim_library:
         yield from sim_library(profile)
     elif profile.vllm.engine == "sim":

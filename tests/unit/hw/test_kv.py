@@ -10,6 +10,7 @@ from pdfleet.fleet.host_layout import KV_ENV_FILE
 from pdfleet.hw import gpu_facts
 from pdfleet.hw.kv import kv_connector_extra_config, kv_env, kv_requirement, render_env
 from pdfleet.model.specs import KVTransferSpec
+from pdfleet.ops.apt import AptPackage, AptUpdate
 from pdfleet.ops.files import File
 from pdfleet.ops.pip import PipRequirements
 from tests.unit.hw.helpers import H100_DEVICES, context, fixture_facts, host, pinned, profile, run_role
@@ -111,6 +112,7 @@ def test_sim_library_installs_nixl_s_cpu_build_without_torch_and_pins_the_data_p
     ops, skips, _ = run_role(role, context(prof, host(rdma_devices=())), fixture_facts("lab-container"))
     pips = [(op.requirements, op.extra_args) for op in ops if isinstance(op, PipRequirements)]
     assert pips == [(("nixl-cu12==1.5.1",), ("--no-deps",)), (("numpy",), ())] and skips == []
+    assert not any(isinstance(op, AptPackage) for op in ops)  # libibverbs1 is Mooncake's
     assert all(
         op.venv == prof.vllm.venv and op.index_url == prof.mirrors.pypi
         for op in ops
@@ -124,6 +126,9 @@ def test_sim_library_installs_nixl_s_cpu_build_without_torch_and_pins_the_data_p
     ops, _, _ = run_role(role, context(moon, host(rdma_devices=())), fixture_facts("lab-container"))
     [pip] = [op for op in ops if isinstance(op, PipRequirements)]
     assert pip.requirements == ("mooncake-transfer-engine-non-cuda==0.3.13.post1",) and pip.extra_args == ()
+    # its engine.so links libibverbs.so.1 even for tcp: Debian's package, lists refreshed when it is missing
+    apt = [op.describe() for op in ops if isinstance(op, AptUpdate | AptPackage)]
+    assert apt == ["apt-get update", "apt package libibverbs1"]
     assert "UCX_TCP_SYN_CNT" not in env_of(ops)[1]  # Mooncake's TCP transport is its own, not UCX's
     assert "PDFLEET_SIM_KV_LIBRARY" not in env_of(ops)[1]  # the simulator moves no bytes with Mooncake yet
 
