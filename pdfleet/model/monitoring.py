@@ -18,6 +18,8 @@ from pdfleet.model.vllm_release_data import RELEASES
 from pdfleet.model.vllm_releases import find_release
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+# a node exporter collector's name, as its --collector.NAME / --no-collector.NAME flags spell it
+CollectorName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,40}$")]
 
 
 class MonitoringSpec(BaseModel):
@@ -44,6 +46,9 @@ class MonitoringSpec(BaseModel):
     stalls_per_min: float = Field(default=1.0, gt=0)
     # Debian's prometheus-node-exporter on every host of the inventory (the host's address)
     node_exporter_port: Port = 9100
+    # collectors turned off (--no-collector.NAME) beside Debian's defaults, which include systemd's: a D-Bus
+    # walk of every unit on each scrape (no pdfleet series, rule or panel reads node_systemd_*)
+    node_exporter_collectors_off: list[CollectorName] = Field(default_factory=list)
     alertmanager: AlertmanagerSpec = Field(default_factory=AlertmanagerSpec)
 
     @model_validator(mode="after")

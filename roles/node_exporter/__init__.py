@@ -48,9 +48,11 @@ def endpoint(ctx: RoleContext) -> MetricsEndpoint:
 
 
 def exporter_args(ctx: RoleContext) -> list[str]:
-    """The exporter's flags: where it listens (the collectors are Debian's defaults)."""
+    """The exporter's flags: where it listens, and the collectors the profile turns off among Debian's
+    defaults (`monitoring.node_exporter_collectors_off`)."""
     e = endpoint(ctx)
-    return [f"--web.listen-address={e.address}:{e.port}"]
+    off = [f"--no-collector.{name}" for name in ctx.profile.monitoring.node_exporter_collectors_off]
+    return [*off, f"--web.listen-address={e.address}:{e.port}"]
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:
