@@ -64,6 +64,12 @@ def kv_requirement(profile: Profile) -> str | None:
 # --no-deps and numpy apart; Mooncake's non-CUDA engine resolves (aiohttp, requests, msgpack).
 SIM_NIXL = "nixl-cu12==1.5.1"
 SIM_MOONCAKE = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+# the module the simulator imports from each (pdfleet.sim.kv_library, pdfleet.sim.kv_mooncake)
+SIM_MODULES: dict[str, str] = {
+    "nixl_cu12": "nixl-cu12",
+    "numpy": "numpy",
+    "mooncake": "mooncake-transfer-engine-non-cuda",
+}
 
 
 def sim_requirements(connector: str) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
@@ -76,12 +82,14 @@ def sim_requirements(connector: str) -> tuple[tuple[tuple[str, ...], tuple[str, 
 
 
 def sim_library_env(profile: Profile) -> dict[str, str]:
-    """engine: sim with kv_transfer.sim_library over NIXL: the simulator moves each request's scaled KV
-    bytes through the library (`pdfleet.sim.kv_library`); {} otherwise (Mooncake's engine is not built in)."""
+    """engine: sim with kv_transfer.sim_library: the simulator moves each request's scaled KV bytes through
+    the connector's library (NIXL: `pdfleet.sim.kv_library`, Mooncake's engine: `pdfleet.sim.kv_mooncake`);
+    {} otherwise."""
     kv = profile.kv_transfer
-    if profile.vllm.engine != "sim" or not kv.sim_library or kv.connector != NIXL:
+    library = {NIXL: "nixl", MOONCAKE: "mooncake"}.get(kv.connector)
+    if profile.vllm.engine != "sim" or not kv.sim_library or library is None:
         return {}
-    return {LIBRARY_ENV: "nixl", FRACTION_ENV: repr(kv.sim_bytes_fraction)}
+    return {LIBRARY_ENV: library, FRACTION_ENV: repr(kv.sim_bytes_fraction)}
 
 
 def kv_import_name(profile: Profile) -> str | None:

@@ -95,7 +95,7 @@ class SimConfig:
     visible_devices: tuple[str, ...] | None
     mooncake_bootstrap_port: int = 8998  # VLLM_MOONCAKE_BOOTSTRAP_PORT (a Mooncake producer's)
     kv_events: KvEventsSettings | None = None  # --kv-events-config's publisher (None: events off)
-    kv_library: LibrarySettings | None = None  # real KV bytes through NIXL (kv-transfer.env; None: off)
+    kv_library: LibrarySettings | None = None  # real KV bytes: NIXL or Mooncake (kv-transfer.env; None: off)
     release: Release = field(default=RELEASES[NEWEST], repr=False)  # modelled (--sim-vllm-version)
     model_dir: ModelDir | None = None  # a local model directory's config and tokenizer (a staged model)
 

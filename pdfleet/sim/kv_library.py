@@ -38,7 +38,7 @@ from pdfleet.errors import ValidationError
 
 LIBRARY_ENV = "PDFLEET_SIM_KV_LIBRARY"
 FRACTION_ENV = "PDFLEET_SIM_KV_BYTES_FRACTION"
-LIBRARIES = ("nixl",)
+LIBRARIES = ("nixl", "mooncake")  # NixlConnector's, MooncakeConnector's (pdfleet.sim.kv_mooncake)
 BUFFER_BYTES = 64 << 20  # a producer's registered buffer: every request's region lies in it
 WORD = 8  # regions and blocks are whole 8-byte words (each word holds its own offset)
 POLL_S = 0.001
@@ -162,6 +162,8 @@ def _api() -> Any:
 
 class NixlAgent:
     """One simulator's NIXL agent (UCX backend), every call on its own thread."""
+
+    library = "NIXL agent"  # what a producer without one does not offer
 
     def __init__(self, name: str, settings: LibrarySettings) -> None:
         self.name = name

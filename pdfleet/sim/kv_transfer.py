@@ -25,6 +25,7 @@ from pdfleet.sim.clock import SimClock
 from pdfleet.sim.config import KVTransfer, SimConfig
 from pdfleet.sim.engine import Engine, SimRequest, State
 from pdfleet.sim.kv_library import LibraryError, NixlAgent, Offer
+from pdfleet.sim.kv_mooncake import PROTOCOL, MooncakeEngine, start_library
 from pdfleet.sim.metrics import SimMetrics
 from pdfleet.sim.perf import LinkQueue
 from pdfleet.sim.side_channel import PullError, ReadGrant, SideChannelServer, compat_hash, heartbeat, pull
@@ -86,8 +87,8 @@ class KVConnector:
         self._link = LinkQueue(cfg.link)
         self._window: list[transfer_log.Transfer] = []  # transfers since the last `KV Transfer metrics` line
         self._logged_failures: dict[str, int] = {}  # the failure counters at that line
-        # real bytes through NIXL (kv_transfer.sim_library), from start()
-        self.library: NixlAgent | None = None
+        # real bytes through NIXL or Mooncake's engine (kv_transfer.sim_library), from start()
+        self.library: NixlAgent | MooncakeEngine | None = None
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -101,11 +102,9 @@ class KVConnector:
         log.info("Initializing NIXL wrapper")
         log.info("Initializing NIXL worker %s", kv.engine_id)
         if cfg.kv_library is not None:  # the worker fails to start without NIXL, as vLLM's does
-            self.library = NixlAgent(f"pdfleet-sim-{kv.engine_id}", cfg.kv_library)
-            await self.library.start(kv.is_producer)
-            log.info(
-                "KV bytes move through NIXL (UCX), %g of each request's KV bytes", cfg.kv_library.fraction
-            )
+            name = f"pdfleet-sim-{kv.engine_id}"
+            host = cfg.host or "127.0.0.1"
+            self.library = await start_library(cfg.kv_library, "nixl", name, host, kv.is_producer)
         if kv.is_producer:
             renew = self.renew if cfg.release.lease_timing() is not None else None
             self._side = SideChannelServer(kv.engine_id, self.compat, self.grant, self.release, renew)
@@ -113,11 +112,18 @@ class KVConnector:
             log.info("KV side channel listening on %s:%d", cfg.side_channel_host, cfg.side_channel_port)
 
     async def _start_mooncake(self) -> None:
-        """A Mooncake producer: its worker's listener on a free port, the bootstrap server on
-        VLLM_MOONCAKE_BOOTSTRAP_PORT, and the worker registered with it over HTTP, as vLLM's does."""
+        """Mooncake's transfer engine on every instance when the library is on (the worker fails to start
+        without it, as vLLM's does); a producer: its worker's listener on a free port, the bootstrap server
+        on VLLM_MOONCAKE_BOOTSTRAP_PORT, and the worker registered with it over HTTP, as vLLM's does."""
+        host = self.cfg.host or "127.0.0.1"
+        if self.cfg.kv_library is not None:
+            log.info("The Mooncake Transfer Engine is using %s as its protocol.", PROTOCOL)
+            name = f"pdfleet-sim-{self.kv.engine_id}"
+            self.library = await start_library(
+                self.cfg.kv_library, "mooncake", name, host, self.kv.is_producer
+            )
         if not self.kv.is_producer:
             return
-        host = self.cfg.host or "127.0.0.1"
         self._side = SideChannelServer(
             self.kv.engine_id, self.compat, self.grant, self.release, pushed=self.pushed
         )
@@ -238,15 +244,17 @@ class KVConnector:
             self._granted[rid] = grant
         return grant
 
-    def pushed(self, rid: str, xfer_s: float) -> None:
-        """Side channel (Mooncake's P): the transfer of a granted read took xfer_s simulated seconds.
-        Mooncake pushes from P, so P's vllm:mooncake_* histograms observe it (mooncake/stats.py)."""
+    def pushed(self, rid: str, xfer_s: float, moved: int | None = None) -> None:
+        """Side channel (Mooncake's P): the transfer of a granted read took xfer_s simulated seconds (and
+        moved `moved` bytes through the engine, with the library on). Mooncake pushes from P, so P's
+        vllm:mooncake_* histograms observe it (mooncake/stats.py: the bytes the engine moved)."""
         grant = self._granted.pop(rid, None)
         if grant is not None and self.metrics.mooncake:
+            nbytes = grant.nbytes if moved is None or self.library is None else moved
             self.metrics.mooncake_xfer.observe(xfer_s)
-            self.metrics.mooncake_bytes.observe(grant.nbytes)
+            self.metrics.mooncake_bytes.observe(nbytes)
             self.metrics.mooncake_descriptors.observe(grant.num_blocks)
-            self._window.append(transfer_log.Transfer(xfer_s, 0.0, grant.nbytes, grant.num_blocks))
+            self._window.append(transfer_log.Transfer(xfer_s, 0.0, nbytes, grant.num_blocks))
 
     def release(self, rid: str) -> None:
         """Side channel: the consumer read the blocks; free them and maybe admit waiting work."""
@@ -329,7 +337,10 @@ class KVConnector:
         try:
             if self.mooncake:
                 params = await self._mooncake_source(params)
-            grant, notified = await pull(params, self.compat, wait_transfer, self._receive_timeout_s())
+            real_bytes = (lambda: moved.get("bytes")) if self.library is not None else None
+            grant, notified = await pull(
+                params, self.compat, wait_transfer, self._receive_timeout_s(), real_bytes
+            )
             m = self.metrics
             if not notified:
                 m.nixl_failed_notifications += 1
@@ -351,13 +362,15 @@ class KVConnector:
             ok = False
             if self.mooncake:
                 self.metrics.mooncake_recvs += 1  # D detects it: a failed receive
-            else:
+                # vLLM 0.33's MooncakeConnectorWorker._handle_failed_recv
+                log.error("pulling kv_caches for %s failed: %s", [req.request_id], exc)
+            elif exc.handshake:
                 self.metrics.nixl_failed_transfers += 1
-            if exc.handshake:
                 log.error(
                     "Handshake failed for request %s, marking blocks as invalid (%s)", req.request_id, exc
                 )
             else:
+                self.metrics.nixl_failed_transfers += 1
                 log.error(
                     "NIXL transfer failed for request %s with state %s. Marking blocks as invalid.",
                     req.request_id,
@@ -387,7 +400,9 @@ class KVConnector:
             return None
         offer = Offer.from_wire(grant.library)
         if offer is None:
-            raise PullError("the producer offers no NIXL agent (kv_transfer.sim_library off there)", True)
+            raise PullError(
+                f"the producer offers no {self.library.library} (kv_transfer.sim_library off there)", True
+            )
         return asyncio.ensure_future(self.library.read(offer, blocks, notif))
 
     def _receive_timeout_s(self) -> float | None:

@@ -6,9 +6,10 @@ kv_transfer_params advertise):
 
   consumer → {"op": "read", "remote_request_id", "remote_engine_id", "remote_block_ids", "compat_hash"}
   producer → {"ok": true, "num_tokens", "num_blocks", "bytes"[, "library"]} | {"ok": false, "error"}
-  ("library": the producer's NIXL offer when real bytes move, `pdfleet.sim.kv_library`)
+  ("library": the producer's NIXL or Mooncake offer when real bytes move, `pdfleet.sim.kv_library`)
   (consumer waits the link's transfer time for `bytes`: setup + bytes / (η · bandwidth), scaled)
-  consumer → {"op": "done", "remote_request_id"}      (NIXL's notification; the producer frees the blocks)
+  consumer → {"op": "done", "remote_request_id"[, "xfer_s", "bytes"]}  (NIXL's notification; the
+  producer frees the blocks; Mooncake's P observes the transfer time and the bytes a library moved)
   producer → {"ok": true}
 
 On a release with KV leases (vLLM 0.33), a consumer whose request still waits for its turn renews the
@@ -68,10 +69,10 @@ class SideChannelServer:
         grant: Callable[[str], ReadGrant | None],
         release: Callable[[str], None],
         renew: Callable[[str], bool] | None = None,
-        pushed: Callable[[str, float], None] | None = None,
+        pushed: Callable[[str, float, int | None], None] | None = None,
     ) -> None:
         self.engine_id = engine_id
-        self._pushed = pushed  # Mooncake's P: the transfer time the consumer's `done` reports
+        self._pushed = pushed  # Mooncake's P: the transfer time (and library bytes) `done` reports
         self.compat = compat
         self._grant = grant
         self._release = release
@@ -134,7 +135,8 @@ class SideChannelServer:
             return reply if grant.library is None else {**reply, "library": grant.library}
         if op == "done":
             if self._pushed is not None and isinstance(msg.get("xfer_s"), int | float):
-                self._pushed(rid, float(msg["xfer_s"]))
+                moved = msg.get("bytes")  # what a transfer library moved, when the consumer used one
+                self._pushed(rid, float(msg["xfer_s"]), moved if isinstance(moved, int) else None)
             self._release(rid)
             return {"ok": True}
         if op == "heartbeat" and self._renew is not None:
@@ -155,12 +157,14 @@ async def pull(
     compat: str,
     wait_transfer: Callable[[ReadGrant], Awaitable[float | None]],
     timeout_s: float | None = HANDSHAKE_TIMEOUT_S,
+    moved: Callable[[], int | None] | None = None,
 ) -> tuple[ReadGrant, bool]:
     """Consumer side: read the blocks named in kv_transfer_params, wait the transfer, notify the producer.
 
     `timeout_s` is the release's handshake receive timeout; None (0.11.0: no zmq.RCVTIMEO) waits for the
     producer without a bound, and a refused connection is retried every second as a zmq REQ socket
-    reconnects. Returns the grant and whether the producer acknowledged the notification.
+    reconnects. `moved` gives the bytes a transfer library moved, for the `done` message. Returns the grant
+    and whether the producer acknowledged the notification.
     """
     host = params.get("remote_host")
     port = params.get("remote_port")
@@ -170,7 +174,9 @@ async def pull(
     try:
         grant = await _read(reader, writer, params, compat, f"{host}:{port}", timeout_s)
         xfer_s = await wait_transfer(grant)
-        return grant, await _notify(reader, writer, params.get("remote_request_id"), timeout_s, xfer_s)
+        nbytes = moved() if moved is not None else None
+        done = await _notify(reader, writer, params.get("remote_request_id"), timeout_s, xfer_s, nbytes)
+        return grant, done
     finally:
         writer.close()
 
@@ -243,12 +249,15 @@ async def _notify(
     request_id: Any,
     timeout_s: float | None = HANDSHAKE_TIMEOUT_S,
     xfer_s: float | None = None,
+    nbytes: int | None = None,
 ) -> bool:
     """Tell the producer the blocks were read (NIXL's notification, with the modelled transfer time a
     pushing producer observes); False if it did not acknowledge."""
     msg: dict[str, Any] = {"op": "done", "remote_request_id": request_id}
     if xfer_s is not None:
         msg["xfer_s"] = xfer_s
+    if nbytes is not None:
+        msg["bytes"] = nbytes
     try:
         await _ask(reader, writer, msg, timeout_s)
     except (TimeoutError, OSError, json.JSONDecodeError):

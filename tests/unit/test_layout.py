@@ -289,7 +289,7 @@ def test_every_third_party_import_of_the_product_is_declared() -> None:
 def _sim_host_library(module: str, files: set[str]) -> bool:
     """A library the kv_transfer role installs into the simulator's venv (kv_transfer.sim_library:
     `pdfleet.hw.kv.sim_requirements`), imported by the simulator alone: declared by the role, not by pip."""
-    from pdfleet.hw.kv import sim_requirements
+    from pdfleet.hw.kv import SIM_MODULES, sim_requirements
     from pdfleet.model.connectors import MOONCAKE, NIXL
 
     pins = {
@@ -298,13 +298,15 @@ def _sim_host_library(module: str, files: set[str]) -> bool:
         for reqs, _ in sim_requirements(connector)
         for r in reqs
     }
-    return canonicalize_name(module) in pins and all(f.startswith("pdfleet/sim/") for f in files)
+    dist = SIM_MODULES.get(module, module)  # the distribution that provides the imported module
+    return canonicalize_name(dist) in pins and all(f.startswith("pdfleet/sim/") for f in files)
 
 
 def test_a_sim_host_library_counts_only_for_the_simulator() -> None:
     assert _sim_host_library("nixl_cu12", {"pdfleet/sim/kv_library.py"})
     assert not _sim_host_library("nixl_cu12", {"pdfleet/sim/kv_library.py", "pdfleet/checks/kv_path.py"})
     assert not _sim_host_library("torch", {"pdfleet/sim/kv_library.py"})
+    assert _sim_host_library("mooncake", {"pdfleet/sim/kv_mooncake.py"})
 
 
 def test_every_runtime_dependency_is_imported_by_the_product() -> None:

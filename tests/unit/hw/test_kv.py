@@ -130,7 +130,12 @@ def test_sim_library_installs_nixl_s_cpu_build_without_torch_and_pins_the_data_p
     apt = [op.describe() for op in ops if isinstance(op, AptUpdate | AptPackage)]
     assert apt == ["apt-get update", "apt package libibverbs1"]
     assert "UCX_TCP_SYN_CNT" not in env_of(ops)[1]  # Mooncake's TCP transport is its own, not UCX's
-    assert "PDFLEET_SIM_KV_LIBRARY" not in env_of(ops)[1]  # the simulator moves no bytes with Mooncake yet
+    # the simulator moves its bytes through Mooncake's engine
+    moon_env = env_of(ops)[1]
+    assert (moon_env["PDFLEET_SIM_KV_LIBRARY"], moon_env["PDFLEET_SIM_KV_BYTES_FRACTION"]) == (
+        "mooncake",
+        "0.001",
+    )
 
 
 def test_the_sim_moves_no_bytes_without_the_library_and_refuses_a_fraction_out_of_range() -> None:
