@@ -79,7 +79,7 @@ def test_verify_lab_passes_then_fails_naming_host_and_check(lab: LabHandle, tmp_
         rc, out, err = lab.ssh(d1, "sudo chmod 0644 /etc/pdfleet/vllm-decode.env")
         assert rc == 0, err
         # one services verify of the two hosts finds both faults, each named with its host and check (the
-        # whole fleet's services passed above; each host's checks cost ~2 s of SSH round trips)
+        # whole fleet's services passed above)
         faulty = _verify(inventory, "--checks", "services", "--limit", "lab-p1,lab-d1")
         text = " ".join(faulty.stdout.split())
         assert faulty.returncode != 0
