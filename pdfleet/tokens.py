@@ -11,6 +11,10 @@ names and arguments, plus a fixed 3 tokens per message for the template's role m
 Llama-3 templates add; and the request's `tools` and `documents`, which the template renders into the
 prompt too (every string in them, keys included). An Anthropic Messages body is counted over the chat
 messages vLLM builds from it (`messages_as_chat`) plus its `tools`.
+
+With the model's chat template as well (`HFTokenizer(path, template)`, `pdfleet.chat_template`), a chat
+request is counted as the engine counts it: the ids of its rendered prompt (`chat_ids`), which is also
+what the simulator's prefix cache hashes and the gateway matches against vLLM's KV events.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pdfleet.chat_template import ChatTemplate
 from pdfleet.errors import ValidationError
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
@@ -54,7 +59,8 @@ class CharEstimate:
 class HFTokenizer:
     """The model's own tokenizer from a tokenizer.json file (needs the `tokenizers` package)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, template: ChatTemplate | None = None) -> None:
+        self.template = template  # the model's chat template: chat requests counted as rendered
         try:
             from tokenizers import Tokenizer
         except ImportError as exc:  # pragma: no cover - depends on the optional extra
@@ -77,14 +83,31 @@ class HFTokenizer:
         # then does not stall an event loop (the simulator's intake thread)
         return len(self._tok.encode_batch([text], add_special_tokens=False)[0].ids)
 
+    def chat_ids(self, body: dict[str, Any]) -> list[int] | None:
+        """A chat request's prompt ids as the engine prefills them: rendered by the chat template, tokenized
+        without special tokens (None: no template, or a request it does not reproduce)."""
+        if self.template is None:
+            return None
+        text = self.template.render(body)
+        return None if text is None else self.encode(text)
+
 
 def make_counter(
-    tokenizer_path: str | Path | None, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
+    tokenizer_path: str | Path | None,
+    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN,
+    template: ChatTemplate | None = None,
 ) -> TextCounter:
-    """The tokenizer when a path is given, else the character estimate."""
+    """The tokenizer (with the model's chat template, when given) when a path is given, else the
+    character estimate."""
     if tokenizer_path:
-        return HFTokenizer(tokenizer_path)
+        return HFTokenizer(tokenizer_path, template)
     return CharEstimate(chars_per_token)
+
+
+def chat_ids(body: dict[str, Any], counter: TextCounter) -> list[int] | None:
+    """A chat request's prompt ids when the counter renders the model's chat template, else None."""
+    render = getattr(counter, "chat_ids", None)
+    return None if render is None or not isinstance(body.get("messages"), list) else render(body)
 
 
 def _content_text(content: Any) -> str:
@@ -151,6 +174,9 @@ def count_completion_tokens(prompt: Any, counter: TextCounter) -> int:
 def count_request_tokens(body: dict[str, Any], counter: TextCounter) -> int:
     """Prompt tokens of an OpenAI chat or completions request body."""
     if "messages" in body:
+        ids = chat_ids(body, counter)
+        if ids is not None:
+            return len(ids)
         msgs = body["messages"]
         rendered = strings_of([body.get("tools"), body.get("documents")])
         return count_chat_tokens(msgs if isinstance(msgs, list) else [], counter) + counter.count(rendered)

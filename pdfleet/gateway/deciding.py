@@ -116,9 +116,11 @@ class Deciding:
         forced: Pool | None,
         choice: ColocatedChoice | None = None,
         on: ThresholdOn | None = None,
+        ids: list[int] | None = None,
     ) -> tuple[LengthClass, Decision]:
         """The request's length class and decision; its prompt recorded on the chosen candidate.
-        `choice`, `on`: the colocated choice and threshold_on the request asked for (None: the policy's)."""
+        `choice`, `on`: the colocated choice and threshold_on the request asked for (None: the policy's);
+        `ids`: the prompt's ids on the engine, when the route renders them (else its text is cut)."""
         bucket = bucket_of(sticky)
         staging = route.staging
         if staging is None:  # an outside alias: no stage, no pools
@@ -130,7 +132,7 @@ class Deciding:
         index = self._index(spec, route, choice, on)
         blocks: list[int] | None = None
         if index is not None:
-            text = prompt_text(data, endpoint)
+            text = ids if ids is not None else prompt_text(data, endpoint)
             blocks = prompt_blocks(text, spec.block_tokens, policy.spec.estimator.chars_per_token)
             cached = [index.cached_tokens(u, blocks, tokens) for u in urls]
         else:

@@ -29,6 +29,7 @@ from pdfleet.gateway.limits import Limiter, admit_key, admit_model, check_prompt
 from pdfleet.gateway.metrics import GatewayMetrics
 from pdfleet.gateway.outside import check_api
 from pdfleet.gateway.policy import NO_MODEL, POOLS, ActivePolicy, Pool, Route
+from pdfleet.gateway.prompt_ids import prompt_ids
 from pdfleet.model.routing import (
     CHOICE_HEADER,
     COLOCATED_CHOICES,
@@ -394,7 +395,8 @@ async def admit(
         forced = forced_pool(request.headers, policy, route, endpoint)
         choice = forced_choice(request.headers, policy, route)
         on = forced_threshold(request.headers, policy, route)
-        tokens = await count_tokens(policy, data, len(body), endpoint)
+        ids = await prompt_ids(route.tokenizer, data, endpoint)  # the engine's own, when the route can
+        tokens = len(ids) if ids is not None else await count_tokens(policy, data, len(body), endpoint)
         check_prompt_limit(policy.limits, limiter, held, alias, tokens, endpoint)
         model_slot = admit_model(limiter, held, alias, m)
         body = upstream_body(route, alias, data, body)
@@ -415,7 +417,7 @@ async def admit(
     key, digest = auth.entry, auth.digest
     assert key is not None and digest is not None  # authorize() raised otherwise
     sticky = sticky_key(request.headers, policy, data, digest)
-    cls, decision = deciding.route(policy, route, data, endpoint, tokens, sticky, forced, choice, on)
+    cls, decision = deciding.route(policy, route, data, endpoint, tokens, sticky, forced, choice, on, ids)
     if decision.reason == "endpoint_not_carried":
         m.child(m.kept_colocated, model, endpoint, "router_lacks_endpoint").inc()
     stage = route.staging.stage if route.staging is not None else NO_MODEL

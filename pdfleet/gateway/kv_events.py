@@ -9,8 +9,12 @@ ids of its blocks, so the index chains its own hashes of token ids exactly as `p
 a prompt given as token ids, and never needs vLLM's hash function or its seed; the engine's hashes only
 link a block to its parent and name it in `BlockRemoved`. What it cannot know:
 
-- a prompt given as text: the engine's token ids come from the model's tokenizer and chat template,
-  which the gateway does not run, so a text prompt's blocks never match (0 cached: a lower bound);
+- a prompt given as text, unless its alias names the model's tokenizer directory (`tokenizer:`; then a
+  chat prompt is rendered and tokenized as the engine does, `pdfleet.gateway.prompt_ids`): the
+  engine's ids come from the model's tokenizer and chat template, so without them a text prompt's
+  blocks never match (0 cached: a lower bound), nor do completions' text prompts or Anthropic Messages;
+- a request's `cache_salt` (vLLM mixes it into the first block's hash, its events still carry the ids):
+  a salted prompt is counted as if unsalted;
 - blocks stored before the gateway subscribed (their parent is unknown, so nothing chained under them
   is found until the prefix is stored again): an undercount until then, never an overcount;
 - events the publisher dropped (ZMQ's high-water mark): a removal missed keeps a block counted.

@@ -54,11 +54,12 @@ from pdfleet.gateway.policy_spec import (
     group_problems,
     route_problems,
 )
+from pdfleet.gateway.prompt_ids import load_route_tokenizer
 from pdfleet.model.limits import LimitsSpec
 from pdfleet.model.schema_errors import schema_problems
 from pdfleet.model.stages import LENGTH_CLASSES, StageSpec
 from pdfleet.model.yamlfile import parse_yaml
-from pdfleet.tokens import TextCounter, make_counter
+from pdfleet.tokens import HFTokenizer, TextCounter, make_counter
 
 POOLS: tuple[str, ...] = ("colocated", "disagg")
 BUCKETS = 100
@@ -102,6 +103,7 @@ class Route:
     kv_events_release: str | None = None  # the vLLM release whose event format they publish
     prefill_kv_events: tuple[str, ...] = ()  # each prefill instance's publisher (the P/D candidate's facts)
     prefill_cache_aware: bool = False  # vllm-router picks the prefill instance by prefix (else spreads)
+    tokenizer: HFTokenizer | None = field(default=None, compare=False)  # the engine's ids of chat prompts
 
     def next_rr(self) -> int:
         """The round robin's next position over the colocated instances."""
@@ -431,6 +433,7 @@ def compile_route(spec: PolicySpec, alias: str, r: ModelRoute, source: Path) -> 
         r.kv_events_release,
         tuple(r.prefill_kv_events),
         r.prefill_cache_aware,
+        load_route_tokenizer(r.tokenizer, source, f"models.{alias}.tokenizer"),
     )
 
 

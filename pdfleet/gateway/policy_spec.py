@@ -134,6 +134,9 @@ class ModelRoute(_Strict):
     # mean (round robin and the other policies spread a prompt over them)
     prefill_kv_events: list[str] = []
     prefill_cache_aware: bool = False
+    # the model's tokenizer directory (tokenizer.json and its chat template): chat prompts become the
+    # engine's token ids, which KV events carry (pdfleet.gateway.prompt_ids)
+    tokenizer: str | None = Field(None, min_length=1)
 
 
 class PolicySpec(_Strict):

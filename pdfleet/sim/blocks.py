@@ -8,7 +8,8 @@ hash. That is the whole eviction rule: the cache is bounded by the instance's KV
 
 `block_hashes(units, block_size)` chains the hashes of a prompt's tokens (ids, or the text pieces the
 character estimate counts as tokens); `prompt_units` lays a request body out as those tokens, in the
-order and number `pdfleet.tokens` counts them.
+order and number `pdfleet.tokens` counts them: with the model's chat template, a chat prompt's rendered
+ids (what vLLM prefills, and what its KV events carry).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from typing import Any, cast
 
-from pdfleet.tokens import TOKENS_PER_CHAT_MESSAGE, HFTokenizer, TextCounter, _content_text
+from pdfleet.tokens import TOKENS_PER_CHAT_MESSAGE, HFTokenizer, TextCounter, _content_text, chat_ids
 
 Unit = int | str
 # what stands for the chat template's role markers (TOKENS_PER_CHAT_MESSAGE per message)
@@ -35,6 +36,7 @@ class OnceCounter:
     def __init__(self, tokenizer: HFTokenizer) -> None:
         self._tokenizer = tokenizer
         self._ids: dict[str, list[int]] = {}
+        self._chat: tuple[list[int] | None] | None = None  # the request's chat prompt ids, once rendered
 
     def encode(self, text: str) -> list[int]:
         """The text's token ids (encoded on first use)."""
@@ -46,6 +48,12 @@ class OnceCounter:
     def count(self, text: str) -> int:
         """As HFTokenizer.count, from the same ids."""
         return len(self.encode(text))
+
+    def chat_ids(self, body: dict[str, Any]) -> list[int] | None:
+        """As HFTokenizer.chat_ids, rendered and encoded once (the one request's body)."""
+        if self._chat is None:
+            self._chat = (self._tokenizer.chat_ids(body),)
+        return self._chat[0]
 
 
 def once(counter: TextCounter) -> TextCounter:
@@ -71,6 +79,9 @@ def _text_units(text: str, counter: TextCounter) -> list[Unit]:
 def prompt_units(body: dict[str, Any], counter: TextCounter) -> list[Unit]:
     """A request's prompt as tokens, laid out as `pdfleet.tokens.count_request_tokens` counts them."""
     if "messages" in body:
+        ids = chat_ids(body, counter)  # the model's chat template rendered: the engine's own ids
+        if ids is not None:
+            return list(ids)
         out: list[Unit] = []
         for msg in body["messages"] if isinstance(body["messages"], list) else []:
             if isinstance(msg, dict):

@@ -98,6 +98,7 @@ class SimConfig:
     kv_library: LibrarySettings | None = None  # real KV bytes: NIXL or Mooncake (kv-transfer.env; None: off)
     release: Release = field(default=RELEASES[NEWEST], repr=False)  # modelled (--sim-vllm-version)
     model_dir: ModelDir | None = None  # a local model directory's config and tokenizer (a staged model)
+    chat_template: str | None = None  # --chat-template: a file or the template (None: the tokenizer's)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -238,6 +239,7 @@ def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) 
         kv_events=_kv_events(ns.kv_events_config, rel),
         kv_library=settings_from_env(env),
         release=rel,
+        chat_template=ns.chat_template,
         model_dir=model_dir,
     )
 

@@ -12,7 +12,9 @@ The events' block hashes are the simulator's own chained prefix hashes (blake2b,
 published as their low 64 bits as vLLM publishes its sha256 ones under
 `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`: a consumer must treat them as opaque names, as it must vLLM's.
 `BlockStored.token_ids` are the prompt's token ids, which the simulator has when it runs a tokenizer or
-a completion is sent as token ids; a block of text pieces (no tokenizer) has no ids and is not published.
+a completion is sent as token ids (a chat prompt's are its rendered chat template's, as vLLM's, when the
+tokenizer's directory has a template: `pdfleet.chat_template`); a block of text pieces (no tokenizer)
+or of a chat prompt without a template (its role markers have no ids) is not published.
 The replay socket is not served, and `hwm` (libzmq's bound in messages) is not modeled: a subscriber
 more than 64 MiB behind misses messages, as one past its high-water mark does.
 """

@@ -48,6 +48,10 @@ _HONOURED: dict[str, dict[str, Any]] = {
     "--served-model-name": {"nargs": "+", "default": None},
     "--api-key": {"nargs": "+", "default": None},
     "--tokenizer": {"default": None, "help": "tokenizer.json file or a directory holding one"},
+    "--chat-template": {
+        "default": None,
+        "help": "chat template file or text (else the tokenizer's)",
+    },
     "--tensor-parallel-size": {"type": int, "default": 1},
     "--max-model-len": {"type": _human_int, "default": None},
     "--max-num-seqs": {"type": int, "default": None},

@@ -14,6 +14,7 @@ import os
 
 from aiohttp import web
 
+from pdfleet.chat_template import ChatTemplate, load_chat_template
 from pdfleet.sim.api import SimAPI
 from pdfleet.sim.config import SimConfig, describe
 from pdfleet.sim.intake import ArrivalStamp
@@ -47,8 +48,9 @@ class SimServer:
         }
         model_name = cfg.served_model_names[0]
         self.registry = make_registry(SimCollector(self.metrics, self.engine, model_name, cache_info))
-        counter = counter or make_counter(tokenizer, cfg.chars_per_token)
-        self.api = SimAPI(cfg, self.runtime, self.registry, counter, _counter_id(tokenizer, cfg))
+        template = _chat_template(tokenizer, cfg.chat_template)
+        counter = counter or make_counter(tokenizer, cfg.chars_per_token, template)
+        self.api = SimAPI(cfg, self.runtime, self.registry, counter, _counter_id(tokenizer, cfg, template))
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
 
@@ -114,9 +116,26 @@ def _tokenizer_file(path: str | None) -> str | None:
     return path if os.path.isfile(path) else None
 
 
-def _counter_id(tokenizer_file: str | None, cfg: SimConfig) -> str:
-    """What a prompt count depends on: the tokenizer file's content, or the character estimate's ratio."""
+def _chat_template(tokenizer_file: str | None, override: str | None) -> ChatTemplate | None:
+    """The chat template beside the tokenizer (or --chat-template's), which chat prompts are rendered with
+    as vLLM renders them; None without a tokenizer (the estimate) or a template."""
+    if tokenizer_file is None:
+        return None
+    try:
+        import jinja2  # noqa: F401 (only whether it imports: pdfleet.chat_template renders with it)
+    except ImportError:  # a host with the tokenizer but not jinja2: counted as before
+        log.warning("pdfleet-sim: jinja2 is not installed: chat prompts counted without the chat template")
+        return None
+    return load_chat_template(os.path.dirname(os.path.abspath(tokenizer_file)), override)
+
+
+def _counter_id(tokenizer_file: str | None, cfg: SimConfig, template: ChatTemplate | None = None) -> str:
+    """What a prompt count depends on: the tokenizer file's content and the chat template, or the
+    character estimate's ratio."""
     if tokenizer_file is None:
         return f"chars/{cfg.chars_per_token}"
     with open(tokenizer_file, "rb") as fh:
-        return "tokenizer/" + hashlib.file_digest(fh, "sha256").hexdigest()[:16]
+        digest = hashlib.file_digest(fh, "sha256")
+    if template is not None:
+        digest.update(repr(sorted(template.templates.items())).encode())
+    return "tokenizer/" + digest.hexdigest()[:16]

@@ -27,6 +27,7 @@ OTHER_ROOTS = ("roles", "tools")
 # Lowest first: a module may import its own package and any package of a lower layer, nothing else.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__init__", "errors", "zmtp"),  # what every side shares (zmtp: ZeroMQ PUB and SUB for vLLM's KV events)
+    ("chat_template",),  # a chat prompt rendered as the pinned vLLM renders it (gateway and simulator)
     ("tokens",),  # prompt-token counting, shared by the gateway and the simulator
     ("model",),  # what operators write: profiles, inventories, release facts, the hardware catalog
     ("gateway", "sim"),  # host programs (the host wheel); they see only the layers above

@@ -35,7 +35,9 @@ pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest
 # `metrics` is host code too: the rollout controller on the monitoring host reads Prometheus through it.
 OPERATOR_PACKAGES = ("cli", "fleet", "ops", "hw", "lab", "checks", "bench")
 # Imported by host code but provided by a host dependency or optional (tried, with a fallback).
-INDIRECT_OR_OPTIONAL = {"yarl": "aiohttp", "orjson": None, "tokenizers": None}
+# optional on hosts: imported only where used (tokenizers with the tokenizer extra; jinja2 only to render a
+# chat template, beside the tokenizer: pdfleet.chat_template)
+INDIRECT_OR_OPTIONAL = {"yarl": "aiohttp", "orjson": None, "tokenizers": None, "jinja2": None}
 
 
 @pytest.fixture

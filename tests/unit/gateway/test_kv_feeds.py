@@ -1,10 +1,11 @@
 """The KV-events source through a running gateway on loopback: a policy alias listing its colocated
 instances' publishers (libzmq PUBs sending what vLLM 0.33's publisher sends) routes a token-id prompt to
 the instance whose events hold its prefix and counts that instance's cached tokens; a text prompt counts
-none (the gateway does not run the model's tokenizer); a stopped publisher is counted and its instance
-holds nothing cached; the policy refuses a malformed events list. End to end, both sources on the same
-agentic traffic: two simulator processes publishing their events behind a gateway, one alias reading
-them and one its own prefix index; each alias's estimated cached tokens within 10% of the simulators'
+none unless the alias names the model's tokenizer directory; a stopped publisher is counted and its
+instance holds nothing cached; the policy refuses a malformed events list. End to end, both sources on
+the same agentic traffic, token ids and text chat: two simulator processes running the model's tokenizer
+and chat template and publishing their events behind a gateway, aliases reading them and aliases reading
+the gateway's own prefix index; each alias's estimated cached tokens within 10% of the simulators'
 `vllm:prefix_cache_hits` increase over its sessions."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +25,13 @@ from pdfleet.bench.launch import RouterProcess, SimProcess
 from pdfleet.bench.procs import free_port
 from pdfleet.errors import ValidationError
 from pdfleet.gateway.prefix_index import prompt_blocks
+from pdfleet.gateway.prompt_ids import engine_ids, load_route_tokenizer
 from pdfleet.metrics.scrape import scrape_metrics
 from pdfleet.model.vllm_release_data import NEWEST
+from pdfleet.sim.stream import FILLER
 from tests.unit.gateway.helpers import Env, load_test_policy, run
 from tests.unit.model.helpers import wheel_events
-from tests.unit.sim.helpers import MODEL, kv_config
+from tests.unit.sim.helpers import MODEL, chat_model_dir, kv_config
 
 IDS = list(range(5000, 5000 + 80))  # five 16-token blocks
 SETTINGS = {"threshold_on": "effective", "colocated_choice": "prefix_load"}
@@ -134,15 +138,23 @@ def _sessions(rng: random.Random) -> tuple[list[list[int]], list[tuple[int, int]
 
 @pytest.mark.procs
 def test_both_sources_estimate_the_simulators_prefix_hits_on_the_same_traffic(tmp_path: Path) -> None:
-    """Alias `events` reads the simulators' KV events, alias `index` the gateway's own index, both over the
-    same two simulators with prefix_load and effective; each alias gets agent sessions of the same shape
-    (its own random ids, so neither finds the other's blocks). Per alias, the gateway's estimate metric
-    against the simulators' `vllm:prefix_cache_hits` increase over its sessions: within 10%."""
+    """Two simulators running the model's tokenizer and chat template (its directory) behind a gateway,
+    with prefix_load and effective. Alias `events` reads their KV events and `index` the gateway's own
+    index, both sent token-id agent sessions; `chat_events` and `chat_index` likewise, sent text chat
+    sessions and naming the same directory (`tokenizer:`), so a chat prompt's blocks are the engine's
+    rendered ids (without it the events source counted a text prompt 0 cached). Each alias gets its own
+    random sessions (neither finds another's blocks). Per alias, the gateway's estimate metric against
+    the simulators' `vllm:prefix_cache_hits` increase over its sessions: within 10%."""
+    model_dir = chat_model_dir(tmp_path / "model")
+    tokenizer = load_route_tokenizer(str(model_dir), tmp_path / "policy.yml", "tokenizer")
+    assert tokenizer is not None
     ports = [free_port(), free_port()]
     sims = [
         SimProcess(
             [
                 MODEL,
+                "--tokenizer",
+                str(model_dir),
                 "--sim-time-scale",
                 "0.05",
                 "--kv-events-config",
@@ -154,29 +166,51 @@ def test_both_sources_estimate_the_simulators_prefix_hits_on_the_same_traffic(tm
 
     def models(_colo: str, _dis: str) -> dict[str, Any]:
         urls = [sim.url for sim in sims]
-        events = [f"tcp://127.0.0.1:{port}" for port in ports]
+        events = {"kv_events": [f"tcp://127.0.0.1:{port}" for port in ports], "kv_events_release": NEWEST}
+        chat = {"tokenizer": str(model_dir)}
         return {
-            "events": {"colocated": urls, "upstream_model": MODEL, "kv_events": events,
-                       "kv_events_release": NEWEST},
+            "events": {"colocated": urls, "upstream_model": MODEL, **events},
             "index": {"colocated": urls, "upstream_model": MODEL},
-        }  # fmt: skip
+            "chat_events": {"colocated": urls, "upstream_model": MODEL, **events, **chat},
+            "chat_index": {"colocated": urls, "upstream_model": MODEL, **chat},
+        }
+
+    async def send(env: Env, alias: str, rng: random.Random, prompt: Any) -> list[int]:
+        """One turn; the prompt's ids on the engine (a chat's answer joins its messages)."""
+        if isinstance(prompt, list) and isinstance(prompt[0], int):
+            st, _, raw = await env.post(
+                "/v1/completions", {"model": alias, "prompt": prompt, "max_tokens": 2}
+            )
+            assert st == 200, raw
+            return list(prompt)
+        body = {"model": alias, "messages": prompt, "max_tokens": 2}
+        ids = engine_ids(tokenizer, body)
+        st, _, raw = await env.post("/v1/chat/completions", body)
+        assert st == 200 and ids is not None, raw
+        reply = json.loads(raw)
+        assert reply["usage"]["prompt_tokens"] == len(ids), (reply["usage"], len(ids))  # the engine's count
+        prompt.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+        return ids
 
     async def arm(env: Env, alias: str, rng: random.Random) -> tuple[float, float]:
         assert env.gw is not None
         feeds = env.gw.gateway.deciding.feeds
-        sessions, turns = _sessions(rng)
+        chat = alias.startswith("chat")
+        sessions, turns = _chat_sessions(rng) if chat else _sessions(rng)
         before = sum(scrape_metrics(s.url).get("vllm:prefix_cache_hits_total", 0.0) for s in sims)
         for s, grow in turns:
-            ids = sessions[s]
-            st, _, raw = await env.post("/v1/completions", {"model": alias, "prompt": ids, "max_tokens": 2})
-            assert st == 200, raw
-            if alias == "events":  # its blocks' events, published at its prefill's steps
+            prompt: Any = sessions[s]
+            if chat:
+                prompt.append({"role": "user", "content": "".join(rng.choice(FILLER) for _ in range(grow))})
+            ids = await send(env, alias, rng, prompt)
+            if alias.endswith("events"):  # its blocks' events, published at its prefill's steps
                 blocks, whole = prompt_blocks(ids, 16, 4.0), len(ids) // 16 * 16
                 for _ in range(3000):
                     if any(feeds.cached_tokens(u, blocks, len(ids)) >= whole for u in feeds.states()):
                         break
                     await asyncio.sleep(0.01)
-            ids += [rng.randrange(1, 30_000) for _ in range(grow)]
+            if not chat:
+                prompt += [rng.randrange(1, 30_000) for _ in range(grow)]
         hits = sum(scrape_metrics(s.url).get("vllm:prefix_cache_hits_total", 0.0) for s in sims) - before
         estimate = await env.metric("pdfleet_gateway_prefix_estimate_cached_tokens_total", model=alias)
         return estimate, hits
@@ -191,11 +225,16 @@ def test_both_sources_estimate_the_simulators_prefix_hits_on_the_same_traffic(tm
                     break
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.2)  # the SUB's subscription message reaches the PUB after the handshake
-            return {alias: await arm(env, alias, rng) for alias in ("events", "index")}
+            return {
+                alias: await arm(env, alias, rng)
+                for alias in ("events", "index", "chat_events", "chat_index")
+            }
 
-    for sim in sims:
-        sim.__enter__()
+    with ThreadPoolExecutor(len(sims)) as pool:  # both start at once (each ~2-3 s of imports)
+        started = [pool.submit(sim.__enter__) for sim in sims]
     try:
+        for future in started:
+            future.result()
         figures = run(scenario())
     finally:
         for sim in sims:
@@ -203,6 +242,17 @@ def test_both_sources_estimate_the_simulators_prefix_hits_on_the_same_traffic(tm
     print(f"estimated cached tokens vs vllm:prefix_cache_hits increase: {figures}")
     for alias, (estimate, hits) in figures.items():
         assert hits > 10_000 and abs(estimate - hits) <= 0.10 * hits, (alias, estimate, hits)
+
+
+def _chat_sessions(rng: random.Random) -> tuple[list[list[dict[str, str]]], list[tuple[int, int]]]:
+    """Three agent sessions of text chat messages (a system prompt of 600-1800 filler words, one token each,
+    each turn a user message of 200-600 more, the answer joining the context), five turns each,
+    interleaved."""
+    sessions = [
+        [{"role": "system", "content": "".join(rng.choice(FILLER) for _ in range(rng.randrange(600, 1800)))}]
+        for _ in range(3)
+    ]
+    return sessions, [(s, rng.randrange(200, 600)) for _ in range(5) for s in range(3)]
 
 
 @pytest.mark.procs

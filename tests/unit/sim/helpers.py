@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pdfleet.lab.model_mirror import lab_model_files
 from pdfleet.sim.stream import FILLER
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -105,4 +106,25 @@ def make_tokenizer(path: Path, vocab_size: int = 300) -> Path:
     )
     tok.train_from_iterator([words_text(50, i) for i in range(2000)], trainer)
     tok.save(str(path))
+    return path
+
+
+# A Llama-3-style chat template over the lab tokenizer's <s> and </s> (pdfleet.lab.model_mirror)
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+
+def chat_model_dir(path: Path, template: str | None = CHAT_TEMPLATE) -> Path:
+    """A tokenizer directory as a model's: the lab model's tokenizer files, its tokenizer_config.json with
+    `template` as its chat_template (None: none)."""
+    files = lab_model_files("lab-r1")
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "special_tokens_map.json"):
+        (path / name).write_bytes(files[name])
+    config = json.loads(files["tokenizer_config.json"])
+    if template is not None:
+        config["chat_template"] = template
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
     return path

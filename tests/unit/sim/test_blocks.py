@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pdfleet.sim.blocks import BlockPool, OnceCounter, block_hashes, once, prompt_units
+from pdfleet.chat_template import load_chat_template
+from pdfleet.sim.blocks import _MARKER, BlockPool, OnceCounter, block_hashes, once, prompt_units
 from pdfleet.tokens import CharEstimate, HFTokenizer, count_request_tokens
-from tests.unit.sim.helpers import make_tokenizer, words_text
+from tests.unit.sim.helpers import chat_model_dir, make_tokenizer, words_text
 
 
 def test_a_block_hash_chains_over_every_block_before_it() -> None:
@@ -180,3 +181,30 @@ def test_with_events_on_the_pool_reports_each_run_it_names_and_each_hash_it_evic
     assert got is not None
     quiet.cache(got, h[:1], 1)
     assert quiet.events is None
+
+
+def test_with_a_chat_template_a_chat_prompt_is_its_rendered_ids_counted_and_rendered_once(
+    tmp_path: Path,
+) -> None:
+    """The model's chat template rendered and tokenized as vLLM does: the prompt's units are those ids
+    (what KV events carry), its count their number, the render and the encode done once a request."""
+    model = chat_model_dir(tmp_path)
+    template = load_chat_template(str(model))
+    tok = HFTokenizer(model / "tokenizer.json", template)
+    body = {
+        "messages": [{"role": "system", "content": " the quick"}, {"role": "user", "content": " brown fox"}]
+    }
+    ids = tok.encode("<s><|system|>\n the quick</s><|user|>\n brown fox</s><|assistant|>\n")
+    counter = once(tok)
+    renders: list[object] = []
+    real = tok.chat_ids
+
+    def counted(b: dict[str, object]) -> list[int] | None:
+        renders.append(b)
+        return real(b)
+
+    tok.chat_ids = counted  # type: ignore[method-assign]
+    assert count_request_tokens(body, counter) == len(ids) and prompt_units(body, counter) == ids
+    assert len(renders) == 1
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+    assert prompt_units(image, once(tok)) == [_MARKER] * 3 + tok.encode("user")  # not rendered: as before

@@ -21,8 +21,9 @@ from pdfleet.bench.launch import SimProcess
 from pdfleet.lab.model_mirror import lab_model_files
 from pdfleet.metrics.scrape import scrape_histogram, scrape_metrics
 from pdfleet.sim.config import parse_serve_args
-from pdfleet.sim.server import SimServer, _tokenizer_file
-from tests.unit.sim.helpers import MODEL, kv_config, make_tokenizer, words_text
+from pdfleet.sim.server import SimServer, _counter_id, _tokenizer_file
+from pdfleet.tokens import HFTokenizer
+from tests.unit.sim.helpers import MODEL, chat_model_dir, kv_config, make_tokenizer, words_text
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -104,6 +105,33 @@ def test_a_model_directory_s_tokenizer_counts_and_its_files_are_logged(
     assert out["usage"]["prompt_tokens"] == 4  # one token a word; the estimate says 5 (20 chars / 4)
     line = next(r.getMessage() for r in caplog.records if "model config" in r.getMessage())
     assert f"tokenizer {tmp_path}/tokenizer.json (BPE, 343 tokens) counts prompt tokens" in line, line
+
+
+def test_a_chat_prompt_is_counted_as_the_model_s_chat_template_renders_it(tmp_path: Path) -> None:
+    """--tokenizer DIR with a chat template (as a model's directory has): a chat request's prompt tokens
+    are its rendered prompt's (vLLM's count), and the template is part of what a producer's count holds
+    for; --chat-template overrides the directory's."""
+    model = chat_model_dir(tmp_path / "model")
+    base = [MODEL, "--tokenizer", str(model), "--sim-time-scale", "0.01"]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": " the quick"}], "max_tokens": 1}
+
+    async def ask(server: SimServer) -> int:
+        await server.start("127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{server.bound_port()}/v1/chat/completions"
+                async with http.post(url, json=body) as resp:
+                    return int((await resp.json())["usage"]["prompt_tokens"])
+        finally:
+            await server.stop()
+
+    tok = HFTokenizer(model / "tokenizer.json")
+    rendered = len(tok.encode("<s><|user|>\n the quick</s><|assistant|>\n"))
+    assert asyncio.run(ask(SimServer(parse_serve_args(base, env={})))) == rendered
+    given = SimServer(parse_serve_args([*base, "--chat-template", "{{ messages[0]['content'] }}"], env={}))
+    assert asyncio.run(ask(given)) == 2  # " the", " quick"
+    plain = parse_serve_args([MODEL, "--tokenizer", str(model)], env={})
+    assert _counter_id(str(model / "tokenizer.json"), plain) != given.api.intake.counter_id
 
 
 def test_the_tokenizer_file_is_found_in_a_directory_or_not_at_all(tmp_path: Path) -> None:
