@@ -119,7 +119,7 @@ def test_a_shadow_step_shadows_moves_nobody_and_stops_when_it_ends(
         controller = f.controller(
             _spec({"share": 50, "classes": ["long"], "min_duration_s": 4, "min_samples": 3})
         )
-        load = Load([g.port for g in f.gateways]).start()
+        load = Load([g.port for g in f.gateways], threads=2, pace_s=0.1).start()  # ~15 requests/s, paced
         try:
             with running(controller):
                 wait_until(lambda: controller.store.load(), 10, "the controller's first state")
