@@ -18,6 +18,7 @@ from pdfleet.gateway.kv_feeds import Count, KvFeeds, wanted_of
 from pdfleet.gateway.load import Outstanding, QueueWatch
 from pdfleet.gateway.policy import ActivePolicy, Decision, LengthClass, Pool, Route, bucket_of, length_class
 from pdfleet.gateway.prefix_index import CacheSource, PrefixIndex, prompt_blocks, prompt_text
+from pdfleet.gateway.prompt_ids import EnginePrompt
 from pdfleet.model.routing import ColocatedChoice, DeciderSpec, ThresholdOn
 
 _NO_LOADS: tuple[Load, ...] = ()
@@ -116,11 +117,11 @@ class Deciding:
         forced: Pool | None,
         choice: ColocatedChoice | None = None,
         on: ThresholdOn | None = None,
-        ids: list[int] | None = None,
+        ids: EnginePrompt | None = None,
     ) -> tuple[LengthClass, Decision]:
         """The request's length class and decision; its prompt recorded on the chosen candidate.
         `choice`, `on`: the colocated choice and threshold_on the request asked for (None: the policy's);
-        `ids`: the prompt's ids on the engine, when the route renders them (else its text is cut)."""
+        `ids`: the prompt's blocks of the engine's ids, when the route renders them (else its text is cut)."""
         bucket = bucket_of(sticky)
         staging = route.staging
         if staging is None:  # an outside alias: no stage, no pools
@@ -132,8 +133,11 @@ class Deciding:
         index = self._index(spec, route, choice, on)
         blocks: list[int] | None = None
         if index is not None:
-            text = ids if ids is not None else prompt_text(data, endpoint)
-            blocks = prompt_blocks(text, spec.block_tokens, policy.spec.estimator.chars_per_token)
+            if ids is not None:  # cut in the intake's worker thread
+                blocks = ids.blocks
+            else:
+                text = prompt_text(data, endpoint)
+                blocks = prompt_blocks(text, spec.block_tokens, policy.spec.estimator.chars_per_token)
             cached = [index.cached_tokens(u, blocks, tokens) for u in urls]
         else:
             cached = [0] * len(urls)

@@ -395,8 +395,9 @@ async def admit(
         forced = forced_pool(request.headers, policy, route, endpoint)
         choice = forced_choice(request.headers, policy, route)
         on = forced_threshold(request.headers, policy, route)
-        ids = await prompt_ids(route.tokenizer, data, endpoint)  # the engine's own, when the route can
-        tokens = len(ids) if ids is not None else await count_tokens(policy, data, len(body), endpoint)
+        # the engine's own prompt (count, blocks), when the route renders it
+        ids = await prompt_ids(route.tokenizer, data, endpoint, policy.spec.decider.block_tokens)
+        tokens = ids.tokens if ids is not None else await count_tokens(policy, data, len(body), endpoint)
         check_prompt_limit(policy.limits, limiter, held, alias, tokens, endpoint)
         model_slot = admit_model(limiter, held, alias, m)
         body = upstream_body(route, alias, data, body)

@@ -6,7 +6,8 @@ Those are the ids vLLM's KV events carry, so a text prompt's blocks match what a
 (without them the KV-events source counts a text prompt 0 cached: a lower bound); the prefix index cuts
 them into the same blocks, and the prompt's length is the engine's own count. Rendering and tokenizing
 run in a worker thread, never on the event loop (a 32K-token prompt takes milliseconds to tens of
-milliseconds). What is not rendered here keeps the text path: completions (their ids depend on the
+milliseconds), and so does cutting the ids into the decider's chained block hashes (`prompt_blocks`:
+milliseconds for 32K ids). What is not rendered here keeps the text path: completions (their ids depend on the
 tokenizer's BOS handling), Anthropic Messages, a chat request with non-text parts or with tools the
 template reads.
 """
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pdfleet.chat_template import TOKENIZER_CONFIG, load_chat_template
 from pdfleet.errors import ValidationError
+from pdfleet.gateway.prefix_index import prompt_blocks
 from pdfleet.tokens import HFTokenizer, chat_ids
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -56,8 +58,25 @@ def engine_ids(tokenizer: HFTokenizer, data: dict[str, Any]) -> list[int] | None
         return None
 
 
-async def prompt_ids(tokenizer: HFTokenizer | None, data: dict[str, Any], endpoint: str) -> list[int] | None:
-    """The engine's ids of a chat request on a route with a tokenizer, rendered off the event loop."""
+class EnginePrompt(NamedTuple):
+    """A prompt as the engine prefills it: its token count and its ids' chained block hashes."""
+
+    tokens: int
+    blocks: list[int]
+
+
+def engine_prompt(tokenizer: HFTokenizer, data: dict[str, Any], block_tokens: int) -> EnginePrompt | None:
+    """A chat body's engine ids, counted and cut into blocks of `block_tokens` (None: not rendered)."""
+    ids = engine_ids(tokenizer, data)
+    return None if ids is None else EnginePrompt(len(ids), prompt_blocks(ids, block_tokens, 1.0))
+
+
+async def prompt_ids(
+    tokenizer: HFTokenizer | None, data: dict[str, Any], endpoint: str, block_tokens: int
+) -> EnginePrompt | None:
+    """A chat request's engine prompt on a route with a tokenizer, rendered and cut off the event loop."""
     if tokenizer is None or endpoint != "chat":
         return None
-    return await asyncio.get_running_loop().run_in_executor(None, engine_ids, tokenizer, data)
+    return await asyncio.get_running_loop().run_in_executor(
+        None, engine_prompt, tokenizer, data, block_tokens
+    )

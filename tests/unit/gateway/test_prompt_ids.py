@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from pdfleet.gateway.prompt_ids import engine_ids, prompt_ids
+from pdfleet.gateway.prefix_index import prompt_blocks
+from pdfleet.gateway.prompt_ids import EnginePrompt, engine_ids, prompt_ids
 from tests.unit.gateway.helpers import COLO, DIS, load_test_policy, policy_dict, policy_error
 from tests.unit.sim.helpers import chat_model_dir
 
@@ -43,12 +44,16 @@ def test_only_chat_requests_it_renders_get_ids(tmp_path: Path) -> None:
 
     async def ids() -> list[object]:
         return [
-            await prompt_ids(tok, chat, "chat"),
-            await prompt_ids(tok, {"prompt": "x"}, "completions"),
-            await prompt_ids(tok, chat, "messages"),
-            await prompt_ids(None, chat, "chat"),
-            await prompt_ids(tok, image, "chat"),
+            await prompt_ids(tok, chat, "chat", 4),
+            await prompt_ids(tok, {"prompt": "x"}, "completions", 4),
+            await prompt_ids(tok, chat, "messages", 4),
+            await prompt_ids(None, chat, "chat", 4),
+            await prompt_ids(tok, image, "chat", 4),
         ]
 
     got = asyncio.run(ids())
-    assert got[0] and got[1:] == [None, None, None, None]
+    assert tok is not None and got[1:] == [None, None, None, None]
+    ids_of_chat = engine_ids(tok, chat) or []  # counted, and cut into whole blocks of 4 as the decider's
+    assert got[0] == EnginePrompt(len(ids_of_chat), prompt_blocks(ids_of_chat, 4, 1.0))
+    first = got[0]
+    assert isinstance(first, EnginePrompt) and len(ids_of_chat) // 4 == len(first.blocks) > 1
