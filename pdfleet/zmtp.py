@@ -1,6 +1,7 @@
 """ZeroMQ PUB and SUB sockets over asyncio (ZMTP 3.0, NULL security): what the gateway needs to read
 vLLM's KV-cache events from the engines' PUB sockets, and the simulator to publish them, without a
-ZeroMQ library on the hosts.
+ZeroMQ library on the hosts; and a ROUTER answering each DEALER or REQ peer's requests on its own
+connection (the simulator's replay socket, as vLLM's publisher serves one at `replay_endpoint`).
 
 The wire, as rfc.zeromq.org/spec/23 (ZMTP 3.0) has it: each side sends a 64-byte greeting (signature
 0xFF, eight padding bytes, 0x7F; version 3.0; mechanism `NULL`; as-server 0), then a READY command with
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+from collections.abc import Callable
 
 SIGNATURE = b"\xff" + b"\x00" * 8 + b"\x7f"
 GREETING = SIGNATURE + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
@@ -73,6 +75,13 @@ async def handshake(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ours: str, theirs: str
 ) -> None:
     """Greetings and READY commands both ways; the peer must be a ZMTP 3 NULL socket of type `theirs`."""
+    await handshake_any(reader, writer, ours, (theirs,))
+
+
+async def handshake_any(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ours: str, theirs: tuple[str, ...]
+) -> str:
+    """As `handshake`, the peer of any of the types `theirs`; its type."""
     writer.write(GREETING + ready(ours))
     await writer.drain()
     greeting = await reader.readexactly(64)
@@ -84,8 +93,9 @@ async def handshake(
     if not flags & COMMAND or not body.startswith(b"\x05READY"):
         raise ZmtpError("peer sent no READY command")
     kind = parse_properties(body[6:]).get("Socket-Type", b"").decode("ascii", "replace")
-    if kind != theirs:
-        raise ZmtpError(f"peer is a {kind or 'typeless'} socket, not {theirs}")
+    if kind not in theirs:
+        raise ZmtpError(f"peer is a {kind or 'typeless'} socket, not {' or '.join(theirs)}")
+    return kind
 
 
 class Subscriber:
@@ -191,6 +201,64 @@ class Publisher:
             writer.close()
         self.server.close()
         await self.server.wait_closed()
+
+
+class Router:
+    """A ROUTER bound to (`host`, `port`) that answers each request of a DEALER or REQ peer with the
+    messages `answer(frames)` returns, on that peer's connection: a ROUTER's routing by identity comes
+    down to that when every reply goes to the asker (the identity frame never crosses the wire)."""
+
+    def __init__(self, server: asyncio.Server) -> None:
+        self.server = server
+        self.peers: set[asyncio.StreamWriter] = set()
+
+    @classmethod
+    async def bind(cls, host: str, port: int, answer: Callable[[list[bytes]], list[list[bytes]]]) -> Router:
+        router: Router | None = None
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            assert router is not None
+            router.peers.add(writer)
+            try:
+                await asyncio.wait_for(handshake_any(reader, writer, "ROUTER", ("DEALER", "REQ")), 10)
+                while True:
+                    for message in answer(await receive(reader)):
+                        writer.write(
+                            b"".join(
+                                frame(p, MORE if i < len(message) - 1 else 0) for i, p in enumerate(message)
+                            )
+                        )
+                    await writer.drain()
+            except (OSError, ZmtpError, asyncio.IncompleteReadError, TimeoutError):
+                pass
+            finally:
+                router.peers.discard(writer)
+                writer.close()
+
+        router = cls(await asyncio.start_server(serve, host or None, port))
+        return router
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        for writer in list(self.peers):
+            writer.close()
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def receive(reader: asyncio.StreamReader) -> list[bytes]:
+    """The next message's frames (commands, such as PING, skipped)."""
+    parts: list[bytes] = []
+    while True:
+        flags, body = await read_frame(reader)
+        if flags & COMMAND:
+            continue
+        parts.append(body)
+        if not flags & MORE:
+            return parts
 
 
 def _subscribe(topics: list[bytes], topic: bytes, on: bool) -> None:

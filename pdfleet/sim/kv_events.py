@@ -15,8 +15,9 @@ published as their low 64 bits as vLLM publishes its sha256 ones under
 a completion is sent as token ids (a chat prompt's are its rendered chat template's, as vLLM's, when the
 tokenizer's directory has a template: `pdfleet.chat_template`); a block of text pieces (no tokenizer)
 or of a chat prompt without a template (its role markers have no ids) is not published.
-The replay socket is not served, and `hwm` (libzmq's bound in messages) is not modeled: a subscriber
-more than 64 MiB behind misses messages, as one past its high-water mark does.
+With `replay_endpoint` set, a ROUTER there serves the last `buffer_steps` batches as the release's
+`_service_replay` does (`KvEventPublisher`). `hwm` (libzmq's bound in messages) is not modeled: a
+subscriber more than 64 MiB behind misses messages, as one past its high-water mark does.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ import json
 import struct
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pdfleet.errors import ValidationError
 from pdfleet.model.vllm_kv_events import TAG_FIELD, EventFormat
-from pdfleet.zmtp import Publisher
+from pdfleet.zmtp import Publisher, Router
 
 MEDIUM_GPU = "GPU"
 
@@ -44,6 +45,8 @@ class KvEventsSettings:
     host: str
     port: int
     topic: str
+    replay: tuple[str, int] | None = None  # replay_endpoint's ROUTER (host, port), when set
+    buffer_steps: int = 10_000  # the batches kept for replay
 
 
 def parse_kv_events_config(text: str | None, fmt: EventFormat) -> KvEventsSettings | None:
@@ -67,14 +70,23 @@ def parse_kv_events_config(text: str | None, fmt: EventFormat) -> KvEventsSettin
         raise ValidationError(f"--kv-events-config: publisher {publisher!r}: the simulator has null and zmq")
     if not enabled or publisher == "null":
         return None
-    endpoint = str(cfg["endpoint"])
+    host, port = _tcp(str(cfg["endpoint"]), "endpoint")
+    replay = cfg.get("replay_endpoint")
+    steps = cfg.get("buffer_steps", 10_000)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValidationError(f"--kv-events-config: buffer_steps {steps!r}: a positive integer")
+    return KvEventsSettings(
+        host, port, str(cfg["topic"]), None if replay is None else _tcp(str(replay), "replay_endpoint"), steps
+    )
+
+
+def _tcp(endpoint: str, key: str) -> tuple[str, int]:
+    """A tcp://HOST:PORT endpoint as the (host, port) to bind (`*`: every address, "")."""
     scheme, _, rest = endpoint.partition("://")
     host, _, port = rest.rpartition(":")
     if scheme != "tcp" or not port.isdigit() or not host:
-        raise ValidationError(
-            f"--kv-events-config: endpoint {endpoint!r}: the simulator binds tcp://HOST:PORT"
-        )
-    return KvEventsSettings("" if host == "*" else host, int(port), str(cfg["topic"]))
+        raise ValidationError(f"--kv-events-config: {key} {endpoint!r}: the simulator binds tcp://HOST:PORT")
+    return ("" if host == "*" else host), int(port)
 
 
 def pack(value: Any) -> bytes:
@@ -189,26 +201,50 @@ def batch(events: list[Any], ts: float | None = None) -> bytes:
     return pack([time.time() if ts is None else ts, events, 0])
 
 
-class KvEventPublisher:
-    """The PUB socket and the sequence numbers: one message per published batch."""
+END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay's end marker (vLLM's ZmqEventPublisher)
 
-    def __init__(self, pub: Publisher, topic: str) -> None:
+
+class KvEventPublisher:
+    """The PUB socket and the sequence numbers: one message per published batch; the last
+    `buffer_steps` batches kept, and a ROUTER at `replay_endpoint` (when set) serving them as vLLM's
+    `_service_replay` does: a request is an empty delimiter frame and an 8-byte big-endian start
+    sequence number; every kept batch from it is sent as (empty, topic, seq, payload), then (empty,
+    empty, -1, empty); a request of another shape is ignored."""
+
+    def __init__(self, pub: Publisher, topic: str, buffer_steps: int = 10_000) -> None:
         self.pub = pub
         self.topic = topic.encode()
         self.seq = 0
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self.replay: Router | None = None
 
     @classmethod
     async def start(cls, settings: KvEventsSettings) -> KvEventPublisher:
-        return cls(await Publisher.bind(settings.host, settings.port), settings.topic)
+        pub = cls(await Publisher.bind(settings.host, settings.port), settings.topic, settings.buffer_steps)
+        if settings.replay is not None:
+            pub.replay = await Router.bind(*settings.replay, pub.answer)
+        return pub
 
     def publish(self, events: list[Any], ts: float | None = None) -> None:
         """One batch (nothing when there are no events, as vLLM's scheduler publishes none)."""
         if not events:
             return
-        self.pub.send([self.topic, self.seq.to_bytes(8, "big"), batch(events, ts)])
+        payload = batch(events, ts)
+        self.pub.send([self.topic, self.seq.to_bytes(8, "big"), payload])
+        self.buffer.append((self.seq, payload))
         self.seq += 1
 
+    def answer(self, request: list[bytes]) -> list[list[bytes]]:
+        """A replay request's answer (see the class docstring)."""
+        if len(request) != 2 or request[0] != b"":
+            return []
+        start = int.from_bytes(request[1], "big")
+        out = [[b"", self.topic, seq.to_bytes(8, "big"), buf] for seq, buf in self.buffer if seq >= start]
+        return [*out, [b"", b"", END_SEQ, b""]]
+
     async def close(self) -> None:
+        if self.replay is not None:
+            await self.replay.close()
         await self.pub.close()
 
 

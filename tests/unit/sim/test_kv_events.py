@@ -26,6 +26,7 @@ from pdfleet.gateway.prefix_index import prompt_blocks
 from pdfleet.metrics.scrape import scrape_metrics
 from pdfleet.model.vllm_kv_events import FORMATS
 from pdfleet.sim.kv_events import (
+    END_SEQ,
     KvEventPublisher,
     KvEventsSettings,
     batch,
@@ -124,6 +125,52 @@ def test_a_libzmq_sub_receives_batches_the_wheels_decoder_reads() -> None:
     asyncio.run(scenario())
 
 
+def test_the_replay_socket_serves_the_kept_batches_to_a_libzmq_dealer() -> None:
+    """replay_endpoint's ROUTER as vLLM's `_service_replay`: libzmq's DEALER asks from a sequence number
+    and gets every kept batch from it (the PUB's own bytes) and the -1 end marker; the oldest batch past
+    buffer_steps is gone; a request of another shape gets nothing."""
+
+    async def scenario() -> None:
+        port = free_port()
+        pub = await KvEventPublisher.start(
+            KvEventsSettings("127.0.0.1", 0, "kv", replay=("127.0.0.1", port), buffer_steps=3)
+        )
+        fmt = FORMATS["0.33.0"]
+        for i in range(4):  # batches 0-3; 0 falls out of a buffer of 3
+            pub.publish([removed(fmt, [H1])], float(i))
+        ctx = zmq.Context()
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        loop = asyncio.get_running_loop()
+
+        def ask(frames: list[bytes]) -> list[list[bytes]]:
+            dealer.send_multipart(frames)
+            got = []
+            while dealer.poll(3000 if not got else 500):
+                got.append(dealer.recv_multipart())
+                if got[-1][2:3] == [(-1).to_bytes(8, "big", signed=True)]:
+                    break
+            return got
+
+        try:
+            got = await loop.run_in_executor(None, ask, [b"", (0).to_bytes(8, "big")])
+            assert [int.from_bytes(m[2], "big", signed=True) for m in got] == [1, 2, 3, -1]
+            assert (
+                got[0][:2] == [b"", b"kv"]
+                and got[0][3] == pub.buffer[0][1]
+                and got[-1] == [b"", b"", END_SEQ, b""]
+            )
+            later = await loop.run_in_executor(None, ask, [b"", (3).to_bytes(8, "big")])
+            assert [int.from_bytes(m[2], "big", signed=True) for m in later] == [3, -1]
+            assert await loop.run_in_executor(None, ask, [b"no delimiter"]) == []
+        finally:
+            dealer.close(linger=0)
+            ctx.term()
+            await pub.close()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(
     ("text", "version", "want"),
     [
@@ -134,6 +181,8 @@ def test_a_libzmq_sub_receives_batches_the_wheels_decoder_reads() -> None:
         ('{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://10.0.0.1:6000", '
          '"topic": "kv"}', "0.11.0", KvEventsSettings("10.0.0.1", 6000, "kv")),
         ('{"enable_kv_cache_events": true, "publisher": "null"}', "0.33.0", None),
+        ('{"enable_kv_cache_events": true, "replay_endpoint": "tcp://*:5558", "buffer_steps": 50}', "0.33.0",
+         KvEventsSettings("", 5557, "", ("", 5558), 50)),
     ],
 )  # fmt: skip
 def test_the_config_is_read_as_the_release_reads_it(text: str | None, version: str, want: Any) -> None:
@@ -148,6 +197,8 @@ def test_the_config_is_read_as_the_release_reads_it(text: str | None, version: s
         ('{"enable_kv_cache_events": true, "hwm2": 1}', "unknown field\\(s\\) hwm2"),
         ('{"enable_kv_cache_events": true, "publisher": "kafka"}', "publisher 'kafka'"),
         ('{"enable_kv_cache_events": true, "endpoint": "ipc:///tmp/kv"}', "binds tcp://HOST:PORT"),
+        ('{"enable_kv_cache_events": true, "replay_endpoint": "tcp://x"}', "replay_endpoint 'tcp://x'"),
+        ('{"enable_kv_cache_events": true, "buffer_steps": 0}', "buffer_steps 0"),
     ],
 )
 def test_a_bad_config_is_refused_naming_what(text: str, message: str) -> None:
