@@ -164,6 +164,14 @@ def _provision_lab_cross(report: Path) -> None:
 
 
 @pytest.fixture(scope="session")
+def lab_cross_for_gateway(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """lab-cross provisioned once for the two gateway modules, not once each: they run back to back (STATES)
+    and the first leaves lab-cross as it found it (its stage and limited provisions are put back, its
+    renewed certificate is the same CA's), so a second provision changed nothing."""
+    _provision_lab_cross(tmp_path_factory.mktemp("lab-cross-gateway") / "report.json")
+
+
+@pytest.fixture(scope="session")
 def lab_cross_owed(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabCrossOwed]:
     """Whether a module of SWITCHING left the lab on its own profile; paid at the session's end only when the
     lab stays up (PDFLEET_LAB_KEEP=1, then on lab-cross): a lab going down needs no lab-cross."""

@@ -62,11 +62,9 @@ def _gw(lab: LabHandle):  # noqa: ANN202 - LabHost
 
 
 @pytest.fixture(scope="module")
-def client_env(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """lab-cross provisioned; the environment `eval "$(invoke lab.env)"` gives a shell."""
-    report = tmp_path_factory.mktemp("gw") / "report.json"
-    proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def client_env(lab: LabHandle, lab_cross_for_gateway: None) -> dict[str, str]:
+    """lab-cross provisioned (once for this module and the Anthropic one); the environment
+    `eval "$(invoke lab.env)"` gives a shell."""
     env_proc = _invoke("lab.env")
     assert env_proc.returncode == 0, env_proc.stderr
     env = {}

@@ -35,11 +35,9 @@ def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def lab_key(lab: LabHandle, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """lab-cross provisioned; the client key `invoke lab.env` hands a shell (OPENAI_API_KEY)."""
-    report = tmp_path_factory.mktemp("gw-anthropic") / "report.json"
-    proc = _invoke("provision", "--profile", PROFILE, "--json", str(report))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def lab_key(lab: LabHandle, lab_cross_for_gateway: None) -> str:
+    """lab-cross provisioned (once for this module and the OpenAI one before it); the client key
+    `invoke lab.env` hands a shell (OPENAI_API_KEY)."""
     return lab_env()["OPENAI_API_KEY"]
 
 
