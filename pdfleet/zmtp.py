@@ -249,6 +249,39 @@ class Router:
         await self.server.wait_closed()
 
 
+class Dealer:
+    """A DEALER connected to one ROUTER endpoint: messages out as they are, replies in (vLLM's replay)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def connect(cls, host: str, port: int, timeout_s: float = 5.0) -> Dealer:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        try:
+            await asyncio.wait_for(handshake(reader, writer, "DEALER", "ROUTER"), timeout_s)
+        except (asyncio.IncompleteReadError, ConnectionResetError) as exc:
+            writer.close()
+            raise ZmtpError(f"{host}:{port} closed the connection in the handshake (not a ROUTER?)") from exc
+        except BaseException:
+            writer.close()
+            raise
+        return cls(reader, writer)
+
+    async def send(self, parts: list[bytes]) -> None:
+        self.writer.write(b"".join(frame(p, MORE if i < len(parts) - 1 else 0) for i, p in enumerate(parts)))
+        await self.writer.drain()
+
+    async def receive(self) -> list[bytes]:
+        return await receive(self.reader)
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.writer.wait_closed()
+
+
 async def receive(reader: asyncio.StreamReader) -> list[bytes]:
     """The next message's frames (commands, such as PING, skipped)."""
     parts: list[bytes] = []

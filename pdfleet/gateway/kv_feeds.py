@@ -35,6 +35,7 @@ class Wanted:
     host: str
     port: int
     fmt: EventFormat
+    replay: tuple[str, int] | None = None  # its replay socket (ROUTER), when the route lists one
 
 
 @dataclass
@@ -52,12 +53,19 @@ def wanted_of(routes: Iterable[Route]) -> dict[str, Wanted]:
         fmt = event_format(route.kv_events_release or "")
         if fmt is None:
             continue
+        replays = dict(zip(route.colocated, route.kv_events_replay, strict=False))
         pairs = [*zip(route.colocated, route.kv_events, strict=False)]
         pairs += zip(route.prefill, route.prefill_kv_events, strict=False)
         for url, endpoint in pairs:
-            host, _, port = endpoint.partition("://")[2].rpartition(":")
-            out[url] = Wanted(url, host.strip("[]"), int(port), fmt)
+            replay = replays.get(url)
+            out[url] = Wanted(url, *_host_port(endpoint), fmt, None if replay is None else _host_port(replay))
     return out
+
+
+def _host_port(endpoint: str) -> tuple[str, int]:
+    """tcp://HOST:PORT's host and port."""
+    host, _, port = endpoint.partition("://")[2].rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 class KvFeeds:
@@ -95,7 +103,7 @@ class KvFeeds:
             if feed.task is None:
                 w = feed.wanted
                 feed.task = asyncio.get_running_loop().create_task(
-                    follow(w.host, w.port, w.candidate, self.index, w.fmt, feed.state)
+                    follow(w.host, w.port, w.candidate, self.index, w.fmt, feed.state, replay=w.replay)
                 )
 
     def _stop(self, feed: _Feed) -> None:

@@ -1,5 +1,4 @@
-"""The gateway's policy file: schema, validation, reading and writing it, and the pure routing decision
-built from it.
+"""The policy file: schema, validation, reading and writing it, and the pure routing decision built from it.
 
 A policy file is YAML validated by pydantic (unknown keys are errors; every error names the file and
 the key path). Loading yields an immutable `ActivePolicy`; a reload builds a new one and swaps the
@@ -83,9 +82,8 @@ class Staging:
 
 @dataclass(frozen=True)
 class Route:
-    """A compiled model alias: pools as URL tuples plus a round-robin over the colocated ones, its
-    group's staging, its metrics label and the P/D instances the decider scrapes; or an outside
-    endpoint (then no pools)."""
+    """A compiled model alias: pools as URL tuples plus a round-robin over the colocated ones, its group's
+    staging, its metrics label and the P/D instances the decider scrapes; or an outside endpoint."""
 
     alias: str
     colocated: tuple[str, ...]
@@ -104,6 +102,7 @@ class Route:
     prefill_kv_events: tuple[str, ...] = ()  # each prefill instance's publisher (the P/D candidate's facts)
     prefill_cache_aware: bool = False  # vllm-router picks the prefill instance by prefix (else spreads)
     tokenizer: HFTokenizer | None = field(default=None, compare=False)  # the engine's ids of chat prompts
+    kv_events_replay: tuple[str, ...] = ()  # each colocated instance's replay socket (kv_events' order)
 
     def next_rr(self) -> int:
         """The round robin's next position over the colocated instances."""
@@ -115,8 +114,8 @@ class Route:
         return self.colocated[instance % n], (self.colocated[(instance + 1) % n] if n > 1 else None)
 
 
-# the reason the routing-decisions metric (rollout measure, dashboards) has named each decision since
-# before the decider; pdfleet_gateway_decisions_total carries the decider's own closed set
+# the reason the routing-decisions metric (rollout measure, dashboards) has named each decision since before
+# the decider; pdfleet_gateway_decisions_total carries the decider's own closed set
 LEGACY_REASONS = {
     "forced_header": "header",
     "stage_weight": "weight",
@@ -434,6 +433,7 @@ def compile_route(spec: PolicySpec, alias: str, r: ModelRoute, source: Path) -> 
         tuple(r.prefill_kv_events),
         r.prefill_cache_aware,
         load_route_tokenizer(r.tokenizer, source, f"models.{alias}.tokenizer"),
+        tuple(r.kv_events_replay),
     )
 
 

@@ -137,6 +137,9 @@ class ModelRoute(_Strict):
     # the model's tokenizer directory (tokenizer.json and its chat template): chat prompts become the
     # engine's token ids, which KV events carry (pdfleet.gateway.prompt_ids)
     tokenizer: str | None = Field(None, min_length=1)
+    # the colocated instances' KV-events replay sockets (tcp://HOST:PORT, in kv_events' order: vLLM's
+    # replay_endpoint): a sequence gap asks for the missed batches there before forgetting the instance
+    kv_events_replay: list[str] = []
 
 
 class PolicySpec(_Strict):
@@ -186,8 +189,9 @@ def _kv_events_problems(route: ModelRoute) -> list[str]:
     """One publisher per colocated instance, each tcp://HOST:PORT, of a release whose format is tabled;
     the prefill instances' likewise, beside them."""
     if not route.kv_events:
-        if route.prefill_kv_events:
-            return ["prefill_kv_events: set only with kv_events (the colocated instances' publishers)"]
+        if route.prefill_kv_events or route.kv_events_replay:
+            key = "prefill_kv_events" if route.prefill_kv_events else "kv_events_replay"
+            return [f"{key}: set only with kv_events (the colocated instances' publishers)"]
         return ["kv_events_release: set only with kv_events"] if route.kv_events_release else []
     if len(route.kv_events) != len(route.colocated):
         return [
@@ -205,6 +209,15 @@ def _kv_events_problems(route: ModelRoute) -> list[str]:
     problems += [
         f"prefill_kv_events[{i}]: {e!r} is not tcp://HOST:PORT"
         for i, e in enumerate(route.prefill_kv_events)
+        if not _tcp(e)
+    ]
+    if route.kv_events_replay and len(route.kv_events_replay) != len(route.kv_events):
+        problems.append(
+            f"kv_events_replay: {len(route.kv_events_replay)} endpoints for {len(route.kv_events)} kv_events"
+        )
+    problems += [
+        f"kv_events_replay[{i}]: {e!r} is not tcp://HOST:PORT"
+        for i, e in enumerate(route.kv_events_replay)
         if not _tcp(e)
     ]
     if route.kv_events_release is None or event_format(route.kv_events_release) is None:

@@ -2,20 +2,25 @@
 ZmqEventPublisher sends (topic, 8-byte sequence number, a batch the 0.33 wheel's classes encode): the
 blocks land in the index under the candidate; a skipped sequence number is a gap, after which the index
 holds nothing of that engine until it stores again; an unreadable payload is counted and skipped; a
-stopped publisher leaves nothing counted cached; after it restarts on the same port the feed reconnects."""
+stopped publisher leaves nothing counted cached; after it restarts on the same port the feed reconnects;
+with the engine's replay socket a gap is closed from it while its buffer holds the missed batches."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import msgspec
 import zmq
 
+from pdfleet.bench.procs import free_port
 from pdfleet.gateway.kv_events import KvEventIndex
 from pdfleet.gateway.kv_feed import FeedState, follow, seq_of, take
 from pdfleet.gateway.prefix_index import prompt_blocks
 from pdfleet.model.vllm_kv_events import FORMATS
+from pdfleet.sim.kv_events import KvEventPublisher, KvEventsSettings, stored
+from pdfleet.sim.kv_events import batch as sim_batch
 from tests.unit.model.helpers import wheel_events
 
 FMT = FORMATS["0.33.0"]
@@ -100,3 +105,41 @@ def test_a_message_that_is_not_three_frames_is_counted_bad() -> None:
     take(state, [b"", b"\x00" * 7, b"\x90"], index, "a", FMT)
     assert state.bad == 2 and state.batches == 0
     assert seq_of((-1).to_bytes(8, "big", signed=True)) == -1  # the replay's end marker
+
+
+def test_a_gap_is_closed_from_the_engine_s_replay_socket_when_it_still_holds_the_batches() -> None:
+    """A simulator's publisher with its replay socket (vLLM's replay_endpoint): a batch the feed never got
+    (dropped, as past a high-water mark) is asked for there and applied in order, so the chain of blocks
+    under it stays counted and no gap is counted; once the engine's buffer no longer holds it (buffer_steps
+    1), the gap is counted and the engine forgotten, as without a replay socket."""
+    ids = list(range(2000, 2048))  # three 16-token blocks, each stored in its own batch
+    blocks = prompt_blocks(ids, 16, 4.0)
+    fmt = FORMATS["0.33.0"]
+    h = [bytes([i]) * 16 for i in range(1, 4)]
+
+    async def scenario(buffer_steps: int) -> tuple[int, int, int]:
+        port = free_port()
+        pub = await KvEventPublisher.start(
+            KvEventsSettings("127.0.0.1", 0, "", replay=("127.0.0.1", port), buffer_steps=buffer_steps)
+        )
+        index, state = KvEventIndex(16), FeedState()
+        task = asyncio.create_task(
+            follow("127.0.0.1", pub.pub.port, "colo1", index, fmt, state, replay=("127.0.0.1", port))
+        )
+        try:
+            await _until(lambda: any(pub.pub.peers.values()))
+            pub.publish([stored(fmt, h[:1], None, ids[:16], 16)])
+            dropped = sim_batch([stored(fmt, h[1:2], h[0], ids[16:32], 16)])
+            pub.buffer.append((pub.seq, dropped))  # kept for replay, never sent: a dropped message
+            pub.seq += 1
+            pub.publish([stored(fmt, h[2:], h[1], ids[32:], 16)])
+            await _until(lambda: state.last_seq == 2)
+            return state.replayed, state.gaps, index.cached_tokens("colo1", blocks, len(ids))
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await pub.close()
+
+    assert asyncio.run(scenario(10)) == (1, 0, 48)  # replayed 1, no gap, all three blocks counted
+    assert asyncio.run(scenario(1)) == (0, 1, 0)  # the buffer kept only the last batch sent

@@ -24,6 +24,7 @@ import zmq
 from pdfleet.bench.launch import RouterProcess, SimProcess
 from pdfleet.bench.procs import free_port
 from pdfleet.errors import ValidationError
+from pdfleet.gateway.kv_feeds import wanted_of
 from pdfleet.gateway.prefix_index import prompt_blocks
 from pdfleet.gateway.prompt_ids import engine_ids, load_route_tokenizer
 from pdfleet.metrics.scrape import scrape_metrics
@@ -36,6 +37,7 @@ from tests.unit.sim.helpers import MODEL, chat_model_dir, kv_config
 IDS = list(range(5000, 5000 + 80))  # five 16-token blocks
 SETTINGS = {"threshold_on": "effective", "colocated_choice": "prefix_load"}
 EVENTS = {"kv_events": ["tcp://a:1", "tcp://b:2"], "kv_events_release": "0.33.0"}  # two colocated instances'
+COLO2 = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
 
 
 def _stored(c: dict[str, Any], ids: list[int]) -> bytes:
@@ -101,6 +103,19 @@ def test_a_token_id_prompt_goes_where_the_events_hold_its_prefix(tmp_path: Path)
     run(scenario())
 
 
+def test_each_colocated_instance_s_replay_socket_reaches_its_feed(tmp_path: Path) -> None:
+    models = {"llama": {"colocated": COLO2, **EVENTS, "kv_events_replay": ["tcp://a:11", "tcp://[::1]:12"]}}
+    wanted = wanted_of(load_test_policy(tmp_path, models=models).routes.values())
+    assert [(w.host, w.port, w.replay) for w in wanted.values()] == [
+        ("a", 1, ("a", 11)),
+        ("b", 2, ("::1", 12)),
+    ]
+    plain = wanted_of(
+        load_test_policy(tmp_path, models={"llama": {"colocated": COLO2, **EVENTS}}).routes.values()
+    )
+    assert [w.replay for w in plain.values()] == [None, None]
+
+
 @pytest.mark.parametrize(
     ("route", "expected"),
     [
@@ -117,6 +132,9 @@ def test_a_token_id_prompt_goes_where_the_events_hold_its_prefix(tmp_path: Path)
             {**EVENTS, "prefill": ["http://127.0.0.1:3"], "prefill_kv_events": ["tcp//a:1"]},
             r"prefill_kv_events\[0\]: 'tcp//a:1' is not tcp://HOST:PORT",
         ),
+        ({"kv_events_replay": ["tcp://a:1"]}, r"kv_events_replay: set only with kv_events"),
+        ({**EVENTS, "kv_events_replay": ["tcp://a:1"]}, r"kv_events_replay: 1 endpoints for 2 kv_events"),
+        ({**EVENTS, "kv_events_replay": ["tcp://a:1", "b:2"]}, r"kv_events_replay\[1\]: 'b:2' is not"),
     ],
 )
 def test_the_policy_refuses_a_malformed_events_list(
