@@ -6,11 +6,13 @@ directory and sends its source over SSH (`python -c`) to the vLLM venv, so a hos
 wheel. The standard library, numpy and NIXL only.
 
 It moves one buffer as vLLM's NixlConnector does: the prefill side (`serve`) registers a DRAM buffer with a
-UCX agent and answers on a side channel with its agent metadata and the buffer's address; the decode side
-(`fetch`) loads that metadata (`add_remote_agent`: where UCX connects to the prefill host's data port),
-READs the buffer with a notification, and checks its SHA-256. Both load the host's kv-transfer.env first,
-so the UCX settings are the ones vLLM runs with. Each side prints `stage NAME` as it goes and one JSON
-line at the end (pdfleet.checks.kv_path reads them and judges).
+UCX agent and answers on a side channel with its agent metadata, the buffer's address and its data
+listeners (its own non-loopback listening sockets); the decode side (`fetch`) opens a TCP connection to
+each listener (a refused or blocked data port fails at once, naming it, where UCX would retry until the
+probe is killed), loads that metadata (`add_remote_agent`: where UCX connects to the prefill host's data
+port), READs the buffer with a notification, and checks its SHA-256. Both load the host's kv-transfer.env
+first, so the UCX settings are the ones vLLM runs with. Each side prints `stage NAME` as it goes and one
+JSON line at the end (pdfleet.checks.kv_path reads them and judges).
 """
 
 from __future__ import annotations
@@ -71,6 +73,55 @@ def register(agent: Any, array: Any) -> Any:
     return agent.get_xfer_descs([region], "DRAM")
 
 
+def listening(skip: int) -> list[list[Any]]:
+    """[address, port] of the TCP sockets this process listens on (UCX's data listeners, once the agent is
+    up), from /proc: the probe's own side-channel port and loopback-bound ones left out."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for path, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            with open(path, encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            hex_addr, _, hex_port = fields[1].partition(":")
+            if fields[3] != "0A" or fields[9] not in inodes or int(hex_port, 16) == skip:
+                continue  # 0A: LISTEN
+            raw = bytes.fromhex(hex_addr)
+            if width == 8:
+                address = socket.inet_ntop(socket.AF_INET, raw[::-1])
+            else:  # four host-order 32-bit words
+                address = socket.inet_ntop(
+                    socket.AF_INET6, b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                )
+            if not address.startswith("127.") and address != "::1":
+                found.append([address, int(hex_port, 16)])
+    return found
+
+
+def reach_data_ports(peer: str, ports: list[list[Any]], timeout: float) -> str | None:
+    """Why a TCP connection to one of the prefill side's data listeners (bound to `peer` or to every
+    address) fails, None when each accepts: a refused or blocked port fails here at once, where UCX would
+    retry until the probe is killed."""
+    for address, port in ports:
+        if address not in (peer, "0.0.0.0", "::"):
+            continue
+        try:
+            socket.create_connection((peer, int(port)), timeout=timeout).close()
+        except OSError as exc:
+            return f"TCP {peer}:{port}: {exc}"
+    return None
+
+
 def serve(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
@@ -84,6 +135,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         "addr": int(data.ctypes.data),
         "bytes": int(data.nbytes),
         "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
+        "data_ports": listening(args.port),
     }
     stage("side_channel")
     with socket.create_server(("", args.port), reuse_port=False) as server:
@@ -127,6 +179,9 @@ def fetch(args: argparse.Namespace) -> dict[str, Any]:
     remote_descs = agent.get_xfer_descs([(offer["addr"], offer["bytes"], 0)], "DRAM")
     stage("connect")
     started = time.monotonic()
+    blocked = reach_data_ports(args.peer, offer.get("data_ports", []), min(3.0, args.timeout))
+    if blocked is not None:
+        return {"ok": False, "role": "fetch", "error": blocked}
     remote = agent.add_remote_agent(base64.b64decode(offer["metadata"]))
     handle = agent.initialize_xfer("READ", local_descs, remote_descs, remote, NOTIF)
     setup = time.monotonic() - started

@@ -2,7 +2,7 @@
 (`pdfleet.sim.kv_library`), for `MooncakeConnector` instances with `kv_transfer.sim_library` on.
 
 With the library on, the kv_transfer role installs `mooncake-transfer-engine-non-cuda` (and Debian's
-libibverbs1, which its engine.so links even for TCP) beside the simulator and writes
+libibverbs1 and libnuma1, which its engine.so links even for TCP) beside the simulator and writes
 `PDFLEET_SIM_KV_LIBRARY=mooncake` into `kv-transfer.env` with the Mooncake settings pdfleet renders
 (`MC_TRANSFER_TIMEOUT`, `MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER`), which the engine reads from the
 environment. Then, as vLLM 0.33's MooncakeConnector sets its engine up:

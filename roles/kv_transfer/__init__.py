@@ -1,7 +1,7 @@
 """kv_transfer: NIXL or Mooncake in the vLLM venv, and the host-wide /etc/pdfleet/kv-transfer.env.
 
-Mooncake's transfer engine links Debian's libibverbs1 even for its TCP protocol: the role installs it
-(from the site's apt repository, the lab's mirror) wherever the Mooncake engine goes into the venv.
+Mooncake's transfer engine links Debian's libibverbs1 (even for its TCP protocol) and libnuma1: the role
+installs them (from the site's apt repository, the lab's mirror) wherever the engine goes into the venv.
 The env file (mode 0600) carries UCX_TLS, UCX_NET_DEVICES, the computed RoCE v2 GID index
 (UCX_IB_GID_INDEX, MC_GID_INDEX), VLLM_MOONCAKE_BOOTSTRAP_PORT on prefill hosts and
 WITH_NVIDIA_PEERMEM for Mooncake; every vLLM unit loads it, so a change restarts each of them.
@@ -31,8 +31,10 @@ if TYPE_CHECKING:
     from pdfleet.model.profile import Profile
 
 NAME = "kv_transfer"
-IBVERBS = "libibverbs1"  # mooncake/engine.so links libibverbs.so.1 (0.3.13.post1, non-CUDA build included)
-APT_PACKAGES: tuple[str, ...] = (IBVERBS,)
+# mooncake/engine.so links libibverbs.so.1 and libnuma.so.1 (0.3.13.post1, the non-CUDA build included;
+# the lab image has neither: `ldd` on lab-p1 found libnuma.so.1 missing once libibverbs1 was there)
+MOONCAKE_DEBS: tuple[str, ...] = ("libibverbs1", "libnuma1")
+APT_PACKAGES: tuple[str, ...] = MOONCAKE_DEBS
 
 
 def applies(ctx: RoleContext) -> bool:
@@ -43,22 +45,24 @@ def applies(ctx: RoleContext) -> bool:
 def facts(ctx: RoleContext) -> tuple[Fact[Any], ...]:
     """GPUs and kernel (the GPUDirect mode); the RDMA devices where KV moves over RDMA (the GID index)."""
     rdma = (RdmaSysfsFact(),) if uses_rdma(ctx.kv_profile, ctx.host) else ()
-    apt = (AptPackages((IBVERBS,)),) if needs_ibverbs(ctx.kv_profile) else ()
+    apt = (AptPackages(MOONCAKE_DEBS),) if needs_mooncake_debs(ctx.kv_profile) else ()
     return (NvidiaPciFact(), KernelFact(), *rdma, *apt)
 
 
-def needs_ibverbs(profile: Profile) -> bool:
+def needs_mooncake_debs(profile: Profile) -> bool:
     """Mooncake's engine goes into the venv (a real engine, or the simulator's with sim_library)."""
     sim_without = profile.vllm.engine == "sim" and not profile.kv_transfer.sim_library
     return profile.kv_transfer.connector == MOONCAKE and not sim_without
 
 
-def ibverbs(facts: FactSource) -> Iterable[Operation]:
-    """libibverbs1 installed (package lists refreshed first when it is missing: the mirror may have
-    gained it since the host's last update)."""
-    if facts.get(AptPackages((IBVERBS,))).get(IBVERBS) is None:
+def mooncake_debs(facts: FactSource) -> Iterable[Operation]:
+    """libibverbs1 and libnuma1 installed (package lists refreshed first when one is missing: the mirror
+    may have gained it since the host's last update)."""
+    installed = facts.get(AptPackages(MOONCAKE_DEBS))
+    if any(installed.get(name) is None for name in MOONCAKE_DEBS):
         yield AptUpdate(max_age_minutes=0)
-    yield AptPackage(IBVERBS)
+    for name in MOONCAKE_DEBS:
+        yield AptPackage(name)
 
 
 def files(ctx: RoleContext) -> list[RenderedFile]:
@@ -115,8 +119,8 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     """The transfer library in the venv (not for the simulator) and the env file for every vLLM unit."""
     profile = ctx.kv_profile  # the host's P/D model's connector
     requirement = kv_requirement(profile)
-    if needs_ibverbs(profile):
-        yield from ibverbs(facts)
+    if needs_mooncake_debs(profile):
+        yield from mooncake_debs(facts)
     if profile.vllm.engine == "sim" and profile.kv_transfer.sim_library:
         yield from sim_library(profile)
     elif profile.vllm.engine == "sim":

@@ -6,7 +6,8 @@ kv_transfer role on the P/D hosts, which also restarts their simulators to move 
   through NIXL: the decode instance's vllm:nixl_bytes_transferred counts them, NIXL's own lines are in its
   unit's log, as many bytes crossed lab-d1's interface, 0 failed;
 - `invoke verify --kv-path` moves 64 MiB and the pair reports a throughput; with UCX's data ports on lab-p1
-  blocked from lab-d1, the check fails within 15 s naming the ports and the fix.
+  blocked from lab-d1, the check fails within 15 s naming the ports and the fix (at once when refused: the
+  probe opens a TCP connection to each data listener first, where UCX would retry until it is killed).
 
 States, not latencies. The library stays installed (lab-cross's provision removes nothing); the test puts
 lab-cross's kv-transfer.env back on the P/D hosts at its end."""
@@ -120,6 +121,8 @@ def _streams_move_their_bytes_through_nixl(lab: LabHandle) -> None:
     lab-d1's interface), none failed."""
     instances = {i.pool: i for i in lab_deployment(PROFILE).topology.instances}
     prefill, decode = instances["prefill"], instances["decode"]
+    # the pool's one pair is lab-p1 -> lab-d1: the interface and the journal read below are theirs
+    assert (prefill.host, decode.host) == ("lab-p1", "lab-d1"), (prefill.host, decode.host)
     env = lab_env()
     client = openai.OpenAI(
         base_url=env["OPENAI_BASE_URL"],
@@ -143,7 +146,6 @@ def _streams_move_their_bytes_through_nixl(lab: LabHandle) -> None:
     rc, out, err = lab.ssh(d1, f"sudo journalctl -u {decode.unit} --no-pager -n 400")
     assert rc == 0 and "Initialized NIXL agent: pdfleet-sim-" in out, err + out[-2000:]
     assert "NIXL transfer failed" not in out and "Handshake failed" not in out
-    assert prefill.url  # the pair the pool's router read from
 
 
 def test_verify_kv_path_moves_bytes_then_fails_naming_a_blocked_data_port(

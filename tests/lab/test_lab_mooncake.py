@@ -1,7 +1,10 @@
 """`invoke provision --profile lab-cross-mooncake` against the lab: P/D over MooncakeConnector (vLLM
 0.33.0's, simulated): the gateway's vllm-router in mooncake mode reads the prefill's bootstrap server,
-a streamed chat through the gateway's disaggregated pool moves its KV from prefill to decode, and under
-load `invoke monitor` and the rollout's KV gate read Mooncake's transfer-time histogram.
+a streamed chat through the gateway's disaggregated pool moves its KV from prefill to decode — its scaled
+bytes lab-p1 -> lab-d1 through Mooncake's real transfer engine (kv_transfer.sim_library: the prefill's
+vllm:mooncake_bytes_transferred, the engine's own log lines on lab-d1, lab-d1's interface), and under load
+(0 failed requests, 0 failed receives) `invoke monitor` and the rollout's KV gate read Mooncake's
+transfer-time histogram.
 Leaves lab-cross owed back (tests/lab/conftest.py: SWITCHING): the next module switches from this profile."""
 
 from __future__ import annotations
@@ -12,12 +15,23 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 
 import openai
 import pytest
 
 from pdfleet.metrics.scrape import scrape_metrics
-from tests.lab.helpers import REPO_ROOT, LabCrossOwed, LabHandle, sdk_verify
+from pdfleet.sim.kv_library import BUFFER_BYTES, scaled
+from tests.lab.helpers import (
+    REPO_ROOT,
+    LabCrossOwed,
+    LabHandle,
+    lab_host,
+    prometheus_url,
+    sdk_verify,
+    wait_for,
+)
 
 INVOKE = [sys.executable, "-m", "invoke"]
 PROFILE = "lab-cross-mooncake"
@@ -27,6 +41,9 @@ DECODE_URL = "http://198.18.0.31:8200"
 BOOTSTRAP_URL = "http://198.18.0.21:8998"  # kv_transfer.mooncake_bootstrap_port, its default
 POOL_HEADER = "X-Pdfleet-Pool"
 CONTROLLER_CONFIG = "/etc/pdfleet/rollout/controller.json"  # pdfleet.rollout.config.DEFAULT_CONFIG
+FRACTION = 0.001  # kv_transfer.sim_bytes_fraction's default
+KV_BYTES_8B = 131072  # Llama-3.1-8B's KV bytes a token at bf16 (the lab's model)
+FAILED_RECVS = "vllm:mooncake_num_failed_recvs_total"
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
@@ -76,8 +93,20 @@ def test_the_router_runs_in_mooncake_mode_against_the_prefill_bootstrap_server(
     assert rc == 0 and "Got Mooncake engine_ids for" in out, err
 
 
-def test_a_streamed_chat_through_the_gateway_moves_its_kv_over_mooncake(client: openai.OpenAI) -> None:
+def _rx_bytes(lab: LabHandle) -> int:
+    """Bytes lab-d1 received so far on its interface to lab-p1 (the kernel's counter)."""
+    peer = lab_host(lab, "lab-p1").address
+    dev = f"$(ip -o route get {peer} | awk '{{for (i = 1; i < NF; i++) if ($i == \"dev\") print $(i + 1)}}')"
+    rc, out, err = lab.ssh(lab_host(lab, "lab-d1"), f"cat /sys/class/net/{dev}/statistics/rx_bytes")
+    assert rc == 0, out + err
+    return int(out.strip())
+
+
+def test_a_streamed_chat_through_the_gateway_moves_its_kv_over_mooncake(
+    lab: LabHandle, client: openai.OpenAI
+) -> None:
     decode_before, prefill_before = scrape_metrics(DECODE_URL), scrape_metrics(PREFILL_URL)
+    rx_before = _rx_bytes(lab)
     stream = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Tell me about KV caches. " * 200}],
@@ -101,6 +130,22 @@ def test_a_streamed_chat_through_the_gateway_moves_its_kv_over_mooncake(client: 
     assert prefill[pushed] - prefill_before[pushed] == 1
     assert prefill["vllm:kv_cache_usage_perc"] == 0.0  # the held blocks were read and freed
     assert not any(name.startswith("vllm:nixl_") for name in decode)  # MooncakeConnector, not NIXL
+    # its blocks at FRACTION of their KV bytes went lab-p1 -> lab-d1 through Mooncake's engine: the bytes
+    # the prefill's stats observed (the engine's, reported by the decode), as many on lab-d1's interface
+    prompt = chunks[-1].usage.prompt_tokens
+    blocks = -(-prompt // 16)
+    want = blocks * scaled(prompt * KV_BYTES_8B, blocks, FRACTION, BUFFER_BYTES)
+    moved = "vllm:mooncake_bytes_transferred_sum"
+    assert prefill[moved] - prefill_before[moved] == want
+    assert decode[FAILED_RECVS] - decode_before[FAILED_RECVS] == 0
+    assert _rx_bytes(lab) - rx_before >= want
+    d1 = lab_host(lab, "lab-d1")
+    rc, out, err = lab.ssh(d1, "sudo journalctl -u vllm-decode.service --no-pager -n 400")
+    assert rc == 0 and "Transfer Engine RPC using P2P handshake" in out, (
+        err + out[-2000:]
+    )  # the engine's glog
+    assert f"KV bytes move through Mooncake's transfer engine (tcp, P2PHANDSHAKE at {d1.address}:" in out
+    assert "pulling kv_caches for" not in out
 
 
 def _stream(client: openai.OpenAI, words: int) -> None:
@@ -121,19 +166,28 @@ def _cells(line: str) -> list[str]:
     return re.findall(r"<?\d+(?:\.\d+)? (?:ms|s)|no data", line)
 
 
+def _rated(prometheus: str, window: str) -> bool:
+    """Prometheus has a rate of Mooncake's transfers over `window` (two scrapes in it apart by some)."""
+    query = f"sum(rate(vllm:mooncake_xfer_time_seconds_count[{window}])) > 0"
+    url = f"{prometheus}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - the lab's Prometheus
+        return bool(json.loads(resp.read())["data"]["result"])
+
+
 def _monitor_once_transfers_show(within_s: float = 60) -> subprocess.CompletedProcess[str]:
     """`invoke monitor` every few seconds until its prefill KV row has six figures (lab-cross's 15 s rule
     window then holds transfers, and the 20 s rollout window too), or the last run at the bound. The first
-    look after 10 s: several of its 2 s scrapes after the load's first transfers, for the gate's rate."""
-    deadline, pause = time.monotonic() + within_s, 10.0
+    look once Prometheus rates the load's transfers over the 15 s window (polled every 0.5 s: it scrapes
+    every 2 s), not after a fixed 10 s."""
+    deadline, prometheus = time.monotonic() + within_s, prometheus_url(PROFILE)
+    wait_for(lambda: _rated(prometheus, "15s"), within_s, "Mooncake's transfers rated by Prometheus", 0.5)
     while True:
-        time.sleep(pause)
-        pause = 3.0
         monitor = _invoke("monitor", "--profile", PROFILE, "--minutes", "5")
         rows = [_cells(line) for line in monitor.stdout.splitlines() if line.startswith("KV transfer")]
         full = [cells for cells in rows if len(cells) == 6 and "no data" not in cells]
         if full or time.monotonic() > deadline:
             return monitor
+        time.sleep(2.0)
 
 
 def test_under_load_monitor_and_the_rollout_kv_gate_read_mooncake_s_histogram(
@@ -164,6 +218,7 @@ def test_under_load_monitor_and_the_rollout_kv_gate_read_mooncake_s_histogram(
                 errors.append(exc)
                 return
 
+    decode_before = scrape_metrics(DECODE_URL)
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
     try:
@@ -172,7 +227,9 @@ def test_under_load_monitor_and_the_rollout_kv_gate_read_mooncake_s_histogram(
     finally:
         stop.set()
         worker.join(180)
-    assert not errors, errors
+    assert not errors, errors  # 0 failed requests
+    decode_after = scrape_metrics(DECODE_URL)
+    assert decode_after[FAILED_RECVS] == decode_before[FAILED_RECVS]  # none failed in Mooncake's engine
     assert monitor.returncode == 0, monitor.stdout[-3000:] + monitor.stderr[-3000:]
     rows = {}  # role: the row's six cells
     for line in monitor.stdout.splitlines():

@@ -112,7 +112,7 @@ def test_sim_library_installs_nixl_s_cpu_build_without_torch_and_pins_the_data_p
     ops, skips, _ = run_role(role, context(prof, host(rdma_devices=())), fixture_facts("lab-container"))
     pips = [(op.requirements, op.extra_args) for op in ops if isinstance(op, PipRequirements)]
     assert pips == [(("nixl-cu12==1.5.1",), ("--no-deps",)), (("numpy",), ())] and skips == []
-    assert not any(isinstance(op, AptPackage) for op in ops)  # libibverbs1 is Mooncake's
+    assert not any(isinstance(op, AptPackage) for op in ops)  # libibverbs1, libnuma1: Mooncake's
     assert all(
         op.venv == prof.vllm.venv and op.index_url == prof.mirrors.pypi
         for op in ops
@@ -126,9 +126,10 @@ def test_sim_library_installs_nixl_s_cpu_build_without_torch_and_pins_the_data_p
     ops, _, _ = run_role(role, context(moon, host(rdma_devices=())), fixture_facts("lab-container"))
     [pip] = [op for op in ops if isinstance(op, PipRequirements)]
     assert pip.requirements == ("mooncake-transfer-engine-non-cuda==0.3.13.post1",) and pip.extra_args == ()
-    # its engine.so links libibverbs.so.1 even for tcp: Debian's package, lists refreshed when it is missing
+    # its engine.so links libibverbs.so.1 (even for tcp) and libnuma.so.1: Debian's packages, lists
+    # refreshed when one is missing
     apt = [op.describe() for op in ops if isinstance(op, AptUpdate | AptPackage)]
-    assert apt == ["apt-get update", "apt package libibverbs1"]
+    assert apt == ["apt-get update", "apt package libibverbs1", "apt package libnuma1"]
     assert "UCX_TCP_SYN_CNT" not in env_of(ops)[1]  # Mooncake's TCP transport is its own, not UCX's
     # the simulator moves its bytes through Mooncake's engine
     moon_env = env_of(ops)[1]

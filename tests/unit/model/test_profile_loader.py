@@ -537,6 +537,7 @@ def test_the_mooncake_lab_profile_is_lab_cross_over_mooncake_on_a_release_that_h
     assert lab.extends == "lab-cross" and lab.vllm.engine == "sim"
     assert lab.kv_transfer.connector == "MooncakeConnector" and cross.kv_transfer.connector == "NixlConnector"
     assert lab.kv_transfer.mooncake_protocol == "tcp"  # the lab's containers have no RDMA NICs
+    assert lab.kv_transfer.sim_library  # the simulators move their KV bytes through Mooncake's engine
     rel = find_release(lab.vllm.version, RELEASES)
     assert rel is not None and rel.has_connector("MooncakeConnector")
     assert (lab.pools, lab.gateway, lab.mirrors) == (cross.pools, cross.gateway, cross.mirrors)
