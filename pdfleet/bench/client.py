@@ -71,6 +71,8 @@ class Record:
     # stopped by the operator (Ctrl-C) or abandoned after the drain: not the server's fault
     cancelled: bool = False
     instance: int | None = None  # the colocated instance that served it (the gateway's X-Pdfleet-Instance)
+    served: str = ""  # the pool that served it (the gateway's X-Pdfleet-Pool; "" when not said)
+    decision: str = ""  # the gateway decider's reason (X-Pdfleet-Decision; "" when not said)
 
     @property
     def success(self) -> bool:
@@ -180,6 +182,10 @@ class _Conn(asyncio.Protocol):
                 self.close_after = True
             elif name == b"x-pdfleet-instance" and value.isdigit():
                 self.rec.instance = int(value)
+            elif name == b"x-pdfleet-pool":
+                self.rec.served = value.decode("ascii", "replace")
+            elif name == b"x-pdfleet-decision":
+                self.rec.decision = value.decode("ascii", "replace")
         self.head_done = True
         if self.length == 0:
             self._end()

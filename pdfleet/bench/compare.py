@@ -11,6 +11,10 @@ the gateway's own setting). Every choice run gets the same lengths and arrivals,
 (their first word replaced by one of the run's own: `salted`) so that no run finds the prompts of an
 earlier one in the simulators' prefix caches. The first choice's run is the colocated pool's result
 (headline, verdict); every run is in `BenchResult.choices`.
+
+`routed` (issue 34) is a run like a pool's that sends no pool header: the gateway's own routing decides,
+each record keeping the pool and reason the gateway answered with (bench.routes reads them); its prompts
+salted too, so it finds nothing an earlier pool run left in the prefix caches.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from pdfleet.bench.arrivals import gamma_starts
 from pdfleet.bench.load import Gateway, PoolDown, PoolRun, Progress, Schedule, run_pool, warm_up
@@ -32,6 +37,11 @@ from pdfleet.errors import ValidationError
 from pdfleet.gateway.policy import POOLS  # the gateway's pools, the ones a bench can ask for
 from pdfleet.metrics.source import MetricsError, MetricsSource
 from pdfleet.model.routing import COLOCATED_CHOICES
+
+# the bench's own run through the gateway's routing: no pool header, the live stage decides (issue 34)
+ROUTED = "routed"
+BENCH_POOLS: tuple[str, ...] = (*POOLS, ROUTED)
+ROUTED_SALT = 99  # its prompts' own first characters (`salted`): the pools' runs share its instances
 
 
 @dataclass(frozen=True)
@@ -108,9 +118,9 @@ def check_plan(plan: BenchPlan) -> None:
             f"--rate {plan.rate:g} x --duration {plan.duration_s:g} is more than {MAX_PROMPTS} requests "
             "a pool (each pool's requests are built before its run starts)"
         )
-    unknown = [p for p in plan.pools if p not in POOLS]
+    unknown = [p for p in plan.pools if p not in BENCH_POOLS]
     if unknown or not plan.pools:
-        raise ValidationError(f"--pools {','.join(plan.pools)}: pools are {', '.join(POOLS)}")
+        raise ValidationError(f"--pools {','.join(plan.pools)}: pools are {', '.join(BENCH_POOLS)}")
     check_choices(plan)
     check_spec(plan.workload)
 
@@ -188,6 +198,7 @@ class BenchResult:
     pools: dict[str, PoolResult]
     partial: bool = False
     choices: dict[str, PoolResult] = field(default_factory=dict)  # colocated, per choice run, in order
+    routing: dict[str, Any] = field(default_factory=dict)  # a routed run: the gateway's stage, threshold
 
 
 def _scrape_start(source: MetricsSource | None) -> None:
@@ -212,8 +223,9 @@ async def run_one(
     down becomes a result with its error."""
     result = PoolResult(target)
     client = gw.client()
+    forced = target.name != ROUTED
     try:
-        await warm_up(client, gw, target.name, items, plan.warmup)
+        await warm_up(client, gw, target.name, items, plan.warmup, forced)
     except PoolDown as err:
         result.error = str(err)
         return result
@@ -224,7 +236,7 @@ async def run_one(
     # the KV-usage sampler run beside the pool's load
     background = partial(kv_peak, kv_source, target.name) if kv_source is not None else None
     run = await run_pool(
-        gw, target.name, items, schedule, plan.long_prompt_tokens, stop, progress, background, choice
+        gw, target.name, items, schedule, plan.long_prompt_tokens, stop, progress, background, choice, forced
     )
     result.run, result.kv_peak = run, run.samples
     if target.metrics is not None:
@@ -254,8 +266,9 @@ async def run_compare(
         if name == "colocated" and plan.colocated_choices:
             await _run_choices(plan, gw, targets[name], items, schedule, stop, progress, out)
             continue
+        mine = salted(items, ROUTED_SALT) if name == ROUTED else items  # no prefix cached by another run
         res = await run_one(
-            plan, gw, targets[name], items, schedule, stop, progress(name) if progress else None
+            plan, gw, targets[name], mine, schedule, stop, progress(name) if progress else None
         )
         if plan.sweep and res.run is not None and not stop.is_set():
             res.sweep = await sweep(plan, gw, targets[name], stop, None)

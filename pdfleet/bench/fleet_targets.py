@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdfleet.bench.compare import POOLS, PoolTarget
+from pdfleet.bench.compare import POOLS, ROUTED, PoolTarget
 from pdfleet.bench.load import Gateway
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.topology import GATEWAY_POOL, Topology
@@ -202,6 +202,10 @@ def pool_targets(
     transfer read from `kv_histogram`."""
     out = {}
     for p in pools:
+        if p == ROUTED:  # every pool of the model, the gateway deciding; the records carry the route taken
+            gpus = sum(gpu_count(topology, q, model) for q in POOLS)
+            out[p] = PoolTarget(p, gpus, None, None, instance_count(topology, "colocated", model))
+            continue
         source, kv = sources(p)
         gpus, instances = gpu_count(topology, p, model), instance_count(topology, p, model)
         out[p] = PoolTarget(p, gpus, source, kv, instances, kv_histogram)

@@ -282,14 +282,18 @@ def gateway_request(
     return request_bytes(gw.host, gw.port, "/v1/completions", body, key=gw.key, pool=pool, headers=headers)
 
 
-async def warm_up(client: StreamClient, gw: Gateway, pool: str, items: Sequence[Item], count: int) -> None:
-    """`count` short requests (not recorded) so connections, caches and the router are warm; PoolDown when
-    every one of them fails (the error names the pool and the first failure)."""
+async def warm_up(
+    client: StreamClient, gw: Gateway, pool: str, items: Sequence[Item], count: int, forced: bool = True
+) -> None:
+    """`count` short requests (not recorded) so connections, caches and the router are warm (not `forced`:
+    no pool header, where the gateway decides); PoolDown when every one of them fails (the error names the
+    pool and the first failure)."""
     if count <= 0:
         return
     recs = [Record(-1, pool, "warmup", 0, 4) for _ in range(count)]
     prompts = [it.prompt for it in sorted(items, key=lambda it: it.prompt_tokens)[:count]] or ["warm up"]
-    requests = [gateway_request(gw, pool, prompts[i % len(prompts)][:2000], 4) for i in range(count)]
+    header = pool if forced else None
+    requests = [gateway_request(gw, header, prompts[i % len(prompts)][:2000], 4) for i in range(count)]
     await asyncio.gather(*(client.run(req, rec, False) for req, rec in zip(requests, recs, strict=True)))
     if all(r.error for r in recs):
         raise PoolDown(

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from pdfleet.bench.compare import BenchResult  # noqa: E402
 from pdfleet.bench.stats import gaps  # noqa: E402
 
-COLORS = {"colocated": "tab:red", "disagg": "tab:blue"}
+COLORS = {"colocated": "tab:red", "disagg": "tab:blue", "routed": "tab:purple"}
 STYLES = {"short": "-", "long": "--"}
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pdfleet.bench import routes
 from pdfleet.bench.balancing import CHOICES, choice_notes, choice_rows
 from pdfleet.bench.overlap import confidence_note
 from pdfleet.bench.server_side import CHAIN
@@ -360,6 +361,7 @@ def markdown(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> st
         f"- {REASONS_NOTE}",
         "",
     ]
+    lines += routes.markdown_section(doc, markdown_table)
     lines += ["## Client", "", *[f"- {n}" for n in client_notes(doc)], ""]
     errs = error_lines(doc)
     lines += ["## Errors", "", *([f"- {e}" for e in errs] or ["- none"]), ""]
@@ -400,6 +402,7 @@ def html_page(doc: dict[str, Any], verdict: Verdict, plots: Sequence[Path]) -> s
         html_table(REASONS, reason_rows(doc)),
         f"<p>{esc(REASONS_NOTE)}</p>",
     ]
+    parts += routes.html_section(doc, html_table)
     parts += ["<h2>Client</h2><ul>", *[f"<li>{esc(n)}</li>" for n in client_notes(doc)], "</ul>"]
     parts += ["<h2>Errors</h2><ul>", *[f"<li>{esc(e)}</li>" for e in error_lines(doc) or ["none"]], "</ul>"]
     parts += ["<h2>Plots</h2>"]

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pdfleet.bench.compare import BenchResult, PoolResult, best_rate
+from pdfleet.bench.compare import ROUTED, BenchResult, PoolResult, best_rate
 from pdfleet.bench.overlap import instances_of, short_streams
+from pdfleet.bench.routes import reason_counts, route_figures
 from pdfleet.bench.server_side import value_of
 from pdfleet.bench.stats import PERCENTILES, gaps, output_len, per_gpu, quantile, summarize, tpot
 from pdfleet.bench.verdict import PoolFigures, Thresholds, Verdict, decide
@@ -99,6 +100,9 @@ def pool_summary(result: BenchResult, name: str, run: PoolResult | None = None) 
         "decider_reasons": res.reasons,
         "interrupted": res.run.interrupted,
     }
+    if name == ROUTED:  # the gateway's own routing: each request's route from its answer's headers
+        extra["decider_reasons"] = reason_counts(recs)
+        extra["routes"] = route_figures(recs, res.run.wall_s, plan.bounds, plan.time_scale)
     if res.sweep:
         extra["sweep"] = res.sweep
         extra["max_rate_meeting_slo"] = best_rate(res.sweep)
@@ -196,6 +200,8 @@ def request_lines(result: BenchResult) -> list[dict[str, Any]]:
                     "choice": choice,
                     "index": r.index,
                     "instance": where.get(r.index),  # colocated: the gateway's header, else inferred
+                    "served": r.served or None,  # the gateway's X-Pdfleet-Pool and X-Pdfleet-Decision
+                    "decision": r.decision or None,
                     "length_class": r.length_class,
                     "input_len": r.prompt_tokens,
                     "max_tokens": r.max_tokens,
@@ -239,6 +245,7 @@ def write_results(
         "slo_bounds_ms": result.plan.bounds.__dict__,
         "pools": {name: {**setup, **s} for name, s in summaries.items()},
         "colocated_choices": choice_figures(result),
+        "routing": result.routing,
         "verdict": verdict.__dict__,
     }
     _write(out_dir / "results.json", json.dumps(_clean(doc), indent=2) + "\n")

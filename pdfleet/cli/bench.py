@@ -54,7 +54,11 @@ HELP = {
     "num_prompts": "Requests per pool (instead of --duration).",
     "model": "The model whose pools to compare, by its name in the profile's models: (default: the first "
     "disaggregated one).",
-    "pools": "Pools to run, comma-separated, in order (default: every pool the model has).",
+    "pools": "Pools to run, comma-separated, in order (default: every pool the model has); `routed`: one "
+    "run through the gateway's own routing (no pool header: its live stage and threshold decide), reported "
+    "per length class and per route taken (pool and decider reason).",
+    "stage": "--pools routed: run it at this stage of the gateway's policy (set through its admin API with "
+    "the profile's admin key, the previous stage put back after the run).",
     "sweep": "Also find each pool's largest rate (per GPU) meeting slo.attainment_pct of requests.",
     "out": "Directory for results.json, requests.jsonl, report.md/html, plots (default: output_dir/bench-*).",
     "seed": "Seed of the workload and the arrivals (the same for every pool).",
@@ -90,7 +94,7 @@ def _number(value: str | None, kind: type, option: str) -> Any:
 def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan:
     """The BenchPlan of the task's options and the benched model's SLOs, length threshold and the profile's
     time scale."""
-    from pdfleet.bench.compare import POOLS, BenchPlan, check_plan
+    from pdfleet.bench.compare import BENCH_POOLS, ROUTED, BenchPlan, check_plan
     from pdfleet.bench.fleet_targets import bench_model, pools_of
     from pdfleet.bench.stats import Bounds
     from pdfleet.bench.workloads import WorkloadSpec
@@ -122,12 +126,14 @@ def plan_from_options(deployment: Deployment, opts: dict[str, Any]) -> BenchPlan
         duration = DEFAULT_DURATION_S
     have = pools_of(deployment.topology, spec.name)
     pools = tuple(p.strip() for p in opts["pools"].split(",") if p.strip()) if opts["pools"] else have
-    unknown = [p for p in pools if p not in POOLS]
+    if opts.get("stage") is not None and ROUTED not in pools:
+        raise ValidationError(f"--stage {opts['stage']}: a stage is for the routed run (--pools routed)")
+    unknown = [p for p in pools if p not in BENCH_POOLS]
     if unknown:
         raise ValidationError(
-            f"--pools {opts['pools']}: {', '.join(unknown)} is not a pool; pools are {', '.join(POOLS)}"
+            f"--pools {opts['pools']}: {', '.join(unknown)} is not a pool; pools are {', '.join(BENCH_POOLS)}"
         )
-    missing = [p for p in pools if p not in have]
+    missing = [p for p in pools if p not in (*have, ROUTED) or (p == ROUTED and not have)]
     if missing:
         raise ValidationError(
             f"--pools: {_whose(deployment, spec.name)} no {', '.join(missing)} pool behind its gateway "
@@ -318,11 +324,25 @@ def run_bench(
         if out
         else settings.output_dir / f"bench-{deployment.profile.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    result = _event_loop_run(_run(plan, deployment, key, console, spec.name))
+    with _routing(deployment, plan, opts, console) as routing:
+        result = _event_loop_run(_run(plan, deployment, key, console, spec.name))
+    result.routing = routing
     doc, verdict = write_all(
         out_dir, result, spec.aliases[0], deployment.profile.name, thresholds_of(deployment, spec.name)
     )
     return doc, verdict, out_dir
+
+
+def _routing(deployment: Deployment, plan: BenchPlan, opts: dict[str, Any], console: Console) -> Any:
+    """A routed run's routing (its stage set for the run, when asked); nothing without one."""
+    from contextlib import nullcontext
+
+    from pdfleet.bench.compare import ROUTED
+    from pdfleet.cli.bench_routed import routed
+
+    if ROUTED not in plan.pools:
+        return nullcontext({})
+    return routed(deployment, opts.get("stage"), opts.get("stage_weights"), console.print)
 
 
 def print_outcome(doc: dict[str, Any], verdict: Verdict, out_dir: Path, console: Console) -> list[str]:
@@ -331,6 +351,7 @@ def print_outcome(doc: dict[str, Any], verdict: Verdict, out_dir: Path, console:
 
     from pdfleet.bench.balancing import choice_notes
     from pdfleet.bench.report import interference_note, short_notes
+    from pdfleet.cli.bench_routed import print_routes
 
     out = Console()
     if not out.is_terminal:  # a pipe or a file: no wrapping of the table's columns at 80 characters
@@ -344,6 +365,7 @@ def print_outcome(doc: dict[str, Any], verdict: Verdict, out_dir: Path, console:
         for line in choice_notes(doc):
             out.print(line, highlight=False)
     out.print(headline_table(doc))
+    print_routes(doc, out)
     out.print(f"verdict: {verdict.headline}")
     for warning in verdict.warnings:
         out.print(f"[yellow]warning: {warning}[/]")
@@ -376,6 +398,7 @@ def bench(
     long_share: str | None = None,
     warmup: str | None = None,
     colocated_choice: str | None = None,
+    stage: str | None = None,
 ) -> None:
     """Send the same seeded workload through the gateway to each pool; results, report and the verdict."""
     from rich.console import Console
@@ -400,6 +423,7 @@ def bench(
         "long_share": long_share,
         "warmup": warmup,
         "colocated_choice": colocated_choice,
+        "stage": stage,
     }
     doc, verdict, out_dir = run_bench(ctx, profile, inventory, opts, out, console)
     down = print_outcome(doc, verdict, out_dir, console)

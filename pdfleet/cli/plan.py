@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
     from pdfleet.model.profile import SloSpec
     from pdfleet.plan.decide import Decision
     from pdfleet.plan.predict import Request
+    from pdfleet.plan.space import Load
 
 DEFAULT_DURATION_S = 600.0  # ten minutes of traffic per layout (the issue's speed target)
 MAX_GPUS = 64
@@ -56,10 +57,12 @@ HELP = {
     "model": "The model to plan for, by its name in the profile's models: (default: as invoke bench).",
     "workers": "Processes simulating layouts at once (default: the cores this process may use).",
     "out": "Directory for plan.json, report.md/html, pareto.png (default: output_dir/plan-*).",
-    "validate": "Then run the best two layouts the fleet serves as one of its pools through the real bench "
-    "(the same workload, rate and seed; under the lab's lock in the lab) and print predicted against "
-    "measured per class, the ranking on both, and where the ITL comes from. Moves nothing: other layouts "
-    "are skipped with the reason. Bench files in OUT/validate/. Not with --trace.",
+    "validate": "Then run the best two layouts the fleet serves as it stands through the real bench (one of "
+    "its pools; or, for a hybrid, its whole layout through the gateway's own routing at a stage sending "
+    "long prompts to P/D, put back after) with the same workload, rate and seed (under the lab's lock in "
+    "the lab), and print predicted against measured per class, the ranking on both, and where the ITL "
+    "comes from. Moves no host: other layouts are skipped with what would make them measurable. Bench "
+    "files in OUT/validate/. Not with --trace.",
     "validate_duration": "--validate: seconds of traffic per measured pool (default 45, 5-600).",
 }
 
@@ -148,8 +151,8 @@ def _traffic(deployment: Deployment, opts: dict[str, Any]) -> tuple[list[Request
 
 def run_plan(
     ctx: Context, profile: str, opts: dict[str, Any], console: Console
-) -> tuple[dict[str, Any], Decision]:
-    """Search, predict, decide; (the plan document, the decision)."""
+) -> tuple[dict[str, Any], Decision, Load]:
+    """Search, predict, decide; (the plan document, the decision, the traffic's averages)."""
     from pdfleet.bench.fleet_targets import bench_model
     from pdfleet.bench.stats import Bounds
     from pdfleet.plan.decide import choose
@@ -207,7 +210,7 @@ def run_plan(
         "profile": profile_changes(current, rec) if rec else [],
         "inventory": inventory_changes(current, rec) if rec else [],
     }
-    return document(header, decision, cut, changes, warnings), decision
+    return document(header, decision, cut, changes, warnings), decision, load
 
 
 @task(help=HELP, auto_shortflags=False, positional=[])
@@ -271,7 +274,7 @@ def plan(
         "workers": workers,
         "bench": bench_opts,
     }
-    doc, decision = run_plan(ctx, profile, opts, console)
+    doc, decision, load = run_plan(ctx, profile, opts, console)
     settings = Settings.of(ctx)
     out_dir = (
         repo_path(out)
@@ -284,7 +287,7 @@ def plan(
     if validate:
         opts["validate_duration"] = bench_s
         targets = Targets(**doc["targets"])
-        for line in run_validate(ctx, profile, opts, decision, targets, Path(out_dir), console):
+        for line in run_validate(ctx, profile, opts, decision, targets, Path(out_dir), console, load.long):
             print(line, flush=True)
 
 

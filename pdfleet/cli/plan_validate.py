@@ -1,12 +1,16 @@
-"""`invoke plan --validate`: the plan's best two layouts that the fleet serves as one of its pools, run
-through the real bench (the plan's workload, rate and seed, `--validate-duration` seconds a pool), and
-printed predicted against measured side by side, with where the ITL comes from (the model's gaps, the
-instances' own, the client's: the machine's delivery jitter is not the model's error).
+"""`invoke plan --validate`: the plan's best two layouts that the fleet serves as it stands, run through the
+real bench (the plan's workload, rate and seed, `--validate-duration` seconds a run), and printed predicted
+against measured side by side, with where the ITL comes from (the model's gaps, the instances' own, the
+client's: the machine's delivery jitter is not the model's error).
 
-Nothing is moved: a layout the fleet does not serve as it stands (another shape, a hybrid) is skipped with
-the reason, so the fleet is left as it was found, also when the bench fails or is interrupted. The decision
-is pure (pdfleet.plan.validate, pdfleet.plan.gaps); this wires the bench, the /metrics snapshots and the
-prediction on the very requests the bench sent.
+A layout equal to one of the fleet's pools is benched on that pool; the hybrid equal to the fleet's whole
+layout (pool counts, TP, budgets, the gateway's long_prompt_tokens) through the bench's routed run: the
+gateway's own routing at a stage sending every long prompt to P/D and no short one (set for the run
+through the gateway's admin API and put back after it), reported per class and per route taken. Nothing
+is moved: any other layout is skipped with what would make it measurable, so the fleet is left as it was
+found, also when the bench fails or is interrupted. The decision is pure (pdfleet.plan.validate,
+pdfleet.plan.gaps); this wires the bench, the /metrics snapshots and the prediction on the very requests
+the bench sent.
 """
 
 from __future__ import annotations
@@ -18,15 +22,19 @@ from typing import TYPE_CHECKING, Any
 from invoke import Context
 
 from pdfleet.errors import ValidationError
+from pdfleet.model.stages import StageSpec
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from pdfleet.fleet.deployment import Deployment
     from pdfleet.plan.decide import Decision, Targets
-    from pdfleet.plan.predict import Request
+    from pdfleet.plan.predict import Prediction, Request
     from pdfleet.plan.space import Hardware, Layout
+    from pdfleet.plan.validate import Shares
 
+LONG_TO_PD = StageSpec(short=0, long=100)  # the stage a hybrid layout routes by: long prompts to P/D
+RUNS = {"colocated": "colocated pool", "disagg": "disagg pool", "routed": "whole layout (routed run)"}
 DEFAULT_VALIDATE_S = 45.0  # seconds of traffic per measured pool: the fidelity runs' length (docs/plan.md)
 MAX_VALIDATE_S = 600.0
 # invoke bench's options the plan does not take, as `invoke bench` defaults them (its warm-up included)
@@ -81,24 +89,34 @@ def component_report(
     hw: Hardware,
     long_tokens: int,
 ) -> list[str]:
-    """Per benched pool: the gaps predicted, the instances' own (with DIR/server-before.json and
-    server-after.json), the client's (DIR/requests.jsonl), and the client's own lateness."""
+    """Per benched pool (a routed run: per pool it was served by): the gaps predicted, the instances' own
+    (with DIR/server-before.json and server-after.json), the client's (DIR/requests.jsonl), and the
+    client's own lateness."""
     from pdfleet.bench.stats import gaps
     from pdfleet.plan.gaps import component_lines, deltas
     from pdfleet.plan.predict import client_record, run
 
     files = [out_dir / f"server-{w}.json" for w in ("before", "after")]
     lab = {}
+    out = []
     if all(f.exists() for f in files):
         before, after = (json.loads(f.read_text(encoding="utf-8"))["samples"] for f in files)
         lab = deltas(before, after)
+    if "routed" in layouts and len(layouts) > 1 and lab:  # the routed run used the pools' instances too
+        lab = {}
+        out.append("validate: the routed run shares the pools' instances: their own gaps are not shown")
     sent = [json.loads(x) for x in (out_dir / "requests.jsonl").read_text(encoding="utf-8").splitlines() if x]
-    out = []
     for pool, layout in layouts.items():
         records, _ = run(layout, requests, hw)
-        predicted = [gaps(client_record(r, rec, long_tokens)) for r, _, rec in records]
-        client = [x["itl"] for x in sent if x["pool"] == pool and x["success"]]
-        out.extend(component_lines(pool, predicted, lab, client))
+        for part in ("colocated", "disagg") if pool == "routed" else (pool,):
+            predicted = [gaps(client_record(r, rec, long_tokens)) for r, by, rec in records if by == part]
+            client = [
+                x["itl"]
+                for x in sent
+                if x["pool"] == pool and x["success"] and (pool != "routed" or x.get("served") == part)
+            ]
+            label = f"{pool}/{part}" if pool == "routed" else pool
+            out.extend(component_lines(part, predicted, lab, client, label))
         c = doc["pools"][pool]["pdfleet"]["client"]
         out.append(
             f"{pool:10} client: event-loop lag P99 {c['p99_loop_lag_ms']:.1f} ms, schedule lateness P99 "
@@ -115,8 +133,10 @@ def run_validate(
     targets: Targets,
     out_dir: Path,
     console: Console,
+    shares: Shares | None = None,
 ) -> list[str]:
-    """Pick, bench, predict on the bench's requests, compare; the printed lines (also DIR/validate.txt)."""
+    """Pick, bench, predict on the bench's requests, compare; the printed lines (also DIR/validate.txt).
+    `shares`: the plan's traffic per threshold (a ranked hybrid routing as the fleet's is the fleet's)."""
     from pdfleet.bench.fleet_targets import bench_model
     from pdfleet.bench.stats import Bounds
     from pdfleet.cli.bench import run_bench
@@ -128,10 +148,13 @@ def run_validate(
 
     deployment = open_deployment(ctx, profile, opts["inventory"], fleet_layout=True)  # as it serves now
     model = opts["model"]
-    fleet = pool_layouts(current_of(deployment, model).pools)
-    picks = pick([r.prediction.layout for r in decision.rows], fleet)
+    current = current_of(deployment, model)
+    fleet = pool_layouts(current.pools, current.threshold)
+    picks = pick([r.prediction.layout for r in decision.rows], fleet, shares=shares)
     for p in picks:
-        how = f"the fleet's {p.pool} pool: measured" if p.pool else f"skipped: {p.skipped}"
+        how = f"the fleet's {RUNS.get(str(p.pool), p.pool)}: measured" if p.pool else f"skipped: {p.skipped}"
+        if p.pool and p.layout != fleet[p.pool]:
+            how += f" (its {fleet[p.pool].name} routes the same requests of the plan's traffic)"
         console.print(f"validate: #{p.rank} {p.layout.name}: {how}", highlight=False)
     measured = [p for p in picks if p.pool]
     if not measured:
@@ -142,6 +165,8 @@ def run_validate(
         **opts["bench"],
         "duration": str(opts["validate_duration"]),
         "pools": ",".join(str(p.pool) for p in measured),
+        "stage": None,
+        "stage_weights": LONG_TO_PD if any(p.pool == "routed" for p in measured) else None,
     }
     console.print(
         f"validate: benching {bench_opts['pools']} for {opts['validate_duration']:g} s each (seed "
@@ -154,7 +179,9 @@ def run_validate(
     doc, _, _ = run_bench(ctx, profile, opts["inventory"], bench_opts, str(bench_dir), console)
     notes += _snapshot_to(deployment, bench_dir / "server-after.json")
     down = [f"validate: {pool}: {d['error']}" for pool, d in doc["pools"].items() if "error" in d]
-    layouts = {str(p.pool): p.layout for p in measured if "error" not in doc["pools"].get(str(p.pool), {})}
+    layouts = {
+        str(p.pool): fleet[str(p.pool)] for p in measured if "error" not in doc["pools"].get(str(p.pool), {})
+    }
     if not layouts:
         return [*down, "validate: no pool was measured: nothing to compare"]
     spec = bench_model(deployment.profile, model)
@@ -167,9 +194,39 @@ def run_validate(
     head = [f"validate: {len(requests)} requests, time scale {doc.get('time_scale', 1):g}", *down, *notes]
     if doc.get("partial"):
         head.append("validate: the bench was interrupted; the measurement is partial")
-    body = lines(v) + component_report(bench_dir, doc, layouts, requests, hw, long_tokens)
+    body = (
+        lines(v)
+        + route_lines(preds, doc)
+        + component_report(bench_dir, doc, layouts, requests, hw, long_tokens)
+    )
     (bench_dir / "validate.txt").write_text("\n".join(head + body) + "\n", encoding="utf-8")
     return head + body
+
+
+def route_lines(preds: dict[str, Prediction], doc: dict[str, Any]) -> list[str]:
+    """A routed run's requests to P/D, predicted (the threshold on the plan's effective tokens) and measured
+    (the gateway's X-Pdfleet-Pool), the decider's reasons, and the stage and threshold it routed by."""
+    from pdfleet.bench.routes import routing_notes
+    from pdfleet.gateway.decider import reason_mix_text
+
+    if "routed" not in preds or "error" in doc["pools"].get("routed", {}):
+        return []
+    routes = doc["pools"]["routed"]["pdfleet"]["routes"]
+    to_pd = sum(r["requests"] for name, r in routes.items() if name.startswith("disagg/"))
+    reasons = doc["pools"]["routed"]["pdfleet"]["decider_reasons"]
+    live = (doc.get("routing") or {}).get("long_prompt_tokens")
+    threshold = preds["routed"].layout.threshold
+    differs = (
+        []
+        if live == threshold
+        else [f"routed: the gateway's threshold {live} is not the layout's {threshold}"]
+    )
+    return [
+        *differs,
+        f"routed: to P/D predicted {preds['routed'].to_pd}, measured {to_pd} of "
+        f"{sum(r['requests'] for r in routes.values())} (reasons: {reason_mix_text(reasons)})",
+        *(f"routed: {n}" for n in routing_notes(doc)),
+    ]
 
 
 def _snapshot_to(deployment: Deployment, path: Path) -> list[str]:

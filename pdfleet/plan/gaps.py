@@ -62,12 +62,17 @@ def gap_shares(records: Iterable[Sequence[float]]) -> tuple[float, float, float]
 
 
 def component_lines(
-    pool: str, predicted: Iterable[Sequence[float]], lab: Deltas, client: Iterable[Sequence[float]]
+    pool: str,
+    predicted: Iterable[Sequence[float]],
+    lab: Deltas,
+    client: Iterable[Sequence[float]],
+    label: str | None = None,
 ) -> list[str]:
     """The pool's gaps: predicted (per stream, s), the lab instances' own (empty `lab`: no snapshots), the
-    client's (per stream, s)."""
+    client's (per stream, s); `label` heads the lines (default: the pool)."""
     pred = gap_shares(predicted)
-    lines = [f"{pool:10} gaps over {GAP_MS:g} ms / mean: predicted {pred[0]:.1f}% / {pred[2]:.2f} ms"]
+    head = label or pool
+    lines = [f"{head:10} gaps over {GAP_MS:g} ms / mean: predicted {pred[0]:.1f}% / {pred[2]:.2f} ms"]
     own: tuple[float, float, float] | None = None  # (count, share over GAP_MS, mean ms) of the busiest role
     for role in sorted({role for (_, p, role) in lab if p == pool}):
         itl = lab.get(("vllm:inter_token_latency_seconds", pool, role), {})

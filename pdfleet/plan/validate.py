@@ -1,9 +1,12 @@
 """`invoke plan --validate` and bench/plan_fidelity.py, pure: which of the plan's best layouts the fleet can
 measure as it stands, and the prediction against what `invoke bench` measured on the same requests.
 
-The bench sends each run to one of the fleet's pools (colocated, or the P/D pool taking every request), so a
-layout is measurable when it is one of those pools: the same instances, TP and token budget per role. A
-hybrid layout (P/D for the long prompts only) or another shape is skipped with the reason.
+A layout is measurable when the fleet serves it as it stands: one of its pools (the bench's colocated run,
+or its P/D run taking every request: the same instances, TP and token budget per role), or, for a hybrid
+(P/D for the long prompts, colocated for the rest), the fleet's whole layout with the gateway's threshold
+on it (the bench's routed run: the gateway's own routing, long prompts to P/D). Any other shape is skipped
+with what would make it measurable: host moves (other pool counts) or a profile change (TP, budget,
+threshold).
 
 The bar (the issue's): TTFT and ITL P95 per length class within 15% of the measurement, and the ranking of
 the two measured layouts by the plan's rule the same on both. ITL P50 and TPOT P95 are shown beside them,
@@ -28,19 +31,23 @@ CLASSES = ("short", "long")
 MEASURED = 2  # the issue's "top two"
 
 
-def pool_layouts(pools: Mapping[str, PoolShape | None]) -> dict[str, Layout]:
-    """The fleet's bench pools as layouts: the colocated pool alone; the P/D pool taking every request."""
+def pool_layouts(pools: Mapping[str, PoolShape | None], threshold: int | None = None) -> dict[str, Layout]:
+    """The fleet's bench runs as layouts: the colocated pool alone; the P/D pool taking every request; and
+    with a `threshold` (the gateway's), the whole fleet routed by it (`routed`: long prompts to P/D)."""
     out = {}
-    if pools.get("colocated"):
-        out["colocated"] = Layout(colocated=pools["colocated"])
-    if pools.get("prefill") and pools.get("decode"):
-        out["disagg"] = Layout(None, pools["prefill"], pools["decode"])
+    colocated, prefill, decode = pools.get("colocated"), pools.get("prefill"), pools.get("decode")
+    if colocated:
+        out["colocated"] = Layout(colocated=colocated)
+    if prefill and decode:
+        out["disagg"] = Layout(None, prefill, decode)
+        if colocated and threshold is not None:
+            out["routed"] = Layout(colocated, prefill, decode, threshold)
     return out
 
 
 @dataclass(frozen=True)
 class Pick:
-    """A ranked layout and how --validate takes it: the bench pool that is it, or why it is skipped."""
+    """A ranked layout and how --validate takes it: the bench run that is it, or why it is skipped."""
 
     rank: int
     layout: Layout
@@ -48,33 +55,71 @@ class Pick:
     skipped: str | None = None
 
 
-def pick(ranked: Sequence[Layout], fleet: Mapping[str, Layout], want: int = MEASURED) -> list[Pick]:
-    """The best `want` layouts the fleet serves as one of its pools, and every layout ranked above the last
-    of them with why it is skipped."""
+Shares = Mapping[int, tuple[float, float]]  # threshold -> (share of the requests it sends to P/D, their mean)
+
+
+def same_layout(a: Layout, b: Layout, shares: Shares) -> bool:
+    """The same layout, or hybrids of the same pools whose thresholds route the same requests of the plan's
+    traffic (`shares`: plan.space.Load.long; the search keeps the lowest of such twins only)."""
+    if a == b:
+        return True
+    pools = (a.colocated, a.prefill, a.decode) == (b.colocated, b.prefill, b.decode)
+    if not pools or a.kind != "hybrid":
+        return False
+    ta, tb = a.threshold, b.threshold
+    return ta is not None and tb is not None and ta in shares and tb in shares and shares[ta] == shares[tb]
+
+
+def pick(
+    ranked: Sequence[Layout], fleet: Mapping[str, Layout], want: int = MEASURED, shares: Shares | None = None
+) -> list[Pick]:
+    """The best `want` layouts the fleet serves as it stands (`shares`: a hybrid whose threshold routes the
+    same requests as the fleet's is the fleet's), and every layout ranked above the last of them with why
+    it is skipped (with none measurable: the first `want`, skipped)."""
     out: list[Pick] = []
     for n, layout in enumerate(ranked, 1):
         if sum(p.pool is not None for p in out) == want:
             break
-        pool = next((name for name, have in fleet.items() if _same_pools(layout, have)), None)
+        pool = next((name for name, have in fleet.items() if same_layout(layout, have, shares or {})), None)
         out.append(Pick(n, layout, pool, None if pool else _why_not(layout, fleet)))
-    return out
-
-
-def _same_pools(a: Layout, b: Layout) -> bool:
-    return (a.colocated, a.prefill, a.decode) == (b.colocated, b.prefill, b.decode)
+    last = max((i for i, p in enumerate(out) if p.pool is not None), default=want - 1)
+    return out[: last + 1]
 
 
 def _why_not(layout: Layout, fleet: Mapping[str, Layout]) -> str:
-    if layout.kind == "hybrid":
+    """What keeps the fleet from serving `layout` as it stands, and what would make it measurable."""
+    kinds = {"colocated": "colocated", "disagg": "disagg", "hybrid": "routed"}
+    have = fleet.get(kinds[layout.kind])
+    if have is None:
+        pools = "; ".join(f"{pool} {lay.name}" for pool, lay in fleet.items()) or "none"
         return (
-            f"P/D for prompts of {layout.threshold}+ tokens and colocated for the rest: the bench sends "
-            "each run to one pool"
+            f"the fleet has no {layout.kind} layout (its runs: {pools}): host moves or a profile change first"
         )
-    have = "; ".join(f"{pool} {lay.name}" for pool, lay in fleet.items()) or "none"
-    return (
-        f"the fleet has no pool of this shape (its pools: {have}): host moves (`invoke rebalance "
-        "--to-plan`) or a profile change first"
-    )
+    moves, profile = _differences(layout, have)
+    what = []
+    if moves:
+        what.append(f"host moves (`invoke rebalance --to-plan`: {', '.join(moves)})")
+    if profile:
+        what.append(f"a profile change and provision ({', '.join(profile)})")
+    return f"the fleet's {kinds[layout.kind]} run is {have.name}: {' and '.join(what)} first"
+
+
+def _differences(want: Layout, have: Layout) -> tuple[list[str], list[str]]:
+    """(pool counts that differ: host moves; TP, budgets, threshold that differ: profile keys)."""
+    moves, profile = [], []
+    for role in ("colocated", "prefill", "decode"):
+        a, b = getattr(want, role), getattr(have, role)
+        if a is None or b is None:
+            continue
+        if a.instances != b.instances:
+            moves.append(f"{role} {b.instances} -> {a.instances}")
+        if a.tp != b.tp:
+            profile.append(f"{role} TP {b.tp} -> {a.tp}")
+        if a.budget != b.budget:
+            profile.append(f"{role} max_num_batched_tokens {b.budget} -> {a.budget}")
+    if want.threshold != have.threshold:
+        profile.append(f"long_prompt_tokens {have.threshold} -> {want.threshold}")
+    return moves, profile
 
 
 def measured_prediction(layout: Layout, pool: Mapping[str, Any]) -> Prediction:

@@ -97,6 +97,13 @@ class GatewayClient:
                 f"gateway {target.name}: /admin/policy is not a pdfleet gateway's answer"
             ) from None
 
+    def policy(self, target: GatewayTarget) -> dict[str, Any]:
+        """A gateway's whole `GET /admin/policy` answer (stages, threshold, decider settings among it)."""
+        doc = self._call(target, "GET", "/admin/policy")
+        if not isinstance(doc, dict) or "stages" not in doc or "version" not in doc:
+            raise GatewayError(f"gateway {target.name}: /admin/policy is not a pdfleet gateway's answer")
+        return doc
+
     def apply(
         self,
         target: GatewayTarget,

@@ -1,13 +1,19 @@
 """`invoke plan --validate` on lab-cross (issue 34), opt-in: skipped unless PDFLEET_LAB_PLAN=1 (it costs
-some 85 s: a 30-second bench of each of the fleet's two pools, their warm-ups and the plan).
+some 85 s for the pools and some 60 s for the hybrid).
 
 A plan of 2 GPUs at TP 1 (lab-cross's pools are 2 colocated GPUs and 1 prefill + 1 decode) ranks layouts
 the fleet serves as its colocated and its P/D pool, with a 2-GPU colocated layout at another token budget
-between them: --validate benches the two pools on the plan's workload and seed, skips the other with its
-reason, and prints predicted against measured. What must hold on any machine: TTFT P95 per class within
-the issue's 15%, the ranking the same on both, and each pool's instances making the gaps the model
-predicts (the ITL P95 the client sees carries the machine's delivery jitter: docs/plan.md's Fidelity, so
-it is printed, not asserted). Nothing is moved: the fleet keeps the inventory's layout.
+between them: --validate benches the two pools on the plan's workload and seed, skips the other with what
+would make it measurable, and prints predicted against measured. What must hold on any machine: TTFT P95
+per class within the issue's 15%, the ranking the same on both, and each pool's instances making the gaps
+the model predicts (the ITL P95 the client sees carries the machine's delivery jitter: docs/plan.md's
+Fidelity, so it is printed, not asserted). Nothing is moved: the fleet keeps the inventory's layout.
+
+A plan of all 4 GPUs ranks lab-cross itself among its hybrids (2C + 1P + 1D, long prompts of 8192+ tokens
+to P/D): --validate benches it through the gateway's own routing (the bench's routed run) at the
+policy's long-prompts stage, set for the run and put back after it. What must hold: TTFT P95 per class
+within 15%, the requests the gateway sent to P/D the ones the plan's threshold sends, the stage back as
+it was, the fleet's layout unchanged (one layout measured: the ranking is not checked).
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ import os
 import re
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.lab.helpers import REPO_ROOT, LabHandle
+from pdfleet.lab.paths import LabPaths
+from tests.lab.helpers import REPO_ROOT, LabHandle, gateway_open, lab_deployment
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("PDFLEET_LAB_PLAN") != "1", reason="opt-in (~85 s): PDFLEET_LAB_PLAN=1 runs it"
@@ -29,7 +37,7 @@ pytestmark = pytest.mark.skipif(
 
 FLEET_LAYOUT = "/var/lib/pdfleet/layouts/lab-cross.json"
 ROW = re.compile(
-    r"^(colocated|disagg)\s+(short|long)\s+(TTFT P95|ITL P95|ITL P50|TPOT P95)\s+\S+\s+\S+\s+(\S+)%"
+    r"^(colocated|disagg|routed)\s+(short|long)\s+(TTFT P95|ITL P95|ITL P50|TPOT P95)\s+\S+\s+\S+\s+(\S+)%"
 )
 
 
@@ -69,7 +77,10 @@ def test_validate_benches_the_fleets_two_pools_and_prints_prediction_against_mea
     shown = proc.stdout[proc.stdout.index("validate:") :].splitlines()
     assert (out_dir / "validate" / "validate.txt").read_text(encoding="utf-8").splitlines() == shown
     assert "validate: #1 2C tp1 b8192: the fleet's colocated pool: measured" in proc.stderr
-    assert any(x.startswith("skipped #2 2C tp1 b2048: the fleet has no pool of this shape") for x in shown)
+    assert any(
+        x.startswith("skipped #2 2C tp1 b2048: the fleet's colocated run is 2C tp1 b8192: a profile change")
+        for x in shown
+    )
     errors = {m.group(1, 2, 3): float(m.group(4)) for x in shown if (m := ROW.match(x))}
     assert len(errors) == 16, shown  # 2 pools x 2 classes x 4 figures
     ttft = {k: e for k, e in errors.items() if k[2] == "TTFT P95"}
@@ -82,4 +93,67 @@ def test_validate_benches_the_fleets_two_pools_and_prints_prediction_against_mea
     for side in ("before", "after"):
         snap = json.loads((out_dir / "validate" / f"server-{side}.json").read_text(encoding="utf-8"))
         assert snap["instances"] == 4 and snap["samples"]
+    assert _fleet_layout(lab) == before  # nothing moved
+
+
+def _stage() -> tuple[str, int]:
+    """lab-cross's gateway's live stage and policy version (its /admin/policy, the admin key)."""
+    topo = lab_deployment("lab-cross").topology
+    request = urllib.request.Request(topo.gateways[0].admin_url + "/admin/policy")
+    request.add_header("Authorization", f"Bearer {LabPaths().gateway_admin_key.read_text().strip()}")
+    doc = json.loads(gateway_open(request, "lab-cross", timeout=30))
+    return doc["stage"], doc["version"]
+
+
+# lab-cross's long>=8192, or the twin the search kept when no prompt falls between the two thresholds
+WHOLE = r"1P tp1 b8192 \+ 1D tp1 b2048 \+ 2C tp1 b8192 long>=\d+"
+
+
+def test_validate_benches_the_fleets_hybrid_through_the_gateways_routing(
+    lab: LabHandle, tmp_path: Path
+) -> None:
+    before, (stage, version) = _fleet_layout(lab), _stage()
+    out_dir = tmp_path / "plan"
+    args = ["plan", "--profile", "lab-cross", "--gpus", "4", "--gpus-per-host", "1", "--duration", "30"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "invoke",
+            *args,
+            "--validate",
+            "--validate-duration",
+            "30",
+            "--out",
+            str(out_dir),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    print(proc.stderr[proc.stderr.index("validate:") :])
+    print(proc.stdout[proc.stdout.index("validate:") :])
+    shown = proc.stdout[proc.stdout.index("validate:") :].splitlines()
+    assert re.search(
+        rf"validate: #\d+ {WHOLE}: the fleet's whole layout \(routed run\): measured", proc.stderr
+    )
+    errors = {m.group(1, 2, 3): float(m.group(4)) for x in shown if (m := ROW.match(x))}
+    assert len(errors) == 8 and {k[0] for k in errors} == {"routed"}, shown  # 2 classes x 4 figures
+    ttft = {k: e for k, e in errors.items() if k[2] == "TTFT P95"}
+    assert all(abs(e) <= 15 for e in ttft.values()), ttft
+    assert "ranking predicted: routed; measured: routed: not checked: 1 layout(s) measured, 2 needed" in shown
+    to_pd = next(x for x in shown if x.startswith("routed: to P/D predicted"))
+    predicted, measured = re.findall(r"(?:predicted|measured) (\d+)", to_pd)
+    assert predicted == measured, to_pd  # the gateway routed by the plan's threshold
+    doc = json.loads((out_dir / "validate" / "results.json").read_text(encoding="utf-8"))
+    assert list(doc["pools"]) == ["routed"] and not doc["partial"] and doc["pools"]["routed"]["failed"] == 0
+    routing = doc["routing"]
+    assert (
+        routing["stage_percent_disagg"] == {"short": 0, "long": 100} and routing["long_prompt_tokens"] == 8192
+    )
+    assert routing["set_from"] == stage
+    assert _stage() == (stage, version + 2)  # put back after the run
     assert _fleet_layout(lab) == before  # nothing moved

@@ -400,3 +400,22 @@ def test_the_gateways_instance_header_is_recorded_and_its_absence_or_garbage_lea
 
     [r], _, _ = run(garbage)
     assert r.success and r.instance is None
+
+
+def test_the_gateways_pool_and_decision_headers_are_recorded_and_their_absence_leaves_them_empty() -> None:
+    def head(extra: bytes) -> bytes:
+        return SSE_HEAD.replace(b"\r\n\r\n", b"\r\n" + extra + b"\r\n\r\n") if extra else SSE_HEAD
+
+    cases = (
+        (b"X-Pdfleet-Pool: disagg\r\nX-Pdfleet-Decision: stage_weight", ("disagg", "stage_weight")),
+        (b"x-pdfleet-pool:  colocated \r\nx-pdfleet-decision: short", ("colocated", "short")),
+        (b"", ("", "")),
+    )
+    for extra, want in cases:
+
+        async def respond(reply: Reply, h: bytes = head(extra)) -> bool:
+            await reply.write(h + text_event("a") + USAGE + DONE)
+            return True
+
+        [r], _, _ = run(respond)
+        assert r.success and (r.served, r.decision) == want

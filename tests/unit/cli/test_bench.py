@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +22,7 @@ from tests.unit.cli.helpers import invoke_many
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
 REPO = Path(__file__).resolve().parents[3]
+ADMIN_KEY = "sk-admin-loopback-0123456789"
 
 
 def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
@@ -50,7 +54,11 @@ BAD_OPTIONS = [
     ),
     (
         ["--pools", "colocated,pd"],
-        "error: --pools colocated,pd: pd is not a pool; pools are colocated, disagg",
+        "error: --pools colocated,pd: pd is not a pool; pools are colocated, disagg, routed",
+    ),
+    (
+        ["--stage", "long-prompts"],
+        "error: --stage long-prompts: a stage is for the routed run (--pools routed)",
     ),
     (["--rate", "fast"], "error: --rate 'fast': not a number"),
     (["--duration", "10", "--num-prompts", "5"], "error: give --duration S or --num-prompts N, not both"),
@@ -178,9 +186,9 @@ def loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, P
         k: free_port() for k in ("side", "prefill", "decode", "colocated", "gateway", "router", "router_prom")
     }
     profile, inventory = _fleet_files(tmp_path, ports)
-    key = tmp_path / "client.key"
-    key.write_text(KEY + "\n")
-    os.chmod(key, 0o600)
+    for name, secret in (("client", KEY), ("admin", ADMIN_KEY)):
+        (tmp_path / f"{name}.key").write_text(secret + "\n")
+        os.chmod(tmp_path / f"{name}.key", 0o600)
     names = ["--served-model-name", "llama-3.1-8b", "--disable-log-stats"]
 
     def sim(host: str, port: int, *extra: str, env: dict[str, str] | None = None) -> _Proc:
@@ -202,7 +210,10 @@ def loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, P
     kv = '{"kv_connector":"NixlConnector","kv_role":"%s"}'
     side = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.3", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports["side"])}
     keys = tmp_path / "keys.yaml"
-    keys.write_text(f"keys:\n  - name: bench\n    sha256: {hash_key(KEY)}\n")
+    keys.write_text(
+        f"keys:\n  - name: bench\n    sha256: {hash_key(KEY)}\n"
+        f"  - name: admin\n    sha256: {hash_key(ADMIN_KEY)}\n    admin: true\n"
+    )
     os.chmod(keys, 0o600)
     policy = tmp_path / "policy.yaml"
     routes = (
@@ -214,7 +225,7 @@ keys_file: {keys}
 models:
   llama-3.1-8b: {{{routes}}}
 stage: colocated
-stages: {{colocated: {{short: 0, long: 0}}}}
+stages: {{colocated: {{short: 0, long: 0}}, long-prompts: {{short: 0, long: 100}}}}
 log_requests: false
 """)
     gateway = _Proc(
@@ -252,15 +263,31 @@ def _bench_argv(loop: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
     ]
 
 
+def _live_stage(loop: tuple[Path, Path]) -> tuple[str, int]:
+    """The loopback gateway's stage and policy version, from its /admin/policy."""
+    port = re.search(r"gateway:\n  port: (\d+)", loop[0].read_text())
+    assert port is not None
+    request = urllib.request.Request(f"http://127.0.0.1:{port.group(1)}/admin/policy")
+    request.add_header("Authorization", f"Bearer {ADMIN_KEY}")
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        doc = json.loads(resp.read())
+    return doc["stage"], doc["version"]
+
+
 def test_invoke_bench_end_to_end_on_loopback(loopback: tuple[Path, Path], tmp_path: Path) -> None:
-    """The task itself through the gateway to both pools, the colocated one per balancing choice:
-    progress, results, report, verdict, exit 0."""
+    """The task itself through the gateway to both pools, the colocated one per balancing choice, and the
+    routed run at the stage asked (--pools routed --stage long-prompts: no pool header, the gateway sends
+    the long prompts to P/D and keeps the short ones colocated; per class and per route in results and
+    report; the gateway runs its previous stage again after the run): progress, results, report, verdict,
+    exit 0."""
     out = tmp_path / "out"
+    stage, version = _live_stage(loopback)
     argv = _bench_argv(
         loopback,
         out,
         *("--long-share", "0.2", "--rate", "4", "--num-prompts", "20"),
         *("--colocated-choice", "round_robin,prefix_load"),
+        *("--pools", "colocated,disagg,routed", "--stage", "long-prompts"),
     )
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -270,7 +297,10 @@ def test_invoke_bench_end_to_end_on_loopback(loopback: tuple[Path, Path], tmp_pa
     assert {p: (s["completed"], s["failed"], s["pdfleet"]["gpus"]) for p, s in doc["pools"].items()} == {
         "colocated": (20, 0, 1),
         "disagg": (20, 0, 2),
+        "routed": (20, 0, 3),
     }
+    _routed_as_staged(doc, out, proc.stdout, stage)
+    assert _live_stage(loopback) == (stage, version + 2)  # set for the routed run, put back after it
     assert isinstance(doc["pools"]["disagg"]["pdfleet"]["server"]["kv_transfer_p95_ms"]["decode"], float)
     for pool, role in (("colocated", "colocated"), ("disagg", "prefill")):  # the simulators' own counters
         hit = doc["pools"][pool]["pdfleet"]["server"]["prefix_cache_hit_pct"][role]
@@ -283,6 +313,33 @@ def test_invoke_bench_end_to_end_on_loopback(loopback: tuple[Path, Path], tmp_pa
         f["attribution"] == "instance from the gateway's header (1 instance)" for f in choices.values()
     )
     assert "colocated balancing" in proc.stdout and "prefix_load against round_robin" in proc.stdout
+
+
+def _routed_as_staged(doc: dict[str, Any], out: Path, stdout: str, stage: str) -> None:
+    """The routed run went by the stage asked: short prompts colocated, long ones to P/D, per route."""
+    routed = doc["pools"]["routed"]
+    assert doc["routing"]["stage"] == "long-prompts" and doc["routing"]["set_from"] == stage
+    assert doc["routing"]["stage_percent_disagg"] == {"short": 0, "long": 100}
+    assert doc["routing"]["long_prompt_tokens"] == 8192
+    by_class = routed["pdfleet"]["requests_by_class"]
+    routes = routed["pdfleet"]["routes"]
+    assert {k: {c: x["requests"] for c, x in r["classes"].items()} for k, r in routes.items()} == {
+        "colocated/short": {"short": by_class["short"]},
+        "disagg/stage_weight": {"long": by_class["long"]},
+    }
+    assert by_class["long"] > 0 and routed["pdfleet"]["decider_reasons"] == {
+        "short": by_class["short"],
+        "stage_weight": by_class["long"],
+    }
+    lines = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    assert {(x["length_class"], x["served"], x["decision"]) for x in lines if x["pool"] == "routed"} == {
+        ("short", "colocated", "short"),
+        ("long", "disagg", "stage_weight"),
+    }
+    assert (
+        "routed: the routes the gateway took" in stdout
+        and "## Routes taken" in (out / "report.md").read_text()
+    )
 
 
 def test_ctrl_c_stops_cleanly_and_writes_a_partial_report(

@@ -54,10 +54,48 @@ def test_pick_takes_the_best_two_the_fleet_serves_and_says_why_each_above_is_ski
     last = Layout(colocated=PoolShape(4, 1, 8192))
     picks = pick([other, PD, hybrid, COLO, last], FLEET)
     assert [(p.rank, p.pool) for p in picks] == [(1, None), (2, "disagg"), (3, None), (4, "colocated")]
-    assert "no pool of this shape" in str(picks[0].skipped) and "colocated 2C tp1 b8192" in str(
-        picks[0].skipped
+    assert picks[0].skipped == (
+        "the fleet's colocated run is 2C tp1 b8192: a profile change and provision (colocated "
+        "max_num_batched_tokens 8192 -> 2048) first"
     )
-    assert "prompts of 4096+ tokens" in str(picks[2].skipped)
+    assert str(picks[2].skipped).startswith("the fleet has no hybrid layout (its runs: colocated 2C tp1")
+
+
+POOLS = {
+    "colocated": PoolShape(2, 1, 8192),
+    "prefill": PoolShape(1, 1, 8192),
+    "decode": PoolShape(1, 1, 2048),
+}
+WHOLE = Layout(PoolShape(2, 1, 8192), PoolShape(1, 1, 8192), PoolShape(1, 1, 2048), 8192)
+
+
+def test_with_the_gateways_threshold_the_whole_fleet_is_the_routed_layout() -> None:
+    fleet = pool_layouts(POOLS, 8192)
+    assert fleet == {"colocated": COLO, "disagg": PD, "routed": WHOLE}
+    assert pool_layouts({**POOLS, "colocated": None}, 8192) == {"disagg": PD}  # no hybrid without colocated
+
+
+def test_pick_measures_the_fleets_hybrid_through_the_routed_run_and_names_what_other_hybrids_need() -> None:
+    fleet = pool_layouts(POOLS, 8192)
+    moved = Layout(PoolShape(1, 1, 8192), PoolShape(2, 1, 8192), PoolShape(1, 1, 2048), 8192)
+    lower = Layout(PoolShape(2, 1, 8192), PoolShape(1, 1, 16384), PoolShape(1, 1, 2048), 4096)
+    below = Layout(colocated=PoolShape(4, 1, 8192))
+    picks = pick([moved, lower, WHOLE, below], {"routed": fleet["routed"]})
+    assert [(p.rank, p.pool) for p in picks] == [(1, None), (2, None), (3, "routed")]  # none after it
+    assert picks[0].skipped == (
+        "the fleet's routed run is 1P tp1 b8192 + 1D tp1 b2048 + 2C tp1 b8192 long>=8192: host moves "
+        "(`invoke rebalance --to-plan`: colocated 2 -> 1, prefill 1 -> 2) first"
+    )
+    assert picks[1].skipped == (
+        "the fleet's routed run is 1P tp1 b8192 + 1D tp1 b2048 + 2C tp1 b8192 long>=8192: a profile change "
+        "and provision (prefill max_num_batched_tokens 8192 -> 16384, long_prompt_tokens 8192 -> 4096) first"
+    )
+
+
+def test_with_nothing_measurable_only_the_first_two_are_listed_as_skipped() -> None:
+    others = [Layout(colocated=PoolShape(4, 1, b)) for b in (2048, 8192)] * 3
+    picks = pick(others, FLEET)
+    assert [(p.rank, p.pool) for p in picks] == [(1, None), (2, None)]
 
 
 def test_within_15_percent_and_the_same_ranking_agree() -> None:
@@ -94,7 +132,7 @@ def test_with_one_layout_measured_the_ranking_is_not_checked_and_the_skipped_are
         {"colocated": _pred(COLO, 1000, 10, 1.0)}, {"colocated": _measured(1000, 10, 1.0)}, T, skipped
     )
     assert v.ranking == "not checked: 1 layout(s) measured, 2 needed"
-    assert any(x.startswith("skipped #1 2C tp1 b2048: the fleet has no pool") for x in lines(v))
+    assert any(x.startswith("skipped #1 2C tp1 b2048: the fleet's colocated run is") for x in lines(v))
 
 
 def test_a_pool_whose_bench_failed_is_in_neither_ranking_and_a_missing_figure_is_not_within() -> None:
@@ -103,3 +141,15 @@ def test_a_pool_whose_bench_failed_is_in_neither_ranking_and_a_missing_figure_is
     v = validate(preds, meas, T)
     assert v.measured_order == ("colocated",) and v.worst_pct == math.inf and not v.within
     assert math.isnan(err_pct(1.0, 0.0)) and math.isnan(err_pct(math.nan, 1.0)) and err_pct(11, 10) == 10.0
+
+
+def test_a_ranked_hybrid_whose_threshold_routes_as_the_fleets_is_the_fleets() -> None:
+    """The search keeps long>=4096 and cuts long>=8192 when no prompt has 4096-8191 effective tokens: the
+    fleet's long>=8192 is then measured as the ranked long>=4096; another share is not."""
+    fleet = pool_layouts(POOLS, 8192)
+    twin = Layout(PoolShape(2, 1, 8192), PoolShape(1, 1, 8192), PoolShape(1, 1, 2048), 4096)
+    same = {4096: (0.25, 23000.0), 8192: (0.25, 23000.0), 16384: (0.2, 24000.0)}
+    assert [(p.rank, p.pool) for p in pick([twin], fleet, shares=same)] == [(1, "routed")]
+    other = {**same, 4096: (0.3, 20000.0)}
+    assert pick([twin], fleet, shares=other)[0].pool is None
+    assert pick([twin], fleet)[0].pool is None  # without the traffic's shares: only the very layout
