@@ -93,7 +93,7 @@ def component_report(
     (with DIR/server-before.json and server-after.json), the client's (DIR/requests.jsonl), and the
     client's own lateness."""
     from pdfleet.bench.stats import gaps
-    from pdfleet.plan.gaps import component_lines, deltas
+    from pdfleet.plan.gaps import component_lines, deltas, ttft_lines
     from pdfleet.plan.predict import client_record, run
 
     files = [out_dir / f"server-{w}.json" for w in ("before", "after")]
@@ -117,6 +117,15 @@ def component_report(
             ]
             label = f"{pool}/{part}" if pool == "routed" else pool
             out.extend(component_lines(part, predicted, lab, client, label))
+            first = [
+                rec.token_times[0] - rec.arrival for _, by, rec in records if by == part and rec.token_times
+            ]
+            seen = [
+                x["ttft"]
+                for x in sent
+                if x["pool"] == pool and x["success"] and (pool != "routed" or x.get("served") == part)
+            ]
+            out.extend(ttft_lines(part, first, lab, seen, label))
         c = doc["pools"][pool]["pdfleet"]["client"]
         out.append(
             f"{pool:10} client: event-loop lag P99 {c['p99_loop_lag_ms']:.1f} ms, schedule lateness P99 "
@@ -155,7 +164,7 @@ def run_validate(
         how = f"the fleet's {RUNS.get(str(p.pool), p.pool)}: measured" if p.pool else f"skipped: {p.skipped}"
         if p.pool and p.layout != fleet[p.pool]:
             how += f" (its {fleet[p.pool].name} routes the same requests of the plan's traffic)"
-        console.print(f"validate: #{p.rank} {p.layout.name}: {how}", highlight=False)
+        console.print(f"validate: #{p.rank} {p.layout.name}: {how}", highlight=False, soft_wrap=True)
     measured = [p for p in picks if p.pool]
     if not measured:
         return ["validate: none of the ranked layouts is one of the fleet's pools; nothing measured"]

@@ -16,7 +16,14 @@ GAP_MS = 10.0  # vLLM's ITL histogram's first bound: the finest split the instan
 BUNCHED_MS = 1.0  # a gap this short is two tokens the client read at once
 SAME_SHARE_POINTS = 1.0  # the instances' share of gaps over GAP_MS within this many points of the model's
 SAME_MEAN_PCT = 2.0  # and their mean gap within this share of it: the engines did what the model says
-KEPT = ("vllm:inter_token_latency_seconds", "pdfleet_sim_step_lag", "pdfleet_sim_loop_lag")  # snapshotted
+TTFT = "vllm:time_to_first_token_seconds"
+SAME_TTFT_PCT = 10.0  # the colocated instances' own mean TTFT within this share of the model's
+KEPT = (
+    "vllm:inter_token_latency_seconds",
+    "pdfleet_sim_step_lag",
+    "pdfleet_sim_loop_lag",
+    TTFT,
+)  # snapshotted
 
 Deltas = dict[tuple[str, str, str], dict[str, float]]
 
@@ -114,3 +121,38 @@ def engines_verdict(pred_over: float, pred_mean: float, own_over: float, own_mea
         f"the instances' own gaps differ from the model's (over {SAME_SHARE_POINTS:g} point or "
         f"{SAME_MEAN_PCT:g}% of the mean): the model, not only delivery"
     )
+
+
+def _mean_ms(xs: Sequence[float]) -> float:
+    return 1000 * sum(xs) / len(xs) if xs else math.nan
+
+
+def ttft_lines(
+    pool: str, predicted: Sequence[float], lab: Deltas, client: Sequence[float], label: str | None = None
+) -> list[str]:
+    """The pool's mean TTFT (s in, ms out): predicted, each role's instances' own (simulated: their
+    histogram's sum over count, warm-ups included), the client's; for colocated instances, whether their
+    first tokens came when the model says (then a TTFT difference at the client is the request's path:
+    gateway, TLS, network, client, which the model leaves out)."""
+    pred, seen = _mean_ms(predicted), _mean_ms(client)
+    head = label or pool
+    lines = [f"{head:10} TTFT mean: predicted {pred:.1f} ms, lab client {seen:.1f} ms"]
+    for role in sorted({role for (name, p, role) in lab if p == pool and name == TTFT}):
+        h = lab[(TTFT, pool, role)]
+        if not h.get("count"):
+            continue
+        own = 1000 * h["sum"] / h["count"]
+        lines.append(f"{'':10} lab {role} instances' own TTFT mean (simulated): {own:.1f} ms")
+        if role == "colocated" and pred > 0:
+            lines.append(f"{'':10} {_ttft_verdict(pred, own, seen)}")
+    return lines
+
+
+def _ttft_verdict(pred: float, own: float, seen: float) -> str:
+    """Whether the colocated instances' own mean TTFT is the model's (ms each)."""
+    if 100 * abs(own - pred) / pred <= SAME_TTFT_PCT:
+        return (
+            f"the instances' first tokens came when the model says: the client's {seen - own:+.1f} ms is the "
+            "request's path (gateway, TLS, network, client), not the model"
+        )
+    return f"the instances' own TTFT differs from the model's by over {SAME_TTFT_PCT:g}%: the model"

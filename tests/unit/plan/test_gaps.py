@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pdfleet.plan.gaps import component_lines, deltas, engines_verdict, gap_shares, hist_quantile
+from pdfleet.plan.gaps import component_lines, deltas, engines_verdict, gap_shares, hist_quantile, ttft_lines
 
 ITL = "vllm:inter_token_latency_seconds"
 
@@ -56,3 +56,17 @@ def test_the_engines_verdict_reads_the_instances_own_gaps_against_the_model() ->
     assert engines_verdict(1.7, 10.35, 1.7, 10.34).startswith("the instances made the predicted gaps")
     assert engines_verdict(1.7, 10.35, 3.0, 10.34).endswith("the model, not only delivery")  # share
     assert engines_verdict(1.7, 10.35, 1.7, 10.9).endswith("the model, not only delivery")  # mean
+
+
+def test_ttft_lines_tell_the_requests_path_from_the_model() -> None:
+    ttft = "vllm:time_to_first_token_seconds"
+    lab = {(ttft, "colocated", "colocated"): {"count": 4.0, "sum": 0.092, "0.04": 4.0, "+Inf": 4.0}}
+    out = ttft_lines("colocated", [0.02, 0.025], lab, [0.028, 0.032], "routed/colocated")
+    assert out[0] == "routed/colocated TTFT mean: predicted 22.5 ms, lab client 30.0 ms"
+    assert out[1].endswith("lab colocated instances' own TTFT mean (simulated): 23.0 ms")
+    assert out[2].endswith(
+        "the client's +7.0 ms is the request's path (gateway, TLS, network, client), not the model"
+    )
+    far = ttft_lines("colocated", [0.015], lab, [0.03])
+    assert far[-1].endswith("the instances' own TTFT differs from the model's by over 10%: the model")
+    assert len(ttft_lines("disagg", [0.5], {}, [0.6])) == 1  # no snapshots: prediction and client only
