@@ -152,6 +152,116 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     return {"ok": False, "role": "serve", "error": f"no notification within {args.timeout} s"}
 
 
+def mooncake_engine(host: str) -> Any:
+    """Mooncake's transfer engine as vLLM's MooncakeConnector starts it (P2PHANDSHAKE: no etcd; tcp)."""
+    try:
+        from mooncake.engine import TransferEngine
+    except ImportError as exc:
+        raise RuntimeError(f"No module named mooncake.engine importable in {sys.executable}: {exc}") from exc
+    engine = TransferEngine()
+    rc = engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
+    if rc != 0:
+        raise RuntimeError(f"TransferEngine.initialize returned {rc}")
+    return engine
+
+
+def serve_mooncake(args: argparse.Namespace) -> dict[str, Any]:
+    """The prefill side over Mooncake: register the buffer, offer the engine's session, then stay up until
+    the decode side says it read (a second connection to the side channel)."""
+    import numpy as np
+
+    stage("register")
+    engine = mooncake_engine(args.host)
+    data = np.frombuffer(os.urandom(args.bytes), dtype=np.uint8).copy()
+    rc = engine.register_memory(int(data.ctypes.data), int(data.nbytes))
+    if rc != 0:
+        raise RuntimeError(f"register_memory returned {rc}")
+    offer = {
+        "session": f"{args.host}:{engine.get_rpc_port()}",
+        "addr": int(data.ctypes.data),
+        "bytes": int(data.nbytes),
+        "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
+        "data_ports": listening(args.port),
+    }
+    stage("side_channel")
+    with socket.create_server(("", args.port), reuse_port=False) as server:
+        server.settimeout(args.timeout)
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(json.dumps(offer).encode() + b"\n")
+        stage("wait_notification")
+        done, _ = server.accept()
+        done.close()
+    return {"ok": True, "role": "serve", "bytes": args.bytes}
+
+
+def engine_errors(text: str) -> str:
+    """Mooncake's glog error lines (`E1203 17:45:17.957858 17464 file.cpp:1030] ...`), their text."""
+    said = [
+        line.split("] ", 1)[-1].strip()
+        for line in text.splitlines()
+        if line[:1] == "E" and line[1:5].isdigit()
+    ]
+    return "; ".join(dict.fromkeys(said)) or "nothing in its log"
+
+
+def read_timed(engine: Any, offer: dict[str, Any], local: int) -> tuple[int, float, float]:
+    """(return code, setup s, transfer s): 4 KiB first (opens the segment: the handshake), then the buffer."""
+    started = time.monotonic()
+    rc = engine.transfer_sync_read(offer["session"], local, offer["addr"], 4096)
+    setup = time.monotonic() - started
+    if rc != 0:
+        return rc, setup, 0.0
+    stage("transfer")
+    started = time.monotonic()
+    rc = engine.transfer_sync_read(offer["session"], local, offer["addr"], offer["bytes"])
+    return rc, setup, time.monotonic() - started
+
+
+def fetch_mooncake(args: argparse.Namespace) -> dict[str, Any]:
+    """The decode side over Mooncake: read the buffer from the prefill's session (a first small read opens
+    the segment: the setup time), check its SHA-256, tell the prefill side. A negative return names the
+    engine's own error lines (its log, on this process's stderr)."""
+    import tempfile
+
+    import numpy as np
+
+    stage("side_channel")
+    offer = receive_offer(args.peer, args.port, args.timeout)
+    stage("register")
+    engine = mooncake_engine(args.host)
+    local = np.zeros(offer["bytes"], dtype=np.uint8)
+    if engine.register_memory(int(local.ctypes.data), int(local.nbytes)) != 0:
+        raise RuntimeError("register_memory failed")
+    stage("connect")
+    blocked = reach_data_ports(args.peer, offer.get("data_ports", []), min(3.0, args.timeout))
+    if blocked is not None:
+        return {"ok": False, "role": "fetch", "error": blocked}
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)  # the engine's glog: read back for a failure's reason
+        try:
+            rc, setup, seconds = read_timed(engine, offer, int(local.ctypes.data))
+        finally:
+            os.dup2(saved, 2)
+            log.seek(0)
+            text = log.read().decode(errors="replace")
+            sys.stderr.write(text)
+    if rc != 0:
+        reason = engine_errors(text)
+        return {
+            "ok": False,
+            "role": "fetch",
+            "error": f"transfer_sync_read from {offer['session']} returned {rc}: {reason}",
+        }
+    stage("verify")
+    same = hashlib.sha256(local.tobytes()).hexdigest() == offer["sha256"]
+    with socket.create_connection((args.peer, args.port), timeout=5):
+        pass  # the prefill side may go
+    result = {"ok": same, "role": "fetch", "bytes": offer["bytes"], "setup_s": setup, "seconds": seconds}
+    return result if same else {**result, "error": "the bytes read differ from the prefill buffer's"}
+
+
 def receive_offer(peer: str, port: int, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:  # the prefill side may still be starting: retry refused connections until the deadline
@@ -208,11 +318,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bytes", type=int, default=64 << 20, help="serve: the buffer's size")
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds each wait may take")
     parser.add_argument("--env-file", default="", help="the host's kv-transfer.env, loaded first")
+    parser.add_argument(
+        "--library", choices=("nixl", "mooncake"), default="nixl", help="the connector's library"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="mooncake: this host's address (its engine's session)"
+    )
     args = parser.parse_args(argv)
     if args.env_file:
         load_env(args.env_file)
     try:
-        result = serve(args) if args.role == "serve" else fetch(args)
+        if args.library == "mooncake":
+            result = serve_mooncake(args) if args.role == "serve" else fetch_mooncake(args)
+        else:
+            result = serve(args) if args.role == "serve" else fetch(args)
     except Exception as exc:  # the library's own words are the finding
         result = {"ok": False, "role": args.role, "error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(result), flush=True)

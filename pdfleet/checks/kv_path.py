@@ -43,6 +43,7 @@ class PathFacts:
     data_ports: str | None  # UCX_TCP_PORT_RANGE of the prefill host's kv-transfer.env, if pinned
     floor_gbps: float | None  # what the link should give (RDMA floor), None when nothing is promised
     transport: str  # "rdma" or "tcp": how KV is meant to move between these hosts
+    library: str = "nixl"  # the connector's: "nixl" or "mooncake" (the probe's --library)
 
 
 @dataclass(frozen=True)
@@ -60,16 +61,25 @@ def probe_command(python: str, role: str, args: list[str], timeout_s: int, sourc
     return f"timeout {timeout_s} " + " ".join(shlex.quote(a) for a in argv)
 
 
-def serve_command(python: str, port: int, env_file: str, log: str, source: str) -> str:
-    """The prefill side, detached (its output to `log`); echoes its pid for the runner to stop it."""
+def serve_command(
+    python: str, port: int, env_file: str, log: str, source: str, library: str = "nixl", host: str = ""
+) -> str:
+    """The prefill side, detached (its output to `log`); echoes its pid for the runner to stop it.
+    Mooncake's engine needs the host's own address (its session: `host:rpc_port`)."""
     args = ["--port", str(port), "--bytes", str(PROBE_BYTES), "--timeout", str(SERVE_TIMEOUT_S - 2)]
+    args += ["--library", library, *(["--host", host] if host else [])]
     cmd = probe_command(python, "serve", [*args, "--env-file", env_file], SERVE_TIMEOUT_S, source)
     return f"nohup {cmd} > {shlex.quote(log)} 2>&1 & echo $!"
 
 
-def fetch_command(python: str, peer: str, port: int, env_file: str, source: str) -> str:
+def fetch_command(
+    python: str, peer: str, port: int, env_file: str, source: str, library: str = "nixl", host: str = ""
+) -> str:
     """The decode side, in the foreground, bounded by FETCH_TIMEOUT_S."""
     args = [
+        "--library",
+        library,
+        *(["--host", host] if host else []),
         "--peer",
         peer,
         "--port",
@@ -134,6 +144,13 @@ def _failure(facts: PathFacts, serve: ProbeSide, fetch: ProbeSide) -> Verdict:
             f"{facts.prefill} is up (the prefill side reached: {serve.last_stage})"
         )
         return Verdict(False, f"{pair}: the probe's side channel {where} is unreachable: {said}", fix)
+    if stage == "connect" and facts.library == "mooncake":
+        fix = (
+            f"allow TCP from {facts.decode} to {facts.prefill} on the ports Mooncake's transfer engine "
+            f"listens on (its RPC/handshake port and its TCP transport's, chosen at start: "
+            f"`ss -ltnp` on {facts.prefill} shows them)"
+        )
+        return Verdict(False, f"{pair}: Mooncake could not connect to {facts.prefill}'s engine ({said})", fix)
     if stage == "connect":
         ports = facts.data_ports
         named = f"UCX data port{'s' if ports and '-' in ports else ''} {ports}" if ports else "UCX data port"

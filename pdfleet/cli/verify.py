@@ -26,9 +26,9 @@ if TYPE_CHECKING:  # imported when a task runs (pdfleet/cli/__init__.py)
         "junit": "Also write the results as JUnit XML to this path.",
         "rdma_bandwidth": "Also run ib_write_bw between each prefill/decode host pair against "
         "rdma.min_bandwidth_gbps.",
-        "kv_path": "Also move a 64 MiB DRAM buffer with the connector's library (NIXL) between each "
-        "prefill/decode host pair: throughput, setup time, and the fix when it fails or is far below "
-        "the link.",
+        "kv_path": "Also move a 64 MiB DRAM buffer with the connector's library (NIXL or Mooncake's "
+        "engine) between each prefill/decode host pair: throughput, setup time, and the fix when it fails "
+        "or is far below the link.",
         "checks": "Only checks matching this pytest -k expression (e.g. 'services or kv').",
     },
 )

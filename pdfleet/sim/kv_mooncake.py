@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -51,6 +52,7 @@ PROTOCOL = "tcp"  # kv_connector_extra_config.mooncake_protocol in the lab (no R
 METADATA = "P2PHANDSHAKE"  # no metadata server: peers exchange segment descriptors on the RPC port
 GLOG_ERROR = re.compile(r"^E\d{4} ")  # glog's error lines: `E1203 17:45:17.957858 17464 file.cpp:1030] ...`
 KEPT_LINES = 64
+SETTLE_S, SETTLE_LIMIT_S = 0.05, 0.5  # a failure's reason: the pump catches up with the pipe first
 
 
 def engine_errors(lines: list[str], since: int) -> str:
@@ -104,6 +106,12 @@ class StderrTail:
             return self.count
 
     def lines(self) -> list[str]:
+        """The kept lines, once the pump has taken what is in the pipe (no new line for SETTLE_S, at most
+        SETTLE_LIMIT_S): the engine wrote its error lines before its call returned."""
+        deadline, seen = time.monotonic() + SETTLE_LIMIT_S, -1
+        while time.monotonic() < deadline and seen != self.mark():
+            seen = self.mark()
+            time.sleep(SETTLE_S)
         with self._lock:
             return list(self._kept)
 

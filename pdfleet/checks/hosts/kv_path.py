@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from pdfleet.checks.kv_path import (
 from pdfleet.checks.verify import VerifyPlugin, read_env
 from pdfleet.fleet.host_layout import KV_ENV_FILE
 from pdfleet.hw.kv import uses_rdma
-from pdfleet.model.connectors import NIXL
+from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.inventory import Host
 from pdfleet.model.profile import Profile
 
@@ -62,17 +63,23 @@ def test_kv_path(
 ) -> None:
     prefill, decode = kv_pair
     profile = verify.kv_profile(prefill)
-    if profile.kv_transfer.connector != NIXL:
-        pytest.skip(f"the KV-path probe speaks NIXL; {profile.kv_transfer.connector} is not probed yet")
+    library = {NIXL: "nixl", MOONCAKE: "mooncake"}.get(profile.kv_transfer.connector)
+    if library is None:
+        pytest.skip(
+            f"the KV-path probe speaks NIXL and Mooncake; {profile.kv_transfer.connector} is not probed"
+        )
     if profile.vllm.engine == "sim" and not profile.kv_transfer.sim_library:
         pytest.skip("engine: sim without kv_transfer.sim_library: the hosts have no transfer library")
     python = profile.vllm.venv.rstrip("/") + "/bin/python"
     server, client = verify.target_for(prefill), verify.target_for(decode)
-    facts = _facts(verify, profile, prefill, decode, read_env(server, KV_ENV_FILE) or {})
-    source = verify.options.kv_probe_source
-    started = server.run(serve_command(python, facts.probe_port, KV_ENV_FILE, SERVE_LOG, source))
-    pid = started.stdout.strip()
-    fetched = client.run(fetch_command(python, prefill.address, facts.probe_port, KV_ENV_FILE, source))
+    facts = replace(
+        _facts(verify, profile, prefill, decode, read_env(server, KV_ENV_FILE) or {}), library=library
+    )
+    source, port = verify.options.kv_probe_source, facts.probe_port
+    serving = serve_command(python, port, KV_ENV_FILE, SERVE_LOG, source, library, prefill.address)
+    pid = server.run(serving).stdout.strip()
+    fetching = fetch_command(python, prefill.address, port, KV_ENV_FILE, source, library, decode.address)
+    fetched = client.run(fetching)
     fetch = parse_side(fetched.stdout + "\n" + fetched.stderr, fetched.rc)
     found = verdict(facts, _serve_side(server, pid, wait=fetch.result is not None), fetch)
     assert found.ok, failure_message(found)

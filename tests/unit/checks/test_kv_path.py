@@ -8,6 +8,7 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from pdfleet.checks.kv_path import (
     PROBE_FILE,
     TIMED_OUT,
     PathFacts,
+    ProbeSide,
     fetch_command,
     parse_side,
     serve_command,
@@ -91,11 +93,23 @@ def test_a_stalled_transfer_and_a_missing_library_say_what_to_change() -> None:
     assert "does not load" in found.summary and "invoke provision" in found.fix
 
 
+def test_a_mooncake_pair_that_cannot_connect_names_the_engine_s_ports() -> None:
+    facts = replace(FACTS, library="mooncake")
+    fetch = ProbeSide(("side_channel", "register", "connect"), {"ok": False, "error": "TCP x:1: refused"}, 1)
+    found = verdict(facts, ProbeSide(("register", "side_channel"), None, 0), fetch)
+    assert (
+        not found.ok and "Mooncake could not connect to lab-p1's engine (TCP x:1: refused)" in found.summary
+    )
+    assert "the ports Mooncake's transfer engine listens on" in found.fix
+
+
 def test_the_commands_bound_each_side_and_carry_the_probe_in_argv() -> None:
     fetch = shlex.split(fetch_command("/opt/pdfleet/venv/bin/python", "198.18.0.11", 5599, "/e.env", PROBE))
     assert fetch[:5] == ["timeout", str(FETCH_TIMEOUT_S), "/opt/pdfleet/venv/bin/python", "-c", PROBE]
     assert fetch[5:] == [
         "fetch",
+        "--library",
+        "nixl",
         "--peer",
         "198.18.0.11",
         "--port",

@@ -191,3 +191,44 @@ def test_streamed_requests_through_the_router_move_their_bytes_through_mooncake_
             "KV bytes move through Mooncake's transfer engine (tcp, P2PHANDSHAKE at 127.0.0.1:" in proc.log()
         )
     assert "pulling kv_caches for" not in consumer.log()
+
+
+def test_verify_s_probe_moves_a_buffer_over_mooncake_and_a_refused_engine_port_fails_at_once(
+    mooncake_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`verify --kv-path`'s probe program (templates/kv_probe.py) with --library mooncake on loopback: the
+    prefill side's engine offers its session, the decode side reads 4 MiB and checks it; then, against an
+    offer naming a port nobody listens on, the decode side fails at its connect stage within a second."""
+    probe = str(Path(__file__).resolve().parents[3] / "templates" / "kv_probe.py")
+    env = {**os.environ, **mooncake_env}
+    port = free_port()
+    common = ["--library", "mooncake", "--host", "127.0.0.1", "--port", str(port), "--timeout", "10"]
+    with (tmp_path / "serve.log").open("w") as log:
+        serve = subprocess.Popen(  # noqa: S603 - the probe program, argv only
+            [sys.executable, probe, "serve", *common, "--bytes", str(4 << 20)],
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+        try:
+            fetch = subprocess.run(
+                [sys.executable, probe, "fetch", *common, "--peer", "127.0.0.1"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert serve.wait(timeout=15) == 0
+        finally:
+            serve.kill()
+    result = json.loads(fetch.stdout.splitlines()[-1])
+    assert result["ok"] and result["bytes"] == 4 << 20 and result["seconds"] > 0, fetch.stdout + fetch.stderr
+    assert "stage transfer" in fetch.stdout and "Transfer Engine RPC using P2P handshake" in fetch.stderr
+    sys.path.insert(0, str(Path(probe).parent))
+    try:
+        import kv_probe  # the probe's own check of the data listeners, against a closed port
+    finally:
+        sys.path.pop(0)
+    assert "Connection refused" in (
+        kv_probe.reach_data_ports("127.0.0.1", [["0.0.0.0", free_port()]], 1.0) or ""
+    )
