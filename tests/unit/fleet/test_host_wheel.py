@@ -28,6 +28,7 @@ from pdfleet.fleet.host_wheel import (
     wheel_name,
     write_host_wheel,
 )
+from pdfleet.hw.kv import SIM_MODULES
 from tests.unit.fleet.helpers import REPO, third_party_imports
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
@@ -173,7 +174,7 @@ def test_host_requirements_cover_every_third_party_import() -> None:
     for module in sorted(third_party_imports(files)):
         if module in INDIRECT_OR_OPTIONAL:
             continue
-        if normal(module) in _beside_the_simulator() and module not in elsewhere:
+        if normal(SIM_MODULES.get(module, module)) in _beside_the_simulator() and module not in elsewhere:
             continue
         dists = {normal(d) for d in by_module.get(module, [])}
         assert dists & provided, f"host code imports {module} ({dists or 'unknown'}), not a host dependency"
