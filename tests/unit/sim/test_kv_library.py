@@ -37,6 +37,8 @@ from pdfleet.sim.kv_library import (
 from tests.unit.sim.helpers import MODEL, kv_config, post_json
 
 pytestmark = pytest.mark.procs  # pip installs the wheel; the simulators and the router are processes
+# UCX listens on every interface it uses: on loopback alone here, as everything a test runs must
+LOOPBACK_ONLY = "lo"
 
 KV_BYTES_8B = 131072
 
@@ -117,6 +119,7 @@ def nixl(nixl_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """NIXL importable in this process, over UCX's TCP transport (as lab-cross renders UCX_TLS)."""
     monkeypatch.syspath_prepend(nixl_path)
     monkeypatch.setenv("UCX_TLS", "tcp")
+    monkeypatch.setenv("UCX_NET_DEVICES", LOOPBACK_ONLY)
 
 
 def test_two_agents_move_the_blocks_and_the_library_s_errors_fail_the_read(nixl: None) -> None:
@@ -170,6 +173,7 @@ def nixl_pair(nixl_path: str) -> Iterator[tuple[SimProcess, SimProcess]]:
     env = {
         "PYTHONPATH": path,
         "UCX_TLS": "tcp",
+        "UCX_NET_DEVICES": LOOPBACK_ONLY,
         "PDFLEET_SIM_KV_LIBRARY": "nixl",
         "PDFLEET_SIM_KV_BYTES_FRACTION": "0.01",
     }
@@ -235,6 +239,7 @@ def test_a_consumer_with_the_library_cannot_read_a_producer_without_it(nixl_path
     env = {
         "PYTHONPATH": path,
         "UCX_TLS": "tcp",
+        "UCX_NET_DEVICES": LOOPBACK_ONLY,
         "PDFLEET_SIM_KV_LIBRARY": "nixl",
         "PDFLEET_SIM_KV_BYTES_FRACTION": "0.01",
     }
