@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
+import os
 import random
+import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from pdfleet.lab.model_mirror import lab_model_files
 from pdfleet.sim.stream import FILLER
@@ -34,6 +41,34 @@ def post_json(
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+CLONE_NEWNET = 0x40000000  # <sched.h>
+
+
+@contextlib.contextmanager
+def loopback_netns() -> Iterator[None]:
+    """This thread in a network namespace of its own, holding only `lo` (up), until the block ends; then back.
+
+    A network namespace belongs to a thread (Linux): the sockets this thread opens meanwhile, the threads it
+    starts and the processes it spawns are in the new one, so a library that listens on every interface
+    (Mooncake's transfer engine: its handshake and TCP acceptors bind 0.0.0.0 and [::], no option changes
+    it) is reachable from loopback only. Needs CAP_SYS_ADMIN (root here and in CI); without it, a skip."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if libc.unshare(CLONE_NEWNET) != 0:
+            reason = os.strerror(ctypes.get_errno())
+            pytest.skip(f"no network namespace of its own for this test (unshare: {reason}; needs root)")
+        try:
+            subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=10)  # noqa: S607 - iproute2
+            assert socket.if_nameindex() == [(1, "lo")], socket.if_nameindex()
+            yield
+        finally:
+            if libc.setns(home, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back to the test's network namespace")
+    finally:
+        os.close(home)
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 10.0) -> None:

@@ -3,7 +3,12 @@ reason, then the real engine: two engines in this process, and a producer and a 
 the real `vllm-router --kv-connector mooncake` moving each request's scaled KV bytes over Mooncake's TCP
 transport on loopback. The engine's wheel comes from the lab's PyPI mirror and Debian's libibverbs1 (with
 its libnl dependencies) from the lab's apt mirror (what `invoke lab.build` fetches), unpacked once per run
-into a temporary directory; without them those tests skip, saying so."""
+into a temporary directory; without them those tests skip, saying so.
+
+The engine listens on every interface (its handshake and TCP acceptors bind 0.0.0.0 and [::]; 0.3.13.post1
+has no option to bind one address: MC_TCP_BIND_ADDRESS only names the address it announces), so the real
+engine's tests run in a network namespace of their own holding only `lo`: what listens is reachable from
+loopback only, as everything a test runs must be. In the lab each engine is in its nspawn host's namespace."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from pdfleet.lab.paths import LabPaths
 from pdfleet.metrics.scrape import scrape_metrics
 from pdfleet.sim.kv_library import BUFFER_BYTES, LibraryError, LibrarySettings, Offer, scaled
 from pdfleet.sim.kv_mooncake import MooncakeEngine, engine_errors, start_library
-from tests.unit.sim.helpers import MODEL
+from tests.unit.sim.helpers import MODEL, loopback_netns
 
 pytestmark = pytest.mark.procs  # pip installs the wheel; the simulators and the router are processes
 
@@ -82,8 +87,15 @@ def mooncake_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"PYTHONPATH": str(target), "LD_LIBRARY_PATH": os.pathsep.join(libs)}
 
 
+@pytest.fixture(scope="module")
+def own_netns() -> Iterator[None]:
+    """The module's engines, simulators, router and probes in a network namespace holding only `lo`."""
+    with loopback_netns():
+        yield
+
+
 @pytest.fixture
-def engine_here(mooncake_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def engine_here(mooncake_env: dict[str, str], own_netns: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """mooncake.engine importable in this process: its libraries loaded by soname first (RTLD_GLOBAL)."""
     monkeypatch.syspath_prepend(mooncake_env["PYTHONPATH"])
     dirs = mooncake_env["LD_LIBRARY_PATH"].split(os.pathsep)
@@ -129,7 +141,9 @@ def _mooncake(role: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def engine_pair(mooncake_env: dict[str, str]) -> Iterator[tuple[SimProcess, SimProcess, int]]:
+def engine_pair(
+    mooncake_env: dict[str, str], own_netns: None
+) -> Iterator[tuple[SimProcess, SimProcess, int]]:
     """A MooncakeConnector producer and consumer simulator with the engine on, as kv-transfer.env has it
     with sim_library (the settings pdfleet renders for Mooncake over tcp included)."""
     path = os.pathsep.join(p for p in (mooncake_env["PYTHONPATH"], os.environ.get("PYTHONPATH", "")) if p)
@@ -194,7 +208,7 @@ def test_streamed_requests_through_the_router_move_their_bytes_through_mooncake_
 
 
 def test_verify_s_probe_moves_a_buffer_over_mooncake_and_a_refused_engine_port_fails_at_once(
-    mooncake_env: dict[str, str], tmp_path: Path
+    mooncake_env: dict[str, str], own_netns: None, tmp_path: Path
 ) -> None:
     """`verify --kv-path`'s probe program (templates/kv_probe.py) with --library mooncake on loopback: the
     prefill side's engine offers its session, the decode side reads 4 MiB and checks it; then, against an
