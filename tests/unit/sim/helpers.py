@@ -14,19 +14,24 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pdfleet.bench.launch import SimProcess
 from pdfleet.lab.model_mirror import lab_model_files
+from pdfleet.sim.kv_library import BUFFER_BYTES, scaled
 from pdfleet.sim.stream import FILLER
+
+if TYPE_CHECKING:
+    from openai.types import CompletionUsage
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
-def kv_config(role: str, **extra: Any) -> str:
-    """A --kv-transfer-config JSON for the NixlConnector in `role`."""
-    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, **extra})
+def kv_config(role: str, connector: str = "NixlConnector", **extra: Any) -> str:
+    """A --kv-transfer-config JSON for `connector` (the NixlConnector unless named) in `role`."""
+    return json.dumps({"kv_connector": connector, "kv_role": role, **extra})
 
 
 def post_json(
@@ -41,6 +46,69 @@ def post_json(
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
+
+
+# ---- P/D pairs moving KV bytes through a real transfer library (NIXL, Mooncake's engine) -------------------
+KV_BYTES_8B = 131072  # the KV bytes of one Llama-3.1-8B token (the simulator's model)
+LIBRARY_FRACTION = 0.01  # of each request's KV bytes, through the library
+
+
+def library_env(library: str, library_dir: str, **more: str) -> dict[str, str]:
+    """kv-transfer.env's settings for the simulator's `library` (PDFLEET_SIM_KV_*, LIBRARY_FRACTION of the
+    bytes), its installed directory first on PYTHONPATH, and `more` (the library's own settings)."""
+    path = os.pathsep.join(p for p in (library_dir, os.environ.get("PYTHONPATH", "")) if p)
+    return {
+        "PYTHONPATH": path,
+        "PDFLEET_SIM_KV_LIBRARY": library,
+        "PDFLEET_SIM_KV_BYTES_FRACTION": str(LIBRARY_FRACTION),
+        **more,
+    }
+
+
+@contextlib.contextmanager
+def library_pair(
+    connector: str, env: dict[str, str], producer_env: dict[str, str]
+) -> Iterator[tuple[SimProcess, SimProcess]]:
+    """A `connector` producer and consumer simulator with `env` (library_env's), the producer's own settings
+    (its side channel's or bootstrap port) in `producer_env`; stopped when the block ends."""
+    common = [MODEL, "--sim-time-scale", "0.1", "--sim-log-interval", "1", "--kv-transfer-config"]
+    producer = SimProcess(
+        [*common, kv_config("kv_producer", connector)], env={**env, **producer_env}, timeout=60
+    )
+    consumer = SimProcess([*common, kv_config("kv_consumer", connector)], env=env, timeout=60)
+    with producer as p, consumer as d:
+        yield p, d
+
+
+def stream_chats(router_url: str, count: int = 3) -> list[CompletionUsage]:
+    """`count` streamed chats of ~1K prompt tokens each, 4 tokens out, through `router_url` (the OpenAI SDK):
+    each one's usage."""
+    import openai  # only the tests that stream import the SDK
+
+    client = openai.OpenAI(base_url=router_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    usages = []
+    for n in range(count):
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"{n} " + "y" * 4000}],
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        usage = [c for c in stream][-1].usage
+        assert usage is not None
+        usages.append(usage)
+    return usages
+
+
+def library_bytes(usages: list[CompletionUsage]) -> int:
+    """The bytes the library moves for these requests: each prompt's 16-token blocks, each LIBRARY_FRACTION
+    of a block's KV bytes in whole words (`kv_library.scaled`)."""
+    total = 0
+    for usage in usages:
+        blocks = -(-usage.prompt_tokens // 16)
+        total += blocks * scaled(usage.prompt_tokens * KV_BYTES_8B, blocks, LIBRARY_FRACTION, BUFFER_BYTES)
+    return total
 
 
 CLONE_NEWNET = 0x40000000  # <sched.h>

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import numpy as np
-import openai
 import pytest
 
 from pdfleet.bench.launch import RouterProcess, SimProcess
@@ -34,13 +32,20 @@ from pdfleet.sim.kv_library import (
     scaled,
     settings_from_env,
 )
-from tests.unit.sim.helpers import MODEL, kv_config, post_json
+from tests.unit.sim.helpers import (
+    KV_BYTES_8B,
+    MODEL,
+    kv_config,
+    library_bytes,
+    library_env,
+    library_pair,
+    post_json,
+    stream_chats,
+)
 
 pytestmark = pytest.mark.procs  # pip installs the wheel; the simulators and the router are processes
 # UCX listens on every interface it uses: on loopback alone here, as everything a test runs must
 LOOPBACK_ONLY = "lo"
-
-KV_BYTES_8B = 131072
 
 
 # ---- pure ---------------------------------------------------------------------------------------------
@@ -114,6 +119,11 @@ def nixl_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(target)
 
 
+def nixl_env(nixl_path: str) -> dict[str, str]:
+    """A simulator's environment moving KV bytes through NIXL, its UCX on TCP over loopback (lab-cross's)."""
+    return library_env("nixl", nixl_path, UCX_TLS="tcp", UCX_NET_DEVICES=LOOPBACK_ONLY)
+
+
 @pytest.fixture
 def nixl(nixl_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """NIXL importable in this process, over UCX's TCP transport (as lab-cross renders UCX_TLS)."""
@@ -169,26 +179,9 @@ def nixl_pair(nixl_path: str) -> Iterator[tuple[SimProcess, SimProcess]]:
     """A producer and a consumer simulator with the library on, their UCX on TCP (as lab-cross's env).
     One test's (its only user): each NIXL agent's UCX progress thread polls, ~0.7 of a core a simulator
     even idle, so the pair stops when that test ends, not with the module."""
-    path = os.pathsep.join(p for p in (nixl_path, os.environ.get("PYTHONPATH", "")) if p)
-    env = {
-        "PYTHONPATH": path,
-        "UCX_TLS": "tcp",
-        "UCX_NET_DEVICES": LOOPBACK_ONLY,
-        "PDFLEET_SIM_KV_LIBRARY": "nixl",
-        "PDFLEET_SIM_KV_BYTES_FRACTION": "0.01",
-    }
-    side = free_port()
-    common = ["--sim-time-scale", "0.1", "--sim-log-interval", "1"]
-    producer = SimProcess(
-        [MODEL, *common, "--kv-transfer-config", kv_config("kv_producer")],
-        env={**env, "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
-        timeout=60,
-    )
-    consumer = SimProcess(
-        [MODEL, *common, "--kv-transfer-config", kv_config("kv_consumer")], env=env, timeout=60
-    )
-    with producer as p, consumer as d:
-        yield p, d
+    side = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+    with library_pair("NixlConnector", nixl_env(nixl_path), side) as pair:
+        yield pair
 
 
 def test_streamed_requests_through_the_router_move_their_bytes_through_nixl(
@@ -197,27 +190,12 @@ def test_streamed_requests_through_the_router_move_their_bytes_through_nixl(
     producer, consumer = nixl_pair
     before = scrape_metrics(consumer.url)
     with RouterProcess([producer.url], [consumer.url]) as router:
-        client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-        usages = []
-        for n in range(3):
-            stream = client.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": f"{n} " + "y" * 4000}],
-                max_tokens=4,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            usages.append([c for c in stream][-1].usage)
+        usages = stream_chats(router.url)
     after = scrape_metrics(consumer.url)
     assert after["vllm:nixl_bytes_transferred_count"] - before["vllm:nixl_bytes_transferred_count"] == 3
     # the decode side counts the bytes NIXL moved: each request's blocks at 0.01 of their KV bytes
-    want = 0
-    for usage in usages:
-        assert usage is not None
-        blocks = -(-usage.prompt_tokens // 16)
-        want += blocks * scaled(usage.prompt_tokens * KV_BYTES_8B, blocks, 0.01, BUFFER_BYTES)
     moved = after["vllm:nixl_bytes_transferred_sum"] - before["vllm:nixl_bytes_transferred_sum"]
-    assert moved == want
+    assert moved == library_bytes(usages)
     failed = "vllm:nixl_num_failed_transfers_total"
     assert after[failed] == before[failed]
     # the library's own lines, each side's agent (NIXL's logger, not the simulator's)
@@ -229,22 +207,16 @@ def test_streamed_requests_through_the_router_move_their_bytes_through_nixl(
 def test_a_consumer_with_the_library_cannot_read_a_producer_without_it(nixl_path: str) -> None:
     """The producer offers no agent: the handshake fails, the blocks are invalid, and 0.33's
     kv_load_failure_policy (fail) fails the request as vLLM's connector does."""
-    path = os.pathsep.join(p for p in (nixl_path, os.environ.get("PYTHONPATH", "")) if p)
     side = free_port()
     common = ["--sim-time-scale", "0.1"]
     producer = SimProcess(
         [MODEL, *common, "--kv-transfer-config", kv_config("kv_producer")],
         env={"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
     )
-    env = {
-        "PYTHONPATH": path,
-        "UCX_TLS": "tcp",
-        "UCX_NET_DEVICES": LOOPBACK_ONLY,
-        "PDFLEET_SIM_KV_LIBRARY": "nixl",
-        "PDFLEET_SIM_KV_BYTES_FRACTION": "0.01",
-    }
     consumer = SimProcess(
-        [MODEL, *common, "--kv-transfer-config", kv_config("kv_consumer")], env=env, timeout=60
+        [MODEL, *common, "--kv-transfer-config", kv_config("kv_consumer")],
+        env=nixl_env(nixl_path),
+        timeout=60,
     )
     with producer as p, consumer as d:
         prefill = {

@@ -21,19 +21,24 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
 import pytest
 
 from pdfleet.bench.launch import RouterProcess, SimProcess, free_port
 from pdfleet.lab.paths import LabPaths
 from pdfleet.metrics.scrape import scrape_metrics
-from pdfleet.sim.kv_library import BUFFER_BYTES, LibraryError, LibrarySettings, Offer, scaled
+from pdfleet.sim.kv_library import LibraryError, LibrarySettings, Offer, scaled
 from pdfleet.sim.kv_mooncake import MooncakeEngine, engine_errors, start_library
-from tests.unit.sim.helpers import MODEL, loopback_netns
+from tests.unit.sim.helpers import (
+    KV_BYTES_8B,
+    library_bytes,
+    library_env,
+    library_pair,
+    loopback_netns,
+    stream_chats,
+)
 
 pytestmark = pytest.mark.procs  # pip installs the wheel; the simulators and the router are processes
 
-KV_BYTES_8B = 131072
 DEBS = ("libibverbs1", "libnl-3-200", "libnl-route-3-200")
 LIBS = ("libnl-3.so.200", "libnl-route-3.so.200", "libibverbs.so.1")  # in load order
 
@@ -136,36 +141,16 @@ def test_two_engines_move_the_blocks_and_a_failure_names_mooncake_s_logged_reaso
     assert mismatched == "kv-transfer.env moves KV with mooncake, this connector with nixl"
 
 
-def _mooncake(role: str) -> str:
-    return json.dumps({"kv_connector": "MooncakeConnector", "kv_role": role})
-
-
 @pytest.fixture(scope="module")
 def engine_pair(
     mooncake_env: dict[str, str], own_netns: None
 ) -> Iterator[tuple[SimProcess, SimProcess, int]]:
     """A MooncakeConnector producer and consumer simulator with the engine on, as kv-transfer.env has it
     with sim_library (the settings pdfleet renders for Mooncake over tcp included)."""
-    path = os.pathsep.join(p for p in (mooncake_env["PYTHONPATH"], os.environ.get("PYTHONPATH", "")) if p)
-    env = {
-        **mooncake_env,
-        "PYTHONPATH": path,
-        "PDFLEET_SIM_KV_LIBRARY": "mooncake",
-        "PDFLEET_SIM_KV_BYTES_FRACTION": "0.01",
-        "MC_TRANSFER_TIMEOUT": "10",
-        "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "65535",
-    }
+    engine = {"MC_TRANSFER_TIMEOUT": "10", "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "65535"}
+    env = {**mooncake_env, **library_env("mooncake", mooncake_env["PYTHONPATH"], **engine)}
     boot = free_port()
-    common = ["--sim-time-scale", "0.1", "--sim-log-interval", "1"]
-    producer = SimProcess(
-        [MODEL, *common, "--kv-transfer-config", _mooncake("kv_producer")],
-        env={**env, "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(boot)},
-        timeout=60,
-    )
-    consumer = SimProcess(
-        [MODEL, *common, "--kv-transfer-config", _mooncake("kv_consumer")], env=env, timeout=60
-    )
-    with producer as p, consumer as d:
+    with library_pair("MooncakeConnector", env, {"VLLM_MOONCAKE_BOOTSTRAP_PORT": str(boot)}) as (p, d):
         yield p, d, boot
 
 
@@ -176,27 +161,12 @@ def test_streamed_requests_through_the_router_move_their_bytes_through_mooncake_
     before = scrape_metrics(producer.url)
     mode = {"kv_connector": "mooncake", "bootstrap_ports": [boot]}
     with RouterProcess([producer.url], [consumer.url], **mode) as router:  # type: ignore[arg-type]
-        client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-        usages = []
-        for n in range(3):
-            stream = client.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": f"{n} " + "y" * 4000}],
-                max_tokens=4,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            usages.append([c for c in stream][-1].usage)
+        usages = stream_chats(router.url)
     after = scrape_metrics(producer.url)
     # Mooncake's P observes each transfer (stats.py): the bytes its engine moved, 0.01 of each block's
-    want = 0
-    for usage in usages:
-        assert usage is not None
-        blocks = -(-usage.prompt_tokens // 16)
-        want += blocks * scaled(usage.prompt_tokens * KV_BYTES_8B, blocks, 0.01, BUFFER_BYTES)
     bytes_ = "vllm:mooncake_bytes_transferred"
     assert after[f"{bytes_}_count"] - before[f"{bytes_}_count"] == 3
-    assert after[f"{bytes_}_sum"] - before[f"{bytes_}_sum"] == want
+    assert after[f"{bytes_}_sum"] - before[f"{bytes_}_sum"] == library_bytes(usages)
     assert scrape_metrics(consumer.url)["vllm:mooncake_num_failed_recvs_total"] == 0
     # the engine's own lines on both sides (glog, not the simulator's logger), and no failed pull
     for proc in (producer, consumer):
