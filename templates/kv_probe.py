@@ -122,6 +122,40 @@ def reach_data_ports(peer: str, ports: list[list[Any]], timeout: float) -> str |
     return None
 
 
+def buffer_facts(data: Any, port: int) -> dict[str, Any]:
+    """What the prefill side offers of its registered buffer, beside the library's own handle: its address,
+    size and SHA-256, and this process's data listeners (`listening`, the side channel's `port` left out)."""
+    return {
+        "addr": int(data.ctypes.data),
+        "bytes": int(data.nbytes),
+        "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
+        "data_ports": listening(port),
+    }
+
+
+def side_channel(port: int, timeout: float) -> socket.socket:
+    """The prefill side's side channel: a TCP server on `port`, each accept waiting at most `timeout`."""
+    stage("side_channel")
+    server = socket.create_server(("", port), reuse_port=False)
+    server.settimeout(timeout)
+    return server
+
+
+def give_offer(server: socket.socket, offer: dict[str, Any]) -> None:
+    """Answer the decode side's first connection with the offer (one JSON line)."""
+    conn, _ = server.accept()
+    with conn:
+        conn.sendall(json.dumps(offer).encode() + b"\n")
+
+
+def checked(local: Any, offer: dict[str, Any], setup: float, seconds: float) -> dict[str, Any]:
+    """The decode side's result: ok when the bytes it read are the prefill buffer's (SHA-256)."""
+    stage("verify")
+    same = hashlib.sha256(local.tobytes()).hexdigest() == offer["sha256"]
+    result = {"ok": same, "role": "fetch", "bytes": offer["bytes"], "setup_s": setup, "seconds": seconds}
+    return result if same else {**result, "error": "the bytes read differ from the prefill buffer's"}
+
+
 def serve(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
@@ -130,19 +164,9 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     agent = agent_of(nixl, f"pdfleet-probe-prefill-{os.getpid()}")
     data = np.frombuffer(os.urandom(args.bytes), dtype=np.uint8).copy()
     register(agent, data)
-    offer = {
-        "metadata": base64.b64encode(agent.get_agent_metadata()).decode(),
-        "addr": int(data.ctypes.data),
-        "bytes": int(data.nbytes),
-        "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
-        "data_ports": listening(args.port),
-    }
-    stage("side_channel")
-    with socket.create_server(("", args.port), reuse_port=False) as server:
-        server.settimeout(args.timeout)
-        conn, _ = server.accept()
-        with conn:
-            conn.sendall(json.dumps(offer).encode() + b"\n")
+    metadata = base64.b64encode(agent.get_agent_metadata()).decode()
+    with side_channel(args.port, args.timeout) as server:
+        give_offer(server, {"metadata": metadata, **buffer_facts(data, args.port)})
     stage("wait_notification")
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
@@ -176,19 +200,9 @@ def serve_mooncake(args: argparse.Namespace) -> dict[str, Any]:
     rc = engine.register_memory(int(data.ctypes.data), int(data.nbytes))
     if rc != 0:
         raise RuntimeError(f"register_memory returned {rc}")
-    offer = {
-        "session": f"{args.host}:{engine.get_rpc_port()}",
-        "addr": int(data.ctypes.data),
-        "bytes": int(data.nbytes),
-        "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
-        "data_ports": listening(args.port),
-    }
-    stage("side_channel")
-    with socket.create_server(("", args.port), reuse_port=False) as server:
-        server.settimeout(args.timeout)
-        conn, _ = server.accept()
-        with conn:
-            conn.sendall(json.dumps(offer).encode() + b"\n")
+    session = f"{args.host}:{engine.get_rpc_port()}"
+    with side_channel(args.port, args.timeout) as server:
+        give_offer(server, {"session": session, **buffer_facts(data, args.port)})
         stage("wait_notification")
         done, _ = server.accept()
         done.close()
@@ -254,12 +268,10 @@ def fetch_mooncake(args: argparse.Namespace) -> dict[str, Any]:
             "role": "fetch",
             "error": f"transfer_sync_read from {offer['session']} returned {rc}: {reason}",
         }
-    stage("verify")
-    same = hashlib.sha256(local.tobytes()).hexdigest() == offer["sha256"]
+    result = checked(local, offer, setup, seconds)
     with socket.create_connection((args.peer, args.port), timeout=5):
         pass  # the prefill side may go
-    result = {"ok": same, "role": "fetch", "bytes": offer["bytes"], "setup_s": setup, "seconds": seconds}
-    return result if same else {**result, "error": "the bytes read differ from the prefill buffer's"}
+    return result
 
 
 def receive_offer(peer: str, port: int, timeout: float) -> dict[str, Any]:
@@ -304,10 +316,7 @@ def fetch(args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.monotonic() - started
     if state != "DONE":
         return {"ok": False, "role": "fetch", "error": f"transfer state {state} after {seconds:.1f} s"}
-    stage("verify")
-    same = hashlib.sha256(local.tobytes()).hexdigest() == offer["sha256"]
-    result = {"ok": same, "role": "fetch", "bytes": offer["bytes"], "setup_s": setup, "seconds": seconds}
-    return result if same else {**result, "error": "the bytes read differ from the prefill buffer's"}
+    return checked(local, offer, setup, seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
