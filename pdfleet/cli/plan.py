@@ -64,6 +64,10 @@ HELP = {
     "comes from. Moves no host: other layouts are skipped with what would make them measurable. Bench "
     "files in OUT/validate/. Not with --trace.",
     "validate_duration": "--validate: seconds of traffic per measured pool (default 45, 5-600).",
+    "measure_path": "First measure the request's path on the fleet (client, TLS, gateway, router): 40 "
+    "minimal requests a route through the gateway, each one's client TTFT minus the instances' own mean from "
+    "their /metrics; the prediction adds it to each first token (default: the profile's "
+    "plan.request_path, else not modelled); always done before a validation. Raw figures in OUT/path.json.",
 }
 
 
@@ -155,6 +159,7 @@ def run_plan(
     """Search, predict, decide; (the plan document, the decision, the traffic's averages)."""
     from pdfleet.bench.fleet_targets import bench_model
     from pdfleet.bench.stats import Bounds
+    from pdfleet.cli.plan_path import path_of
     from pdfleet.plan.decide import choose
     from pdfleet.plan.diff import inventory_changes, profile_changes
     from pdfleet.plan.report import document
@@ -169,6 +174,11 @@ def run_plan(
     model = opts["model"]
     spec = bench_model(deployment.profile, model)
     slo = _slo(spec.slo, opts["slo"])
+    measure = opts["measure_path"]
+    live = open_deployment(ctx, profile, opts["inventory"], fleet_layout=True) if measure else deployment
+    path, measured = path_of(live, model, measure, opts["out_dir"])
+    for line in measured:
+        console.print(line, highlight=False, soft_wrap=True)
     requests, workload, warnings = _traffic(deployment, opts)
     hw = hardware_of(deployment, model)
     targets = targets_of(slo)
@@ -179,7 +189,7 @@ def run_plan(
     t0 = time.perf_counter()
     bounds = Bounds(slo.ttft_p99_ms, slo.tpot_p99_ms, slo.stall_ms)
     long_tokens = deployment.profile.for_model(spec).gateway.long_prompt_tokens
-    preds = predict_all(keep, requests, hw, bounds, long_tokens, workers)
+    preds = predict_all(keep, requests, hw, bounds, long_tokens, workers, path=path)
     wall = time.perf_counter() - t0
     longest = max((r.effective_tokens for r in requests), default=0)
     decision = choose(preds, targets, longest, min(THRESHOLDS))
@@ -197,6 +207,7 @@ def run_plan(
         "duration_s": simulated,
         "seed": workload["seed"],
         "requests": len(requests),
+        "request_path": path.doc(),
         "targets": {k: v for k, v in targets.__dict__.items()},
         "timing": {
             "layouts": len(keep),
@@ -235,12 +246,14 @@ def plan(
     out: str | None = None,
     validate: bool = False,
     validate_duration: str | None = None,
+    measure_path: bool = False,
 ) -> None:
     """Predict every layout of N GPUs for this traffic; ranked table, recommendation, diff, report."""
     from rich.console import Console
 
     from pdfleet.cli.plan_validate import run_validate, validate_duration_of
     from pdfleet.plan.decide import Targets
+    from pdfleet.plan.path import of_doc
     from pdfleet.plan.report import write
 
     console = Console(stderr=True)
@@ -273,21 +286,26 @@ def plan(
         "gpus_per_host": gpus_per_host,
         "workers": workers,
         "bench": bench_opts,
+        "measure_path": measure_path or validate,
     }
-    doc, decision, load = run_plan(ctx, profile, opts, console)
     settings = Settings.of(ctx)
     out_dir = (
         repo_path(out)
         if out
-        else settings.output_dir / f"plan-{doc['profile']}-{time.strftime('%Y%m%d-%H%M%S')}"
+        else settings.output_dir / f"plan-{Path(profile).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+    opts["out_dir"] = Path(out_dir)
+    doc, decision, load = run_plan(ctx, profile, opts, console)
     files = write(Path(out_dir), doc)
     print_outcome(doc)
     console.print(f"written: {', '.join(str(f) for f in files)}")
     if validate:
         opts["validate_duration"] = bench_s
         targets = Targets(**doc["targets"])
-        for line in run_validate(ctx, profile, opts, decision, targets, Path(out_dir), console, load.long):
+        path = of_doc(doc["request_path"])
+        for line in run_validate(
+            ctx, profile, opts, decision, targets, Path(out_dir), console, load.long, path
+        ):
             print(line, flush=True)
 
 
@@ -296,7 +314,7 @@ def print_outcome(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from pdfleet.plan.report import RANKED, ranked_rows
+    from pdfleet.plan.report import RANKED, path_text, ranked_rows
 
     out = Console() if Console().is_terminal else Console(width=200)
     table = Table(title=f"plan: {doc['gpus']} x {doc['hardware']['gpu']} ({doc['requests']} requests)")
@@ -306,6 +324,7 @@ def print_outcome(doc: dict[str, Any]) -> None:
         table.add_row(*row)
     out.print(table)
     out.print(f"recommended: {doc['recommended']}", highlight=False)
+    out.print(f"  {path_text(doc['request_path'])}", highlight=False)
     for line in [*doc["why"], *doc["warnings"]]:
         out.print(f"  {line}", highlight=False)
     for line in doc["changes"]["profile"] + doc["changes"]["inventory"]:

@@ -23,6 +23,7 @@ from invoke import Context
 
 from pdfleet.errors import ValidationError
 from pdfleet.model.stages import StageSpec
+from pdfleet.plan.path import NOT_MODELLED, RequestPath
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -88,10 +89,12 @@ def component_report(
     requests: list[Request],
     hw: Hardware,
     long_tokens: int,
+    path: RequestPath = NOT_MODELLED,
 ) -> list[str]:
     """Per benched pool (a routed run: per pool it was served by): the gaps predicted, the instances' own
     (with DIR/server-before.json and server-after.json), the client's (DIR/requests.jsonl), and the
-    client's own lateness."""
+    client's own lateness; the mean TTFT the engines', the instances' own, the client's, and the `path`
+    the prediction adds."""
     from pdfleet.bench.stats import gaps
     from pdfleet.plan.gaps import component_lines, deltas, ttft_lines
     from pdfleet.plan.predict import client_record, run
@@ -126,6 +129,12 @@ def component_report(
                 if x["pool"] == pool and x["success"] and (pool != "routed" or x.get("served") == part)
             ]
             out.extend(ttft_lines(part, first, lab, seen, label))
+            if path.modelled and first:
+                engines = 1000 * sum(first) / len(first)
+                out.append(
+                    f"{'':10} the request path modelled: mean {path.mean_ms(part):.1f} ms, so the client's "
+                    f"predicted mean {engines + path.mean_ms(part):.1f} ms"
+                )
         c = doc["pools"][pool]["pdfleet"]["client"]
         out.append(
             f"{pool:10} client: event-loop lag P99 {c['p99_loop_lag_ms']:.1f} ms, schedule lateness P99 "
@@ -143,9 +152,11 @@ def run_validate(
     out_dir: Path,
     console: Console,
     shares: Shares | None = None,
+    path: RequestPath = NOT_MODELLED,
 ) -> list[str]:
     """Pick, bench, predict on the bench's requests, compare; the printed lines (also DIR/validate.txt).
-    `shares`: the plan's traffic per threshold (a ranked hybrid routing as the fleet's is the fleet's)."""
+    `shares`: the plan's traffic per threshold (a ranked hybrid routing as the fleet's is the fleet's);
+    `path`: the request path the plan measured first (added to the prediction's first tokens)."""
     from pdfleet.bench.fleet_targets import bench_model
     from pdfleet.bench.stats import Bounds
     from pdfleet.cli.bench import run_bench
@@ -198,15 +209,20 @@ def run_validate(
     hw = hardware_of(deployment, model)
     long_tokens = deployment.profile.for_model(spec).gateway.long_prompt_tokens
     bounds = Bounds(**doc["slo_bounds_ms"])
-    preds = {pool: simulate(lay, requests, hw, bounds, long_tokens) for pool, lay in layouts.items()}
+    preds = {pool: simulate(lay, requests, hw, bounds, long_tokens, path) for pool, lay in layouts.items()}
     v = validate(preds, doc["pools"], targets, [p for p in picks if not p.pool])
-    head = [f"validate: {len(requests)} requests, time scale {doc.get('time_scale', 1):g}", *down, *notes]
+    head = [
+        f"validate: {len(requests)} requests, time scale {doc.get('time_scale', 1):g}",
+        f"validate: {path.text()}",
+        *down,
+        *notes,
+    ]
     if doc.get("partial"):
         head.append("validate: the bench was interrupted; the measurement is partial")
     body = (
         lines(v)
         + route_lines(preds, doc)
-        + component_report(bench_dir, doc, layouts, requests, hw, long_tokens)
+        + component_report(bench_dir, doc, layouts, requests, hw, long_tokens, path)
     )
     (bench_dir / "validate.txt").write_text("\n".join(head + body) + "\n", encoding="utf-8")
     return head + body

@@ -193,6 +193,21 @@ class GatewaySpec(StrictModel):
     tls: GatewayTlsSetting
 
 
+class RequestPathSpec(StrictModel):
+    """`invoke plan`'s request path per route: the milliseconds a first token spends outside the engines
+    (client, TLS, gateway, for P/D the router), as measured somewhere (`source` says where and when)."""
+
+    colocated_ms: float = Field(ge=0)
+    disagg_ms: float = Field(ge=0)
+    source: str = Field(min_length=1)
+
+
+class PlanSpec(StrictModel):
+    """`invoke plan`'s inputs a fleet cannot give (docs/plan.md): the request path for a plan without one."""
+
+    request_path: RequestPathSpec | None = None
+
+
 class Profile(StrictModel):
     """A validated topology profile (see the module docstring for files, extends and errors)."""
 
@@ -212,6 +227,7 @@ class Profile(StrictModel):
     slo: SloSpec
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    plan: PlanSpec = Field(default_factory=PlanSpec)  # invoke plan's request path without a fleet
     # several models (issue 24): each entry overrides per-model keys and inherits the rest from above
     models: list[ServedModel] | None = Field(default=None, min_length=1)
     # key path -> file that set it (this file or a base), so later errors point at the file to edit

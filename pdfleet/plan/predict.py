@@ -5,7 +5,8 @@ Each request arrives at its time; the gateway's rule sends it to P/D when its ef
 layout's threshold (every request when the layout has no colocated pool), else to the next colocated
 instance (round robin, as the gateway's default). The records become `bench.client.Record`s, so TTFT,
 TPOT, ITL, stalls, goodput and attainment are `bench.stats.summarize`'s, per length class as bench
-splits them (the profile's `long_prompt_tokens` on the whole prompt). Queue times are vLLM's (scheduled −
+splits them (the profile's `long_prompt_tokens` on the whole prompt), each route's request path
+(`pdfleet.plan.path`: client, gateway, router) added to its first token. Queue times are vLLM's (scheduled −
 arrived, per role), KV transfer times include waiting for the consumer's link.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from pdfleet.bench.client import Record as ClientRecord
 from pdfleet.bench.stats import Bounds, per_gpu, quantile, summarize
 from pdfleet.model.catalog import DEFAULT_BLOCK_SIZE
+from pdfleet.plan.path import NOT_MODELLED, RequestPath
 from pdfleet.plan.space import Hardware, Layout, PoolShape
 from pdfleet.sim.des import PDPool, Record, Simulation, run_alone
 from pdfleet.sim.engine import Engine, EngineLimits
@@ -71,12 +73,18 @@ def _p95(xs: list[float]) -> float:
 
 
 def simulate(
-    layout: Layout, requests: Sequence[Request], hw: Hardware, bounds: Bounds, long_tokens: int
+    layout: Layout,
+    requests: Sequence[Request],
+    hw: Hardware,
+    bounds: Bounds,
+    long_tokens: int,
+    path: RequestPath = NOT_MODELLED,
 ) -> Prediction:
-    """Run the traffic through the layout on a simulated clock; the figures `invoke bench` would report."""
+    """Run the traffic through the layout on a simulated clock; the figures `invoke bench` would report,
+    each route's request `path` added to its first tokens."""
     records, pd = run(layout, requests, hw)
     end = max((rec.token_times[-1] for _, _, rec in records if rec.token_times), default=0.0)
-    return _figures(layout, records, pd, bounds, long_tokens, end)
+    return _figures(layout, records, pd, bounds, long_tokens, end, path)
 
 
 def run(
@@ -123,9 +131,10 @@ def run(
     return records, pd
 
 
-def client_record(req: Request, rec: Record, long_tokens: int) -> ClientRecord:
-    """The DES record as bench's client would have written it."""
-    chunks = list(rec.token_times)
+def client_record(req: Request, rec: Record, long_tokens: int, path_s: float = 0.0) -> ClientRecord:
+    """The DES record as bench's client would have written it, its tokens `path_s` later (the request's
+    path: every token is as late as the first, so TTFT and E2E grow and the gaps stay the engine's)."""
+    chunks = [t + path_s for t in rec.token_times]
     return ClientRecord(
         length_class="long" if req.prompt_tokens >= long_tokens else "short",
         prompt_tokens=req.prompt_tokens,
@@ -146,9 +155,19 @@ def _figures(
     bounds: Bounds,
     long_tokens: int,
     end: float,
+    path: RequestPath,
 ) -> Prediction:
     """bench's figures of the run, the queues per role and the KV link's load."""
-    clients = [client_record(req, rec, long_tokens) for req, _, rec in records]
+    turn = {}  # each record's place in its route's arrivals: which of the route's path samples it gets
+    for route in ("colocated", "disagg"):
+        mine = sorted(
+            (k for k, (_, by, _) in enumerate(records) if by == route), key=lambda k: records[k][0].at
+        )
+        turn.update({k: n for n, k in enumerate(mine)})
+    clients = [
+        client_record(req, rec, long_tokens, path.seconds(by, turn[k]))
+        for k, (req, by, rec) in enumerate(records)
+    ]
     start = min((r.start for r in clients), default=0.0)
     duration = max(end - start, 1e-9)
     overall = summarize(clients, duration, bounds)

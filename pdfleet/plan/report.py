@@ -15,6 +15,7 @@ from typing import Any
 
 from pdfleet.bench.report import fmt, html_document, html_table, img_tag, markdown_table
 from pdfleet.plan.decide import Decision, Row
+from pdfleet.plan.path import NOT_MODELLED, of_doc
 from pdfleet.plan.space import Pruned
 
 RANKED = [
@@ -138,6 +139,11 @@ def ranked_rows(doc: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def path_text(d: dict[str, Any] | None) -> str:
+    """plan.json's `request_path` as one line: its figures per route, where they came from and when."""
+    return (of_doc(d) if d else NOT_MODELLED).text()
+
+
 def _title(doc: dict[str, Any]) -> str:
     w = doc["workload"]
     return (
@@ -156,6 +162,7 @@ def _sections(doc: dict[str, Any]) -> list[tuple[str, list[str]]]:
     )
     t = doc["timing"]
     notes = [
+        path_text(doc.get("request_path")),
         *doc["warnings"],
         f"{t['layouts']} layouts simulated, {fmt(t['simulated_s'], 0)} s of traffic each, in "
         f"{fmt(t['wall_s'], 1)} s on {t['workers']} worker(s) ({fmt(t['ratio'], 0)}x real time per layout)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,10 +61,22 @@ def test_a_plan_writes_json_markdown_html_and_the_pareto_plot(
         assert heading in md
     assert "![pareto](pareto.png)" in md
     assert "data:image/png;base64," in (out / "report.html").read_text(encoding="utf-8")
-    assert f"recommended: {doc['recommended']}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"recommended: {doc['recommended']}" in printed
+    # no fleet measured and no plan.request_path in the profile: the path is 0, and the report says so
+    assert doc["request_path"]["modelled"] is False and doc["request_path"]["colocated_ms"] == []
+    assert "- request path: not modelled (0 ms): no measurement" in md
+    assert "request path: not modelled (0 ms)" in printed
 
 
-def test_a_trace_is_planned_at_its_own_times(tmp_path: Path) -> None:
+def test_a_trace_is_planned_at_its_own_times_with_the_profiles_request_path(tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", profiles)
+    (profiles / "lab-path.yml").write_text(
+        "extends: lab-cross\nplan:\n  request_path:\n    colocated_ms: 7.5\n    disagg_ms: 9\n"
+        "    source: plan --measure-path on lab-cross, 2026-12-03\n"
+    )
+
     trace = tmp_path / "capture.jsonl"
     rows = [
         TraceRequest(timestamp=i * 250, input_length=300 + 9000 * (i % 8 == 0), output_length=16)
@@ -71,11 +84,20 @@ def test_a_trace_is_planned_at_its_own_times(tmp_path: Path) -> None:
     ]
     write_trace(trace, rows)
     out = tmp_path / "plan"
-    plan(project_context(), profile="lab-cross", gpus="2", trace=str(trace), workers="1", out=str(out))
+    ctx = project_context(profiles_dir=str(profiles))
+    plan(ctx, profile="lab-path", gpus="2", trace=str(trace), workers="1", out=str(out))
     doc = json.loads((out / "plan.json").read_text(encoding="utf-8"))
     assert doc["workload"] == {"name": "trace", "dataset": str(trace), "seed": None}
     assert doc["requests"] == 80 and abs(doc["duration_s"] - 19.75) < 1e-9
     assert any("models no prefix cache" in w for w in doc["warnings"])
+    path = doc["request_path"]
+    assert path["modelled"] and (path["colocated_ms"], path["disagg_ms"]) == ([7.5], [9.0])
+    assert (
+        path["source"] == "profile lab-path's plan.request_path: plan --measure-path on lab-cross, 2026-12-03"
+    )
+    assert "request path: colocated mean 7.5 ms, P/D mean 9.0 ms, added" in (out / "report.md").read_text(
+        encoding="utf-8"
+    )
 
 
 @pytest.mark.parametrize(
