@@ -74,8 +74,9 @@ def routing_notes(doc: dict[str, Any]) -> list[str]:
     if "error" in r:
         return [f"the gateway's routing was not read: {r['error']}"]
     w = r["stage_percent_disagg"]
+    whose = f"model group {r['group']}'s" if r.get("group") else "gateway"
     out = [
-        f"gateway stage {r['stage']} (to P/D: short {w['short']}%, long {w['long']}%), long_prompt_tokens "
+        f"{whose} stage {r['stage']} (to P/D: short {w['short']}%, long {w['long']}%), long_prompt_tokens "
         f"{r['long_prompt_tokens']} on {r['threshold_on']} tokens, policy version {r['version']}"
     ]
     if r.get("set_from"):

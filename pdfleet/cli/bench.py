@@ -338,11 +338,13 @@ def _routing(deployment: Deployment, plan: BenchPlan, opts: dict[str, Any], cons
     from contextlib import nullcontext
 
     from pdfleet.bench.compare import ROUTED
+    from pdfleet.bench.fleet_targets import bench_model
     from pdfleet.cli.bench_routed import routed
 
     if ROUTED not in plan.pools:
         return nullcontext({})
-    return routed(deployment, opts.get("stage"), opts.get("stage_weights"), console.print)
+    model = bench_model(deployment.profile, opts.get("model")).name  # its model group, with several
+    return routed(deployment, opts.get("stage"), opts.get("stage_weights"), console.print, model)
 
 
 def print_outcome(doc: dict[str, Any], verdict: Verdict, out_dir: Path, console: Console) -> list[str]:

@@ -5,8 +5,11 @@ What they are is read from every gateway's `GET /admin/policy` (the profile's ad
 results.json's `routing`. With a stage (`--stage S`, or `invoke plan --validate`'s weights), every gateway
 runs it for the run, set through `POST /admin/stage` as the rollout controller sets one (a version above
 the live one), and the previous stage is put back afterwards, also when the run fails or is interrupted:
-unless something else changed the stage meanwhile (then it is left, and said). The decisions are pure
-(`routing_of`, `staging`); this wires the admin client.
+unless something else changed the stage meanwhile (then it is left, and said). A profile serving several
+models routes each by its model group's stage (`groups:` in the policy, the pdfleet model's name): the run
+reads, sets and puts back the benched model's group only (`POST /admin/stage` with `model`), every other
+model's stage left as it is. The decisions are pure (`group_view`, `routing_of`, `staging`); this wires the
+admin client.
 """
 
 from __future__ import annotations
@@ -27,14 +30,34 @@ if TYPE_CHECKING:
 VALIDATE_STAGE = "plan-validate"  # the stage added for a run when the live policy has none of its weights
 
 
+GROUP_KEYS = ("stage", "stage_percent_disagg", "stages", "long_prompt_tokens")  # a model group's own
+
+
+def group_view(policy: Mapping[str, Any], group: str | None) -> dict[str, Any]:
+    """The /admin/policy answer as one model group routes by it: its stage, weights, stages and threshold
+    over the top level's (the version and decider are the policy's) and `group` set; None: the policy
+    as it is. ValidationError naming the groups when the policy has none for it."""
+    if group is None:
+        return dict(policy)
+    groups = policy.get("groups") or {}
+    if group not in groups:
+        raise ValidationError(
+            f"the gateway's policy has no model group {group!r} (its groups: {', '.join(groups) or 'none'}): "
+            "provision the profile first (invoke provision --profile P)"
+        )
+    return {**policy, **{k: groups[group][k] for k in GROUP_KEYS}, "group": group}
+
+
 def routing_of(policy: Mapping[str, Any]) -> dict[str, Any]:
-    """What a gateway routes by, from its /admin/policy answer: stage, its weights, threshold and on what."""
+    """What a gateway routes by, from its /admin/policy answer (or a `group_view` of it): stage, its
+    weights, threshold and on what, and the model group when it is one's."""
     return {
         "stage": policy["stage"],
         "stage_percent_disagg": dict(policy["stage_percent_disagg"]),
         "long_prompt_tokens": policy["long_prompt_tokens"],
         "threshold_on": (policy.get("decider") or {}).get("threshold_on", "prompt"),
         "version": policy["version"],
+        **({"group": policy["group"]} if policy.get("group") else {}),
     }
 
 
@@ -81,16 +104,33 @@ def _admin(deployment: Deployment) -> tuple[GatewayClient, list[GatewayTarget]]:
 
 @contextmanager
 def routed(
-    deployment: Deployment, stage: str | None, weights: StageSpec | None = None, note: Any = print
+    deployment: Deployment,
+    stage: str | None,
+    weights: StageSpec | None = None,
+    note: Any = print,
+    model: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The routing the run goes by (results.json's `routing`); with `stage` or `weights`, that stage set on
-    every gateway for the block and the previous one put back after it."""
-    if len(deployment.profile.served) > 1 and (stage is not None or weights is not None):
-        raise ValidationError(
-            "--stage: a profile serving several models has a stage per model group: not yet"
-        )
+    every gateway for the block and the previous one put back after it. A profile serving several models:
+    the group of `model` (the benched model's name), read, set and put back alone."""
+    group = model if len(deployment.profile.served) > 1 else None
     client, targets = _admin(deployment)
-    live = client.policy(targets[0])
+    with staged(client, targets, group, stage, weights, note) as routing:
+        yield routing
+
+
+@contextmanager
+def staged(
+    client: GatewayClient,
+    targets: list[GatewayTarget],
+    group: str | None,
+    stage: str | None,
+    weights: StageSpec | None = None,
+    note: Any = print,
+) -> Iterator[dict[str, Any]]:
+    """`routed` on these gateways' admin APIs: the routing of the policy's top level or of model `group`,
+    with a stage set for the block and put back after it when one is asked."""
+    live = group_view(client.policy(targets[0]), group)
     if stage is None and weights is None:
         yield routing_of(live)
         return
@@ -98,26 +138,33 @@ def routed(
     if name == live["stage"]:
         yield routing_of(live)
         return
-    before = {t.name: client.policy(t) for t in targets}
+    before = {t.name: group_view(client.policy(t), group) for t in targets}
     try:
         for t in targets:
-            client.apply(t, int(before[t.name]["version"]) + 1, name, stages)
-        yield {**routing_of(client.policy(targets[0])), "set_from": live["stage"]}
+            client.apply(t, int(before[t.name]["version"]) + 1, name, stages, model=group)
+        yield {**routing_of(group_view(client.policy(targets[0]), group)), "set_from": live["stage"]}
     finally:
         for t in targets:
-            _put_back(client, t, before[t.name], name, note)
+            _put_back(client, t, before[t.name], name, note, group)
 
 
 def _put_back(
-    client: GatewayClient, target: GatewayTarget, before: Mapping[str, Any], ours: str, note: Any
+    client: GatewayClient,
+    target: GatewayTarget,
+    before: Mapping[str, Any],
+    ours: str,
+    note: Any,
+    group: str | None = None,
 ) -> None:
-    """The stage a gateway ran before the run, unless it no longer runs ours (then it is left, and said)."""
-    now = client.policy(target)
+    """The stage a gateway (or its model `group`) ran before the run, unless it no longer runs ours (then
+    it is left, and said)."""
+    now = group_view(client.policy(target), group)
     if now["stage"] != ours:
-        note(f"bench: gateway {target.name} runs stage {now['stage']} now, not {ours}: left as it is")
+        whose = f"gateway {target.name}" + (f"'s model group {group}" if group else "")
+        note(f"bench: {whose} runs stage {now['stage']} now, not {ours}: left as it is")
         return
     stages = {k: StageSpec.model_validate(v) for k, v in before["stages"].items()}
-    client.apply(target, int(now["version"]) + 1, str(before["stage"]), stages)
+    client.apply(target, int(now["version"]) + 1, str(before["stage"]), stages, model=group)
 
 
 def print_routes(doc: Mapping[str, Any], out: Any) -> None:
