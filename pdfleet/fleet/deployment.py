@@ -37,7 +37,7 @@ Secrets = Callable[[str, str, Mapping[str, str], GatewayTlsSetting, str, str], G
 Manifests = Callable[[Sequence[ModelSpec]], Mapping[str, WeightsManifest]]
 Tokens = Callable[[Sequence[ModelSpec]], Mapping[str, str]]  # the same models -> hub tokens by model id
 # roles whose plans read the manifests: the weights role stages by them (verify and doctor read them too)
-MANIFEST_ROLES = ("weights",)
+MANIFEST_ROLES = ("weights", "gateway")  # the gateway copies a model's tokenizer files (tokenizer: staged)
 AlertSecrets = Callable[[AlertmanagerSpec], Mapping[str, str]]  # fleet.alert_secrets.read_alert_secrets
 HostWheel = Callable[[], Path]  # this clone's host wheel on the control machine (built, or from the cache)
 
@@ -135,10 +135,18 @@ def load_deployment(request: DeploymentRequest) -> Deployment:
     if request.manifests is not None and any(role.NAME in MANIFEST_ROLES for role in roles):
         staged = [spec.model for spec in profile.served if spec.model.staged]
         on_selected = {name for host in hosts for name in (i.model for i in topology.on_host(host.name))}
+        names = {r.NAME for r in roles}
+        on_gateway = "gateway" in names and any(topology.gateway_on(h.name) for h in hosts)
+        tokenizing = {
+            spec.model.id
+            for spec in profile.served
+            if on_gateway and spec.gateway.decider.tokenizer == "staged"
+        }
         wanted = [
             model
             for model in staged
-            if any(profile.served_model(name).model.id == model.id for name in on_selected)
+            if ("weights" in names and any(profile.served_model(n).model.id == model.id for n in on_selected))
+            or model.id in tokenizing
         ]
         manifests = request.manifests(wanted) if wanted else {}
         if request.hub_tokens is not None and wanted:

@@ -45,6 +45,11 @@ HOST_PACKAGES: tuple[str, ...] = ("gateway", "sim", "rollout")
 # Third-party distributions host code imports; their version specifiers are pdfleet's own (pyproject).
 HOST_DEPENDENCIES: tuple[str, ...] = ("aiohttp", "uvloop", "prometheus-client", "pyyaml", "pydantic")
 HOST_EXTRAS: tuple[str, ...] = ("tokenizer",)
+# What an extra needs on a host beyond pyproject's own lines for it: a chat template is rendered with jinja2
+# (a core dependency of the whole distribution, not of the host code: pdfleet.chat_template imports it only
+# where it renders), with pdfleet's own specifier
+HOST_EXTRA_ALSO: dict[str, tuple[str, ...]] = {"tokenizer": ("jinja2",)}
+TOKENIZER_EXTRA = "tokenizer"
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # the oldest date a zip can hold: reproducible bytes
 
 
@@ -178,6 +183,16 @@ def host_requirements() -> tuple[str, ...]:
                 out.append(req)
         elif _requirement_name(req) in wanted:
             out.append(req)
+    core = {_requirement_name(r): r for r in installed if ";" not in r}
+    for extra in HOST_EXTRAS:
+        also = HOST_EXTRA_ALSO.get(extra, ())
+        out += [f'{core[name]}; extra == "{extra}"' for name in also if name in core]
+        wanted_also = {name for name in also if name not in core}
+        if wanted_also:
+            raise PdfleetError(
+                f"pdfleet's installed metadata lacks {sorted(wanted_also)} (the {extra} extra's); "
+                "reinstall pdfleet (`pip install -e .`)"
+            )
     missing = wanted - {_requirement_name(r) for r in out}
     if missing:
         raise PdfleetError(
@@ -185,6 +200,14 @@ def host_requirements() -> tuple[str, ...]:
             "reinstall pdfleet (`pip install -e .`)"
         )
     return tuple(out)
+
+
+def extra_requirements(extra: str) -> tuple[str, ...]:
+    """An extra's requirements without their marker (`tokenizers>=0.15`, `jinja2>=3.1`), for a host venv
+    that needs them: pip checks each by name, which `pdfleet[extra]==V` would not (an installed pdfleet of
+    that version satisfies it with or without the extra)."""
+    marker = f'extra == "{extra}"'
+    return tuple(r.split(";", 1)[0].strip() for r in host_requirements() if r.endswith(marker))
 
 
 def host_code(

@@ -189,9 +189,10 @@ def _kv_events_problems(route: ModelRoute) -> list[str]:
     """One publisher per colocated instance, each tcp://HOST:PORT, of a release whose format is tabled;
     the prefill instances' likewise, beside them."""
     if not route.kv_events:
-        if route.prefill_kv_events or route.kv_events_replay:
-            key = "prefill_kv_events" if route.prefill_kv_events else "kv_events_replay"
-            return [f"{key}: set only with kv_events (the colocated instances' publishers)"]
+        beside = ("prefill_kv_events", "kv_events_replay")
+        for key in beside:
+            if getattr(route, key):
+                return [f"{key}: set only with kv_events (the colocated instances' publishers)"]
         return ["kv_events_release: set only with kv_events"] if route.kv_events_release else []
     if len(route.kv_events) != len(route.colocated):
         return [
@@ -258,6 +259,11 @@ def group_problems(spec: PolicySpec) -> list[str]:
         problems.append(
             "decider.cache_source: a policy takes KV events per alias; list each alias's kv_events "
             "endpoints and kv_events_release instead (remove the key)"
+        )
+    if spec.decider.tokenizer != "estimate":
+        problems.append(
+            "decider.tokenizer: a policy names each alias's tokenizer directory (models.ALIAS.tokenizer: "
+            "DIR) instead (remove the key)"
         )
     named = {r.group for r in spec.models.values()}
     for name, group in spec.groups.items():

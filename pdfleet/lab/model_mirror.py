@@ -30,6 +30,18 @@ LAB_REVISIONS = ("lab-r1", "lab-r2")  # lab-r2: the "other revision" a decode po
 SHARDS = 2
 SHARD_BYTES = 2 * 1024 * 1024  # two 2 MiB shards: enough for a copy to be interrupted half way
 SPECIAL_TOKENS = ("<s>", "</s>")
+# Llama 3's chat header and turn-end tokens, special as in Meta's tokenizer (single ids, never split)
+CHAT_TOKENS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+# Meta-Llama-3-8B-Instruct's chat template, verbatim (its tokenizer_config.json): vLLM renders a chat request
+# with it, so the lab's simulators prefill, and the gateway hashes, what a Llama 3 deployment's engine would
+# (the lab's BOS is <s>: the template writes `bos_token`, whatever it is)
+CHAT_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
 
 
 def _stream(seed: str, size: int) -> bytes:
@@ -68,7 +80,7 @@ def _byte_chars() -> list[str]:
 
 def lab_tokenizer() -> dict[str, Any]:
     """A byte-level BPE tokenizer.json (HF `tokenizers` loads it): the 256 bytes, merges spelling each of
-    LAB_WORDS as one token, and <s>, </s> as special tokens."""
+    LAB_WORDS as one token, and <s>, </s> and Llama 3's chat tokens as special tokens."""
     chars = _byte_chars()
     vocab = {c: i for i, c in enumerate(chars)}
     merges: list[str] = []
@@ -88,7 +100,7 @@ def lab_tokenizer() -> dict[str, Any]:
             "normalized": False,
             "special": True,
         }
-        for i, tok in enumerate(SPECIAL_TOKENS)
+        for i, tok in enumerate((*SPECIAL_TOKENS, *CHAT_TOKENS))
     ]
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     return {
@@ -126,7 +138,13 @@ def _model_files(revision: str) -> tuple[tuple[str, bytes], ...]:
     """lab_model_files' files, as an immutable value to keep."""
     tokenizer = lab_tokenizer()
     vocab_size = len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"])
-    bos, eos = (t["id"] for t in tokenizer["added_tokens"])
+    ids = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    bos, eos = (ids[tok] for tok in SPECIAL_TOKENS)
+    tokenizer_config = {
+        "model_max_length": 131072,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
+    }
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -141,9 +159,7 @@ def _model_files(revision: str) -> tuple[tuple[str, bytes], ...]:
     files: dict[str, bytes] = {
         "config.json": (json.dumps(config, indent=1) + "\n").encode(),
         "generation_config.json": (json.dumps({"bos_token_id": bos, "eos_token_id": eos}) + "\n").encode(),
-        "tokenizer_config.json": (
-            b'{"model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast"}\n'
-        ),
+        "tokenizer_config.json": (json.dumps(tokenizer_config) + "\n").encode(),
         "special_tokens_map.json": b'{"bos_token": "<s>", "eos_token": "</s>"}\n',
         "tokenizer.json": (json.dumps(tokenizer) + "\n").encode(),
     }

@@ -303,6 +303,7 @@ def _decider_problems(profile: Profile) -> Iterable[Problem]:
     pool that publishes them and a decider that reads them."""
     decider = profile.gateway.decider
     yield from _cache_source_problems(profile)
+    yield from _tokenizer_problems(profile)
     if any(spec.disaggregated for spec in profile.served):
         return
     for key in ("prefill_busy_waiting", "decode_busy_waiting"):
@@ -330,6 +331,27 @@ def _cache_source_problems(profile: Profile) -> Iterable[Problem]:
                 key,
                 "kv_events: nothing reads the cache facts; set gateway.decider.threshold_on: effective or "
                 "gateway.decider.colocated_choice: prefix_load (or remove the key)",
+            )
+
+
+def _tokenizer_problems(profile: Profile) -> Iterable[Problem]:
+    """A gateway that runs the model's tokenizer reads the staged revision's files (DeciderSpec.tokenizer):
+    the model must be staged, and its engines must load that tokenizer, not another."""
+    for spec in profile.served:
+        if spec.gateway.decider.tokenizer != "staged":
+            continue
+        key = spec.key("gateway.decider.tokenizer")
+        if not spec.model.staged:
+            yield Problem(
+                key,
+                "staged: the gateway reads the tokenizer of the model's staged revision, and this model is "
+                "not staged; set model.source and model.revision (docs/weights.md), or use estimate",
+            )
+        elif spec.model.tokenizer is not None:
+            yield Problem(
+                key,
+                f"staged: the engines load model.tokenizer ({spec.model.tokenizer}), not the staged "
+                "revision's; remove model.tokenizer, or use estimate",
             )
 
 

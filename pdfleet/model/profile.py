@@ -17,7 +17,7 @@ from pdfleet.model.limits import KeyLimits
 from pdfleet.model.monitoring import MonitoringSpec
 from pdfleet.model.outside import ALIAS_PATTERN, OutsideAlias
 from pdfleet.model.rollout import RolloutSpec
-from pdfleet.model.routing import DeciderSpec
+from pdfleet.model.routing import MODEL_DECIDER_KEYS, DeciderSpec
 from pdfleet.model.served import (
     DEFAULT_ROUTER_METRICS_PORT,
     DEFAULT_ROUTER_PORT,
@@ -266,7 +266,7 @@ class Profile(StrictModel):
         gateway = ModelGateway.model_validate(
             {key: getattr(gw, key) for key in ModelGateway.model_fields if key not in ("limits", "decider")}
             | {"limits": {"model_max_prompt_tokens": gw.limits.model_max_prompt_tokens}}
-            | {"decider": {"cache_source": gw.decider.cache_source}}
+            | {"decider": {key: getattr(gw.decider, key) for key in MODEL_DECIDER_KEYS}}
         )
         return ServedModel(
             name=slug(alias),
@@ -301,7 +301,9 @@ class Profile(StrictModel):
         model_gw = {key: getattr(spec.gateway, key) for key in ModelGateway.model_fields if key not in own}
         cap = spec.gateway.limits.model_max_prompt_tokens
         limits = gw.limits.model_copy(update={"model_max_prompt_tokens": cap})
-        decider = gw.decider.model_copy(update={"cache_source": spec.gateway.decider.cache_source})
+        decider = gw.decider.model_copy(
+            update={key: getattr(spec.gateway.decider, key) for key in MODEL_DECIDER_KEYS}
+        )
         gateway = gw.model_copy(
             update={**model_gw, "model_alias": spec.aliases[0], "limits": limits, "decider": decider}
         )

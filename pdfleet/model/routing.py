@@ -29,6 +29,13 @@ What they mean (issue 32; the decision itself is pdfleet.gateway.decider):
   the gateway subscribes to every instance; exact for prompts given as token ids, 0 cached for text
   prompts, see pdfleet/gateway/kv_events.py). A profile's `models:` entry may set its own
   (`gateway.decider.cache_source`); the policy lists the events endpoints per alias (`kv_events:`).
+- `tokenizer`: how the gateway counts and cuts a chat request: `estimate` (characters per token, the text's
+  own blocks) or `staged`: the model's own tokenizer and chat template, from the staged revision's files
+  (model.source at model.revision: the same manifest, checked by SHA-256, the engines load), copied to the
+  gateway host; the policy names the directory per alias (`tokenizer:`) and the gateway renders and
+  tokenizes each chat request in a worker thread, so a text prompt's blocks are the ids the engines'
+  KV events carry (pdfleet/gateway/prompt_ids.py). A simulator host of that model installs the tokenizer
+  too (pdfleet[tokenizer]), so it prefills the same ids. Per model like `cache_source`.
 """
 
 from __future__ import annotations
@@ -39,12 +46,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ThresholdOn = Literal["prompt", "effective"]
 CacheSourceName = Literal["index", "kv_events"]
+TokenizerSource = Literal["estimate", "staged"]
 ColocatedChoice = Literal["round_robin", "prefix_load"]
 COLOCATED_CHOICES: tuple[ColocatedChoice, ...] = get_args(ColocatedChoice)
 CHOICE_HEADER = "X-Pdfleet-Colocated-Choice"  # one request's colocated choice (a bench's comparison)
 THRESHOLD_ONS: tuple[ThresholdOn, ...] = get_args(ThresholdOn)
 THRESHOLD_HEADER = "X-Pdfleet-Threshold-On"  # one request's threshold_on (a bench's comparison)
 VLLM_DEFAULT_BLOCK_TOKENS = 16
+# the decider keys each served model sets for itself (ModelDecider): the top level's are the first model's
+MODEL_DECIDER_KEYS = ("cache_source", "tokenizer")
 
 
 class DeciderSpec(BaseModel):
@@ -61,6 +71,7 @@ class DeciderSpec(BaseModel):
     poll_s: float = Field(1.0, gt=0, le=1.0)
     stale_s: float = Field(2.0, gt=0, le=60)
     cache_source: CacheSourceName = "index"
+    tokenizer: TokenizerSource = "estimate"
 
     @model_validator(mode="after")
     def _stale_after_a_poll(self) -> DeciderSpec:
@@ -88,8 +99,10 @@ class DeciderSpec(BaseModel):
 
 
 class ModelDecider(BaseModel):
-    """A served model's own decider setting (`models[i].gateway.decider`): its cache-facts source."""
+    """A served model's own decider settings (`models[i].gateway.decider`): its cache-facts source and the
+    tokenizer the gateway runs for it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cache_source: CacheSourceName = "index"
+    tokenizer: TokenizerSource = "estimate"

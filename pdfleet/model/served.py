@@ -15,7 +15,7 @@ from pydantic import BeforeValidator, Field, PrivateAttr
 
 from pdfleet.model.inventory import Host, Inventory
 from pdfleet.model.rollout import RolloutSpec
-from pdfleet.model.routing import ModelDecider
+from pdfleet.model.routing import MODEL_DECIDER_KEYS, ModelDecider
 from pdfleet.model.specs import (
     KVTransferSpec,
     ModelSpec,
@@ -182,8 +182,10 @@ def inherited(top: dict[str, Any]) -> dict[str, Any]:
         if isinstance(limits, dict) and "model_max_prompt_tokens" in limits:
             found["gateway"]["limits"] = {"model_max_prompt_tokens": limits["model_max_prompt_tokens"]}
         decider = gateway.get("decider")
-        if isinstance(decider, dict) and "cache_source" in decider:
-            found["gateway"]["decider"] = {"cache_source": decider["cache_source"]}
+        if isinstance(decider, dict):
+            own = {key: decider[key] for key in MODEL_DECIDER_KEYS if key in decider}
+            if own:
+                found["gateway"]["decider"] = own
     return found
 
 

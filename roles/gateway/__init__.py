@@ -9,6 +9,11 @@ key hashes live under /etc/pdfleet/gateway (0600), the policy written by the gat
 a policy change reloads the gateway (SIGHUP), never restarts it. The profile's `gateway.stage` is only the
 initial stage: provision keeps the stage the host runs (set by the rollout controller through
 /admin/stage, per model group too) unless `invoke provision --stage S` overrides it.
+
+A model whose gateway runs its own tokenizer (`gateway.decider.tokenizer: staged`) has its staged revision's
+tokenizer files (TOKENIZER_FILES in its manifest: the bytes its engines load, checked by SHA-256) copied to
+the gateway host's staged directory of that revision, as roles/weights copies them to its pool hosts, and the
+route names that directory (`tokenizer:`); the gateway's venv gets the tokenizer extra (tokenizers, jinja2).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pdfleet.fleet.host_layout import (
     SERVICE_USER,
     UNIT_DIR,
 )
+from pdfleet.fleet.host_wheel import TOKENIZER_EXTRA, extra_requirements
 from pdfleet.fleet.live_stage import Staging, live_policy, model_stages, policy_stage, policy_version
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import (
@@ -36,15 +42,18 @@ from pdfleet.fleet.roles import (
 )
 from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.fleet.topology import ROUTER_ADDRESS, Gateway, ModelTopology, Router
+from pdfleet.fleet.weights import staged_dir
 from pdfleet.gateway import policy as gateway_policy
 from pdfleet.model.connectors import MOONCAKE, NIXL
 from pdfleet.model.profile import GatewayLimits, RouterPolicy
+from pdfleet.model.routing import MODEL_DECIDER_KEYS
 from pdfleet.model.served import ServedModel
 from pdfleet.model.stages import StageSpec
 from pdfleet.ops.base import Fact, FactSource, Handler, Operation, Run, Skip
 from pdfleet.ops.files import Directory, File, FileContent
 from pdfleet.ops.systemd import Service, SystemdUnit, restart_handler
 from roles.gateway.outside import outside_files, outside_routes
+from roles.gateway.tokenizer import tokenizer_models, tokenizer_operations
 
 # a profile whose slo.stall_ms is the gateway's default renders the policy it rendered before
 STALL_DEFAULT_MS = gateway_policy.PolicySpec.model_fields["stall_threshold_ms"].default
@@ -137,6 +146,9 @@ def policy_limits(limits: GatewayLimits, models: dict[str, int | None]) -> dict[
 def _route(ctx: RoleContext, model: ModelTopology) -> dict[str, Any]:
     """One model's route on this gateway: its colocated URLs, and its router when it disaggregates."""
     route: dict[str, Any] = {"colocated": model.pool_urls("colocated")}
+    spec = ctx.profile.served_model(model.name)
+    if spec.gateway.decider.tokenizer == "staged":  # chat prompts counted and cut as the engines' ids
+        route["tokenizer"] = staged_dir(spec.model)
     events = [i.kv_events_endpoint for i in model.pool("colocated")]
     if events and all(events):  # the model's cache facts from its instances' KV events
         route["kv_events"] = events
@@ -208,8 +220,9 @@ def policy_text(
     }
     if first.slo.stall_ms != STALL_DEFAULT_MS:  # the profile's stall is the gateway's (bench, gates, alerts)
         doc["stall_threshold_ms"] = first.slo.stall_ms
-    # the cache source is each model's: its routes list the events endpoints
-    decider = gw.decider.model_dump(exclude_defaults=True, exclude={"cache_source"})
+    # the cache source and the tokenizer are each model's: its routes list the events endpoints and the
+    # tokenizer's directory
+    decider = gw.decider.model_dump(exclude_defaults=True, exclude=set(MODEL_DECIDER_KEYS))
     if decider:  # a profile without one renders the policy it rendered before the decider
         doc["decider"] = decider
     for key in ("shadow", "capture"):  # off and default unless the profile sets them: rendered as before
@@ -343,9 +356,12 @@ def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip
     reload = Handler(
         f"reload {GATEWAY_UNIT}", (check, Run(f"systemctl reload {GATEWAY_UNIT}")), unit=GATEWAY_UNIT
     )
+    also = extra_requirements(TOKENIZER_EXTRA) if tokenizer_models(ctx) else ()
     yield from host_wheel_install(
-        ctx, VENV, (f"vllm-router=={gw.router_version}",), notify=tuple(restarts.values())
+        ctx, VENV, (f"vllm-router=={gw.router_version}", *also), notify=tuple(restarts.values())
     )
+    # before the policy that names them (its check loads them)
+    yield from tokenizer_operations(ctx, (reload,))
     yield from gateway_ca_operations(ctx)  # before the unit starts: its health probe verifies with it
     yield Directory(CONFIG_DIR, mode="0700", owner=SERVICE_USER, group=SERVICE_USER)
     for rendered in files(ctx):

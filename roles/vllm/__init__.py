@@ -1,10 +1,14 @@
-"""vllm: a venv holding the pinned vLLM, or for `engine: sim` the pdfleet wheel (the simulator)."""
+"""vllm: a venv holding the pinned vLLM, or for `engine: sim` the pdfleet wheel (the simulator), with the
+tokenizer extra (tokenizers, jinja2) where a model it serves has the gateway run the staged tokenizer
+(gateway.decider.tokenizer: staged): the simulator then prefills the rendered chat ids the gateway hashes,
+as vLLM does (vLLM brings its own)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
+from pdfleet.fleet.host_wheel import TOKENIZER_EXTRA, extra_requirements
 from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
 from pdfleet.ops.base import Fact, FactSource, Operation, Skip
@@ -35,7 +39,10 @@ def requirements(ctx: RoleContext) -> tuple[str, ...]:
     """The pinned server package for this profile's engine."""
     vllm = ctx.profile.vllm
     if vllm.engine == "sim":
-        return (f"pdfleet=={ctx.host_version}",)
+        models = {inst.model for inst in ctx.instances}
+        tokenizes = any(ctx.profile.served_model(m).gateway.decider.tokenizer == "staged" for m in models)
+        also = extra_requirements(TOKENIZER_EXTRA) if tokenizes else ()
+        return (f"pdfleet=={ctx.host_version}", *also)
     return (f"vllm=={vllm.version}",)
 
 

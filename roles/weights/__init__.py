@@ -19,7 +19,8 @@ from pdfleet.fleet.render import RenderedFile
 from pdfleet.fleet.roles import ManagedUnit, RoleContext, instance_restart
 from pdfleet.fleet.weights import file_url, local_file, model_root, staged_dir
 from pdfleet.model.specs import ModelSpec
-from pdfleet.ops.base import Fact, FactSource, Operation, Skip
+from pdfleet.model.weights import WeightsManifest
+from pdfleet.ops.base import Fact, FactSource, Handler, Operation, Skip
 from pdfleet.ops.files import Directory
 from pdfleet.ops.weights import (
     DownloadHeaders,
@@ -69,41 +70,49 @@ def units(ctx: RoleContext) -> list[ManagedUnit]:
 
 def operations(ctx: RoleContext, facts: FactSource) -> Iterable[Operation | Skip]:
     for model in staged_models(ctx):
-        manifest = ctx.manifest(model)
-        directory = staged_dir(model)
-        paths = tuple(f.path for f in manifest.files)
         restarts = tuple(
             instance_restart(inst)
             for inst in ctx.instances
             if ctx.profile.served_model(inst.model).model.id == model.id
         )
-        yield WeightsSpace(directory, manifest)  # first: refuses the host before the directory is made
-        yield Directory(MODELS_DIR, mode="0755")
-        yield Directory(directory, mode="0755")
-        token = ctx.hub_tokens.get(model.id)
-        headers = headers_file(model) if token is not None else None
-        if headers is not None and token is not None:
-            content = f"Authorization: Bearer {token}\n".encode()
-            yield DownloadHeaders(headers, content, directory, paths, manifest)
-        pushed = model.source is not None and model.source.startswith("/")
-        for file in manifest.files:
-            if pushed:  # from the control machine, over the host's SSH connection
-                source = str(local_file(model, file.path))
-                yield PushFile(directory, file, source, paths, limit=model.bandwidth_limit, notify=restarts)
-                continue
-            yield StageFile(
-                directory,
-                file,
-                file_url(model, file.path),
-                paths,
-                limit=model.bandwidth_limit,
-                header_file=headers,
-                notify=restarts,
-            )
-        if headers is not None:
-            yield HeadersRemoved(headers, directory, paths, manifest)
+        yield from stage_operations(ctx, model, ctx.manifest(model), restarts)
         if "/" in model.id:  # MODELS_DIR/<owner> of an id without one may hold other owners' models
             yield OldRevisions(model_root(model), str(model.revision), restarts)
+
+
+def stage_operations(
+    ctx: RoleContext, model: ModelSpec, manifest: WeightsManifest, notify: tuple[Handler, ...]
+) -> Iterable[Operation]:
+    """The files of `manifest` (a revision's, or a part of it: the gateway's tokenizer files) in the model's
+    staged directory, checked by SHA-256, from its mirror, the control machine or the hub; `notify` runs
+    when one changed."""
+    directory = staged_dir(model)
+    paths = tuple(f.path for f in manifest.files)
+    yield WeightsSpace(directory, manifest)  # first: refuses the host before the directory is made
+    yield Directory(MODELS_DIR, mode="0755")
+    yield Directory(directory, mode="0755")
+    token = ctx.hub_tokens.get(model.id)
+    headers = headers_file(model) if token is not None else None
+    if headers is not None and token is not None:
+        content = f"Authorization: Bearer {token}\n".encode()
+        yield DownloadHeaders(headers, content, directory, paths, manifest)
+    pushed = model.source is not None and model.source.startswith("/")
+    for file in manifest.files:
+        if pushed:  # from the control machine, over the host's SSH connection
+            source = str(local_file(model, file.path))
+            yield PushFile(directory, file, source, paths, limit=model.bandwidth_limit, notify=notify)
+            continue
+        yield StageFile(
+            directory,
+            file,
+            file_url(model, file.path),
+            paths,
+            limit=model.bandwidth_limit,
+            header_file=headers,
+            notify=notify,
+        )
+    if headers is not None:
+        yield HeadersRemoved(headers, directory, paths, manifest)
 
 
 def headers_file(model: ModelSpec) -> str:

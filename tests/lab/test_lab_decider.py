@@ -57,6 +57,7 @@ from pdfleet.gateway.decider import reason_mix_text
 from pdfleet.lab.paths import LabPaths
 from pdfleet.metrics.direct import parse_exposition
 from pdfleet.metrics.scrape import scrape_metrics
+from pdfleet.sim.stream import FILLER
 from tests.lab.helpers import REPO_ROOT, LabHandle, gateway_open, lab_deployment
 
 PROFILE = "lab-cross"
@@ -256,10 +257,11 @@ TO_PD = {"X-Pdfleet-Pool": "disagg"}  # the override header: the same sessions t
 
 
 def _provision(profile: str) -> float:
-    """The colocated and prefill units and the gateway provisioned with `profile`; the seconds it took."""
+    """The pool units and the gateway provisioned with `profile`; the seconds it took."""
     started = time.monotonic()
     for args in (
-        ("--roles", "services", "--limit", "colocated,prefill"),
+        # the staged revision (Llama 3's template over the lab tokenizer) and the tokenizer extra, or back
+        ("--roles", "weights,vllm,services", "--limit", "colocated,prefill,decode"),
         ("--roles", "gateway", "--limit", "lab-gw"),
     ):
         argv = [sys.executable, "-m", "invoke", "provision", "--profile", profile, *args]
@@ -278,17 +280,43 @@ def _complete(topo: Topology, ids: list[int], headers: dict[str, str]) -> None:
     gateway_open(request, PROFILE, timeout=60)
 
 
-def _token_sessions(topo: Topology, rng: random.Random, headers: dict[str, str]) -> dict[str, Any]:
-    """Three agent sessions of token ids (1-3K, then 300-900 more a turn, five turns each, interleaved, a
-    0.3 s tool pause after each turn), all short, so colocated unless `headers` send them to P/D; the
-    counters before and after."""
-    sessions = [[rng.randrange(1, 30_000) for _ in range(rng.randrange(1000, 3000))] for _ in range(3)]
+def _chat(topo: Topology, messages: list[dict[str, str]], headers: dict[str, str]) -> None:
+    body = {"model": topo.model().aliases[0], "messages": messages, "max_tokens": 2}
+    request = urllib.request.Request(
+        topo.gateways[0].url + "/v1/chat/completions", json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("Authorization", f"Bearer {LabPaths().gateway_client_key.read_text().strip()}")
+    request.add_header("Content-Type", "application/json")
+    for name, value in headers.items():
+        request.add_header(name, value)
+    gateway_open(request, PROFILE, timeout=60)
+
+
+def _words(rng: random.Random, low: int, high: int) -> str:
+    """Text of the simulator's filler words (one lab token each: ~low..high tokens)."""
+    return "".join(rng.choice(FILLER) for _ in range(rng.randrange(low, high)))
+
+
+def _text_sessions(topo: Topology, rng: random.Random, headers: dict[str, str]) -> dict[str, Any]:
+    """Three agent sessions of text chat (a system prompt and a first message of 1-3K tokens, then a short
+    answer and 300-900 more tokens a turn, five turns each, interleaved, a 0.3 s tool pause after each
+    turn), all short, so colocated unless `headers` send them to P/D; the counters before and after."""
+    sessions = [
+        [
+            {"role": "system", "content": _words(rng, 200, 400)},
+            {"role": "user", "content": _words(rng, 800, 2600)},
+        ]
+        for _ in range(3)
+    ]
     before = _scrape(topo)
     for _ in range(5):
-        for ids in sessions:
-            _complete(topo, ids, headers)
+        for messages in sessions:
+            _chat(topo, messages, headers)
             time.sleep(0.3)
-            ids += [rng.randrange(1, 30_000) for _ in range(rng.randrange(300, 900))]
+            messages += [
+                {"role": "assistant", "content": _words(rng, 20, 40)},
+                {"role": "user", "content": _words(rng, 300, 900)},
+            ]
     return {"before": before, "after": _scrape(topo)}
 
 
@@ -331,14 +359,14 @@ def _events_followed(topo: Topology, rng: random.Random, timeout_s: float = 60.0
 def test_both_cache_sources_estimate_the_instances_prefix_hits(lab: LabHandle) -> None:
     topo = lab_deployment(PROFILE).topology
     rng = random.Random(SEED)
-    index = _colocated_estimates(topo, _token_sessions(topo, rng, ASK))
-    index["P/D"] = _pd_estimate(topo, _token_sessions(topo, rng, {**ASK, **TO_PD}))
+    index = _colocated_estimates(topo, _text_sessions(topo, rng, ASK))
+    index["P/D"] = _pd_estimate(topo, _text_sessions(topo, rng, {**ASK, **TO_PD}))
     timings = {"provision_events_s": _provision(EVENTS_PROFILE)}
     try:
         timings["followed_s"] = _events_followed(topo, rng)
-        events = _colocated_estimates(topo, _token_sessions(topo, rng, {}))
-        # the P/D candidate's estimate from its prefill instances' events (was the index's only)
-        events["P/D"] = _pd_estimate(topo, _token_sessions(topo, rng, TO_PD))
+        events = _colocated_estimates(topo, _text_sessions(topo, rng, {}))
+        # the P/D candidate's estimate from its prefill instances' events
+        events["P/D"] = _pd_estimate(topo, _text_sessions(topo, rng, TO_PD))
     finally:
         timings["provision_back_s"] = _provision(PROFILE)
     print(json.dumps({"index": index, "kv_events": events, "timings": timings}, indent=2))

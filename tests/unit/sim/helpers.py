@@ -227,6 +227,7 @@ def chat_model_dir(path: Path, template: str | None = CHAT_TEMPLATE) -> Path:
     for name in ("tokenizer.json", "special_tokens_map.json"):
         (path / name).write_bytes(files[name])
     config = json.loads(files["tokenizer_config.json"])
+    config.pop("chat_template", None)  # the lab model's own (Llama 3's), replaced by `template`
     if template is not None:
         config["chat_template"] = template
     (path / "tokenizer_config.json").write_text(json.dumps(config))

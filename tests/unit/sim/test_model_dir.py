@@ -58,11 +58,12 @@ def test_the_lab_model_is_read_config_and_tokenizer(tmp_path: Path) -> None:
     assert md.architectures == ("LlamaForCausalLM",)
     assert (md.max_len, md.max_len_key) == (131072, "max_position_embeddings")
     assert md.tokenizer_file == str(directory / "tokenizer.json")
-    assert md.tokenizer_kind == "BPE, 343 tokens"  # 256 bytes, the filler words' merges, <s> and </s>
+    # 256 bytes, the filler words' merges, <s>, </s> and Llama 3's three chat tokens
+    assert md.tokenizer_kind == "BPE, 346 tokens"
     ran = describe_dir(md, tokenizer_runs=True)
     assert ran == (
         f"pdfleet-sim: model config {directory}/config.json (LlamaForCausalLM, max_position_embeddings: "
-        f"max_model_len 131072); tokenizer {directory}/tokenizer.json (BPE, 343 tokens) counts prompt tokens"
+        f"max_model_len 131072); tokenizer {directory}/tokenizer.json (BPE, 346 tokens) counts prompt tokens"
     )
     read_only = describe_dir(md, tokenizer_runs=False)
     assert read_only.endswith(

@@ -104,7 +104,7 @@ def test_a_model_directory_s_tokenizer_counts_and_its_files_are_logged(
         out = asyncio.run(run())
     assert out["usage"]["prompt_tokens"] == 4  # one token a word; the estimate says 5 (20 chars / 4)
     line = next(r.getMessage() for r in caplog.records if "model config" in r.getMessage())
-    assert f"tokenizer {tmp_path}/tokenizer.json (BPE, 343 tokens) counts prompt tokens" in line, line
+    assert f"tokenizer {tmp_path}/tokenizer.json (BPE, 346 tokens) counts prompt tokens" in line, line
 
 
 def test_a_chat_prompt_is_counted_as_the_model_s_chat_template_renders_it(tmp_path: Path) -> None:
