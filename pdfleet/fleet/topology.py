@@ -45,6 +45,7 @@ class Instance:
     model: str = ""  # the name of the model it serves (ServedModel.name)
     listed: bool = False  # the profile lists models: its unit and env file names carry the model's name
     kv_events_port: int | None = None  # its KV-events publisher (gateway.decider.cache_source: kv_events)
+    kv_events_replay_port: int | None = None  # the publisher's replay socket (vLLM's replay_endpoint)
 
     @property
     def stem(self) -> str:
@@ -75,6 +76,12 @@ class Instance:
     def kv_events_endpoint(self) -> str | None:
         """Where the gateway subscribes to its KV events (None: it publishes none)."""
         return None if self.kv_events_port is None else f"tcp://{self.address}:{self.kv_events_port}"
+
+    @property
+    def kv_events_replay_endpoint(self) -> str | None:
+        """Where the gateway asks for the KV-event batches it missed (None: no replay socket)."""
+        port = self.kv_events_replay_port
+        return None if port is None else f"tcp://{self.address}:{port}"
 
 
 @dataclass(frozen=True)
@@ -383,6 +390,7 @@ def _instance(profile: Profile, spec: ServedModel, host: Host, pool: str) -> Ins
     return Instance(
         pool, host.name, host.address, pool_spec.port, tuple(pool_spec.gpus), pool_spec.kv_role, sc_host,
         sc_port, boot, spec.name, spec.listed, spec.kv_events_port_for(pool),
+        spec.kv_events_replay_port_for(pool),
     )  # fmt: skip
 
 

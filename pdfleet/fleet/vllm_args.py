@@ -43,7 +43,8 @@ def kv_transfer_config(profile: Profile, host: Host, inst: Instance) -> dict[str
 def kv_events_config(profile: Profile, inst: Instance) -> dict[str, Any] | None:
     """The --kv-events-config object of an instance that publishes KV events (None: it publishes none):
     the pinned release's KVEventsConfig keys, the zmq publisher bound on every address at the topology's
-    port (vLLM binds only an endpoint with `*`; any other address it connects to)."""
+    port (vLLM binds only an endpoint with `*`; any other address it connects to), and its replay socket
+    (`replay_endpoint`, a ROUTER vLLM binds as given) at the topology's replay port."""
     fmt = event_format(profile.vllm.version)
     if inst.kv_events_port is None or fmt is None:
         return None
@@ -52,6 +53,8 @@ def kv_events_config(profile: Profile, inst: Instance) -> dict[str, Any] | None:
         "publisher": "zmq",
         "endpoint": f"tcp://*:{inst.kv_events_port}",
     }
+    if inst.kv_events_replay_port is not None:
+        config["replay_endpoint"] = f"tcp://*:{inst.kv_events_replay_port}"
     keys = {key for key, _ in fmt.config}
     return {key: value for key, value in config.items() if key in keys}
 

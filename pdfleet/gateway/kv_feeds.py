@@ -54,6 +54,7 @@ def wanted_of(routes: Iterable[Route]) -> dict[str, Wanted]:
         if fmt is None:
             continue
         replays = dict(zip(route.colocated, route.kv_events_replay, strict=False))
+        replays |= dict(zip(route.prefill, route.prefill_kv_events_replay, strict=False))
         pairs = [*zip(route.colocated, route.kv_events, strict=False)]
         pairs += zip(route.prefill, route.prefill_kv_events, strict=False)
         for url, endpoint in pairs:

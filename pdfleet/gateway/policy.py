@@ -103,6 +103,7 @@ class Route:
     prefill_cache_aware: bool = False  # vllm-router picks the prefill instance by prefix (else spreads)
     tokenizer: HFTokenizer | None = field(default=None, compare=False)  # the engine's ids of chat prompts
     kv_events_replay: tuple[str, ...] = ()  # each colocated instance's replay socket (kv_events' order)
+    prefill_kv_events_replay: tuple[str, ...] = ()  # each prefill instance's (prefill_kv_events' order)
 
     def next_rr(self) -> int:
         """The round robin's next position over the colocated instances."""
@@ -434,6 +435,7 @@ def compile_route(spec: PolicySpec, alias: str, r: ModelRoute, source: Path) -> 
         r.prefill_cache_aware,
         load_route_tokenizer(r.tokenizer, source, f"models.{alias}.tokenizer"),
         tuple(r.kv_events_replay),
+        tuple(r.prefill_kv_events_replay),
     )
 
 

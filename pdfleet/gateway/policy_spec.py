@@ -140,6 +140,8 @@ class ModelRoute(_Strict):
     # the colocated instances' KV-events replay sockets (tcp://HOST:PORT, in kv_events' order: vLLM's
     # replay_endpoint): a sequence gap asks for the missed batches there before forgetting the instance
     kv_events_replay: list[str] = []
+    # the prefill instances' replay sockets (in prefill_kv_events' order), likewise
+    prefill_kv_events_replay: list[str] = []
 
 
 class PolicySpec(_Strict):
@@ -189,7 +191,7 @@ def _kv_events_problems(route: ModelRoute) -> list[str]:
     """One publisher per colocated instance, each tcp://HOST:PORT, of a release whose format is tabled;
     the prefill instances' likewise, beside them."""
     if not route.kv_events:
-        beside = ("prefill_kv_events", "kv_events_replay")
+        beside = ("prefill_kv_events", "kv_events_replay", "prefill_kv_events_replay")
         for key in beside:
             if getattr(route, key):
                 return [f"{key}: set only with kv_events (the colocated instances' publishers)"]
@@ -216,11 +218,17 @@ def _kv_events_problems(route: ModelRoute) -> list[str]:
         problems.append(
             f"kv_events_replay: {len(route.kv_events_replay)} endpoints for {len(route.kv_events)} kv_events"
         )
-    problems += [
-        f"kv_events_replay[{i}]: {e!r} is not tcp://HOST:PORT"
-        for i, e in enumerate(route.kv_events_replay)
-        if not _tcp(e)
-    ]
+    if route.prefill_kv_events_replay and len(route.prefill_kv_events_replay) != len(route.prefill_kv_events):
+        problems.append(
+            f"prefill_kv_events_replay: {len(route.prefill_kv_events_replay)} endpoints for "
+            f"{len(route.prefill_kv_events)} prefill_kv_events"
+        )
+    for key in ("kv_events_replay", "prefill_kv_events_replay"):
+        problems += [
+            f"{key}[{i}]: {e!r} is not tcp://HOST:PORT"
+            for i, e in enumerate(getattr(route, key))
+            if not _tcp(e)
+        ]
     if route.kv_events_release is None or event_format(route.kv_events_release) is None:
         tabled = ", ".join(FORMATS)
         problems.append(

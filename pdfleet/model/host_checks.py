@@ -47,6 +47,11 @@ def instance_ports(profile: Profile, spec: ServedModel, pool: str) -> list[tuple
         base = events - (spec.index or 0)
         what = f"kv_events: {spec.key(f'pools.{pool}')}'s publisher, {base} + the model's place"
         ports.append((events, f"{spec.key('gateway.decider.cache_source')} ({what})"))
+    replay = spec.kv_events_replay_port_for(pool)
+    if replay is not None:
+        base = replay - (spec.index or 0)
+        what = f"kv_events: {spec.key(f'pools.{pool}')}'s replay socket, {base} + the model's place"
+        ports.append((replay, f"{spec.key('gateway.decider.cache_source')} ({what})"))
     return ports
 
 

@@ -36,6 +36,10 @@ from pdfleet.model.vllm_releases import find_release
 # instances at a base of their own (a same-host layout runs a prefill and a colocated instance on one host)
 KV_EVENTS_PORT = 5557
 PREFILL_KV_EVENTS_PORT = 5657
+# vLLM's replay socket beside each publisher (KVEventsConfig.replay_endpoint): the gateway asks it for the
+# batches it missed (a sequence gap) before it forgets the instance's blocks
+KV_EVENTS_REPLAY_PORT = 5757
+PREFILL_KV_EVENTS_REPLAY_PORT = 5857
 
 # The per-model keys: a `models:` entry inherits each from the top level unless it sets it.
 MODEL_KEYS = ("model", "topology", "pools", "kv_transfer", "slo", "rollout")
@@ -151,6 +155,13 @@ class ServedModel(StrictModel):
         if pool == "prefill" and self.has_router:
             return PREFILL_KV_EVENTS_PORT + (self.index or 0)
         return None
+
+    def kv_events_replay_port_for(self, pool: str) -> int | None:
+        """The replay socket's port beside a pool instance's KV-events publisher (None: it publishes none)."""
+        if self.kv_events_port_for(pool) is None:
+            return None
+        base = KV_EVENTS_REPLAY_PORT if pool == "colocated" else PREFILL_KV_EVENTS_REPLAY_PORT
+        return base + (self.index or 0)
 
 
 def slug(text: str) -> str:

@@ -153,6 +153,9 @@ def _route(ctx: RoleContext, model: ModelTopology) -> dict[str, Any]:
     if events and all(events):  # the model's cache facts from its instances' KV events
         route["kv_events"] = events
         route["kv_events_release"] = ctx.profile.vllm.version
+        replays = [i.kv_events_replay_endpoint for i in model.pool("colocated")]
+        if all(replays):  # a sequence gap is first asked of the publisher's replay socket
+            route["kv_events_replay"] = replays
     router = model.router_on(ctx.host.name)
     if router is not None:
         route["disagg"] = router.url
@@ -160,6 +163,9 @@ def _route(ctx: RoleContext, model: ModelTopology) -> dict[str, Any]:
         prefill_events = [i.kv_events_endpoint for i in model.pool("prefill")]
         if events and prefill_events and all(prefill_events):  # the P/D candidate's cache facts
             route["prefill_kv_events"] = prefill_events
+            prefill_replays = [i.kv_events_replay_endpoint for i in model.pool("prefill")]
+            if all(prefill_replays):
+                route["prefill_kv_events_replay"] = prefill_replays
             spec = ctx.profile.served_model(model.name)
             route["prefill_cache_aware"] = spec.gateway.router_policy.prefill == "cache_aware"
         # the P/D instances the decider scrapes where a bypass bound reads them (or their events are read)

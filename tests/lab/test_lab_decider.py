@@ -54,9 +54,12 @@ from pdfleet.bench.stats import gaps, quantile
 from pdfleet.bench.workloads import Item, WorkloadSpec, build
 from pdfleet.fleet.topology import Topology
 from pdfleet.gateway.decider import reason_mix_text
+from pdfleet.gateway.kv_events import KvEventIndex
+from pdfleet.gateway.kv_feed import FeedState, fill
 from pdfleet.lab.paths import LabPaths
 from pdfleet.metrics.direct import parse_exposition
 from pdfleet.metrics.scrape import scrape_metrics
+from pdfleet.model.vllm_kv_events import event_format
 from pdfleet.sim.stream import FILLER
 from tests.lab.helpers import REPO_ROOT, LabHandle, gateway_open, lab_deployment
 
@@ -353,6 +356,23 @@ def _events_followed(topo: Topology, rng: random.Random, timeout_s: float = 60.0
     raise AssertionError(f"the gateway counted no KV event within {timeout_s:g} s")
 
 
+def _replayed(topo: Topology) -> dict[str, tuple[int, int, int]]:
+    """Per publisher (colocated and prefill), what a feed missing every batch since the start gets from the
+    replay socket provisioning rendered (vLLM's replay_endpoint, at the topology's port, the endpoint the
+    policy lists): the gateway's own gap filling (kv_feed.fill) from sequence 0 over the bridge; batches
+    replayed, gaps left, blocks held after."""
+    out = {}
+    fmt = event_format(lab_deployment(EVENTS_PROFILE).profile.vllm.version)
+    assert fmt is not None
+    for inst in [*topo.pool("colocated"), *topo.pool("prefill")]:
+        assert inst.kv_events_replay_port is not None, inst
+        state, index = FeedState(last_seq=-1), KvEventIndex(16)
+        replay = (inst.address, inst.kv_events_replay_port)
+        asyncio.run(fill(replay, 2**62, state, index, inst.url, fmt))
+        out[inst.kv_events_replay_endpoint or ""] = (state.replayed, state.gaps, index.size(inst.url))
+    return out
+
+
 @pytest.mark.skipif(
     os.environ.get("PDFLEET_LAB_KV_EVENTS") != "1", reason="opt-in (two provisions): PDFLEET_LAB_KV_EVENTS=1"
 )
@@ -367,9 +387,15 @@ def test_both_cache_sources_estimate_the_instances_prefix_hits(lab: LabHandle) -
         events = _colocated_estimates(topo, _text_sessions(topo, rng, {}))
         # the P/D candidate's estimate from its prefill instances' events
         events["P/D"] = _pd_estimate(topo, _text_sessions(topo, rng, TO_PD))
+        replayed = _replayed(lab_deployment(EVENTS_PROFILE).topology)
     finally:
         timings["provision_back_s"] = _provision(PROFILE)
-    print(json.dumps({"index": index, "kv_events": events, "timings": timings}, indent=2))
+    print(
+        json.dumps({"index": index, "kv_events": events, "replayed": replayed, "timings": timings}, indent=2)
+    )
+    # a gap closed through the provisioned fleet's replay sockets: every batch since the start, in order
+    for endpoint, (batches, left, blocks) in replayed.items():
+        assert batches > 0 and left == 0 and blocks > 0, (endpoint, replayed)
     for source, checks in (("index", index), ("kv_events", events)):
         assert sum(h for _, h in checks.values()) > 10_000, (source, checks)
         for candidate, (estimate, hits) in checks.items():

@@ -103,12 +103,22 @@ def test_a_token_id_prompt_goes_where_the_events_hold_its_prefix(tmp_path: Path)
     run(scenario())
 
 
-def test_each_colocated_instance_s_replay_socket_reaches_its_feed(tmp_path: Path) -> None:
-    models = {"llama": {"colocated": COLO2, **EVENTS, "kv_events_replay": ["tcp://a:11", "tcp://[::1]:12"]}}
-    wanted = wanted_of(load_test_policy(tmp_path, models=models).routes.values())
+def test_each_instance_s_replay_socket_reaches_its_feed(tmp_path: Path) -> None:
+    """Each colocated and each prefill instance's replay socket, in its publishers' order."""
+    route = {
+        "colocated": COLO2,
+        **EVENTS,
+        "kv_events_replay": ["tcp://a:11", "tcp://[::1]:12"],
+        "disagg": "http://127.0.0.1:8090",
+        "prefill": ["http://127.0.0.1:3"],
+        "prefill_kv_events": ["tcp://p:5"],
+        "prefill_kv_events_replay": ["tcp://p:15"],
+    }
+    wanted = wanted_of(load_test_policy(tmp_path, models={"llama": route}).routes.values())
     assert [(w.host, w.port, w.replay) for w in wanted.values()] == [
         ("a", 1, ("a", 11)),
         ("b", 2, ("::1", 12)),
+        ("p", 5, ("p", 15)),
     ]
     plain = wanted_of(
         load_test_policy(tmp_path, models={"llama": {"colocated": COLO2, **EVENTS}}).routes.values()
@@ -135,6 +145,17 @@ def test_each_colocated_instance_s_replay_socket_reaches_its_feed(tmp_path: Path
         ({"kv_events_replay": ["tcp://a:1"]}, r"kv_events_replay: set only with kv_events"),
         ({**EVENTS, "kv_events_replay": ["tcp://a:1"]}, r"kv_events_replay: 1 endpoints for 2 kv_events"),
         ({**EVENTS, "kv_events_replay": ["tcp://a:1", "b:2"]}, r"kv_events_replay\[1\]: 'b:2' is not"),
+        ({"prefill_kv_events_replay": ["tcp://a:1"]}, r"prefill_kv_events_replay: set only with kv_events"),
+        (
+            {**EVENTS, "prefill": ["http://127.0.0.1:3"], "prefill_kv_events": ["tcp://a:1"]}
+            | {"prefill_kv_events_replay": ["tcp://a:2", "tcp://a:3"]},
+            r"prefill_kv_events_replay: 2 endpoints for 1 prefill_kv_events",
+        ),
+        (
+            {**EVENTS, "prefill": ["http://127.0.0.1:3"], "prefill_kv_events": ["tcp://a:1"]}
+            | {"prefill_kv_events_replay": ["a:2"]},
+            r"prefill_kv_events_replay\[0\]: 'a:2' is not tcp://HOST:PORT",
+        ),
     ],
 )
 def test_the_policy_refuses_a_malformed_events_list(

@@ -316,18 +316,24 @@ def test_kv_events_reach_each_colocated_and_prefill_unit_and_the_policy(tmp_path
     prefill = fleet.topology.model().pool("prefill")  # the P/D candidate's facts: its prefill instances'
     assert route.prefill == [i.url for i in prefill] and prefill
     assert route.prefill_kv_events == [f"tcp://{i.address}:5657" for i in prefill]
+    # each publisher's replay socket (vLLM's replay_endpoint), where the gateway closes a sequence gap
+    assert route.kv_events_replay == [f"tcp://{i.address}:5757" for i in colocated]
+    assert route.prefill_kv_events_replay == [f"tcp://{i.address}:5857" for i in prefill]
     assert route.prefill_cache_aware is False  # the profile's prefill policy: round_robin
     assert spec.decider.cache_source == "index"  # in a policy the source is each alias's
     rendered = render_fleet(fleet, fleet.inventory.hosts.values())
-    ports = {"colocated": 5557, "prefill": 5657}
+    ports = {"colocated": (5557, 5757), "prefill": (5657, 5857)}
     for inst in fleet.topology.instances:  # the colocated and prefill units publish, decode ones do not
         (unit,) = [f for f in rendered[inst.host] if f.path == inst.unit_path]
         argv = exec_start_argv(unit.content)
         assert ("--kv-events-config" in argv) == (inst.pool in ports), inst
         if inst.pool in ports:
             config = argv[argv.index("--kv-events-config") + 1]
-            endpoint = f"tcp://*:{ports[inst.pool]}"
-            assert config == f'{{"enable_kv_cache_events":true,"endpoint":"{endpoint}","publisher":"zmq"}}'
+            endpoint, replay = (f"tcp://*:{port}" for port in ports[inst.pool])
+            assert config == (
+                f'{{"enable_kv_cache_events":true,"endpoint":"{endpoint}","publisher":"zmq",'
+                f'"replay_endpoint":"{replay}"}}'
+            )
 
 
 def test_a_profile_without_kv_events_renders_no_events_endpoints(tmp_path: Path) -> None:
