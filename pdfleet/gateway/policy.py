@@ -7,12 +7,12 @@ and writer of policy files: the gateway role renders through `policy_text`, `POS
 through `with_stage` and `write_policy`, the bench's loopback gateways write through `write_policy`, and
 every reader (the gateway, provision's live-stage rule) parses through `parse_policy`.
 
-Several models, each rolled out on its own: `groups:` names model groups (the pdfleet model name) and
-each alias under `models:` may name its `group:`. A group may set its own `stage`, `stages` and
-`long_prompt_tokens`; whatever it leaves out follows the top-level keys, so a policy without `groups:`
-(every policy written before them) routes exactly as it did. Several aliases may share a group; they
-then share its stage. An alias without a group follows the top-level stage and is its own model in the
-metrics (label `model` = its group, else the alias; `-` before an alias is known).
+Several models, each rolled out on its own: `groups:` names model groups (the pdfleet model name) and each
+alias under `models:` may name its `group:`. A group may set its own `stage`, `stages` and
+`long_prompt_tokens`; whatever it leaves out follows the top-level keys, so a policy without `groups:` (every
+policy written before them) routes exactly as it did. Several aliases may share a group; they then share its
+stage. An alias without a group follows the top-level stage and is its own model in the metrics (label `model`
+= its group, else the alias; `-` before an alias is known).
 
     groups:
       chat-8b: {stage: long-prompts}              # its own stage, the top-level stages
@@ -293,8 +293,7 @@ def parse_policy(source: Path, text: str) -> PolicySpec:
 
 
 def policy_text(data: Mapping[str, Any], source: Path, header: str = "") -> str:
-    """A policy file's text: `header` as comment lines, then `data` as YAML; checked by parse_policy first,
-    so nothing writes a policy the gateway would refuse."""
+    """`header` as comment lines, then `data` as YAML, checked by parse_policy (never a refused policy)."""
     comments = "".join(f"# {line}\n" for line in header.splitlines())
     text = comments + yaml.safe_dump(dict(data), sort_keys=False, allow_unicode=True)
     parse_policy(source, text)
@@ -359,9 +358,7 @@ def load_policy(path: str | Path) -> ActivePolicy:
     source = Path(path)
     raw = read_policy_bytes(source)
     spec = parse_policy(source, raw.decode("utf-8", "replace"))
-    keys_path = Path(spec.keys_file)
-    if not keys_path.is_absolute():
-        keys_path = source.parent / keys_path
+    keys_path = source.parent / spec.keys_file  # an absolute keys_file stays itself (pathlib's join)
     keys = load_keys(keys_path)
     limits = effective_limits(spec, keys, source, keys_path)
     tok = spec.estimator.tokenizer

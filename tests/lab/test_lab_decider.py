@@ -16,13 +16,19 @@ the decider arm the gateway's estimated cached prompt tokens are within 10% of t
 candidate); and the short colocated streams stall no more often than under length-only routing.
 
 The KV-events leg (opt-in, PDFLEET_LAB_KV_EVENTS=1: two provisions, not in the suite): both cache sources
-on the same traffic shape, token-id agent sessions on the colocated pool (the simulators' text-piece
-blocks carry no token ids, and the gateway does not run the model's tokenizer: a text prompt is 0 cached
-by the events source, a lower bound): first on lab-cross, the requests asking for the decider (the
-gateway's own index), then on lab-cross-kv-events (the colocated units publish their KV events, the
-policy lists them); per source, the gateway's estimate within 10% of the instances' hits increase.
-Measured once: estimate = hits on both instances for both sources (index 21,024 / 9,264; events 21,776 /
-7,632); 37 s (call 35.3 s: provisions 14.2 s there, 7.1 s back).
+on the same traffic shape, text chat agent sessions on the colocated pool and again through the P/D pool
+(the override header): first on lab-cross, the requests asking for the decider (the gateway's own index of
+the text's pieces; the simulators count the same pieces), then on lab-cross-kv-events: the model staged
+(lab-r1, Llama 3's chat template over the lab tokenizer) and `gateway.decider.tokenizer: staged`, so the
+simulators and the gateway render and tokenize each chat request alike and the colocated and prefill units
+publish their events (with vLLM's replay_endpoint); per source, the gateway's estimate within 10% of the
+instances' hits increase. Then each provisioned replay socket is asked for every batch since the start by
+the feed's own gap filling: all of them, in order, no gap left. Measured (3 Dec, 22:00, warm: the hosts
+had the tokenizer extra from a run before): index 24,592 / 12,784 estimated against 24,736 / 12,816 hits
+(lab-colo1, lab-colo2), P/D 43,504 against 43,696 on lab-p1; KV events 22,944 / 11,120 against 22,944 /
+11,120, P/D 31,664 against 31,664, exact; replayed 11, 5 and 15 batches (588, 280 and 796 blocks held),
+0 gaps; call 50.4 s (provisions 12.4 s there, 11.2 s back). The first run on hosts without the extra:
+call 71.2 s, the provision there 28.1 s (the tokenizer extra on five hosts, lab-r1 staged on four).
 
 Measured (three runs, identical counts): KV tokens 125,427 (length-only) vs 44,227 (decider, 65% fewer),
 stalls 0 vs 0 (worst gaps 240-241 ms vs 52-59 ms), estimate vs hits within 32 tokens per candidate,
@@ -303,13 +309,16 @@ def _words(rng: random.Random, low: int, high: int) -> str:
 def _text_sessions(topo: Topology, rng: random.Random, headers: dict[str, str]) -> dict[str, Any]:
     """Three agent sessions of text chat (a system prompt and a first message of 1-3K tokens, then a short
     answer and 300-900 more tokens a turn, five turns each, interleaved, a 0.3 s tool pause after each
-    turn), all short, so colocated unless `headers` send them to P/D; the counters before and after."""
+    turn), all short, so colocated unless `headers` send them to P/D; the counters before and after.
+    Each system prompt starts with its session's number: the rendered header and the first word fill the
+    first 16-token block, and when three sessions shared it prefix_load put them all on lab-colo1 (seen:
+    lab-colo2 had nothing to compare)."""
     sessions = [
         [
-            {"role": "system", "content": _words(rng, 200, 400)},
+            {"role": "system", "content": f"{k}{_words(rng, 200, 400)}"},
             {"role": "user", "content": _words(rng, 800, 2600)},
         ]
-        for _ in range(3)
+        for k in range(3)
     ]
     before = _scrape(topo)
     for _ in range(5):

@@ -21,9 +21,12 @@ from pdfleet.fleet.host_wheel import (
     HOST_DEPENDENCIES,
     IMPORTS_CACHE_NAME,
     PACKAGE_DIR,
+    TOKENIZER_EXTRA,
     cached_host_wheel,
+    extra_requirements,
     host_code,
     host_files,
+    host_requirements,
     host_version,
     wheel_name,
     write_host_wheel,
@@ -178,6 +181,17 @@ def test_host_requirements_cover_every_third_party_import() -> None:
             continue
         dists = {normal(d) for d in by_module.get(module, [])}
         assert dists & provided, f"host code imports {module} ({dists or 'unknown'}), not a host dependency"
+
+
+def test_the_tokenizer_extra_brings_what_rendering_a_chat_template_imports() -> None:
+    """pdfleet.chat_template renders with jinja2 (imported only where a template is rendered), so a host that
+    runs the tokenizer gets jinja2 with it, under pdfleet's own specifier; hosts without the extra do not."""
+    extra = {Requirement(r).name for r in extra_requirements(TOKENIZER_EXTRA)}
+    assert extra == {"tokenizers", "jinja2"}
+    core = [r for r in host_requirements() if "extra ==" not in r]
+    assert not any(Requirement(r).name in extra for r in core)
+    jinja = next(r for r in importlib.metadata.requires("pdfleet") or [] if r.startswith("jinja2"))
+    assert f'{jinja}; extra == "{TOKENIZER_EXTRA}"' in host_requirements()
 
 
 def test_the_wheel_is_reproducible_and_pip_installs_it(tmp_path: Path) -> None:

@@ -83,8 +83,9 @@ def test_a_models_entry_turns_kv_events_on_for_its_own_colocated_instances(tmp_p
     small = _argv_of("ev", "lab-colo2", "llama-1b", tmp_path)
     big = _argv_of("ev", "lab-colo2", "llama-8b", tmp_path)
     assert "--kv-events-config" not in big  # the other model keeps the gateway's index
-    # the second model of `models:` publishes at vLLM's default port plus its place
+    # the second model of `models:` publishes at vLLM's default port plus its place, its replay socket too
     assert _after(small, "--kv-events-config") == [
-        '{"enable_kv_cache_events":true,"endpoint":"tcp://*:5558","publisher":"zmq"}'
+        '{"enable_kv_cache_events":true,"endpoint":"tcp://*:5558","publisher":"zmq",'
+        '"replay_endpoint":"tcp://*:5758"}'
     ]
     parse_serve_args(small[2:])  # the simulator reads it as the release's KVEventsConfig
