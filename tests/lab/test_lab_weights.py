@@ -112,7 +112,7 @@ def test_weights_staged_verified_restored_resumed_and_named(
             host,
             journals[host][-2000:],
         )
-        assert f"tokenizer {DIR}/tokenizer.json (BPE, 343 tokens)" in read[-1], read[-1]
+        assert f"tokenizer {DIR}/tokenizer.json (BPE, 346 tokens)" in read[-1], read[-1]
     assert not [c for c in first["hosts"]["lab-gw"]["changes"] if c["op"].startswith("weights ")]
 
     shards = [f for f in manifest.files if f.path.endswith(".safetensors")]
