@@ -164,8 +164,9 @@ def run_plan(
     from pdfleet.plan.diff import inventory_changes, profile_changes
     from pdfleet.plan.report import document
     from pdfleet.plan.run import default_workers, predict_all
-    from pdfleet.plan.space import THRESHOLDS, search_space
+    from pdfleet.plan.space import THRESHOLDS, candidates, search_space
     from pdfleet.plan.traffic import load_of
+    from pdfleet.plan.validate import pool_layouts
 
     deployment = open_deployment(ctx, profile, opts["inventory"])
     gpus = _int(opts["gpus"], "gpus", 2, MAX_GPUS) if opts["gpus"] is not None else None
@@ -182,9 +183,16 @@ def run_plan(
     requests, workload, warnings = _traffic(deployment, opts)
     hw = hardware_of(deployment, model)
     targets = targets_of(slo)
-    load = load_of(requests, targets.tpot_p95_ms)
-    keep, cut = search_space(gpus, load, hw, _tps(deployment, opts["gpus_per_host"]))
+    fleet = current_of(live, model)  # the fleet's own layouts are searched too, inside the lists or not
+    own = list(pool_layouts(fleet.pools, fleet.threshold).values())
+    load = load_of(requests, targets.tpot_p95_ms, sorted({*THRESHOLDS, fleet.threshold}))
+    keep, cut = search_space(gpus, load, hw, _tps(deployment, opts["gpus_per_host"]), own)
     console.print(f"plan: {len(keep)} layouts to simulate, {len(cut)} cut; {len(requests)} requests each")
+    grid = set(candidates(gpus, _tps(deployment, opts["gpus_per_host"])))
+    for layout in (x for x in [*keep, *(c.layout for c in cut)] if x not in grid):
+        console.print(
+            f"plan: the fleet's own {layout.name} added (outside the search's lists)", highlight=False
+        )
     workers = _int(opts["workers"], "workers", 1, 64) if opts["workers"] else default_workers()
     t0 = time.perf_counter()
     bounds = Bounds(slo.ttft_p99_ms, slo.tpot_p99_ms, slo.stall_ms)

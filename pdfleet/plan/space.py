@@ -209,7 +209,7 @@ def _same_routing(layout: Layout, load: Load) -> str | None:
     thr = layout.threshold
     if thr is None:
         return None
-    for lower in sorted(t for t in load.long if t < thr):
+    for lower in sorted(t for t in load.long if t < thr and t in THRESHOLDS):  # a fleet's own: not a grid's
         if load.long[lower] == load.long[thr]:
             return (
                 f"routes the same requests as long>={lower} "
@@ -218,10 +218,11 @@ def _same_routing(layout: Layout, load: Load) -> str | None:
     return None
 
 
-def prune(layout: Layout, load: Load, hw: Hardware) -> str | None:
+def prune(layout: Layout, load: Load, hw: Hardware, grid: bool = True) -> str | None:
     """Why this layout is cut before simulating (model fit, KV link, KV cache, a threshold that changes
-    nothing), or None to simulate it."""
-    same = _same_routing(layout, load)
+    nothing), or None to simulate it. Not `grid` (the fleet's own layout): its pools may be in no other
+    layout, so no smaller threshold of the same pools stands for it."""
+    same = _same_routing(layout, load) if grid else None
     if same is not None:
         return same
     for pool in (layout.colocated, layout.prefill, layout.decode):
@@ -237,11 +238,23 @@ def prune(layout: Layout, load: Load, hw: Hardware) -> str | None:
     return _cache_reason(layout, load, hw)
 
 
+def twins(a: Layout, b: Layout, load: Load) -> bool:
+    """Hybrids of the same pools whose thresholds route the same requests of this traffic."""
+    same_pools = (a.colocated, a.prefill, a.decode) == (b.colocated, b.prefill, b.decode)
+    ta, tb = a.threshold, b.threshold
+    if not same_pools or ta is None or tb is None or ta not in load.long or tb not in load.long:
+        return False
+    return load.long[ta] == load.long[tb]
+
+
 def search_space(
-    gpus: int, load: Load, hw: Hardware, tps: Sequence[int] = TP_SIZES
+    gpus: int, load: Load, hw: Hardware, tps: Sequence[int] = TP_SIZES, fleet: Sequence[Layout] = ()
 ) -> tuple[list[Layout], list[Pruned]]:
     """The layouts to simulate and those cut (each with its reason), in enumeration order; `tps` are the
-    TP sizes a host can hold (tensor parallelism stays inside a host)."""
+    TP sizes a host can hold (tensor parallelism stays inside a host). `fleet`: the fleet's own layouts
+    (its pools, its whole hybrid), added after the grid's when they have `gpus` GPUs and are not among
+    them (a budget, TP or threshold outside the lists above; `load.long` must hold its threshold), unless
+    a kept twin routes the same requests; cut by the same rules, the reason saying whose it is."""
     keep: list[Layout] = []
     cut: list[Pruned] = []
     for layout in candidates(gpus, tps):
@@ -250,4 +263,14 @@ def search_space(
             keep.append(layout)
         else:
             cut.append(Pruned(layout, why))
+    seen = set(keep) | {c.layout for c in cut}
+    for layout in fleet:
+        if layout.gpus != gpus or layout in seen or any(twins(layout, k, load) for k in keep):
+            continue
+        seen.add(layout)
+        why = prune(layout, load, hw, grid=False)
+        if why is None:
+            keep.append(layout)
+        else:
+            cut.append(Pruned(layout, f"the fleet's own layout: {why}"))
     return keep, cut

@@ -80,3 +80,36 @@ def test_the_search_keeps_or_cuts_every_candidate() -> None:
     keep, cut = search_space(4, _load(), H100_8B, (1, 2))
     assert len(keep) + len(cut) == len(list(candidates(4, (1, 2))))
     assert all(c.reason for c in cut)
+
+
+def test_the_fleets_own_layouts_outside_the_lists_are_searched_and_a_twin_stands_for_its_threshold() -> None:
+    # the fleet's threshold 6000 and a colocated budget of 4096: in none of the lists
+    load = Load(
+        3,
+        6000,
+        128,
+        {4096: (0.25, 23000.0), 6000: (0.22, 23500.0), 8192: (0.2, 24000.0), 16384: (0.1, 27000.0)},
+        0.06,
+    )
+    pools = (PoolShape(2, 1, 8192), PoolShape(1, 1, 8192), PoolShape(1, 1, 2048))
+    hybrid = Layout(*pools, 6000)
+    off_budget = Layout(colocated=PoolShape(4, 1, 4096))
+    assert hybrid not in set(candidates(4, (1,))) and off_budget not in set(candidates(4, (1,)))
+    grid, _ = search_space(4, load, H100_8B, (1,))
+    keep, cut = search_space(
+        4, load, H100_8B, (1,), [hybrid, off_budget, Layout(colocated=PoolShape(2, 1, 8192))]
+    )
+    assert keep == [*grid, hybrid, off_budget]  # added after the grid's; a 2-GPU layout is not a 4-GPU plan's
+    # a threshold outside the lists never cuts the grid's: long>=8192 routing as 6000 does is still searched
+    same = Load(3, 6000, 128, {**load.long, 6000: load.long[8192]}, 0.06)
+    assert Layout(*pools, 8192) in search_space(4, same, H100_8B, (1,))[0]
+    # a fleet threshold routing as a kept grid one does: that twin stands for it (validate matches twins)
+    twin_load = Load(3, 6000, 128, {**load.long, 6000: (0.25, 23000.0)}, 0.06)
+    keep, _ = search_space(4, twin_load, H100_8B, (1,), [hybrid])
+    assert hybrid not in keep and Layout(*pools, 4096) in keep
+    # cut by the same rules as the grid's, saying whose it is
+    heavy = Load(40, 30000, 2000, {t: (0.0, 0.0) for t in (*THRESHOLDS, 6000)}, tpot_s=0.1)
+    _, cut = search_space(4, heavy, H100_8B, (1,), [off_budget])
+    assert next(c.reason for c in cut if c.layout == off_budget).startswith(
+        "the fleet's own layout: KV cache cannot hold the decode batch"
+    )
