@@ -42,13 +42,16 @@ class FeedState:
     drops: int = 0  # connections lost
     last_seq: int | None = None
     replayed: int = 0  # batches a gap's replay applied
+    gaps_closed: int = 0  # gaps the replay closed (every missed batch applied, in order)
     up: bool = False  # connected now
     notify: Callable[[str], None] | None = None  # told each problem: gap, unreadable, disconnected
 
     def problem(self, kind: str) -> None:
-        """Count one problem (and tell `notify`)."""
+        """Count one problem (and tell `notify`): `gap_closed` is a gap the replay socket made whole."""
         if kind == "gap":
             self.gaps += 1
+        elif kind == "gap_closed":
+            self.gaps_closed += 1
         elif kind == "unreadable":
             self.bad += 1
         else:
@@ -146,6 +149,8 @@ async def follow(
                 upto = _gap(state, parts) if replay is not None else None
                 if upto is not None and replay is not None:
                     await fill(replay, upto, state, index, candidate, fmt)
+                    if state.last_seq is not None and state.last_seq + 1 == upto:
+                        state.problem("gap_closed")
                 take(state, parts, index, candidate, fmt)
         except (OSError, ZmtpError, asyncio.IncompleteReadError, TimeoutError) as exc:
             log.warning("kv events from %s (%s:%d): %s; retrying in %gs", candidate, host, port, exc, retry_s)

@@ -8,7 +8,8 @@ its instance: the index forgets an instance when its feed connects, loses its co
 batches (kv_feed.py), and `cached` answers 0 while the feed is down, never the last state. A policy
 reload keeps the feeds whose endpoint, release and block size are unchanged, starts new ones and stops
 those no longer listed. Each problem is counted through `count(instance URL, kind)`: `gap` (batches
-missed), `unreadable` (a payload it could not parse) and `disconnected` (a connection lost), as they happen.
+missed), `gap_closed` (missed, then replayed whole), `unreadable` (a payload it could not parse) and
+`disconnected` (a connection lost), as they happen.
 """
 
 from __future__ import annotations

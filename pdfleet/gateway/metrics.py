@@ -195,8 +195,9 @@ class GatewayMetrics:
         )
         self.kv_event_problems = Counter(
             "pdfleet_gateway_kv_events_problems",
-            "KV-events feed problems by colocated instance (host:port) and kind: gap (batches missed), "
-            "unreadable, disconnected; the instance counts nothing cached until its feed is whole again",
+            "KV-events feed problems by instance (host:port) and kind: gap (batches missed), gap_closed "
+            "(missed, then replayed whole from the engine's replay socket), unreadable, disconnected; "
+            "after any but gap_closed the instance counts nothing cached until its feed is whole again",
             ["upstream", "kind"],
             registry=r,
         )

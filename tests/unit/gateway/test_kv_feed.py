@@ -110,19 +110,20 @@ def test_a_message_that_is_not_three_frames_is_counted_bad() -> None:
 def test_a_gap_is_closed_from_the_engine_s_replay_socket_when_it_still_holds_the_batches() -> None:
     """A simulator's publisher with its replay socket (vLLM's replay_endpoint): a batch the feed never got
     (dropped, as past a high-water mark) is asked for there and applied in order, so the chain of blocks
-    under it stays counted and no gap is counted; once the engine's buffer no longer holds it (buffer_steps
-    1), the gap is counted and the engine forgotten, as without a replay socket."""
+    under it stays counted and no gap is counted (a `gap_closed` is); once the engine's buffer no longer
+    holds it (buffer_steps 1), the gap is counted and the engine forgotten, as without a replay socket."""
     ids = list(range(2000, 2048))  # three 16-token blocks, each stored in its own batch
     blocks = prompt_blocks(ids, 16, 4.0)
     fmt = FORMATS["0.33.0"]
     h = [bytes([i]) * 16 for i in range(1, 4)]
 
-    async def scenario(buffer_steps: int) -> tuple[int, int, int]:
+    async def scenario(buffer_steps: int) -> tuple[int, int, int, list[str]]:
         port = free_port()
         pub = await KvEventPublisher.start(
             KvEventsSettings("127.0.0.1", 0, "", replay=("127.0.0.1", port), buffer_steps=buffer_steps)
         )
-        index, state = KvEventIndex(16), FeedState()
+        told: list[str] = []
+        index, state = KvEventIndex(16), FeedState(notify=told.append)
         task = asyncio.create_task(
             follow("127.0.0.1", pub.pub.port, "colo1", index, fmt, state, replay=("127.0.0.1", port))
         )
@@ -134,12 +135,13 @@ def test_a_gap_is_closed_from_the_engine_s_replay_socket_when_it_still_holds_the
             pub.seq += 1
             pub.publish([stored(fmt, h[2:], h[1], ids[32:], 16)])
             await _until(lambda: state.last_seq == 2)
-            return state.replayed, state.gaps, index.cached_tokens("colo1", blocks, len(ids))
+            return state.replayed, state.gaps, index.cached_tokens("colo1", blocks, len(ids)), list(told)
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await pub.close()
 
-    assert asyncio.run(scenario(10)) == (1, 0, 48)  # replayed 1, no gap, all three blocks counted
-    assert asyncio.run(scenario(1)) == (0, 1, 0)  # the buffer kept only the last batch sent
+    # replayed 1, no gap, all three blocks counted, and the closed gap told (the gateway counts it)
+    assert asyncio.run(scenario(10)) == (1, 0, 48, ["gap_closed"])
+    assert asyncio.run(scenario(1)) == (0, 1, 0, ["gap"])  # the buffer kept only the last batch sent
