@@ -28,6 +28,7 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import threading
 import zlib
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,11 @@ LIBRARIES = ("nixl", "mooncake")  # NixlConnector's, MooncakeConnector's (pdflee
 BUFFER_BYTES = 64 << 20  # a producer's registered buffer: every request's region lies in it
 WORD = 8  # regions and blocks are whole 8-byte words (each word holds its own offset)
 POLL_S = 0.001
+# NIXL's progress thread waits on its UCX workers' event fds with poll() and this timeout (µs, rounded up to
+# whole ms by the UCX backend); nixl_agent sets it to 0 (nixlAgentConfig.pthrDelay, NIXL 1.5.1's _api.py),
+# and poll(..., 0) spins: ~0.45 of a core an agent, idle or not. 1 ms: woken by UCX's events, else 1000/s.
+PROGRESS_DELAY_US = 1000
+_CREATING = threading.Lock()  # nixl_agent's binding swapped while one agent is created
 XFER_TIMEOUT_S = 30.0  # a READ still in progress after this fails (UCX_TCP_USER_TIMEOUT errs sooner)
 
 
@@ -160,6 +166,24 @@ def _api() -> Any:
     return api
 
 
+def quiet_agent(api: Any, name: str) -> Any:
+    """`nixl_agent(name)` with the UCX backend, its progress thread waiting PROGRESS_DELAY_US at most for
+    its workers' events instead of spinning: the agent config's pthrDelay, which nixl_agent's Python
+    wrapper pins to 0 (no argument reaches it), set as the wrapper hands the config to the binding."""
+    real = api.nixlBind.nixlAgent
+
+    def with_delay(agent_name: str, config: Any) -> Any:
+        config.pthrDelay = PROGRESS_DELAY_US
+        return real(agent_name, config)
+
+    with _CREATING:
+        api.nixlBind.nixlAgent = with_delay
+        try:
+            return api.nixl_agent(name, api.nixl_agent_config(backends=["UCX"]))
+        finally:
+            api.nixlBind.nixlAgent = real
+
+
 class NixlAgent:
     """One simulator's NIXL agent (UCX backend), every call on its own thread."""
 
@@ -184,8 +208,7 @@ class NixlAgent:
     def _create(self, producer: bool) -> None:
         import numpy as np
 
-        api = _api()
-        self._agent = api.nixl_agent(self.name, api.nixl_agent_config(backends=["UCX"]))
+        self._agent = quiet_agent(_api(), self.name)
         if producer:
             words = self.settings.buffer_bytes // WORD
             self._buffer = np.arange(words, dtype=np.uint64)

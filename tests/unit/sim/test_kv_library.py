@@ -7,10 +7,13 @@ those tests skip, saying so."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,6 +108,17 @@ def test_words_read_from_elsewhere_are_named() -> None:
 # ---- the real library ---------------------------------------------------------------------------------
 
 
+def _thread_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) of each of this process's threads, by thread id (/proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 @pytest.fixture(scope="module")
 def nixl_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A directory holding NIXL's CPU build (the lab mirror's nixl-cu12 wheel, --no-deps), for PYTHONPATH."""
@@ -135,11 +149,15 @@ def nixl(nixl_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_two_agents_move_the_blocks_and_the_library_s_errors_fail_the_read(nixl: None) -> None:
     settings = LibrarySettings("nixl", 0.01, buffer_bytes=1 << 20)
 
-    async def run() -> tuple[int, str, str]:
+    async def run() -> tuple[int, str, str, float]:
         producer, consumer = NixlAgent("test-p", settings), NixlAgent("test-d", settings)
         try:
+            threads = _thread_cpu()
             await producer.start(producer=True)
             await consumer.start(producer=False)
+            started = {tid: cpu for tid, cpu in _thread_cpu().items() if tid not in threads}
+            await asyncio.sleep(1.0)  # both agents idle: their threads (NIXL's progress threads among them)
+            idle_cpu = sum(cpu - started[tid] for tid, cpu in _thread_cpu().items() if tid in started)
             offer = producer.offer("req-1", 500 * KV_BYTES_8B, 32)
             moved = await consumer.read(offer, 12, "req-1")
             with pytest.raises(LibraryError) as bad_agent:
@@ -158,16 +176,19 @@ def test_two_agents_move_the_blocks_and_the_library_s_errors_fail_the_read(nixl:
                 moved,
                 f"{bad_agent.value.handshake} {bad_agent.value}",
                 f"{bad_read.value.handshake} {bad_read.value}",
+                idle_cpu,
             )
         finally:
             producer.close()
             consumer.close()
 
-    moved, bad_agent, bad_read = asyncio.run(run())
-    # the raised errors' tracebacks hold both agents in a reference cycle, and NIXL's UCX progress thread
-    # polls (~0.4 of a core here) until its agent is destroyed: collected now, not at this test process's
-    # next full collection, minutes of the suite later
+    moved, bad_agent, bad_read, idle_cpu = asyncio.run(run())
+    # the raised errors' tracebacks hold both agents in a reference cycle, and each agent's progress thread
+    # lives until its agent is destroyed: collected now, not at this test process's next full collection
     gc.collect()
+    # NIXL's progress threads wait for UCX's events (kv_library.PROGRESS_DELAY_US), not spin: 0.9 CPU-s a
+    # second for the two with nixl_agent's own setting; a loaded machine can only lower it
+    assert idle_cpu < 0.1, f"the idle agents' threads took {idle_cpu:.2f} CPU-s in 1 s"
     # the 12 blocks past a 20-block cache hit, each 0.01 of a block's 500 * 128 KiB / 32 in whole words
     assert moved == 12 * scaled(500 * KV_BYTES_8B, 32, 0.01, 1 << 20)
     assert bad_agent.startswith("True add_remote_agent: "), bad_agent  # a failed handshake, NIXL's words
@@ -177,8 +198,7 @@ def test_two_agents_move_the_blocks_and_the_library_s_errors_fail_the_read(nixl:
 @pytest.fixture
 def nixl_pair(nixl_path: str) -> Iterator[tuple[SimProcess, SimProcess]]:
     """A producer and a consumer simulator with the library on, their UCX on TCP (as lab-cross's env).
-    One test's (its only user): each NIXL agent's UCX progress thread polls, ~0.7 of a core a simulator
-    even idle, so the pair stops when that test ends, not with the module."""
+    One test's (its only user): the pair stops when that test ends, not with the module."""
     side = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
     with library_pair("NixlConnector", nixl_env(nixl_path), side) as pair:
         yield pair
