@@ -41,7 +41,9 @@ def path_of(
     given = deployment.profile.plan.request_path
     if given is None:
         return NOT_MODELLED, []
-    return of_profile(given.colocated_ms, given.disagg_ms, given.source, deployment.profile.name), []
+    profile = deployment.profile
+    scale = profile.vllm.sim.time_scale if profile.vllm.engine == "sim" else 1.0
+    return of_profile(given.colocated_ms, given.disagg_ms, given.source, profile.name, scale), []
 
 
 def measure_path(deployment: Deployment, model: str | None, out_dir: Path) -> tuple[RequestPath, list[str]]:
@@ -65,7 +67,7 @@ def measure_path(deployment: Deployment, model: str | None, out_dir: Path) -> tu
     failed = {r: next((rec.error for rec in records[r] if not rec.success), "") for r in routes}
     figs = [route_figures(r, client[r], lab) for r in routes]
     where = f"{profile.name}'s gateway {gw.host}:{gw.port}, {BURST} minimal requests a route"
-    path, lines = measured(figs, at, where)
+    path, lines = measured(figs, at, where, scale)
     lines += [f"request path {r}: a failed request: {e}" for r, e in failed.items() if e]
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = {"path": path.doc(), "time_scale": scale, "client_ttft_s": client, "before": before, "after": after}

@@ -195,7 +195,8 @@ class GatewaySpec(StrictModel):
 
 class RequestPathSpec(StrictModel):
     """`invoke plan`'s request path per route: the milliseconds a first token spends outside the engines
-    (client, TLS, gateway, for P/D the router), as measured somewhere (`source` says where and when)."""
+    (client, TLS, gateway, for P/D the router), as measured somewhere (`source` says where and when), in
+    wall ms (a simulator's `time_scale` divides them as the bench divides its client times)."""
 
     colocated_ms: float = Field(ge=0)
     disagg_ms: float = Field(ge=0)

@@ -18,6 +18,13 @@ figures are a measurement, never a constant in code:
 - given by the operator for a plan without a fleet (the profile's `plan.request_path`, with its source):
   one figure a route;
 - with neither, 0 and the report says the path is not modelled.
+
+Units: the prediction and the bench are in simulated seconds (a simulator's client times divided by its
+`time_scale`), the path is wall time (nothing in it is simulated). So on a fleet at time scale s the
+client's TTFT is s x the engines' simulated TTFT plus the path's wall time, the bench reports it divided by
+s, and a sample (client TTFT / s minus the instances' own, simulated) is the path's wall time / s: what the
+bench's figures carry, hence what the prediction adds. `time_scale` keeps s, the text says so and gives the
+wall figure (x s); the profile's figures are wall milliseconds, divided by its time scale likewise.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ class RequestPath:
     source: str = "not modelled"
     at: str | None = None  # UTC time of the measurement (or the profile's, as its source says)
     modelled: bool = False
+    time_scale: float = 1.0  # the simulator's (wall s a simulated s): the samples are the wall path / it
 
     def samples(self, route: str) -> tuple[float, ...]:
         return self.disagg_ms if route == "disagg" else self.colocated_ms
@@ -70,12 +78,20 @@ class RequestPath:
             n = len(self.samples(route))
             spread = f" (P95 {self.p95_ms(route):.1f}, {n} samples)" if n > 1 else ""
             parts.append(f"{name} mean {self.mean_ms(route):.1f} ms{spread}")
-        return f"request path: {', '.join(parts)}, added to each first token ({self.source}{when})"
+        s = self.time_scale
+        scaled = (
+            ""
+            if s == 1
+            else f", simulated ms at time scale {s:g}: the path's wall ms / {s:g} (wall means "
+            f"{s * self.mean_ms('colocated'):.1f} / {s * self.mean_ms('disagg'):.1f} ms)"
+        )
+        return f"request path: {', '.join(parts)}{scaled}, added to each first token ({self.source}{when})"
 
     def doc(self) -> dict[str, Any]:
         """plan.json's `request_path` (`of_doc` reads it back)."""
         return {
             "modelled": self.modelled,
+            "time_scale": self.time_scale,
             "source": self.source,
             "at": self.at,
             **{f"{r}_mean_ms": self.mean_ms(r) for r in ROUTES},
@@ -93,6 +109,7 @@ def of_doc(d: Mapping[str, Any]) -> RequestPath:
         str(d["source"]),
         d.get("at"),
         bool(d["modelled"]),
+        float(d.get("time_scale", 1.0)),
     )
 
 
@@ -101,11 +118,14 @@ NOT_MODELLED = RequestPath(
 )
 
 
-def of_profile(colocated_ms: float, disagg_ms: float, source: str, profile: str) -> RequestPath:
-    """The operator's figures (the profile's `plan.request_path`), with the source they gave."""
-    return RequestPath(
-        (colocated_ms,), (disagg_ms,), f"profile {profile}'s plan.request_path: {source}", None, True
-    )
+def of_profile(
+    colocated_ms: float, disagg_ms: float, source: str, profile: str, time_scale: float = 1.0
+) -> RequestPath:
+    """The operator's figures (the profile's `plan.request_path`, wall ms), with the source they gave; on a
+    simulator at `time_scale`, in the simulated ms the bench reports (wall / time_scale)."""
+    s = time_scale
+    where = f"profile {profile}'s plan.request_path: {source}"
+    return RequestPath((colocated_ms / s,), (disagg_ms / s,), where, None, True, s)
 
 
 @dataclass(frozen=True)
@@ -163,9 +183,12 @@ def why_not(fig: RouteFigures) -> str | None:
     return None
 
 
-def measured(figs: Sequence[RouteFigures], at: str, where: str) -> tuple[RequestPath, list[str]]:
-    """The path from the routes' bursts (`where`: the fleet and gateway measured); and a line per route
-    with its figures, or why it gives none (that route's path is then 0, stated)."""
+def measured(
+    figs: Sequence[RouteFigures], at: str, where: str, time_scale: float = 1.0
+) -> tuple[RequestPath, list[str]]:
+    """The path from the routes' bursts (`where`: the fleet and gateway measured; `time_scale`: its
+    simulators', by which the client's TTFTs were divided); and a line per route with its figures, or why
+    it gives none (that route's path is then 0, stated)."""
     lines: list[str] = []
     paths: dict[str, tuple[float, ...]] = {}
     for fig in figs:
@@ -180,8 +203,10 @@ def measured(figs: Sequence[RouteFigures], at: str, where: str) -> tuple[Request
         else:
             lines.append(f"{head}: not measured, 0 ms: {reason}")
     if not paths:
-        return RequestPath(source=f"measured on {where}, no route gave a figure", at=at), lines
+        return RequestPath(
+            source=f"measured on {where}, no route gave a figure", at=at, time_scale=time_scale
+        ), lines
     missing = [r for r in ROUTES if r not in paths]
     source = f"measured on {where}" + (f" ({', '.join(missing)}: not measured, 0)" if missing else "")
-    path = RequestPath(paths.get("colocated", ()), paths.get("disagg", ()), source, at, True)
+    path = RequestPath(paths.get("colocated", ()), paths.get("disagg", ()), source, at, True, time_scale)
     return path, lines

@@ -121,3 +121,19 @@ def test_the_prediction_adds_each_routes_path_to_its_first_tokens_and_leaves_the
     spread = simulate(layout, reqs, hw, Bounds(3000, 60, 250), 8192, tail).classes["short"]
     assert spread["median_ttft_ms"] == pytest.approx(bare.classes["short"]["median_ttft_ms"] + 2.0)
     assert spread["p95_ttft_ms"] > bare.classes["short"]["p95_ttft_ms"] + 20
+
+
+def test_at_a_time_scale_the_path_is_in_the_benchs_simulated_ms_and_says_its_wall_figure() -> None:
+    # time scale 4: a client TTFT of 4 x 16 ms of engine plus 8 ms of wall path reads 18 ms once divided
+    # by 4 (as the bench divides its own): the path's sample is 2 simulated ms, the wall 8 ms / 4
+    lab = deltas(_snap(3), _snap(23))
+    colo = route_figures("colocated", [(4 * 0.016 + 0.008) / 4] * 20, lab)
+    path, _ = measured([colo], AT, "g", time_scale=4)
+    assert path.colocated_ms == pytest.approx((2.0,) * 20) and path.time_scale == 4
+    assert "simulated ms at time scale 4: the path's wall ms / 4 (wall means 8.0 / 0.0 ms)" in path.text()
+    assert of_doc(path.doc()) == path
+    given = of_profile(8.0, 12.0, "measured by hand", "lab-cross-time4", time_scale=4)  # wall ms given
+    assert given.seconds("colocated") == pytest.approx(0.002) and given.seconds("disagg") == pytest.approx(
+        0.003
+    )
+    assert of_doc({k: v for k, v in path.doc().items() if k != "time_scale"}).time_scale == 1  # older files
