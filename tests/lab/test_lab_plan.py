@@ -1,5 +1,5 @@
 """`invoke plan --validate` on lab-cross (issue 34), opt-in: skipped unless PDFLEET_LAB_PLAN=1 (it costs
-some 85 s for the pools, some 60 s for the hybrid and some 140 s for the hybrid at time scale 4).
+some 85 s for the pools, some 50-60 s for the hybrid and some 120 s for the hybrid at time scale 4).
 
 A plan of 2 GPUs at TP 1 (lab-cross's pools are 2 colocated GPUs and 1 prefill + 1 decode) ranks layouts
 the fleet serves as its colocated and its P/D pool, with a 2-GPU colocated layout at another token budget
