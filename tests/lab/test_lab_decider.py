@@ -99,9 +99,11 @@ def _admin(url: str, path: str, body: dict[str, Any] | None = None) -> dict[str,
     return dict(json.loads(gateway_open(request, PROFILE, timeout=30)))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def topology(lab: LabHandle) -> Iterator[Topology]:
-    """lab-cross's topology, its gateway staged to send every long prompt to the P/D pool meanwhile."""
+    """lab-cross's topology, its gateway staged to send every long prompt to the P/D pool meanwhile: for the
+    comparison only (function scope), so the stage is put back before the opt-in leg provisions, which bumps
+    the policy's version (a module-scoped put-back then met 409 and left the stage for the next module)."""
     topo = lab_deployment(PROFILE).topology
     admin = topo.gateways[0].admin_url
     policy = _admin(admin, "/admin/policy")
