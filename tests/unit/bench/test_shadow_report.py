@@ -53,6 +53,39 @@ def test_the_report_compares_both_sides_of_the_shadowed_requests(tmp_path: Path)
     run(scenario())
 
 
+def test_gaps_over_the_threshold_are_stalls_on_both_sides_and_the_report_counts_them(tmp_path: Path) -> None:
+    """Chunks 250 ms apart against a 40 ms threshold: each side's stream stalls (a side could read none only
+    if the gateway fell over 200 ms behind on every chunk of all three requests)."""
+
+    async def scenario() -> None:
+        async with Env(tmp_path, delay=0.25, stage="off", stall_threshold_ms=40) as env:
+            clock = [0.0]
+            source = DirectScrape([Target(env.base + "/metrics", {})], clock=lambda: clock[0])
+            await asyncio.to_thread(source.scrape)
+            data = json.dumps(START).encode()
+            async with env.session.post(env.base + "/admin/shadow", data=data, headers=auth(ADMIN_KEY)) as r:
+                assert r.status == 200
+            for _ in range(3):
+                st, _, _ = await env.post("/v1/chat/completions", chat(LONG, stream=True, max_tokens=2))
+                assert st == 200
+            for _ in range(50):
+                if not env.gw.gateway.shadowing.status()["in_flight"]:  # type: ignore[union-attr]
+                    break
+                await asyncio.sleep(0.05)
+            for shadowed in ("false", "true"):
+                assert await env.metric("pdfleet_gateway_shadow_stream_stalls_total", shadow=shadowed) >= 1
+            clock[0] = 60.0
+            report = await asyncio.to_thread(build_report, source, 60.0, BOUNDS)
+        rows = {r["side"]: r for r in report.rows}
+        assert set(rows) == {"primary", "shadow"}
+        for side in rows.values():
+            assert side["requests"] == 3
+            # at most one stall a chunk: two data chunks and [DONE] a request
+            assert 0 < side["stalls_per_100"] <= 300
+
+    run(scenario())
+
+
 def test_no_shadowed_request_is_said_so(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with Env(tmp_path, stage="off") as env:
