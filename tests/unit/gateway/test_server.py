@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,6 +117,10 @@ def test_protocol_error_lines_are_rate_limited(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         async with Env(tmp_path) as env:
+            # one window however long the 40 exchanges take (seconds, when the unit phase runs niced
+            # beside the lab): a second window would let a second burst through
+            for runner in env.gw.runners:  # type: ignore[union-attr]
+                runner.server.log_limiter.clock = lambda: 0.0  # type: ignore[union-attr]
             with LogCapture() as logs:
                 for _ in range(40):
                     status, body = await asyncio.to_thread(raw_exchange, env.gw.port, raw)  # type: ignore[union-attr]
@@ -156,18 +159,23 @@ async def _read_all(reader: asyncio.StreamReader, within: float) -> bytes:
     return await asyncio.wait_for(reader.read(), within)
 
 
+# How long a deadline under test may take to act: the unit phase runs niced beside the lab, where this
+# process can be starved for seconds, so this is far above the sub-second deadlines the tests set, and
+# still far below the defaults a deadline not applied would leave (idle 75 s) and below the slow head's
+# drip, which never ends
+PATIENT_S = 20
+
+
 def test_an_idle_connection_is_closed_after_the_idle_timeout(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with Env(tmp_path, clients={"idle_timeout_s": 0.3}) as env:
             port = env.gw.port  # type: ignore[union-attr]
-            t0 = time.monotonic()
             reader, writer = await asyncio.open_connection("127.0.0.1", port)  # never sends a byte
-            assert await _read_all(reader, 5) == b""
-            assert time.monotonic() - t0 < 3
+            assert await _read_all(reader, PATIENT_S) == b""
             writer.close()
             reader, writer = await asyncio.open_connection("127.0.0.1", port)  # one request, then idle
             writer.write(b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n")
-            got = await _read_all(reader, 5)
+            got = await _read_all(reader, PATIENT_S)
             assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"}")
             writer.close()
 
@@ -181,16 +189,15 @@ def test_a_slow_request_head_gets_408_after_the_header_timeout(tmp_path: Path) -
             writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n")
 
             async def drip() -> None:  # one header byte every 50 ms: the head never completes
-                for b in b"X-Slow: " + b"y" * 200:
-                    writer.write(bytes([b]))
+                writer.write(b"X-Slow: ")
+                while True:  # for longer than PATIENT_S: a deadline each byte put off never comes
+                    writer.write(b"y")
                     await asyncio.sleep(0.05)
 
             dripper = asyncio.create_task(drip())
-            t0 = time.monotonic()
-            got = await _read_all(reader, 5)
+            got = await _read_all(reader, PATIENT_S)
             dripper.cancel()
             writer.close()
-            assert time.monotonic() - t0 < 3
             head, _, body = got.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 408") and error_of(body)["code"] == "request_timeout"
             assert await env.metric("pdfleet_gateway_requests_total", status="408") == 1
@@ -209,7 +216,7 @@ def test_a_slow_pipelined_head_is_cut_only_after_the_response_before_it(tmp_path
             )
             await asyncio.sleep(0.05)
             writer.write(b"GET /health HTTP/1.1\r\nHost: g")  # the next head, never finished
-            got = await _read_all(reader, 5)
+            got = await _read_all(reader, PATIENT_S)
             writer.close()
             stream, _, rest = got.partition(b"0\r\n\r\n")  # the stream's last chunk, then the 408
             assert stream.startswith(b"HTTP/1.1 200") and stream.count(b"data: ") == 9  # whole
@@ -227,10 +234,8 @@ def test_a_slow_authenticated_body_gets_408_after_the_body_timeout(tmp_path: Pat
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n"
                 b'Content-Length: 5000\r\n\r\n{"model": ' % USER_KEY.encode()
             )
-            t0 = time.monotonic()
-            got = await _read_all(reader, 5)  # the gateway answers and closes; the body never ends
+            got = await _read_all(reader, PATIENT_S)  # the gateway answers and closes; the body never ends
             writer.close()
-            assert time.monotonic() - t0 < 3
             head, _, body = got.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 408") and b"Connection: close" in head
             assert error_of(body)["code"] == "request_timeout" and "0.4 s" in error_of(body)["message"]
@@ -290,7 +295,7 @@ def test_request_lines_the_gateway_does_not_serve_get_a_400_and_a_close(tmp_path
                 reader, writer = await asyncio.open_connection("127.0.0.1", env.gw.port)  # type: ignore[union-attr]
                 auth = b"Authorization: Bearer %s\r\n" % USER_KEY.encode()
                 writer.write(line + b"\r\n" + auth + tail + b"\r\n" + (GOOD if tail else b""))
-                got = await _read_all(reader, 3)  # answered and closed long before any deadline
+                got = await _read_all(reader, PATIENT_S)  # answered and closed before any deadline (30 s)
                 writer.close()
                 head, _, body = got.partition(b"\r\n\r\n")
                 assert head.startswith(b"HTTP/1.0 400 ") or head.startswith(b"HTTP/1.1 400 "), (line, head)
