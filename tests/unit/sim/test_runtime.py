@@ -172,7 +172,8 @@ def test_a_blocked_loop_is_measured_and_warned_about_once(caplog: pytest.LogCapt
     with caplog.at_level(logging.WARNING, logger="pdfleet.sim"):
         runtime = _run(FAST, body)
     lag = runtime.metrics.loop_lag
-    assert lag.count_above(0.25) == 2 and lag.total >= 0.5
+    # at least the two blocks: niced beside the lab, this process can be starved past 0.25 s besides
+    assert lag.count_above(0.25) >= 2 and lag.total >= 0.5
     warnings = [r.getMessage() for r in caplog.records if "behind schedule" in r.getMessage()]
     assert len(warnings) == 1 and "1 loop probes late by more than 100 ms" in warnings[0], warnings
 
