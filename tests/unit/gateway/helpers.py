@@ -37,7 +37,8 @@ ADMIN_KEY = "sk-admin-fedcba9876543210"
 class FakeUpstream:
     """An OpenAI-like upstream: `mode` ok | 500 | hang | cut (stream breaks after `cut_after` chunks)
     | empty (200 with an empty body, SSE when streaming); `end_delay`: seconds between a stream's last
-    event and the end of its body."""
+    event and the end of its body; `hold`: while set to an event not yet set, requests wait for it before
+    any answer (out for as long as a test needs, however slowly a loaded machine runs it)."""
 
     name: str
     delay: float = 0.0
@@ -47,6 +48,7 @@ class FakeUpstream:
     seen: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
     finished: int = 0
+    hold: asyncio.Event | None = None
     runner: web.AppRunner | None = None
     port: int = 0
 
@@ -76,6 +78,8 @@ class FakeUpstream:
         raw = await request.read()
         body = json.loads(raw)
         self.seen.append({"headers": request.headers.copy(), "body": body, "raw": raw, "path": request.path})
+        if self.hold is not None:
+            await self.hold.wait()
         if self.mode == "500":
             return web.json_response({"error": {"message": "engine dead", "code": 500}}, status=500)
         if self.mode == "empty":

@@ -108,13 +108,15 @@ def test_a_shadowed_request_reaches_the_pd_pool_and_both_sides_are_measured(tmp_
 
     async def scenario() -> None:
         async with Env(tmp_path, delay=0.01, stage="off", limits=limits) as env:
-            env.dis.delay = 0.2  # slow shadows: still out when the client's next request comes
+            env.dis.delay = 0.2  # slow shadows, their chunk gaps measured
+            # held until released: out while the client has its answer and sends the next request, however
+            # slowly this process runs niced beside the lab
+            env.dis.hold = asyncio.Event()
             st, doc = await _shadow(env, START)
             assert st == 200 and doc["running"]["stage"] == "long-all"
             assert await env.metric("pdfleet_gateway_shadow_share_percent") == 100
             st, h, raw = await env.post("/v1/chat/completions", chat(LONG, stream=True, max_tokens=3))
-            # the client did not wait for its 0.8 s shadow: that is still out once the client has its whole
-            # answer (a state, not a wall-clock bound a loaded machine could break)
+            # the client did not wait for its shadow: that is still out once the client has its whole answer
             assert await env.metric("pdfleet_gateway_shadow_in_flight") == 1
             assert st == 200 and h["X-Pdfleet-Pool"] == "colocated"
             assert all("colo" in e for e in sse_events(raw) if e != "[DONE]")  # nothing of the shadow
@@ -123,7 +125,8 @@ def test_a_shadowed_request_reaches_the_pd_pool_and_both_sides_are_measured(tmp_
             assert st == 200
             st, _, _ = await env.post("/v1/chat/completions", chat("short", stream=True, max_tokens=3))
             assert st == 200  # a short prompt: the stage's class is long only
-            for _ in range(100):
+            env.dis.hold.set()
+            for _ in range(600):  # up to 30 s: niced beside the lab, this process can be starved for seconds
                 if await env.metric("pdfleet_gateway_shadow_in_flight") == 0:
                     break
                 await asyncio.sleep(0.05)
@@ -152,13 +155,19 @@ def test_full_slots_and_a_failing_pd_pool_drop_shadows_and_fail_no_client(tmp_pa
 
     async def scenario() -> None:
         async with Env(tmp_path, stage="off", shadow=shadow) as env:
-            env.dis.delay = 0.3
+            # the first shadow is held until released, not out for a fixed time that a process starved
+            # beside the lab could outlast before the next two requests come
+            env.dis.hold = asyncio.Event()
             await _shadow(env, START)
             for _ in range(3):  # the first shadow holds the one slot
                 st, _, _ = await env.post("/v1/chat/completions", chat(LONG, max_tokens=2))
                 assert st == 200
             assert await env.metric("pdfleet_gateway_shadow_dropped_total", reason="concurrency") == 2
-            await asyncio.sleep(0.8)
+            env.dis.hold.set()
+            for _ in range(600):  # up to 30 s
+                if await env.metric("pdfleet_gateway_shadow_in_flight") == 0:
+                    break
+                await asyncio.sleep(0.05)
             await env.dis.stop()  # the P/D pool goes away mid-shadow
             for _ in range(6):
                 st, _, _ = await env.post("/v1/chat/completions", chat(LONG, max_tokens=2))
