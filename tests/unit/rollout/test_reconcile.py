@@ -138,7 +138,6 @@ def test_a_blind_tick_is_an_error_on_every_gate_of_every_class() -> None:
 def test_an_abort_no_gateway_can_take_does_not_make_the_controller_spin(tmp_path: Path) -> None:
     """An abort wakes the controller at once, but one a tick already saw (a gateway down: nothing can be
     written) waits for the next tick instead of ticking back to back."""
-    import itertools
     import socket
     import threading
     import time
@@ -178,11 +177,15 @@ def test_an_abort_no_gateway_can_take_does_not_make_the_controller_spin(tmp_path
     stop = threading.Event()
     thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30  # a loaded machine may take seconds to start the first tick
-    while len(ticks) < 4 and time.monotonic() < deadline:
+    # a second of ticks from the first, and at least 3 of them, within 30 s: a loaded machine may take
+    # seconds to start the first tick
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (len(ticks) >= 3 and time.monotonic() - ticks[0] > 1.0):
         time.sleep(0.05)
     stop.set()
     thread.join(5)
-    assert len(ticks) >= 4, len(ticks)
-    gaps = [b - a for a, b in itertools.pairwise(ticks)]
-    assert min(gaps) >= 0.45, gaps  # every 0.5 s, not back to back (a spin ticks milliseconds apart)
+    assert len(ticks) >= 3, len(ticks)  # it keeps ticking
+    # every 0.5 s, not back to back: 3 in the first second, and a tick started late by a starved process
+    # can add only one per half second it lost; a spin ticks a millisecond apart (hundreds)
+    in_first_second = sum(1 for t in ticks if t - ticks[0] <= 1.0)
+    assert in_first_second <= 10, (in_first_second, [round(t - ticks[0], 3) for t in ticks[:12]])
