@@ -74,26 +74,33 @@ def issue(
     ca: Pair, directory: Path, stem: str, names: list[str], addresses: list[str], days: int = GATEWAY_DAYS
 ) -> Pair:
     """A server certificate signed by `ca` for `names` and `addresses`: {stem}.crt and {stem}.key (0600),
-    replacing any there (a renewal: new key, serial and validity)."""
+    replacing any there (a renewal: new key, serial and validity).
+
+    Both are made aside in `directory` and renamed into place, key then certificate, so a reader never
+    finds a file half written, and a pair that does not match only for the instant between the renames
+    (not for the seconds openssl takes)."""
     if not names and not addresses:
         raise PdfleetError("a server certificate needs at least one name or address")
     pair = Pair(directory / f"{stem}.crt", directory / f"{stem}.key")
-    _new_key(pair.key)
     ext = (
         f"subjectAltName={san(names, addresses)}\nbasicConstraints=critical,CA:FALSE\n"
         "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
     )
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=directory, prefix=f".{stem}-") as tmp:
+        new = Pair(Path(tmp) / "new.crt", Path(tmp) / "new.key")
         csr, extfile = Path(tmp) / "req.csr", Path(tmp) / "ext.cnf"
+        _new_key(new.key)
         extfile.write_text(ext)
         cn = (names or addresses)[0]
-        _openssl("req", "-new", "-key", str(pair.key), "-subj", f"/CN={cn}", "-out", str(csr))
+        _openssl("req", "-new", "-key", str(new.key), "-subj", f"/CN={cn}", "-out", str(csr))
         _openssl(
             "x509", "-req", "-in", str(csr), "-CA", str(ca.cert), "-CAkey", str(ca.key),
             "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", str(days),
-            "-extfile", str(extfile), "-out", str(pair.cert),
+            "-extfile", str(extfile), "-out", str(new.cert),
         )  # fmt: skip
-    pair.cert.chmod(0o644)
+        new.cert.chmod(0o644)
+        os.replace(new.key, pair.key)
+        os.replace(new.cert, pair.cert)
     return pair
 
 

@@ -52,3 +52,20 @@ def test_a_certificate_needs_a_name() -> None:
         pki.issue(
             pki.Pair(Path("/nonexistent/ca.crt"), Path("/nonexistent/ca.key")), Path("/tmp"), "x", [], []
         )
+
+
+def test_a_renewal_that_fails_leaves_the_pair_there_as_it_was(tmp_path: Path) -> None:
+    """The new key and certificate are made aside: a renewal openssl refuses (a CA key that is not the
+    CA's) leaves the old key with its own certificate, and no scratch files."""
+    ca, gw, _ = pki.ensure_lab_pki(tmp_path, ["lab-gw"], ["198.18.0.10"])
+    before = (gw.cert.read_bytes(), gw.key.read_bytes())
+    stranger = pki.make_ca(tmp_path / "other")
+    with pytest.raises(PdfleetError, match="openssl x509 failed"):
+        pki.issue(pki.Pair(ca.cert, stranger.key), tmp_path, "gateway", ["lab-gw"], ["198.18.0.10"])
+    assert (gw.cert.read_bytes(), gw.key.read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["ca.crt", "ca.key", "gateway.crt", "gateway.key", "gateway.san", "other"]
+    )
+    renewed = pki.issue(ca, tmp_path, "gateway", ["lab-gw"], ["198.18.0.10"])
+    assert renewed.cert.read_bytes() != before[0] and renewed.key.stat().st_mode & 0o777 == 0o600
+    tls.check(tls.TlsSpec(cert_file=str(renewed.cert), key_file=str(renewed.key)), tmp_path)  # a pair
