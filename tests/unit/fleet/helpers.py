@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.deployment import Deployment, DeploymentRequest, load_deployment
-from pdfleet.fleet.gateway_tls import tls_material
+from pdfleet.fleet.gateway_tls import PLACEHOLDER, TlsMaterial
 from pdfleet.fleet.mover import Layout, Left
 from pdfleet.fleet.moving import MoveFailed
 from pdfleet.fleet.roles import Role
@@ -19,7 +19,7 @@ from pdfleet.fleet.secrets import GatewaySecrets
 from pdfleet.model.inventory import load_inventory
 from pdfleet.model.inventory_checks import check_against_inventory
 from pdfleet.model.profile_loader import list_profiles, load_profile
-from pdfleet.model.tls import GatewayTlsSetting
+from pdfleet.model.tls import GatewayTls, GatewayTlsSetting
 from roles import REGISTRY
 
 REPO = Path(__file__).resolve().parents[3]
@@ -55,12 +55,17 @@ def deploy(
 def _with_tls(
     secrets: GatewaySecrets, _client: str, _admin: str, _outside: object, tls: GatewayTlsSetting, *_: str
 ) -> GatewaySecrets:
-    """The test keys, and the profile's TLS files as `invoke render` reads them (placeholders if missing)."""
-    return (
-        secrets
-        if secrets.tls is not None
-        else dataclasses.replace(secrets, tls=tls_material(tls, review=True))
-    )
+    """The test keys, and the profile's TLS files as `invoke render` shows them before they exist.
+
+    Placeholders whether or not they exist here: the lab profiles name the lab's live PKI, which the lab
+    session beside the unit phase makes and renews (a key read before a renewal, its certificate after,
+    is a mismatched pair). A test that wants real files passes its own `secrets.tls`."""
+    if secrets.tls is not None or not isinstance(tls, GatewayTls):
+        return secrets
+    files = (tls.cert_file, tls.key_file, tls.ca_file)
+    cert, key, ca = (PLACEHOLDER.format(path=f) for f in files)
+    material = TlsMaterial(cert, key, ca, None, tuple(Path(f).expanduser() for f in files))
+    return dataclasses.replace(secrets, tls=material)
 
 
 def fleet_of(profile: str, inventory: Path | None = None) -> Deployment:
