@@ -20,6 +20,7 @@ from pdfleet.rollout.reconcile import (
     reconcile_reports,
     resuming,
 )
+from tests.unit.rollout.helpers import running, wait_until
 
 HALF = StageSpec(short=0, long=50)
 ZERO = StageSpec(short=0, long=0)
@@ -139,7 +140,6 @@ def test_an_abort_no_gateway_can_take_does_not_make_the_controller_spin(tmp_path
     """An abort wakes the controller at once, but one a tick already saw (a gateway down: nothing can be
     written) waits for the next tick instead of ticking back to back."""
     import socket
-    import threading
     import time
 
     from pdfleet.metrics.prometheus import PrometheusClient
@@ -174,17 +174,12 @@ def test_an_abort_no_gateway_can_take_does_not_make_the_controller_spin(tmp_path
     store = Store(tmp_path)
     store.save(STEP.model_copy(update={"phase": "halted", "target": "long", "abort": True}))
     controller = Counting(config, PrometheusClient(closed, timeout=1), GatewayClient("k", 1.0), store)
-    stop = threading.Event()
-    thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
-    thread.start()
-    # a second of ticks from the first, and at least 3 of them, within 30 s: a loaded machine may take
-    # seconds to start the first tick
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not (len(ticks) >= 3 and time.monotonic() - ticks[0] > 1.0):
-        time.sleep(0.05)
-    stop.set()
-    thread.join(5)
-    assert len(ticks) >= 3, len(ticks)  # it keeps ticking
+    with running(controller):
+        # it keeps ticking: a second of ticks from the first, at least 3, within 30 s (a loaded machine may
+        # take seconds to start the first tick)
+        wait_until(
+            lambda: len(ticks) >= 3 and time.monotonic() - ticks[0] > 1.0, 30, "3 ticks over a second", 0.05
+        )
     # every 0.5 s, not back to back: 3 in the first second, and a tick started late by a starved process
     # can add only one per half second it lost; a spin ticks a millisecond apart (hundreds)
     in_first_second = sum(1 for t in ticks if t - ticks[0] <= 1.0)
