@@ -68,21 +68,27 @@ def _check_ca(ca: Path, cert: Path) -> str:
     return raw.decode("ascii", "replace")
 
 
+def placeholder_material(setting: GatewayTls, missing: tuple[Path, ...] | None = None) -> TlsMaterial:
+    """What a review renders: the files in `missing` (None: all three, none read) as placeholders, the
+    certificate and CA read otherwise, the key never. A placeholder names its file as the profile does
+    (no one's home in it)."""
+    paths = _paths(setting)
+    missing = paths if missing is None else missing
+    cert, key, ca = paths
+    written = dict(zip(paths, (setting.cert_file, setting.key_file, setting.ca_file), strict=True))
+    text = {p: PLACEHOLDER.format(path=written[p]) for p in missing}
+    read = {p: text.get(p) or p.read_text(encoding="ascii", errors="replace") for p in (cert, ca)}
+    return TlsMaterial(read[cert], PLACEHOLDER.format(path=written[key]), read[ca], None, missing)
+
+
 def tls_material(setting: GatewayTlsSetting | None, review: bool = False) -> TlsMaterial | None:
     """The files' texts (None: plain HTTP). `review`: missing files stand as placeholders."""
     if setting is None or isinstance(setting, str):
         return None
     cert, key, ca = _paths(setting)
     missing = tuple(p for p in (cert, key, ca) if not p.exists())
-    if missing and review:  # the placeholder names the file as the profile does (no one's home in it)
-        written = dict(
-            zip((cert, key, ca), (setting.cert_file, setting.key_file, setting.ca_file), strict=True)
-        )
-        text = {p: PLACEHOLDER.format(path=written[p]) for p in missing}
-        read = {p: text.get(p) or p.read_text(encoding="ascii", errors="replace") for p in (cert, ca)}
-        return TlsMaterial(
-            read[cert], text.get(key, PLACEHOLDER.format(path=written[key])), read[ca], None, missing
-        )
+    if missing and review:
+        return placeholder_material(setting, missing)
     spec = TlsSpec(cert_file=str(cert), key_file=str(key))
     expiry = tls.check(spec, Path.cwd(), "profile", WHERE)
     authority = _check_ca(ca, cert)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pdfleet.errors import ValidationError
 from pdfleet.fleet.deployment import Deployment, DeploymentRequest, load_deployment
-from pdfleet.fleet.gateway_tls import PLACEHOLDER, TlsMaterial
+from pdfleet.fleet.gateway_tls import placeholder_material
 from pdfleet.fleet.mover import Layout, Left
 from pdfleet.fleet.moving import MoveFailed
 from pdfleet.fleet.roles import Role
@@ -62,10 +62,7 @@ def _with_tls(
     is a mismatched pair). A test that wants real files passes its own `secrets.tls`."""
     if secrets.tls is not None or not isinstance(tls, GatewayTls):
         return secrets
-    files = (tls.cert_file, tls.key_file, tls.ca_file)
-    cert, key, ca = (PLACEHOLDER.format(path=f) for f in files)
-    material = TlsMaterial(cert, key, ca, None, tuple(Path(f).expanduser() for f in files))
-    return dataclasses.replace(secrets, tls=material)
+    return dataclasses.replace(secrets, tls=placeholder_material(tls))
 
 
 def fleet_of(profile: str, inventory: Path | None = None) -> Deployment:

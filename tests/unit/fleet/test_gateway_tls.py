@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet.errors import ValidationError
-from pdfleet.fleet.gateway_tls import tls_material
+from pdfleet.fleet.gateway_tls import placeholder_material, tls_material
 from pdfleet.lab import pki
 from pdfleet.model.tls import GatewayTls
 
@@ -52,3 +52,19 @@ def test_missing_files_refuse_a_provision_and_are_placeholders_in_a_review(tmp_p
     review = tls_material(setting, review=True)
     assert review is not None and len(review.placeholders) == 3 and review.expiry is None
     assert review.key.startswith("# placeholder: ~/nope/gw.key does not exist yet")
+
+
+def test_placeholder_material_reads_no_file_even_where_they_exist(tmp_path: Path) -> None:
+    """All three as placeholders (what the fleet unit tests render for the lab's live PKI); with a file
+    missing, a review reads the certificate and CA that exist and never the key."""
+    ca = pki.make_ca(tmp_path)
+    pair = pki.issue(ca, tmp_path, "gw", ["gw"], [])
+    setting = _setting(pair, ca)
+    got = placeholder_material(setting)
+    assert got.cert == f"# placeholder: {pair.cert} does not exist yet; provision refuses to run without it\n"
+    assert "PRIVATE" not in got.key and got.ca.startswith("# placeholder:") and got.expiry is None
+    assert got.placeholders == (pair.cert, pair.key, ca.cert)
+    ca.cert.unlink()
+    review = tls_material(setting, review=True)
+    assert review is not None and review.placeholders == (ca.cert,) and review.expiry is None
+    assert review.cert == pair.cert.read_text() and review.key.startswith("# placeholder:")
