@@ -56,10 +56,12 @@ def test_the_table_shows_the_chain_from_the_recorded_series(
             with prometheus(tmp_path / "prom", config) as prom:
 
                 def recorded() -> bool:
-                    found = prom.client.instant("pool_role:vllm_ttft_seconds:p50")
-                    return bool(found) and not math.isnan(found[0].value)
+                    # the quantiles and the rates are two rule groups, each evaluated at its own offset
+                    ttft = prom.client.instant("pool_role:vllm_ttft_seconds:p50")
+                    waiting = prom.client.instant("pool_role:vllm_num_requests_waiting:sum")
+                    return bool(ttft) and not math.isnan(ttft[0].value) and bool(waiting)
 
-                wait_for(recorded, 60, "the TTFT recording rule")
+                wait_for(recorded, 60, "the TTFT and waiting recording rules")
                 monitor(project_context(), profile="lab-cross", prometheus=prom.url, minutes="1")
         finally:
             stop.set()
