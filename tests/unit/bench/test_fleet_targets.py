@@ -140,7 +140,11 @@ def test_a_models_series_leave_the_other_models_same_pool_out(tmp_path: Path) ->
             (f"127.0.0.1:{small.port}", {"pool": "colocated", "role": "colocated", "model": "llama-1b"}),
         ]
         with prometheus(tmp_path / "prom", scrape_config(targets)) as prom:
-            wait_for(samples_seen(prom.client, "vllm:kv_cache_usage_perc", 2), what="two scrapes")
+            # each target is scraped at its own offset: both models' gauges, not the first one's
+            wait_for(
+                samples_seen(prom.client, "vllm:kv_cache_usage_perc", 2, series=2),
+                what="two scrapes of each target",
+            )
             match = {"pool": "colocated"}
             both = prom.client.value("vllm:kv_cache_usage_perc", ("role",), match)
             assert both == {("colocated",): 1.0}

@@ -128,12 +128,15 @@ def wait_for(check: Callable[[], bool], timeout: float = 30.0, what: str = "the 
     raise AssertionError(f"{what} did not happen within {timeout:g} s")
 
 
-def samples_seen(client: PrometheusClient, expr: str, at_least: int) -> Callable[[], bool]:
-    """A check: Prometheus holds at least `at_least` scraped samples of expr (a plain selector) in 30 s."""
+def samples_seen(client: PrometheusClient, expr: str, at_least: int, series: int = 1) -> Callable[[], bool]:
+    """A check: Prometheus holds at least `at_least` scraped samples of expr (a plain selector) in 30 s, in
+    each of at least `series` series. Each target is scraped at its own offset, and a scrape can fail while
+    another target's succeeds: where expr is on several targets, name how many, or a target not scraped
+    yet is simply not among the series this counts."""
 
     def check() -> bool:
         found = client.instant(f"count_over_time({expr}[30s])")
-        return bool(found) and min(s.value for s in found) >= at_least
+        return len(found) >= series and bool(found) and min(s.value for s in found) >= at_least
 
     return check
 
