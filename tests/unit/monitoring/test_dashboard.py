@@ -146,7 +146,11 @@ def test_the_model_variable_selects_one_models_series_on_a_real_prometheus(tmp_p
             )
         config = scrape_config(targets, rule_files=[str(tmp_path / "rules.yml")])
         with prometheus(tmp_path / "prom", config) as prom:
-            wait_for(samples_seen(prom.client, series, 2), what="the KV usage rule evaluated twice")
+            # a series per model, each from its own target scraped at its own offset: all three, not the first
+            wait_for(
+                samples_seen(prom.client, series, 2, series=3),
+                what="the KV usage rule evaluated twice for each model",
+            )
             for option, value in zip(variable["options"], (0.75, 0.25), strict=True):
                 got = prom.client.instant(query.replace("$model", option["value"]))
                 assert [(s.labels["model"], s.value) for s in got] == [(option["text"], value)]
