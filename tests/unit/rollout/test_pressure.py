@@ -51,17 +51,28 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusClien
             (f"127.0.0.1:{d2.port}", {"pool": "disagg", "role": "decode", "host": "d2"}),
         ]
         prom = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), scrape_config(targets)))
-        wait_for(samples_seen(prom.client, "vllm:num_preemptions_total", 2), what="two scrapes at zero")
+        # each target is scraped at its own offset (and one's scrape can fail while another's succeeds):
+        # every one of them, the prefill exporter's histogram and both decode exporters', at zero first
+        zero = [
+            samples_seen(prom.client, "vllm:request_queue_time_seconds_count", 2),
+            samples_seen(prom.client, "vllm:inter_token_latency_seconds_count", 2, series=2),
+        ]
+        wait_for(lambda: all(seen() for seen in zero), what="two scrapes of each target at zero")
         for _ in range(20):
             queue.observe(0.9)
             for hist in itl:
                 hist.observe(0.02)
         preempted[1].inc(0)
-        count = lambda: [s.value for s in prom.client.instant("vllm:request_queue_time_seconds_count")]  # noqa: E731
-        wait_for(lambda: count() == [20.0], what="the observations scraped")
-        wait_for(
-            samples_seen(prom.client, "vllm:request_queue_time_seconds_count", 4), what="scrapes after them"
-        )
+        count = lambda: [  # noqa: E731
+            sorted(s.value for s in prom.client.instant(f"vllm:{name}_count"))
+            for name in ("request_queue_time_seconds", "inter_token_latency_seconds")
+        ]
+        wait_for(lambda: count() == [[20.0], [20.0, 20.0]], what="the observations scraped on each target")
+        after = [
+            samples_seen(prom.client, "vllm:request_queue_time_seconds_count", 4),
+            samples_seen(prom.client, "vllm:inter_token_latency_seconds_count", 4, series=2),
+        ]
+        wait_for(lambda: all(seen() for seen in after), what="scrapes after them")
         yield prom.client
 
 
