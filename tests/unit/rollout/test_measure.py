@@ -87,7 +87,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         ]
         prom = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), scrape_config(targets)))
         client = prom.client
-        wait_for(samples_seen(client, "pdfleet_gateway_requests_total", 2), what="two scrapes at zero")
+        # each target is scraped at its own offset (and one's scrape can fail while another's succeeds):
+        # every one of them at zero first, the vLLM exporters' histograms as well as the gateway's counters
+        zero = [
+            samples_seen(client, "pdfleet_gateway_requests_total", 2),
+            samples_seen(client, "vllm:request_time_per_output_token_seconds_count", 2, series=2),
+            samples_seen(client, "vllm:mooncake_xfer_time_seconds_count", 2),
+        ]
+        wait_for(lambda: all(seen() for seen in zero), what="two scrapes of each target at zero")
         for _ in range(40):
             ttft.labels("big", "disagg", "long").observe(0.3)
             ttft.labels("big", "colocated", "long").observe(3.0)
@@ -105,7 +112,18 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         children[9].inc(20)  # the small model: colocated only, a few stalls
         children[10].inc(6)
         fallback_values = lambda: sorted(s.value for s in client.instant("pdfleet_gateway_fallbacks_total"))  # noqa: E731
-        wait_for(lambda: fallback_values() == [5.0, 8.0], what="the observations scraped")
+        counts = lambda: [  # noqa: E731
+            sorted(s.value for s in client.instant(f"vllm:{name}_count"))
+            for name in (
+                "request_time_per_output_token_seconds",
+                "nixl_xfer_time_seconds",
+                "mooncake_xfer_time_seconds",
+            )
+        ]
+        wait_for(
+            lambda: fallback_values() == [5.0, 8.0] and counts() == [[40.0, 40.0], [40.0], [40.0]],
+            what="the observations scraped on each target",
+        )
         # increase() extrapolates a counter to the window's end by up to 1.1 scrape intervals over the span
         # its samples cover (never to its start here: the first sample in the window is 0), so counts read
         # up to 1.1/span high: after 6 samples (a 5 s span) 22%, which a loaded CI run showed (46 of 40);
