@@ -122,7 +122,7 @@ def test_a_shadow_step_shadows_moves_nobody_and_stops_when_it_ends(
         load = Load([g.port for g in f.gateways], threads=2, pace_s=0.1).start()  # ~15 requests/s, paced
         try:
             with running(controller):
-                wait_until(lambda: controller.store.load(), 10, "the controller's first state")
+                wait_until(lambda: controller.store.load(), 30, "the controller's first state")
                 commands.submit_rollout(controller, "long-prompts")
                 runs = wait_until(
                     lambda: all(_runs(f, controller)) and _runs(f, controller), 10, "the shadow runs"
@@ -135,7 +135,7 @@ def test_a_shadow_step_shadows_moves_nobody_and_stops_when_it_ends(
                 state = wait_until(
                     lambda: _phase(controller, "succeeded", "degraded", "inconclusive"), 60, "the end"
                 )
-                wait_until(lambda: not controller.store.load().shadow_live, 10, "the shadow confirmed off")
+                wait_until(lambda: not controller.store.load().shadow_live, 30, "the shadow confirmed off")
         finally:
             load.stop()
         assert state.phase == "succeeded", state.reason
@@ -165,15 +165,15 @@ def test_an_abort_after_the_controller_died_mid_shadow_stops_it(
         rollout = _spec({"share": 20, "min_duration_s": 300, "min_samples": 3})
         first = f.controller(rollout)
         with running(first):
-            wait_until(lambda: first.store.load(), 10, "the controller's first state")
+            wait_until(lambda: first.store.load(), 30, "the controller's first state")
             commands.submit_rollout(first, "long-prompts")
-            wait_until(lambda: all(_runs(f, first)), 10, "the shadow runs")
+            wait_until(lambda: all(_runs(f, first)), 30, "the shadow runs")
         # the controller is gone, its shadow runs go on (until the step's deadline, minutes away)
         assert all(r is not None and r["seconds_left"] > 60 for r in _runs(f, first))
         commands.flag(first, "abort")
         second = f.controller(rollout)
         with running(second):
-            state = wait_until(lambda: _phase(second, "aborted"), 10, "the abort")
-            wait_until(lambda: not second.store.load().shadow_live, 10, "the shadow confirmed off")
+            state = wait_until(lambda: _phase(second, "aborted"), 30, "the abort")
+            wait_until(lambda: not second.store.load().shadow_live, 30, "the shadow confirmed off")
         assert _runs(f, second) == [None, None] and state.shadow is None
         assert "shadow_stopped" in [e["event"] for e in second.store.history()]
