@@ -203,13 +203,17 @@ def _pd_bursts(producer_url: str, seeds: tuple[int, ...]) -> list[dict[str, Any]
 
 
 def test_tokenizing_a_30k_token_prompt_does_not_stall_a_decode_instances_streams(tmp_path: Path) -> None:
-    """A consumer (decode-only) streams; 30K-token P/D requests arrive and are tokenized there.
+    """A consumer (decode-only) streams; 30K-token P/D requests arrive and are tokenized there: the stall
+    a stream sees stays under 40 ms.
 
-    A round sends three: before the intake thread, tokenizing on the loop grew the worst gap by 60-200 ms in
-    at least one of the three on every run here (~2-6 ms per 1K tokens on this busy box); since, CPU noise
-    on the shared box grows it by up to ~30 ms now and then, and once (CI, beside the lab) by 48 ms. So a
-    second round of three fresh prompts is sent when the first goes over: the stall that tokenizing on the
-    loop causes shows in every round, noise seldom in two running.
+    What this bounds is the stall, not where tokenizing runs: since tokenizing and hashing got faster, a
+    30K-token request's intake takes ~20 ms of CPU here, and run on the loop (an experiment) it grew the
+    worst gap by 1-14 ms, under the bound; test_counting_runs_in_the_intake_thread checks the thread. An
+    80 ms stall put on the loop (another experiment) showed in one or two of a round's three bursts (never
+    the first) in each of five rounds, but one other run had a round with none: the check is a bound on what
+    a stream sees, not a detector of every stall. CPU noise grows the gap too, by up to ~30 ms now and then
+    and once (CI, beside the lab) by 48 ms, so a second round of three fresh prompts is sent when the first
+    goes over.
     """
     tokenizer = make_tokenizer(tmp_path / "tokenizer.json")
     common = ["--tokenizer", str(tokenizer), "--disable-log-stats", "--sim-link", "roce-400g"]
