@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -118,16 +119,23 @@ def prometheus(tmp: Path, config_text: str) -> Iterator[RunningPrometheus]:
         stop_processes([proc])
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 30.0, what: str = "the condition") -> None:
-    """Poll check() until it is true; fail the test with `what` after timeout."""
+def wait_until(check: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
+    """Poll check() until it returns something truthy, and return that; fail naming `what` after timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    if check():  # a last look: a process starved through the deadline has not seen the end state yet
-        return
+        got = check()
+        if got:
+            return got
+        time.sleep(every)
+    got = check()  # a last look: a process starved through the deadline has not seen the end state yet
+    if got:
+        return got
     raise AssertionError(f"{what} did not happen within {timeout:g} s")
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 30.0, what: str = "the condition") -> None:
+    """Poll check() until it is true; fail the test with `what` after timeout."""
+    wait_until(check, timeout, what)
 
 
 def samples_seen(client: PrometheusClient, expr: str, at_least: int, series: int = 1) -> Callable[[], bool]:
@@ -141,6 +149,17 @@ def samples_seen(client: PrometheusClient, expr: str, at_least: int, series: int
         return len(found) >= series and bool(found) and min(s.value for s in found) >= at_least
 
     return check
+
+
+def each_seen(client: PrometheusClient, at_least: int, series: Mapping[str, int]) -> Callable[[], bool]:
+    """A check: samples_seen for each expr with its number of series, all at once (one per target)."""
+    checks = [samples_seen(client, expr, at_least, n) for expr, n in series.items()]
+    return lambda: all(check() for check in checks)
+
+
+def observation_counts(client: PrometheusClient, *histograms: str) -> list[list[float]]:
+    """Per histogram, the `_count` of each of its series as Prometheus last scraped them, sorted."""
+    return [sorted(s.value for s in client.instant(f"{name}_count")) for name in histograms]
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,6 @@ import json
 import socket
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from pdfleet.rollout.controller import Controller
 from pdfleet.rollout.gateways import GatewayClient
 from pdfleet.rollout.store import Store
 from tests.unit.metrics.helpers import prometheus, scrape_config
+from tests.unit.metrics.helpers import wait_until as wait_until  # the rollout tests' name for it
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 USER_KEY = "sk-user-rollout-0123456789"
@@ -259,20 +259,6 @@ def hung_server() -> Iterator[str]:
         thread.join(5)
         for conn in [*held, listener]:
             conn.close()
-
-
-def wait_until(check: Any, timeout: float, what: str, every: float = 0.2) -> Any:
-    """Poll check() until it returns something truthy; fail naming `what` after timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    got = check()  # a last look: a process starved through the deadline has not seen the end state yet
-    if got:
-        return got
-    raise AssertionError(f"{what} did not happen within {timeout:g} s")
 
 
 @contextmanager

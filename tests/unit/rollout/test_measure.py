@@ -15,7 +15,15 @@ from pdfleet.metrics.prometheus import PrometheusClient
 from pdfleet.model.rollout import GateSpec
 from pdfleet.model.stages import StageSpec
 from pdfleet.rollout.measure import figure, observe
-from tests.unit.metrics.helpers import exporter, prometheus, samples_seen, scrape_config, wait_for
+from tests.unit.metrics.helpers import (
+    each_seen,
+    exporter,
+    observation_counts,
+    prometheus,
+    samples_seen,
+    scrape_config,
+    wait_for,
+)
 
 pytestmark = pytest.mark.procs  # starts real processes: see tests/unit/conftest.py
 
@@ -89,12 +97,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         client = prom.client
         # each target is scraped at its own offset (and one's scrape can fail while another's succeeds):
         # every one of them at zero first, the vLLM exporters' histograms as well as the gateway's counters
-        zero = [
-            samples_seen(client, "pdfleet_gateway_requests_total", 2),
-            samples_seen(client, "vllm:request_time_per_output_token_seconds_count", 2, series=2),
-            samples_seen(client, "vllm:mooncake_xfer_time_seconds_count", 2),
-        ]
-        wait_for(lambda: all(seen() for seen in zero), what="two scrapes of each target at zero")
+        zero = {
+            "pdfleet_gateway_requests_total": 1,
+            "vllm:request_time_per_output_token_seconds_count": 2,
+            "vllm:mooncake_xfer_time_seconds_count": 1,
+        }
+        wait_for(each_seen(client, 2, zero), what="two scrapes of each target at zero")
         for _ in range(40):
             ttft.labels("big", "disagg", "long").observe(0.3)
             ttft.labels("big", "colocated", "long").observe(3.0)
@@ -112,14 +120,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         children[9].inc(20)  # the small model: colocated only, a few stalls
         children[10].inc(6)
         fallback_values = lambda: sorted(s.value for s in client.instant("pdfleet_gateway_fallbacks_total"))  # noqa: E731
-        counts = lambda: [  # noqa: E731
-            sorted(s.value for s in client.instant(f"vllm:{name}_count"))
-            for name in (
-                "request_time_per_output_token_seconds",
-                "nixl_xfer_time_seconds",
-                "mooncake_xfer_time_seconds",
-            )
-        ]
+        vllm = (
+            "request_time_per_output_token_seconds",
+            "nixl_xfer_time_seconds",
+            "mooncake_xfer_time_seconds",
+        )
+        counts = lambda: observation_counts(client, *(f"vllm:{name}" for name in vllm))  # noqa: E731
         wait_for(
             lambda: fallback_values() == [5.0, 8.0] and counts() == [[40.0, 40.0], [40.0], [40.0]],
             what="the observations scraped on each target",

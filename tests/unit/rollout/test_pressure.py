@@ -21,7 +21,14 @@ from pdfleet.rollout.controller import Controller
 from pdfleet.rollout.gateways import GatewayClient
 from pdfleet.rollout.pressure import EVENT, AutoRebalancer, read_figures
 from pdfleet.rollout.store import Store
-from tests.unit.metrics.helpers import exporter, prometheus, samples_seen, scrape_config, wait_for
+from tests.unit.metrics.helpers import (
+    each_seen,
+    exporter,
+    observation_counts,
+    prometheus,
+    scrape_config,
+    wait_for,
+)
 
 pytestmark = pytest.mark.procs  # starts Prometheus: see tests/unit/conftest.py
 
@@ -53,26 +60,18 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusClien
         prom = stack.enter_context(prometheus(tmp_path_factory.mktemp("prom"), scrape_config(targets)))
         # each target is scraped at its own offset (and one's scrape can fail while another's succeeds):
         # every one of them, the prefill exporter's histogram and both decode exporters', at zero first
-        zero = [
-            samples_seen(prom.client, "vllm:request_queue_time_seconds_count", 2),
-            samples_seen(prom.client, "vllm:inter_token_latency_seconds_count", 2, series=2),
-        ]
-        wait_for(lambda: all(seen() for seen in zero), what="two scrapes of each target at zero")
+        seen = {"vllm:request_queue_time_seconds_count": 1, "vllm:inter_token_latency_seconds_count": 2}
+        wait_for(each_seen(prom.client, 2, seen), what="two scrapes of each target at zero")
         for _ in range(20):
             queue.observe(0.9)
             for hist in itl:
                 hist.observe(0.02)
         preempted[1].inc(0)
-        count = lambda: [  # noqa: E731
-            sorted(s.value for s in prom.client.instant(f"vllm:{name}_count"))
-            for name in ("request_queue_time_seconds", "inter_token_latency_seconds")
-        ]
+        count = lambda: observation_counts(  # noqa: E731
+            prom.client, "vllm:request_queue_time_seconds", "vllm:inter_token_latency_seconds"
+        )
         wait_for(lambda: count() == [[20.0], [20.0, 20.0]], what="the observations scraped on each target")
-        after = [
-            samples_seen(prom.client, "vllm:request_queue_time_seconds_count", 4),
-            samples_seen(prom.client, "vllm:inter_token_latency_seconds_count", 4, series=2),
-        ]
-        wait_for(lambda: all(seen() for seen in after), what="scrapes after them")
+        wait_for(each_seen(prom.client, 4, seen), what="scrapes after them")
         yield prom.client
 
 
